@@ -1,0 +1,88 @@
+//! # idem: exactly-once effects over at-least-once delivery
+//!
+//! Brokers redeliver, HTTP clients retry, consumers crash after the work
+//! and before the ack. `idem` makes "process this again" safe: each
+//! operation carries an idempotency key; the first delivery claims it,
+//! runs the handler and stores the outcome; every duplicate gets the stored
+//! outcome instead of a second run.
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! use idem::{Fingerprint, Idempotency, MemoryStore, Outcome, RecordId, RunError};
+//! use std::sync::atomic::{AtomicU32, Ordering};
+//!
+//! let charges = AtomicU32::new(0);
+//! let idem = Idempotency::builder(MemoryStore::new()).build()?;
+//! let id = RecordId::parse("payments", "order-7:charge:v1")?;
+//! let body = br#"{"amount": 1250, "currency": "EUR"}"#;
+//! let fp = Fingerprint::of_json(body)?;
+//!
+//! for _delivery in 0..3 {
+//!     let charges = &charges;
+//!     let receipt = idem
+//!         .run(&id, Some(fp), |ctx| async move {
+//!             ctx.ensure_lease()?; // about to do something irreversible
+//!             charges.fetch_add(1, Ordering::SeqCst);
+//!             Ok::<_, idem::LeaseLost>(format!("charged with fence {:?}", ctx.fence()))
+//!         })
+//!         .await?;
+//!     assert!(receipt.value().starts_with("charged"));
+//! }
+//! assert_eq!(charges.load(Ordering::SeqCst), 1);
+//!
+//! // Same key, different payload: refused, never silently replayed.
+//! let other = Fingerprint::of_json(br#"{"amount": 9999, "currency": "EUR"}"#)?;
+//! let err = idem.run(&id, Some(other), |_| async { Ok::<u8, idem::LeaseLost>(0) }).await;
+//! assert!(matches!(err, Err(RunError::Mismatch)));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+//!
+//! ## Map of the crate
+//!
+//! - Identity: [`Key`], [`Scope`], [`RecordId`]; [`Fingerprint`] over
+//!   canonical JSON or bytes; key helpers in [`derive`].
+//! - The record and its pure state machine: [`Record`], [`State`],
+//!   [`machine::decide_claim`], [`machine::decide_write`].
+//! - The store contract: [`Store`] (claim, complete, fail, extend,
+//!   release) and capability traits [`GetRecord`], [`DeleteRecord`],
+//!   [`ListRecords`], [`PurgeExpired`], [`ClaimMany`].
+//! - [`MemoryStore`], sharded and bounded, with a [`Clock`] you can
+//!   replace by a [`ManualClock`] in tests.
+//! - The executor [`Idempotency`]: heartbeats, lease-loss signal,
+//!   retryable vs terminal failures, backoff, max attempts, compression,
+//!   size limits, fail-closed by default.
+//! - Metric names in [`metrics`].
+//!
+//! The guarantees are written down in `DESIGN.md`; `idem-testkit` holds the
+//! conformance suite every store passes.
+
+mod clock;
+mod codec;
+pub mod derive;
+mod executor;
+mod fingerprint;
+mod key;
+pub mod machine;
+mod memory;
+pub mod metrics;
+mod record;
+mod store;
+
+pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use codec::{Codec, Json};
+pub use executor::{
+    default_classifier, Backoff, Classifier, ConfigError, Context, Idempotency,
+    IdempotencyBuilder, Outcome, RunError, Terminal, STORE_RETRY_AFTER,
+};
+pub use fingerprint::{canonical_json, Fingerprint, FingerprintError};
+pub use key::{Key, KeyError, KeyRules, RecordId, Scope, DEFAULT_MAX_KEY_LEN, MAX_SCOPE_LEN};
+pub use machine::LeaseLost;
+pub use memory::{MemoryStore, MemoryStoreBuilder, PurgerHandle, DEFAULT_MAX_RECORDS, DEFAULT_SHARDS};
+pub use record::{
+    ClaimOutcome, ClaimParams, Failure, FailureClass, Lease, LeaseToken, Record, State, StateKind,
+};
+pub use store::{
+    BoxError, ClaimMany, DeleteRecord, GetRecord, ListPage, ListQuery, ListRecords, PurgeExpired,
+    Store, StoreError,
+};

@@ -1,0 +1,472 @@
+//! [`MemoryStore`]: a sharded in-process store. Fast and exact, but it
+//! forgets everything when the process exits: use it for tests, for
+//! single-process deduplication of transient work, and as the reference
+//! implementation of the contract.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use crate::clock::{Clock, SystemClock, Timestamp};
+use crate::key::RecordId;
+use crate::machine::{decide_claim, decide_write, Fresh, Write};
+use crate::record::{ClaimOutcome, ClaimParams, Failure, Lease, LeaseToken, Record, State};
+use crate::store::{
+    ClaimMany, DeleteRecord, GetRecord, ListPage, ListQuery, ListRecords, PurgeExpired, Store,
+    StoreError,
+};
+
+/// The default number of shards.
+pub const DEFAULT_SHARDS: usize = 64;
+/// The default maximum number of records.
+pub const DEFAULT_MAX_RECORDS: usize = 1_000_000;
+
+/// A sharded in-memory store.
+///
+/// - Expiry is checked on every read: an expired record behaves as absent
+///   before any purge.
+/// - Bounded: at `max_records` (enforced per shard, `max_records / shards`
+///   each) a claim first evicts expired records of its shard; if none are
+///   left it fails with [`StoreError::CapacityExceeded`]. Live records are
+///   never evicted, since that would let a duplicate run.
+/// - Tokens are unique for the life of the store; fencing numbers come from
+///   a per-shard counter, so they rise per key even across expiry and
+///   deletion.
+///
+/// Cloning is cheap and clones share the records.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use idem::{ClaimOutcome, ClaimParams, MemoryStore, RecordId, Store};
+/// use std::time::Duration;
+///
+/// let store = MemoryStore::new();
+/// let id = RecordId::parse("orders", "order-1").unwrap();
+/// let params = ClaimParams::new(Duration::from_secs(30), Duration::from_secs(3600));
+/// let ClaimOutcome::Acquired(lease) = store.claim(&id, &params).await.unwrap() else { panic!() };
+/// store.complete(&lease, "done".into(), Duration::from_secs(3600)).await.unwrap();
+/// assert_eq!(store.claim(&id, &params).await.unwrap(), ClaimOutcome::Completed("done".into()));
+/// # });
+/// ```
+pub struct MemoryStore<C: Clock = SystemClock> {
+    inner: Arc<Inner<C>>,
+}
+
+impl<C: Clock> Clone for MemoryStore<C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<C: Clock> std::fmt::Debug for MemoryStore<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.inner.shards.len())
+            .field("max_records", &self.inner.max_records)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner<C> {
+    shards: Box<[Shard]>,
+    hasher: RandomState,
+    clock: C,
+    instance: u64,
+    max_records: usize,
+    per_shard: usize,
+}
+
+struct Shard {
+    state: Mutex<ShardState>,
+    changed: Notify,
+    waiters: AtomicUsize,
+}
+
+struct ShardState {
+    records: HashMap<RecordId, Record>,
+    /// Claims that acquired in this shard; never decreases.
+    seq: u64,
+}
+
+/// Builds a [`MemoryStore`].
+#[derive(Debug, Clone)]
+pub struct MemoryStoreBuilder<C: Clock = SystemClock> {
+    clock: C,
+    shards: usize,
+    max_records: usize,
+}
+
+impl MemoryStore<SystemClock> {
+    /// A store on the system clock with default limits.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// A builder with default limits on the system clock.
+    pub fn builder() -> MemoryStoreBuilder<SystemClock> {
+        MemoryStoreBuilder {
+            clock: SystemClock,
+            shards: DEFAULT_SHARDS,
+            max_records: DEFAULT_MAX_RECORDS,
+        }
+    }
+}
+
+impl Default for MemoryStore<SystemClock> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<C: Clock> MemoryStoreBuilder<C> {
+    /// Reads time from `clock` (a [`ManualClock`](crate::ManualClock) in
+    /// tests).
+    pub fn clock<C2: Clock>(self, clock: C2) -> MemoryStoreBuilder<C2> {
+        MemoryStoreBuilder {
+            clock,
+            shards: self.shards,
+            max_records: self.max_records,
+        }
+    }
+
+    /// The number of shards, rounded up to a power of two in 1..=256.
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards.clamp(1, 256).next_power_of_two();
+        self
+    }
+
+    /// The maximum number of records held (live or not yet purged).
+    pub fn max_records(mut self, max_records: usize) -> Self {
+        self.max_records = max_records.max(1);
+        self
+    }
+
+    /// Builds the store.
+    pub fn build(self) -> MemoryStore<C> {
+        let shards = (0..self.shards)
+            .map(|_| Shard {
+                state: Mutex::new(ShardState {
+                    records: HashMap::new(),
+                    seq: 0,
+                }),
+                changed: Notify::new(),
+                waiters: AtomicUsize::new(0),
+            })
+            .collect();
+        MemoryStore {
+            inner: Arc::new(Inner {
+                shards,
+                hasher: RandomState::new(),
+                clock: self.clock,
+                instance: rand::random(),
+                max_records: self.max_records,
+                per_shard: self.max_records.div_ceil(self.shards),
+            }),
+        }
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    fn shard_index(&self, id: &RecordId) -> usize {
+        (self.inner.hasher.hash_one(id) as usize) & (self.inner.shards.len() - 1)
+    }
+
+    fn now(&self) -> Timestamp {
+        self.inner.clock.now()
+    }
+
+    fn claim_now(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
+        let now = self.now();
+        let index = self.shard_index(id);
+        let mut shard = self.inner.shards[index].state.lock();
+        let next_seq = shard.seq + 1;
+        let fresh = Fresh {
+            token: LeaseToken::from_parts(self.inner.instance, (next_seq << 8) | index as u64),
+            fence_floor: next_seq,
+        };
+        let (write, outcome) = decide_claim(shard.records.get(id), params, now, fresh).into_parts(id);
+        let Some(record) = write else {
+            return Ok(outcome);
+        };
+        shard.seq = next_seq;
+        if let Some(slot) = shard.records.get_mut(id) {
+            *slot = record;
+        } else {
+            if shard.records.len() >= self.inner.per_shard {
+                shard.records.retain(|_, r| !r.is_expired(now));
+                if shard.records.len() >= self.inner.per_shard {
+                    return Err(StoreError::CapacityExceeded {
+                        capacity: self.inner.max_records,
+                    });
+                }
+            }
+            shard.records.insert(id.clone(), record);
+        }
+        Ok(outcome)
+    }
+
+    fn write_now(&self, lease: &Lease, write: Write) -> Result<Timestamp, StoreError> {
+        let now = self.now();
+        let shard = &self.inner.shards[self.shard_index(&lease.id)];
+        let notify = !matches!(write, Write::Extend { .. });
+        let lease_until = {
+            let mut state = shard.state.lock();
+            let slot = state.records.get_mut(&lease.id);
+            let next = decide_write(slot.as_deref(), lease.token, write, now)?;
+            let until = match next.state {
+                State::InProgress { lease_until, .. } => lease_until,
+                _ => now,
+            };
+            if let Some(slot) = slot {
+                *slot = next;
+            }
+            until
+        };
+        if notify {
+            shard.notify();
+        }
+        Ok(lease_until)
+    }
+
+    /// Starts a background task (on the current tokio runtime) that purges
+    /// expired records every `every`, in batches of `batch`. The task stops
+    /// when the handle is dropped.
+    pub fn spawn_purger(&self, every: Duration, batch: usize) -> PurgerHandle {
+        let store = self.clone();
+        let batch = batch.max(1);
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                while store.purge_now(batch) == batch {
+                    tokio::task::yield_now().await;
+                }
+            }
+        });
+        PurgerHandle { task }
+    }
+
+    fn purge_now(&self, limit: usize) -> usize {
+        let now = self.now();
+        let mut removed = 0;
+        for shard in self.inner.shards.iter() {
+            if removed >= limit {
+                break;
+            }
+            shard.state.lock().records.retain(|_, r| {
+                if removed < limit && r.is_expired(now) {
+                    removed += 1;
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        removed
+    }
+
+    /// How many records are held, including expired ones not yet purged.
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| s.state.lock().records.len()).sum()
+    }
+
+    /// Whether no record is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Shard {
+    fn notify(&self) {
+        if self.waiters.load(Ordering::Acquire) > 0 {
+            self.changed.notify_waiters();
+        }
+    }
+}
+
+/// Stops the background purge task of [`MemoryStore::spawn_purger`] when
+/// dropped.
+#[derive(Debug)]
+pub struct PurgerHandle {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for PurgerHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl<C: Clock> Store for MemoryStore<C> {
+    async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
+        self.claim_now(id, params)
+    }
+
+    async fn complete(&self, lease: &Lease, response: Bytes, retention: Duration) -> Result<(), StoreError> {
+        self.write_now(lease, Write::Complete { response, retention }).map(drop)
+    }
+
+    async fn fail(&self, lease: &Lease, failure: Failure, retention: Duration) -> Result<(), StoreError> {
+        self.write_now(lease, Write::Fail { failure, retention }).map(drop)
+    }
+
+    async fn extend(&self, lease: &Lease, duration: Duration) -> Result<Timestamp, StoreError> {
+        self.write_now(lease, Write::Extend { lease: duration })
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.write_now(lease, Write::Release).map(drop)
+    }
+
+    async fn wait_for_change(&self, id: &RecordId, timeout: Duration) {
+        let shard = &self.inner.shards[self.shard_index(id)];
+        shard.waiters.fetch_add(1, Ordering::AcqRel);
+        let mut notified = pin!(shard.changed.notified());
+        notified.as_mut().enable();
+        let now = self.now();
+        let busy = matches!(
+            shard.state.lock().records.get(id),
+            Some(Record { state: State::InProgress { .. }, expires_at, .. }) if now < *expires_at
+        );
+        if busy {
+            let _ = tokio::time::timeout(timeout, notified).await;
+        }
+        shard.waiters.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl<C: Clock> GetRecord for MemoryStore<C> {
+    async fn get(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
+        let now = self.now();
+        let shard = self.inner.shards[self.shard_index(id)].state.lock();
+        Ok(shard.records.get(id).filter(|r| !r.is_expired(now)).cloned())
+    }
+}
+
+impl<C: Clock> DeleteRecord for MemoryStore<C> {
+    async fn delete(&self, id: &RecordId) -> Result<bool, StoreError> {
+        let now = self.now();
+        let shard = &self.inner.shards[self.shard_index(id)];
+        let removed = shard.state.lock().records.remove(id);
+        shard.notify();
+        Ok(removed.is_some_and(|r| !r.is_expired(now)))
+    }
+}
+
+impl<C: Clock> ListRecords for MemoryStore<C> {
+    async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
+        let now = self.now();
+        let mut found: Vec<(RecordId, Record)> = Vec::new();
+        for shard in self.inner.shards.iter() {
+            let shard = shard.state.lock();
+            found.extend(
+                shard
+                    .records
+                    .iter()
+                    .filter(|(id, r)| {
+                        !r.is_expired(now)
+                            && query.state.is_none_or(|s| r.state.kind() == s)
+                            && query.scope.as_ref().is_none_or(|s| id.scope() == s)
+                            && query.after.as_ref().is_none_or(|after| *id > after)
+                    })
+                    .map(|(id, r)| (id.clone(), r.clone())),
+            );
+        }
+        found.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let limit = query.limit.max(1);
+        let next = (found.len() > limit).then(|| found[limit - 1].0.clone());
+        found.truncate(limit);
+        Ok(ListPage { records: found, next })
+    }
+}
+
+impl<C: Clock> PurgeExpired for MemoryStore<C> {
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        Ok(self.purge_now(limit))
+    }
+}
+
+impl<C: Clock> ClaimMany for MemoryStore<C> {
+    async fn claim_many(
+        &self,
+        claims: &[(RecordId, ClaimParams)],
+    ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
+        Ok(claims.iter().map(|(id, p)| self.claim_now(id, p)).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(f)
+    }
+
+    #[test]
+    fn full_store_evicts_only_expired_records() {
+        let clock = ManualClock::default();
+        let store = MemoryStore::builder().clock(clock.clone()).shards(1).max_records(2).build();
+        let p = ClaimParams::new(Duration::from_secs(1), Duration::from_secs(10));
+        let id = |k: &str| RecordId::parse("s", k).expect("valid");
+        block_on(async {
+            assert!(matches!(store.claim(&id("a"), &p).await, Ok(ClaimOutcome::Acquired(_))));
+            assert!(matches!(store.claim(&id("b"), &p).await, Ok(ClaimOutcome::Acquired(_))));
+            let err = store.claim(&id("c"), &p).await.expect_err("full");
+            assert!(matches!(err, StoreError::CapacityExceeded { capacity: 2 }));
+            assert!(err.to_string().contains("2 live records"));
+            clock.advance(Duration::from_secs(10));
+            assert!(matches!(store.claim(&id("c"), &p).await, Ok(ClaimOutcome::Acquired(_))));
+            assert_eq!(store.len(), 1, "both expired records were evicted");
+        });
+    }
+
+    #[test]
+    fn purge_is_bounded() {
+        let clock = ManualClock::default();
+        let store = MemoryStore::builder().clock(clock.clone()).build();
+        let p = ClaimParams::new(Duration::from_secs(1), Duration::from_secs(1));
+        block_on(async {
+            for i in 0..10 {
+                let id = RecordId::parse("s", &format!("k{i}")).expect("valid");
+                store.claim(&id, &p).await.expect("claim");
+            }
+            clock.advance(Duration::from_secs(2));
+            assert_eq!(store.purge_expired(4).await.expect("purge"), 4);
+            assert_eq!(store.len(), 6);
+            assert_eq!(store.purge_expired(100).await.expect("purge"), 6);
+            assert!(store.is_empty());
+        });
+    }
+
+    #[test]
+    fn background_purger_runs_and_stops_on_drop() {
+        let clock = ManualClock::default();
+        let store = MemoryStore::builder().clock(clock.clone()).build();
+        let p = ClaimParams::new(Duration::from_secs(1), Duration::from_secs(1));
+        block_on(async {
+            store.claim(&RecordId::parse("s", "k").expect("valid"), &p).await.expect("claim");
+            clock.advance(Duration::from_secs(2));
+            let handle = store.spawn_purger(Duration::from_millis(1), 100);
+            while !store.is_empty() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            drop(handle);
+        });
+    }
+}

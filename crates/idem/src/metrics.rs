@@ -1,0 +1,66 @@
+//! Metric names recorded through the [`metrics`](https://docs.rs/metrics)
+//! facade. Install any recorder (e.g. a Prometheus exporter) to collect
+//! them; with none installed they cost next to nothing.
+//!
+//! | name | kind | labels |
+//! |---|---|---|
+//! | `idem_claims_total` | counter | `outcome`: acquired, takeover, in_progress, completed, failed, mismatch |
+//! | `idem_replays_total` | counter | (duplicates answered from a stored outcome) |
+//! | `idem_takeovers_total` | counter | |
+//! | `idem_lease_lost_total` | counter | `at`: heartbeat, complete, fail |
+//! | `idem_mismatches_total` | counter | |
+//! | `idem_executions_total` | counter | `result`: ok, retryable, terminal, unknown |
+//! | `idem_fail_open_total` | counter | (handler ran unguarded) |
+//! | `idem_store_errors_total` | counter | `op` |
+//! | `idem_store_seconds` | histogram | `op`: claim, complete, fail, extend |
+//!
+//! The duplicate rate is `idem_replays_total / idem_claims_total`.
+
+use std::future::Future;
+use std::time::Instant;
+
+/// Claims by outcome.
+pub const CLAIMS: &str = "idem_claims_total";
+/// Duplicates answered with a stored outcome.
+pub const REPLAYS: &str = "idem_replays_total";
+/// Claims that took over an expired lease.
+pub const TAKEOVERS: &str = "idem_takeovers_total";
+/// Leases lost while or after the handler ran.
+pub const LEASE_LOST: &str = "idem_lease_lost_total";
+/// Claims refused for a different fingerprint.
+pub const MISMATCHES: &str = "idem_mismatches_total";
+/// Handler runs by result.
+pub const EXECUTIONS: &str = "idem_executions_total";
+/// Handler runs without protection because the store was down (fail-open).
+pub const FAIL_OPEN: &str = "idem_fail_open_total";
+/// Store operations that returned an error other than a lost lease.
+pub const STORE_ERRORS: &str = "idem_store_errors_total";
+/// Store operation latency in seconds.
+pub const STORE_SECONDS: &str = "idem_store_seconds";
+
+pub(crate) const OP_CLAIM: &str = "claim";
+pub(crate) const OP_COMPLETE: &str = "complete";
+pub(crate) const OP_FAIL: &str = "fail";
+pub(crate) const OP_EXTEND: &str = "extend";
+
+pub(crate) fn count(name: &'static str, labels: &[(&'static str, &'static str)]) {
+    let labels: Vec<metrics::Label> = labels.iter().map(|(k, v)| metrics::Label::new(*k, *v)).collect();
+    metrics::counter!(name, labels).increment(1);
+}
+
+/// Times a store operation and counts its errors (a lost lease is an
+/// answer, not an error of the store).
+pub(crate) async fn timed<T>(
+    op: &'static str,
+    fut: impl Future<Output = Result<T, crate::StoreError>>,
+) -> Result<T, crate::StoreError> {
+    let start = Instant::now();
+    let result = fut.await;
+    metrics::histogram!(STORE_SECONDS, "op" => op).record(start.elapsed().as_secs_f64());
+    if let Err(e) = &result {
+        if !matches!(e, crate::StoreError::LeaseLost) {
+            metrics::counter!(STORE_ERRORS, "op" => op).increment(1);
+        }
+    }
+    result
+}

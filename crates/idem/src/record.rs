@@ -1,0 +1,317 @@
+//! The record kept per `(scope, key)`, the lease a claimer holds, and the
+//! outcomes of a claim.
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::clock::Timestamp;
+use crate::fingerprint::Fingerprint;
+use crate::key::RecordId;
+
+/// An opaque lease token. A store never hands out the same token twice in
+/// its life, so a holder whose lease was taken over (or whose record expired
+/// and was claimed again) can never write to the new holder's record.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LeaseToken(u128);
+
+impl LeaseToken {
+    /// Builds a token from its raw value.
+    pub const fn from_u128(raw: u128) -> Self {
+        Self(raw)
+    }
+
+    /// Builds a token from a store instance id and a sequence number: unique
+    /// as long as `instance` is unique per store life and `seq` never repeats
+    /// within it.
+    pub const fn from_parts(instance: u64, seq: u64) -> Self {
+        Self(((instance as u128) << 64) | seq as u128)
+    }
+
+    /// The raw value.
+    pub const fn as_u128(self) -> u128 {
+        self.0
+    }
+
+    /// The 32-character lowercase hex form.
+    pub fn to_hex(self) -> String {
+        format!("{:032x}", self.0)
+    }
+
+    /// Parses the hex form.
+    pub fn from_hex(s: &str) -> Option<Self> {
+        if s.len() != 32 {
+            return None;
+        }
+        u128::from_str_radix(s, 16).ok().map(Self)
+    }
+}
+
+impl fmt::Debug for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LeaseToken({})", self.to_hex())
+    }
+}
+
+impl fmt::Display for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+/// How a failure is classified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureClass {
+    /// Worth trying again: the claim is released and may be claimed anew.
+    Retryable,
+    /// Will fail the same way every time: stored and replayed.
+    Terminal,
+    /// The outcome of an effect is not known (in doubt); stored and replayed
+    /// until someone reconciles it.
+    Unknown,
+}
+
+impl FailureClass {
+    /// A stable lowercase name, for storage and metrics labels.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FailureClass::Retryable => "retryable",
+            FailureClass::Terminal => "terminal",
+            FailureClass::Unknown => "unknown",
+        }
+    }
+
+    /// Parses [`as_str`](Self::as_str)'s output.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "retryable" => Some(Self::Retryable),
+            "terminal" => Some(Self::Terminal),
+            "unknown" => Some(Self::Unknown),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for FailureClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A recorded failure: its class and a message for people.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// How the failure was classified.
+    pub class: FailureClass,
+    /// What went wrong, as the handler's error displayed it.
+    pub message: String,
+}
+
+impl Failure {
+    /// A failure of the given class.
+    pub fn new(class: FailureClass, message: impl Into<String>) -> Self {
+        Self {
+            class,
+            message: message.into(),
+        }
+    }
+}
+
+/// The state of a record (DESIGN §3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// Claimed; the holder of `token` may write until someone takes over
+    /// after `lease_until`.
+    InProgress {
+        /// The holder's token.
+        token: LeaseToken,
+        /// When the lease runs out and a takeover becomes possible.
+        lease_until: Timestamp,
+    },
+    /// Done; the stored response is replayed to every later claim.
+    Completed {
+        /// The stored response, as the executor encoded it.
+        response: Bytes,
+    },
+    /// Failed for good (terminal or unknown); replayed to later claims.
+    Failed {
+        /// What was recorded.
+        failure: Failure,
+    },
+    /// Given back (released, or failed retryably); the next claim acquires
+    /// it with the attempt count carried on.
+    Released {
+        /// The retryable failure that released it, if any.
+        last_failure: Option<Failure>,
+    },
+}
+
+/// The name of a [`State`], for filtering lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StateKind {
+    /// [`State::InProgress`].
+    InProgress,
+    /// [`State::Completed`].
+    Completed,
+    /// [`State::Failed`].
+    Failed,
+    /// [`State::Released`].
+    Released,
+}
+
+impl StateKind {
+    /// A stable lowercase name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            StateKind::InProgress => "in_progress",
+            StateKind::Completed => "completed",
+            StateKind::Failed => "failed",
+            StateKind::Released => "released",
+        }
+    }
+}
+
+impl State {
+    /// This state's kind.
+    pub fn kind(&self) -> StateKind {
+        match self {
+            State::InProgress { .. } => StateKind::InProgress,
+            State::Completed { .. } => StateKind::Completed,
+            State::Failed { .. } => StateKind::Failed,
+            State::Released { .. } => StateKind::Released,
+        }
+    }
+}
+
+/// Everything a store keeps for one `(scope, key)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// Where the record is in its life.
+    pub state: State,
+    /// The fingerprint bound to the key by its first claim, if any.
+    pub fingerprint: Option<Fingerprint>,
+    /// How many times the record has been acquired (1 for the first claim).
+    pub attempt: u32,
+    /// The fencing number of the latest claim; strictly increasing per key.
+    pub fence: u64,
+    /// When the record was first claimed.
+    pub created_at: Timestamp,
+    /// When the record last changed.
+    pub updated_at: Timestamp,
+    /// The retention deadline: from this instant on the record is absent.
+    pub expires_at: Timestamp,
+}
+
+impl Record {
+    /// Whether the record has passed its retention deadline at `now`. An
+    /// expired record behaves as absent, whether or not it was purged.
+    pub fn is_expired(&self, now: Timestamp) -> bool {
+        now >= self.expires_at
+    }
+}
+
+/// What a claim asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimParams {
+    /// The request's fingerprint; a live record with a different one is a
+    /// [`ClaimOutcome::Mismatch`].
+    pub fingerprint: Option<Fingerprint>,
+    /// How long the lease lasts before another claimer may take over.
+    pub lease: Duration,
+    /// How long the record is kept if its holder vanishes (the retention of
+    /// an in-progress or released record). Never shorter than `lease`.
+    pub retention: Duration,
+}
+
+impl ClaimParams {
+    /// A claim with a lease and retention and no fingerprint.
+    pub fn new(lease: Duration, retention: Duration) -> Self {
+        Self {
+            fingerprint: None,
+            lease,
+            retention,
+        }
+    }
+
+    /// The same claim with a fingerprint.
+    pub fn fingerprint(mut self, fingerprint: Fingerprint) -> Self {
+        self.fingerprint = Some(fingerprint);
+        self
+    }
+}
+
+/// A claim held on a record. Every write (`complete`, `fail`, `extend`,
+/// `release`) is accepted only while the record still carries this lease's
+/// token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The record claimed.
+    pub id: RecordId,
+    /// The token that proves ownership.
+    pub token: LeaseToken,
+    /// A per-key monotonic fencing number: each claim of the key gets a
+    /// larger one, so downstream systems can reject writes from an older
+    /// holder.
+    pub fence: u64,
+    /// Which attempt this is (1 for the first claim).
+    pub attempt: u32,
+    /// Whether this claim took over an expired lease: an earlier attempt may
+    /// have partly run.
+    pub takeover: bool,
+    /// When this lease runs out unless extended.
+    pub lease_until: Timestamp,
+}
+
+/// What a claim found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// The caller holds the record and should run the work.
+    Acquired(Lease),
+    /// Someone else holds a live lease; ask again after `retry_after`.
+    InProgress {
+        /// Time until the current lease runs out.
+        retry_after: Duration,
+    },
+    /// The work was done; here is the stored response.
+    Completed(Bytes),
+    /// The work failed for good; here is the stored failure.
+    Failed(Failure),
+    /// The key is bound to a different fingerprint.
+    Mismatch,
+}
+
+impl ClaimOutcome {
+    /// A short stable label, for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ClaimOutcome::Acquired(l) if l.takeover => "takeover",
+            ClaimOutcome::Acquired(_) => "acquired",
+            ClaimOutcome::InProgress { .. } => "in_progress",
+            ClaimOutcome::Completed(_) => "completed",
+            ClaimOutcome::Failed(_) => "failed",
+            ClaimOutcome::Mismatch => "mismatch",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_round_trip_through_hex() {
+        let t = LeaseToken::from_parts(0xdead_beef, 42);
+        assert_eq!(LeaseToken::from_hex(&t.to_hex()), Some(t));
+        assert_eq!(LeaseToken::from_hex("abc"), None);
+        assert_ne!(LeaseToken::from_parts(1, 2), LeaseToken::from_parts(2, 1));
+    }
+
+    #[test]
+    fn failure_classes_round_trip() {
+        for c in [FailureClass::Retryable, FailureClass::Terminal, FailureClass::Unknown] {
+            assert_eq!(FailureClass::parse(c.as_str()), Some(c));
+        }
+        assert_eq!(FailureClass::parse("nope"), None);
+    }
+}

@@ -1,0 +1,247 @@
+//! The store contract (DESIGN §4): five required atomic primitives in
+//! [`Store`], and small capability traits for what not every caller needs.
+//!
+//! Every primitive must be atomic on its own. There are no default
+//! implementations of correctness-critical methods: a store either performs
+//! the transition atomically or does not implement the trait.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::clock::Timestamp;
+use crate::key::{RecordId, Scope};
+use crate::record::{ClaimOutcome, ClaimParams, Failure, Lease, Record, StateKind};
+
+/// A boxed error from a store's backend.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a store operation did not happen.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The record no longer carries the lease's token (taken over, released,
+    /// deleted or expired). Nothing was written.
+    #[error("lease lost: the record no longer carries this lease's token")]
+    LeaseLost,
+    /// The store could not be reached or did not answer in time. Whether a
+    /// write happened is unknown; the executor fails closed.
+    #[error("store unavailable")]
+    Unavailable(#[source] BoxError),
+    /// The store is at its configured size and holds no expired record to
+    /// make room with. Live records are never evicted.
+    #[error("store is full: {capacity} live records (no expired record to evict)")]
+    CapacityExceeded {
+        /// The configured limit.
+        capacity: usize,
+    },
+    /// A stored record could not be decoded.
+    #[error("stored record {id} is corrupt: {reason}")]
+    Corrupt {
+        /// The record's id, as `scope/key`.
+        id: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The backend reported an error that is not one of the above.
+    #[error("store backend error")]
+    Backend(#[source] BoxError),
+}
+
+impl From<crate::machine::LeaseLost> for StoreError {
+    fn from(_: crate::machine::LeaseLost) -> Self {
+        StoreError::LeaseLost
+    }
+}
+
+/// The required atomic primitives. See DESIGN §4 for the full contract;
+/// `idem-testkit` checks it.
+pub trait Store: Send + Sync + 'static {
+    /// Claims `id`: acquires it if absent, expired or released, takes it
+    /// over if its lease has run out, and otherwise reports what is there.
+    fn claim(
+        &self,
+        id: &RecordId,
+        params: &ClaimParams,
+    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send;
+
+    /// Stores `response` as the outcome, kept for `retention`, if the record
+    /// still carries `lease`'s token; otherwise [`StoreError::LeaseLost`].
+    fn complete(
+        &self,
+        lease: &Lease,
+        response: Bytes,
+        retention: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Records a failure under the same token check. Retryable failures
+    /// release the record; terminal and unknown ones are kept for
+    /// `retention` and replayed.
+    fn fail(
+        &self,
+        lease: &Lease,
+        failure: Failure,
+        retention: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Heartbeat: extends the lease to `now + lease` (never shortening it)
+    /// under the same token check, and returns the new deadline.
+    fn extend(
+        &self,
+        lease: &Lease,
+        duration: Duration,
+    ) -> impl Future<Output = Result<Timestamp, StoreError>> + Send;
+
+    /// Gives the claim back under the same token check; the next claim
+    /// acquires it with the attempt count carried on.
+    fn release(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Waits until `id` may have changed, or `timeout` passes. This is a
+    /// hint used to wait for an in-flight duplicate's outcome: stores that
+    /// can notify override it; the default sleeps for `timeout`, and the
+    /// caller re-claims afterwards either way.
+    fn wait_for_change(
+        &self,
+        id: &RecordId,
+        timeout: Duration,
+    ) -> impl Future<Output = ()> + Send {
+        let _ = id;
+        tokio::time::sleep(timeout)
+    }
+}
+
+/// Reads a record (expired records read as absent).
+pub trait GetRecord: Store {
+    /// The record for `id`, or `None` if absent or expired.
+    fn get(
+        &self,
+        id: &RecordId,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+}
+
+/// Deletes a record whatever its state: the admin's force-release. Any
+/// lease on it is lost; fencing numbers stay monotonic.
+pub trait DeleteRecord: Store {
+    /// Deletes `id`; `true` if a live record was there.
+    fn delete(&self, id: &RecordId) -> impl Future<Output = Result<bool, StoreError>> + Send;
+}
+
+/// A page request for [`ListRecords`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListQuery {
+    /// Only records in this state, if set.
+    pub state: Option<StateKind>,
+    /// Only records in this scope, if set.
+    pub scope: Option<Scope>,
+    /// Start after this id (the previous page's `next`).
+    pub after: Option<RecordId>,
+    /// At most this many records.
+    pub limit: usize,
+}
+
+impl ListQuery {
+    /// The first page of up to `limit` records of any state and scope.
+    pub fn new(limit: usize) -> Self {
+        Self {
+            state: None,
+            scope: None,
+            after: None,
+            limit,
+        }
+    }
+
+    /// Only records in `state`.
+    pub fn state(mut self, state: StateKind) -> Self {
+        self.state = Some(state);
+        self
+    }
+
+    /// Only records in `scope`.
+    pub fn scope(mut self, scope: Scope) -> Self {
+        self.scope = Some(scope);
+        self
+    }
+
+    /// Start after `id`.
+    pub fn after(mut self, id: RecordId) -> Self {
+        self.after = Some(id);
+        self
+    }
+}
+
+/// One page of live records, ordered by id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListPage {
+    /// The records on this page.
+    pub records: Vec<(RecordId, Record)>,
+    /// Where the next page starts, if there may be one.
+    pub next: Option<RecordId>,
+}
+
+/// Lists live records by state and scope, in id order, a page at a time.
+pub trait ListRecords: Store {
+    /// One page of records matching `query`.
+    fn list(&self, query: &ListQuery) -> impl Future<Output = Result<ListPage, StoreError>> + Send;
+}
+
+/// Removes expired records in bounded batches.
+pub trait PurgeExpired: Store {
+    /// Removes at most `limit` expired records; returns how many. Call
+    /// again while it returns `limit`.
+    fn purge_expired(&self, limit: usize) -> impl Future<Output = Result<usize, StoreError>> + Send;
+}
+
+/// Claims many records in one round trip. Each claim is atomic on its own;
+/// the batch as a whole is not a transaction.
+pub trait ClaimMany: Store {
+    /// One result per claim, in order.
+    fn claim_many(
+        &self,
+        claims: &[(RecordId, ClaimParams)],
+    ) -> impl Future<Output = Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError>> + Send;
+}
+
+impl<S: Store> Store for Arc<S> {
+    fn claim(
+        &self,
+        id: &RecordId,
+        params: &ClaimParams,
+    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send {
+        (**self).claim(id, params)
+    }
+    fn complete(
+        &self,
+        lease: &Lease,
+        response: Bytes,
+        retention: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).complete(lease, response, retention)
+    }
+    fn fail(
+        &self,
+        lease: &Lease,
+        failure: Failure,
+        retention: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).fail(lease, failure, retention)
+    }
+    fn extend(
+        &self,
+        lease: &Lease,
+        duration: Duration,
+    ) -> impl Future<Output = Result<Timestamp, StoreError>> + Send {
+        (**self).extend(lease, duration)
+    }
+    fn release(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).release(lease)
+    }
+    fn wait_for_change(
+        &self,
+        id: &RecordId,
+        timeout: Duration,
+    ) -> impl Future<Output = ()> + Send {
+        (**self).wait_for_change(id, timeout)
+    }
+}
