@@ -1,0 +1,481 @@
+//! The conformance cases. Each takes a [`Fixture`] and panics with a
+//! message saying which rule of the contract the store broke.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem::{
+    ClaimOutcome, ClaimParams, Failure, FailureClass, Fingerprint, Key, Lease, LeaseToken,
+    ListQuery, RecordId, Scope, State, StateKind, StoreError,
+};
+use tokio::sync::Barrier;
+
+use crate::{ConformanceStore, Fixture};
+
+const LONG: Duration = Duration::from_secs(3600);
+
+fn id(scope: &Scope, key: &str) -> RecordId {
+    RecordId::new(scope.clone(), Key::new(key).expect("test keys are valid"))
+}
+
+fn params<S>(f: &Fixture<S>) -> ClaimParams {
+    ClaimParams::new(f.lease, LONG)
+}
+
+async fn acquire<S: ConformanceStore>(f: &Fixture<S>, id: &RecordId, p: &ClaimParams) -> Lease {
+    match f.store.claim(id, p).await.expect("claim succeeds") {
+        ClaimOutcome::Acquired(lease) => lease,
+        other => panic!("expected {id} to be acquired, got {other:?}"),
+    }
+}
+
+async fn claim<S: ConformanceStore>(f: &Fixture<S>, id: &RecordId, p: &ClaimParams) -> ClaimOutcome {
+    f.store.claim(id, p).await.expect("claim succeeds")
+}
+
+fn assert_lease_lost<T: std::fmt::Debug>(result: Result<T, StoreError>, what: &str) {
+    assert!(
+        matches!(result, Err(StoreError::LeaseLost)),
+        "{what} with a stale token must be LeaseLost, got {result:?}"
+    );
+}
+
+/// Claim, complete, and every later claim replays the stored bytes.
+pub async fn claim_complete_replay<S: ConformanceStore>(f: &Fixture<S>) {
+    let id = id(&f.scope("s"), "k1");
+    let p = params(f);
+    let lease = acquire(f, &id, &p).await;
+    assert_eq!(lease.id, id);
+    assert_eq!(lease.attempt, 1, "first claim is attempt 1");
+    assert!(!lease.takeover, "first claim is not a takeover");
+    f.store
+        .complete(&lease, Bytes::from_static(b"response"), LONG)
+        .await
+        .expect("holder completes");
+    for _ in 0..3 {
+        assert_eq!(claim(f, &id, &p).await, ClaimOutcome::Completed(Bytes::from_static(b"response")));
+    }
+    let record = f.store.get(&id).await.expect("get").expect("record present");
+    assert_eq!(record.state, State::Completed { response: Bytes::from_static(b"response") });
+    assert_eq!(record.attempt, 1);
+    assert_eq!(record.fence, lease.fence);
+    assert_eq!(record.fingerprint, None);
+    assert_lease_lost(
+        f.store.complete(&lease, Bytes::from_static(b"again"), LONG).await,
+        "a second complete",
+    );
+    assert_eq!(claim(f, &id, &p).await, ClaimOutcome::Completed(Bytes::from_static(b"response")));
+}
+
+/// A live record binds its key to its fingerprint in every state.
+pub async fn mismatch_is_refused_in_every_live_state<S: ConformanceStore>(f: &Fixture<S>) {
+    let scope = f.scope("s");
+    let a = params(f).fingerprint(Fingerprint::of_bytes(b"a"));
+    let b = params(f).fingerprint(Fingerprint::of_bytes(b"b"));
+    let none = params(f);
+
+    let k = id(&scope, "in-progress-then-completed");
+    let lease = acquire(f, &k, &a).await;
+    assert_eq!(claim(f, &k, &b).await, ClaimOutcome::Mismatch, "in progress, other fingerprint");
+    assert_eq!(claim(f, &k, &none).await, ClaimOutcome::Mismatch, "in progress, no fingerprint");
+    f.store.complete(&lease, Bytes::from_static(b"ok"), LONG).await.expect("complete");
+    assert_eq!(claim(f, &k, &b).await, ClaimOutcome::Mismatch, "completed, other fingerprint");
+    assert_eq!(claim(f, &k, &a).await, ClaimOutcome::Completed(Bytes::from_static(b"ok")));
+    let record = f.store.get(&k).await.expect("get").expect("present");
+    assert_eq!(record.fingerprint, a.fingerprint);
+
+    let k = id(&scope, "failed");
+    let lease = acquire(f, &k, &a).await;
+    f.store
+        .fail(&lease, Failure::new(FailureClass::Terminal, "no"), LONG)
+        .await
+        .expect("fail");
+    assert_eq!(claim(f, &k, &b).await, ClaimOutcome::Mismatch, "failed, other fingerprint");
+
+    let k = id(&scope, "released");
+    let lease = acquire(f, &k, &a).await;
+    f.store.release(&lease).await.expect("release");
+    assert_eq!(claim(f, &k, &b).await, ClaimOutcome::Mismatch, "released, other fingerprint");
+    assert_eq!(acquire(f, &k, &a).await.attempt, 2);
+}
+
+/// A live lease answers `InProgress` with the time left on it.
+pub async fn live_lease_reports_retry_after<S: ConformanceStore>(f: &Fixture<S>) {
+    let id = id(&f.scope("s"), "k");
+    let p = params(f);
+    acquire(f, &id, &p).await;
+    match claim(f, &id, &p).await {
+        ClaimOutcome::InProgress { retry_after } => assert!(
+            !retry_after.is_zero() && retry_after <= f.lease,
+            "retry_after {retry_after:?} must be in (0, {:?}]",
+            f.lease
+        ),
+        other => panic!("a live lease must answer InProgress, got {other:?}"),
+    }
+}
+
+/// An expired lease is taken over: new token, attempt + 1, higher fence.
+pub async fn expired_lease_is_taken_over<S: ConformanceStore>(f: &Fixture<S>) {
+    let id = id(&f.scope("s"), "k");
+    let p = params(f);
+    let first = acquire(f, &id, &p).await;
+    f.advance(f.lease).await;
+    let second = acquire(f, &id, &p).await;
+    assert!(second.takeover, "claiming an expired lease is a takeover");
+    assert_eq!(second.attempt, 2, "a takeover is attempt + 1");
+    assert_ne!(second.token, first.token, "a takeover gets a new token");
+    assert!(second.fence > first.fence, "fence must rise: {} then {}", first.fence, second.fence);
+    assert!(matches!(claim(f, &id, &p).await, ClaimOutcome::InProgress { .. }));
+    let record = f.store.get(&id).await.expect("get").expect("present");
+    assert!(matches!(record.state, State::InProgress { token, .. } if token == second.token));
+}
+
+/// The old holder can neither complete, fail, extend nor release.
+pub async fn stale_token_is_rejected_by_every_write<S: ConformanceStore>(f: &Fixture<S>) {
+    let id = id(&f.scope("s"), "k");
+    let p = params(f);
+    let old = acquire(f, &id, &p).await;
+    f.advance(f.lease).await;
+    let new = acquire(f, &id, &p).await;
+
+    assert_lease_lost(f.store.complete(&old, Bytes::from_static(b"stale"), LONG).await, "complete");
+    assert_lease_lost(
+        f.store.fail(&old, Failure::new(FailureClass::Terminal, "stale"), LONG).await,
+        "terminal fail",
+    );
+    assert_lease_lost(
+        f.store.fail(&old, Failure::new(FailureClass::Retryable, "stale"), LONG).await,
+        "retryable fail",
+    );
+    assert_lease_lost(f.store.extend(&old, LONG).await, "extend");
+    assert_lease_lost(f.store.release(&old).await, "release");
+
+    let record = f.store.get(&id).await.expect("get").expect("present");
+    assert!(
+        matches!(record.state, State::InProgress { token, .. } if token == new.token),
+        "stale writes must change nothing, found {:?}",
+        record.state
+    );
+    f.store.complete(&new, Bytes::from_static(b"fresh"), LONG).await.expect("new holder completes");
+    assert_eq!(claim(f, &id, &p).await, ClaimOutcome::Completed(Bytes::from_static(b"fresh")));
+}
+
+/// Tokens never repeat and fences only rise, across release, delete and
+/// expiry of the record.
+pub async fn tokens_are_never_reused<S: ConformanceStore>(f: &Fixture<S>) {
+    let id = id(&f.scope("s"), "k");
+    let p = params(f);
+    let mut tokens: HashSet<LeaseToken> = HashSet::new();
+    let mut last_fence = 0u64;
+    let mut check = |lease: &Lease, how: &str| {
+        assert!(tokens.insert(lease.token), "token {} reused after {how}", lease.token);
+        assert!(lease.fence > last_fence, "fence {} after {how} is not above {last_fence}", lease.fence);
+        last_fence = lease.fence;
+    };
+
+    for _ in 0..50 {
+        let lease = acquire(f, &id, &p).await;
+        check(&lease, "release");
+        f.store.release(&lease).await.expect("release");
+    }
+    for _ in 0..20 {
+        let lease = acquire(f, &id, &p).await;
+        check(&lease, "delete");
+        assert!(f.store.delete(&id).await.expect("delete"));
+    }
+    let cycles = if f.is_manual() { 30 } else { 3 };
+    for _ in 0..cycles {
+        let lease = acquire(f, &id, &p).await;
+        check(&lease, "expiry");
+        assert_eq!(lease.attempt, 1, "an expired record is claimed afresh");
+        f.store.complete(&lease, Bytes::from_static(b"x"), f.lease).await.expect("complete");
+        f.advance(f.lease).await;
+        let next = acquire(f, &id, &p).await;
+        assert!(!next.takeover, "claiming an expired record is not a takeover");
+        check(&next, "expiry");
+        assert_lease_lost(f.store.complete(&lease, Bytes::from_static(b"old"), LONG).await, "complete after expiry");
+        f.store.release(&next).await.expect("release");
+        assert!(f.store.delete(&id).await.expect("delete"));
+    }
+}
+
+/// An expired record is absent on read, before any purge.
+pub async fn expiry_is_honoured_at_read_time<S: ConformanceStore>(f: &Fixture<S>) {
+    let scope = f.scope("s");
+    let id = id(&scope, "k");
+    let p = params(f);
+    let lease = acquire(f, &id, &p).await;
+    f.store.complete(&lease, Bytes::from_static(b"old"), f.lease).await.expect("complete");
+    assert!(f.store.get(&id).await.expect("get").is_some());
+    f.advance(f.lease).await;
+    assert_eq!(f.store.get(&id).await.expect("get"), None, "expired record must read as absent");
+    let listed = f.store.list(&ListQuery::new(10).scope(scope)).await.expect("list");
+    assert!(listed.records.is_empty(), "expired record must not be listed: {listed:?}");
+    let again = acquire(f, &id, &p).await;
+    assert_eq!(again.attempt, 1, "an expired record is claimed as new, not replayed");
+}
+
+/// A released record is acquired again with the attempt count carried on.
+pub async fn released_record_is_reclaimed<S: ConformanceStore>(f: &Fixture<S>) {
+    let id = id(&f.scope("s"), "k");
+    let p = params(f);
+    let first = acquire(f, &id, &p).await;
+    f.store.release(&first).await.expect("release");
+    let record = f.store.get(&id).await.expect("get").expect("present");
+    assert_eq!(record.state, State::Released { last_failure: None });
+    let second = acquire(f, &id, &p).await;
+    assert_eq!(second.attempt, 2);
+    assert!(!second.takeover, "reclaiming a released record is not a takeover");
+    let busy = Failure::new(FailureClass::Retryable, "downstream busy");
+    f.store.fail(&second, busy.clone(), LONG).await.expect("fail");
+    let record = f.store.get(&id).await.expect("get").expect("present");
+    assert_eq!(record.state, State::Released { last_failure: Some(busy) });
+    assert_eq!(acquire(f, &id, &p).await.attempt, 3);
+}
+
+/// Terminal and unknown failures are stored and replayed with their class.
+pub async fn failures_are_classified<S: ConformanceStore>(f: &Fixture<S>) {
+    let scope = f.scope("s");
+    let p = params(f);
+    for class in [FailureClass::Terminal, FailureClass::Unknown] {
+        let id = id(&scope, class.as_str());
+        let lease = acquire(f, &id, &p).await;
+        let failure = Failure::new(class, format!("{class} failure: card declined"));
+        f.store.fail(&lease, failure.clone(), LONG).await.expect("fail");
+        assert_eq!(claim(f, &id, &p).await, ClaimOutcome::Failed(failure.clone()));
+        let record = f.store.get(&id).await.expect("get").expect("present");
+        assert_eq!(record.state, State::Failed { failure });
+    }
+}
+
+/// A heartbeat keeps the lease past its original deadline.
+pub async fn extend_keeps_the_lease<S: ConformanceStore>(f: &Fixture<S>) {
+    let id = id(&f.scope("s"), "k");
+    let p = params(f);
+    let lease = acquire(f, &id, &p).await;
+    let step = f.lease * 2 / 3;
+    f.advance(step).await;
+    let until = f.store.extend(&lease, f.lease).await.expect("holder extends");
+    assert!(until > lease.lease_until, "extend must move the deadline forward");
+    f.advance(step).await;
+    assert!(
+        matches!(claim(f, &id, &p).await, ClaimOutcome::InProgress { .. }),
+        "an extended lease must still be live past its original deadline"
+    );
+    f.advance(f.lease).await;
+    assert!(acquire(f, &id, &p).await.takeover);
+}
+
+/// 64 concurrent claimers on one key: exactly one acquires.
+pub async fn concurrent_claimers_on_one_key<S: ConformanceStore>(f: &Fixture<S>) {
+    let id = id(&f.scope("s"), "k");
+    let p = ClaimParams::new(Duration::from_secs(60), LONG);
+    let barrier = Arc::new(Barrier::new(64));
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let (store, id, p, barrier) = (Arc::clone(&f.store), id.clone(), p.clone(), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.claim(&id, &p).await.expect("claim succeeds")
+            })
+        })
+        .collect();
+    let mut acquired = 0;
+    for task in tasks {
+        match task.await.expect("task") {
+            ClaimOutcome::Acquired(_) => acquired += 1,
+            ClaimOutcome::InProgress { .. } => {}
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+    assert_eq!(acquired, 1, "exactly one of 64 concurrent claimers must acquire");
+}
+
+/// 64 concurrent claimers over 1,000 keys: exactly 1,000 acquisitions,
+/// one per key.
+pub async fn concurrent_claimers_on_many_keys<S: ConformanceStore>(f: &Fixture<S>) {
+    const KEYS: usize = 1000;
+    let scope = f.scope("s");
+    let ids: Arc<Vec<RecordId>> = Arc::new((0..KEYS).map(|i| id(&scope, &format!("k{i}"))).collect());
+    let p = ClaimParams::new(Duration::from_secs(60), LONG);
+    let barrier = Arc::new(Barrier::new(64));
+    let tasks: Vec<_> = (0..64)
+        .map(|t| {
+            let (store, ids, p, barrier) = (Arc::clone(&f.store), Arc::clone(&ids), p.clone(), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let mut won = Vec::new();
+                for i in 0..KEYS {
+                    let index = (i + t * 37) % KEYS;
+                    if let ClaimOutcome::Acquired(_) = store.claim(&ids[index], &p).await.expect("claim succeeds") {
+                        won.push(index);
+                    }
+                }
+                won
+            })
+        })
+        .collect();
+    let mut per_key: HashMap<usize, usize> = HashMap::new();
+    for task in tasks {
+        for index in task.await.expect("task") {
+            *per_key.entry(index).or_default() += 1;
+        }
+    }
+    let total: usize = per_key.values().sum();
+    let doubled: Vec<_> = per_key.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(doubled.is_empty(), "keys acquired more than once: {doubled:?}");
+    assert_eq!(total, KEYS, "every key must be acquired exactly once");
+}
+
+/// `claim_many` answers each claim in order, as single claims would.
+pub async fn batch_claims<S: ConformanceStore>(f: &Fixture<S>) {
+    let scope = f.scope("s");
+    let p = params(f);
+    let ids: Vec<RecordId> = (0..10).map(|i| id(&scope, &format!("k{i}"))).collect();
+    acquire(f, &ids[3], &p).await;
+    let done = acquire(f, &ids[5], &p).await;
+    f.store.complete(&done, Bytes::from_static(b"five"), LONG).await.expect("complete");
+
+    let mut batch: Vec<(RecordId, ClaimParams)> = ids.iter().map(|id| (id.clone(), p.clone())).collect();
+    batch.push((ids[0].clone(), p.clone()));
+    let results = f.store.claim_many(&batch).await.expect("batch");
+    assert_eq!(results.len(), 11, "one result per claim");
+    for (i, result) in results.into_iter().enumerate() {
+        let outcome = result.expect("each claim succeeds");
+        match i {
+            3 | 10 => assert!(matches!(outcome, ClaimOutcome::InProgress { .. }), "claim {i}: {outcome:?}"),
+            5 => assert_eq!(outcome, ClaimOutcome::Completed(Bytes::from_static(b"five"))),
+            _ => match outcome {
+                ClaimOutcome::Acquired(lease) => assert_eq!(lease.id, ids[i]),
+                other => panic!("claim {i} should acquire, got {other:?}"),
+            },
+        }
+    }
+}
+
+/// Purge removes expired records and nothing else, in bounded batches.
+pub async fn purge_removes_only_expired<S: ConformanceStore>(f: &Fixture<S>) {
+    let scope = f.scope("s");
+    let p = params(f);
+    for i in 0..5 {
+        let lease = acquire(f, &id(&scope, &format!("short{i}")), &p).await;
+        f.store.complete(&lease, Bytes::from_static(b"s"), f.lease).await.expect("complete");
+    }
+    for i in 0..5 {
+        let lease = acquire(f, &id(&scope, &format!("long{i}")), &p).await;
+        f.store.complete(&lease, Bytes::from_static(b"l"), LONG).await.expect("complete");
+    }
+    let long_claim = ClaimParams::new(LONG, LONG);
+    for i in 0..2 {
+        acquire(f, &id(&scope, &format!("running{i}")), &long_claim).await;
+    }
+    f.advance(f.lease).await;
+    let mut purged = 0;
+    loop {
+        let n = f.store.purge_expired(3).await.expect("purge");
+        assert!(n <= 3, "purge_expired(3) removed {n}: batches must be bounded");
+        purged += n;
+        if n < 3 {
+            break;
+        }
+    }
+    if f.exclusive {
+        assert_eq!(purged, 5, "exactly the 5 expired records are purged");
+    } else {
+        assert!(purged >= 5, "the 5 expired records are purged (got {purged})");
+    }
+    for i in 0..5 {
+        let record = f.store.get(&id(&scope, &format!("long{i}"))).await.expect("get");
+        assert!(record.is_some(), "live record long{i} must survive the purge");
+    }
+    let listed = f.store.list(&ListQuery::new(100).scope(scope)).await.expect("list");
+    assert_eq!(listed.records.len(), 7, "5 completed + 2 running remain");
+}
+
+/// Delete force-releases: the old holder loses its lease, fences rise.
+pub async fn delete_force_releases<S: ConformanceStore>(f: &Fixture<S>) {
+    let id = id(&f.scope("s"), "k");
+    let p = params(f);
+    let old = acquire(f, &id, &p).await;
+    assert!(f.store.delete(&id).await.expect("delete"), "delete reports a live record");
+    assert_eq!(f.store.get(&id).await.expect("get"), None);
+    let new = acquire(f, &id, &p).await;
+    assert_eq!(new.attempt, 1);
+    assert!(new.fence > old.fence, "fences rise across a delete");
+    assert_lease_lost(f.store.complete(&old, Bytes::from_static(b"stale"), LONG).await, "complete after delete");
+    assert!(f.store.delete(&id).await.expect("delete"));
+    assert!(!f.store.delete(&id).await.expect("delete"), "deleting an absent record reports false");
+}
+
+/// Lists filter by state and scope and page without gaps or repeats.
+pub async fn list_by_state_and_scope<S: ConformanceStore>(f: &Fixture<S>) {
+    let scope = f.scope("a");
+    let other = f.scope("b");
+    let p = params(f);
+    for i in 0..3 {
+        let lease = acquire(f, &id(&scope, &format!("done{i}")), &p).await;
+        f.store.complete(&lease, Bytes::from_static(b"d"), LONG).await.expect("complete");
+    }
+    for i in 0..2 {
+        acquire(f, &id(&scope, &format!("run{i}")), &p).await;
+    }
+    let lease = acquire(f, &id(&scope, "failed"), &p).await;
+    f.store.fail(&lease, Failure::new(FailureClass::Terminal, "x"), LONG).await.expect("fail");
+    let lease = acquire(f, &id(&scope, "released"), &p).await;
+    f.store.release(&lease).await.expect("release");
+    for i in 0..2 {
+        let lease = acquire(f, &id(&other, &format!("done{i}")), &p).await;
+        f.store.complete(&lease, Bytes::from_static(b"d"), LONG).await.expect("complete");
+    }
+
+    let count = |state: StateKind| {
+        let q = ListQuery::new(100).scope(scope.clone()).state(state);
+        async move { f.store.list(&q).await.expect("list").records.len() }
+    };
+    assert_eq!(count(StateKind::Completed).await, 3);
+    assert_eq!(count(StateKind::InProgress).await, 2);
+    assert_eq!(count(StateKind::Failed).await, 1);
+    assert_eq!(count(StateKind::Released).await, 1);
+
+    let mut seen = Vec::new();
+    let mut query = ListQuery::new(2).scope(scope.clone());
+    loop {
+        let page = f.store.list(&query).await.expect("list");
+        assert!(page.records.len() <= 2, "pages are bounded by the limit");
+        for (id, record) in &page.records {
+            assert_eq!(id.scope(), &scope, "scope filter");
+            assert!(!matches!(record.state, State::Completed { .. }) || record.attempt == 1);
+        }
+        seen.extend(page.records.into_iter().map(|(id, _)| id));
+        match page.next {
+            Some(next) => query = query.after(next),
+            None => break,
+        }
+    }
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(seen, sorted, "pages are in id order without repeats");
+    assert_eq!(seen.len(), 7, "paging sees all 7 records of the scope");
+}
+
+/// Arbitrary response bytes and failure text survive storage unchanged.
+pub async fn stored_bytes_round_trip<S: ConformanceStore>(f: &Fixture<S>) {
+    let scope = f.scope("s");
+    let p = params(f);
+    let big: Vec<u8> = (0..65_536u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8).collect();
+    let payloads = [Bytes::new(), Bytes::from_static(&[0, 255, 0, b'\n', 0x80]), Bytes::from(big)];
+    for (i, payload) in payloads.into_iter().enumerate() {
+        let id = id(&scope, &format!("bytes{i}"));
+        let lease = acquire(f, &id, &p).await;
+        f.store.complete(&lease, payload.clone(), LONG).await.expect("complete");
+        assert_eq!(claim(f, &id, &p).await, ClaimOutcome::Completed(payload), "payload {i} must round-trip");
+    }
+    let id = id(&scope, "text");
+    let lease = acquire(f, &id, &p).await;
+    let failure = Failure::new(FailureClass::Terminal, "déclinée\n\"quoted\" \u{1F4B3}\0end");
+    f.store.fail(&lease, failure.clone(), LONG).await.expect("fail");
+    assert_eq!(claim(f, &id, &p).await, ClaimOutcome::Failed(failure));
+}

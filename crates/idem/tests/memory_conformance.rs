@@ -1,0 +1,12 @@
+//! The conformance suite against `MemoryStore` on a manual clock.
+
+use idem::{ManualClock, MemoryStore};
+use idem_testkit::Fixture;
+
+async fn fixture(case: &'static str) -> Fixture<MemoryStore<ManualClock>> {
+    let clock = ManualClock::default();
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    Fixture::manual(store, clock, case)
+}
+
+idem_testkit::conformance_suite!(fixture);
