@@ -1,0 +1,387 @@
+//! The executor over the real in-memory store: once-only execution among
+//! concurrent duplicates, heartbeats, lease loss, retries, limits, and
+//! fail-closed behaviour.
+//!
+//! Timing cases run on tokio's paused clock with a store clock driven by
+//! it, so "wait 10 s" takes no real time and nothing is timing-sensitive.
+
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem::{
+    ClaimOutcome, ClaimParams, Clock, DeleteRecord, Failure, FailureClass, Fingerprint, GetRecord,
+    Idempotency, Lease, MemoryStore, Outcome, RecordId, RunError, State, Store, StoreError, Terminal,
+    Timestamp,
+};
+
+/// A store clock that follows tokio's (pausable) clock.
+#[derive(Clone)]
+struct TokioClock {
+    start: tokio::time::Instant,
+}
+
+impl TokioClock {
+    fn new() -> Self {
+        Self {
+            start: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> Timestamp {
+        Timestamp::from_millis(1_000_000).saturating_add(self.start.elapsed())
+    }
+}
+
+fn paused_store() -> MemoryStore<TokioClock> {
+    MemoryStore::builder().clock(TokioClock::new()).build()
+}
+
+fn id(key: &str) -> RecordId {
+    RecordId::parse("tests", key).expect("valid id")
+}
+
+type Io = std::io::Error;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_duplicates_execute_once() {
+    let idem = Idempotency::builder(MemoryStore::new()).build().expect("config");
+    let runs = Arc::new(AtomicU32::new(0));
+    let barrier = Arc::new(tokio::sync::Barrier::new(32));
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let (idem, runs, barrier) = (idem.clone(), Arc::clone(&runs), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                idem.run(&id("dup"), None, |_| async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Ok::<_, Io>(7u32)
+                })
+                .await
+            })
+        })
+        .collect();
+    let mut executed = 0;
+    for task in tasks {
+        match task.await.expect("task") {
+            Ok(Outcome::Executed { value: 7, .. }) => executed += 1,
+            Ok(Outcome::Replayed { value: 7 }) | Err(RunError::InProgress { .. }) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(executed, 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran exactly once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiting_duplicates_all_get_the_one_result() {
+    let idem = Idempotency::builder(MemoryStore::new())
+        .wait_for_in_flight(Duration::from_secs(30))
+        .build()
+        .expect("config");
+    let runs = Arc::new(AtomicU32::new(0));
+    let barrier = Arc::new(tokio::sync::Barrier::new(16));
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let (idem, runs, barrier) = (idem.clone(), Arc::clone(&runs), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                idem.run(&id("wait"), None, |_| async {
+                    let n = runs.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Ok::<_, Io>(format!("result of run {n}"))
+                })
+                .await
+            })
+        })
+        .collect();
+    let mut executed = 0;
+    for task in tasks {
+        let outcome = task.await.expect("task").expect("every duplicate gets the result");
+        assert_eq!(outcome.value(), "result of run 0");
+        if !outcome.is_replayed() {
+            executed += 1;
+        }
+    }
+    assert_eq!(executed, 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn heartbeat_keeps_a_long_handler_exclusive() {
+    let store = paused_store();
+    let idem = Idempotency::builder(store.clone())
+        .lease(Duration::from_secs(3))
+        .build()
+        .expect("config");
+    let runs = Arc::new(AtomicU32::new(0));
+    let slow = {
+        let (idem, runs) = (idem.clone(), Arc::clone(&runs));
+        tokio::spawn(async move {
+            idem.run(&id("long"), None, |ctx| async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                assert!(!ctx.is_lease_lost(), "heartbeats kept the lease");
+                Ok::<_, Io>(1u8)
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let dup = idem
+        .run(&id("long"), None, |_| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Io>(2u8)
+        })
+        .await;
+    assert!(
+        matches!(dup, Err(RunError::InProgress { .. })),
+        "past the original lease, the heartbeat still holds the key: {dup:?}"
+    );
+    let first = slow.await.expect("task").expect("run");
+    assert_eq!(first, Outcome::Executed { value: 1, attempt: 1, takeover: false });
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn lost_lease_is_signalled_and_the_stale_result_is_not_stored() {
+    let store = paused_store();
+    let idem = Idempotency::builder(store.clone())
+        .lease(Duration::from_secs(3))
+        .build()
+        .expect("config");
+    let run = {
+        let idem = idem.clone();
+        tokio::spawn(async move {
+            idem.run(&id("lost"), None, |ctx| async move {
+                ctx.lease_lost().await;
+                assert!(ctx.ensure_lease().is_err());
+                Ok::<_, Io>("stale".to_owned())
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(store.delete(&id("lost")).await.expect("force release"));
+    let result = run.await.expect("task");
+    assert!(matches!(result, Err(RunError::LeaseLost)), "{result:?}");
+    assert_eq!(store.get(&id("lost")).await.expect("get"), None, "the stale holder stored nothing");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_run_leaves_the_record_to_expire_then_a_takeover_runs() {
+    let store = paused_store();
+    let idem = Idempotency::builder(store.clone())
+        .lease(Duration::from_secs(3))
+        .build()
+        .expect("config");
+    let crashed = tokio::time::timeout(
+        Duration::from_secs(1),
+        idem.run(&id("crash"), None, |_| std::future::pending::<Result<u8, Io>>()),
+    )
+    .await;
+    assert!(crashed.is_err(), "the run was cut off mid-handler");
+    let params = ClaimParams::new(Duration::from_secs(3), Duration::from_secs(60));
+    assert!(matches!(
+        store.claim(&id("crash"), &params).await.expect("claim"),
+        ClaimOutcome::InProgress { .. }
+    ));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let retried = idem
+        .run(&id("crash"), None, |ctx| async move {
+            assert!(ctx.is_takeover());
+            Ok::<_, Io>(ctx.attempt())
+        })
+        .await
+        .expect("takeover runs");
+    assert_eq!(retried, Outcome::Executed { value: 2, attempt: 2, takeover: true });
+}
+
+#[tokio::test]
+async fn retryable_failures_back_off_until_max_attempts_make_them_terminal() {
+    let idem = Idempotency::builder(MemoryStore::new())
+        .max_attempts(NonZeroU32::new(3).expect("non-zero"))
+        .build()
+        .expect("config");
+    let runs = AtomicU32::new(0);
+    let key = id("poison");
+    let attempt = || {
+        idem.run(&key, None, |_| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Err::<u8, _>(Io::other("downstream timeout"))
+        })
+    };
+    for n in 1..=2 {
+        match attempt().await {
+            Err(RunError::Handler { class: FailureClass::Retryable, attempt, retry_after: Some(d), .. }) => {
+                assert_eq!(attempt, n);
+                assert!(!d.is_zero());
+            }
+            other => panic!("attempt {n}: {other:?}"),
+        }
+    }
+    match attempt().await {
+        Err(RunError::Handler { class: FailureClass::Terminal, attempt: 3, retry_after: None, .. }) => {}
+        other => panic!("attempt 3 must be terminal: {other:?}"),
+    }
+    match attempt().await {
+        Err(RunError::Failed(Failure { class: FailureClass::Terminal, message })) => {
+            assert_eq!(message, "attempts exhausted (3 of 3): downstream timeout");
+        }
+        other => panic!("a poison message is replayed as failed: {other:?}"),
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn terminal_errors_are_replayed_not_retried() {
+    let idem = Idempotency::builder(MemoryStore::new()).build().expect("config");
+    let runs = AtomicU32::new(0);
+    for _ in 0..3 {
+        let result = idem
+            .run(&id("declined"), None, |_| async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Err::<u8, _>(Terminal::new("card declined"))
+            })
+            .await;
+        assert!(matches!(
+            result,
+            Err(RunError::Handler { class: FailureClass::Terminal, .. })
+                | Err(RunError::Failed(Failure { class: FailureClass::Terminal, .. }))
+        ));
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_custom_classifier_decides() {
+    let idem = Idempotency::builder(MemoryStore::new())
+        .classify(|e| {
+            if e.to_string().contains("422") {
+                FailureClass::Terminal
+            } else {
+                FailureClass::Retryable
+            }
+        })
+        .build()
+        .expect("config");
+    let result = idem.run(&id("custom"), None, |_| async { Err::<u8, _>(Io::other("HTTP 422")) }).await;
+    assert!(matches!(result, Err(RunError::Handler { class: FailureClass::Terminal, .. })));
+}
+
+#[tokio::test]
+async fn oversize_responses_are_a_clear_error_and_never_rerun() {
+    let idem = Idempotency::builder(MemoryStore::new())
+        .max_response_bytes(100)
+        .build()
+        .expect("config");
+    let runs = AtomicU32::new(0);
+    let key = id("big");
+    let run = || {
+        idem.run(&key, None, |_| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Io>("x".repeat(1000))
+        })
+    };
+    match run().await {
+        Err(RunError::ResponseTooLarge { size: 1002, limit: 100 }) => {}
+        other => panic!("{other:?}"),
+    }
+    match run().await {
+        Err(RunError::Failed(f)) => assert!(f.message.contains("exceeds the limit of 100 bytes"), "{}", f.message),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the effect happened once; it must not run again");
+}
+
+#[tokio::test]
+async fn large_responses_are_stored_compressed_and_replayed_exactly() {
+    let store = MemoryStore::new();
+    let idem = Idempotency::builder(store.clone()).compress_above(64).build().expect("config");
+    let body: Vec<String> = (0..500).map(|i| format!("line {}", i % 10)).collect();
+    let first = idem
+        .run(&id("zip"), None, |_| async { Ok::<_, Io>(body.clone()) })
+        .await
+        .expect("run");
+    assert!(!first.is_replayed());
+    let Some(record) = store.get(&id("zip")).await.expect("get") else { panic!("stored") };
+    let State::Completed { response } = record.state else { panic!("completed") };
+    let plain = serde_json::to_vec(&body).expect("json").len();
+    assert_eq!(response[0], 1, "zstd envelope");
+    assert!(response.len() * 10 < plain, "{} stored bytes for {plain} encoded", response.len());
+    let again = idem
+        .run(&id("zip"), None, |_| async { Ok::<Vec<String>, Io>(Vec::new()) })
+        .await
+        .expect("replay");
+    assert_eq!(again, Outcome::Replayed { value: body });
+}
+
+#[tokio::test]
+async fn mismatched_fingerprints_and_wrong_types_are_typed_errors() {
+    let idem = Idempotency::builder(MemoryStore::new()).build().expect("config");
+    let a = Fingerprint::of_json(br#"{"amount":1}"#).expect("json");
+    let b = Fingerprint::of_json(br#"{"amount":2}"#).expect("json");
+    idem.run(&id("fp"), Some(a), |_| async { Ok::<_, Io>(5u64) }).await.expect("run");
+    let mismatch = idem.run(&id("fp"), Some(b), |_| async { Ok::<_, Io>(6u64) }).await;
+    assert!(matches!(mismatch, Err(RunError::Mismatch)));
+    let wrong = idem.run(&id("fp"), Some(a), |_| async { Ok::<_, Io>(String::new()) }).await;
+    match wrong {
+        Err(RunError::Decode { reason }) => assert!(reason.contains("expected a string"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A store whose server is down. A stand-in only for this executor logic;
+/// real outages are exercised against real servers in the store crates.
+struct DownStore;
+
+fn down() -> StoreError {
+    StoreError::Unavailable("connection refused".into())
+}
+
+impl Store for DownStore {
+    async fn claim(&self, _: &RecordId, _: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
+        Err(down())
+    }
+    async fn complete(&self, _: &Lease, _: Bytes, _: Duration) -> Result<(), StoreError> {
+        Err(down())
+    }
+    async fn fail(&self, _: &Lease, _: Failure, _: Duration) -> Result<(), StoreError> {
+        Err(down())
+    }
+    async fn extend(&self, _: &Lease, _: Duration) -> Result<Timestamp, StoreError> {
+        Err(down())
+    }
+    async fn release(&self, _: &Lease) -> Result<(), StoreError> {
+        Err(down())
+    }
+}
+
+#[tokio::test]
+async fn fail_closed_by_default_fail_open_when_asked() {
+    let runs = AtomicU32::new(0);
+    let handler = |ctx: idem::Context| {
+        let runs = &runs;
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Io>(ctx.lease().is_some())
+        }
+    };
+    let closed = Idempotency::builder(DownStore).build().expect("config");
+    let result = closed.run(&id("down"), None, handler).await;
+    match &result {
+        Err(e @ RunError::Store(StoreError::Unavailable(_))) => assert_eq!(e.retry_after(), Some(idem::STORE_RETRY_AFTER)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "fail-closed: the handler did not run");
+
+    let open = Idempotency::builder(DownStore).fail_open(true).build().expect("config");
+    let result = open.run(&id("down"), None, handler).await.expect("runs unguarded");
+    assert_eq!(result, Outcome::Unguarded { value: false });
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
