@@ -131,7 +131,7 @@ fn check(
 /// A validated idempotency key: what a client or producer sends to say
 /// "these deliveries are the same operation".
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Key(Box<str>);
+pub struct Key(Arc<str>);
 
 impl Key {
     /// Parses a key under the default [`KeyRules`].

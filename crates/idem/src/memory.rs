@@ -3,7 +3,6 @@
 //! single-process deduplication of transient work, and as the reference
 //! implementation of the contract.
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::pin::pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use hashbrown::HashTable;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
@@ -92,7 +92,9 @@ struct Shard {
 }
 
 struct ShardState {
-    records: HashMap<RecordId, Record>,
+    /// Records with their ids, placed by the store-wide hash (computed once
+    /// per operation and shared by shard selection and table lookup).
+    records: HashTable<(RecordId, Record)>,
     /// Claims that acquired in this shard; never decreases.
     seq: u64,
 }
@@ -155,7 +157,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
         let shards = (0..self.shards)
             .map(|_| Shard {
                 state: Mutex::new(ShardState {
-                    records: HashMap::new(),
+                    records: HashTable::new(),
                     seq: 0,
                 }),
                 changed: Notify::new(),
@@ -176,8 +178,18 @@ impl<C: Clock> MemoryStoreBuilder<C> {
 }
 
 impl<C: Clock> MemoryStore<C> {
-    fn shard_index(&self, id: &RecordId) -> usize {
-        (self.inner.hasher.hash_one(id) as usize) & (self.inner.shards.len() - 1)
+    /// The id's hash and its shard. The shard comes from the bits just
+    /// below the top 7 (which the table uses as tags), so neither the
+    /// table's bucket bits nor its tags are constant within a shard.
+    fn locate(&self, id: &RecordId) -> (u64, usize) {
+        let hash = self.inner.hasher.hash_one(id);
+        let shards = self.inner.shards.len();
+        let index = if shards == 1 {
+            0
+        } else {
+            ((hash << 7) >> (64 - shards.trailing_zeros())) as usize
+        };
+        (hash, index)
     }
 
     fn now(&self) -> Timestamp {
@@ -186,48 +198,54 @@ impl<C: Clock> MemoryStore<C> {
 
     fn claim_now(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
         let now = self.now();
-        let index = self.shard_index(id);
-        let mut shard = self.inner.shards[index].state.lock();
+        let (hash, index) = self.locate(id);
+        let mut guard = self.inner.shards[index].state.lock();
+        let shard = &mut *guard;
         let next_seq = shard.seq + 1;
         let fresh = Fresh {
             token: LeaseToken::from_parts(self.inner.instance, (next_seq << 8) | index as u64),
             fence_floor: next_seq,
         };
-        let (write, outcome) = decide_claim(shard.records.get(id), params, now, fresh).into_parts(id);
+        let slot = shard.records.find_mut(hash, |(k, _)| k == id);
+        let (write, outcome) = decide_claim(slot.as_ref().map(|(_, r)| r), params, now, fresh).into_parts(id);
         let Some(record) = write else {
             return Ok(outcome);
         };
-        shard.seq = next_seq;
-        if let Some(slot) = shard.records.get_mut(id) {
-            *slot = record;
+        if let Some((_, existing)) = slot {
+            *existing = record;
         } else {
             if shard.records.len() >= self.inner.per_shard {
-                shard.records.retain(|_, r| !r.is_expired(now));
+                shard.records.retain(|(_, r)| !r.is_expired(now));
                 if shard.records.len() >= self.inner.per_shard {
                     return Err(StoreError::CapacityExceeded {
                         capacity: self.inner.max_records,
                     });
                 }
             }
-            shard.records.insert(id.clone(), record);
+            let hasher = &self.inner.hasher;
+            shard
+                .records
+                .insert_unique(hash, (id.clone(), record), |(k, _)| hasher.hash_one(k));
         }
+        shard.seq = next_seq;
         Ok(outcome)
     }
 
     fn write_now(&self, lease: &Lease, write: Write) -> Result<Timestamp, StoreError> {
         let now = self.now();
-        let shard = &self.inner.shards[self.shard_index(&lease.id)];
+        let (hash, index) = self.locate(&lease.id);
+        let shard = &self.inner.shards[index];
         let notify = !matches!(write, Write::Extend { .. });
         let lease_until = {
             let mut state = shard.state.lock();
-            let slot = state.records.get_mut(&lease.id);
-            let next = decide_write(slot.as_deref(), lease.token, write, now)?;
+            let slot = state.records.find_mut(hash, |(k, _)| *k == lease.id);
+            let next = decide_write(slot.as_ref().map(|(_, r)| r), lease.token, write, now)?;
             let until = match next.state {
                 State::InProgress { lease_until, .. } => lease_until,
                 _ => now,
             };
-            if let Some(slot) = slot {
-                *slot = next;
+            if let Some((_, existing)) = slot {
+                *existing = next;
             }
             until
         };
@@ -263,7 +281,7 @@ impl<C: Clock> MemoryStore<C> {
             if removed >= limit {
                 break;
             }
-            shard.state.lock().records.retain(|_, r| {
+            shard.state.lock().records.retain(|(_, r)| {
                 if removed < limit && r.is_expired(now) {
                     removed += 1;
                     false
@@ -329,14 +347,15 @@ impl<C: Clock> Store for MemoryStore<C> {
     }
 
     async fn wait_for_change(&self, id: &RecordId, timeout: Duration) {
-        let shard = &self.inner.shards[self.shard_index(id)];
+        let (hash, index) = self.locate(id);
+        let shard = &self.inner.shards[index];
         shard.waiters.fetch_add(1, Ordering::AcqRel);
         let mut notified = pin!(shard.changed.notified());
         notified.as_mut().enable();
         let now = self.now();
         let busy = matches!(
-            shard.state.lock().records.get(id),
-            Some(Record { state: State::InProgress { .. }, expires_at, .. }) if now < *expires_at
+            shard.state.lock().records.find(hash, |(k, _)| k == id),
+            Some((_, Record { state: State::InProgress { .. }, expires_at, .. })) if now < *expires_at
         );
         if busy {
             let _ = tokio::time::timeout(timeout, notified).await;
@@ -348,16 +367,26 @@ impl<C: Clock> Store for MemoryStore<C> {
 impl<C: Clock> GetRecord for MemoryStore<C> {
     async fn get(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
         let now = self.now();
-        let shard = self.inner.shards[self.shard_index(id)].state.lock();
-        Ok(shard.records.get(id).filter(|r| !r.is_expired(now)).cloned())
+        let (hash, index) = self.locate(id);
+        let shard = self.inner.shards[index].state.lock();
+        Ok(shard
+            .records
+            .find(hash, |(k, _)| k == id)
+            .map(|(_, r)| r)
+            .filter(|r| !r.is_expired(now))
+            .cloned())
     }
 }
 
 impl<C: Clock> DeleteRecord for MemoryStore<C> {
     async fn delete(&self, id: &RecordId) -> Result<bool, StoreError> {
         let now = self.now();
-        let shard = &self.inner.shards[self.shard_index(id)];
-        let removed = shard.state.lock().records.remove(id);
+        let (hash, index) = self.locate(id);
+        let shard = &self.inner.shards[index];
+        let removed = match shard.state.lock().records.find_entry(hash, |(k, _)| k == id) {
+            Ok(entry) => Some(entry.remove().0 .1),
+            Err(_) => None,
+        };
         shard.notify();
         Ok(removed.is_some_and(|r| !r.is_expired(now)))
     }
@@ -377,7 +406,7 @@ impl<C: Clock> ListRecords for MemoryStore<C> {
                         !r.is_expired(now)
                             && query.state.is_none_or(|s| r.state.kind() == s)
                             && query.scope.as_ref().is_none_or(|s| id.scope() == s)
-                            && query.after.as_ref().is_none_or(|after| *id > after)
+                            && query.after.as_ref().is_none_or(|after| id > after)
                     })
                     .map(|(id, r)| (id.clone(), r.clone())),
             );

@@ -14,29 +14,29 @@ use crate::key::RecordId;
 /// its life, so a holder whose lease was taken over (or whose record expired
 /// and was claimed again) can never write to the new holder's record.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LeaseToken(u128);
+pub struct LeaseToken([u64; 2]);
 
 impl LeaseToken {
     /// Builds a token from its raw value.
     pub const fn from_u128(raw: u128) -> Self {
-        Self(raw)
+        Self([(raw >> 64) as u64, raw as u64])
     }
 
     /// Builds a token from a store instance id and a sequence number: unique
     /// as long as `instance` is unique per store life and `seq` never repeats
     /// within it.
     pub const fn from_parts(instance: u64, seq: u64) -> Self {
-        Self(((instance as u128) << 64) | seq as u128)
+        Self([instance, seq])
     }
 
     /// The raw value.
     pub const fn as_u128(self) -> u128 {
-        self.0
+        ((self.0[0] as u128) << 64) | self.0[1] as u128
     }
 
     /// The 32-character lowercase hex form.
     pub fn to_hex(self) -> String {
-        format!("{:032x}", self.0)
+        format!("{:032x}", self.as_u128())
     }
 
     /// Parses the hex form.
@@ -44,7 +44,7 @@ impl LeaseToken {
         if s.len() != 32 {
             return None;
         }
-        u128::from_str_radix(s, 16).ok().map(Self)
+        u128::from_str_radix(s, 16).ok().map(Self::from_u128)
     }
 }
 
@@ -305,6 +305,8 @@ mod tests {
         assert_eq!(LeaseToken::from_hex(&t.to_hex()), Some(t));
         assert_eq!(LeaseToken::from_hex("abc"), None);
         assert_ne!(LeaseToken::from_parts(1, 2), LeaseToken::from_parts(2, 1));
+        assert_eq!(LeaseToken::from_u128(t.as_u128()), t);
+        assert!(LeaseToken::from_parts(1, 0) > LeaseToken::from_parts(0, u64::MAX));
     }
 
     #[test]
