@@ -105,7 +105,10 @@ async fn worker(
     while let Some(delivery) = broker.next().await {
         bump(&stats.deliveries);
         let payment = delivery.message.clone();
-        let id = RecordId::new(scope.clone(), idem::derive::composite(&["payment", &payment.id.to_string()]).expect("valid key"));
+        let id = RecordId::new(
+            scope.clone(),
+            idem::derive::composite(&["payment", &payment.id.to_string()]).expect("valid key"),
+        );
         let crash = rng.random_bool(CRASH_MID_HANDLER);
         let flaky = rng.random_bool(FLAKY_DOWNSTREAM);
         let run = idem.run(&id, None, |ctx| {
@@ -125,7 +128,10 @@ async fn worker(
                 }
                 let fence = ctx.fence().expect("guarded run");
                 let applied = ledger.charge(&payment, fence);
-                Ok(format!("charged {} cents (fence {fence}, applied {applied})", payment.cents))
+                Ok(format!(
+                    "charged {} cents (fence {fence}, applied {applied})",
+                    payment.cents
+                ))
             }
         });
         let outcome = if crash {
@@ -186,13 +192,19 @@ fn dispose(
 #[allow(clippy::print_stdout)]
 #[tokio::main]
 async fn main() {
-    let messages: u32 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(2000);
+    let messages: u32 = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(2000);
     let started = Instant::now();
     let broker = Broker::new(VISIBILITY);
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     let mut published = 0u64;
     for id in 0..messages {
-        let payment = Payment { id, cents: 100 + u64::from(id % 50) };
+        let payment = Payment {
+            id,
+            cents: 100 + u64::from(id % 50),
+        };
         for _ in 0..rng.random_range(1..=3) {
             broker.publish(payment.clone());
             published += 1;
@@ -201,13 +213,24 @@ async fn main() {
     let idem = Idempotency::builder(MemoryStore::new())
         .lease(LEASE)
         .max_attempts(std::num::NonZeroU32::new(50).expect("non-zero"))
-        .backoff(idem::Backoff::new(Duration::from_millis(5), Duration::from_millis(100)))
+        .backoff(idem::Backoff::new(
+            Duration::from_millis(5),
+            Duration::from_millis(100),
+        ))
         .build()
         .expect("valid configuration");
     let ledger = Arc::new(Ledger::default());
     let stats = Arc::new(Stats::default());
     let workers: Vec<_> = (0..WORKERS)
-        .map(|w| tokio::spawn(worker(Arc::clone(&broker), idem.clone(), Arc::clone(&ledger), Arc::clone(&stats), w as u64)))
+        .map(|w| {
+            tokio::spawn(worker(
+                Arc::clone(&broker),
+                idem.clone(),
+                Arc::clone(&ledger),
+                Arc::clone(&stats),
+                w as u64,
+            ))
+        })
         .collect();
     for w in workers {
         w.await.expect("worker");
@@ -220,14 +243,24 @@ async fn main() {
     println!("messages               {messages}");
     println!("published copies       {published}");
     println!("deliveries handled     {}", get(&stats.deliveries));
-    println!("handler executions     {} (of which takeovers {})", get(&stats.executed), get(&stats.takeovers));
+    println!(
+        "handler executions     {} (of which takeovers {})",
+        get(&stats.executed),
+        get(&stats.takeovers)
+    );
     println!("replayed duplicates    {}", get(&stats.replayed));
     println!("in-progress nacks      {}", get(&stats.in_progress_nacks));
     println!("retryable nacks        {}", get(&stats.retryable_nacks));
     println!("crashes mid-handler    {}", get(&stats.crashed_mid_handler));
     println!("crashes before ack     {}", get(&stats.crashed_before_ack));
-    println!("stale writes fenced    {}", ledger.fenced_off.load(Ordering::Relaxed));
-    println!("effects applied        {}", applied.values().map(|(n, _)| u64::from(*n)).sum::<u64>());
+    println!(
+        "stale writes fenced    {}",
+        ledger.fenced_off.load(Ordering::Relaxed)
+    );
+    println!(
+        "effects applied        {}",
+        applied.values().map(|(n, _)| u64::from(*n)).sum::<u64>()
+    );
     println!("duplicate effects      {duplicates}");
     println!("lost messages          {lost}");
     println!("elapsed                {:.2?}", started.elapsed());

@@ -31,7 +31,11 @@ async fn acquire<S: ConformanceStore>(f: &Fixture<S>, id: &RecordId, p: &ClaimPa
     }
 }
 
-async fn claim<S: ConformanceStore>(f: &Fixture<S>, id: &RecordId, p: &ClaimParams) -> ClaimOutcome {
+async fn claim<S: ConformanceStore>(
+    f: &Fixture<S>,
+    id: &RecordId,
+    p: &ClaimParams,
+) -> ClaimOutcome {
     f.store.claim(id, p).await.expect("claim succeeds")
 }
 
@@ -55,18 +59,36 @@ pub async fn claim_complete_replay<S: ConformanceStore>(f: &Fixture<S>) {
         .await
         .expect("holder completes");
     for _ in 0..3 {
-        assert_eq!(claim(f, &id, &p).await, ClaimOutcome::Completed(Bytes::from_static(b"response")));
+        assert_eq!(
+            claim(f, &id, &p).await,
+            ClaimOutcome::Completed(Bytes::from_static(b"response"))
+        );
     }
-    let record = f.store.get(&id).await.expect("get").expect("record present");
-    assert_eq!(record.state, State::Completed { response: Bytes::from_static(b"response") });
+    let record = f
+        .store
+        .get(&id)
+        .await
+        .expect("get")
+        .expect("record present");
+    assert_eq!(
+        record.state,
+        State::Completed {
+            response: Bytes::from_static(b"response")
+        }
+    );
     assert_eq!(record.attempt, 1);
     assert_eq!(record.fence, lease.fence);
     assert_eq!(record.fingerprint, None);
     assert_lease_lost(
-        f.store.complete(&lease, Bytes::from_static(b"again"), LONG).await,
+        f.store
+            .complete(&lease, Bytes::from_static(b"again"), LONG)
+            .await,
         "a second complete",
     );
-    assert_eq!(claim(f, &id, &p).await, ClaimOutcome::Completed(Bytes::from_static(b"response")));
+    assert_eq!(
+        claim(f, &id, &p).await,
+        ClaimOutcome::Completed(Bytes::from_static(b"response"))
+    );
 }
 
 /// A live record binds its key to its fingerprint in every state.
@@ -78,11 +100,29 @@ pub async fn mismatch_is_refused_in_every_live_state<S: ConformanceStore>(f: &Fi
 
     let k = id(&scope, "in-progress-then-completed");
     let lease = acquire(f, &k, &a).await;
-    assert_eq!(claim(f, &k, &b).await, ClaimOutcome::Mismatch, "in progress, other fingerprint");
-    assert_eq!(claim(f, &k, &none).await, ClaimOutcome::Mismatch, "in progress, no fingerprint");
-    f.store.complete(&lease, Bytes::from_static(b"ok"), LONG).await.expect("complete");
-    assert_eq!(claim(f, &k, &b).await, ClaimOutcome::Mismatch, "completed, other fingerprint");
-    assert_eq!(claim(f, &k, &a).await, ClaimOutcome::Completed(Bytes::from_static(b"ok")));
+    assert_eq!(
+        claim(f, &k, &b).await,
+        ClaimOutcome::Mismatch,
+        "in progress, other fingerprint"
+    );
+    assert_eq!(
+        claim(f, &k, &none).await,
+        ClaimOutcome::Mismatch,
+        "in progress, no fingerprint"
+    );
+    f.store
+        .complete(&lease, Bytes::from_static(b"ok"), LONG)
+        .await
+        .expect("complete");
+    assert_eq!(
+        claim(f, &k, &b).await,
+        ClaimOutcome::Mismatch,
+        "completed, other fingerprint"
+    );
+    assert_eq!(
+        claim(f, &k, &a).await,
+        ClaimOutcome::Completed(Bytes::from_static(b"ok"))
+    );
     let record = f.store.get(&k).await.expect("get").expect("present");
     assert_eq!(record.fingerprint, a.fingerprint);
 
@@ -92,12 +132,20 @@ pub async fn mismatch_is_refused_in_every_live_state<S: ConformanceStore>(f: &Fi
         .fail(&lease, Failure::new(FailureClass::Terminal, "no"), LONG)
         .await
         .expect("fail");
-    assert_eq!(claim(f, &k, &b).await, ClaimOutcome::Mismatch, "failed, other fingerprint");
+    assert_eq!(
+        claim(f, &k, &b).await,
+        ClaimOutcome::Mismatch,
+        "failed, other fingerprint"
+    );
 
     let k = id(&scope, "released");
     let lease = acquire(f, &k, &a).await;
     f.store.release(&lease).await.expect("release");
-    assert_eq!(claim(f, &k, &b).await, ClaimOutcome::Mismatch, "released, other fingerprint");
+    assert_eq!(
+        claim(f, &k, &b).await,
+        ClaimOutcome::Mismatch,
+        "released, other fingerprint"
+    );
     assert_eq!(acquire(f, &k, &a).await.attempt, 2);
 }
 
@@ -126,8 +174,16 @@ pub async fn expired_lease_is_taken_over<S: ConformanceStore>(f: &Fixture<S>) {
     assert!(second.takeover, "claiming an expired lease is a takeover");
     assert_eq!(second.attempt, 2, "a takeover is attempt + 1");
     assert_ne!(second.token, first.token, "a takeover gets a new token");
-    assert!(second.fence > first.fence, "fence must rise: {} then {}", first.fence, second.fence);
-    assert!(matches!(claim(f, &id, &p).await, ClaimOutcome::InProgress { .. }));
+    assert!(
+        second.fence > first.fence,
+        "fence must rise: {} then {}",
+        first.fence,
+        second.fence
+    );
+    assert!(matches!(
+        claim(f, &id, &p).await,
+        ClaimOutcome::InProgress { .. }
+    ));
     let record = f.store.get(&id).await.expect("get").expect("present");
     assert!(matches!(record.state, State::InProgress { token, .. } if token == second.token));
 }
@@ -140,13 +196,22 @@ pub async fn stale_token_is_rejected_by_every_write<S: ConformanceStore>(f: &Fix
     f.advance(f.lease).await;
     let new = acquire(f, &id, &p).await;
 
-    assert_lease_lost(f.store.complete(&old, Bytes::from_static(b"stale"), LONG).await, "complete");
     assert_lease_lost(
-        f.store.fail(&old, Failure::new(FailureClass::Terminal, "stale"), LONG).await,
+        f.store
+            .complete(&old, Bytes::from_static(b"stale"), LONG)
+            .await,
+        "complete",
+    );
+    assert_lease_lost(
+        f.store
+            .fail(&old, Failure::new(FailureClass::Terminal, "stale"), LONG)
+            .await,
         "terminal fail",
     );
     assert_lease_lost(
-        f.store.fail(&old, Failure::new(FailureClass::Retryable, "stale"), LONG).await,
+        f.store
+            .fail(&old, Failure::new(FailureClass::Retryable, "stale"), LONG)
+            .await,
         "retryable fail",
     );
     assert_lease_lost(f.store.extend(&old, LONG).await, "extend");
@@ -158,8 +223,14 @@ pub async fn stale_token_is_rejected_by_every_write<S: ConformanceStore>(f: &Fix
         "stale writes must change nothing, found {:?}",
         record.state
     );
-    f.store.complete(&new, Bytes::from_static(b"fresh"), LONG).await.expect("new holder completes");
-    assert_eq!(claim(f, &id, &p).await, ClaimOutcome::Completed(Bytes::from_static(b"fresh")));
+    f.store
+        .complete(&new, Bytes::from_static(b"fresh"), LONG)
+        .await
+        .expect("new holder completes");
+    assert_eq!(
+        claim(f, &id, &p).await,
+        ClaimOutcome::Completed(Bytes::from_static(b"fresh"))
+    );
 }
 
 /// Tokens never repeat and fences only rise, across release, delete and
@@ -170,8 +241,16 @@ pub async fn tokens_are_never_reused<S: ConformanceStore>(f: &Fixture<S>) {
     let mut tokens: HashSet<LeaseToken> = HashSet::new();
     let mut last_fence = 0u64;
     let mut check = |lease: &Lease, how: &str| {
-        assert!(tokens.insert(lease.token), "token {} reused after {how}", lease.token);
-        assert!(lease.fence > last_fence, "fence {} after {how} is not above {last_fence}", lease.fence);
+        assert!(
+            tokens.insert(lease.token),
+            "token {} reused after {how}",
+            lease.token
+        );
+        assert!(
+            lease.fence > last_fence,
+            "fence {} after {how} is not above {last_fence}",
+            lease.fence
+        );
         last_fence = lease.fence;
     };
 
@@ -190,12 +269,23 @@ pub async fn tokens_are_never_reused<S: ConformanceStore>(f: &Fixture<S>) {
         let lease = acquire(f, &id, &p).await;
         check(&lease, "expiry");
         assert_eq!(lease.attempt, 1, "an expired record is claimed afresh");
-        f.store.complete(&lease, Bytes::from_static(b"x"), f.lease).await.expect("complete");
+        f.store
+            .complete(&lease, Bytes::from_static(b"x"), f.lease)
+            .await
+            .expect("complete");
         f.advance(f.lease).await;
         let next = acquire(f, &id, &p).await;
-        assert!(!next.takeover, "claiming an expired record is not a takeover");
+        assert!(
+            !next.takeover,
+            "claiming an expired record is not a takeover"
+        );
         check(&next, "expiry");
-        assert_lease_lost(f.store.complete(&lease, Bytes::from_static(b"old"), LONG).await, "complete after expiry");
+        assert_lease_lost(
+            f.store
+                .complete(&lease, Bytes::from_static(b"old"), LONG)
+                .await,
+            "complete after expiry",
+        );
         f.store.release(&next).await.expect("release");
         assert!(f.store.delete(&id).await.expect("delete"));
     }
@@ -207,14 +297,31 @@ pub async fn expiry_is_honoured_at_read_time<S: ConformanceStore>(f: &Fixture<S>
     let id = id(&scope, "k");
     let p = params(f);
     let lease = acquire(f, &id, &p).await;
-    f.store.complete(&lease, Bytes::from_static(b"old"), f.lease).await.expect("complete");
+    f.store
+        .complete(&lease, Bytes::from_static(b"old"), f.lease)
+        .await
+        .expect("complete");
     assert!(f.store.get(&id).await.expect("get").is_some());
     f.advance(f.lease).await;
-    assert_eq!(f.store.get(&id).await.expect("get"), None, "expired record must read as absent");
-    let listed = f.store.list(&ListQuery::new(10).scope(scope)).await.expect("list");
-    assert!(listed.records.is_empty(), "expired record must not be listed: {listed:?}");
+    assert_eq!(
+        f.store.get(&id).await.expect("get"),
+        None,
+        "expired record must read as absent"
+    );
+    let listed = f
+        .store
+        .list(&ListQuery::new(10).scope(scope))
+        .await
+        .expect("list");
+    assert!(
+        listed.records.is_empty(),
+        "expired record must not be listed: {listed:?}"
+    );
     let again = acquire(f, &id, &p).await;
-    assert_eq!(again.attempt, 1, "an expired record is claimed as new, not replayed");
+    assert_eq!(
+        again.attempt, 1,
+        "an expired record is claimed as new, not replayed"
+    );
 }
 
 /// A released record is acquired again with the attempt count carried on.
@@ -227,11 +334,22 @@ pub async fn released_record_is_reclaimed<S: ConformanceStore>(f: &Fixture<S>) {
     assert_eq!(record.state, State::Released { last_failure: None });
     let second = acquire(f, &id, &p).await;
     assert_eq!(second.attempt, 2);
-    assert!(!second.takeover, "reclaiming a released record is not a takeover");
+    assert!(
+        !second.takeover,
+        "reclaiming a released record is not a takeover"
+    );
     let busy = Failure::new(FailureClass::Retryable, "downstream busy");
-    f.store.fail(&second, busy.clone(), LONG).await.expect("fail");
+    f.store
+        .fail(&second, busy.clone(), LONG)
+        .await
+        .expect("fail");
     let record = f.store.get(&id).await.expect("get").expect("present");
-    assert_eq!(record.state, State::Released { last_failure: Some(busy) });
+    assert_eq!(
+        record.state,
+        State::Released {
+            last_failure: Some(busy)
+        }
+    );
     assert_eq!(acquire(f, &id, &p).await.attempt, 3);
 }
 
@@ -243,8 +361,14 @@ pub async fn failures_are_classified<S: ConformanceStore>(f: &Fixture<S>) {
         let id = id(&scope, class.as_str());
         let lease = acquire(f, &id, &p).await;
         let failure = Failure::new(class, format!("{class} failure: card declined"));
-        f.store.fail(&lease, failure.clone(), LONG).await.expect("fail");
-        assert_eq!(claim(f, &id, &p).await, ClaimOutcome::Failed(failure.clone()));
+        f.store
+            .fail(&lease, failure.clone(), LONG)
+            .await
+            .expect("fail");
+        assert_eq!(
+            claim(f, &id, &p).await,
+            ClaimOutcome::Failed(failure.clone())
+        );
         let record = f.store.get(&id).await.expect("get").expect("present");
         assert_eq!(record.state, State::Failed { failure });
     }
@@ -257,8 +381,15 @@ pub async fn extend_keeps_the_lease<S: ConformanceStore>(f: &Fixture<S>) {
     let lease = acquire(f, &id, &p).await;
     let step = f.lease * 2 / 3;
     f.advance(step).await;
-    let until = f.store.extend(&lease, f.lease).await.expect("holder extends");
-    assert!(until > lease.lease_until, "extend must move the deadline forward");
+    let until = f
+        .store
+        .extend(&lease, f.lease)
+        .await
+        .expect("holder extends");
+    assert!(
+        until > lease.lease_until,
+        "extend must move the deadline forward"
+    );
     f.advance(step).await;
     assert!(
         matches!(claim(f, &id, &p).await, ClaimOutcome::InProgress { .. }),
@@ -275,7 +406,12 @@ pub async fn concurrent_claimers_on_one_key<S: ConformanceStore>(f: &Fixture<S>)
     let barrier = Arc::new(Barrier::new(64));
     let tasks: Vec<_> = (0..64)
         .map(|_| {
-            let (store, id, p, barrier) = (Arc::clone(&f.store), id.clone(), p.clone(), Arc::clone(&barrier));
+            let (store, id, p, barrier) = (
+                Arc::clone(&f.store),
+                id.clone(),
+                p.clone(),
+                Arc::clone(&barrier),
+            );
             tokio::spawn(async move {
                 barrier.wait().await;
                 store.claim(&id, &p).await.expect("claim succeeds")
@@ -290,7 +426,10 @@ pub async fn concurrent_claimers_on_one_key<S: ConformanceStore>(f: &Fixture<S>)
             other => panic!("unexpected outcome {other:?}"),
         }
     }
-    assert_eq!(acquired, 1, "exactly one of 64 concurrent claimers must acquire");
+    assert_eq!(
+        acquired, 1,
+        "exactly one of 64 concurrent claimers must acquire"
+    );
 }
 
 /// 64 concurrent claimers over 1,000 keys: exactly 1,000 acquisitions,
@@ -298,18 +437,26 @@ pub async fn concurrent_claimers_on_one_key<S: ConformanceStore>(f: &Fixture<S>)
 pub async fn concurrent_claimers_on_many_keys<S: ConformanceStore>(f: &Fixture<S>) {
     const KEYS: usize = 1000;
     let scope = f.scope("s");
-    let ids: Arc<Vec<RecordId>> = Arc::new((0..KEYS).map(|i| id(&scope, &format!("k{i}"))).collect());
+    let ids: Arc<Vec<RecordId>> =
+        Arc::new((0..KEYS).map(|i| id(&scope, &format!("k{i}"))).collect());
     let p = ClaimParams::new(Duration::from_secs(60), LONG);
     let barrier = Arc::new(Barrier::new(64));
     let tasks: Vec<_> = (0..64)
         .map(|t| {
-            let (store, ids, p, barrier) = (Arc::clone(&f.store), Arc::clone(&ids), p.clone(), Arc::clone(&barrier));
+            let (store, ids, p, barrier) = (
+                Arc::clone(&f.store),
+                Arc::clone(&ids),
+                p.clone(),
+                Arc::clone(&barrier),
+            );
             tokio::spawn(async move {
                 barrier.wait().await;
                 let mut won = Vec::new();
                 for i in 0..KEYS {
                     let index = (i + t * 37) % KEYS;
-                    if let ClaimOutcome::Acquired(_) = store.claim(&ids[index], &p).await.expect("claim succeeds") {
+                    if let ClaimOutcome::Acquired(_) =
+                        store.claim(&ids[index], &p).await.expect("claim succeeds")
+                    {
                         won.push(index);
                     }
                 }
@@ -325,7 +472,10 @@ pub async fn concurrent_claimers_on_many_keys<S: ConformanceStore>(f: &Fixture<S
     }
     let total: usize = per_key.values().sum();
     let doubled: Vec<_> = per_key.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(doubled.is_empty(), "keys acquired more than once: {doubled:?}");
+    assert!(
+        doubled.is_empty(),
+        "keys acquired more than once: {doubled:?}"
+    );
     assert_eq!(total, KEYS, "every key must be acquired exactly once");
 }
 
@@ -336,17 +486,27 @@ pub async fn batch_claims<S: ConformanceStore>(f: &Fixture<S>) {
     let ids: Vec<RecordId> = (0..10).map(|i| id(&scope, &format!("k{i}"))).collect();
     acquire(f, &ids[3], &p).await;
     let done = acquire(f, &ids[5], &p).await;
-    f.store.complete(&done, Bytes::from_static(b"five"), LONG).await.expect("complete");
+    f.store
+        .complete(&done, Bytes::from_static(b"five"), LONG)
+        .await
+        .expect("complete");
 
-    let mut batch: Vec<(RecordId, ClaimParams)> = ids.iter().map(|id| (id.clone(), p.clone())).collect();
+    let mut batch: Vec<(RecordId, ClaimParams)> =
+        ids.iter().map(|id| (id.clone(), p.clone())).collect();
     batch.push((ids[0].clone(), p.clone()));
     let results = f.store.claim_many(&batch).await.expect("batch");
     assert_eq!(results.len(), 11, "one result per claim");
     for (i, result) in results.into_iter().enumerate() {
         let outcome = result.expect("each claim succeeds");
         match i {
-            3 | 10 => assert!(matches!(outcome, ClaimOutcome::InProgress { .. }), "claim {i}: {outcome:?}"),
-            5 => assert_eq!(outcome, ClaimOutcome::Completed(Bytes::from_static(b"five"))),
+            3 | 10 => assert!(
+                matches!(outcome, ClaimOutcome::InProgress { .. }),
+                "claim {i}: {outcome:?}"
+            ),
+            5 => assert_eq!(
+                outcome,
+                ClaimOutcome::Completed(Bytes::from_static(b"five"))
+            ),
             _ => match outcome {
                 ClaimOutcome::Acquired(lease) => assert_eq!(lease.id, ids[i]),
                 other => panic!("claim {i} should acquire, got {other:?}"),
@@ -361,11 +521,17 @@ pub async fn purge_removes_only_expired<S: ConformanceStore>(f: &Fixture<S>) {
     let p = params(f);
     for i in 0..5 {
         let lease = acquire(f, &id(&scope, &format!("short{i}")), &p).await;
-        f.store.complete(&lease, Bytes::from_static(b"s"), f.lease).await.expect("complete");
+        f.store
+            .complete(&lease, Bytes::from_static(b"s"), f.lease)
+            .await
+            .expect("complete");
     }
     for i in 0..5 {
         let lease = acquire(f, &id(&scope, &format!("long{i}")), &p).await;
-        f.store.complete(&lease, Bytes::from_static(b"l"), LONG).await.expect("complete");
+        f.store
+            .complete(&lease, Bytes::from_static(b"l"), LONG)
+            .await
+            .expect("complete");
     }
     let long_claim = ClaimParams::new(LONG, LONG);
     for i in 0..2 {
@@ -375,7 +541,10 @@ pub async fn purge_removes_only_expired<S: ConformanceStore>(f: &Fixture<S>) {
     let mut purged = 0;
     loop {
         let n = f.store.purge_expired(3).await.expect("purge");
-        assert!(n <= 3, "purge_expired(3) removed {n}: batches must be bounded");
+        assert!(
+            n <= 3,
+            "purge_expired(3) removed {n}: batches must be bounded"
+        );
         purged += n;
         if n < 3 {
             break;
@@ -384,13 +553,27 @@ pub async fn purge_removes_only_expired<S: ConformanceStore>(f: &Fixture<S>) {
     if f.exclusive {
         assert_eq!(purged, 5, "exactly the 5 expired records are purged");
     } else {
-        assert!(purged >= 5, "the 5 expired records are purged (got {purged})");
+        assert!(
+            purged >= 5,
+            "the 5 expired records are purged (got {purged})"
+        );
     }
     for i in 0..5 {
-        let record = f.store.get(&id(&scope, &format!("long{i}"))).await.expect("get");
-        assert!(record.is_some(), "live record long{i} must survive the purge");
+        let record = f
+            .store
+            .get(&id(&scope, &format!("long{i}")))
+            .await
+            .expect("get");
+        assert!(
+            record.is_some(),
+            "live record long{i} must survive the purge"
+        );
     }
-    let listed = f.store.list(&ListQuery::new(100).scope(scope)).await.expect("list");
+    let listed = f
+        .store
+        .list(&ListQuery::new(100).scope(scope))
+        .await
+        .expect("list");
     assert_eq!(listed.records.len(), 7, "5 completed + 2 running remain");
 }
 
@@ -399,14 +582,25 @@ pub async fn delete_force_releases<S: ConformanceStore>(f: &Fixture<S>) {
     let id = id(&f.scope("s"), "k");
     let p = params(f);
     let old = acquire(f, &id, &p).await;
-    assert!(f.store.delete(&id).await.expect("delete"), "delete reports a live record");
+    assert!(
+        f.store.delete(&id).await.expect("delete"),
+        "delete reports a live record"
+    );
     assert_eq!(f.store.get(&id).await.expect("get"), None);
     let new = acquire(f, &id, &p).await;
     assert_eq!(new.attempt, 1);
     assert!(new.fence > old.fence, "fences rise across a delete");
-    assert_lease_lost(f.store.complete(&old, Bytes::from_static(b"stale"), LONG).await, "complete after delete");
+    assert_lease_lost(
+        f.store
+            .complete(&old, Bytes::from_static(b"stale"), LONG)
+            .await,
+        "complete after delete",
+    );
     assert!(f.store.delete(&id).await.expect("delete"));
-    assert!(!f.store.delete(&id).await.expect("delete"), "deleting an absent record reports false");
+    assert!(
+        !f.store.delete(&id).await.expect("delete"),
+        "deleting an absent record reports false"
+    );
 }
 
 /// Lists filter by state and scope and page without gaps or repeats.
@@ -416,18 +610,27 @@ pub async fn list_by_state_and_scope<S: ConformanceStore>(f: &Fixture<S>) {
     let p = params(f);
     for i in 0..3 {
         let lease = acquire(f, &id(&scope, &format!("done{i}")), &p).await;
-        f.store.complete(&lease, Bytes::from_static(b"d"), LONG).await.expect("complete");
+        f.store
+            .complete(&lease, Bytes::from_static(b"d"), LONG)
+            .await
+            .expect("complete");
     }
     for i in 0..2 {
         acquire(f, &id(&scope, &format!("run{i}")), &p).await;
     }
     let lease = acquire(f, &id(&scope, "failed"), &p).await;
-    f.store.fail(&lease, Failure::new(FailureClass::Terminal, "x"), LONG).await.expect("fail");
+    f.store
+        .fail(&lease, Failure::new(FailureClass::Terminal, "x"), LONG)
+        .await
+        .expect("fail");
     let lease = acquire(f, &id(&scope, "released"), &p).await;
     f.store.release(&lease).await.expect("release");
     for i in 0..2 {
         let lease = acquire(f, &id(&other, &format!("done{i}")), &p).await;
-        f.store.complete(&lease, Bytes::from_static(b"d"), LONG).await.expect("complete");
+        f.store
+            .complete(&lease, Bytes::from_static(b"d"), LONG)
+            .await
+            .expect("complete");
     }
 
     let count = |state: StateKind| {
@@ -465,17 +668,36 @@ pub async fn list_by_state_and_scope<S: ConformanceStore>(f: &Fixture<S>) {
 pub async fn stored_bytes_round_trip<S: ConformanceStore>(f: &Fixture<S>) {
     let scope = f.scope("s");
     let p = params(f);
-    let big: Vec<u8> = (0..65_536u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8).collect();
-    let payloads = [Bytes::new(), Bytes::from_static(&[0, 255, 0, b'\n', 0x80]), Bytes::from(big)];
+    let big: Vec<u8> = (0..65_536u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8)
+        .collect();
+    let payloads = [
+        Bytes::new(),
+        Bytes::from_static(&[0, 255, 0, b'\n', 0x80]),
+        Bytes::from(big),
+    ];
     for (i, payload) in payloads.into_iter().enumerate() {
         let id = id(&scope, &format!("bytes{i}"));
         let lease = acquire(f, &id, &p).await;
-        f.store.complete(&lease, payload.clone(), LONG).await.expect("complete");
-        assert_eq!(claim(f, &id, &p).await, ClaimOutcome::Completed(payload), "payload {i} must round-trip");
+        f.store
+            .complete(&lease, payload.clone(), LONG)
+            .await
+            .expect("complete");
+        assert_eq!(
+            claim(f, &id, &p).await,
+            ClaimOutcome::Completed(payload),
+            "payload {i} must round-trip"
+        );
     }
     let id = id(&scope, "text");
     let lease = acquire(f, &id, &p).await;
-    let failure = Failure::new(FailureClass::Terminal, "déclinée\n\"quoted\" \u{1F4B3}\0end");
-    f.store.fail(&lease, failure.clone(), LONG).await.expect("fail");
+    let failure = Failure::new(
+        FailureClass::Terminal,
+        "déclinée\n\"quoted\" \u{1F4B3}\0end",
+    );
+    f.store
+        .fail(&lease, failure.clone(), LONG)
+        .await
+        .expect("fail");
     assert_eq!(claim(f, &id, &p).await, ClaimOutcome::Failed(failure));
 }

@@ -23,7 +23,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{ClaimMany, DeleteRecord, GetRecord, ListRecords, ManualClock, PurgeExpired, Scope, Store};
+use idem::{
+    ClaimMany, DeleteRecord, GetRecord, ListRecords, ManualClock, PurgeExpired, Scope, Store,
+};
 
 pub mod cases;
 

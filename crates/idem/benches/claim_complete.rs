@@ -31,6 +31,9 @@ fn ready<F: Future>(f: F) -> F::Output {
     }
 }
 
+/// What the bare map stores per key: written, never read back, as in the
+/// store's claim+complete path.
+#[allow(dead_code)]
 struct BareRecord {
     state: u8,
     token: u64,
@@ -44,7 +47,8 @@ fn keys(threads: usize, per_thread: usize, round: &str) -> Vec<Vec<RecordId>> {
         .map(|t| {
             (0..per_thread)
                 .map(|i| {
-                    let key = idem::Key::new(&format!("order-{round}-{t}-{i:08}:charge:v1")).expect("valid key");
+                    let key = idem::Key::new(&format!("order-{round}-{t}-{i:08}:charge:v1"))
+                        .expect("valid key");
                     RecordId::new(scope.clone(), key)
                 })
                 .collect()
@@ -96,7 +100,8 @@ fn memory_store(ids: &[Vec<RecordId>], response: &Bytes) -> Duration {
     let params = ClaimParams::new(LEASE, RETENTION);
     let elapsed = timed(ids.len(), |t| {
         for id in &ids[t] {
-            let ClaimOutcome::Acquired(lease) = ready(store.claim(id, &params)).expect("claim") else {
+            let ClaimOutcome::Acquired(lease) = ready(store.claim(id, &params)).expect("claim")
+            else {
                 panic!("fresh keys are acquired");
             };
             ready(store.complete(&lease, response.clone(), RETENTION)).expect("complete");
@@ -114,9 +119,16 @@ fn main() {
     let response = Bytes::from_static(br#"{"status":201,"charge":"ch_123"}"#);
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
         .unwrap_or_else(|| "unknown".to_owned());
-    println!("cpu: {cpu}; available parallelism: {:?}", std::thread::available_parallelism().map(|n| n.get()));
+    println!(
+        "cpu: {cpu}; available parallelism: {:?}",
+        std::thread::available_parallelism().map(|n| n.get())
+    );
     println!("{per_thread} claim+complete pairs per thread, fresh keys, best of 3 rounds\n");
     println!("| threads | bare DashMap pairs/s | MemoryStore pairs/s | store / bare |");
     println!("|---:|---:|---:|---:|");
@@ -132,6 +144,9 @@ fn main() {
         let total = (threads * per_thread) as f64;
         let bare = total / best_bare.as_secs_f64();
         let store = total / best_store.as_secs_f64();
-        println!("| {threads} | {bare:.0} | {store:.0} | {:.2} |", store / bare);
+        println!(
+            "| {threads} | {bare:.0} | {store:.0} | {:.2} |",
+            store / bare
+        );
     }
 }

@@ -151,7 +151,15 @@ mod tests {
         assert_eq!(duration_millis(Duration::from_nanos(1)), 1);
         assert_eq!(duration_millis(Duration::from_millis(5)), 5);
         assert_eq!(duration_millis(Duration::MAX), u64::MAX);
-        assert_eq!(Timestamp::from_millis(10).saturating_add(Duration::MAX).as_millis(), u64::MAX);
-        assert_eq!(Timestamp::from_millis(10).since(Timestamp::from_millis(20)), Duration::ZERO);
+        assert_eq!(
+            Timestamp::from_millis(10)
+                .saturating_add(Duration::MAX)
+                .as_millis(),
+            u64::MAX
+        );
+        assert_eq!(
+            Timestamp::from_millis(10).since(Timestamp::from_millis(20)),
+            Duration::ZERO
+        );
     }
 }

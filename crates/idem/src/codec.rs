@@ -82,7 +82,10 @@ mod tests {
         let sealed = seal(big.clone(), 1024);
         assert_eq!(sealed[0], ZSTD);
         assert!(sealed.len() < 200);
-        assert_eq!(open(&sealed, 10_000).expect("opens").as_ref(), big.as_slice());
+        assert_eq!(
+            open(&sealed, 10_000).expect("opens").as_ref(),
+            big.as_slice()
+        );
     }
 
     #[test]
@@ -90,14 +93,21 @@ mod tests {
         let sealed = seal(vec![0u8; 100_000], 16);
         assert!(open(&sealed, 1000).is_err());
         assert!(open(&[], 10).is_err());
-        assert!(open(&[9, 1, 2], 10).expect_err("bad").contains("format byte 9"));
+        assert!(open(&[9, 1, 2], 10)
+            .expect_err("bad")
+            .contains("format byte 9"));
         assert!(open(&[ZSTD, 1, 2, 3], 10).is_err());
     }
 
     #[test]
     fn incompressible_data_stays_plain() {
-        let noise: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let noise: Vec<u8> = (0..4096u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
         let sealed = seal(noise.clone(), 16);
-        assert_eq!(open(&sealed, 4096).expect("opens").as_ref(), noise.as_slice());
+        assert_eq!(
+            open(&sealed, 4096).expect("opens").as_ref(),
+            noise.as_slice()
+        );
     }
 }

@@ -179,16 +179,26 @@ mod tests {
             composite(&["a", "b c"]),
             Err(KeyError::InvalidByte { byte: b' ', .. })
         ));
-        assert!(matches!(composite::<&str>(&[]), Err(KeyError::Empty { .. })));
+        assert!(matches!(
+            composite::<&str>(&[]),
+            Err(KeyError::Empty { .. })
+        ));
     }
 
     #[test]
     fn windowed_keys_share_a_window() {
         let day = Duration::from_secs(86_400);
         let t = Timestamp::from_millis(MINTED);
-        let same = windowed("remind:42", t.saturating_add(Duration::from_secs(3600)), day);
+        let same = windowed(
+            "remind:42",
+            t.saturating_add(Duration::from_secs(3600)),
+            day,
+        );
         assert_eq!(windowed("remind:42", t, day), same);
-        assert_ne!(windowed("remind:42", t, day), windowed("remind:42", t.saturating_add(day), day));
+        assert_ne!(
+            windowed("remind:42", t, day),
+            windowed("remind:42", t.saturating_add(day), day)
+        );
         assert!(windowed("remind:42", t, Duration::ZERO).is_ok());
     }
 
@@ -203,17 +213,29 @@ mod tests {
         ));
         assert_eq!(
             uuid_v7_age(KEY, at(MINTED - 1000), keep, skew),
-            Ok(KeyAge::Fresh { age: Duration::ZERO })
+            Ok(KeyAge::Fresh {
+                age: Duration::ZERO
+            })
         );
         assert_eq!(
             uuid_v7_age(KEY, at(MINTED - 60_000), keep, skew),
-            Ok(KeyAge::FromTheFuture { ahead: Duration::from_secs(60) })
+            Ok(KeyAge::FromTheFuture {
+                ahead: Duration::from_secs(60)
+            })
         );
         assert_eq!(
-            uuid_v7_age("67e55044-10b1-426f-9247-bb680e5fe0c8", at(MINTED), keep, skew),
+            uuid_v7_age(
+                "67e55044-10b1-426f-9247-bb680e5fe0c8",
+                at(MINTED),
+                keep,
+                skew
+            ),
             Err(UuidKeyError::WrongVersion { version: 4 })
         );
-        assert_eq!(uuid_v7_age("nope", at(MINTED), keep, skew), Err(UuidKeyError::NotAUuid));
+        assert_eq!(
+            uuid_v7_age("nope", at(MINTED), keep, skew),
+            Err(UuidKeyError::NotAUuid)
+        );
     }
 
     #[test]

@@ -109,7 +109,10 @@ impl Backoff {
     /// it never collapses to zero and herds are spread.
     pub fn delay(&self, attempt: u32) -> Duration {
         let exp = attempt.saturating_sub(1).min(32);
-        let base = self.initial.saturating_mul(1u32 << exp.min(31)).min(self.max);
+        let base = self
+            .initial
+            .saturating_mul(1u32 << exp.min(31))
+            .min(self.max);
         let half = base / 2;
         let jitter_ns = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX);
         half + Duration::from_nanos(rand::random_range(0..=jitter_ns))
@@ -626,7 +629,10 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             attempt = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
-        let result = self.run_inner(id, fingerprint, handler).instrument(span.clone()).await;
+        let result = self
+            .run_inner(id, fingerprint, handler)
+            .instrument(span.clone())
+            .await;
         span.record("outcome", outcome_label(&result));
         result
     }
@@ -674,7 +680,9 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                 ClaimOutcome::Acquired(lease) => break lease,
                 ClaimOutcome::Completed(stored) => {
                     m::count(m::REPLAYS, &[]);
-                    return self.decode(&stored).map(|value| Outcome::Replayed { value });
+                    return self
+                        .decode(&stored)
+                        .map(|value| Outcome::Replayed { value });
                 }
                 ClaimOutcome::Failed(failure) => {
                     m::count(m::REPLAYS, &[]);
@@ -701,7 +709,10 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         tracing::Span::current().record("attempt", lease.attempt);
         if lease.takeover {
             m::count(m::TAKEOVERS, &[]);
-            tracing::warn!(attempt = lease.attempt, "took over an expired lease; an earlier attempt may have partly run");
+            tracing::warn!(
+                attempt = lease.attempt,
+                "took over an expired lease; an earlier attempt may have partly run"
+            );
         }
         let (lost_tx, lost) = watch::channel(false);
         let ctx = Context {
@@ -759,7 +770,10 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         let encoded = match self.codec.encode(&value) {
             Ok(encoded) => encoded,
             Err(error) => {
-                let failure = Failure::new(FailureClass::Terminal, format!("response could not be encoded: {error}"));
+                let failure = Failure::new(
+                    FailureClass::Terminal,
+                    format!("response could not be encoded: {error}"),
+                );
                 self.record_failure(lease, failure).await;
                 return Err(RunError::Encode(error));
             }
@@ -777,7 +791,11 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         let sealed = codec::seal(encoded, self.config.compress_above);
         let retention = self.config.retention;
         let stored = self
-            .with_store_retries(lease, || self.store.complete(lease, sealed.clone(), retention), m::OP_COMPLETE)
+            .with_store_retries(
+                lease,
+                || self.store.complete(lease, sealed.clone(), retention),
+                m::OP_COMPLETE,
+            )
             .await;
         match stored {
             Ok(()) => {
@@ -790,14 +808,20 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             }
             Err(StoreError::LeaseLost) => {
                 m::count(m::LEASE_LOST, &[("at", "complete")]);
-                tracing::warn!("handler finished after its lease was taken over; its outcome was not stored");
+                tracing::warn!(
+                    "handler finished after its lease was taken over; its outcome was not stored"
+                );
                 Err(RunError::LeaseLost)
             }
             Err(error) => Err(RunError::Store(error)),
         }
     }
 
-    async fn store_failure<E: StdError + Send + Sync + 'static>(&self, lease: &Lease, error: E) -> RunError<E> {
+    async fn store_failure<E: StdError + Send + Sync + 'static>(
+        &self,
+        lease: &Lease,
+        error: E,
+    ) -> RunError<E> {
         let mut class = (self.config.classifier)(&error);
         let mut message = error.to_string();
         let max = self.config.max_attempts.get();
@@ -806,12 +830,14 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             message = format!("attempts exhausted ({} of {max}): {message}", lease.attempt);
         }
         m::count(m::EXECUTIONS, &[("result", class.as_str())]);
-        self.record_failure(lease, Failure::new(class, message)).await;
+        self.record_failure(lease, Failure::new(class, message))
+            .await;
         RunError::Handler {
             error,
             class,
             attempt: lease.attempt,
-            retry_after: (class == FailureClass::Retryable).then(|| self.config.backoff.delay(lease.attempt)),
+            retry_after: (class == FailureClass::Retryable)
+                .then(|| self.config.backoff.delay(lease.attempt)),
         }
     }
 
@@ -820,7 +846,11 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     async fn record_failure(&self, lease: &Lease, failure: Failure) {
         let retention = self.config.failure_retention;
         let recorded = self
-            .with_store_retries(lease, || self.store.fail(lease, failure.clone(), retention), m::OP_FAIL)
+            .with_store_retries(
+                lease,
+                || self.store.fail(lease, failure.clone(), retention),
+                m::OP_FAIL,
+            )
             .await;
         if let Err(error) = recorded {
             if matches!(error, StoreError::LeaseLost) {
@@ -891,11 +921,20 @@ mod tests {
         let b = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
         for _ in 0..100 {
             let d1 = b.delay(1);
-            assert!(d1 >= Duration::from_millis(50) && d1 <= Duration::from_millis(100), "{d1:?}");
+            assert!(
+                d1 >= Duration::from_millis(50) && d1 <= Duration::from_millis(100),
+                "{d1:?}"
+            );
             let d3 = b.delay(3);
-            assert!(d3 >= Duration::from_millis(200) && d3 <= Duration::from_millis(400), "{d3:?}");
+            assert!(
+                d3 >= Duration::from_millis(200) && d3 <= Duration::from_millis(400),
+                "{d3:?}"
+            );
             let big = b.delay(u32::MAX);
-            assert!(big >= Duration::from_millis(500) && big <= Duration::from_secs(1), "{big:?}");
+            assert!(
+                big >= Duration::from_millis(500) && big <= Duration::from_secs(1),
+                "{big:?}"
+            );
         }
     }
 
@@ -904,16 +943,28 @@ mod tests {
         #[derive(Debug, thiserror::Error)]
         #[error("outer")]
         struct Outer(#[source] Terminal);
-        assert_eq!(default_classifier(&Outer(Terminal::new("no"))), FailureClass::Terminal);
-        assert_eq!(default_classifier(&std::io::Error::other("x")), FailureClass::Retryable);
-        assert_eq!(default_classifier(&Terminal::wrap(std::io::Error::other("x"))), FailureClass::Terminal);
+        assert_eq!(
+            default_classifier(&Outer(Terminal::new("no"))),
+            FailureClass::Terminal
+        );
+        assert_eq!(
+            default_classifier(&std::io::Error::other("x")),
+            FailureClass::Retryable
+        );
+        assert_eq!(
+            default_classifier(&Terminal::wrap(std::io::Error::other("x"))),
+            FailureClass::Terminal
+        );
     }
 
     #[test]
     fn refuses_bad_configuration() {
         let store = crate::MemoryStore::new();
         let err = |b: IdempotencyBuilder<crate::MemoryStore>| b.build().err();
-        assert_eq!(err(Idempotency::builder(store.clone()).lease(Duration::ZERO)), Some(ConfigError::ZeroLease));
+        assert_eq!(
+            err(Idempotency::builder(store.clone()).lease(Duration::ZERO)),
+            Some(ConfigError::ZeroLease)
+        );
         assert!(matches!(
             err(Idempotency::builder(store.clone()).heartbeat(Duration::from_secs(30))),
             Some(ConfigError::HeartbeatTooSlow { .. })

@@ -9,7 +9,9 @@
 //! integers that fit in 64 bits are kept exact instead of being rounded to
 //! an IEEE double, so two order ids above 2^53 never share a fingerprint.
 //! Objects with duplicate member names are rejected (RFC 8785 requires
-//! I-JSON), because two parsers may disagree on which value wins.
+//! I-JSON), because two parsers may disagree on which value wins. Floats
+//! are parsed with correct rounding, so a canonical form always parses back
+//! to the same number and canonicalises to itself.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -29,7 +31,9 @@ pub enum FingerprintError {
         reason: String,
     },
     /// A field selector was not a valid JSON pointer (RFC 6901).
-    #[error("field selector {pointer:?} is not a JSON pointer (rule: empty, or starting with '/')")]
+    #[error(
+        "field selector {pointer:?} is not a JSON pointer (rule: empty, or starting with '/')"
+    )]
     InvalidPointer {
         /// The selector given.
         pointer: String,
@@ -359,7 +363,10 @@ mod tests {
 
     #[test]
     fn sorts_keys_and_drops_whitespace() {
-        assert_eq!(canon(r#" { "b" : 1, "a" : [ 1 , 2 ] } "#), r#"{"a":[1,2],"b":1}"#);
+        assert_eq!(
+            canon(r#" { "b" : 1, "a" : [ 1 , 2 ] } "#),
+            r#"{"a":[1,2],"b":1}"#
+        );
         assert_eq!(
             Fingerprint::of_json(br#"{"b":1,"a":2}"#).expect("valid"),
             Fingerprint::of_json(br#"{ "a": 2, "b": 1 }"#).expect("valid")
@@ -369,16 +376,42 @@ mod tests {
     #[test]
     fn sorts_by_utf16_code_units() {
         // RFC 8785 §3.2.3: U+1F600 (surrogates D83D..) sorts before U+FB01.
-        assert_eq!(canon("{\"\u{fb01}\":1,\"\u{1f600}\":2}"), "{\"\u{1f600}\":2,\"\u{fb01}\":1}");
+        assert_eq!(
+            canon("{\"\u{fb01}\":1,\"\u{1f600}\":2}"),
+            "{\"\u{1f600}\":2,\"\u{fb01}\":1}"
+        );
     }
 
     #[test]
     fn normalises_numbers() {
         assert_eq!(canon("[1, 1.0, 1e0, 10e-1, -0.0, 0]"), "[1,1,1,1,0,0]");
-        assert_eq!(canon("[1e21, 1e-7, 0.000001, 123.456, 1.5e300]"), "[1e+21,1e-7,0.000001,123.456,1.5e+300]");
-        assert_eq!(canon("[100000000000000000000, 4.5]"), "[100000000000000000000,4.5]");
+        assert_eq!(
+            canon("[1e21, 1e-7, 0.000001, 123.456, 1.5e300]"),
+            "[1e+21,1e-7,0.000001,123.456,1.5e+300]"
+        );
+        assert_eq!(
+            canon("[100000000000000000000, 4.5]"),
+            "[100000000000000000000,4.5]"
+        );
         // Integers within 64 bits stay exact (the one deviation from JCS).
-        assert_eq!(canon("[9007199254740993, -9223372036854775808]"), "[9007199254740993,-9223372036854775808]");
+        assert_eq!(
+            canon("[9007199254740993, -9223372036854775808]"),
+            "[9007199254740993,-9223372036854775808]"
+        );
+    }
+
+    #[test]
+    fn canonical_numbers_reparse_to_themselves() {
+        // Found by the fingerprint_json fuzz target: without correctly
+        // rounded float parsing the canonical form of this integer-like
+        // float re-canonicalised to different digits, so two spellings of
+        // one number could fingerprint differently.
+        for input in ["4176484073467440737095531", "4.176484073467441e+24", "0.1", "5e-324", "1.7976931348623157e308"] {
+            let once = canonical_json(input.as_bytes()).expect("valid");
+            let twice = canonical_json(&once).expect("valid");
+            assert_eq!(once, twice, "{input}");
+        }
+        assert_eq!(canon("4176484073467440737095531"), "4.1764840734674405e+24");
     }
 
     #[test]
@@ -388,12 +421,27 @@ mod tests {
 
     #[test]
     fn rejects_broken_json_with_a_reason() {
-        for bad in ["", "{", "{\"a\":}", "[1,]", "nul", "{\"a\":1,\"a\":2}", "1e400", "\"\\ud800\""] {
+        for bad in [
+            "",
+            "{",
+            "{\"a\":}",
+            "[1,]",
+            "nul",
+            "{\"a\":1,\"a\":2}",
+            "1e400",
+            "\"\\ud800\"",
+        ] {
             let err = Fingerprint::of_json(bad.as_bytes()).expect_err(bad);
-            assert!(matches!(err, FingerprintError::InvalidJson { .. }), "{bad}: {err}");
+            assert!(
+                matches!(err, FingerprintError::InvalidJson { .. }),
+                "{bad}: {err}"
+            );
         }
         let dup = Fingerprint::of_json(br#"{"a":1,"a":2}"#).expect_err("duplicate");
-        assert!(dup.to_string().contains("duplicate member name \"a\""), "{dup}");
+        assert!(
+            dup.to_string().contains("duplicate member name \"a\""),
+            "{dup}"
+        );
     }
 
     #[test]
@@ -411,7 +459,10 @@ mod tests {
         assert_eq!(f(a), f(b));
         assert_ne!(f(a), f(c));
         // Absent differs from null.
-        assert_ne!(f(br#"{"amount":100}"#), f(br#"{"amount":100,"currency":null}"#));
+        assert_ne!(
+            f(br#"{"amount":100}"#),
+            f(br#"{"amount":100,"currency":null}"#)
+        );
         assert!(matches!(
             Fingerprint::of_json_fields(a, &["amount"]),
             Err(FingerprintError::InvalidPointer { .. })
@@ -423,13 +474,24 @@ mod tests {
         let doc = br#"{"a/b":{"m~n":[10,20]},"items":[{"sku":"x"}]}"#;
         let one = |p: &str| Fingerprint::of_json_fields(doc, &[p]).expect("ok");
         assert_ne!(one("/a~1b/m~0n/1"), one("/missing"));
-        assert_eq!(one("/items/01"), one("/missing"), "leading zero is not an index");
-        assert_eq!(one("/items/0/sku"), Fingerprint::of_json_fields(br#"{"items":[{"sku":"x"}]}"#, &["/items/0/sku"]).expect("ok"));
+        assert_eq!(
+            one("/items/01"),
+            one("/missing"),
+            "leading zero is not an index"
+        );
+        assert_eq!(
+            one("/items/0/sku"),
+            Fingerprint::of_json_fields(br#"{"items":[{"sku":"x"}]}"#, &["/items/0/sku"])
+                .expect("ok")
+        );
     }
 
     #[test]
     fn bytes_and_json_are_separate_domains() {
-        assert_ne!(Fingerprint::of_bytes(b"1"), Fingerprint::of_json(b"1").expect("ok"));
+        assert_ne!(
+            Fingerprint::of_bytes(b"1"),
+            Fingerprint::of_json(b"1").expect("ok")
+        );
         let fp = Fingerprint::of_bytes(b"x");
         assert_eq!(Fingerprint::from_hex(&fp.to_hex()), Some(fp));
         assert_eq!(Fingerprint::from_hex("zz"), None);

@@ -117,7 +117,12 @@ fn check(
             max,
         });
     }
-    if let Some((index, &byte)) = raw.as_bytes().iter().enumerate().find(|(_, b)| !allowed(**b)) {
+    if let Some((index, &byte)) = raw
+        .as_bytes()
+        .iter()
+        .enumerate()
+        .find(|(_, b)| !allowed(**b))
+    {
         return Err(KeyError::InvalidByte {
             what,
             byte,
@@ -266,7 +271,7 @@ mod tests {
                 max: 255
             })
         );
-        let err = Key::new("ab c").unwrap_err();
+        let err = Key::new("ab c").expect_err("space is not visible ASCII");
         assert_eq!(
             err,
             KeyError::InvalidByte {
@@ -300,14 +305,23 @@ mod tests {
             Err(KeyError::TooLong { len: 5, max: 4, .. })
         ));
         let long = KeyRules::default().max_len(NonZeroUsize::new(1024).expect("non-zero"));
-        assert_eq!(long.parse(&"k".repeat(1000)).map(|k| k.as_str().len()), Ok(1000));
+        assert_eq!(
+            long.parse(&"k".repeat(1000)).map(|k| k.as_str().len()),
+            Ok(1000)
+        );
     }
 
     #[test]
     fn scopes_allow_spaces_but_not_controls() {
         assert!(Scope::new("POST /orders/{id}").is_ok());
-        assert!(matches!(Scope::new("a\tb"), Err(KeyError::InvalidByte { what: "scope", .. })));
-        assert!(matches!(Scope::new(""), Err(KeyError::Empty { what: "scope" })));
+        assert!(matches!(
+            Scope::new("a\tb"),
+            Err(KeyError::InvalidByte { what: "scope", .. })
+        ));
+        assert!(matches!(
+            Scope::new(""),
+            Err(KeyError::Empty { what: "scope" })
+        ));
     }
 
     #[test]

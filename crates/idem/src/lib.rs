@@ -72,13 +72,15 @@ mod store;
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use codec::{Codec, Json};
 pub use executor::{
-    default_classifier, Backoff, Classifier, ConfigError, Context, Idempotency,
-    IdempotencyBuilder, Outcome, RunError, Terminal, STORE_RETRY_AFTER,
+    default_classifier, Backoff, Classifier, ConfigError, Context, Idempotency, IdempotencyBuilder,
+    Outcome, RunError, Terminal, STORE_RETRY_AFTER,
 };
 pub use fingerprint::{canonical_json, Fingerprint, FingerprintError};
 pub use key::{Key, KeyError, KeyRules, RecordId, Scope, DEFAULT_MAX_KEY_LEN, MAX_SCOPE_LEN};
 pub use machine::LeaseLost;
-pub use memory::{MemoryStore, MemoryStoreBuilder, PurgerHandle, DEFAULT_MAX_RECORDS, DEFAULT_SHARDS};
+pub use memory::{
+    MemoryStore, MemoryStoreBuilder, PurgerHandle, DEFAULT_MAX_RECORDS, DEFAULT_SHARDS,
+};
 pub use record::{
     ClaimOutcome, ClaimParams, Failure, FailureClass, Lease, LeaseToken, Record, State, StateKind,
 };

@@ -326,7 +326,12 @@ mod tests {
             at(1),
         )
         .expect("written");
-        assert!(matches!(retry.state, State::Released { last_failure: Some(_) }));
+        assert!(matches!(
+            retry.state,
+            State::Released {
+                last_failure: Some(_)
+            }
+        ));
         let term = decide_write(
             Some(&r),
             tok,
@@ -351,11 +356,31 @@ mod tests {
     fn extend_never_shortens_and_keeps_retention_past_the_lease() {
         let (r, _) = acquire(None, at(0), 1);
         let tok = LeaseToken::from_parts(7, 1);
-        let e = decide_write(Some(&r), tok, Write::Extend { lease: Duration::from_secs(1) }, at(1))
-            .expect("holder extends");
-        assert_eq!(e.state, State::InProgress { token: tok, lease_until: at(10) });
-        let e = decide_write(Some(&e), tok, Write::Extend { lease: Duration::from_secs(500) }, at(2))
-            .expect("holder extends");
+        let e = decide_write(
+            Some(&r),
+            tok,
+            Write::Extend {
+                lease: Duration::from_secs(1),
+            },
+            at(1),
+        )
+        .expect("holder extends");
+        assert_eq!(
+            e.state,
+            State::InProgress {
+                token: tok,
+                lease_until: at(10)
+            }
+        );
+        let e = decide_write(
+            Some(&e),
+            tok,
+            Write::Extend {
+                lease: Duration::from_secs(500),
+            },
+            at(2),
+        )
+        .expect("holder extends");
         assert_eq!(e.expires_at, at(502));
     }
 }

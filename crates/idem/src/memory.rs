@@ -207,7 +207,8 @@ impl<C: Clock> MemoryStore<C> {
             fence_floor: next_seq,
         };
         let slot = shard.records.find_mut(hash, |(k, _)| k == id);
-        let (write, outcome) = decide_claim(slot.as_ref().map(|(_, r)| r), params, now, fresh).into_parts(id);
+        let (write, outcome) =
+            decide_claim(slot.as_ref().map(|(_, r)| r), params, now, fresh).into_parts(id);
         let Some(record) = write else {
             return Ok(outcome);
         };
@@ -295,7 +296,11 @@ impl<C: Clock> MemoryStore<C> {
 
     /// How many records are held, including expired ones not yet purged.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| s.state.lock().records.len()).sum()
+        self.inner
+            .shards
+            .iter()
+            .map(|s| s.state.lock().records.len())
+            .sum()
     }
 
     /// Whether no record is held.
@@ -330,12 +335,30 @@ impl<C: Clock> Store for MemoryStore<C> {
         self.claim_now(id, params)
     }
 
-    async fn complete(&self, lease: &Lease, response: Bytes, retention: Duration) -> Result<(), StoreError> {
-        self.write_now(lease, Write::Complete { response, retention }).map(drop)
+    async fn complete(
+        &self,
+        lease: &Lease,
+        response: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.write_now(
+            lease,
+            Write::Complete {
+                response,
+                retention,
+            },
+        )
+        .map(drop)
     }
 
-    async fn fail(&self, lease: &Lease, failure: Failure, retention: Duration) -> Result<(), StoreError> {
-        self.write_now(lease, Write::Fail { failure, retention }).map(drop)
+    async fn fail(
+        &self,
+        lease: &Lease,
+        failure: Failure,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.write_now(lease, Write::Fail { failure, retention })
+            .map(drop)
     }
 
     async fn extend(&self, lease: &Lease, duration: Duration) -> Result<Timestamp, StoreError> {
@@ -383,7 +406,12 @@ impl<C: Clock> DeleteRecord for MemoryStore<C> {
         let now = self.now();
         let (hash, index) = self.locate(id);
         let shard = &self.inner.shards[index];
-        let removed = match shard.state.lock().records.find_entry(hash, |(k, _)| k == id) {
+        let removed = match shard
+            .state
+            .lock()
+            .records
+            .find_entry(hash, |(k, _)| k == id)
+        {
             Ok(entry) => Some(entry.remove().0 .1),
             Err(_) => None,
         };
@@ -415,7 +443,10 @@ impl<C: Clock> ListRecords for MemoryStore<C> {
         let limit = query.limit.max(1);
         let next = (found.len() > limit).then(|| found[limit - 1].0.clone());
         found.truncate(limit);
-        Ok(ListPage { records: found, next })
+        Ok(ListPage {
+            records: found,
+            next,
+        })
     }
 }
 
@@ -450,17 +481,30 @@ mod tests {
     #[test]
     fn full_store_evicts_only_expired_records() {
         let clock = ManualClock::default();
-        let store = MemoryStore::builder().clock(clock.clone()).shards(1).max_records(2).build();
+        let store = MemoryStore::builder()
+            .clock(clock.clone())
+            .shards(1)
+            .max_records(2)
+            .build();
         let p = ClaimParams::new(Duration::from_secs(1), Duration::from_secs(10));
         let id = |k: &str| RecordId::parse("s", k).expect("valid");
         block_on(async {
-            assert!(matches!(store.claim(&id("a"), &p).await, Ok(ClaimOutcome::Acquired(_))));
-            assert!(matches!(store.claim(&id("b"), &p).await, Ok(ClaimOutcome::Acquired(_))));
+            assert!(matches!(
+                store.claim(&id("a"), &p).await,
+                Ok(ClaimOutcome::Acquired(_))
+            ));
+            assert!(matches!(
+                store.claim(&id("b"), &p).await,
+                Ok(ClaimOutcome::Acquired(_))
+            ));
             let err = store.claim(&id("c"), &p).await.expect_err("full");
             assert!(matches!(err, StoreError::CapacityExceeded { capacity: 2 }));
             assert!(err.to_string().contains("2 live records"));
             clock.advance(Duration::from_secs(10));
-            assert!(matches!(store.claim(&id("c"), &p).await, Ok(ClaimOutcome::Acquired(_))));
+            assert!(matches!(
+                store.claim(&id("c"), &p).await,
+                Ok(ClaimOutcome::Acquired(_))
+            ));
             assert_eq!(store.len(), 1, "both expired records were evicted");
         });
     }
@@ -489,7 +533,10 @@ mod tests {
         let store = MemoryStore::builder().clock(clock.clone()).build();
         let p = ClaimParams::new(Duration::from_secs(1), Duration::from_secs(1));
         block_on(async {
-            store.claim(&RecordId::parse("s", "k").expect("valid"), &p).await.expect("claim");
+            store
+                .claim(&RecordId::parse("s", "k").expect("valid"), &p)
+                .await
+                .expect("claim");
             clock.advance(Duration::from_secs(2));
             let handle = store.spawn_purger(Duration::from_millis(1), 100);
             while !store.is_empty() {

@@ -44,7 +44,10 @@ pub(crate) const OP_FAIL: &str = "fail";
 pub(crate) const OP_EXTEND: &str = "extend";
 
 pub(crate) fn count(name: &'static str, labels: &[(&'static str, &'static str)]) {
-    let labels: Vec<metrics::Label> = labels.iter().map(|(k, v)| metrics::Label::new(*k, *v)).collect();
+    let labels: Vec<metrics::Label> = labels
+        .iter()
+        .map(|(k, v)| metrics::Label::new(*k, *v))
+        .collect();
     metrics::counter!(name, labels).increment(1);
 }
 

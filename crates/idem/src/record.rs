@@ -311,7 +311,11 @@ mod tests {
 
     #[test]
     fn failure_classes_round_trip() {
-        for c in [FailureClass::Retryable, FailureClass::Terminal, FailureClass::Unknown] {
+        for c in [
+            FailureClass::Retryable,
+            FailureClass::Terminal,
+            FailureClass::Unknown,
+        ] {
             assert_eq!(FailureClass::parse(c.as_str()), Some(c));
         }
         assert_eq!(FailureClass::parse("nope"), None);

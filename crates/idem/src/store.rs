@@ -102,11 +102,7 @@ pub trait Store: Send + Sync + 'static {
     /// hint used to wait for an in-flight duplicate's outcome: stores that
     /// can notify override it; the default sleeps for `timeout`, and the
     /// caller re-claims afterwards either way.
-    fn wait_for_change(
-        &self,
-        id: &RecordId,
-        timeout: Duration,
-    ) -> impl Future<Output = ()> + Send {
+    fn wait_for_change(&self, id: &RecordId, timeout: Duration) -> impl Future<Output = ()> + Send {
         let _ = id;
         tokio::time::sleep(timeout)
     }
@@ -115,10 +111,8 @@ pub trait Store: Send + Sync + 'static {
 /// Reads a record (expired records read as absent).
 pub trait GetRecord: Store {
     /// The record for `id`, or `None` if absent or expired.
-    fn get(
-        &self,
-        id: &RecordId,
-    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+    fn get(&self, id: &RecordId)
+        -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
 }
 
 /// Deletes a record whatever its state: the admin's force-release. Any
@@ -190,7 +184,8 @@ pub trait ListRecords: Store {
 pub trait PurgeExpired: Store {
     /// Removes at most `limit` expired records; returns how many. Call
     /// again while it returns `limit`.
-    fn purge_expired(&self, limit: usize) -> impl Future<Output = Result<usize, StoreError>> + Send;
+    fn purge_expired(&self, limit: usize)
+        -> impl Future<Output = Result<usize, StoreError>> + Send;
 }
 
 /// Claims many records in one round trip. Each claim is atomic on its own;
@@ -237,11 +232,7 @@ impl<S: Store> Store for Arc<S> {
     fn release(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send {
         (**self).release(lease)
     }
-    fn wait_for_change(
-        &self,
-        id: &RecordId,
-        timeout: Duration,
-    ) -> impl Future<Output = ()> + Send {
+    fn wait_for_change(&self, id: &RecordId, timeout: Duration) -> impl Future<Output = ()> + Send {
         (**self).wait_for_change(id, timeout)
     }
 }

@@ -13,8 +13,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use idem::{
     ClaimOutcome, ClaimParams, Clock, DeleteRecord, Failure, FailureClass, Fingerprint, GetRecord,
-    Idempotency, Lease, MemoryStore, Outcome, RecordId, RunError, State, Store, StoreError, Terminal,
-    Timestamp,
+    Idempotency, Lease, MemoryStore, Outcome, RecordId, RunError, State, Store, StoreError,
+    Terminal, Timestamp,
 };
 
 /// A store clock that follows tokio's (pausable) clock.
@@ -49,7 +49,9 @@ type Io = std::io::Error;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_duplicates_execute_once() {
-    let idem = Idempotency::builder(MemoryStore::new()).build().expect("config");
+    let idem = Idempotency::builder(MemoryStore::new())
+        .build()
+        .expect("config");
     let runs = Arc::new(AtomicU32::new(0));
     let barrier = Arc::new(tokio::sync::Barrier::new(32));
     let tasks: Vec<_> = (0..32)
@@ -75,7 +77,11 @@ async fn concurrent_duplicates_execute_once() {
         }
     }
     assert_eq!(executed, 1);
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran exactly once");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the handler ran exactly once"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -102,7 +108,10 @@ async fn waiting_duplicates_all_get_the_one_result() {
         .collect();
     let mut executed = 0;
     for task in tasks {
-        let outcome = task.await.expect("task").expect("every duplicate gets the result");
+        let outcome = task
+            .await
+            .expect("task")
+            .expect("every duplicate gets the result");
         assert_eq!(outcome.value(), "result of run 0");
         if !outcome.is_replayed() {
             executed += 1;
@@ -144,7 +153,14 @@ async fn heartbeat_keeps_a_long_handler_exclusive() {
         "past the original lease, the heartbeat still holds the key: {dup:?}"
     );
     let first = slow.await.expect("task").expect("run");
-    assert_eq!(first, Outcome::Executed { value: 1, attempt: 1, takeover: false });
+    assert_eq!(
+        first,
+        Outcome::Executed {
+            value: 1,
+            attempt: 1,
+            takeover: false
+        }
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
@@ -170,7 +186,11 @@ async fn lost_lease_is_signalled_and_the_stale_result_is_not_stored() {
     assert!(store.delete(&id("lost")).await.expect("force release"));
     let result = run.await.expect("task");
     assert!(matches!(result, Err(RunError::LeaseLost)), "{result:?}");
-    assert_eq!(store.get(&id("lost")).await.expect("get"), None, "the stale holder stored nothing");
+    assert_eq!(
+        store.get(&id("lost")).await.expect("get"),
+        None,
+        "the stale holder stored nothing"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -182,7 +202,9 @@ async fn a_dropped_run_leaves_the_record_to_expire_then_a_takeover_runs() {
         .expect("config");
     let crashed = tokio::time::timeout(
         Duration::from_secs(1),
-        idem.run(&id("crash"), None, |_| std::future::pending::<Result<u8, Io>>()),
+        idem.run(&id("crash"), None, |_| {
+            std::future::pending::<Result<u8, Io>>()
+        }),
     )
     .await;
     assert!(crashed.is_err(), "the run was cut off mid-handler");
@@ -199,7 +221,14 @@ async fn a_dropped_run_leaves_the_record_to_expire_then_a_takeover_runs() {
         })
         .await
         .expect("takeover runs");
-    assert_eq!(retried, Outcome::Executed { value: 2, attempt: 2, takeover: true });
+    assert_eq!(
+        retried,
+        Outcome::Executed {
+            value: 2,
+            attempt: 2,
+            takeover: true
+        }
+    );
 }
 
 #[tokio::test]
@@ -218,7 +247,12 @@ async fn retryable_failures_back_off_until_max_attempts_make_them_terminal() {
     };
     for n in 1..=2 {
         match attempt().await {
-            Err(RunError::Handler { class: FailureClass::Retryable, attempt, retry_after: Some(d), .. }) => {
+            Err(RunError::Handler {
+                class: FailureClass::Retryable,
+                attempt,
+                retry_after: Some(d),
+                ..
+            }) => {
                 assert_eq!(attempt, n);
                 assert!(!d.is_zero());
             }
@@ -226,11 +260,19 @@ async fn retryable_failures_back_off_until_max_attempts_make_them_terminal() {
         }
     }
     match attempt().await {
-        Err(RunError::Handler { class: FailureClass::Terminal, attempt: 3, retry_after: None, .. }) => {}
+        Err(RunError::Handler {
+            class: FailureClass::Terminal,
+            attempt: 3,
+            retry_after: None,
+            ..
+        }) => {}
         other => panic!("attempt 3 must be terminal: {other:?}"),
     }
     match attempt().await {
-        Err(RunError::Failed(Failure { class: FailureClass::Terminal, message })) => {
+        Err(RunError::Failed(Failure {
+            class: FailureClass::Terminal,
+            message,
+        })) => {
             assert_eq!(message, "attempts exhausted (3 of 3): downstream timeout");
         }
         other => panic!("a poison message is replayed as failed: {other:?}"),
@@ -240,7 +282,9 @@ async fn retryable_failures_back_off_until_max_attempts_make_them_terminal() {
 
 #[tokio::test]
 async fn terminal_errors_are_replayed_not_retried() {
-    let idem = Idempotency::builder(MemoryStore::new()).build().expect("config");
+    let idem = Idempotency::builder(MemoryStore::new())
+        .build()
+        .expect("config");
     let runs = AtomicU32::new(0);
     for _ in 0..3 {
         let result = idem
@@ -251,8 +295,13 @@ async fn terminal_errors_are_replayed_not_retried() {
             .await;
         assert!(matches!(
             result,
-            Err(RunError::Handler { class: FailureClass::Terminal, .. })
-                | Err(RunError::Failed(Failure { class: FailureClass::Terminal, .. }))
+            Err(RunError::Handler {
+                class: FailureClass::Terminal,
+                ..
+            }) | Err(RunError::Failed(Failure {
+                class: FailureClass::Terminal,
+                ..
+            }))
         ));
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -270,8 +319,18 @@ async fn a_custom_classifier_decides() {
         })
         .build()
         .expect("config");
-    let result = idem.run(&id("custom"), None, |_| async { Err::<u8, _>(Io::other("HTTP 422")) }).await;
-    assert!(matches!(result, Err(RunError::Handler { class: FailureClass::Terminal, .. })));
+    let result = idem
+        .run(&id("custom"), None, |_| async {
+            Err::<u8, _>(Io::other("HTTP 422"))
+        })
+        .await;
+    assert!(matches!(
+        result,
+        Err(RunError::Handler {
+            class: FailureClass::Terminal,
+            ..
+        })
+    ));
 }
 
 #[tokio::test]
@@ -289,33 +348,57 @@ async fn oversize_responses_are_a_clear_error_and_never_rerun() {
         })
     };
     match run().await {
-        Err(RunError::ResponseTooLarge { size: 1002, limit: 100 }) => {}
+        Err(RunError::ResponseTooLarge {
+            size: 1002,
+            limit: 100,
+        }) => {}
         other => panic!("{other:?}"),
     }
     match run().await {
-        Err(RunError::Failed(f)) => assert!(f.message.contains("exceeds the limit of 100 bytes"), "{}", f.message),
+        Err(RunError::Failed(f)) => assert!(
+            f.message.contains("exceeds the limit of 100 bytes"),
+            "{}",
+            f.message
+        ),
         other => panic!("{other:?}"),
     }
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "the effect happened once; it must not run again");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the effect happened once; it must not run again"
+    );
 }
 
 #[tokio::test]
 async fn large_responses_are_stored_compressed_and_replayed_exactly() {
     let store = MemoryStore::new();
-    let idem = Idempotency::builder(store.clone()).compress_above(64).build().expect("config");
+    let idem = Idempotency::builder(store.clone())
+        .compress_above(64)
+        .build()
+        .expect("config");
     let body: Vec<String> = (0..500).map(|i| format!("line {}", i % 10)).collect();
     let first = idem
         .run(&id("zip"), None, |_| async { Ok::<_, Io>(body.clone()) })
         .await
         .expect("run");
     assert!(!first.is_replayed());
-    let Some(record) = store.get(&id("zip")).await.expect("get") else { panic!("stored") };
-    let State::Completed { response } = record.state else { panic!("completed") };
+    let Some(record) = store.get(&id("zip")).await.expect("get") else {
+        panic!("stored")
+    };
+    let State::Completed { response } = record.state else {
+        panic!("completed")
+    };
     let plain = serde_json::to_vec(&body).expect("json").len();
     assert_eq!(response[0], 1, "zstd envelope");
-    assert!(response.len() * 10 < plain, "{} stored bytes for {plain} encoded", response.len());
+    assert!(
+        response.len() * 10 < plain,
+        "{} stored bytes for {plain} encoded",
+        response.len()
+    );
     let again = idem
-        .run(&id("zip"), None, |_| async { Ok::<Vec<String>, Io>(Vec::new()) })
+        .run(&id("zip"), None, |_| async {
+            Ok::<Vec<String>, Io>(Vec::new())
+        })
         .await
         .expect("replay");
     assert_eq!(again, Outcome::Replayed { value: body });
@@ -323,15 +406,25 @@ async fn large_responses_are_stored_compressed_and_replayed_exactly() {
 
 #[tokio::test]
 async fn mismatched_fingerprints_and_wrong_types_are_typed_errors() {
-    let idem = Idempotency::builder(MemoryStore::new()).build().expect("config");
+    let idem = Idempotency::builder(MemoryStore::new())
+        .build()
+        .expect("config");
     let a = Fingerprint::of_json(br#"{"amount":1}"#).expect("json");
     let b = Fingerprint::of_json(br#"{"amount":2}"#).expect("json");
-    idem.run(&id("fp"), Some(a), |_| async { Ok::<_, Io>(5u64) }).await.expect("run");
-    let mismatch = idem.run(&id("fp"), Some(b), |_| async { Ok::<_, Io>(6u64) }).await;
+    idem.run(&id("fp"), Some(a), |_| async { Ok::<_, Io>(5u64) })
+        .await
+        .expect("run");
+    let mismatch = idem
+        .run(&id("fp"), Some(b), |_| async { Ok::<_, Io>(6u64) })
+        .await;
     assert!(matches!(mismatch, Err(RunError::Mismatch)));
-    let wrong = idem.run(&id("fp"), Some(a), |_| async { Ok::<_, Io>(String::new()) }).await;
+    let wrong = idem
+        .run(&id("fp"), Some(a), |_| async { Ok::<_, Io>(String::new()) })
+        .await;
     match wrong {
-        Err(RunError::Decode { reason }) => assert!(reason.contains("expected a string"), "{reason}"),
+        Err(RunError::Decode { reason }) => {
+            assert!(reason.contains("expected a string"), "{reason}")
+        }
         other => panic!("{other:?}"),
     }
 }
@@ -375,13 +468,25 @@ async fn fail_closed_by_default_fail_open_when_asked() {
     let closed = Idempotency::builder(DownStore).build().expect("config");
     let result = closed.run(&id("down"), None, handler).await;
     match &result {
-        Err(e @ RunError::Store(StoreError::Unavailable(_))) => assert_eq!(e.retry_after(), Some(idem::STORE_RETRY_AFTER)),
+        Err(e @ RunError::Store(StoreError::Unavailable(_))) => {
+            assert_eq!(e.retry_after(), Some(idem::STORE_RETRY_AFTER))
+        }
         other => panic!("{other:?}"),
     }
-    assert_eq!(runs.load(Ordering::SeqCst), 0, "fail-closed: the handler did not run");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "fail-closed: the handler did not run"
+    );
 
-    let open = Idempotency::builder(DownStore).fail_open(true).build().expect("config");
-    let result = open.run(&id("down"), None, handler).await.expect("runs unguarded");
+    let open = Idempotency::builder(DownStore)
+        .fail_open(true)
+        .build()
+        .expect("config");
+    let result = open
+        .run(&id("down"), None, handler)
+        .await
+        .expect("runs unguarded");
     assert_eq!(result, Outcome::Unguarded { value: false });
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

@@ -82,14 +82,31 @@ impl World {
     }
 
     fn write(&mut self, index: usize, write: Write) -> Result<(), TestCaseError> {
-        let Some((key, lease)) = self.pick(index) else { return Ok(()) };
-        let latest = self.leases.iter().rev().find(|(k, _)| *k == key).map(|(_, l)| l.token);
+        let Some((key, lease)) = self.pick(index) else {
+            return Ok(());
+        };
+        let latest = self
+            .leases
+            .iter()
+            .rev()
+            .find(|(k, _)| *k == key)
+            .map(|(_, l)| l.token);
         let before = self.records.get(&key).cloned();
         match decide_write(before.as_ref(), lease.token, write, self.now) {
             Ok(next) => {
-                prop_assert_eq!(Some(lease.token), latest, "only the latest holder may write");
+                prop_assert_eq!(
+                    Some(lease.token),
+                    latest,
+                    "only the latest holder may write"
+                );
                 prop_assert!(
-                    matches!(before, Some(Record { state: State::InProgress { .. }, .. })),
+                    matches!(
+                        before,
+                        Some(Record {
+                            state: State::InProgress { .. },
+                            ..
+                        })
+                    ),
                     "writes only change in-progress records"
                 );
                 self.records.insert(key, next);
@@ -116,11 +133,19 @@ impl World {
                 let live = before.clone().filter(|r| !r.is_expired(self.now));
                 match decide_claim(before.as_ref(), &params, self.now, fresh) {
                     ClaimDecision::Acquire { record, takeover } => {
-                        let (write, outcome) = ClaimDecision::Acquire { record, takeover }.into_parts(&rid(key));
-                        let ClaimOutcome::Acquired(lease) = outcome else { unreachable!() };
+                        let (write, outcome) =
+                            ClaimDecision::Acquire { record, takeover }.into_parts(&rid(key));
+                        let ClaimOutcome::Acquired(lease) = outcome else {
+                            unreachable!()
+                        };
                         prop_assert!(self.tokens.insert(lease.token), "token reused");
                         let last = self.last_fence.insert(key, lease.fence).unwrap_or(0);
-                        prop_assert!(lease.fence > last, "fence must rise: {} then {}", last, lease.fence);
+                        prop_assert!(
+                            lease.fence > last,
+                            "fence must rise: {} then {}",
+                            last,
+                            lease.fence
+                        );
                         prop_assert!(lease.lease_until > self.now);
                         match &live {
                             None => prop_assert_eq!((lease.attempt, lease.takeover), (1, false)),
@@ -133,7 +158,11 @@ impl World {
                                         prop_assert!(lease.takeover);
                                     }
                                     State::Released { .. } => prop_assert!(!lease.takeover),
-                                    _ => prop_assert!(false, "acquired a finished record: {:?}", r.state),
+                                    _ => prop_assert!(
+                                        false,
+                                        "acquired a finished record: {:?}",
+                                        r.state
+                                    ),
                                 }
                             }
                         }
@@ -143,19 +172,37 @@ impl World {
                     ClaimDecision::Answer(answer) => {
                         let r = live.expect("only a live record answers");
                         match (&answer, &r.state) {
-                            (ClaimOutcome::Mismatch, _) => prop_assert_ne!(r.fingerprint, params.fingerprint),
-                            (ClaimOutcome::Completed(b), State::Completed { response }) => prop_assert_eq!(b, response),
-                            (ClaimOutcome::Failed(f), State::Failed { failure }) => prop_assert_eq!(f, failure),
-                            (ClaimOutcome::InProgress { retry_after }, State::InProgress { lease_until, .. }) => {
-                                prop_assert!(!retry_after.is_zero());
-                                prop_assert_eq!(self.now.saturating_add(*retry_after), *lease_until);
+                            (ClaimOutcome::Mismatch, _) => {
+                                prop_assert_ne!(r.fingerprint, params.fingerprint)
                             }
-                            other => prop_assert!(false, "answer does not match the record: {:?}", other),
+                            (ClaimOutcome::Completed(b), State::Completed { response }) => {
+                                prop_assert_eq!(b, response)
+                            }
+                            (ClaimOutcome::Failed(f), State::Failed { failure }) => {
+                                prop_assert_eq!(f, failure)
+                            }
+                            (
+                                ClaimOutcome::InProgress { retry_after },
+                                State::InProgress { lease_until, .. },
+                            ) => {
+                                prop_assert!(!retry_after.is_zero());
+                                prop_assert_eq!(
+                                    self.now.saturating_add(*retry_after),
+                                    *lease_until
+                                );
+                            }
+                            other => {
+                                prop_assert!(false, "answer does not match the record: {:?}", other)
+                            }
                         }
                     }
                 }
             }
-            Event::Complete { lease, body, keep_s } => self.write(
+            Event::Complete {
+                lease,
+                body,
+                keep_s,
+            } => self.write(
                 lease,
                 Write::Complete {
                     response: Bytes::from(vec![body]),
@@ -163,7 +210,11 @@ impl World {
                 },
             )?,
             Event::Fail { lease, class } => {
-                let class = [FailureClass::Retryable, FailureClass::Terminal, FailureClass::Unknown][class as usize];
+                let class = [
+                    FailureClass::Retryable,
+                    FailureClass::Terminal,
+                    FailureClass::Unknown,
+                ][class as usize];
                 self.write(
                     lease,
                     Write::Fail {
@@ -172,24 +223,38 @@ impl World {
                     },
                 )?
             }
-            Event::Extend { lease, secs } => self.write(lease, Write::Extend { lease: Duration::from_secs(secs) })?,
+            Event::Extend { lease, secs } => self.write(
+                lease,
+                Write::Extend {
+                    lease: Duration::from_secs(secs),
+                },
+            )?,
             Event::Release { lease } => self.write(lease, Write::Release)?,
             Event::Delete { key } => {
                 self.records.remove(&key);
             }
-            Event::Advance { secs } => self.now = self.now.saturating_add(Duration::from_secs(secs)),
+            Event::Advance { secs } => {
+                self.now = self.now.saturating_add(Duration::from_secs(secs))
+            }
         }
         Ok(())
     }
 
     fn check(&self) -> Result<(), TestCaseError> {
         for key in 0..KEYS {
-            let holders = self.leases.iter().filter(|(k, l)| *k == key && self.holds(key, l.token)).count();
+            let holders = self
+                .leases
+                .iter()
+                .filter(|(k, l)| *k == key && self.holds(key, l.token))
+                .count();
             prop_assert!(holders <= 1, "key {} has {} live owners", key, holders);
             if let Some(r) = self.records.get(&key) {
                 prop_assert!(r.expires_at > r.created_at || r.is_expired(self.now));
                 if let State::InProgress { lease_until, .. } = r.state {
-                    prop_assert!(r.expires_at >= lease_until, "retention must cover the lease");
+                    prop_assert!(
+                        r.expires_at >= lease_until,
+                        "retention must cover the lease"
+                    );
                 }
             }
         }
