@@ -406,7 +406,13 @@ mod tests {
         // rounded float parsing the canonical form of this integer-like
         // float re-canonicalised to different digits, so two spellings of
         // one number could fingerprint differently.
-        for input in ["4176484073467440737095531", "4.176484073467441e+24", "0.1", "5e-324", "1.7976931348623157e308"] {
+        for input in [
+            "4176484073467440737095531",
+            "4.176484073467441e+24",
+            "0.1",
+            "5e-324",
+            "1.7976931348623157e308",
+        ] {
             let once = canonical_json(input.as_bytes()).expect("valid");
             let twice = canonical_json(&once).expect("valid");
             assert_eq!(once, twice, "{input}");

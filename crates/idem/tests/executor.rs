@@ -490,3 +490,124 @@ async fn fail_closed_by_default_fail_open_when_asked() {
     assert_eq!(result, Outcome::Unguarded { value: false });
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// A codec of the caller's own: a tag byte, then JSON.
+#[derive(Clone, Copy)]
+struct Tagged;
+
+impl idem::Codec for Tagged {
+    fn encode<T: serde::Serialize>(&self, value: &T) -> Result<Vec<u8>, idem::BoxError> {
+        let mut out = vec![b'T'];
+        out.extend(serde_json::to_vec(value)?);
+        Ok(out)
+    }
+    fn decode<T: serde::de::DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, idem::BoxError> {
+        match bytes.split_first() {
+            Some((b'T', json)) => Ok(serde_json::from_slice(json)?),
+            _ => Err("missing tag".into()),
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_response_format_is_pluggable() {
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Receipt {
+        charge: String,
+        cents: u64,
+    }
+    let store = MemoryStore::new();
+    let idem = Idempotency::builder(store.clone())
+        .codec(Tagged)
+        .build()
+        .expect("config");
+    let make = || async {
+        Ok::<_, Io>(Receipt {
+            charge: "ch_1".into(),
+            cents: 1250,
+        })
+    };
+    idem.run(&id("codec"), None, |_| make()).await.expect("run");
+    let Some(record) = store.get(&id("codec")).await.expect("get") else {
+        panic!("stored")
+    };
+    let State::Completed { response } = record.state else {
+        panic!("completed")
+    };
+    assert_eq!(
+        &response[..],
+        b"\x00T{\"charge\":\"ch_1\",\"cents\":1250}",
+        "plain envelope around the codec's bytes"
+    );
+    let replay = idem
+        .run(&id("codec"), None, |_| make())
+        .await
+        .expect("replay");
+    assert_eq!(
+        replay,
+        Outcome::Replayed {
+            value: Receipt {
+                charge: "ch_1".into(),
+                cents: 1250
+            }
+        }
+    );
+}
+
+#[test]
+fn metrics_count_claims_replays_and_mismatches() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(async {
+                let idem = Idempotency::builder(MemoryStore::new())
+                    .build()
+                    .expect("config");
+                let fp = |b: &[u8]| Some(Fingerprint::of_bytes(b));
+                for _ in 0..3 {
+                    idem.run(&id("m"), fp(b"a"), |_| async { Ok::<_, Io>(1u8) })
+                        .await
+                        .expect("run");
+                }
+                let mismatch = idem
+                    .run(&id("m"), fp(b"b"), |_| async { Ok::<_, Io>(1u8) })
+                    .await;
+                assert!(matches!(mismatch, Err(RunError::Mismatch)));
+            });
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    let counter = |name: &str, label: Option<(&str, &str)>| -> u64 {
+        snapshot
+            .iter()
+            .filter(|(key, ..)| {
+                key.key().name() == name
+                    && label.is_none_or(|(k, v)| {
+                        key.key().labels().any(|l| l.key() == k && l.value() == v)
+                    })
+            })
+            .map(|(.., value)| match value {
+                DebugValue::Counter(n) => *n,
+                other => panic!("{name} is not a counter: {other:?}"),
+            })
+            .sum()
+    };
+    assert_eq!(
+        counter(idem::metrics::CLAIMS, Some(("outcome", "acquired"))),
+        1
+    );
+    assert_eq!(
+        counter(idem::metrics::CLAIMS, Some(("outcome", "completed"))),
+        2
+    );
+    assert_eq!(counter(idem::metrics::REPLAYS, None), 2);
+    assert_eq!(counter(idem::metrics::MISMATCHES, None), 1);
+    assert_eq!(
+        counter(idem::metrics::EXECUTIONS, Some(("result", "ok"))),
+        1
+    );
+}
