@@ -7,11 +7,12 @@ use std::error::Error as StdError;
 use std::future::Future;
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::codec::{self, Codec, Json};
@@ -24,6 +25,13 @@ use crate::store::{BoxError, Store, StoreError};
 
 /// How long to suggest waiting after a store error before trying again.
 pub const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// `from + d`, or a century from `from` if that overflows: configuration
+/// may say `Duration::MAX` to mean "forever".
+fn deadline(from: Instant, d: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    from.checked_add(d).unwrap_or_else(|| from + CENTURY)
+}
 
 /// Decides whether a handler's error is worth retrying.
 pub type Classifier = Arc<dyn Fn(&(dyn StdError + 'static)) -> FailureClass + Send + Sync>;
@@ -654,12 +662,16 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             lease: self.config.lease,
             retention: self.config.retention,
         };
-        let wait_until = self.config.wait_for_in_flight.map(|w| Instant::now() + w);
-        let lease = loop {
+        let wait_until = self
+            .config
+            .wait_for_in_flight
+            .map(|w| deadline(Instant::now(), w));
+        let (lease, claim_sent) = loop {
+            let claim_sent = Instant::now();
             let claimed = m::timed(m::OP_CLAIM, self.store.claim(id, &params)).await;
             let outcome = match claimed {
                 Ok(outcome) => outcome,
-                Err(error) if self.config.fail_open => {
+                Err(error @ StoreError::Unavailable(_)) if self.config.fail_open => {
                     tracing::warn!(%error, "store unreachable; running unguarded (fail-open)");
                     m::count(m::FAIL_OPEN, &[]);
                     let (_tx, lost) = watch::channel(false);
@@ -677,7 +689,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             };
             m::count(m::CLAIMS, &[("outcome", outcome.label())]);
             match outcome {
-                ClaimOutcome::Acquired(lease) => break lease,
+                ClaimOutcome::Acquired(lease) => break (lease, claim_sent),
                 ClaimOutcome::Completed(stored) => {
                     m::count(m::REPLAYS, &[]);
                     return self
@@ -707,6 +719,24 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         };
 
         tracing::Span::current().record("attempt", lease.attempt);
+        let max = self.config.max_attempts.get();
+        if lease.attempt > max {
+            // Earlier attempts never finished (the worker crashed, was
+            // killed or timed out): a poison message by another route.
+            let failure = Failure::new(
+                FailureClass::Terminal,
+                format!(
+                    "attempts exhausted ({} of {max}): earlier attempts never finished",
+                    lease.attempt
+                ),
+            );
+            tracing::warn!(
+                attempt = lease.attempt,
+                "attempts exhausted without an outcome; recording a terminal failure"
+            );
+            self.record_failure(&lease, failure.clone()).await;
+            return Err(RunError::Failed(failure));
+        }
         if lease.takeover {
             m::count(m::TAKEOVERS, &[]);
             tracing::warn!(
@@ -721,7 +751,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         };
         let result = {
             let work = handler(ctx);
-            let beat = self.heartbeat(&lease, lost_tx);
+            let beat = self.heartbeat(&lease, claim_sent, lost_tx);
             tokio::pin!(work, beat);
             tokio::select! {
                 biased;
@@ -730,34 +760,68 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             }
         };
         match result {
-            Ok(value) => self.store_success(&lease, value).await,
+            Ok(value) => self.store_success(&lease, &params, value).await,
             Err(error) => Err(self.store_failure(&lease, error).await),
         }
     }
 
-    /// Extends the lease every heartbeat interval. Flags the lease as lost
-    /// when the store says so, or when no extension was confirmed before
-    /// the lease (as this process measures it, conservatively) ran out.
-    async fn heartbeat(&self, lease: &Lease, lost: watch::Sender<bool>) -> Infallible {
-        let mut confirmed_until = Instant::now() + self.config.lease;
+    /// Extends the lease every heartbeat interval, and raises the lost flag
+    /// as soon as the lease is known or feared lost: when the store says so,
+    /// or when the lease as last confirmed runs out (measured conservatively
+    /// from when the confirming request was sent) before an extension is
+    /// confirmed, even if the store has not answered at all.
+    async fn heartbeat(
+        &self,
+        lease: &Lease,
+        claim_sent: Instant,
+        lost: watch::Sender<bool>,
+    ) -> Infallible {
+        let lease_len = self.config.lease;
+        let every = self.config.heartbeat;
+        let mut confirmed_until = deadline(claim_sent, lease_len);
+        let mut next_beat = deadline(claim_sent, every);
+        let flag = |why: &'static str| {
+            if !lost.send_replace(true) {
+                m::count(m::LEASE_LOST, &[("at", "heartbeat")]);
+                tracing::warn!(why, "lease lost");
+            }
+        };
         loop {
-            tokio::time::sleep(self.config.heartbeat).await;
+            let flagged = *lost.borrow();
+            let wake = if flagged {
+                next_beat
+            } else {
+                next_beat.min(confirmed_until)
+            };
+            tokio::time::sleep_until(wake).await;
+            if !flagged && Instant::now() >= confirmed_until {
+                flag("no extension was confirmed before the lease ran out");
+            }
+            if Instant::now() < next_beat {
+                continue;
+            }
             let sent = Instant::now();
-            match m::timed(m::OP_EXTEND, self.store.extend(lease, self.config.lease)).await {
-                Ok(_) => confirmed_until = sent + self.config.lease,
-                Err(StoreError::LeaseLost) => {
-                    m::count(m::LEASE_LOST, &[("at", "heartbeat")]);
-                    tracing::warn!("lease lost: another worker took over");
-                    lost.send_replace(true);
-                    return std::future::pending().await;
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "heartbeat failed");
-                    if Instant::now() >= confirmed_until && !*lost.borrow() {
-                        m::count(m::LEASE_LOST, &[("at", "heartbeat")]);
-                        lost.send_replace(true);
+            let extend = m::timed(m::OP_EXTEND, self.store.extend(lease, lease_len));
+            tokio::pin!(extend);
+            let result = if *lost.borrow() {
+                extend.await
+            } else {
+                tokio::select! {
+                    result = &mut extend => result,
+                    () = tokio::time::sleep_until(confirmed_until) => {
+                        flag("the store did not confirm an extension before the lease ran out");
+                        extend.await
                     }
                 }
+            };
+            next_beat = deadline(Instant::now(), every);
+            match result {
+                Ok(_) => confirmed_until = deadline(sent, lease_len),
+                Err(StoreError::LeaseLost) => {
+                    flag("another worker took over");
+                    return std::future::pending().await;
+                }
+                Err(error) => tracing::warn!(%error, "heartbeat failed"),
             }
         }
     }
@@ -765,6 +829,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     async fn store_success<T: Serialize, E>(
         &self,
         lease: &Lease,
+        params: &ClaimParams,
         value: T,
     ) -> Result<Outcome<T>, RunError<E>> {
         let encoded = match self.codec.encode(&value) {
@@ -790,13 +855,23 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         }
         let sealed = codec::seal(encoded, self.config.compress_above);
         let retention = self.config.retention;
-        let stored = self
+        let (stored, uncertain) = self
             .with_store_retries(
                 lease,
                 || self.store.complete(lease, sealed.clone(), retention),
                 m::OP_COMPLETE,
             )
             .await;
+        let stored = match stored {
+            // An earlier try may have been applied before the store became
+            // unreachable: then the record holds exactly these bytes.
+            Err(StoreError::LeaseLost)
+                if uncertain && self.stored_already(lease, params, &sealed).await =>
+            {
+                Ok(())
+            }
+            other => other,
+        };
         match stored {
             Ok(()) => {
                 m::count(m::EXECUTIONS, &[("result", "ok")]);
@@ -845,7 +920,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     /// and a later attempt decides again.
     async fn record_failure(&self, lease: &Lease, failure: Failure) {
         let retention = self.config.failure_retention;
-        let recorded = self
+        let (recorded, _) = self
             .with_store_retries(
                 lease,
                 || self.store.fail(lease, failure.clone(), retention),
@@ -862,27 +937,46 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
 
     /// Retries a write a few times while the store is unavailable and the
     /// lease may still be held, so a blip does not turn a finished run into
-    /// a re-run.
+    /// a re-run. Also says whether any try ended unavailable (and so may
+    /// have been applied without an answer).
     async fn with_store_retries<Fut>(
         &self,
         lease: &Lease,
         mut op: impl FnMut() -> Fut,
         label: &'static str,
-    ) -> Result<(), StoreError>
+    ) -> (Result<(), StoreError>, bool)
     where
         Fut: Future<Output = Result<(), StoreError>>,
     {
         let mut delay = Duration::from_millis(20);
-        let give_up = Instant::now() + self.config.lease;
+        let give_up = deadline(Instant::now(), self.config.lease);
+        let mut uncertain = false;
         loop {
             match m::timed(label, op()).await {
-                Err(StoreError::Unavailable(error)) if Instant::now() + delay < give_up => {
+                Err(StoreError::Unavailable(error))
+                    if deadline(Instant::now(), delay) < give_up =>
+                {
+                    uncertain = true;
                     tracing::warn!(%error, attempt = lease.attempt, "store unavailable while recording the outcome; retrying");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(self.config.lease / 4);
                 }
-                other => return other,
+                other => return (other, uncertain),
             }
+        }
+    }
+
+    /// Whether the record already holds `sealed` as its completed response
+    /// (read with a claim, which answers with the stored outcome). A claim
+    /// that acquires instead is given straight back.
+    async fn stored_already(&self, lease: &Lease, params: &ClaimParams, sealed: &[u8]) -> bool {
+        match self.store.claim(&lease.id, params).await {
+            Ok(ClaimOutcome::Completed(stored)) => stored == sealed,
+            Ok(ClaimOutcome::Acquired(other)) => {
+                let _ = self.store.release(&other).await;
+                false
+            }
+            _ => false,
         }
     }
 

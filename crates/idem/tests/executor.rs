@@ -611,3 +611,208 @@ fn metrics_count_claims_replays_and_mismatches() {
         1
     );
 }
+
+/// Faults injected around the real memory store.
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    /// `extend` never answers (a store that hangs instead of erroring).
+    HangingExtend,
+    /// `complete` is applied, then reported as unavailable (the answer was lost).
+    CompleteAnswerLost,
+    /// `claim` reports a corrupt record.
+    CorruptClaim,
+}
+
+#[derive(Clone)]
+struct Faulty {
+    inner: MemoryStore<TokioClock>,
+    fault: Fault,
+    completes: Arc<AtomicU32>,
+}
+
+impl Faulty {
+    fn new(fault: Fault) -> Self {
+        Self {
+            inner: paused_store(),
+            fault,
+            completes: Arc::default(),
+        }
+    }
+}
+
+impl Store for Faulty {
+    async fn claim(&self, id: &RecordId, p: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
+        if self.fault == Fault::CorruptClaim {
+            return Err(StoreError::Corrupt {
+                id: id.to_string(),
+                reason: "bad bytes".into(),
+            });
+        }
+        self.inner.claim(id, p).await
+    }
+    async fn complete(
+        &self,
+        lease: &Lease,
+        response: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let result = self.inner.complete(lease, response, retention).await;
+        if self.fault == Fault::CompleteAnswerLost
+            && self.completes.fetch_add(1, Ordering::SeqCst) == 0
+        {
+            result?;
+            return Err(down());
+        }
+        result
+    }
+    async fn fail(
+        &self,
+        lease: &Lease,
+        failure: Failure,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.fail(lease, failure, retention).await
+    }
+    async fn extend(&self, lease: &Lease, d: Duration) -> Result<Timestamp, StoreError> {
+        if self.fault == Fault::HangingExtend {
+            std::future::pending::<()>().await;
+        }
+        self.inner.extend(lease, d).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.inner.release(lease).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_that_hangs_still_gets_the_lease_flagged_lost_in_time() {
+    let lease = Duration::from_secs(3);
+    let idem = Idempotency::builder(Faulty::new(Fault::HangingExtend))
+        .lease(lease)
+        .build()
+        .expect("config");
+    let started = tokio::time::Instant::now();
+    let key = id("hang");
+    let run = idem.run(&key, None, |ctx| async move {
+        ctx.lease_lost().await;
+        Ok::<_, Io>(started.elapsed())
+    });
+    let flagged_after = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the lease-lost signal must come at all")
+        .expect("run")
+        .into_value();
+    assert!(
+        flagged_after <= lease,
+        "the handler must hear of the loss by the time the lease runs out, heard after {flagged_after:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_answer_to_a_complete_that_landed_is_still_executed() {
+    let store = Faulty::new(Fault::CompleteAnswerLost);
+    let idem = Idempotency::builder(store.clone()).build().expect("config");
+    let outcome = idem
+        .run(&id("landed"), None, |_| async { Ok::<_, Io>(9u8) })
+        .await;
+    assert_eq!(
+        outcome.expect("the stored outcome is ours"),
+        Outcome::Executed {
+            value: 9,
+            attempt: 1,
+            takeover: false
+        }
+    );
+    let replay = idem
+        .run(&id("landed"), None, |_| async { Ok::<_, Io>(0u8) })
+        .await
+        .expect("replay");
+    assert_eq!(replay, Outcome::Replayed { value: 9 });
+}
+
+#[tokio::test]
+async fn fail_open_never_covers_a_store_that_answered_with_an_error() {
+    let runs = AtomicU32::new(0);
+    let idem = Idempotency::builder(Faulty::new(Fault::CorruptClaim))
+        .fail_open(true)
+        .build()
+        .expect("config");
+    let result = idem
+        .run(&id("corrupt"), None, |_| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Io>(1u8)
+        })
+        .await;
+    assert!(
+        matches!(result, Err(RunError::Store(StoreError::Corrupt { .. }))),
+        "{result:?}"
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "only an unreachable store may fail open"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_that_keeps_killing_its_worker_becomes_terminal() {
+    let store = paused_store();
+    let idem = Idempotency::builder(store.clone())
+        .lease(Duration::from_secs(3))
+        .max_attempts(NonZeroU32::new(2).expect("non-zero"))
+        .build()
+        .expect("config");
+    for _ in 0..2 {
+        let crashed = tokio::time::timeout(
+            Duration::from_secs(1),
+            idem.run(&id("killer"), None, |_| {
+                std::future::pending::<Result<u8, Io>>()
+            }),
+        )
+        .await;
+        assert!(crashed.is_err());
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    let runs = AtomicU32::new(0);
+    let third = idem
+        .run(&id("killer"), None, |_| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Io>(1u8)
+        })
+        .await;
+    match third {
+        Err(RunError::Failed(f)) => assert_eq!(
+            f.message,
+            "attempts exhausted (3 of 2): earlier attempts never finished"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn forever_durations_are_accepted_without_panics() {
+    let idem = Idempotency::builder(MemoryStore::new())
+        .lease(Duration::MAX)
+        .retention(Duration::MAX)
+        .wait_for_in_flight(Duration::MAX)
+        .max_response_bytes(usize::MAX)
+        .compress_above(0)
+        .build()
+        .expect("config");
+    let value = "y".repeat(5000);
+    let first = idem
+        .run(&id("forever"), None, |_| async {
+            Ok::<_, Io>(value.clone())
+        })
+        .await
+        .expect("run");
+    assert!(!first.is_replayed());
+    let again = idem
+        .run(&id("forever"), None, |_| async {
+            Ok::<_, Io>(String::new())
+        })
+        .await
+        .expect("replay");
+    assert_eq!(again, Outcome::Replayed { value });
+}
