@@ -188,6 +188,63 @@ pub async fn expired_lease_is_taken_over<S: ConformanceStore>(f: &Fixture<S>) {
     assert!(matches!(record.state, State::InProgress { token, .. } if token == second.token));
 }
 
+/// Once a record leaves "in progress", its last holder can write nothing:
+/// not complete, fail, extend nor release, whatever state it is now in.
+pub async fn finished_records_reject_every_write<S: ConformanceStore>(f: &Fixture<S>) {
+    let scope = f.scope("s");
+    let p = params(f);
+    let finishes: [(&str, Option<Failure>); 4] = [
+        ("completed", None),
+        ("failed", Some(Failure::new(FailureClass::Terminal, "no"))),
+        (
+            "retried",
+            Some(Failure::new(FailureClass::Retryable, "later")),
+        ),
+        ("released", None),
+    ];
+    for (name, failure) in finishes {
+        let id = id(&scope, name);
+        let lease = acquire(f, &id, &p).await;
+        match (name, failure) {
+            ("completed", _) => {
+                f.store
+                    .complete(&lease, Bytes::from_static(b"done"), LONG)
+                    .await
+            }
+            ("released", _) => f.store.release(&lease).await,
+            (_, Some(failure)) => f.store.fail(&lease, failure, LONG).await,
+            _ => unreachable!(),
+        }
+        .expect("holder finishes");
+        let before = f.store.get(&id).await.expect("get");
+        assert_lease_lost(
+            f.store
+                .complete(&lease, Bytes::from_static(b"late"), LONG)
+                .await,
+            "complete",
+        );
+        assert_lease_lost(
+            f.store
+                .fail(&lease, Failure::new(FailureClass::Terminal, "late"), LONG)
+                .await,
+            "fail",
+        );
+        assert_lease_lost(
+            f.store
+                .fail(&lease, Failure::new(FailureClass::Retryable, "late"), LONG)
+                .await,
+            "fail",
+        );
+        assert_lease_lost(f.store.extend(&lease, LONG).await, "extend");
+        assert_lease_lost(f.store.release(&lease).await, "release");
+        assert_eq!(
+            f.store.get(&id).await.expect("get"),
+            before,
+            "{name} record changed after a rejected write"
+        );
+    }
+}
+
 /// The old holder can neither complete, fail, extend nor release.
 pub async fn stale_token_is_rejected_by_every_write<S: ConformanceStore>(f: &Fixture<S>) {
     let id = id(&f.scope("s"), "k");
@@ -291,37 +348,57 @@ pub async fn tokens_are_never_reused<S: ConformanceStore>(f: &Fixture<S>) {
     }
 }
 
-/// An expired record is absent on read, before any purge.
+/// An expired record is absent on read, before any purge, whatever its
+/// state: it is neither listed, nor replayed, nor bound to its fingerprint,
+/// nor taken over.
 pub async fn expiry_is_honoured_at_read_time<S: ConformanceStore>(f: &Fixture<S>) {
     let scope = f.scope("s");
-    let id = id(&scope, "k");
-    let p = params(f);
-    let lease = acquire(f, &id, &p).await;
-    f.store
-        .complete(&lease, Bytes::from_static(b"old"), f.lease)
-        .await
-        .expect("complete");
-    assert!(f.store.get(&id).await.expect("get").is_some());
+    let a = ClaimParams::new(f.lease, f.lease).fingerprint(Fingerprint::of_bytes(b"a"));
+    let b = ClaimParams::new(f.lease, f.lease).fingerprint(Fingerprint::of_bytes(b"b"));
+    for state in ["completed", "failed", "released", "in-progress"] {
+        let id = id(&scope, state);
+        let lease = acquire(f, &id, &a).await;
+        match state {
+            "completed" => {
+                f.store
+                    .complete(&lease, Bytes::from_static(b"old"), f.lease)
+                    .await
+            }
+            "failed" => {
+                f.store
+                    .fail(&lease, Failure::new(FailureClass::Terminal, "old"), f.lease)
+                    .await
+            }
+            "released" => f.store.release(&lease).await,
+            _ => Ok(()),
+        }
+        .expect("holder writes");
+        assert!(f.store.get(&id).await.expect("get").is_some());
+    }
     f.advance(f.lease).await;
-    assert_eq!(
-        f.store.get(&id).await.expect("get"),
-        None,
-        "expired record must read as absent"
-    );
     let listed = f
         .store
-        .list(&ListQuery::new(10).scope(scope))
+        .list(&ListQuery::new(10).scope(scope.clone()))
         .await
         .expect("list");
     assert!(
         listed.records.is_empty(),
-        "expired record must not be listed: {listed:?}"
+        "expired records must not be listed: {listed:?}"
     );
-    let again = acquire(f, &id, &p).await;
-    assert_eq!(
-        again.attempt, 1,
-        "an expired record is claimed as new, not replayed"
-    );
+    for state in ["completed", "failed", "released", "in-progress"] {
+        let id = id(&scope, state);
+        assert_eq!(
+            f.store.get(&id).await.expect("get"),
+            None,
+            "expired {state} record must read as absent"
+        );
+        let again = acquire(f, &id, &b).await;
+        assert_eq!(
+            (again.attempt, again.takeover),
+            (1, false),
+            "an expired {state} record is claimed as new, with any fingerprint"
+        );
+    }
 }
 
 /// A released record is acquired again with the attempt count carried on.
@@ -379,23 +456,23 @@ pub async fn extend_keeps_the_lease<S: ConformanceStore>(f: &Fixture<S>) {
     let id = id(&f.scope("s"), "k");
     let p = params(f);
     let lease = acquire(f, &id, &p).await;
-    let step = f.lease * 2 / 3;
-    f.advance(step).await;
+    f.advance(f.lease / 3).await;
     let until = f
         .store
-        .extend(&lease, f.lease)
+        .extend(&lease, f.lease * 3)
         .await
         .expect("holder extends");
     assert!(
         until > lease.lease_until,
         "extend must move the deadline forward"
     );
-    f.advance(step).await;
+    // Past the original deadline, well inside the extended one.
+    f.advance(f.lease).await;
     assert!(
         matches!(claim(f, &id, &p).await, ClaimOutcome::InProgress { .. }),
         "an extended lease must still be live past its original deadline"
     );
-    f.advance(f.lease).await;
+    f.advance(f.lease * 3).await;
     assert!(acquire(f, &id, &p).await.takeover);
 }
 
@@ -430,6 +507,57 @@ pub async fn concurrent_claimers_on_one_key<S: ConformanceStore>(f: &Fixture<S>)
         acquired, 1,
         "exactly one of 64 concurrent claimers must acquire"
     );
+}
+
+/// 64 concurrent claimers on a record whose lease ran out, and on a
+/// released record: exactly one acquires each (the read-then-write race a
+/// unique constraint alone does not prevent).
+pub async fn concurrent_claimers_on_expired_and_released_records<S: ConformanceStore>(
+    f: &Fixture<S>,
+) {
+    let scope = f.scope("s");
+    let p = params(f);
+    let expired = id(&scope, "expired");
+    let released = id(&scope, "released");
+    acquire(f, &expired, &p).await;
+    let lease = acquire(f, &released, &p).await;
+    f.store.release(&lease).await.expect("release");
+    f.advance(f.lease).await;
+    let long = ClaimParams::new(Duration::from_secs(60), LONG);
+    for target in [expired, released] {
+        let barrier = Arc::new(Barrier::new(64));
+        let tasks: Vec<_> = (0..64)
+            .map(|_| {
+                let (store, id, p, barrier) = (
+                    Arc::clone(&f.store),
+                    target.clone(),
+                    long.clone(),
+                    Arc::clone(&barrier),
+                );
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store.claim(&id, &p).await.expect("claim succeeds")
+                })
+            })
+            .collect();
+        let mut acquired = Vec::new();
+        for task in tasks {
+            match task.await.expect("task") {
+                ClaimOutcome::Acquired(lease) => acquired.push(lease),
+                ClaimOutcome::InProgress { .. } => {}
+                other => panic!("unexpected outcome {other:?}"),
+            }
+        }
+        assert_eq!(
+            acquired.len(),
+            1,
+            "exactly one of 64 claimers may acquire {target}"
+        );
+        assert_eq!(
+            acquired[0].attempt, 2,
+            "{target} is reacquired as attempt 2"
+        );
+    }
 }
 
 /// 64 concurrent claimers over 1,000 keys: exactly 1,000 acquisitions,
@@ -537,6 +665,15 @@ pub async fn purge_removes_only_expired<S: ConformanceStore>(f: &Fixture<S>) {
     for i in 0..2 {
         acquire(f, &id(&scope, &format!("running{i}")), &long_claim).await;
     }
+    // Released twice: its attempt count must survive the purge.
+    let released = id(&scope, "released");
+    for _ in 0..2 {
+        let lease = acquire(f, &released, &p).await;
+        f.store.release(&lease).await.expect("release");
+    }
+    // Its lease runs out, its retention does not: purge must keep it.
+    let stale = id(&scope, "stale-lease");
+    acquire(f, &stale, &p).await;
     f.advance(f.lease).await;
     let mut purged = 0;
     loop {
@@ -569,12 +706,33 @@ pub async fn purge_removes_only_expired<S: ConformanceStore>(f: &Fixture<S>) {
             "live record long{i} must survive the purge"
         );
     }
+    let kept = f
+        .store
+        .get(&released)
+        .await
+        .expect("get")
+        .expect("released record survives");
+    assert_eq!((kept.state.kind(), kept.attempt), (StateKind::Released, 2));
+    let kept = f
+        .store
+        .get(&stale)
+        .await
+        .expect("get")
+        .expect("expired lease, live retention survives");
+    assert_eq!(
+        (kept.state.kind(), kept.attempt),
+        (StateKind::InProgress, 1)
+    );
     let listed = f
         .store
         .list(&ListQuery::new(100).scope(scope))
         .await
         .expect("list");
-    assert_eq!(listed.records.len(), 7, "5 completed + 2 running remain");
+    assert_eq!(
+        listed.records.len(),
+        9,
+        "5 completed + 2 running + released + stale lease remain"
+    );
 }
 
 /// Delete force-releases: the old holder loses its lease, fences rise.
