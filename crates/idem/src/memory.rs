@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
@@ -92,9 +93,10 @@ struct Shard {
 }
 
 struct ShardState {
-    /// Records with their ids, placed by the store-wide hash (computed once
-    /// per operation and shared by shard selection and table lookup).
-    records: HashTable<(RecordId, Record)>,
+    /// `(hash, id, record)`, placed by the store-wide hash of the id. The
+    /// hash is computed once per operation (shared by shard selection and
+    /// lookup) and kept, so growing the table never hashes ids again.
+    records: HashTable<(u64, RecordId, Record)>,
     /// Claims that acquired in this shard; never decreases.
     seq: u64,
 }
@@ -206,27 +208,35 @@ impl<C: Clock> MemoryStore<C> {
             token: LeaseToken::from_parts(self.inner.instance, (next_seq << 8) | index as u64),
             fence_floor: next_seq,
         };
-        let slot = shard.records.find_mut(hash, |(k, _)| k == id);
-        let (write, outcome) =
-            decide_claim(slot.as_ref().map(|(_, r)| r), params, now, fresh).into_parts(id);
+        let full = shard.records.len() >= self.inner.per_shard;
+        let entry = shard
+            .records
+            .entry(hash, |(h, k, _)| *h == hash && k == id, |(h, _, _)| *h);
+        let existing = match &entry {
+            Entry::Occupied(e) => Some(&e.get().2),
+            Entry::Vacant(_) => None,
+        };
+        let (write, outcome) = decide_claim(existing, params, now, fresh).into_parts(id);
         let Some(record) = write else {
             return Ok(outcome);
         };
-        if let Some((_, existing)) = slot {
-            *existing = record;
-        } else {
-            if shard.records.len() >= self.inner.per_shard {
-                shard.records.retain(|(_, r)| !r.is_expired(now));
+        match entry {
+            Entry::Occupied(mut e) => e.get_mut().2 = record,
+            Entry::Vacant(e) if !full => {
+                e.insert((hash, id.clone(), record));
+            }
+            Entry::Vacant(_) => {
+                // Full: make room from expired records of this shard only.
+                shard.records.retain(|(_, _, r)| !r.is_expired(now));
                 if shard.records.len() >= self.inner.per_shard {
                     return Err(StoreError::CapacityExceeded {
                         capacity: self.inner.max_records,
                     });
                 }
+                shard
+                    .records
+                    .insert_unique(hash, (hash, id.clone(), record), |(h, _, _)| *h);
             }
-            let hasher = &self.inner.hasher;
-            shard
-                .records
-                .insert_unique(hash, (id.clone(), record), |(k, _)| hasher.hash_one(k));
         }
         shard.seq = next_seq;
         Ok(outcome)
@@ -239,13 +249,15 @@ impl<C: Clock> MemoryStore<C> {
         let notify = !matches!(write, Write::Extend { .. });
         let lease_until = {
             let mut state = shard.state.lock();
-            let slot = state.records.find_mut(hash, |(k, _)| *k == lease.id);
-            let next = decide_write(slot.as_ref().map(|(_, r)| r), lease.token, write, now)?;
+            let slot = state
+                .records
+                .find_mut(hash, |(h, k, _)| *h == hash && *k == lease.id);
+            let next = decide_write(slot.as_ref().map(|(_, _, r)| r), lease.token, write, now)?;
             let until = match next.state {
                 State::InProgress { lease_until, .. } => lease_until,
                 _ => now,
             };
-            if let Some((_, existing)) = slot {
+            if let Some((_, _, existing)) = slot {
                 *existing = next;
             }
             until
@@ -282,7 +294,7 @@ impl<C: Clock> MemoryStore<C> {
             if removed >= limit {
                 break;
             }
-            shard.state.lock().records.retain(|(_, r)| {
+            shard.state.lock().records.retain(|(_, _, r)| {
                 if removed < limit && r.is_expired(now) {
                     removed += 1;
                     false
@@ -377,8 +389,8 @@ impl<C: Clock> Store for MemoryStore<C> {
         notified.as_mut().enable();
         let now = self.now();
         let busy = matches!(
-            shard.state.lock().records.find(hash, |(k, _)| k == id),
-            Some((_, Record { state: State::InProgress { .. }, expires_at, .. })) if now < *expires_at
+            shard.state.lock().records.find(hash, |(h, k, _)| *h == hash && k == id),
+            Some((_, _, Record { state: State::InProgress { .. }, expires_at, .. })) if now < *expires_at
         );
         if busy {
             let _ = tokio::time::timeout(timeout, notified).await;
@@ -394,8 +406,8 @@ impl<C: Clock> GetRecord for MemoryStore<C> {
         let shard = self.inner.shards[index].state.lock();
         Ok(shard
             .records
-            .find(hash, |(k, _)| k == id)
-            .map(|(_, r)| r)
+            .find(hash, |(h, k, _)| *h == hash && k == id)
+            .map(|(_, _, r)| r)
             .filter(|r| !r.is_expired(now))
             .cloned())
     }
@@ -410,9 +422,9 @@ impl<C: Clock> DeleteRecord for MemoryStore<C> {
             .state
             .lock()
             .records
-            .find_entry(hash, |(k, _)| k == id)
+            .find_entry(hash, |(h, k, _)| *h == hash && k == id)
         {
-            Ok(entry) => Some(entry.remove().0 .1),
+            Ok(entry) => Some(entry.remove().0 .2),
             Err(_) => None,
         };
         shard.notify();
@@ -430,13 +442,13 @@ impl<C: Clock> ListRecords for MemoryStore<C> {
                 shard
                     .records
                     .iter()
-                    .filter(|(id, r)| {
+                    .filter(|(_, id, r)| {
                         !r.is_expired(now)
                             && query.state.is_none_or(|s| r.state.kind() == s)
                             && query.scope.as_ref().is_none_or(|s| id.scope() == s)
                             && query.after.as_ref().is_none_or(|after| id > after)
                     })
-                    .map(|(id, r)| (id.clone(), r.clone())),
+                    .map(|(_, id, r)| (id.clone(), r.clone())),
             );
         }
         found.sort_unstable_by(|a, b| a.0.cmp(&b.0));
