@@ -50,7 +50,6 @@ struct Payment {
 #[derive(Default)]
 struct Ledger {
     applied: Mutex<HashMap<u32, (u32, u64)>>,
-    fenced_off: AtomicU64,
 }
 
 impl Ledger {
@@ -58,7 +57,6 @@ impl Ledger {
         let mut applied = self.applied.lock().expect("ledger lock");
         let entry = applied.entry(payment.id).or_insert((0, 0));
         if fence < entry.1 {
-            self.fenced_off.fetch_add(1, Ordering::Relaxed);
             return false;
         }
         *entry = (entry.0 + 1, fence);
@@ -253,10 +251,6 @@ async fn main() {
     println!("retryable nacks        {}", get(&stats.retryable_nacks));
     println!("crashes mid-handler    {}", get(&stats.crashed_mid_handler));
     println!("crashes before ack     {}", get(&stats.crashed_before_ack));
-    println!(
-        "stale writes fenced    {}",
-        ledger.fenced_off.load(Ordering::Relaxed)
-    );
     println!(
         "effects applied        {}",
         applied.values().map(|(n, _)| u64::from(*n)).sum::<u64>()
