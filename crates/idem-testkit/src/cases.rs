@@ -46,6 +46,19 @@ fn assert_lease_lost<T: std::fmt::Debug>(result: Result<T, StoreError>, what: &s
     );
 }
 
+/// Every write with `lease` (complete, terminal and retryable fail, extend,
+/// release) must be refused as `LeaseLost`.
+async fn assert_every_write_rejected<S: ConformanceStore>(f: &Fixture<S>, lease: &Lease) {
+    let late = Bytes::from_static(b"late");
+    assert_lease_lost(f.store.complete(lease, late, LONG).await, "complete");
+    for class in [FailureClass::Terminal, FailureClass::Retryable] {
+        let failure = Failure::new(class, "late");
+        assert_lease_lost(f.store.fail(lease, failure, LONG).await, "fail");
+    }
+    assert_lease_lost(f.store.extend(lease, LONG).await, "extend");
+    assert_lease_lost(f.store.release(lease).await, "release");
+}
+
 /// Claim, complete, and every later claim replays the stored bytes.
 pub async fn claim_complete_replay<S: ConformanceStore>(f: &Fixture<S>) {
     let id = id(&f.scope("s"), "k1");
@@ -217,26 +230,7 @@ pub async fn finished_records_reject_every_write<S: ConformanceStore>(f: &Fixtur
         }
         .expect("holder finishes");
         let before = f.store.get(&id).await.expect("get");
-        assert_lease_lost(
-            f.store
-                .complete(&lease, Bytes::from_static(b"late"), LONG)
-                .await,
-            "complete",
-        );
-        assert_lease_lost(
-            f.store
-                .fail(&lease, Failure::new(FailureClass::Terminal, "late"), LONG)
-                .await,
-            "fail",
-        );
-        assert_lease_lost(
-            f.store
-                .fail(&lease, Failure::new(FailureClass::Retryable, "late"), LONG)
-                .await,
-            "fail",
-        );
-        assert_lease_lost(f.store.extend(&lease, LONG).await, "extend");
-        assert_lease_lost(f.store.release(&lease).await, "release");
+        assert_every_write_rejected(f, &lease).await;
         assert_eq!(
             f.store.get(&id).await.expect("get"),
             before,
@@ -253,26 +247,7 @@ pub async fn stale_token_is_rejected_by_every_write<S: ConformanceStore>(f: &Fix
     f.advance(f.lease).await;
     let new = acquire(f, &id, &p).await;
 
-    assert_lease_lost(
-        f.store
-            .complete(&old, Bytes::from_static(b"stale"), LONG)
-            .await,
-        "complete",
-    );
-    assert_lease_lost(
-        f.store
-            .fail(&old, Failure::new(FailureClass::Terminal, "stale"), LONG)
-            .await,
-        "terminal fail",
-    );
-    assert_lease_lost(
-        f.store
-            .fail(&old, Failure::new(FailureClass::Retryable, "stale"), LONG)
-            .await,
-        "retryable fail",
-    );
-    assert_lease_lost(f.store.extend(&old, LONG).await, "extend");
-    assert_lease_lost(f.store.release(&old).await, "release");
+    assert_every_write_rejected(f, &old).await;
 
     let record = f.store.get(&id).await.expect("get").expect("present");
     assert!(
