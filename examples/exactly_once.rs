@@ -18,8 +18,9 @@
 //!
 //! A crash *between* an external effect and the storing of its outcome is
 //! the one window a lease cannot close: for effects in your own database
-//! use the transactional inbox (DESIGN §6); for external APIs, journaled
-//! steps with derived downstream keys (DESIGN §7).
+//! use a transactional inbox (the dedup record written in the same
+//! transaction); for external APIs, journaled steps with derived downstream
+//! keys. Both are on the README's roadmap.
 //!
 //! Run: `cargo run --release -p idem-examples --example exactly_once [messages]`
 

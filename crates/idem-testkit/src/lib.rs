@@ -1,4 +1,5 @@
-//! The conformance suite every idem store must pass (DESIGN §4, §11).
+//! The conformance suite every idem store must pass (the store contract in
+//! `idem::contract`).
 //!
 //! A store crate adds one line to a test file, naming an `async fn` that
 //! builds a [`Fixture`] for a case:

@@ -1,4 +1,4 @@
-//! Key derivation helpers (DESIGN §2): for producers that send no key of
+//! Key derivation helpers: for producers that send no key of
 //! their own, or whose key must be built from business identifiers.
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! The executor (DESIGN §5): [`Idempotency::run`] wraps a handler so that
+//! The executor: [`Idempotency::run`] wraps a handler so that
 //! running it once or a hundred times for the same key has the effect of
 //! running it once.
 

@@ -56,7 +56,7 @@ pub enum KeyError {
 }
 
 /// Validation rules for keys. The default accepts 1..=255 bytes of visible
-/// ASCII (0x21..=0x7E), the rule of DESIGN §2.
+/// ASCII (0x21..=0x7E), the rule of the [contract](crate::contract).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyRules {
     max_len: NonZeroUsize,

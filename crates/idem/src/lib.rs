@@ -41,7 +41,7 @@
 //! ## Map of the crate
 //!
 //! - Identity: [`Key`], [`Scope`], [`RecordId`]; [`Fingerprint`] over
-//!   canonical JSON or bytes; key helpers in [`derive`].
+//!   canonical JSON or bytes; key helpers in [`derive`](mod@derive).
 //! - The record and its pure state machine: [`Record`], [`State`],
 //!   [`machine::decide_claim`], [`machine::decide_write`].
 //! - The store contract: [`Store`] (claim, complete, fail, extend,
@@ -54,10 +54,12 @@
 //!   size limits, fail-closed by default.
 //! - Metric names in [`metrics`].
 //!
-//! The guarantees are written down in `DESIGN.md`; `idem-testkit` holds the
-//! conformance suite every store passes.
+//! The guarantees every store keeps are in [`contract`]; `idem-testkit`
+//! holds the conformance suite every store passes.
 
 mod clock;
+#[doc = include_str!("../docs/contract.md")]
+pub mod contract {}
 mod codec;
 pub mod derive;
 mod executor;

@@ -1,4 +1,4 @@
-//! The pure state machine (DESIGN §3–§4): given what a store holds for a
+//! The pure state machine (see [the contract](crate::contract)): given what a store holds for a
 //! key, the request and the time, decide what the store must write and
 //! answer. Stores only perform the decision atomically; every rule lives
 //! here, so every local store applies the same rules, and networked stores

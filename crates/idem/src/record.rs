@@ -118,7 +118,7 @@ impl Failure {
     }
 }
 
-/// The state of a record (DESIGN §3).
+/// The state of a record (see [the contract](crate::contract)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
     /// Claimed; the holder of `token` may write until someone takes over

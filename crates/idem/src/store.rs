@@ -1,4 +1,4 @@
-//! The store contract (DESIGN §4): five required atomic primitives in
+//! The store contract (see [`crate::contract`]): five required atomic primitives in
 //! [`Store`], and small capability traits for what not every caller needs.
 //!
 //! Every primitive must be atomic on its own. There are no default
@@ -56,7 +56,7 @@ impl From<crate::machine::LeaseLost> for StoreError {
     }
 }
 
-/// The required atomic primitives. See DESIGN §4 for the full contract;
+/// The required atomic primitives. See [the contract](crate::contract);
 /// `idem-testkit` checks it.
 pub trait Store: Send + Sync + 'static {
     /// Claims `id`: acquires it if absent, expired or released, takes it

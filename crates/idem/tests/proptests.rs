@@ -1,6 +1,7 @@
 //! Property tests of the pure state machine: random sequences of claims,
 //! writes by current and stale holders, deletes and clock moves, checked
-//! against the invariants of DESIGN §3–§4 after every step.
+//! against the invariants of the store contract (`idem::contract`) after
+//! every step.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
