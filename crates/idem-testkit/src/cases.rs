@@ -454,6 +454,18 @@ pub async fn extend_keeps_the_lease<S: ConformanceStore>(f: &Fixture<S>) {
 /// 64 concurrent claimers on one key: exactly one acquires.
 pub async fn concurrent_claimers_on_one_key<S: ConformanceStore>(f: &Fixture<S>) {
     let id = id(&f.scope("s"), "k");
+    let winners = race_claims(f, &id).await;
+    assert_eq!(
+        winners.len(),
+        1,
+        "exactly one of 64 concurrent claimers must acquire"
+    );
+}
+
+/// 64 claimers claim `id` at once (a long lease, so no takeover among
+/// them); returns the leases of those that acquired. Every other claimer
+/// must have been told the record is in progress.
+async fn race_claims<S: ConformanceStore>(f: &Fixture<S>, id: &RecordId) -> Vec<Lease> {
     let p = ClaimParams::new(Duration::from_secs(60), LONG);
     let barrier = Arc::new(Barrier::new(64));
     let tasks: Vec<_> = (0..64)
@@ -470,18 +482,15 @@ pub async fn concurrent_claimers_on_one_key<S: ConformanceStore>(f: &Fixture<S>)
             })
         })
         .collect();
-    let mut acquired = 0;
+    let mut acquired = Vec::new();
     for task in tasks {
         match task.await.expect("task") {
-            ClaimOutcome::Acquired(_) => acquired += 1,
+            ClaimOutcome::Acquired(lease) => acquired.push(lease),
             ClaimOutcome::InProgress { .. } => {}
             other => panic!("unexpected outcome {other:?}"),
         }
     }
-    assert_eq!(
-        acquired, 1,
-        "exactly one of 64 concurrent claimers must acquire"
-    );
+    acquired
 }
 
 /// 64 concurrent claimers on a record whose lease ran out, and on a
@@ -498,40 +507,14 @@ pub async fn concurrent_claimers_on_expired_and_released_records<S: ConformanceS
     let lease = acquire(f, &released, &p).await;
     f.store.release(&lease).await.expect("release");
     f.advance(f.lease).await;
-    let long = ClaimParams::new(Duration::from_secs(60), LONG);
     for target in [expired, released] {
-        let barrier = Arc::new(Barrier::new(64));
-        let tasks: Vec<_> = (0..64)
-            .map(|_| {
-                let (store, id, p, barrier) = (
-                    Arc::clone(&f.store),
-                    target.clone(),
-                    long.clone(),
-                    Arc::clone(&barrier),
-                );
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    store.claim(&id, &p).await.expect("claim succeeds")
-                })
-            })
-            .collect();
-        let mut acquired = Vec::new();
-        for task in tasks {
-            match task.await.expect("task") {
-                ClaimOutcome::Acquired(lease) => acquired.push(lease),
-                ClaimOutcome::InProgress { .. } => {}
-                other => panic!("unexpected outcome {other:?}"),
-            }
-        }
+        let winners = race_claims(f, &target).await;
         assert_eq!(
-            acquired.len(),
+            winners.len(),
             1,
             "exactly one of 64 claimers may acquire {target}"
         );
-        assert_eq!(
-            acquired[0].attempt, 2,
-            "{target} is reacquired as attempt 2"
-        );
+        assert_eq!(winners[0].attempt, 2, "{target} is reacquired as attempt 2");
     }
 }
 
