@@ -55,7 +55,7 @@ impl Timestamp {
 /// Milliseconds in `d`, rounded up so a non-zero duration never becomes 0,
 /// saturating at `u64::MAX`.
 pub(crate) fn duration_millis(d: Duration) -> u64 {
-    let ms = d.as_millis() + u128::from(d.subsec_nanos() % 1_000_000 != 0);
+    let ms = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
     u64::try_from(ms).unwrap_or(u64::MAX)
 }
 

@@ -1,0 +1,171 @@
+//! Records to and from rows of `idem_records`.
+
+use bytes::Bytes;
+use idem::{
+    Failure, FailureClass, Fingerprint, LeaseToken, Record, RecordId, State, StateKind, Timestamp,
+};
+use rusqlite::types::Value;
+use rusqlite::{params, Connection, OptionalExtension, Row};
+
+/// The columns [`decode`] reads, in order.
+pub(crate) const COLUMNS: &str =
+    "state, token, lease_until, response, failure_class, failure_msg, \
+     fingerprint, attempt, fence, created_at, updated_at, expires_at";
+
+const IN_PROGRESS: i64 = 0;
+const COMPLETED: i64 = 1;
+const FAILED: i64 = 2;
+const RELEASED: i64 = 3;
+
+pub(crate) fn state_code(kind: StateKind) -> i64 {
+    match kind {
+        StateKind::InProgress => IN_PROGRESS,
+        StateKind::Completed => COMPLETED,
+        StateKind::Failed => FAILED,
+        StateKind::Released => RELEASED,
+    }
+}
+
+/// Milliseconds as SQLite's signed 64-bit integer; "forever" saturates.
+pub(crate) fn millis(t: Timestamp) -> i64 {
+    i64::try_from(t.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn timestamp(ms: i64) -> Result<Timestamp, String> {
+    u64::try_from(ms)
+        .map(Timestamp::from_millis)
+        .map_err(|_| format!("negative time {ms}"))
+}
+
+/// Reads a record whose columns start at `offset` (in [`COLUMNS`] order).
+/// Anything out of shape is reported, never guessed at.
+pub(crate) fn decode(row: &Row<'_>, offset: usize) -> Result<Record, String> {
+    let col = |i: usize| -> Result<Value, String> {
+        row.get::<_, Value>(offset + i).map_err(|e| e.to_string())
+    };
+    let int = |i: usize, name: &str| -> Result<i64, String> {
+        match col(i)? {
+            Value::Integer(n) => Ok(n),
+            other => Err(format!("{name} is {other:?}, not an integer")),
+        }
+    };
+    let blob = |i: usize| -> Result<Option<Vec<u8>>, String> {
+        match col(i)? {
+            Value::Null => Ok(None),
+            Value::Blob(b) => Ok(Some(b)),
+            other => Err(format!("column {} is {other:?}, not a blob", offset + i)),
+        }
+    };
+    let text = |i: usize| -> Result<Option<String>, String> {
+        match col(i)? {
+            Value::Null => Ok(None),
+            Value::Text(t) => Ok(Some(t)),
+            other => Err(format!("column {} is {other:?}, not text", offset + i)),
+        }
+    };
+    let failure = || -> Result<Option<Failure>, String> {
+        match (text(4)?, text(5)?) {
+            (None, None) => Ok(None),
+            (Some(class), Some(message)) => {
+                let class = FailureClass::parse(&class)
+                    .ok_or_else(|| format!("unknown failure class {class:?}"))?;
+                Ok(Some(Failure::new(class, message)))
+            }
+            _ => Err("failure class and message must be set together".to_owned()),
+        }
+    };
+    let state = match int(0, "state")? {
+        IN_PROGRESS => {
+            let token: [u8; 16] = blob(1)?
+                .ok_or("in-progress record without a token")?
+                .try_into()
+                .map_err(|_| "token is not 16 bytes")?;
+            State::InProgress {
+                token: LeaseToken::from_u128(u128::from_be_bytes(token)),
+                lease_until: timestamp(int(2, "lease_until")?)?,
+            }
+        }
+        COMPLETED => State::Completed {
+            response: Bytes::from(blob(3)?.ok_or("completed record without a response")?),
+        },
+        FAILED => State::Failed {
+            failure: failure()?.ok_or("failed record without a failure")?,
+        },
+        RELEASED => State::Released {
+            last_failure: failure()?,
+        },
+        other => return Err(format!("unknown state {other}")),
+    };
+    let fingerprint = match blob(6)? {
+        None => None,
+        Some(b) => Some(Fingerprint::from_digest(
+            b.try_into().map_err(|_| "fingerprint is not 32 bytes")?,
+        )),
+    };
+    Ok(Record {
+        state,
+        fingerprint,
+        attempt: u32::try_from(int(7, "attempt")?).map_err(|_| "attempt out of range")?,
+        fence: u64::try_from(int(8, "fence")?).map_err(|_| "fence out of range")?,
+        created_at: timestamp(int(9, "created_at")?)?,
+        updated_at: timestamp(int(10, "updated_at")?)?,
+        expires_at: timestamp(int(11, "expires_at")?)?,
+    })
+}
+
+/// Reads the record for `id`, expired or not. `Err(reason)` inside the
+/// `Ok` means the row exists but is corrupt.
+pub(crate) fn load(
+    conn: &Connection,
+    id: &RecordId,
+) -> rusqlite::Result<Option<Result<Record, String>>> {
+    let sql = format!("SELECT {COLUMNS} FROM idem_records WHERE scope = ?1 AND key = ?2");
+    conn.prepare_cached(&sql)?
+        .query_row(params![id.scope().as_str(), id.key().as_str()], |row| {
+            Ok(decode(row, 0))
+        })
+        .optional()
+}
+
+/// Writes the whole record for `id` (insert or replace in place).
+pub(crate) fn store(conn: &Connection, id: &RecordId, r: &Record) -> rusqlite::Result<()> {
+    let (token, lease_until, response, failure) = match &r.state {
+        State::InProgress { token, lease_until } => (
+            Some(token.as_u128().to_be_bytes()),
+            Some(millis(*lease_until)),
+            None,
+            None,
+        ),
+        State::Completed { response } => (None, None, Some(&response[..]), None),
+        State::Failed { failure } => (None, None, None, Some(failure)),
+        State::Released { last_failure } => (None, None, None, last_failure.as_ref()),
+    };
+    conn.prepare_cached(
+        "INSERT INTO idem_records (scope, key, state, token, lease_until, response, failure_class, \
+         failure_msg, fingerprint, attempt, fence, created_at, updated_at, expires_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
+         ON CONFLICT (scope, key) DO UPDATE SET state = excluded.state, token = excluded.token, \
+         lease_until = excluded.lease_until, response = excluded.response, \
+         failure_class = excluded.failure_class, failure_msg = excluded.failure_msg, \
+         fingerprint = excluded.fingerprint, attempt = excluded.attempt, fence = excluded.fence, \
+         created_at = excluded.created_at, updated_at = excluded.updated_at, \
+         expires_at = excluded.expires_at",
+    )?
+    .execute(params![
+        id.scope().as_str(),
+        id.key().as_str(),
+        state_code(r.state.kind()),
+        token.as_ref().map(|t| &t[..]),
+        lease_until,
+        response,
+        failure.map(|f| f.class.as_str()),
+        failure.map(|f| f.message.as_str()),
+        r.fingerprint.as_ref().map(|f| &f.as_bytes()[..]),
+        i64::from(r.attempt),
+        i64::try_from(r.fence).unwrap_or(i64::MAX),
+        millis(r.created_at),
+        millis(r.updated_at),
+        millis(r.expires_at),
+    ])?;
+    Ok(())
+}

@@ -1,0 +1,207 @@
+//! The writer: one thread, one connection, group commit.
+//!
+//! Callers queue jobs on a bounded channel. The writer blocks for the first
+//! job (so an idle store adds no latency), takes whatever else is already
+//! queued up to the batch limit, and runs the whole batch in one
+//! `BEGIN IMMEDIATE` transaction: one commit, one fsync. Each job decides
+//! with the pure state machine against the rows as the transaction sees
+//! them. Answers are sent only after the commit, so an acknowledged write
+//! is as durable as the commit. If the commit fails, every job in the batch
+//! gets the error and nothing of the batch is kept.
+
+use std::sync::Arc;
+
+use idem::machine::{decide_claim, decide_write, Fresh, Write};
+use idem::{
+    ClaimOutcome, ClaimParams, Clock, Lease, LeaseToken, RecordId, State, StoreError, Timestamp,
+};
+use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
+use tokio::sync::{mpsc, oneshot, Notify};
+
+use crate::row;
+
+/// What a job asks the writer to do.
+pub(crate) enum Op {
+    /// One or more claims, answered in order.
+    Claim(Vec<(RecordId, ClaimParams)>),
+    /// A write by a lease holder.
+    Write { lease: Lease, write: Write },
+    /// Delete a record whatever its state.
+    Delete(RecordId),
+    /// Delete at most this many expired records.
+    Purge(usize),
+}
+
+/// The writer's answer to a job.
+pub(crate) enum Done {
+    Claims(Vec<Result<ClaimOutcome, StoreError>>),
+    Write(Result<Timestamp, StoreError>),
+    Delete(bool),
+    Purge(usize),
+}
+
+pub(crate) struct Job {
+    pub(crate) op: Op,
+    pub(crate) reply: oneshot::Sender<Result<Done, StoreError>>,
+}
+
+/// Maps a SQLite error to the store contract: lock waits and I/O trouble
+/// are "unavailable" (the write may or may not have happened elsewhere;
+/// the caller may retry), anything else is a backend error.
+pub(crate) fn store_error(e: &rusqlite::Error) -> StoreError {
+    let message: idem::BoxError = format!("sqlite: {e}").into();
+    match e.sqlite_error_code() {
+        Some(
+            ErrorCode::DatabaseBusy
+            | ErrorCode::DatabaseLocked
+            | ErrorCode::SystemIoFailure
+            | ErrorCode::DiskFull
+            | ErrorCode::CannotOpen,
+        ) => StoreError::Unavailable(message),
+        _ => StoreError::Backend(message),
+    }
+}
+
+pub(crate) fn corrupt(id: &RecordId, reason: String) -> StoreError {
+    StoreError::Corrupt {
+        id: id.to_string(),
+        reason,
+    }
+}
+
+pub(crate) struct Writer<C> {
+    pub(crate) conn: Connection,
+    pub(crate) clock: Arc<C>,
+    pub(crate) store_id: u64,
+    pub(crate) max_batch: usize,
+    pub(crate) changed: Arc<Notify>,
+}
+
+impl<C: Clock> Writer<C> {
+    /// Runs until every sender is gone, then returns (closing the
+    /// connection, which checkpoints the log).
+    pub(crate) fn run(mut self, mut jobs: mpsc::Receiver<Job>) {
+        let mut batch = Vec::with_capacity(self.max_batch);
+        while let Some(first) = jobs.blocking_recv() {
+            batch.push(first);
+            while batch.len() < self.max_batch {
+                match jobs.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            match self.execute(&batch) {
+                Ok(done) => {
+                    for (job, done) in batch.drain(..).zip(done) {
+                        let _ = job.reply.send(done);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, jobs = batch.len(), "idem-sqlite batch failed; nothing of it was kept");
+                    for job in batch.drain(..) {
+                        let _ = job.reply.send(Err(store_error(&e)));
+                    }
+                }
+            }
+            self.changed.notify_waiters();
+        }
+    }
+
+    fn execute(&mut self, batch: &[Job]) -> rusqlite::Result<Vec<Result<Done, StoreError>>> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let start: i64 =
+            tx.query_row("SELECT value FROM idem_meta WHERE name = 'seq'", [], |r| {
+                r.get(0)
+            })?;
+        let mut seq = u64::try_from(start).unwrap_or(0);
+        let mut done = Vec::with_capacity(batch.len());
+        for job in batch {
+            let now = self.clock.now();
+            done.push(match &job.op {
+                Op::Claim(claims) => {
+                    let mut outcomes = Vec::with_capacity(claims.len());
+                    for (id, params) in claims {
+                        outcomes.push(claim(&tx, id, params, now, self.store_id, &mut seq)?);
+                    }
+                    Ok(Done::Claims(outcomes))
+                }
+                Op::Write { lease, write } => Ok(Done::Write(apply_write(&tx, lease, write.clone(), now)?)),
+                Op::Delete(id) => {
+                    let expires: Option<i64> = tx
+                        .prepare_cached("DELETE FROM idem_records WHERE scope = ?1 AND key = ?2 RETURNING expires_at")?
+                        .query_row(params![id.scope().as_str(), id.key().as_str()], |r| r.get(0))
+                        .optional()?;
+                    Ok(Done::Delete(expires.is_some_and(|e| e > row::millis(now))))
+                }
+                Op::Purge(limit) => {
+                    let n = tx
+                        .prepare_cached(
+                            "DELETE FROM idem_records WHERE rowid IN \
+                             (SELECT rowid FROM idem_records WHERE expires_at <= ?1 LIMIT ?2)",
+                        )?
+                        .execute(params![row::millis(now), i64::try_from(*limit).unwrap_or(i64::MAX)])?;
+                    Ok(Done::Purge(n))
+                }
+            });
+        }
+        if i64::try_from(seq).ok() != Some(start) {
+            tx.execute(
+                "UPDATE idem_meta SET value = ?1 WHERE name = 'seq'",
+                [i64::try_from(seq).unwrap_or(i64::MAX)],
+            )?;
+        }
+        tx.commit()?;
+        Ok(done)
+    }
+}
+
+fn claim(
+    conn: &Connection,
+    id: &RecordId,
+    params: &ClaimParams,
+    now: Timestamp,
+    store_id: u64,
+    seq: &mut u64,
+) -> rusqlite::Result<Result<ClaimOutcome, StoreError>> {
+    let existing = match row::load(conn, id)? {
+        None => None,
+        Some(Ok(record)) => Some(record),
+        Some(Err(reason)) => return Ok(Err(corrupt(id, reason))),
+    };
+    let next = *seq + 1;
+    let fresh = Fresh {
+        token: LeaseToken::from_parts(store_id, next),
+        fence_floor: next,
+    };
+    let (write, outcome) = decide_claim(existing.as_ref(), params, now, fresh).into_parts(id);
+    if let Some(record) = write {
+        row::store(conn, id, &record)?;
+        *seq = next;
+    }
+    Ok(Ok(outcome))
+}
+
+fn apply_write(
+    conn: &Connection,
+    lease: &Lease,
+    write: Write,
+    now: Timestamp,
+) -> rusqlite::Result<Result<Timestamp, StoreError>> {
+    let existing = match row::load(conn, &lease.id)? {
+        None => None,
+        Some(Ok(record)) => Some(record),
+        Some(Err(reason)) => return Ok(Err(corrupt(&lease.id, reason))),
+    };
+    match decide_write(existing.as_ref(), lease.token, write, now) {
+        Ok(next) => {
+            row::store(conn, &lease.id, &next)?;
+            Ok(Ok(match next.state {
+                State::InProgress { lease_until, .. } => lease_until,
+                _ => now,
+            }))
+        }
+        Err(lost) => Ok(Err(lost.into())),
+    }
+}
