@@ -321,7 +321,7 @@ impl<C: Clock> Store for SqliteStore<C> {
         // may acquire go through the writer, which decides again under the
         // write lock.
         let now = self.inner.clock.now();
-        if let Some(Ok(record)) = self.read(|conn| row::load(conn, id))? {
+        if let Some((_, Ok(record))) = self.read(|conn| row::load(conn, id))? {
             let probe = Fresh {
                 token: LeaseToken::from_u128(0),
                 fence_floor: 0,
@@ -388,8 +388,8 @@ impl<C: Clock> GetRecord for SqliteStore<C> {
         let now = self.inner.clock.now();
         match self.read(|conn| row::load(conn, id))? {
             None => Ok(None),
-            Some(Ok(record)) => Ok((!record.is_expired(now)).then_some(record)),
-            Some(Err(reason)) => Err(writer::corrupt(id, reason)),
+            Some((_, Ok(record))) => Ok((!record.is_expired(now)).then_some(record)),
+            Some((_, Err(reason))) => Err(writer::corrupt(id, reason)),
         }
     }
 }
@@ -407,15 +407,16 @@ impl<C: Clock> ListRecords for SqliteStore<C> {
     async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
         let now = row::millis(self.inner.clock.now());
         let limit = query.limit.max(1);
-        let sql = format!(
-            "SELECT scope, key, {} FROM idem_records WHERE expires_at > ?1 \
+        const SQL: &str = concat!(
+            "SELECT scope, key, ",
+            row::columns!(),
+            " FROM idem_records WHERE expires_at > ?1 \
              AND (?2 IS NULL OR state = ?2) AND (?3 IS NULL OR scope = ?3) \
              AND (?4 IS NULL OR (scope, key) > (?4, ?5)) \
-             ORDER BY scope, key LIMIT ?6",
-            row::COLUMNS
+             ORDER BY scope, key LIMIT ?6"
         );
         let rows = self.read(|conn| {
-            let mut stmt = conn.prepare_cached(&sql)?;
+            let mut stmt = conn.prepare_cached(SQL)?;
             let rows = stmt.query_map(
                 params![
                     now,

@@ -7,10 +7,15 @@ use idem::{
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
-/// The columns [`decode`] reads, in order.
-pub(crate) const COLUMNS: &str =
-    "state, token, lease_until, response, failure_class, failure_msg, \
-     fingerprint, attempt, fence, created_at, updated_at, expires_at";
+/// The columns [`decode`] reads, in order (a macro so SQL text can be
+/// built at compile time).
+macro_rules! columns {
+    () => {
+        "state, token, lease_until, response, failure_class, failure_msg, \
+         fingerprint, attempt, fence, created_at, updated_at, expires_at"
+    };
+}
+pub(crate) use columns;
 
 const IN_PROGRESS: i64 = 0;
 const COMPLETED: i64 = 1;
@@ -113,22 +118,42 @@ pub(crate) fn decode(row: &Row<'_>, offset: usize) -> Result<Record, String> {
     })
 }
 
-/// Reads the record for `id`, expired or not. `Err(reason)` inside the
-/// `Ok` means the row exists but is corrupt.
-pub(crate) fn load(
-    conn: &Connection,
-    id: &RecordId,
-) -> rusqlite::Result<Option<Result<Record, String>>> {
-    let sql = format!("SELECT {COLUMNS} FROM idem_records WHERE scope = ?1 AND key = ?2");
-    conn.prepare_cached(&sql)?
+/// A record as read, with the row's rowid for a cheap update.
+pub(crate) type Loaded = (i64, Result<Record, String>);
+
+/// Reads the record for `id`, expired or not. `Err(reason)` in the second
+/// half means the row exists but is corrupt.
+pub(crate) fn load(conn: &Connection, id: &RecordId) -> rusqlite::Result<Option<Loaded>> {
+    const SQL: &str = concat!(
+        "SELECT rowid, ",
+        columns!(),
+        " FROM idem_records WHERE scope = ?1 AND key = ?2"
+    );
+    conn.prepare_cached(SQL)?
         .query_row(params![id.scope().as_str(), id.key().as_str()], |row| {
-            Ok(decode(row, 0))
+            Ok((row.get(0)?, decode(row, 1)))
         })
         .optional()
 }
 
-/// Writes the whole record for `id` (insert or replace in place).
-pub(crate) fn store(conn: &Connection, id: &RecordId, r: &Record) -> rusqlite::Result<()> {
+/// How [`store`] writes a record.
+pub(crate) enum Place {
+    /// Update the row with this rowid in place (the key columns never
+    /// change, so the key index is left alone).
+    Row(i64),
+    /// Insert a new row; if the key already has one, write nothing and
+    /// return `false`.
+    NewIfAbsent,
+}
+
+/// Writes `r` for `id`; `false` only when [`Place::NewIfAbsent`] found
+/// the key taken.
+pub(crate) fn store(
+    conn: &Connection,
+    id: &RecordId,
+    place: Place,
+    r: &Record,
+) -> rusqlite::Result<bool> {
     let (token, lease_until, response, failure) = match &r.state {
         State::InProgress { token, lease_until } => (
             Some(token.as_u128().to_be_bytes()),
@@ -140,20 +165,7 @@ pub(crate) fn store(conn: &Connection, id: &RecordId, r: &Record) -> rusqlite::R
         State::Failed { failure } => (None, None, None, Some(failure)),
         State::Released { last_failure } => (None, None, None, last_failure.as_ref()),
     };
-    conn.prepare_cached(
-        "INSERT INTO idem_records (scope, key, state, token, lease_until, response, failure_class, \
-         failure_msg, fingerprint, attempt, fence, created_at, updated_at, expires_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
-         ON CONFLICT (scope, key) DO UPDATE SET state = excluded.state, token = excluded.token, \
-         lease_until = excluded.lease_until, response = excluded.response, \
-         failure_class = excluded.failure_class, failure_msg = excluded.failure_msg, \
-         fingerprint = excluded.fingerprint, attempt = excluded.attempt, fence = excluded.fence, \
-         created_at = excluded.created_at, updated_at = excluded.updated_at, \
-         expires_at = excluded.expires_at",
-    )?
-    .execute(params![
-        id.scope().as_str(),
-        id.key().as_str(),
+    let values = params![
         state_code(r.state.kind()),
         token.as_ref().map(|t| &t[..]),
         lease_until,
@@ -166,6 +178,28 @@ pub(crate) fn store(conn: &Connection, id: &RecordId, r: &Record) -> rusqlite::R
         millis(r.created_at),
         millis(r.updated_at),
         millis(r.expires_at),
-    ])?;
-    Ok(())
+    ];
+    let changed = match place {
+        Place::Row(rowid) => conn
+            .prepare_cached(
+                "UPDATE idem_records SET state = ?1, token = ?2, lease_until = ?3, response = ?4, \
+                 failure_class = ?5, failure_msg = ?6, fingerprint = ?7, attempt = ?8, fence = ?9, \
+                 created_at = ?10, updated_at = ?11, expires_at = ?12 WHERE rowid = ?13",
+            )?
+            .execute(rusqlite::params_from_iter(values.iter().copied().chain([&rowid as &dyn rusqlite::ToSql])))?,
+        Place::NewIfAbsent => conn
+            .prepare_cached(
+                "INSERT INTO idem_records (state, token, lease_until, response, failure_class, \
+                 failure_msg, fingerprint, attempt, fence, created_at, updated_at, expires_at, scope, key) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
+                 ON CONFLICT (scope, key) DO NOTHING",
+            )?
+            .execute(rusqlite::params_from_iter(
+                values.iter().copied().chain([
+                    &id.scope().as_str() as &dyn rusqlite::ToSql,
+                    &id.key().as_str() as &dyn rusqlite::ToSql,
+                ]),
+            ))?,
+    };
+    Ok(changed == 1)
 }

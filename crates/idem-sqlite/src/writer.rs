@@ -18,7 +18,7 @@ use idem::{
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use crate::row;
+use crate::row::{self, Place};
 
 /// What a job asks the writer to do.
 pub(crate) enum Op {
@@ -165,19 +165,27 @@ fn claim(
     store_id: u64,
     seq: &mut u64,
 ) -> rusqlite::Result<Result<ClaimOutcome, StoreError>> {
-    let existing = match row::load(conn, id)? {
-        None => None,
-        Some(Ok(record)) => Some(record),
-        Some(Err(reason)) => return Ok(Err(corrupt(id, reason))),
-    };
     let next = *seq + 1;
     let fresh = Fresh {
         token: LeaseToken::from_parts(store_id, next),
         fence_floor: next,
     };
-    let (write, outcome) = decide_claim(existing.as_ref(), params, now, fresh).into_parts(id);
+    // Most claims are first deliveries: try the machine's answer for an
+    // absent key first, and read the row only if the key is taken.
+    let (write, outcome) = decide_claim(None, params, now, fresh).into_parts(id);
+    let first = write.expect("an absent key is always acquired");
+    if row::store(conn, id, Place::NewIfAbsent, &first)? {
+        *seq = next;
+        return Ok(Ok(outcome));
+    }
+    let (rowid, existing) = match row::load(conn, id)? {
+        Some((rowid, Ok(record))) => (rowid, record),
+        Some((_, Err(reason))) => return Ok(Err(corrupt(id, reason))),
+        None => unreachable!("the insert just found this key taken"),
+    };
+    let (write, outcome) = decide_claim(Some(&existing), params, now, fresh).into_parts(id);
     if let Some(record) = write {
-        row::store(conn, id, &record)?;
+        row::store(conn, id, Place::Row(rowid), &record)?;
         *seq = next;
     }
     Ok(Ok(outcome))
@@ -189,14 +197,14 @@ fn apply_write(
     write: Write,
     now: Timestamp,
 ) -> rusqlite::Result<Result<Timestamp, StoreError>> {
-    let existing = match row::load(conn, &lease.id)? {
-        None => None,
-        Some(Ok(record)) => Some(record),
-        Some(Err(reason)) => return Ok(Err(corrupt(&lease.id, reason))),
+    let (rowid, existing) = match row::load(conn, &lease.id)? {
+        None => return Ok(Err(StoreError::LeaseLost)),
+        Some((rowid, Ok(record))) => (rowid, record),
+        Some((_, Err(reason))) => return Ok(Err(corrupt(&lease.id, reason))),
     };
-    match decide_write(existing.as_ref(), lease.token, write, now) {
+    match decide_write(Some(&existing), lease.token, write, now) {
         Ok(next) => {
-            row::store(conn, &lease.id, &next)?;
+            row::store(conn, &lease.id, Place::Row(rowid), &next)?;
             Ok(Ok(match next.state {
                 State::InProgress { lease_until, .. } => lease_until,
                 _ => now,

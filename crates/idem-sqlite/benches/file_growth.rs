@@ -1,0 +1,114 @@
+//! File size of a store taking 1,000,000 fresh keys with a short retention
+//! while the background purge runs: it must level off, not grow with the
+//! number of keys.
+//!
+//! Time is a manual clock advanced 1 ms per completed pair, and records are
+//! kept 10 s, so about 10,000 records are live at any moment; the purger
+//! runs every 50 ms (real time) in batches of 2,000.
+//!
+//! Run: `cargo bench -p idem-sqlite --bench file_growth`
+//! (`IDEM_BENCH_KEYS` sets the number of keys, default 1,000,000).
+
+#![allow(clippy::print_stdout, missing_docs)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use idem::{ClaimOutcome, ClaimParams, ManualClock, RecordId, Store};
+use idem_sqlite::SqliteStore;
+
+const RETENTION: Duration = Duration::from_secs(10);
+const CALLERS: u64 = 64;
+const REPORT_EVERY: u64 = 100_000;
+
+fn size(path: &std::path::Path) -> f64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0) as f64 / (1024.0 * 1024.0)
+}
+
+fn main() {
+    let keys: u64 = std::env::var("IDEM_BENCH_KEYS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000_000);
+    let base = std::env::var("CARGO_TARGET_TMPDIR")
+        .unwrap_or_else(|_| std::env::temp_dir().display().to_string());
+    let dir = tempfile::tempdir_in(base).expect("tempdir");
+    let path = dir.path().join("growth.db");
+    let wal = dir.path().join("growth.db-wal");
+    let clock = ManualClock::default();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    println!(
+        "{keys} keys, retention {RETENTION:?} of manual time, 1 ms per pair, {CALLERS} callers\n"
+    );
+    println!("| keys done | db MiB | wal MiB | rows in file | elapsed |");
+    println!("|---:|---:|---:|---:|---:|");
+    rt.block_on(async {
+        let store = Arc::new(
+            SqliteStore::builder(&path)
+                .clock(clock.clone())
+                .open()
+                .expect("open"),
+        );
+        let _purger = store.spawn_purger(Duration::from_millis(50), 2_000);
+        let next = Arc::new(AtomicU64::new(0));
+        let done = Arc::new(AtomicU64::new(0));
+        let started = Instant::now();
+        let params = ClaimParams::new(Duration::from_secs(5), RETENTION);
+        let tasks: Vec<_> = (0..CALLERS)
+            .map(|_| {
+                let (store, next, done, clock, params) = (
+                    Arc::clone(&store),
+                    Arc::clone(&next),
+                    Arc::clone(&done),
+                    clock.clone(),
+                    params.clone(),
+                );
+                let (path, wal) = (path.clone(), wal.clone());
+                tokio::spawn(async move {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= keys {
+                            break;
+                        }
+                        let id = RecordId::parse("growth", &format!("msg-{i}")).expect("valid");
+                        let ClaimOutcome::Acquired(lease) =
+                            store.claim(&id, &params).await.expect("claim")
+                        else {
+                            panic!("fresh keys are acquired");
+                        };
+                        store
+                            .complete(&lease, Bytes::from_static(&[7u8; 200]), RETENTION)
+                            .await
+                            .expect("complete");
+                        clock.advance(Duration::from_millis(1));
+                        let n = done.fetch_add(1, Ordering::Relaxed) + 1;
+                        if n % REPORT_EVERY == 0 {
+                            let rows: i64 = rusqlite::Connection::open(&path)
+                                .and_then(|c| {
+                                    c.query_row("SELECT count(*) FROM idem_records", [], |r| {
+                                        r.get(0)
+                                    })
+                                })
+                                .expect("count");
+                            println!(
+                                "| {n} | {:.1} | {:.1} | {rows} | {:.1} s |",
+                                size(&path),
+                                size(&wal),
+                                started.elapsed().as_secs_f64()
+                            );
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.expect("caller");
+        }
+    });
+}
