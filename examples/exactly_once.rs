@@ -1,8 +1,9 @@
 //! Exactly-once effects from an at-least-once broker, with crashing workers.
 //!
 //! An in-process broker delivers every message 1–3 times. Eight workers
-//! consume concurrently through `idem`. Workers crash in the two places
-//! real consumers do:
+//! consume concurrently through `idem`, on the embedded durable store (a
+//! SQLite file in a temporary directory; no servers). Workers crash in the
+//! two places real consumers do:
 //!
 //! - **mid-handler**, before the effect: the lease runs out, the broker
 //!   redelivers, and another worker takes the record over (attempt + 1);
@@ -29,7 +30,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idem::{Idempotency, MemoryStore, Outcome, RecordId, RunError, Scope};
+use idem::{Idempotency, Outcome, RecordId, RunError, Scope};
+use idem_sqlite::SqliteStore;
 use idem_examples::{Broker, Delivery};
 use rand::{Rng, SeedableRng};
 
@@ -94,7 +96,7 @@ impl std::error::Error for Downstream {}
 
 async fn worker(
     broker: Arc<Broker<Payment>>,
-    idem: Idempotency<MemoryStore>,
+    idem: Idempotency<SqliteStore>,
     ledger: Arc<Ledger>,
     stats: Arc<Stats>,
     seed: u64,
@@ -209,7 +211,9 @@ async fn main() {
             published += 1;
         }
     }
-    let idem = Idempotency::builder(MemoryStore::new())
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let store = SqliteStore::open(dir.path().join("idem.db")).expect("open the store");
+    let idem = Idempotency::builder(store)
         .lease(LEASE)
         .max_attempts(std::num::NonZeroU32::new(50).expect("non-zero"))
         .backoff(idem::Backoff::new(
