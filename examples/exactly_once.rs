@@ -31,8 +31,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem::{Idempotency, Outcome, RecordId, RunError, Scope};
-use idem_sqlite::SqliteStore;
 use idem_examples::{Broker, Delivery};
+use idem_sqlite::SqliteStore;
 use rand::{Rng, SeedableRng};
 
 const WORKERS: usize = 8;
