@@ -56,6 +56,7 @@ mod row;
 mod schema;
 mod writer;
 
+use schema::Role;
 pub use schema::{migrations, Durability, Migration, OpenError, SCHEMA_VERSION};
 use writer::{Done, Job, Op, Writer};
 
@@ -184,7 +185,7 @@ impl<C: Clock> SqliteStoreBuilder<C> {
 
     /// Opens the file, migrating its schema, and starts the writer.
     pub fn open(self) -> Result<SqliteStore<C>, OpenError> {
-        let mut conn = schema::connect(&self.path, self.durability, self.busy)?;
+        let mut conn = schema::connect(&self.path, self.durability, self.busy, Role::Writer)?;
         let store_id = schema::migrate(&mut conn, &self.path, self.busy)?;
         let (tx, rx) = mpsc::channel(self.queue);
         let clock = Arc::new(self.clock);
@@ -258,14 +259,13 @@ impl<C: Clock> SqliteStore<C> {
         let pooled = self.inner.readers.lock().pop();
         let conn = match pooled {
             Some(conn) => conn,
-            None => {
-                let conn =
-                    schema::connect(&self.inner.path, self.inner.durability, self.inner.busy)
-                        .map_err(|e| StoreError::Unavailable(Box::new(e)))?;
-                conn.pragma_update(None, "query_only", true)
-                    .map_err(|e| writer::store_error(&e))?;
-                conn
-            }
+            None => schema::connect(
+                &self.inner.path,
+                self.inner.durability,
+                self.inner.busy,
+                Role::Reader,
+            )
+            .map_err(|e| StoreError::Unavailable(Box::new(e)))?,
         };
         let result = f(&conn);
         self.inner.readers.lock().push(conn);

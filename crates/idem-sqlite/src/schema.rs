@@ -123,14 +123,33 @@ impl OpenError {
     }
 }
 
-/// Each connection's page cache, in KiB.
-const CACHE_KIB: i64 = 64 * 1024;
+/// What a connection is for, which sets its page cache.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Role {
+    /// The one writing connection: a page cache big enough for the hot part
+    /// of a large table's B-trees (the default 2 MiB turns every miss into
+    /// a read system call).
+    Writer,
+    /// A pooled reading connection doing point lookups: a small cache, as
+    /// there may be one per concurrent reader.
+    Reader,
+}
+
+impl Role {
+    fn cache_kib(self) -> i64 {
+        match self {
+            Role::Writer => 64 * 1024,
+            Role::Reader => 4 * 1024,
+        }
+    }
+}
 
 /// Opens a connection with the store's pragmas.
 pub(crate) fn connect(
     path: &Path,
     durability: Durability,
     busy: Duration,
+    role: Role,
 ) -> Result<Connection, OpenError> {
     let fail = |e| OpenError::classify(path, busy, e);
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -153,10 +172,11 @@ pub(crate) fn connect(
     };
     conn.pragma_update(None, "synchronous", sync)
         .map_err(fail)?;
-    // A page cache big enough for the hot part of a large table's B-trees
-    // (the default 2 MiB turns every miss into a read system call).
-    conn.pragma_update(None, "cache_size", -CACHE_KIB)
+    conn.pragma_update(None, "cache_size", -role.cache_kib())
         .map_err(fail)?;
+    if let Role::Reader = role {
+        conn.pragma_update(None, "query_only", true).map_err(fail)?;
+    }
     Ok(conn)
 }
 
