@@ -74,8 +74,13 @@ pub enum InboxError {
     /// The inbox table is missing: call [`Inbox::setup`] first.
     #[error("the idem_inbox table does not exist: call Inbox::setup on this database first")]
     NotSetUp(#[source] rusqlite::Error),
-    /// [`Inbox::set_response`] for a key this transaction has not claimed.
-    #[error("set_response for {id}, which this transaction has not claimed")]
+    /// The connection given is not inside a transaction, so the record
+    /// would commit on its own instead of with your writes.
+    #[error("the inbox must be used inside a transaction (begin one with TransactionBehavior::Immediate)")]
+    NotInTransaction,
+    /// [`Inbox::set_response`] for a key without a live record, or whose
+    /// response is already set (the first response is never overwritten).
+    #[error("set_response for {id}: no live claim without a response")]
     NotClaimed {
         /// The key, as `scope/key`.
         id: String,
@@ -132,6 +137,9 @@ impl<C: Clock> Inbox<C> {
         id: &RecordId,
         fingerprint: Option<Fingerprint>,
     ) -> Result<InboxOutcome, InboxError> {
+        if tx.is_autocommit() {
+            return Err(InboxError::NotInTransaction);
+        }
         let now = self.clock.now();
         let fp = fingerprint.as_ref().map(|f| &f.as_bytes()[..]);
         let inserted = tx
@@ -170,17 +178,28 @@ impl<C: Clock> Inbox<C> {
     }
 
     /// Stores the response duplicates will see, in the same transaction as
-    /// the claim.
+    /// the claim. A response already stored is never overwritten.
     pub fn set_response(
         &self,
         tx: &Connection,
         id: &RecordId,
         response: &[u8],
     ) -> Result<(), InboxError> {
+        if tx.is_autocommit() {
+            return Err(InboxError::NotInTransaction);
+        }
         let updated = tx
-            .prepare_cached("UPDATE idem_inbox SET response = ?3 WHERE scope = ?1 AND key = ?2")
+            .prepare_cached(
+                "UPDATE idem_inbox SET response = ?3 \
+                 WHERE scope = ?1 AND key = ?2 AND response IS NULL AND expires_at > ?4",
+            )
             .map_err(classify)?
-            .execute(params![id.scope().as_str(), id.key().as_str(), response])
+            .execute(params![
+                id.scope().as_str(),
+                id.key().as_str(),
+                response,
+                millis(self.clock.now())
+            ])
             .map_err(classify)?;
         if updated == 0 {
             return Err(InboxError::NotClaimed { id: id.to_string() });

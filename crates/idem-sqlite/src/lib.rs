@@ -43,7 +43,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use idem::machine::{decide_claim, ClaimDecision, Fresh, Write};
 use idem::{
-    ClaimMany, ClaimOutcome, ClaimParams, Clock, DeleteRecord, Failure, GetRecord, Key, Lease,
+    ClaimMany, ClaimOutcome, ClaimParams, Clock, DeleteRecord, Failure, GetRecord, KeyRules, Lease,
     LeaseToken, ListPage, ListQuery, ListRecords, PurgeExpired, Record, RecordId, Scope, Store,
     StoreError, SystemClock, Timestamp,
 };
@@ -221,6 +221,13 @@ impl<C: Clock> SqliteStoreBuilder<C> {
     }
 }
 
+/// Keys read back from the file were validated when written, under
+/// whatever length limit the writer configured: only the character rule is
+/// checked again.
+fn stored_key_rules() -> KeyRules {
+    KeyRules::default().max_len(std::num::NonZeroUsize::MAX)
+}
+
 fn writer_stopped() -> StoreError {
     StoreError::Unavailable("the idem-sqlite writer has stopped".into())
 }
@@ -376,10 +383,22 @@ impl<C: Clock> Store for SqliteStore<C> {
         self.write(lease, Write::Release).await.map(drop)
     }
 
-    async fn wait_for_change(&self, _id: &RecordId, timeout: Duration) {
+    async fn wait_for_change(&self, id: &RecordId, timeout: Duration) {
         // Woken by every commit of this process's writer; changes made by
-        // other processes are seen when the timeout ends.
-        let _ = tokio::time::timeout(timeout, self.inner.changed.notified()).await;
+        // other processes are seen when the timeout ends. Registered before
+        // looking, so a commit between the caller's claim and this call is
+        // not missed.
+        let notified = self.inner.changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let now = self.inner.clock.now();
+        let busy = matches!(
+            self.read(|conn| row::load(conn, id)),
+            Ok(Some((_, Ok(Record { state: idem::State::InProgress { .. }, expires_at, .. })))) if now < expires_at
+        );
+        if busy {
+            let _ = tokio::time::timeout(timeout, notified).await;
+        }
     }
 }
 
@@ -424,7 +443,7 @@ impl<C: Clock> ListRecords for SqliteStore<C> {
                     query.scope.as_ref().map(Scope::as_str),
                     query.after.as_ref().map(|a| a.scope().as_str()),
                     query.after.as_ref().map(|a| a.key().as_str()),
-                    i64::try_from(limit + 1).unwrap_or(i64::MAX),
+                    i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX),
                 ],
                 |r| {
                     Ok((
@@ -439,7 +458,7 @@ impl<C: Clock> ListRecords for SqliteStore<C> {
         let mut records = Vec::with_capacity(rows.len());
         for (scope, key, record) in rows {
             let id = Scope::new(&scope)
-                .and_then(|s| Ok(RecordId::new(s, Key::new(&key)?)))
+                .and_then(|s| Ok(RecordId::new(s, stored_key_rules().parse(&key)?)))
                 .map_err(|e| StoreError::Corrupt {
                     id: format!("{scope}/{key}"),
                     reason: e.to_string(),

@@ -115,36 +115,27 @@ impl<C: Clock> Writer<C> {
             tx.query_row("SELECT value FROM idem_meta WHERE name = 'seq'", [], |r| {
                 r.get(0)
             })?;
-        let mut seq = u64::try_from(start).unwrap_or(0);
+        // A sequence that went backwards would reissue tokens: refuse it.
+        let mut seq =
+            u64::try_from(start).map_err(|_| rusqlite::Error::IntegralValueOutOfRange(0, start))?;
         let mut done = Vec::with_capacity(batch.len());
         for job in batch {
-            let now = self.clock.now();
-            done.push(match &job.op {
-                Op::Claim(claims) => {
-                    let mut outcomes = Vec::with_capacity(claims.len());
-                    for (id, params) in claims {
-                        outcomes.push(claim(&tx, id, params, now, self.store_id, &mut seq)?);
-                    }
-                    Ok(Done::Claims(outcomes))
+            // Each job in its own savepoint: a statement that fails (a value
+            // too big, say) answers only its own job, unless SQLite rolled
+            // the whole transaction back, which fails the batch.
+            tx.prepare_cached("SAVEPOINT job")?.execute([])?;
+            match apply(&tx, &job.op, self.clock.now(), self.store_id, &mut seq) {
+                Ok(answer) => {
+                    tx.prepare_cached("RELEASE job")?.execute([])?;
+                    done.push(Ok(answer));
                 }
-                Op::Write { lease, write } => Ok(Done::Write(apply_write(&tx, lease, write.clone(), now)?)),
-                Op::Delete(id) => {
-                    let expires: Option<i64> = tx
-                        .prepare_cached("DELETE FROM idem_records WHERE scope = ?1 AND key = ?2 RETURNING expires_at")?
-                        .query_row(params![id.scope().as_str(), id.key().as_str()], |r| r.get(0))
-                        .optional()?;
-                    Ok(Done::Delete(expires.is_some_and(|e| e > row::millis(now))))
+                Err(e) if !tx.is_autocommit() => {
+                    tx.prepare_cached("ROLLBACK TO job")?.execute([])?;
+                    tx.prepare_cached("RELEASE job")?.execute([])?;
+                    done.push(Err(store_error(&e)));
                 }
-                Op::Purge(limit) => {
-                    let n = tx
-                        .prepare_cached(
-                            "DELETE FROM idem_records WHERE rowid IN \
-                             (SELECT rowid FROM idem_records WHERE expires_at <= ?1 LIMIT ?2)",
-                        )?
-                        .execute(params![row::millis(now), i64::try_from(*limit).unwrap_or(i64::MAX)])?;
-                    Ok(Done::Purge(n))
-                }
-            });
+                Err(e) => return Err(e),
+            }
         }
         if i64::try_from(seq).ok() != Some(start) {
             tx.execute(
@@ -155,6 +146,48 @@ impl<C: Clock> Writer<C> {
         tx.commit()?;
         Ok(done)
     }
+}
+
+/// Runs one job inside the batch's transaction. `Err` is a SQL failure of
+/// this job; answers such as a lost lease are inside `Ok`.
+fn apply(
+    tx: &Connection,
+    op: &Op,
+    now: Timestamp,
+    store_id: u64,
+    seq: &mut u64,
+) -> rusqlite::Result<Done> {
+    Ok(match op {
+        Op::Claim(claims) => {
+            let mut outcomes = Vec::with_capacity(claims.len());
+            for (id, params) in claims {
+                outcomes.push(claim(tx, id, params, now, store_id, seq)?);
+            }
+            Done::Claims(outcomes)
+        }
+        Op::Write { lease, write } => Done::Write(apply_write(tx, lease, write.clone(), now)?),
+        Op::Delete(id) => {
+            let expires: Option<i64> = tx
+                .prepare_cached(
+                    "DELETE FROM idem_records WHERE scope = ?1 AND key = ?2 RETURNING expires_at",
+                )?
+                .query_row(params![id.scope().as_str(), id.key().as_str()], |r| {
+                    r.get(0)
+                })
+                .optional()?;
+            Done::Delete(expires.is_some_and(|e| e > row::millis(now)))
+        }
+        Op::Purge(limit) => Done::Purge(
+            tx.prepare_cached(
+                "DELETE FROM idem_records WHERE rowid IN \
+                 (SELECT rowid FROM idem_records WHERE expires_at <= ?1 LIMIT ?2)",
+            )?
+            .execute(params![
+                row::millis(now),
+                i64::try_from(*limit).unwrap_or(i64::MAX)
+            ])?,
+        ),
+    })
 }
 
 fn claim(

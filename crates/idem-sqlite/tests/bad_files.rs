@@ -149,3 +149,87 @@ async fn a_corrupt_row_is_reported_and_never_overwritten() {
         "a corrupt row is left for an operator, not overwritten"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_fails_in_sql_fails_alone_not_its_whole_batch() {
+    let d = dir();
+    let path = d.path().join("idem.db");
+    let store = std::sync::Arc::new(SqliteStore::open(&path).expect("open"));
+    let mut leases = Vec::new();
+    for key in ["first", "poison"]
+        .into_iter()
+        .map(str::to_owned)
+        .chain((0..20).map(|i| format!("k{i}")))
+    {
+        let id = RecordId::parse("s", &key).expect("valid");
+        let ClaimOutcome::Acquired(lease) = store.claim(&id, &params()).await.expect("claim")
+        else {
+            panic!("fresh key");
+        };
+        leases.push(lease);
+    }
+    let raw = Connection::open(&path).expect("open");
+    raw.execute_batch(
+        "CREATE TRIGGER reject_poison BEFORE UPDATE ON idem_records WHEN NEW.key = 'poison' \
+         BEGIN SELECT RAISE(ABORT, 'poisoned by the test'); END;",
+    )
+    .expect("trigger");
+    // Hold the write lock so the completions queue up and share a batch.
+    raw.execute_batch("BEGIN IMMEDIATE").expect("lock");
+    let complete = |lease: idem::Lease| {
+        let store = std::sync::Arc::clone(&store);
+        tokio::spawn(async move {
+            store
+                .complete(&lease, "done".into(), Duration::from_secs(3600))
+                .await
+        })
+    };
+    let mut leases = leases.into_iter();
+    let first = complete(leases.next().expect("first"));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let rest: Vec<_> = leases
+        .map(|l| (l.id.key().to_string(), complete(l)))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    raw.execute_batch("ROLLBACK").expect("unlock");
+    first.await.expect("task").expect("first completes");
+    for (key, task) in rest {
+        let result = task.await.expect("task");
+        if key == "poison" {
+            let err = result.expect_err("the poisoned write fails");
+            assert!(err.to_string().contains("backend"), "{err}");
+        } else {
+            result.unwrap_or_else(|e| panic!("{key} failed with its batch: {e}"));
+        }
+    }
+    let poisoned = store
+        .get(&RecordId::parse("s", "poison").expect("valid"))
+        .await
+        .expect("get");
+    assert!(
+        matches!(
+            poisoned.map(|r| r.state),
+            Some(idem::State::InProgress { .. })
+        ),
+        "its write was rolled back"
+    );
+}
+
+#[tokio::test]
+async fn keys_longer_than_the_default_limit_are_listed() {
+    use idem::{KeyRules, ListQuery, ListRecords, Scope};
+    let d = dir();
+    let store = SqliteStore::open(d.path().join("idem.db")).expect("open");
+    let rules = KeyRules::default().max_len(std::num::NonZeroUsize::new(1024).expect("non-zero"));
+    let id = RecordId::new(
+        Scope::new("s").expect("valid"),
+        rules.parse(&"k".repeat(300)).expect("valid under 1024"),
+    );
+    assert!(matches!(
+        store.claim(&id, &params()).await,
+        Ok(ClaimOutcome::Acquired(_))
+    ));
+    let page = store.list(&ListQuery::new(usize::MAX)).await.expect("list");
+    assert_eq!(page.records.len(), 1);
+    assert_eq!(page.records[0].0, id);
+}

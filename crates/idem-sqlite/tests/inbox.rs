@@ -222,9 +222,35 @@ fn fingerprints_expiry_and_misuse() {
     assert_eq!(inbox.purge_expired(&conn, 4).expect("purge"), 4, "bounded");
     assert_eq!(inbox.purge_expired(&conn, 100).expect("purge"), 2);
 
-    let bare = Connection::open_in_memory().expect("open");
+    let tx = conn.transaction().expect("begin");
+    assert_eq!(
+        inbox.claim(&tx, &id(20), None).expect("claim"),
+        InboxOutcome::New
+    );
+    inbox
+        .set_response(&tx, &id(20), b"first")
+        .expect("response");
+    assert!(
+        matches!(
+            inbox.set_response(&tx, &id(20), b"second"),
+            Err(InboxError::NotClaimed { .. })
+        ),
+        "a stored response is never overwritten"
+    );
+    tx.commit().expect("commit");
+    let err = inbox
+        .claim(&conn, &id(21), None)
+        .expect_err("outside a transaction");
+    assert!(matches!(err, InboxError::NotInTransaction), "{err:?}");
+    assert!(
+        !inbox.contains(&conn, &id(21)).expect("lookup"),
+        "nothing was written"
+    );
+
+    let mut bare = Connection::open_in_memory().expect("open");
+    let tx = bare.transaction().expect("begin");
     let err = Inbox::new(KEEP)
-        .claim(&bare, &id(1), None)
+        .claim(&tx, &id(1), None)
         .expect_err("no table");
     assert!(matches!(err, InboxError::NotSetUp(_)), "{err:?}");
     assert!(err.to_string().contains("Inbox::setup"), "{err}");
