@@ -48,7 +48,8 @@ use idem::{
     StoreError, SystemClock, Timestamp,
 };
 use parking_lot::Mutex;
-use rusqlite::{params, Connection};
+use rusqlite::types::Value;
+use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot, Notify};
 
 pub mod inbox;
@@ -422,37 +423,64 @@ impl<C: Clock> DeleteRecord for SqliteStore<C> {
     }
 }
 
+/// The SQL for one page and its values, with only the filters in use, so
+/// SQLite seeks in the `(scope, key)` index instead of scanning from the
+/// start on every page (`+expires_at` keeps the expiry index out of it).
+/// `None` when the page is empty by construction (a cursor past the scope).
+fn list_sql(query: &ListQuery, now: i64, limit: usize) -> Option<(String, Vec<Value>)> {
+    let mut sql = String::from(concat!(
+        "SELECT scope, key, ",
+        row::columns!(),
+        " FROM idem_records WHERE +expires_at > ?"
+    ));
+    let mut values = vec![Value::Integer(now)];
+    if let Some(state) = query.state {
+        sql.push_str(" AND state = ?");
+        values.push(Value::Integer(row::state_code(state)));
+    }
+    let text = |s: &str| Value::Text(s.to_owned());
+    match (&query.scope, &query.after) {
+        (Some(scope), Some(after)) if after.scope() == scope => {
+            sql.push_str(" AND scope = ? AND key > ?");
+            values.extend([text(scope.as_str()), text(after.key().as_str())]);
+        }
+        (Some(scope), Some(after)) if after.scope() > scope => return None,
+        (Some(scope), _) => {
+            sql.push_str(" AND scope = ?");
+            values.push(text(scope.as_str()));
+        }
+        (None, Some(after)) => {
+            sql.push_str(" AND (scope, key) > (?, ?)");
+            values.extend([text(after.scope().as_str()), text(after.key().as_str())]);
+        }
+        (None, None) => {}
+    }
+    sql.push_str(" ORDER BY scope, key LIMIT ?");
+    values.push(Value::Integer(
+        i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX),
+    ));
+    Some((sql, values))
+}
+
 impl<C: Clock> ListRecords for SqliteStore<C> {
     async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
         let now = row::millis(self.inner.clock.now());
         let limit = query.limit.max(1);
-        const SQL: &str = concat!(
-            "SELECT scope, key, ",
-            row::columns!(),
-            " FROM idem_records WHERE expires_at > ?1 \
-             AND (?2 IS NULL OR state = ?2) AND (?3 IS NULL OR scope = ?3) \
-             AND (?4 IS NULL OR (scope, key) > (?4, ?5)) \
-             ORDER BY scope, key LIMIT ?6"
-        );
+        let Some((sql, values)) = list_sql(query, now, limit) else {
+            return Ok(ListPage {
+                records: Vec::new(),
+                next: None,
+            });
+        };
         let rows = self.read(|conn| {
-            let mut stmt = conn.prepare_cached(SQL)?;
-            let rows = stmt.query_map(
-                params![
-                    now,
-                    query.state.map(row::state_code),
-                    query.scope.as_ref().map(Scope::as_str),
-                    query.after.as_ref().map(|a| a.scope().as_str()),
-                    query.after.as_ref().map(|a| a.key().as_str()),
-                    i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX),
-                ],
-                |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, String>(1)?,
-                        row::decode(r, 2),
-                    ))
-                },
-            )?;
+            let mut stmt = conn.prepare_cached(&sql)?;
+            let rows = stmt.query_map(rusqlite::params_from_iter(values.iter()), |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    row::decode(r, 2),
+                ))
+            })?;
             rows.collect::<rusqlite::Result<Vec<_>>>()
         })?;
         let mut records = Vec::with_capacity(rows.len());
@@ -490,5 +518,66 @@ impl<C: Clock> ClaimMany for SqliteStore<C> {
             Done::Claims(outcomes) => Ok(outcomes),
             _ => unreachable!("a claim job is answered with Done::Claims"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem::StateKind;
+
+    fn plan(conn: &Connection, query: &ListQuery) -> String {
+        let (sql, values) = list_sql(query, 0, 10).expect("a query");
+        let mut stmt = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .expect("prepare");
+        let rows = stmt
+            .query_map(rusqlite::params_from_iter(values.iter()), |r| {
+                r.get::<_, String>(3)
+            })
+            .expect("explain");
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+            .expect("rows")
+            .join("; ")
+    }
+
+    #[test]
+    fn pages_seek_in_the_key_index_and_never_sort() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("plan.db");
+        let mut conn = schema::connect(&path, Durability::Full, DEFAULT_BUSY_TIMEOUT, Role::Writer)
+            .expect("open");
+        schema::migrate(&mut conn, &path, DEFAULT_BUSY_TIMEOUT).expect("migrate");
+        let scope = Scope::new("s").expect("valid");
+        let after = RecordId::parse("s", "k5").expect("valid");
+        let queries = [
+            ListQuery::new(10).after(after.clone()),
+            ListQuery::new(10).scope(scope.clone()).after(after.clone()),
+            ListQuery::new(10)
+                .scope(scope.clone())
+                .state(StateKind::Completed),
+            ListQuery::new(10),
+        ];
+        for (i, query) in queries.iter().enumerate() {
+            let plan = plan(&conn, query);
+            assert!(!plan.contains("TEMP B-TREE"), "query {i} sorts: {plan}");
+            assert!(
+                !plan.contains("expires_at"),
+                "query {i} walks the expiry index: {plan}"
+            );
+            if i < 3 {
+                assert!(
+                    plan.starts_with("SEARCH"),
+                    "query {i} scans instead of seeking: {plan}"
+                );
+            }
+        }
+        let past = ListQuery::new(10)
+            .scope(scope)
+            .after(RecordId::parse("t", "k").expect("valid"));
+        assert!(
+            list_sql(&past, 0, 10).is_none(),
+            "a cursor past the scope is an empty page"
+        );
     }
 }
