@@ -32,6 +32,10 @@
 //! - **Tokens and fences** come from a sequence kept in the file, so they
 //!   are unique and rising for the life of the file, across processes and
 //!   restarts.
+//! - **Threads:** writes run on one writer thread per store. Reads (`get`,
+//!   `list`, and the first look of a `claim`) are short indexed lookups run
+//!   on the calling task's thread. Dropping the last clone waits for the
+//!   writer to finish its current batch, so nothing acknowledged is lost.
 //! - **Transactional inbox:** [`inbox::Inbox`] writes the dedup record
 //!   inside your own `rusqlite` transaction.
 
