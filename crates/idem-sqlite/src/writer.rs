@@ -15,6 +15,7 @@ use idem::machine::{decide_claim, decide_write, Fresh, Write};
 use idem::{
     ClaimOutcome, ClaimParams, Clock, Lease, LeaseToken, RecordId, State, StoreError, Timestamp,
 };
+use parking_lot::Mutex;
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
 use tokio::sync::{mpsc, oneshot, Notify};
 
@@ -69,10 +70,17 @@ pub(crate) fn corrupt(id: &RecordId, reason: String) -> StoreError {
     }
 }
 
-pub(crate) struct Writer<C> {
+/// The write connection and what a transaction needs. Held under a lock
+/// by the writer thread for each batch, or by an idle caller for its own
+/// job (see `SqliteStore::submit`).
+pub(crate) struct WriteConnection<C> {
     pub(crate) conn: Connection,
     pub(crate) clock: Arc<C>,
     pub(crate) store_id: u64,
+}
+
+pub(crate) struct Writer<C> {
+    pub(crate) connection: Arc<Mutex<WriteConnection<C>>>,
     pub(crate) max_batch: usize,
     pub(crate) changed: Arc<Notify>,
 }
@@ -80,7 +88,7 @@ pub(crate) struct Writer<C> {
 impl<C: Clock> Writer<C> {
     /// Runs until every sender is gone, then returns (closing the
     /// connection, which checkpoints the log).
-    pub(crate) fn run(mut self, mut jobs: mpsc::Receiver<Job>) {
+    pub(crate) fn run(self, mut jobs: mpsc::Receiver<Job>) {
         let mut batch = Vec::with_capacity(self.max_batch);
         while let Some(first) = jobs.blocking_recv() {
             batch.push(first);
@@ -90,7 +98,9 @@ impl<C: Clock> Writer<C> {
                     Err(_) => break,
                 }
             }
-            match self.execute(&batch) {
+            let ops: Vec<&Op> = batch.iter().map(|job| &job.op).collect();
+            let result = self.connection.lock().execute(&ops);
+            match result {
                 Ok(done) => {
                     for (job, done) in batch.drain(..).zip(done) {
                         let _ = job.reply.send(done);
@@ -106,8 +116,14 @@ impl<C: Clock> Writer<C> {
             self.changed.notify_waiters();
         }
     }
+}
 
-    fn execute(&mut self, batch: &[Job]) -> rusqlite::Result<Vec<Result<Done, StoreError>>> {
+impl<C: Clock> WriteConnection<C> {
+    /// Runs `ops` in one `BEGIN IMMEDIATE` transaction and commits.
+    pub(crate) fn execute(
+        &mut self,
+        ops: &[&Op],
+    ) -> rusqlite::Result<Vec<Result<Done, StoreError>>> {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -118,13 +134,25 @@ impl<C: Clock> Writer<C> {
         // A sequence that went backwards would reissue tokens: refuse it.
         let mut seq =
             u64::try_from(start).map_err(|_| rusqlite::Error::IntegralValueOutOfRange(0, start))?;
-        let mut done = Vec::with_capacity(batch.len());
-        for job in batch {
-            // Each job in its own savepoint: a statement that fails (a value
-            // too big, say) answers only its own job, unless SQLite rolled
-            // the whole transaction back, which fails the batch.
+        let mut done = Vec::with_capacity(ops.len());
+        // With several jobs, each runs in its own savepoint: a statement that
+        // fails (a value too big, say) answers only its own job, unless
+        // SQLite rolled the whole transaction back, which fails the batch.
+        // A lone job needs no savepoint: its failure is the batch's.
+        let isolate = ops.len() > 1;
+        for op in ops {
+            if !isolate {
+                done.push(Ok(apply(
+                    &tx,
+                    op,
+                    self.clock.now(),
+                    self.store_id,
+                    &mut seq,
+                )?));
+                continue;
+            }
             tx.prepare_cached("SAVEPOINT job")?.execute([])?;
-            match apply(&tx, &job.op, self.clock.now(), self.store_id, &mut seq) {
+            match apply(&tx, op, self.clock.now(), self.store_id, &mut seq) {
                 Ok(answer) => {
                     tx.prepare_cached("RELEASE job")?.execute([])?;
                     done.push(Ok(answer));
