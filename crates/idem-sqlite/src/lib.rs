@@ -53,8 +53,8 @@ use bytes::Bytes;
 use idem::machine::{decide_claim, ClaimDecision, Fresh, Write};
 use idem::{
     ClaimMany, ClaimOutcome, ClaimParams, Clock, DeleteRecord, Failure, GetRecord, KeyRules, Lease,
-    LeaseToken, ListPage, ListQuery, ListRecords, PurgeExpired, Record, RecordId, Scope, Store,
-    StoreError, SystemClock, Timestamp,
+    LeaseToken, ListPage, ListQuery, ListRecords, PurgeExpired, PurgerHandle, Record, RecordId,
+    Scope, Store, StoreError, SystemClock, Timestamp,
 };
 use parking_lot::Mutex;
 use rusqlite::types::Value;
@@ -345,42 +345,10 @@ impl<C: Clock> SqliteStore<C> {
 
     /// Starts a background task (on the current tokio runtime) that purges
     /// expired records every `every`, at most `batch` per transaction so
-    /// other writes are never held up for long. Stops when the handle is
-    /// dropped.
+    /// other writes are never held up for long (see [`idem::spawn_purger`]).
+    /// Stops when the handle is dropped.
     pub fn spawn_purger(&self, every: Duration, batch: usize) -> PurgerHandle {
-        let store = self.clone();
-        let batch = batch.max(1);
-        let task = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                loop {
-                    match store.purge_expired(batch).await {
-                        Ok(n) if n == batch => continue,
-                        Ok(_) => break,
-                        Err(error) => {
-                            tracing::warn!(%error, "idem-sqlite purge failed");
-                            break;
-                        }
-                    }
-                }
-            }
-        });
-        PurgerHandle { task }
-    }
-}
-
-/// Stops the background purge task of [`SqliteStore::spawn_purger`] when
-/// dropped.
-#[derive(Debug)]
-pub struct PurgerHandle {
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for PurgerHandle {
-    fn drop(&mut self) {
-        self.task.abort();
+        idem::spawn_purger(self.clone(), every, batch)
     }
 }
 

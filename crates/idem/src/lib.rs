@@ -68,6 +68,7 @@ mod key;
 pub mod machine;
 mod memory;
 pub mod metrics;
+mod purger;
 mod record;
 mod store;
 
@@ -80,9 +81,8 @@ pub use executor::{
 pub use fingerprint::{canonical_json, Fingerprint, FingerprintError};
 pub use key::{Key, KeyError, KeyRules, RecordId, Scope, DEFAULT_MAX_KEY_LEN, MAX_SCOPE_LEN};
 pub use machine::LeaseLost;
-pub use memory::{
-    MemoryStore, MemoryStoreBuilder, PurgerHandle, DEFAULT_MAX_RECORDS, DEFAULT_SHARDS,
-};
+pub use memory::{MemoryStore, MemoryStoreBuilder, DEFAULT_MAX_RECORDS, DEFAULT_SHARDS};
+pub use purger::{spawn_purger, PurgerHandle};
 pub use record::{
     ClaimOutcome, ClaimParams, Failure, FailureClass, Lease, LeaseToken, Record, State, StateKind,
 };

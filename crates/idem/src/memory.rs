@@ -18,6 +18,7 @@ use tokio::sync::Notify;
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::key::RecordId;
 use crate::machine::{decide_claim, decide_write, Fresh, Write};
+use crate::purger::PurgerHandle;
 use crate::record::{ClaimOutcome, ClaimParams, Failure, Lease, LeaseToken, Record, State};
 use crate::store::{
     ClaimMany, DeleteRecord, GetRecord, ListPage, ListQuery, ListRecords, PurgeExpired, Store,
@@ -269,22 +270,11 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// Starts a background task (on the current tokio runtime) that purges
-    /// expired records every `every`, in batches of `batch`. The task stops
-    /// when the handle is dropped.
+    /// expired records every `every`, in batches of `batch` (see
+    /// [`spawn_purger`](crate::spawn_purger)). Stops when the handle is
+    /// dropped.
     pub fn spawn_purger(&self, every: Duration, batch: usize) -> PurgerHandle {
-        let store = self.clone();
-        let batch = batch.max(1);
-        let task = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                while store.purge_now(batch) == batch {
-                    tokio::task::yield_now().await;
-                }
-            }
-        });
-        PurgerHandle { task }
+        crate::spawn_purger(self.clone(), every, batch)
     }
 
     fn purge_now(&self, limit: usize) -> usize {
@@ -326,19 +316,6 @@ impl Shard {
         if self.waiters.load(Ordering::Acquire) > 0 {
             self.changed.notify_waiters();
         }
-    }
-}
-
-/// Stops the background purge task of [`MemoryStore::spawn_purger`] when
-/// dropped.
-#[derive(Debug)]
-pub struct PurgerHandle {
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for PurgerHandle {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 

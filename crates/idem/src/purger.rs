@@ -1,0 +1,49 @@
+//! A background task that removes expired records in bounded batches, for
+//! any store that can [`PurgeExpired`].
+
+use std::time::Duration;
+
+use crate::store::PurgeExpired;
+
+/// Stops the purge task started by [`spawn_purger`] when dropped.
+#[derive(Debug)]
+pub struct PurgerHandle {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for PurgerHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Starts a task on the current tokio runtime that, every `every`, purges
+/// expired records `batch` at a time until a batch comes back short, so no
+/// single purge holds the store for long. Errors are logged and retried at
+/// the next tick. The task owns `store` (a clone) and stops when the handle
+/// is dropped.
+pub fn spawn_purger<S: PurgeExpired + Clone>(
+    store: S,
+    every: Duration,
+    batch: usize,
+) -> PurgerHandle {
+    let batch = batch.max(1);
+    let task = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            loop {
+                match store.purge_expired(batch).await {
+                    Ok(n) if n == batch => tokio::task::yield_now().await,
+                    Ok(_) => break,
+                    Err(error) => {
+                        tracing::warn!(%error, "purging expired records failed; retrying at the next tick");
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    PurgerHandle { task }
+}
