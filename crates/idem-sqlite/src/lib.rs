@@ -286,6 +286,10 @@ impl<C: Clock> SqliteStore<C> {
     }
 
     async fn submit(&self, op: Op) -> Result<Done, StoreError> {
+        // Inline commits and reads finish without ever waiting, so a loop of
+        // store calls would otherwise never give its worker thread back to
+        // the runtime: take part in tokio's cooperative budget instead.
+        tokio::task::coop::consume_budget().await;
         let in_flight = InFlight::enter(&self.inner.in_flight);
         // Alone, on a multi-threaded runtime: commit on this thread rather
         // than crossing to the writer and back (two thread wake-ups). With
@@ -325,8 +329,13 @@ impl<C: Clock> SqliteStore<C> {
     }
 
     /// Runs `f` on a read connection (WAL: it sees the last commit and never
-    /// waits for the writer).
-    fn read<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
+    /// waits for the writer). A yield point under tokio's cooperative budget,
+    /// as [`Self::submit`] is.
+    async fn read<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> Result<T, StoreError> {
+        tokio::task::coop::consume_budget().await;
         let pooled = self.inner.readers.lock().pop();
         let conn = match pooled {
             Some(conn) => conn,
@@ -360,7 +369,7 @@ impl<C: Clock> Store for SqliteStore<C> {
         // may acquire go through the writer, which decides again under the
         // write lock.
         let now = self.inner.clock.now();
-        if let Some((_, Ok(record))) = self.read(|conn| row::load(conn, id))? {
+        if let Some((_, Ok(record))) = self.read(|conn| row::load(conn, id)).await? {
             let probe = Fresh {
                 token: LeaseToken::from_u128(0),
                 fence_floor: 0,
@@ -425,7 +434,7 @@ impl<C: Clock> Store for SqliteStore<C> {
         notified.as_mut().enable();
         let now = self.inner.clock.now();
         let busy = matches!(
-            self.read(|conn| row::load(conn, id)),
+            self.read(|conn| row::load(conn, id)).await,
             Ok(Some((_, Ok(Record { state: idem::State::InProgress { .. }, expires_at, .. })))) if now < expires_at
         );
         if busy {
@@ -437,7 +446,7 @@ impl<C: Clock> Store for SqliteStore<C> {
 impl<C: Clock> GetRecord for SqliteStore<C> {
     async fn get(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
         let now = self.inner.clock.now();
-        match self.read(|conn| row::load(conn, id))? {
+        match self.read(|conn| row::load(conn, id)).await? {
             None => Ok(None),
             Some((_, Ok(record))) => Ok((!record.is_expired(now)).then_some(record)),
             Some((_, Err(reason))) => Err(writer::corrupt(id, reason)),
@@ -503,17 +512,19 @@ impl<C: Clock> ListRecords for SqliteStore<C> {
                 next: None,
             });
         };
-        let rows = self.read(|conn| {
-            let mut stmt = conn.prepare_cached(&sql)?;
-            let rows = stmt.query_map(rusqlite::params_from_iter(values.iter()), |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, String>(1)?,
-                    row::decode(r, 2),
-                ))
-            })?;
-            rows.collect::<rusqlite::Result<Vec<_>>>()
-        })?;
+        let rows = self
+            .read(|conn| {
+                let mut stmt = conn.prepare_cached(&sql)?;
+                let rows = stmt.query_map(rusqlite::params_from_iter(values.iter()), |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        row::decode(r, 2),
+                    ))
+                })?;
+                rows.collect::<rusqlite::Result<Vec<_>>>()
+            })
+            .await?;
         let mut records = Vec::with_capacity(rows.len());
         for (scope, key, record) in rows {
             let id = Scope::new(&scope)

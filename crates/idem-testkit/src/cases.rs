@@ -817,3 +817,45 @@ pub async fn stored_bytes_round_trip<S: ConformanceStore>(f: &Fixture<S>) {
         .expect("fail");
     assert_eq!(claim(f, &id, &p).await, ClaimOutcome::Failed(failure));
 }
+
+/// A task that calls the store in a loop must still give its worker thread
+/// back to the runtime now and then: a store whose calls always finish at
+/// once (an embedded one) takes part in tokio's cooperative budget, so other
+/// tasks on the same worker (timers, the executor's heartbeats) are not
+/// starved. Counts the calls that yielded over a run of claims and
+/// completions.
+pub async fn calls_yield_to_the_runtime<S: ConformanceStore>(f: &Fixture<S>) {
+    let scope = f.scope("yield");
+    let p = params(f);
+    let mut yielded = 0usize;
+    let mut polls = |pending: bool| yielded += usize::from(pending);
+    for i in 0..1_000 {
+        let id = id(&scope, &format!("k{i}"));
+        let lease = match counting(f.store.claim(&id, &p), &mut polls).await {
+            Ok(ClaimOutcome::Acquired(lease)) => lease,
+            other => panic!("expected {id} to be acquired, got {other:?}"),
+        };
+        counting(
+            f.store.complete(&lease, Bytes::from_static(b"ok"), LONG),
+            &mut polls,
+        )
+        .await
+        .expect("complete");
+    }
+    assert!(
+        yielded > 0,
+        "2,000 store calls in one task never yielded to the runtime: a task \
+         looping over this store would starve everything else on its worker"
+    );
+}
+
+/// Awaits `fut`, telling `polled` after each poll whether it was pending.
+async fn counting<F: std::future::Future>(fut: F, polled: &mut impl FnMut(bool)) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| {
+        let poll = fut.as_mut().poll(cx);
+        polled(poll.is_pending());
+        poll
+    })
+    .await
+}

@@ -146,6 +146,7 @@ macro_rules! conformance_suite {
             delete_force_releases,
             list_by_state_and_scope,
             stored_bytes_round_trip,
+            calls_yield_to_the_runtime,
         );
     };
 }

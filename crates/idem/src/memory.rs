@@ -321,6 +321,10 @@ impl Shard {
 
 impl<C: Clock> Store for MemoryStore<C> {
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
+        // Every call finishes without waiting, so a loop of them would never
+        // give its worker thread back to the runtime: each call is a yield
+        // point under tokio's cooperative budget (as tokio's own types are).
+        tokio::task::coop::consume_budget().await;
         self.claim_now(id, params)
     }
 
@@ -330,6 +334,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         response: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
+        tokio::task::coop::consume_budget().await;
         self.write_now(
             lease,
             Write::Complete {
@@ -346,15 +351,18 @@ impl<C: Clock> Store for MemoryStore<C> {
         failure: Failure,
         retention: Duration,
     ) -> Result<(), StoreError> {
+        tokio::task::coop::consume_budget().await;
         self.write_now(lease, Write::Fail { failure, retention })
             .map(drop)
     }
 
     async fn extend(&self, lease: &Lease, duration: Duration) -> Result<Timestamp, StoreError> {
+        tokio::task::coop::consume_budget().await;
         self.write_now(lease, Write::Extend { lease: duration })
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        tokio::task::coop::consume_budget().await;
         self.write_now(lease, Write::Release).map(drop)
     }
 
@@ -378,6 +386,7 @@ impl<C: Clock> Store for MemoryStore<C> {
 
 impl<C: Clock> GetRecord for MemoryStore<C> {
     async fn get(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
+        tokio::task::coop::consume_budget().await;
         let now = self.now();
         let (hash, index) = self.locate(id);
         let shard = self.inner.shards[index].state.lock();
@@ -392,6 +401,7 @@ impl<C: Clock> GetRecord for MemoryStore<C> {
 
 impl<C: Clock> DeleteRecord for MemoryStore<C> {
     async fn delete(&self, id: &RecordId) -> Result<bool, StoreError> {
+        tokio::task::coop::consume_budget().await;
         let now = self.now();
         let (hash, index) = self.locate(id);
         let shard = &self.inner.shards[index];
@@ -411,6 +421,7 @@ impl<C: Clock> DeleteRecord for MemoryStore<C> {
 
 impl<C: Clock> ListRecords for MemoryStore<C> {
     async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
+        tokio::task::coop::consume_budget().await;
         let now = self.now();
         let mut found: Vec<(RecordId, Record)> = Vec::new();
         for shard in self.inner.shards.iter() {
@@ -441,6 +452,7 @@ impl<C: Clock> ListRecords for MemoryStore<C> {
 
 impl<C: Clock> PurgeExpired for MemoryStore<C> {
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        tokio::task::coop::consume_budget().await;
         Ok(self.purge_now(limit))
     }
 }
@@ -450,6 +462,7 @@ impl<C: Clock> ClaimMany for MemoryStore<C> {
         &self,
         claims: &[(RecordId, ClaimParams)],
     ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
+        tokio::task::coop::consume_budget().await;
         Ok(claims.iter().map(|(id, p)| self.claim_now(id, p)).collect())
     }
 }
