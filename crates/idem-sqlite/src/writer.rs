@@ -16,7 +16,7 @@ use idem::{
     ClaimOutcome, ClaimParams, Clock, Lease, LeaseToken, RecordId, State, StoreError, Timestamp,
 };
 use parking_lot::Mutex;
-use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::row::{self, Place};
@@ -120,60 +120,138 @@ impl<C: Clock> Writer<C> {
 
 impl<C: Clock> WriteConnection<C> {
     /// Runs `ops` in one `BEGIN IMMEDIATE` transaction and commits.
+    ///
+    /// The batch first runs without savepoints. A job failing with a SQL
+    /// error (a value too big, say) is rare; when it happens the whole
+    /// transaction is rolled back and the batch runs again with each job in
+    /// its own savepoint, so that the failure answers only its own job.
+    /// Nothing of the first run was committed, and every job is decided
+    /// afresh in the second, so no answer is given twice.
     pub(crate) fn execute(
         &mut self,
         ops: &[&Op],
     ) -> rusqlite::Result<Vec<Result<Done, StoreError>>> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let start: i64 =
-            tx.query_row("SELECT value FROM idem_meta WHERE name = 'seq'", [], |r| {
-                r.get(0)
-            })?;
-        // A sequence that went backwards would reissue tokens: refuse it.
-        let mut seq =
-            u64::try_from(start).map_err(|_| rusqlite::Error::IntegralValueOutOfRange(0, start))?;
-        let mut done = Vec::with_capacity(ops.len());
-        // With several jobs, each runs in its own savepoint: a statement that
-        // fails (a value too big, say) answers only its own job, unless
-        // SQLite rolled the whole transaction back, which fails the batch.
-        // A lone job needs no savepoint: its failure is the batch's.
-        let isolate = ops.len() > 1;
-        for op in ops {
-            if !isolate {
-                done.push(Ok(apply(
-                    &tx,
-                    op,
-                    self.clock.now(),
-                    self.store_id,
-                    &mut seq,
-                )?));
-                continue;
-            }
-            tx.prepare_cached("SAVEPOINT job")?.execute([])?;
-            match apply(&tx, op, self.clock.now(), self.store_id, &mut seq) {
-                Ok(answer) => {
-                    tx.prepare_cached("RELEASE job")?.execute([])?;
-                    done.push(Ok(answer));
-                }
-                Err(e) if !tx.is_autocommit() => {
-                    tx.prepare_cached("ROLLBACK TO job")?.execute([])?;
-                    tx.prepare_cached("RELEASE job")?.execute([])?;
-                    done.push(Err(store_error(&e)));
-                }
-                Err(e) => return Err(e),
-            }
+        let first = if ops.len() == 1 {
+            // A lone job needs no savepoint: its failure is the batch's.
+            Isolation::None
+        } else {
+            Isolation::Optimistic
+        };
+        match self.transaction(ops, first) {
+            Ok(done) => Ok(done),
+            Err(JobsError::Job(_)) => self
+                .transaction(ops, Isolation::Savepoints)
+                .map_err(JobsError::into_inner),
+            Err(e) => Err(e.into_inner()),
         }
-        if i64::try_from(seq).ok() != Some(start) {
-            tx.execute(
-                "UPDATE idem_meta SET value = ?1 WHERE name = 'seq'",
-                [i64::try_from(seq).unwrap_or(i64::MAX)],
-            )?;
-        }
-        tx.commit()?;
-        Ok(done)
     }
+
+    fn transaction(
+        &mut self,
+        ops: &[&Op],
+        isolation: Isolation,
+    ) -> Result<Vec<Result<Done, StoreError>>, JobsError> {
+        // Statements are cached: parsing `BEGIN`/`COMMIT` and the sequence
+        // queries for every batch showed up in the writer's profile.
+        let conn = &self.conn;
+        conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        let result =
+            run_jobs(conn, ops, isolation, self.clock.as_ref(), self.store_id).and_then(|done| {
+                conn.prepare_cached("COMMIT")?.execute([])?;
+                Ok(done)
+            });
+        if result.is_err() && !conn.is_autocommit() {
+            // Best effort: if even the rollback fails, SQLite rolls back
+            // when the connection next begins, and the error reported is
+            // the one that caused this.
+            let _ = conn
+                .prepare_cached("ROLLBACK")
+                .and_then(|mut s| s.execute([]));
+        }
+        result
+    }
+}
+
+/// How jobs in one transaction are kept apart.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Isolation {
+    /// A lone job.
+    None,
+    /// No savepoints; a job's SQL failure aborts the batch for a rerun.
+    Optimistic,
+    /// Each job in its own savepoint.
+    Savepoints,
+}
+
+/// Why a batch's transaction did not commit.
+enum JobsError {
+    /// A job's own statement failed (rerun the batch with savepoints).
+    Job(rusqlite::Error),
+    /// The transaction itself failed.
+    Sql(rusqlite::Error),
+}
+
+impl JobsError {
+    fn into_inner(self) -> rusqlite::Error {
+        match self {
+            JobsError::Job(e) | JobsError::Sql(e) => e,
+        }
+    }
+}
+
+impl From<rusqlite::Error> for JobsError {
+    fn from(e: rusqlite::Error) -> Self {
+        JobsError::Sql(e)
+    }
+}
+
+/// Runs the jobs in the open transaction and stores the advanced sequence.
+fn run_jobs<C: Clock>(
+    conn: &Connection,
+    ops: &[&Op],
+    isolation: Isolation,
+    clock: &C,
+    store_id: u64,
+) -> Result<Vec<Result<Done, StoreError>>, JobsError> {
+    let start: i64 = conn
+        .prepare_cached("SELECT value FROM idem_meta WHERE name = 'seq'")?
+        .query_row([], |r| r.get(0))?;
+    // A sequence that went backwards would reissue tokens: refuse it.
+    let mut seq =
+        u64::try_from(start).map_err(|_| rusqlite::Error::IntegralValueOutOfRange(0, start))?;
+    let mut done = Vec::with_capacity(ops.len());
+    for op in ops {
+        if isolation != Isolation::Savepoints {
+            match apply(conn, op, clock.now(), store_id, &mut seq) {
+                Ok(answer) => done.push(Ok(answer)),
+                Err(e) if isolation == Isolation::Optimistic && !conn.is_autocommit() => {
+                    return Err(JobsError::Job(e))
+                }
+                Err(e) => return Err(JobsError::Sql(e)),
+            }
+            continue;
+        }
+        conn.prepare_cached("SAVEPOINT job")?.execute([])?;
+        match apply(conn, op, clock.now(), store_id, &mut seq) {
+            Ok(answer) => {
+                conn.prepare_cached("RELEASE job")?.execute([])?;
+                done.push(Ok(answer));
+            }
+            // Unless SQLite rolled the whole transaction back (which fails
+            // the batch), the failure answers only its own job.
+            Err(e) if !conn.is_autocommit() => {
+                conn.prepare_cached("ROLLBACK TO job")?.execute([])?;
+                conn.prepare_cached("RELEASE job")?.execute([])?;
+                done.push(Err(store_error(&e)));
+            }
+            Err(e) => return Err(JobsError::Sql(e)),
+        }
+    }
+    if i64::try_from(seq).ok() != Some(start) {
+        conn.prepare_cached("UPDATE idem_meta SET value = ?1 WHERE name = 'seq'")?
+            .execute([i64::try_from(seq).unwrap_or(i64::MAX)])?;
+    }
+    Ok(done)
 }
 
 /// Runs one job inside the batch's transaction. `Err` is a SQL failure of
