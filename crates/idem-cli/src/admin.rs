@@ -1,0 +1,133 @@
+//! Admin commands against any store: inspect, list, release, purge, stats.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use idem::{
+    DeleteRecord, GetRecord, ListQuery, ListRecords, PurgeExpired, Record, RecordId, State,
+    StateKind,
+};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{json, Value};
+
+use crate::store::AnyStore;
+
+/// A record as the admin commands print it.
+pub fn describe(id: &RecordId, record: &Record) -> Value {
+    let mut out = json!({
+        "scope": id.scope().as_str(),
+        "key": id.key().as_str(),
+        "state": record.state.kind().as_str(),
+        "attempt": record.attempt,
+        "fence": record.fence,
+        "created_at_ms": record.created_at.as_millis(),
+        "updated_at_ms": record.updated_at.as_millis(),
+        "expires_at_ms": record.expires_at.as_millis(),
+        "fingerprint": record.fingerprint.as_ref().map(|f| f.to_hex()),
+    });
+    match &record.state {
+        State::InProgress { lease_until, .. } => {
+            out["lease_until_ms"] = json!(lease_until.as_millis());
+        }
+        State::Completed { response } => out["response_bytes"] = json!(response.len()),
+        State::Failed { failure } => {
+            out["failure"] = json!({"class": failure.class.as_str(), "message": failure.message});
+        }
+        State::Released { last_failure } => {
+            if let Some(f) = last_failure {
+                out["last_failure"] = json!({"class": f.class.as_str(), "message": f.message});
+            }
+        }
+    }
+    out
+}
+
+/// `idem inspect SCOPE KEY`: the record, or `None` if absent or expired.
+pub async fn inspect(store: &AnyStore, id: &RecordId) -> anyhow::Result<Option<Value>> {
+    Ok(store.get(id).await?.map(|record| describe(id, &record)))
+}
+
+/// `idem list`: up to `limit` records, optionally of one state and scope.
+pub async fn list(
+    store: &AnyStore,
+    state: Option<StateKind>,
+    scope: Option<idem::Scope>,
+    limit: usize,
+) -> anyhow::Result<Vec<Value>> {
+    let mut out = Vec::new();
+    let mut after = None;
+    while out.len() < limit {
+        let mut query = ListQuery::new((limit - out.len()).min(1_000));
+        query.state = state;
+        query.scope = scope.clone();
+        query.after = after.take();
+        let page = store.list(&query).await?;
+        out.extend(page.records.iter().map(|(id, r)| describe(id, r)));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    Ok(out)
+}
+
+/// `idem release SCOPE KEY`: force-releases a stuck key by deleting its
+/// record. Whether a live record was there.
+pub async fn release(store: &AnyStore, id: &RecordId) -> anyhow::Result<bool> {
+    Ok(store.delete(id).await?)
+}
+
+fn spinner(show: bool, message: &'static str) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new_spinner().with_message(message);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg}: {pos} ({per_sec}, {elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    bar.enable_steady_tick(Duration::from_millis(120));
+    bar
+}
+
+/// `idem purge`: deletes expired records `batch` at a time until none are
+/// left, with a progress line. How many were deleted.
+pub async fn purge(store: &AnyStore, batch: usize, progress: bool) -> anyhow::Result<u64> {
+    let bar = spinner(progress, "purging expired records");
+    let mut total = 0u64;
+    loop {
+        let n = store.purge_expired(batch.max(1)).await?;
+        total += n as u64;
+        bar.inc(n as u64);
+        if n == 0 {
+            break;
+        }
+    }
+    bar.finish_and_clear();
+    Ok(total)
+}
+
+/// `idem stats`: live records by state, and how many scopes hold them.
+pub async fn stats(store: &AnyStore, progress: bool) -> anyhow::Result<Value> {
+    let bar = spinner(progress, "counting records");
+    let mut by_state: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut scopes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut after = None;
+    loop {
+        let mut query = ListQuery::new(1_000);
+        query.after = after.take();
+        let page = store.list(&query).await?;
+        for (id, record) in &page.records {
+            *by_state.entry(record.state.kind().as_str()).or_default() += 1;
+            *scopes.entry(id.scope().as_str().to_owned()).or_default() += 1;
+        }
+        bar.inc(page.records.len() as u64);
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    bar.finish_and_clear();
+    let total: u64 = by_state.values().sum();
+    Ok(json!({ "records": total, "by_state": by_state, "scopes": scopes.len() }))
+}

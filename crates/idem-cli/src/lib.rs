@@ -1,0 +1,422 @@
+//! The `idem` binary as a library: the gateway ([`proxy`]), the admin
+//! commands ([`admin`]) and the load generator ([`bench`]), and the command
+//! line that drives them ([`Cli`]). `main` only parses and calls [`run`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use http::{HeaderName, Method, Uri};
+use idem::{RecordId, Scope, StateKind};
+use serde::Deserialize;
+
+pub mod admin;
+pub mod bench;
+pub mod proxy;
+pub mod store;
+
+use store::{StoreUrl, DEFAULT_STORE};
+
+/// Exactly-once effects over at-least-once delivery.
+#[derive(Debug, Parser)]
+#[command(name = "idem", version, about)]
+pub struct Cli {
+    /// Where records live: `sqlite:PATH` (the embedded durable store, the
+    /// default: `sqlite:idem.db` in the working directory) or `memory:`.
+    #[arg(long, env = "IDEM_STORE", global = true)]
+    pub store: Option<String>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve an Idempotency-Key gateway in front of an HTTP service.
+    Proxy(Box<ProxyArgs>),
+    /// Print one record as JSON.
+    Inspect {
+        /// The record's scope (for the gateway: `http METHOD ROUTE`).
+        scope: String,
+        /// The key.
+        key: String,
+    },
+    /// List records as JSON lines.
+    List {
+        /// Only records in this state.
+        #[arg(long, value_enum)]
+        state: Option<StateArg>,
+        /// Only records in this scope.
+        #[arg(long)]
+        scope: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Force-release a stuck key (its record is deleted; the next request
+    /// with it runs).
+    Release {
+        /// The record's scope.
+        scope: String,
+        /// The key.
+        key: String,
+    },
+    /// Delete expired records, in batches.
+    Purge {
+        /// Records per transaction.
+        #[arg(long, default_value_t = 1_000)]
+        batch: usize,
+    },
+    /// Count live records by state.
+    Stats,
+    /// Drive claim → complete through the executor and check that every
+    /// unique key ran exactly once.
+    Bench {
+        /// Unique keys.
+        #[arg(long, default_value_t = 10_000)]
+        keys: u64,
+        /// Fraction of operations that repeat an earlier key, in [0, 1).
+        #[arg(long, default_value_t = 0.2)]
+        duplicates: f64,
+        /// Concurrent callers.
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A record state on the command line.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum StateArg {
+    /// Claimed, running.
+    InProgress,
+    /// Completed; replayed to duplicates.
+    Completed,
+    /// Failed for good; replayed to duplicates.
+    Failed,
+    /// Released for a retry.
+    Released,
+}
+
+impl From<StateArg> for StateKind {
+    fn from(s: StateArg) -> Self {
+        match s {
+            StateArg::InProgress => StateKind::InProgress,
+            StateArg::Completed => StateKind::Completed,
+            StateArg::Failed => StateKind::Failed,
+            StateArg::Released => StateKind::Released,
+        }
+    }
+}
+
+/// `idem proxy` settings. Each comes from its flag, else its `IDEM_*`
+/// environment variable, else the `--config` TOML file (same names, with
+/// underscores: `upstream = "http://127.0.0.1:3000"`), else the default.
+#[derive(Debug, Clone, Default, clap::Args, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyArgs {
+    /// A TOML file with any of these settings.
+    #[arg(long, env = "IDEM_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Where the gateway listens [default: 127.0.0.1:8080].
+    #[arg(long, env = "IDEM_LISTEN")]
+    pub listen: Option<String>,
+    /// The service behind the gateway, e.g. http://127.0.0.1:3000.
+    #[arg(long, env = "IDEM_UPSTREAM")]
+    pub upstream: Option<String>,
+    /// Where /metrics and /healthz are served [default: 127.0.0.1:9090;
+    /// "off" for none].
+    #[arg(long, env = "IDEM_ADMIN_LISTEN")]
+    pub admin_listen: Option<String>,
+    /// The store (as the global --store; this one also reads the file).
+    #[arg(skip)]
+    pub store: Option<String>,
+    /// Covered methods, comma-separated [default: POST,PATCH].
+    #[arg(long, env = "IDEM_METHODS")]
+    pub methods: Option<String>,
+    /// The key header [default: Idempotency-Key].
+    #[arg(long, env = "IDEM_HEADER")]
+    pub header: Option<String>,
+    /// Refuse covered requests without a key (400).
+    #[arg(long, env = "IDEM_REQUIRE_KEY")]
+    pub require_key: Option<bool>,
+    /// Separate keys per value of this header (e.g. authorization), so no
+    /// client can replay another's response.
+    #[arg(long, env = "IDEM_TENANT_HEADER")]
+    pub tenant_header: Option<String>,
+    /// How long completed keys are remembered [default: 24h].
+    #[arg(long, env = "IDEM_RETENTION")]
+    pub retention: Option<String>,
+    /// How long a claim lasts without a heartbeat [default: 30s].
+    #[arg(long, env = "IDEM_LEASE")]
+    pub lease: Option<String>,
+    /// The largest request body on covered methods, bytes [default: 1048576].
+    #[arg(long, env = "IDEM_MAX_REQUEST_BYTES")]
+    pub max_request_bytes: Option<usize>,
+    /// The largest response body stored, bytes [default: 1048576].
+    #[arg(long, env = "IDEM_MAX_RESPONSE_BYTES")]
+    pub max_response_bytes: Option<usize>,
+    /// Pass requests through unguarded when the store is unreachable.
+    #[arg(long, env = "IDEM_FAIL_OPEN")]
+    pub fail_open: Option<bool>,
+    /// How long the upstream may take before 502 [default: 60s].
+    #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT")]
+    pub upstream_timeout: Option<String>,
+}
+
+macro_rules! fill {
+    ($into:ident, $from:ident; $($field:ident),*) => {
+        $( if $into.$field.is_none() { $into.$field = $from.$field; } )*
+    };
+}
+
+impl ProxyArgs {
+    /// Fills unset settings from the `--config` file, if any.
+    pub fn with_file(mut self) -> anyhow::Result<Self> {
+        let Some(path) = self.config.clone() else {
+            return Ok(self);
+        };
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| anyhow::anyhow!("cannot read the config file {}: {e}", path.display()))?;
+        let file: ProxyArgs = toml::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
+        fill!(self, file; listen, upstream, admin_listen, store, methods, header, require_key,
+              tenant_header, retention, lease, max_request_bytes, max_response_bytes, fail_open,
+              upstream_timeout);
+        Ok(self)
+    }
+
+    /// The gateway's settings, checked.
+    pub fn proxy_config(&self) -> anyhow::Result<proxy::ProxyConfig> {
+        let upstream: Uri = self
+            .upstream
+            .as_deref()
+            .ok_or_else(|| anyhow::anyhow!("--upstream is required (e.g. http://127.0.0.1:3000)"))?
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--upstream: {e}"))?;
+        anyhow::ensure!(
+            upstream.scheme_str() == Some("http") && upstream.authority().is_some(),
+            "--upstream must be an http:// URL with a host, got {upstream}"
+        );
+        let methods = self
+            .methods
+            .as_deref()
+            .unwrap_or("POST,PATCH")
+            .split(',')
+            .map(|m| {
+                Method::from_bytes(m.trim().to_ascii_uppercase().as_bytes())
+                    .map_err(|_| anyhow::anyhow!("--methods: {m:?} is not an HTTP method"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let header_name = |flag: &str, v: &str| {
+            HeaderName::from_bytes(v.trim().as_bytes())
+                .map_err(|_| anyhow::anyhow!("{flag}: {v:?} is not a header name"))
+        };
+        Ok(proxy::ProxyConfig {
+            upstream,
+            methods,
+            header: header_name(
+                "--header",
+                self.header.as_deref().unwrap_or("idempotency-key"),
+            )?,
+            require_key: self.require_key.unwrap_or(false),
+            tenant_header: self
+                .tenant_header
+                .as_deref()
+                .map(|h| header_name("--tenant-header", h))
+                .transpose()?,
+            retention: duration("--retention", self.retention.as_deref().unwrap_or("24h"))?,
+            lease: duration("--lease", self.lease.as_deref().unwrap_or("30s"))?,
+            max_request_bytes: self.max_request_bytes.unwrap_or(1 << 20),
+            max_response_bytes: self.max_response_bytes.unwrap_or(1 << 20),
+            fail_open: self.fail_open.unwrap_or(false),
+            upstream_timeout: duration(
+                "--upstream-timeout",
+                self.upstream_timeout.as_deref().unwrap_or("60s"),
+            )?,
+        })
+    }
+}
+
+/// Parses `500ms`, `30s`, `15m`, `24h` or `7d`.
+pub fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| anyhow::anyhow!("{flag}: {text:?} is not a duration like 30s, 15m or 24h"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" | "" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n * 60),
+        "h" => Duration::from_secs(n * 3600),
+        "d" => Duration::from_secs(n * 86_400),
+        _ => anyhow::bail!("{flag}: unit {unit:?} in {text:?} is not one of ms, s, m, h, d"),
+    };
+    anyhow::ensure!(!d.is_zero(), "{flag}: must be more than zero");
+    Ok(d)
+}
+
+fn record_id(scope: &str, key: &str) -> anyhow::Result<RecordId> {
+    Ok(RecordId::new(
+        Scope::new(scope).map_err(|e| anyhow::anyhow!("scope: {e}"))?,
+        idem::KeyRules::default()
+            .max_len(std::num::NonZeroUsize::MAX)
+            .parse(key)
+            .map_err(|e| anyhow::anyhow!("key: {e}"))?,
+    ))
+}
+
+fn print_json(value: &serde_json::Value) {
+    #[allow(clippy::print_stdout)]
+    {
+        println!("{value}");
+    }
+}
+
+/// Runs a parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    if let Command::Proxy(args) = cli.command {
+        let mut args = (*args).with_file()?;
+        if cli.store.is_some() {
+            args.store = cli.store;
+        }
+        return run_proxy(args).await;
+    }
+    let url: StoreUrl = cli.store.as_deref().unwrap_or(DEFAULT_STORE).parse()?;
+    let store = url.open()?;
+    match cli.command {
+        Command::Proxy(_) => unreachable!("handled above"),
+        Command::Inspect { scope, key } => {
+            match admin::inspect(&store, &record_id(&scope, &key)?).await? {
+                Some(record) => print_json(&record),
+                None => anyhow::bail!("no live record for scope {scope:?}, key {key:?} in {url}"),
+            }
+        }
+        Command::List {
+            state,
+            scope,
+            limit,
+        } => {
+            let scope = scope
+                .map(|s| Scope::new(&s).map_err(|e| anyhow::anyhow!("--scope: {e}")))
+                .transpose()?;
+            for record in admin::list(&store, state.map(Into::into), scope, limit).await? {
+                print_json(&record);
+            }
+        }
+        Command::Release { scope, key } => {
+            let released = admin::release(&store, &record_id(&scope, &key)?).await?;
+            print_json(&serde_json::json!({ "released": released }));
+        }
+        Command::Purge { batch } => {
+            let purged = admin::purge(&store, batch, progress).await?;
+            print_json(&serde_json::json!({ "purged": purged }));
+        }
+        Command::Stats => print_json(&admin::stats(&store, progress).await?),
+        Command::Bench {
+            keys,
+            duplicates,
+            concurrency,
+            json,
+        } => {
+            let config = bench::BenchConfig {
+                keys,
+                duplicates,
+                concurrency,
+                progress: progress && !json,
+            };
+            let report = bench::run(store, &config).await?;
+            if json {
+                print_json(&serde_json::to_value(&report)?);
+            } else {
+                #[allow(clippy::print_stdout)]
+                {
+                    println!(
+                        "{} ops in {:.2} s: {:.0} ops/s, p50 {} µs, p99 {} µs\n\
+                         unique keys {}, executions {}, replays {}, errors {}",
+                        report.operations,
+                        report.seconds,
+                        report.ops_per_sec,
+                        report.p50_us,
+                        report.p99_us,
+                        report.unique_keys,
+                        report.executions,
+                        report.replays,
+                        report.errors
+                    );
+                }
+            }
+            anyhow::ensure!(
+                report.executions == report.unique_keys && report.errors == 0,
+                "executions ({}) differ from unique keys ({}), or operations failed ({})",
+                report.executions,
+                report.unique_keys,
+                report.errors
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
+    let config = args.proxy_config()?;
+    let url: StoreUrl = args.store.as_deref().unwrap_or(DEFAULT_STORE).parse()?;
+    let store = url.open()?;
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| tracing::warn!(error = %e, "metrics recorder not installed"))
+        .ok();
+    let listen = args.listen.as_deref().unwrap_or("127.0.0.1:8080");
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
+    let admin = match args.admin_listen.as_deref().unwrap_or("127.0.0.1:9090") {
+        "off" => None,
+        addr => Some((
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (admin): {e}"))?,
+            metrics,
+        )),
+    };
+    tracing::info!(
+        listen = %proxy::local_addr(&listener),
+        admin = admin.as_ref().map(|(l, _)| proxy::local_addr(l)),
+        upstream = %config.upstream,
+        store = %url,
+        "idem proxy ready"
+    );
+    proxy::serve(store, &config, listener, admin, shutdown_signal()).await
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

@@ -1,0 +1,220 @@
+//! Opening a store from a URL.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem::{
+    ClaimOutcome, ClaimParams, DeleteRecord, Failure, GetRecord, Lease, ListPage, ListQuery,
+    ListRecords, MemoryStore, PurgeExpired, Record, RecordId, Store, StoreError, Timestamp,
+};
+use idem_sqlite::SqliteStore;
+
+/// The store file used when no `--store` is given: `idem.db` in the
+/// working directory.
+pub const DEFAULT_STORE: &str = "sqlite:idem.db";
+
+/// Where records live, as given on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    /// `memory:`: in this process only, gone when it exits.
+    Memory,
+    /// `sqlite:PATH` (or a bare path): the embedded durable store.
+    Sqlite(PathBuf),
+}
+
+/// Why a store URL was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreUrlError {
+    /// A scheme whose store is not in this build yet.
+    #[error(
+        "store URL {url:?}: the {scheme} store is not available in this build yet \
+         (available: memory:, sqlite:PATH)"
+    )]
+    NotYet {
+        /// The URL given.
+        url: String,
+        /// Its scheme.
+        scheme: String,
+    },
+    /// Not a store URL at all.
+    #[error("store URL {url:?} is not understood (use memory:, sqlite:PATH or a file path)")]
+    Unknown {
+        /// The URL given.
+        url: String,
+    },
+}
+
+impl std::str::FromStr for StoreUrl {
+    type Err = StoreUrlError;
+
+    fn from_str(url: &str) -> Result<Self, Self::Err> {
+        if url == "memory:" || url == "memory" {
+            return Ok(StoreUrl::Memory);
+        }
+        if let Some(path) = url
+            .strip_prefix("sqlite://")
+            .or(url.strip_prefix("sqlite:"))
+        {
+            if path.is_empty() {
+                return Err(StoreUrlError::Unknown {
+                    url: url.to_owned(),
+                });
+            }
+            return Ok(StoreUrl::Sqlite(PathBuf::from(path)));
+        }
+        if let Some((scheme, _)) = url.split_once("://") {
+            return match scheme {
+                "redis" | "rediss" | "redis+cluster" | "postgres" | "postgresql" | "dynamodb" => {
+                    Err(StoreUrlError::NotYet {
+                        url: url.to_owned(),
+                        scheme: scheme.to_owned(),
+                    })
+                }
+                _ => Err(StoreUrlError::Unknown {
+                    url: url.to_owned(),
+                }),
+            };
+        }
+        if url.is_empty() || url.contains(':') {
+            return Err(StoreUrlError::Unknown {
+                url: url.to_owned(),
+            });
+        }
+        Ok(StoreUrl::Sqlite(PathBuf::from(url)))
+    }
+}
+
+impl StoreUrl {
+    /// Opens the store.
+    pub fn open(&self) -> anyhow::Result<AnyStore> {
+        Ok(match self {
+            StoreUrl::Memory => AnyStore::Memory(MemoryStore::new()),
+            StoreUrl::Sqlite(path) => AnyStore::Sqlite(SqliteStore::open(path).map_err(|e| {
+                anyhow::anyhow!("cannot open the store file {}: {e}", path.display())
+            })?),
+        })
+    }
+}
+
+impl std::fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreUrl::Memory => f.write_str("memory:"),
+            StoreUrl::Sqlite(path) => write!(f, "sqlite:{}", path.display()),
+        }
+    }
+}
+
+/// Any store the binary can use, chosen at run time.
+#[derive(Debug, Clone)]
+pub enum AnyStore {
+    /// In memory.
+    Memory(MemoryStore),
+    /// The embedded file.
+    Sqlite(SqliteStore),
+}
+
+impl AnyStore {
+    /// Starts purging expired records in the background (every 10 s, 1,000
+    /// per transaction); stops when the handle is dropped.
+    pub fn spawn_purger(&self) -> idem::PurgerHandle {
+        idem::spawn_purger(self.clone(), Duration::from_secs(10), 1_000)
+    }
+}
+
+macro_rules! each {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self {
+            AnyStore::Memory($s) => $e,
+            AnyStore::Sqlite($s) => $e,
+        }
+    };
+}
+
+impl Store for AnyStore {
+    async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
+        each!(self, s => s.claim(id, params).await)
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        response: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        each!(self, s => s.complete(lease, response, retention).await)
+    }
+
+    async fn fail(
+        &self,
+        lease: &Lease,
+        failure: Failure,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        each!(self, s => s.fail(lease, failure, retention).await)
+    }
+
+    async fn extend(&self, lease: &Lease, duration: Duration) -> Result<Timestamp, StoreError> {
+        each!(self, s => s.extend(lease, duration).await)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        each!(self, s => s.release(lease).await)
+    }
+
+    async fn wait_for_change(&self, id: &RecordId, timeout: Duration) {
+        each!(self, s => s.wait_for_change(id, timeout).await)
+    }
+}
+
+impl GetRecord for AnyStore {
+    async fn get(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
+        each!(self, s => s.get(id).await)
+    }
+}
+
+impl DeleteRecord for AnyStore {
+    async fn delete(&self, id: &RecordId) -> Result<bool, StoreError> {
+        each!(self, s => s.delete(id).await)
+    }
+}
+
+impl ListRecords for AnyStore {
+    async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
+        each!(self, s => s.list(query).await)
+    }
+}
+
+impl PurgeExpired for AnyStore {
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        each!(self, s => s.purge_expired(limit).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert_eq!("memory:".parse::<StoreUrl>().ok(), Some(StoreUrl::Memory));
+        assert_eq!(
+            "sqlite:/tmp/x.db".parse::<StoreUrl>().ok(),
+            Some(StoreUrl::Sqlite("/tmp/x.db".into()))
+        );
+        assert_eq!(
+            "data/idem.db".parse::<StoreUrl>().ok(),
+            Some(StoreUrl::Sqlite("data/idem.db".into()))
+        );
+        let not_yet = "redis://127.0.0.1:6379"
+            .parse::<StoreUrl>()
+            .expect_err("not yet");
+        assert!(
+            not_yet.to_string().contains("not available in this build"),
+            "{not_yet}"
+        );
+        let unknown = "ftp://x".parse::<StoreUrl>().expect_err("unknown");
+        assert!(unknown.to_string().contains("not understood"), "{unknown}");
+    }
+}

@@ -1,0 +1,603 @@
+//! The gateway end to end: a real upstream HTTP server that counts its
+//! executions, the `idem proxy` router on a real listener over the embedded
+//! store, and a real HTTP client, all on loopback.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{self, get};
+use axum::Router;
+use idem_cli::proxy::{self, ProxyConfig};
+use idem_cli::store::AnyStore;
+use idem_sqlite::SqliteStore;
+use reqwest::header::HeaderValue;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// Executions per upstream path.
+#[derive(Clone, Default)]
+struct Upstream {
+    runs: Arc<Mutex<HashMap<String, u64>>>,
+}
+
+impl Upstream {
+    fn bump(&self, path: &str) -> u64 {
+        let mut runs = self.runs.lock().expect("lock");
+        let n = runs.entry(path.to_owned()).or_default();
+        *n += 1;
+        *n
+    }
+
+    fn runs(&self, path: &str) -> u64 {
+        self.runs
+            .lock()
+            .expect("lock")
+            .get(path)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+async fn charge(State(up): State<Upstream>, headers: HeaderMap, body: Bytes) -> Response {
+    let n = up.bump("/charge");
+    if let Some(ms) = headers
+        .get("x-delay-ms")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+    {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    let auth = headers
+        .get("authorization")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let mut response = (
+        StatusCode::CREATED,
+        [("content-type", "application/json")],
+        format!(
+            r#"{{"charge":{n},"for":{},"body_len":{}}}"#,
+            serde_json::json!(auth),
+            body.len()
+        ),
+    )
+        .into_response();
+    let h = response.headers_mut();
+    h.append("set-cookie", HeaderValue::from_static("a=1"));
+    h.append("set-cookie", HeaderValue::from_static("b=2"));
+    h.insert("x-charge", HeaderValue::from(n));
+    response
+}
+
+async fn binary(State(up): State<Upstream>) -> Response {
+    up.bump("/binary");
+    let body: Vec<u8> = (0..=255u8).chain((0..=255u8).rev()).collect();
+    (
+        StatusCode::ACCEPTED,
+        [("content-type", "application/octet-stream")],
+        body,
+    )
+        .into_response()
+}
+
+async fn flaky(State(up): State<Upstream>) -> Response {
+    match up.bump("/flaky") {
+        1 => (StatusCode::SERVICE_UNAVAILABLE, "upstream busy").into_response(),
+        n => (StatusCode::CREATED, format!("done on run {n}")).into_response(),
+    }
+}
+
+async fn status(State(up): State<Upstream>, Path(code): Path<u16>) -> Response {
+    let n = up.bump(&format!("/status/{code}"));
+    (
+        StatusCode::from_u16(code).expect("status"),
+        format!("status {code}, run {n}"),
+    )
+        .into_response()
+}
+
+async fn big(State(up): State<Upstream>) -> Response {
+    up.bump("/big");
+    vec![b'x'; 4096].into_response()
+}
+
+async fn read(State(up): State<Upstream>) -> Response {
+    format!("read {}", up.bump("/read")).into_response()
+}
+
+async fn start_upstream_on(listener: TcpListener) -> Upstream {
+    let up = Upstream::default();
+    let app = Router::new()
+        .route("/charge", routing::post(charge))
+        .route("/binary", routing::post(binary))
+        .route("/flaky", routing::post(flaky))
+        .route("/status/{code}", routing::post(status))
+        .route("/big", routing::post(big))
+        .route("/read", get(read))
+        .with_state(up.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    up
+}
+
+async fn start_upstream() -> (Upstream, SocketAddr) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    (start_upstream_on(listener).await, addr)
+}
+
+fn config(upstream: SocketAddr) -> ProxyConfig {
+    ProxyConfig {
+        upstream: format!("http://{upstream}").parse().expect("uri"),
+        methods: vec![http::Method::POST, http::Method::PATCH],
+        header: http::HeaderName::from_static("idempotency-key"),
+        require_key: false,
+        tenant_header: None,
+        retention: Duration::from_secs(3600),
+        lease: Duration::from_secs(30),
+        max_request_bytes: 1 << 20,
+        max_response_bytes: 1 << 20,
+        fail_open: false,
+        upstream_timeout: Duration::from_secs(10),
+    }
+}
+
+/// A running gateway; dropping `stop` (or sending on it) shuts it down.
+struct Gateway {
+    url: String,
+    stop: Option<oneshot::Sender<()>>,
+    done: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Gateway {
+    async fn start(store: AnyStore, config: ProxyConfig) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let done = tokio::spawn(async move {
+            proxy::serve(store, &config, listener, None, async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        Self {
+            url,
+            stop: Some(stop),
+            done,
+        }
+    }
+
+    async fn shutdown(mut self) {
+        drop(self.stop.take());
+        (&mut self.done)
+            .await
+            .expect("gateway task")
+            .expect("gateway served");
+    }
+}
+
+fn sqlite(dir: &tempfile::TempDir) -> AnyStore {
+    AnyStore::Sqlite(
+        SqliteStore::builder(dir.path().join("idem.db"))
+            .busy_timeout(Duration::from_millis(200))
+            .open()
+            .expect("open"),
+    )
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client")
+}
+
+async fn post(url: &str, key: Option<&str>) -> reqwest::Response {
+    let mut request = client()
+        .post(url)
+        .header("content-type", "application/json")
+        .body(r#"{"amount":100}"#);
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    request.send().await.expect("request sent")
+}
+
+async fn problem(response: reqwest::Response, status: u16, kind: &str) -> String {
+    assert_eq!(response.status().as_u16(), status);
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+    let body: serde_json::Value = response.json().await.expect("problem json");
+    assert_eq!(body["status"], status);
+    assert!(
+        body["type"].as_str().expect("type").ends_with(kind),
+        "{body}"
+    );
+    body["detail"].as_str().expect("detail").to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_duplicates_run_once_and_replay_byte_for_byte() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (up, addr) = start_upstream().await;
+    let gw = Gateway::start(sqlite(&dir), config(addr)).await;
+    let url = format!("{}/charge", gw.url);
+
+    let first = post(&url, Some("order-1")).await;
+    assert_eq!(first.status(), 201);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    assert_eq!(first.headers()["idempotency-key-lifetime"], "3600");
+    let first_body = first.bytes().await.expect("body");
+    for _ in 0..3 {
+        let again = post(&url, Some("order-1")).await;
+        assert_eq!(again.status(), 201);
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        let cookies: Vec<_> = again.headers().get_all("set-cookie").iter().collect();
+        assert_eq!(cookies, ["a=1", "b=2"], "repeated headers kept, in order");
+        assert_eq!(again.headers()["x-charge"], "1");
+        assert_eq!(again.headers()["content-type"], "application/json");
+        assert_eq!(again.bytes().await.expect("body"), first_body);
+    }
+    assert_eq!(up.runs("/charge"), 1, "one execution for four requests");
+
+    // Without a key (not required by default) every request runs.
+    post(&url, None).await;
+    post(&url, None).await;
+    assert_eq!(up.runs("/charge"), 3);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_duplicates_execute_once() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (up, addr) = start_upstream().await;
+    let gw = Gateway::start(sqlite(&dir), config(addr)).await;
+    let url = format!("{}/charge", gw.url);
+    let requests: Vec<_> = (0..50)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let response = client()
+                    .post(&url)
+                    .header("idempotency-key", "\"race-1\"")
+                    .header("x-delay-ms", "300")
+                    .body("{}")
+                    .send()
+                    .await
+                    .expect("sent");
+                let status = response.status().as_u16();
+                let retry_after = response.headers().get("retry-after").cloned();
+                (status, retry_after, response.bytes().await.expect("body"))
+            })
+        })
+        .collect();
+    let mut created = Vec::new();
+    let mut conflicts = 0;
+    for request in requests {
+        let (status, retry_after, body) = request.await.expect("task");
+        match status {
+            201 => created.push(body),
+            409 => {
+                conflicts += 1;
+                assert!(retry_after.is_some(), "409 carries Retry-After");
+            }
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    assert_eq!(
+        up.runs("/charge"),
+        1,
+        "exactly one execution among 50 duplicates"
+    );
+    assert!(!created.is_empty());
+    assert!(
+        created.windows(2).all(|w| w[0] == w[1]),
+        "every 201 is the same response"
+    );
+    assert_eq!(created.len() + conflicts, 50);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_status_row() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (up, addr) = start_upstream().await;
+    let mut cfg = config(addr);
+    cfg.require_key = true;
+    cfg.max_request_bytes = 1024;
+    let gw = Gateway::start(sqlite(&dir), cfg).await;
+    let url = format!("{}/charge", gw.url);
+
+    // Not covered: passed through, every time.
+    for _ in 0..2 {
+        let r = client()
+            .get(format!("{}/read", gw.url))
+            .header("idempotency-key", "k")
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(r.status(), 200);
+        assert!(r.headers().get("idempotent-replayed").is_none());
+    }
+    assert_eq!(up.runs("/read"), 2);
+
+    let detail = problem(post(&url, None).await, 400, "key-missing").await;
+    assert!(
+        detail.contains("requires an idempotency-key header"),
+        "{detail}"
+    );
+
+    let long = "k".repeat(256);
+    let detail = problem(post(&url, Some(&long)).await, 400, "key-malformed").await;
+    assert!(detail.contains("at most 255"), "{detail}");
+    let detail = problem(post(&url, Some("\"a b\"")).await, 400, "key-malformed").await;
+    assert!(detail.contains("0x20"), "{detail}");
+    let detail = problem(post(&url, Some("\"open")).await, 400, "key-malformed").await;
+    assert!(detail.contains("no closing quote"), "{detail}");
+    let twice = client()
+        .post(&url)
+        .header("idempotency-key", "a")
+        .header("idempotency-key", "b")
+        .send()
+        .await
+        .expect("sent");
+    let detail = problem(twice, 400, "key-malformed").await;
+    assert!(detail.contains("2 times"), "{detail}");
+
+    // In progress: 409 with Retry-After while the first is running.
+    let slow = {
+        let url = url.clone();
+        tokio::spawn(async move {
+            client()
+                .post(&url)
+                .header("idempotency-key", "slow")
+                .header("content-type", "application/json")
+                .header("x-delay-ms", "500")
+                .body(r#"{"amount":100}"#)
+                .send()
+                .await
+                .expect("sent")
+                .status()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let busy = post(&url, Some("slow")).await;
+    let retry_after = busy.headers().get("retry-after").cloned();
+    problem(busy, 409, "in-progress").await;
+    assert!(retry_after.is_some());
+    assert_eq!(slow.await.expect("task"), 201);
+
+    // Same key, different body: 422, and nothing ran.
+    let before = up.runs("/charge");
+    let other = client()
+        .post(&url)
+        .header("idempotency-key", "slow")
+        .body(r#"{"amount":999}"#)
+        .send()
+        .await
+        .expect("sent");
+    problem(other, 422, "fingerprint-mismatch").await;
+    // The same JSON with other whitespace and key order is the same request.
+    let same = client()
+        .post(&url)
+        .header("idempotency-key", "slow")
+        .header("content-type", "application/json")
+        .body(r#"{ "amount" : 100 }"#)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(same.status(), 201);
+    assert_eq!(same.headers()["idempotent-replayed"], "true");
+    assert_eq!(up.runs("/charge"), before);
+
+    // Over the body limit: 413, and the key is still unused.
+    let huge = client()
+        .post(&url)
+        .header("idempotency-key", "big-body")
+        .body(vec![b'x'; 4096])
+        .send()
+        .await
+        .expect("sent");
+    let detail = problem(huge, 413, "body-too-large").await;
+    assert!(detail.contains("limit is 1024"), "{detail}");
+    assert_eq!(post(&url, Some("big-body")).await.status(), 201);
+    assert_eq!(up.runs("/charge"), before + 1);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_fidelity_for_binary_bodies_and_statuses() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (up, addr) = start_upstream().await;
+    let gw = Gateway::start(sqlite(&dir), config(addr)).await;
+    let url = format!("{}/binary", gw.url);
+    let first = post(&url, Some("bin")).await;
+    assert_eq!(first.status(), 202);
+    let first_body = first.bytes().await.expect("body");
+    assert_eq!(first_body.len(), 512);
+    let again = post(&url, Some("bin")).await;
+    assert_eq!(again.status(), 202);
+    assert_eq!(again.headers()["content-type"], "application/octet-stream");
+    assert!(again.headers().get("transfer-encoding").is_none());
+    assert_eq!(again.bytes().await.expect("body"), first_body);
+    assert_eq!(up.runs("/binary"), 1);
+
+    // 4xx outcomes are stored (a 404 replays) ...
+    for code in [404u16, 422] {
+        let url = format!("{}/status/{code}", gw.url);
+        let a = post(&url, Some("s")).await;
+        assert_eq!(a.status().as_u16(), code);
+        let b = post(&url, Some("s")).await;
+        assert_eq!(b.status().as_u16(), code);
+        assert_eq!(b.headers()["idempotent-replayed"], "true");
+        assert_eq!(up.runs(&format!("/status/{code}")), 1);
+    }
+    // ... except those a client may retry, and 5xx, which release the key.
+    for code in [409u16, 429, 500, 503] {
+        let url = format!("{}/status/{code}", gw.url);
+        for run in 1..=2 {
+            let r = post(&url, Some("s")).await;
+            assert_eq!(r.status().as_u16(), code);
+            assert!(r.headers().get("idempotent-replayed").is_none());
+            assert_eq!(
+                r.text().await.expect("body"),
+                format!("status {code}, run {run}")
+            );
+        }
+    }
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5xx_releases_the_key_and_the_retry_runs() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (up, addr) = start_upstream().await;
+    let gw = Gateway::start(sqlite(&dir), config(addr)).await;
+    let url = format!("{}/flaky", gw.url);
+    let first = post(&url, Some("f")).await;
+    assert_eq!(first.status(), 503);
+    assert_eq!(first.text().await.expect("body"), "upstream busy");
+    let second = post(&url, Some("f")).await;
+    assert_eq!(second.status(), 201);
+    assert_eq!(second.text().await.expect("body"), "done on run 2");
+    let third = post(&url, Some("f")).await;
+    assert_eq!(third.headers()["idempotent-replayed"], "true");
+    assert_eq!(third.text().await.expect("body"), "done on run 2");
+    assert_eq!(up.runs("/flaky"), 2);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_down_is_502_and_the_key_stays_usable() {
+    let dir = tempfile::tempdir().expect("dir");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    drop(listener);
+    let gw = Gateway::start(sqlite(&dir), config(addr)).await;
+    let url = format!("{}/charge", gw.url);
+    let detail = problem(post(&url, Some("down")).await, 502, "upstream-unavailable").await;
+    assert!(detail.contains("could not be reached"), "{detail}");
+    let up = start_upstream_on(TcpListener::bind(addr).await.expect("rebind")).await;
+    let ok = post(&url, Some("down")).await;
+    assert_eq!(ok.status(), 201);
+    assert!(ok.headers().get("idempotent-replayed").is_none());
+    assert_eq!(up.runs("/charge"), 1);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_never_see_each_others_responses() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (up, addr) = start_upstream().await;
+    let mut cfg = config(addr);
+    cfg.tenant_header = Some(http::header::AUTHORIZATION);
+    let gw = Gateway::start(sqlite(&dir), cfg).await;
+    let url = format!("{}/charge", gw.url);
+    let send = |who: &'static str| {
+        client()
+            .post(&url)
+            .header("idempotency-key", "shared-key")
+            .header("authorization", who)
+            .body("{}")
+            .send()
+    };
+    for round in 0..2 {
+        for who in ["Bearer alice", "Bearer bob"] {
+            let r = send(who).await.expect("sent");
+            assert_eq!(r.status(), 201);
+            assert_eq!(r.headers().get("idempotent-replayed").is_some(), round == 1);
+            let body: serde_json::Value = r.json().await.expect("json");
+            assert_eq!(body["for"], who, "each tenant gets its own response");
+        }
+    }
+    assert_eq!(up.runs("/charge"), 2, "one execution per tenant");
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_too_large_to_store_is_delivered_once_then_refused() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (up, addr) = start_upstream().await;
+    let mut cfg = config(addr);
+    cfg.max_response_bytes = 1024;
+    let gw = Gateway::start(sqlite(&dir), cfg).await;
+    let url = format!("{}/big", gw.url);
+    let first = post(&url, Some("big")).await;
+    assert_eq!(first.status(), 200);
+    assert_eq!(first.bytes().await.expect("body").len(), 4096, "sent whole");
+    let detail = problem(post(&url, Some("big")).await, 422, "response-not-stored").await;
+    assert!(detail.contains("1024-byte limit"), "{detail}");
+    assert_eq!(up.runs("/big"), 1);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_down_is_503_fail_closed() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (up, addr) = start_upstream().await;
+    let store = sqlite(&dir);
+    let gw = Gateway::start(store, config(addr)).await;
+    // Another connection holds the write lock past the store's busy timeout.
+    let locker = rusqlite::Connection::open(dir.path().join("idem.db")).expect("open");
+    locker.execute_batch("BEGIN IMMEDIATE").expect("lock");
+    let r = post(&format!("{}/charge", gw.url), Some("locked")).await;
+    let retry_after = r.headers().get("retry-after").cloned();
+    problem(r, 503, "store-unavailable").await;
+    assert!(retry_after.is_some());
+    assert_eq!(up.runs("/charge"), 0, "nothing ran without a claim");
+    locker.execute_batch("ROLLBACK").expect("unlock");
+    assert_eq!(
+        post(&format!("{}/charge", gw.url), Some("locked"))
+            .await
+            .status(),
+        201
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_keeps_completed_records_and_shutdown_finishes_in_flight() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (up, addr) = start_upstream().await;
+    let gw = Gateway::start(sqlite(&dir), config(addr)).await;
+    let url = format!("{}/charge", gw.url);
+    assert_eq!(post(&url, Some("kept")).await.status(), 201);
+    // A slow request is in flight when shutdown starts: it finishes, and
+    // its key is completed, not left claimed.
+    let slow = {
+        let url = url.clone();
+        tokio::spawn(async move {
+            client()
+                .post(&url)
+                .header("idempotency-key", "in-flight")
+                .header("content-type", "application/json")
+                .header("x-delay-ms", "400")
+                .body(r#"{"amount":100}"#)
+                .send()
+                .await
+                .expect("sent")
+                .status()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    gw.shutdown().await;
+    assert_eq!(slow.await.expect("task"), 201);
+
+    let gw = Gateway::start(sqlite(&dir), config(addr)).await;
+    let url = format!("{}/charge", gw.url);
+    for key in ["kept", "in-flight"] {
+        let r = post(&url, Some(key)).await;
+        assert_eq!(r.status(), 201);
+        assert_eq!(
+            r.headers()["idempotent-replayed"],
+            "true",
+            "{key} survived the restart"
+        );
+    }
+    assert_eq!(up.runs("/charge"), 2);
+    gw.shutdown().await;
+}

@@ -1,0 +1,86 @@
+//! `application/problem+json` answers (RFC 9457).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+
+/// The `type` URIs of the problems this middleware answers with; stable,
+/// so clients can branch on them.
+pub mod types {
+    /// The key header is missing where it is required.
+    pub const KEY_MISSING: &str = "https://idem.dev/problems/key-missing";
+    /// The key header is malformed.
+    pub const KEY_MALFORMED: &str = "https://idem.dev/problems/key-malformed";
+    /// A request with this key is still running.
+    pub const IN_PROGRESS: &str = "https://idem.dev/problems/in-progress";
+    /// The key was used with a different request.
+    pub const MISMATCH: &str = "https://idem.dev/problems/fingerprint-mismatch";
+    /// The request body is over the limit.
+    pub const BODY_TOO_LARGE: &str = "https://idem.dev/problems/body-too-large";
+    /// The request body could not be read or fingerprinted.
+    pub const BAD_BODY: &str = "https://idem.dev/problems/bad-body";
+    /// The idempotency store could not be reached.
+    pub const STORE_UNAVAILABLE: &str = "https://idem.dev/problems/store-unavailable";
+    /// The upstream could not be reached or failed mid-response.
+    pub const UPSTREAM: &str = "https://idem.dev/problems/upstream-unavailable";
+    /// The request ran but its response could not be stored.
+    pub const NOT_STORED: &str = "https://idem.dev/problems/response-not-stored";
+    /// A stored response could not be read back.
+    pub const STORED_UNREADABLE: &str = "https://idem.dev/problems/stored-response-unreadable";
+}
+
+/// A problem answer under construction.
+#[derive(Debug)]
+pub(crate) struct Problem {
+    status: StatusCode,
+    kind: &'static str,
+    title: &'static str,
+    detail: String,
+    retry_after: Option<Duration>,
+}
+
+impl Problem {
+    pub(crate) fn new(
+        status: StatusCode,
+        kind: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            status,
+            kind,
+            title,
+            detail: detail.into(),
+            retry_after: None,
+        }
+    }
+
+    pub(crate) fn retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
+    }
+
+    pub(crate) fn into_response(self) -> Response<Bytes> {
+        let body = serde_json::json!({
+            "type": self.kind,
+            "title": self.title,
+            "status": self.status.as_u16(),
+            "detail": self.detail,
+        });
+        let mut response = Response::new(Bytes::from(body.to_string()));
+        *response.status_mut() = self.status;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(after) = self.retry_after {
+            // Whole seconds, rounded up, at least one (RFC 9110 §10.2.3).
+            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        }
+        response
+    }
+}

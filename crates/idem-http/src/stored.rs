@@ -1,0 +1,138 @@
+//! A response as stored for replay, and the compact codec it is stored with.
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+use idem::{BoxError, Codec};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// Headers that describe one connection, not the response (RFC 9110
+/// §7.6.1): never stored, never replayed.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+];
+
+/// A response kept for replay: status, end-to-end headers in order (a
+/// name may repeat) and the body, byte for byte.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredResponse {
+    /// The status code.
+    pub status: u16,
+    /// End-to-end headers in their original order, repeats kept.
+    pub headers: Vec<(String, serde_bytes::ByteBuf)>,
+    /// The body.
+    pub body: serde_bytes::ByteBuf,
+}
+
+impl StoredResponse {
+    /// Keeps `status`, the end-to-end part of `headers`, and `body`.
+    /// `upgrade` and headers named by `Connection` are hop-by-hop too.
+    pub fn new(status: StatusCode, headers: &HeaderMap, body: Bytes) -> Self {
+        let named_by_connection: Vec<String> = headers
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(|name| name.trim().to_ascii_lowercase())
+            .collect();
+        let headers = headers
+            .iter()
+            .filter(|(name, _)| {
+                let name = name.as_str();
+                !HOP_BY_HOP.contains(&name)
+                    && name != "upgrade"
+                    && !named_by_connection.iter().any(|n| n == name)
+            })
+            .map(|(name, value)| {
+                (
+                    name.as_str().to_owned(),
+                    serde_bytes::ByteBuf::from(value.as_bytes().to_vec()),
+                )
+            })
+            .collect();
+        Self {
+            status: status.as_u16(),
+            headers,
+            body: serde_bytes::ByteBuf::from(body.to_vec()),
+        }
+    }
+
+    /// The response again. A stored part that no longer parses (a record
+    /// written by something else) is an error, not a guess.
+    pub fn to_response(&self) -> Result<Response<Bytes>, String> {
+        let status = StatusCode::from_u16(self.status)
+            .map_err(|_| format!("stored status {} is not a status code", self.status))?;
+        let mut response = Response::new(Bytes::copy_from_slice(&self.body));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        for (name, value) in &self.headers {
+            let name = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| format!("stored header name {name:?} is invalid"))?;
+            let value = HeaderValue::from_bytes(value)
+                .map_err(|_| format!("stored value of {name} is invalid"))?;
+            headers.append(name, value);
+        }
+        Ok(response)
+    }
+}
+
+/// Stores responses with postcard: compact and binary-safe (JSON would
+/// write every body byte as a number). Its format is stable across
+/// postcard 1.x.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Binary;
+
+impl Codec for Binary {
+    fn encode<T: Serialize>(&self, value: &T) -> Result<Vec<u8>, BoxError> {
+        postcard::to_allocvec(value).map_err(Into::into)
+    }
+
+    fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, BoxError> {
+        postcard::from_bytes(bytes).map_err(Into::into)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_are_dropped_and_repeats_kept() {
+        let mut headers = HeaderMap::new();
+        headers.append("set-cookie", HeaderValue::from_static("a=1"));
+        headers.append("connection", HeaderValue::from_static("close, x-private"));
+        headers.append("x-private", HeaderValue::from_static("hop"));
+        headers.append("transfer-encoding", HeaderValue::from_static("chunked"));
+        headers.append("set-cookie", HeaderValue::from_static("b=2"));
+        headers.append(
+            "x-bin",
+            HeaderValue::from_bytes(&[0xff, b'a']).expect("value"),
+        );
+        let stored = StoredResponse::new(
+            StatusCode::CREATED,
+            &headers,
+            Bytes::from_static(&[0, 1, 255]),
+        );
+        let encoded = Binary.encode(&stored).expect("encode");
+        let decoded: StoredResponse = Binary.decode(&encoded).expect("decode");
+        let response = decoded.to_response().expect("valid");
+        assert_eq!(response.status(), StatusCode::CREATED);
+        assert_eq!(response.body().as_ref(), &[0, 1, 255]);
+        let cookies: Vec<_> = response.headers().get_all("set-cookie").iter().collect();
+        assert_eq!(cookies, ["a=1", "b=2"]);
+        assert_eq!(response.headers()["x-bin"].as_bytes(), &[0xff, b'a']);
+        for gone in ["connection", "x-private", "transfer-encoding"] {
+            assert!(
+                !response.headers().contains_key(gone),
+                "{gone} must be dropped"
+            );
+        }
+    }
+}

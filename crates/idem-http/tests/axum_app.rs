@@ -1,0 +1,93 @@
+//! The layer inside an axum application, over the embedded store, with a
+//! real client on loopback: per-route settings and route-template scopes.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::routing::post;
+use axum::Router;
+use idem_http::IdempotencyLayer;
+use idem_sqlite::SqliteStore;
+
+async fn serve(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_route_layers_and_route_template_scopes() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = SqliteStore::open(dir.path().join("idem.db")).expect("open");
+    let runs = Arc::new(AtomicU64::new(0));
+    let required = IdempotencyLayer::builder(store.clone())
+        .required(true)
+        .build()
+        .expect("layer");
+    let optional = IdempotencyLayer::builder(store).build().expect("layer");
+    let app = Router::new()
+        .route(
+            "/charges",
+            post(|State(runs): State<Arc<AtomicU64>>| async move {
+                format!("charge {}", runs.fetch_add(1, Ordering::SeqCst) + 1)
+            })
+            .route_layer(required),
+        )
+        .route(
+            "/orders/{id}/ship",
+            post(
+                |State(runs): State<Arc<AtomicU64>>, Path(id): Path<u32>| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    format!("shipped {id}")
+                },
+            )
+            .route_layer(optional),
+        )
+        .with_state(Arc::clone(&runs));
+    let url = serve(app).await;
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let send = |path: &str, key: Option<&str>| {
+        let mut request = client.post(format!("{url}{path}"));
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        request.send()
+    };
+
+    // Required on /charges ...
+    assert_eq!(send("/charges", None).await.expect("sent").status(), 400);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let a = send("/charges", Some("c1")).await.expect("sent");
+    assert_eq!(a.text().await.expect("body"), "charge 1");
+    let b = send("/charges", Some("c1")).await.expect("sent");
+    assert_eq!(b.headers()["idempotent-replayed"], "true");
+    assert_eq!(b.text().await.expect("body"), "charge 1");
+    // ... optional on /orders.
+    assert_eq!(
+        send("/orders/1/ship", None).await.expect("sent").status(),
+        200
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+
+    // One key used for two orders. With the route template as the scope
+    // (`axum` feature) both requests share the scope `POST /orders/{id}/ship`
+    // and the second, for another order, is a different request: 422.
+    // Scoped by path instead, they are two records and both run.
+    let first = send("/orders/7/ship", Some("o1")).await.expect("sent");
+    assert_eq!(first.text().await.expect("body"), "shipped 7");
+    let second = send("/orders/8/ship", Some("o1")).await.expect("sent");
+    if cfg!(feature = "axum") {
+        assert_eq!(second.status(), 422);
+        assert_eq!(runs.load(Ordering::SeqCst), 3);
+    } else {
+        assert_eq!(second.text().await.expect("body"), "shipped 8");
+        assert_eq!(runs.load(Ordering::SeqCst), 4);
+    }
+}
