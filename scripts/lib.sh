@@ -14,3 +14,27 @@ ensure_build_tools() {
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq build-essential pkg-config
 }
+
+# ensure_command CMD PACKAGE: installs the Debian package if CMD is missing.
+ensure_command() {
+    if command -v "$1" >/dev/null 2>&1; then
+        return
+    fi
+    step "installing $2"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$2"
+}
+
+# wait_for_http URL: waits up to 30 s for URL to answer.
+wait_for_http() {
+    for _ in $(seq 1 300); do
+        if curl -fsS -o /dev/null "$1" 2>/dev/null; then
+            return
+        fi
+        sleep 0.1
+    done
+    echo "timed out waiting for $1" >&2
+    return 1
+}

@@ -31,6 +31,9 @@ pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 /// is remembered after its request completes.
 pub const LIFETIME_HEADER: &str = "idempotency-key-lifetime";
 
+/// The longest `Retry-After` a 409 advises.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 type Hook<T> = Arc<dyn Fn(&Parts) -> T + Send + Sync>;
 
 /// A custom fingerprint of the request head and body.
@@ -499,7 +502,9 @@ impl<S: Store> Shared<S> {
                 "a request with this key is still being processed; retry after the \
                  Retry-After delay to get its response",
             )
-            .retry_after(retry_after),
+            // The store's answer is when the other claim's lease runs out,
+            // the worst case; most requests finish well before that.
+            .retry_after(retry_after.min(MAX_RETRY_AFTER)),
             Err(RunError::Mismatch) => Problem::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 types::MISMATCH,
