@@ -1,0 +1,164 @@
+//! The admin commands and the bench against a real store file, and the
+//! proxy's settings from a TOML file.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem::{ClaimOutcome, ClaimParams, RecordId, Store};
+use idem_cli::store::{AnyStore, StoreUrl};
+use idem_cli::{admin, bench, ProxyArgs};
+
+fn id(key: &str) -> RecordId {
+    RecordId::parse("http POST /charges", key).expect("valid")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_list_release_stats_and_purge() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url: StoreUrl = format!("sqlite:{}", dir.path().join("idem.db").display())
+        .parse()
+        .expect("url");
+    let store = url.open().expect("open");
+    let long = ClaimParams::new(Duration::from_secs(60), Duration::from_secs(3600));
+    let short = ClaimParams::new(Duration::from_millis(300), Duration::from_millis(300));
+    for key in ["done-1", "done-2"] {
+        let ClaimOutcome::Acquired(lease) = store.claim(&id(key), &long).await.expect("claim")
+        else {
+            panic!("fresh key");
+        };
+        store
+            .complete(&lease, Bytes::from_static(b"ok"), Duration::from_secs(3600))
+            .await
+            .expect("complete");
+    }
+    assert!(matches!(
+        store.claim(&id("stuck"), &long).await.expect("claim"),
+        ClaimOutcome::Acquired(_)
+    ));
+    for i in 0..25 {
+        store
+            .claim(
+                &RecordId::parse("expiring", &format!("k{i}")).expect("valid"),
+                &short,
+            )
+            .await
+            .expect("claim");
+    }
+
+    let record = admin::inspect(&store, &id("done-1"))
+        .await
+        .expect("inspect")
+        .expect("present");
+    assert_eq!(record["state"], "completed");
+    assert_eq!(record["response_bytes"], 2);
+    assert_eq!(record["key"], "done-1");
+
+    let scope = idem::Scope::new("http POST /charges").expect("scope");
+    let stuck = admin::list(&store, Some(idem::StateKind::InProgress), Some(scope), 100)
+        .await
+        .expect("list");
+    assert_eq!(stuck.len(), 1, "{stuck:?}");
+    assert_eq!(stuck[0]["key"], "stuck");
+    let completed = admin::list(&store, Some(idem::StateKind::Completed), None, 1)
+        .await
+        .expect("list");
+    assert_eq!(completed.len(), 1, "the limit is honoured");
+
+    assert!(admin::release(&store, &id("stuck")).await.expect("release"));
+    assert!(
+        matches!(
+            store.claim(&id("stuck"), &long).await.expect("claim"),
+            ClaimOutcome::Acquired(_)
+        ),
+        "a released key runs again"
+    );
+
+    // Every "expiring" record was claimed at least this long ago.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let stats = admin::stats(&store, false).await.expect("stats");
+    assert_eq!(
+        stats["records"], 3,
+        "expired records are not counted: {stats}"
+    );
+    assert_eq!(stats["by_state"]["completed"], 2);
+    assert_eq!(
+        admin::purge(&store, 10, false).await.expect("purge"),
+        25,
+        "every expired record, in batches of 10"
+    );
+    assert_eq!(admin::purge(&store, 10, false).await.expect("purge"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_runs_every_unique_key_once() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store =
+        AnyStore::Sqlite(idem_sqlite::SqliteStore::open(dir.path().join("idem.db")).expect("open"));
+    let report = bench::run(
+        store,
+        &bench::BenchConfig {
+            keys: 500,
+            duplicates: 0.5,
+            concurrency: 16,
+            progress: false,
+        },
+    )
+    .await
+    .expect("bench");
+    assert_eq!(report.operations, 1_000);
+    assert_eq!(report.executions, 500);
+    assert_eq!(report.replays, 500);
+    assert_eq!(report.errors, 0);
+}
+
+#[test]
+fn proxy_settings_come_from_flags_then_file_then_defaults() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("idem.toml");
+    std::fs::write(
+        &path,
+        "upstream = \"http://127.0.0.1:3000\"\nretention = \"2h\"\nrequire_key = true\n\
+         methods = \"post, put\"\nlisten = \"127.0.0.1:9999\"\n",
+    )
+    .expect("write");
+    let args = ProxyArgs {
+        config: Some(path.clone()),
+        listen: Some("127.0.0.1:8081".to_owned()),
+        ..ProxyArgs::default()
+    }
+    .with_file()
+    .expect("file read");
+    assert_eq!(
+        args.listen.as_deref(),
+        Some("127.0.0.1:8081"),
+        "the flag wins"
+    );
+    let config = args.proxy_config().expect("valid");
+    assert_eq!(config.retention, Duration::from_secs(7200));
+    assert!(config.require_key);
+    assert_eq!(config.methods, [http::Method::POST, http::Method::PUT]);
+    assert_eq!(config.lease, Duration::from_secs(30), "the default");
+
+    std::fs::write(&path, "upstream = \"http://x\"\nretension = \"2h\"\n").expect("write");
+    let err = ProxyArgs {
+        config: Some(path),
+        ..ProxyArgs::default()
+    }
+    .with_file()
+    .expect_err("a misspelt setting is refused");
+    assert!(err.to_string().contains("retension"), "{err}");
+
+    let bad = ProxyArgs {
+        upstream: Some("ftp://x".to_owned()),
+        ..ProxyArgs::default()
+    };
+    let err = bad.proxy_config().expect_err("not http");
+    assert!(err.to_string().contains("http:// URL"), "{err}");
+    let bad = ProxyArgs {
+        upstream: Some("http://x".to_owned()),
+        retention: Some("5 parsecs".to_owned()),
+        ..ProxyArgs::default()
+    };
+    let err = bad.proxy_config().expect_err("bad duration");
+    assert!(err.to_string().contains("--retention"), "{err}");
+}
