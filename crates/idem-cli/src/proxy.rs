@@ -14,7 +14,7 @@ use http::{header, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use idem_http::IdempotencyLayer;
+use idem_http::{strip_hop_by_hop, IdempotencyLayer};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
@@ -45,35 +45,6 @@ pub struct ProxyConfig {
     pub fail_open: bool,
     /// How long the upstream may take to answer before 502 (and release).
     pub upstream_timeout: Duration,
-}
-
-/// Headers about one connection, not forwarded either way.
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
-
-fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
-    }
 }
 
 #[derive(Clone)]

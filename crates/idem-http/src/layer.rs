@@ -429,7 +429,7 @@ impl<S: Store> Shared<S> {
                     return Err(Unstored::Status(head.status));
                 }
                 match read_up_to(Box::pin(body), self.max_response_bytes).await {
-                    Read::All(bytes) => Ok(StoredResponse::new(head.status, &head.headers, bytes)),
+                    Read::All(bytes) => Ok(StoredResponse::new(head.status, head.headers, bytes)),
                     Read::Over { prefix, rest } => {
                         keep(Response::from_parts(head, IdemBody::chain(prefix, rest)));
                         Err(Unstored::TooLarge {

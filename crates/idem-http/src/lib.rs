@@ -57,4 +57,4 @@ pub use layer::{
     IdempotencyService, LIFETIME_HEADER, REPLAYED_HEADER,
 };
 pub use problem::types as problem_types;
-pub use stored::{Binary, StoredResponse};
+pub use stored::{strip_hop_by_hop, Binary, StoredResponse};

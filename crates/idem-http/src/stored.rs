@@ -6,9 +6,9 @@ use idem::{BoxError, Codec};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-/// Headers that describe one connection, not the response (RFC 9110
-/// §7.6.1): never stored, never replayed.
-const HOP_BY_HOP: [&str; 8] = [
+/// Headers that describe one connection, not the message (RFC 9110
+/// §7.6.1), whether listed here or named by `Connection`.
+const HOP_BY_HOP: [&str; 9] = [
     "connection",
     "keep-alive",
     "proxy-authenticate",
@@ -17,7 +17,27 @@ const HOP_BY_HOP: [&str; 8] = [
     "te",
     "trailer",
     "transfer-encoding",
+    "upgrade",
 ];
+
+/// Removes the hop-by-hop headers from `headers`: those above and those
+/// the `Connection` header names. Never stored or replayed; a proxy must
+/// not forward them either.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
 
 /// A response kept for replay: status, end-to-end headers in order (a
 /// name may repeat) and the body, byte for byte.
@@ -32,24 +52,12 @@ pub struct StoredResponse {
 }
 
 impl StoredResponse {
-    /// Keeps `status`, the end-to-end part of `headers`, and `body`.
-    /// `upgrade` and headers named by `Connection` are hop-by-hop too.
-    pub fn new(status: StatusCode, headers: &HeaderMap, body: Bytes) -> Self {
-        let named_by_connection: Vec<String> = headers
-            .get_all(http::header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(|name| name.trim().to_ascii_lowercase())
-            .collect();
+    /// Keeps `status`, the end-to-end part of `headers` (see
+    /// [`strip_hop_by_hop`]), and `body`.
+    pub fn new(status: StatusCode, mut headers: HeaderMap, body: Bytes) -> Self {
+        strip_hop_by_hop(&mut headers);
         let headers = headers
             .iter()
-            .filter(|(name, _)| {
-                let name = name.as_str();
-                !HOP_BY_HOP.contains(&name)
-                    && name != "upgrade"
-                    && !named_by_connection.iter().any(|n| n == name)
-            })
             .map(|(name, value)| {
                 (
                     name.as_str().to_owned(),
@@ -117,7 +125,7 @@ mod tests {
         );
         let stored = StoredResponse::new(
             StatusCode::CREATED,
-            &headers,
+            headers,
             Bytes::from_static(&[0, 1, 255]),
         );
         let encoded = Binary.encode(&stored).expect("encode");
