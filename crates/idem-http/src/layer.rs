@@ -473,15 +473,7 @@ impl<S: Store> Shared<S> {
                         }
                         bytes_response(response)
                     }
-                    Err(reason) => bytes_response(
-                        Problem::new(
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            types::STORED_UNREADABLE,
-                            "Stored response unreadable",
-                            format!("the stored response for this key could not be read: {reason}"),
-                        )
-                        .into_response(),
-                    ),
+                    Err(reason) => bytes_response(unreadable(&reason).into_response()),
                 };
             }
             Err(RunError::Handler { error, .. }) => match (error, kept) {
@@ -537,12 +529,7 @@ impl<S: Store> Shared<S> {
                  stored; retry to get the stored outcome",
             )
             .retry_after(Duration::from_secs(1)),
-            Err(RunError::Decode { reason }) => Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                types::STORED_UNREADABLE,
-                "Stored response unreadable",
-                format!("the stored response for this key could not be read: {reason}"),
-            ),
+            Err(RunError::Decode { reason }) => unreadable(&reason),
             Err(error) => Problem::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 types::NOT_STORED,
@@ -634,7 +621,8 @@ impl<S: Store> Shared<S> {
                 detail,
             )
         };
-        let target = parts
+        // Selected fields identify the request without its query string.
+        let mut target = parts
             .uri
             .path_and_query()
             .map_or(parts.uri.path(), |pq| pq.as_str());
@@ -650,17 +638,15 @@ impl<S: Store> Shared<S> {
                     Fingerprint::of_bytes(body)
                 }
             }
-            FingerprintRule::JsonFields(fields) => Fingerprint::of_json_fields(body, fields)
-                .map_err(|e| {
+            FingerprintRule::JsonFields(fields) => {
+                target = parts.uri.path();
+                Fingerprint::of_json_fields(body, fields).map_err(|e| {
                     bad_body(format!(
                         "the fingerprint uses JSON fields of the body, but the body cannot be \
                          read as JSON: {e}"
                     ))
-                })?,
-        };
-        let target = match self.fingerprint {
-            FingerprintRule::JsonFields(_) => parts.uri.path(),
-            _ => target,
+                })?
+            }
         };
         let mut framed = Vec::with_capacity(target.len() + 48);
         framed.extend_from_slice(parts.method.as_str().as_bytes());
@@ -700,6 +686,15 @@ impl<S: Store> Shared<S> {
             build(&hashed).expect("a hashed route always makes a valid scope")
         })
     }
+}
+
+fn unreadable(reason: &str) -> Problem {
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        types::STORED_UNREADABLE,
+        "Stored response unreadable",
+        format!("the stored response for this key could not be read: {reason}"),
+    )
 }
 
 fn malformed(detail: String) -> Problem {
