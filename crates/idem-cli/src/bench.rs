@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use idem::{Idempotency, RecordId, Scope};
 use indicatif::{ProgressBar, ProgressStyle};
+use rand::seq::SliceRandom;
+use rand::Rng;
 use serde::Serialize;
 
 use crate::store::AnyStore;
@@ -58,7 +60,7 @@ pub async fn run(store: AnyStore, config: &BenchConfig) -> anyhow::Result<BenchR
     );
     let operations = ((config.keys as f64) / (1.0 - config.duplicates)).round() as u64;
     let plan = Arc::new(plan(config.keys, operations));
-    let scope = Scope::new(&format!("idem-bench/{:016x}", rand_u64()))?;
+    let scope = Scope::new(&format!("idem-bench/{:016x}", rand::random::<u64>()))?;
     let idem = Arc::new(
         Idempotency::builder(store)
             .wait_for_in_flight(Duration::from_secs(10))
@@ -151,32 +153,11 @@ pub async fn run(store: AnyStore, config: &BenchConfig) -> anyhow::Result<BenchR
 /// Every key once, then duplicates of earlier keys, shuffled so that
 /// duplicates arrive both during and after their original.
 fn plan(keys: u64, operations: u64) -> Vec<u64> {
-    let mut rng = rand_u64() | 1;
-    let mut step = || {
-        // xorshift64: fast, and good enough to place duplicates.
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = rand::rng();
     let mut plan: Vec<u64> = (0..keys).collect();
-    plan.extend((keys..operations).map(|_| step() % keys));
-    for i in (1..plan.len()).rev() {
-        let j = (step() % (i as u64 + 1)) as usize;
-        plan.swap(i, j);
-    }
+    plan.extend((keys..operations).map(|_| rng.random_range(0..keys)));
+    plan.shuffle(&mut rng);
     plan
-}
-
-fn rand_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish()
 }
 
 #[cfg(test)]

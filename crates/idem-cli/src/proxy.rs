@@ -51,6 +51,8 @@ pub struct ProxyConfig {
 struct Upstream {
     client: Client<HttpConnector, Body>,
     base: Uri,
+    /// `base` without its trailing slash, made once rather than per request.
+    origin: String,
     timeout: Duration,
 }
 
@@ -73,7 +75,7 @@ async fn forward(State(upstream): State<Arc<Upstream>>, request: Request) -> Res
     let (mut parts, body) = request.into_parts();
     let target = format!(
         "{}{}",
-        upstream.base.to_string().trim_end_matches('/'),
+        upstream.origin,
         parts.uri.path_and_query().map_or("/", |pq| pq.as_str())
     );
     parts.uri = match target.parse() {
@@ -122,6 +124,7 @@ pub fn router(store: AnyStore, config: &ProxyConfig) -> anyhow::Result<Router> {
     let upstream = Arc::new(Upstream {
         client: Client::builder(TokioExecutor::new()).build_http(),
         base: config.upstream.clone(),
+        origin: config.upstream.to_string().trim_end_matches('/').to_owned(),
         timeout: config.upstream_timeout,
     });
     Ok(Router::new()
