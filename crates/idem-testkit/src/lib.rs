@@ -29,6 +29,7 @@ use idem::{
 };
 
 pub mod cases;
+pub mod redis;
 
 /// Everything the suite needs: all primitives and capabilities.
 pub trait ConformanceStore:

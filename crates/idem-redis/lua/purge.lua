@@ -1,0 +1,10 @@
+-- purge(KEYS[1] record): deletes the record if it is past its retention
+-- deadline and the server clock has passed its fence (so a later claim's
+-- fence, taken from the clock, is still higher). 1 if deleted, else 0.
+local key = KEYS[1]
+local r = redis.call('HMGET', key, 'ex', 'fe')
+if not r[1] or tonumber(r[1]) > now or tonumber(r[2]) >= now_us then
+  return 0
+end
+redis.call('DEL', key)
+return 1

@@ -1,0 +1,326 @@
+//! Where the store connects: URL parsing, the two connection kinds
+//! (one server, or a Cluster) and how their errors map to
+//! [`StoreError`].
+
+use std::time::Duration;
+
+use idem::StoreError;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, ServerErrorKind, Value};
+
+use crate::ConnectError;
+
+/// What a URL asks for, before connecting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// One server: the URL as the `redis` crate reads it.
+    Standalone(String),
+    /// A Cluster: one URL per seed node.
+    Cluster(Vec<String>),
+}
+
+/// A parsed store URL: the target and idem's own query parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ParsedUrl {
+    pub(crate) target: Target,
+    pub(crate) namespace: Option<String>,
+    pub(crate) connect_timeout: Option<Duration>,
+    pub(crate) response_timeout: Option<Duration>,
+}
+
+/// Parses `redis://`, `rediss://`, `redis+cluster://` and
+/// `rediss+cluster://` URLs. idem's own query parameters (`namespace`,
+/// `connect_timeout`, `response_timeout`) are taken out; the rest is left
+/// for the `redis` crate (user, password, database, `protocol=resp3`).
+pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
+    let invalid = |reason: String| ConnectError::InvalidUrl {
+        url: redact(url),
+        reason,
+    };
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| invalid("expected a scheme such as redis:// or redis+cluster://".into()))?;
+    let (cluster, tls) = match scheme {
+        "redis" => (false, false),
+        "rediss" => (false, true),
+        "redis+cluster" => (true, false),
+        "rediss+cluster" => (true, true),
+        other => {
+            return Err(invalid(format!(
+                "unknown scheme {other}:// (use redis://, rediss://, redis+cluster:// or rediss+cluster://)"
+            )))
+        }
+    };
+    if tls && !cfg!(feature = "tls") {
+        return Err(invalid(
+            "TLS (rediss://) needs idem-redis built with its `tls` feature".into(),
+        ));
+    }
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let mut parsed = ParsedUrl {
+        target: Target::Standalone(String::new()),
+        namespace: None,
+        connect_timeout: None,
+        response_timeout: None,
+    };
+    let mut passed_on = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match name {
+            "namespace" => parsed.namespace = Some(value.to_owned()),
+            "connect_timeout" => {
+                parsed.connect_timeout = Some(parse_duration(value).map_err(invalid)?)
+            }
+            "response_timeout" => {
+                parsed.response_timeout = Some(parse_duration(value).map_err(invalid)?)
+            }
+            _ => passed_on.push(pair),
+        }
+    }
+    let query = if passed_on.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", passed_on.join("&"))
+    };
+    let node_scheme = if tls { "rediss" } else { "redis" };
+    if !cluster {
+        parsed.target = Target::Standalone(format!("{node_scheme}://{rest}{query}"));
+        return Ok(parsed);
+    }
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    if !path.is_empty() && path != "0" {
+        return Err(invalid(
+            "a Redis Cluster has only database 0; remove the /database part".into(),
+        ));
+    }
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((user, hosts)) => (format!("{user}@"), hosts),
+        None => (String::new(), authority),
+    };
+    let nodes: Vec<String> = hosts
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(|h| format!("{node_scheme}://{userinfo}{h}{query}"))
+        .collect();
+    if nodes.is_empty() {
+        return Err(invalid("a cluster URL needs at least one host:port".into()));
+    }
+    parsed.target = Target::Cluster(nodes);
+    Ok(parsed)
+}
+
+/// Parses `250ms`, `2s` or a bare number of milliseconds.
+fn parse_duration(value: &str) -> Result<Duration, String> {
+    let bad = || format!("{value:?} is not a duration (write 500ms or 2s)");
+    let (digits, scale) = if let Some(ms) = value.strip_suffix("ms") {
+        (ms, 1)
+    } else if let Some(s) = value.strip_suffix('s') {
+        (s, 1000)
+    } else {
+        (value, 1)
+    };
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    Ok(Duration::from_millis(n.saturating_mul(scale)))
+}
+
+/// The URL with any password replaced, for error messages and logs.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    match rest[..authority_end].rsplit_once('@') {
+        Some((userinfo, hosts)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            let masked = if userinfo.contains(':') {
+                format!("{user}:***")
+            } else {
+                "***".to_owned()
+            };
+            format!("{scheme}://{masked}@{hosts}{}", &rest[authority_end..])
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// Timeouts that keep a dead server from hanging a caller.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeouts {
+    pub(crate) connect: Duration,
+    pub(crate) response: Duration,
+}
+
+/// A connection to one server or to a Cluster. Cloning is cheap and
+/// clones share the underlying multiplexed connections, so concurrent
+/// callers are pipelined on the wire.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Standalone(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Conn::Standalone(_) => "Conn::Standalone",
+            Conn::Cluster(_) => "Conn::Cluster",
+        })
+    }
+}
+
+impl Conn {
+    pub(crate) async fn open(target: &Target, timeouts: Timeouts) -> RedisResult<Self> {
+        match target {
+            Target::Standalone(url) => {
+                let client = redis::Client::open(url.as_str())?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(timeouts.connect))
+                    .set_response_timeout(Some(timeouts.response))
+                    .set_number_of_retries(2)
+                    .set_max_delay(Duration::from_millis(500));
+                let manager = tokio::time::timeout(
+                    timeouts.connect + timeouts.response,
+                    ConnectionManager::new_with_config(client, config),
+                )
+                .await
+                .map_err(|_| timeout_error("connecting"))??;
+                Ok(Conn::Standalone(manager))
+            }
+            Target::Cluster(nodes) => {
+                let client = ClusterClientBuilder::new(nodes.clone())
+                    .connection_timeout(timeouts.connect)
+                    .response_timeout(timeouts.response)
+                    .overall_response_timeout(Some(timeouts.response * 4))
+                    .retries(6)
+                    .min_retry_wait(10)
+                    .max_retry_wait(250)
+                    .build()?;
+                let conn = tokio::time::timeout(
+                    timeouts.connect * 2 + timeouts.response,
+                    client.get_async_connection(),
+                )
+                .await
+                .map_err(|_| timeout_error("connecting"))??;
+                Ok(Conn::Cluster(conn))
+            }
+        }
+    }
+
+    /// Sends one command, routed by its key on a Cluster.
+    pub(crate) async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Conn::Standalone(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+
+    /// Sends a pipeline to one server; each reply (or error) is kept.
+    pub(crate) async fn pipeline(
+        manager: &ConnectionManager,
+        pipe: &Pipeline,
+    ) -> RedisResult<Vec<RedisResult<Value>>> {
+        pipe.query_async(&mut manager.clone()).await
+    }
+}
+
+fn timeout_error(what: &str) -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("timed out {what}"),
+    ))
+}
+
+/// Whether the error means the server (or the Cluster) could not serve
+/// the request: not reachable, timed out, loading, failing over.
+pub(crate) fn is_unavailable(error: &RedisError) -> bool {
+    error.is_io_error()
+        || error.is_timeout()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+        || matches!(
+            error.kind(),
+            ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::Server(
+                    ServerErrorKind::BusyLoading
+                        | ServerErrorKind::ClusterDown
+                        | ServerErrorKind::MasterDown
+                        | ServerErrorKind::TryAgain
+                        | ServerErrorKind::Moved
+                        | ServerErrorKind::Ask
+                        | ServerErrorKind::ReadOnly
+                )
+        )
+}
+
+/// Maps a `redis` error to the store's error: unreachable servers are
+/// [`StoreError::Unavailable`] (the executor fails closed), anything else
+/// is [`StoreError::Backend`].
+pub(crate) fn store_error(error: RedisError) -> StoreError {
+    if is_unavailable(&error) {
+        StoreError::Unavailable(Box::new(error))
+    } else {
+        StoreError::Backend(Box::new(error))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn standalone_urls_keep_what_redis_reads_and_take_idem_parameters() {
+        let p = parse_url("redis://app:secret@127.0.0.1:6380/2?namespace=orders&connect_timeout=250ms&protocol=resp3&response_timeout=2s")
+            .expect("valid");
+        assert_eq!(
+            p.target,
+            Target::Standalone("redis://app:secret@127.0.0.1:6380/2?protocol=resp3".into())
+        );
+        assert_eq!(p.namespace.as_deref(), Some("orders"));
+        assert_eq!(p.connect_timeout, Some(Duration::from_millis(250)));
+        assert_eq!(p.response_timeout, Some(Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn cluster_urls_become_one_url_per_seed_node() {
+        let p = parse_url("redis+cluster://:pw@127.0.0.1:7000,127.0.0.1:7001/?namespace=x")
+            .expect("valid");
+        assert_eq!(
+            p.target,
+            Target::Cluster(vec![
+                "redis://:pw@127.0.0.1:7000".into(),
+                "redis://:pw@127.0.0.1:7001".into()
+            ])
+        );
+        assert_eq!(p.namespace.as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn bad_urls_say_what_is_wrong_without_the_password() {
+        for (url, needle) in [
+            ("127.0.0.1:6379", "expected a scheme"),
+            ("memcached://127.0.0.1", "unknown scheme"),
+            ("redis+cluster://h:1/3", "only database 0"),
+            ("redis+cluster://", "at least one host"),
+            (
+                "redis://u:hunter2@h:1/?connect_timeout=soon",
+                "not a duration",
+            ),
+        ] {
+            let err = parse_url(url).expect_err(url).to_string();
+            assert!(err.contains(needle), "{url}: {err}");
+            assert!(!err.contains("hunter2"), "{url}: password leaked in {err}");
+        }
+    }
+
+    #[test]
+    fn redact_masks_passwords_only() {
+        assert_eq!(redact("redis://u:pw@h:1/0?x=1"), "redis://u:***@h:1/0?x=1");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+        assert_eq!(
+            redact("redis+cluster://:pw@a:1,b:2"),
+            "redis+cluster://:***@a:1,b:2"
+        );
+    }
+}

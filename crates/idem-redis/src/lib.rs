@@ -1,0 +1,787 @@
+//! # idem-redis: the Redis store
+//!
+//! Keeps idem's records in Redis — one server or a Redis Cluster — with
+//! every transition of the [store contract](idem::contract) done by one Lua
+//! script on the server:
+//!
+//! - **Atomic and fenced.** `claim`, `complete`, `fail`, `extend` and
+//!   `release` are each one script (`lua/*.lua` in this crate). Writes
+//!   check the holder's token inside the script, so a worker whose lease
+//!   ran out can never overwrite the new holder's record, and nothing is
+//!   read by the client and then written back.
+//! - **The server's clock.** Scripts read Redis `TIME`; no decision
+//!   depends on client clocks agreeing.
+//! - **Expiry at read time.** A record past its retention deadline is
+//!   absent to every script whether or not Redis has dropped it yet. Redis
+//!   drops it by itself a grace period later ([`DEFAULT_GRACE`]), so
+//!   memory is reclaimed without a sweeper.
+//! - **Cluster-ready.** A record is one hash whose key carries its own hash
+//!   tag, so each script touches one slot and the same scripts run
+//!   unchanged on a Cluster. No key is shared by all records: tokens are
+//!   made by the client (a random per-store instance id and a counter) and
+//!   fences rise per key from the record itself, or from the server clock
+//!   in microseconds once the record is gone.
+//! - **Fails fast.** Connect and response timeouts are bounded, so a dead
+//!   server is a [`StoreError::Unavailable`] within about a second, and the
+//!   connection recovers on its own when the server returns.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use idem::{Idempotency, RecordId};
+//! use idem_redis::RedisStore;
+//!
+//! let store = RedisStore::connect("redis://127.0.0.1:6379/?namespace=payments").await?;
+//! // or: RedisStore::connect("redis+cluster://127.0.0.1:7000,127.0.0.1:7001").await?
+//! let idem = Idempotency::builder(store).build()?;
+//! let id = RecordId::parse("charges", "order-42")?;
+//! let charge = idem
+//!     .run(&id, None, |_| async { Ok::<_, std::io::Error>("ch_1".to_owned()) })
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## URLs
+//!
+//! | URL | meaning |
+//! |---|---|
+//! | `redis://[user:password@]host:port[/db]` | one server (ACL user, database number) |
+//! | `rediss://…` | the same over TLS (the `tls` feature) |
+//! | `redis+cluster://[user:password@]host:port,host:port,…` | a Cluster, from any seed nodes |
+//! | `rediss+cluster://…` | a Cluster over TLS |
+//!
+//! Query parameters: `namespace` (the key prefix, default `idem`),
+//! `connect_timeout` and `response_timeout` (`500ms`, `2s`); others (such
+//! as `protocol=resp3`) go to the `redis` crate.
+//!
+#![doc = include_str!("../docs/persistence.md")]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem::{
+    ClaimMany, ClaimOutcome, ClaimParams, DeleteRecord, Failure, GetRecord, Lease, LeaseToken,
+    ListPage, ListQuery, ListRecords, PurgeExpired, Record, RecordId, Scope, Store, StoreError,
+    Timestamp,
+};
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::Value;
+use sha2::{Digest, Sha256};
+
+mod conn;
+mod record;
+mod scripts;
+
+use conn::{store_error, Conn, Target, Timeouts};
+use scripts::Scripts;
+
+/// The default key prefix.
+pub const DEFAULT_NAMESPACE: &str = "idem";
+/// The default connect timeout.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The default response timeout: a call that gets no answer in this time
+/// fails with [`StoreError::Unavailable`].
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long Redis keeps a record past its retention deadline before it
+/// drops it. The record already reads as absent; it is kept so that its
+/// fence is there to build on if the key is claimed again at once.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(60);
+
+/// Why the store could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The URL cannot be used. The message never contains the password.
+    #[error("invalid Redis URL {url}: {reason}")]
+    InvalidUrl {
+        /// The URL, password masked.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The namespace is not 1 to 64 characters of `A-Z a-z 0-9 _ . : -`.
+    #[error("invalid namespace {0:?}: use 1 to 64 characters of A-Z a-z 0-9 _ . : -")]
+    InvalidNamespace(String),
+    /// The server (or no Cluster node) answered.
+    #[error("could not connect to Redis at {url}")]
+    Unavailable {
+        /// The URL, password masked.
+        url: String,
+        /// What the client reported.
+        #[source]
+        source: redis::RedisError,
+    },
+}
+
+/// Sets up a [`RedisStore`]: from [`RedisStore::builder`].
+#[derive(Debug, Clone)]
+pub struct RedisStoreBuilder {
+    url: String,
+    target: Target,
+    namespace: String,
+    timeouts: Timeouts,
+    grace: Duration,
+}
+
+impl RedisStoreBuilder {
+    /// The key prefix: every key the store writes starts with
+    /// `namespace:`. Stores with different namespaces never see each
+    /// other's records.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// How long to wait for a connection ([`DEFAULT_CONNECT_TIMEOUT`]).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.timeouts.connect = timeout;
+        self
+    }
+
+    /// How long to wait for an answer ([`DEFAULT_RESPONSE_TIMEOUT`]).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.timeouts.response = timeout;
+        self
+    }
+
+    /// How long Redis keeps a record past its retention deadline
+    /// ([`DEFAULT_GRACE`]; at least one second).
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = grace.max(Duration::from_secs(1));
+        self
+    }
+
+    /// Connects, and fails if the server cannot be reached.
+    pub async fn connect(self) -> Result<RedisStore, ConnectError> {
+        let valid = (1..=64).contains(&self.namespace.len())
+            && self
+                .namespace
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.:-".contains(&b));
+        if !valid {
+            return Err(ConnectError::InvalidNamespace(self.namespace));
+        }
+        let conn = Conn::open(&self.target, self.timeouts)
+            .await
+            .map_err(|source| ConnectError::Unavailable {
+                url: conn::redact(&self.url),
+                source,
+            })?;
+        if let Conn::Standalone(_) = conn {
+            warn_if_evicting(&conn).await;
+        }
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                conn,
+                namespace: self.namespace,
+                grace_ms: self.grace.as_millis().to_string(),
+                instance: loop {
+                    let n = rand::random::<u64>();
+                    if n != 0 {
+                        break n;
+                    }
+                },
+                seq: AtomicU64::new(1),
+                scripts: Scripts::new(),
+            }),
+        })
+    }
+}
+
+/// Logs a warning when the server may evict keys that have an expiry
+/// (idem's records): an evicted record is a forgotten claim.
+async fn warn_if_evicting(conn: &Conn) {
+    let mut cmd = redis::cmd("CONFIG");
+    cmd.arg("GET").arg("maxmemory-policy");
+    let Ok(reply) = conn.query(&cmd).await else {
+        return;
+    };
+    let policy = match reply {
+        Value::Array(items) => items.into_iter().nth(1),
+        Value::Map(pairs) => pairs.into_iter().next().map(|(_, v)| v),
+        _ => None,
+    };
+    if let Some(Value::BulkString(policy)) = policy {
+        let policy = String::from_utf8_lossy(&policy);
+        if policy != "noeviction" {
+            tracing::warn!(
+                %policy,
+                "Redis may evict idem's records under memory pressure, forgetting claims and \
+                 outcomes; set maxmemory-policy noeviction"
+            );
+        }
+    }
+}
+
+/// The Redis store. Cheap to clone; clones share the connection.
+#[derive(Debug, Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    conn: Conn,
+    namespace: String,
+    grace_ms: String,
+    instance: u64,
+    seq: AtomicU64,
+    scripts: Scripts,
+}
+
+impl RedisStore {
+    /// Connects to `url` with the defaults (see the [crate docs](crate)
+    /// for the URL forms).
+    pub async fn connect(url: &str) -> Result<Self, ConnectError> {
+        Self::builder(url)?.connect().await
+    }
+
+    /// A builder for `url`, to set more than the URL says.
+    pub fn builder(url: &str) -> Result<RedisStoreBuilder, ConnectError> {
+        let parsed = conn::parse_url(url)?;
+        Ok(RedisStoreBuilder {
+            url: url.to_owned(),
+            target: parsed.target,
+            namespace: parsed
+                .namespace
+                .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned()),
+            timeouts: Timeouts {
+                connect: parsed.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+                response: parsed.response_timeout.unwrap_or(DEFAULT_RESPONSE_TIMEOUT),
+            },
+            grace: DEFAULT_GRACE,
+        })
+    }
+
+    /// Whether this store talks to a Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.inner.conn, Conn::Cluster(_))
+    }
+
+    /// The key prefix.
+    pub fn namespace(&self) -> &str {
+        &self.inner.namespace
+    }
+
+    /// The SHA-1 of the claim script, as `EVALSHA` takes it (for
+    /// `redis-benchmark`). Its arguments are listed in `lua/claim.lua`.
+    pub fn claim_script_sha(&self) -> &str {
+        self.inner.scripts.claim_sha()
+    }
+
+    /// The Redis key holding `id`'s record:
+    /// `namespace:<scope hash>:{<id hash>}`. The braces make the id hash
+    /// the record's Cluster hash tag; the scope hash lets a list by scope
+    /// scan only that scope's keys.
+    pub fn record_key(&self, id: &RecordId) -> String {
+        let scope = Sha256::digest(id.scope().as_str().as_bytes());
+        let mut whole = Sha256::new();
+        whole.update(id.scope().as_str().as_bytes());
+        whole.update([0]);
+        whole.update(id.key().as_str().as_bytes());
+        format!(
+            "{}:{}:{{{}}}",
+            self.inner.namespace,
+            hex::encode(&scope[..8]),
+            hex::encode(&whole.finalize()[..16])
+        )
+    }
+
+    fn scope_pattern(&self, scope: Option<&Scope>) -> String {
+        match scope {
+            Some(scope) => {
+                let hash = Sha256::digest(scope.as_str().as_bytes());
+                format!("{}:{}:*", self.inner.namespace, hex::encode(&hash[..8]))
+            }
+            None => format!("{}:*", self.inner.namespace),
+        }
+    }
+
+    fn fresh_token(&self) -> LeaseToken {
+        LeaseToken::from_parts(
+            self.inner.instance,
+            self.inner.seq.fetch_add(1, Ordering::Relaxed),
+        )
+    }
+
+    async fn claim_one(
+        &self,
+        id: &RecordId,
+        params: &ClaimParams,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let key = self.record_key(id);
+        let token = self.fresh_token();
+        let args = self.claim_args(id, token, params);
+        let reply = self
+            .inner
+            .scripts
+            .claim
+            .run(&self.inner.conn, &key, &args.as_slices())
+            .await
+            .map_err(store_error)?;
+        record::claim_outcome(id, token, reply)
+    }
+
+    fn claim_args<'a>(
+        &'a self,
+        id: &'a RecordId,
+        token: LeaseToken,
+        params: &ClaimParams,
+    ) -> ClaimArgs<'a> {
+        ClaimArgs {
+            token: token.to_hex(),
+            fingerprint: params.fingerprint.map(|f| f.to_hex()).unwrap_or_default(),
+            lease: params.lease.as_millis().to_string(),
+            retention: params.retention.as_millis().to_string(),
+            scope: id.scope().as_str(),
+            key: id.key().as_str(),
+            grace: &self.inner.grace_ms,
+        }
+    }
+
+    /// Runs a holder's write script; `Ok(reply)` when the token held.
+    async fn write(
+        &self,
+        script: &scripts::Script,
+        lease: &Lease,
+        args: &[&[u8]],
+    ) -> Result<Value, StoreError> {
+        let key = self.record_key(&lease.id);
+        let token = lease.token.to_hex();
+        let mut all: Vec<&[u8]> = Vec::with_capacity(args.len() + 1);
+        all.push(token.as_bytes());
+        all.extend_from_slice(args);
+        script
+            .run(&self.inner.conn, &key, &all)
+            .await
+            .map_err(store_error)
+    }
+
+    /// Every key of this namespace (and scope, if given), one scan page at
+    /// a time, over every master of a Cluster.
+    async fn scan(&self, scope: Option<&Scope>) -> Result<Scan, StoreError> {
+        let nodes = match &self.inner.conn {
+            Conn::Standalone(_) => vec![None],
+            Conn::Cluster(_) => self.masters().await?.into_iter().map(Some).collect(),
+        };
+        Ok(Scan {
+            pattern: self.scope_pattern(scope),
+            nodes,
+            cursor: 0,
+        })
+    }
+
+    /// The Cluster's masters, from `CLUSTER SLOTS`.
+    async fn masters(&self) -> Result<Vec<(String, u16)>, StoreError> {
+        let reply = self
+            .inner
+            .conn
+            .query(redis::cmd("CLUSTER").arg("SLOTS"))
+            .await
+            .map_err(store_error)?;
+        let bad =
+            || StoreError::Backend(format!("unexpected CLUSTER SLOTS reply {reply:?}").into());
+        let Value::Array(ranges) = &reply else {
+            return Err(bad());
+        };
+        let mut masters = Vec::new();
+        for range in ranges {
+            let Value::Array(parts) = range else {
+                return Err(bad());
+            };
+            let Some(Value::Array(node)) = parts.get(2) else {
+                return Err(bad());
+            };
+            let (Some(host), Some(Value::Int(port))) = (node.first(), node.get(1)) else {
+                return Err(bad());
+            };
+            let host = match host {
+                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                Value::SimpleString(s) => s.clone(),
+                _ => return Err(bad()),
+            };
+            let port = u16::try_from(*port).map_err(|_| bad())?;
+            if !masters.contains(&(host.clone(), port)) {
+                masters.push((host, port));
+            }
+        }
+        Ok(masters)
+    }
+
+    /// Runs `script` on each key and returns the replies in order. On a
+    /// Cluster each call is routed to its key's node; calls are sent
+    /// concurrently either way, so they are pipelined on each connection.
+    async fn run_each(
+        &self,
+        script: &scripts::Script,
+        calls: &[(String, Vec<Vec<u8>>)],
+    ) -> Vec<Result<Value, StoreError>> {
+        match &self.inner.conn {
+            Conn::Standalone(manager) => {
+                let mut pipe = redis::pipe();
+                for (key, args) in calls {
+                    let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+                    pipe.add_command(script.evalsha(key, &args));
+                }
+                pipe.ignore_errors();
+                let replies = match Conn::pipeline(manager, &pipe).await {
+                    Ok(replies) if replies.len() == calls.len() => replies,
+                    Ok(replies) => {
+                        let n = replies.len();
+                        return calls
+                            .iter()
+                            .map(|_| {
+                                Err(StoreError::Backend(
+                                    format!("pipeline of {} answered {n}", calls.len()).into(),
+                                ))
+                            })
+                            .collect();
+                    }
+                    Err(e) => {
+                        let e = store_error(e);
+                        return calls.iter().map(|_| Err(copy_error(&e))).collect();
+                    }
+                };
+                let mut out = Vec::with_capacity(calls.len());
+                for ((key, args), reply) in calls.iter().zip(replies) {
+                    out.push(match reply {
+                        // The script was not loaded, so it did not run:
+                        // running it again (with EVAL) is safe.
+                        Err(e) if scripts::is_noscript(&e) => {
+                            let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+                            script
+                                .run(&self.inner.conn, key, &args)
+                                .await
+                                .map_err(store_error)
+                        }
+                        other => other.map_err(store_error),
+                    });
+                }
+                out
+            }
+            Conn::Cluster(_) => {
+                futures_util::future::join_all(calls.iter().map(|(key, args)| async move {
+                    let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+                    script
+                        .run(&self.inner.conn, key, &args)
+                        .await
+                        .map_err(store_error)
+                }))
+                .await
+            }
+        }
+    }
+
+    /// Loads every script on the servers this store reaches now (a Cluster:
+    /// every master). Optional: a server that lacks a script gets it on
+    /// first use.
+    pub async fn load_scripts(&self) -> Result<(), StoreError> {
+        let all = self.inner.scripts.all();
+        match &self.inner.conn {
+            Conn::Standalone(_) => {
+                for script in all {
+                    self.inner
+                        .conn
+                        .query(&script.load())
+                        .await
+                        .map_err(store_error)?;
+                }
+            }
+            Conn::Cluster(cluster) => {
+                for (host, port) in self.masters().await? {
+                    for script in &all {
+                        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                            host: host.clone(),
+                            port,
+                        });
+                        cluster
+                            .clone()
+                            .route_command(script.load(), route)
+                            .await
+                            .map_err(store_error)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A copy of a store error for each call of a failed batch.
+fn copy_error(error: &StoreError) -> StoreError {
+    match error {
+        StoreError::Unavailable(e) => StoreError::Unavailable(e.to_string().into()),
+        other => StoreError::Backend(other.to_string().into()),
+    }
+}
+
+struct ClaimArgs<'a> {
+    token: String,
+    fingerprint: String,
+    lease: String,
+    retention: String,
+    scope: &'a str,
+    key: &'a str,
+    grace: &'a str,
+}
+
+impl<'a> ClaimArgs<'a> {
+    fn as_slices(&'a self) -> [&'a [u8]; 7] {
+        [
+            self.token.as_bytes(),
+            self.fingerprint.as_bytes(),
+            self.lease.as_bytes(),
+            self.retention.as_bytes(),
+            self.scope.as_bytes(),
+            self.key.as_bytes(),
+            self.grace.as_bytes(),
+        ]
+    }
+}
+
+/// A scan over the masters, one page at a time.
+struct Scan {
+    pattern: String,
+    /// The nodes left to scan, the current one first (`None`: the one
+    /// server of a standalone store).
+    nodes: Vec<Option<(String, u16)>>,
+    cursor: u64,
+}
+
+impl Scan {
+    /// The next page of keys, or `None` when every node is done.
+    async fn next(&mut self, conn: &Conn) -> Result<Option<Vec<String>>, StoreError> {
+        let Some(node) = self.nodes.first().cloned() else {
+            return Ok(None);
+        };
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(self.cursor)
+            .arg("MATCH")
+            .arg(&self.pattern)
+            .arg("COUNT")
+            .arg(1000);
+        let reply = match (node, conn) {
+            (Some((host, port)), Conn::Cluster(cluster)) => {
+                let route =
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+                cluster.clone().route_command(cmd, route).await
+            }
+            _ => conn.query(&cmd).await,
+        }
+        .map_err(store_error)?;
+        let (cursor, keys): (u64, Vec<String>) = redis::from_redis_value(reply)
+            .map_err(|e| StoreError::Backend(format!("unexpected SCAN reply: {e}").into()))?;
+        self.cursor = cursor;
+        if cursor == 0 {
+            self.nodes.remove(0);
+        }
+        Ok(Some(keys))
+    }
+}
+
+impl Store for RedisStore {
+    async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
+        self.claim_one(id, params).await
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        response: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let retention = retention.as_millis().to_string();
+        let reply = self
+            .write(
+                &self.inner.scripts.complete,
+                lease,
+                &[
+                    &response,
+                    retention.as_bytes(),
+                    self.inner.grace_ms.as_bytes(),
+                ],
+            )
+            .await?;
+        written(&lease.id, reply)
+    }
+
+    async fn fail(
+        &self,
+        lease: &Lease,
+        failure: Failure,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let retention = retention.as_millis().to_string();
+        let reply = self
+            .write(
+                &self.inner.scripts.fail,
+                lease,
+                &[
+                    failure.class.as_str().as_bytes(),
+                    failure.message.as_bytes(),
+                    retention.as_bytes(),
+                    self.inner.grace_ms.as_bytes(),
+                ],
+            )
+            .await?;
+        written(&lease.id, reply)
+    }
+
+    async fn extend(&self, lease: &Lease, duration: Duration) -> Result<Timestamp, StoreError> {
+        let duration = duration.as_millis().to_string();
+        let reply = self
+            .write(
+                &self.inner.scripts.extend,
+                lease,
+                &[duration.as_bytes(), self.inner.grace_ms.as_bytes()],
+            )
+            .await?;
+        match reply {
+            Value::Int(n) if n < 0 => Err(StoreError::LeaseLost),
+            Value::Int(n) => Ok(Timestamp::from_millis(n.unsigned_abs())),
+            other => Err(StoreError::Corrupt {
+                id: lease.id.to_string(),
+                reason: format!("extend replied {other:?}"),
+            }),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        let reply = self.write(&self.inner.scripts.release, lease, &[]).await?;
+        written(&lease.id, reply)
+    }
+}
+
+/// A holder's write replied 1 (written) or 0 (lease lost).
+fn written(id: &RecordId, reply: Value) -> Result<(), StoreError> {
+    match reply {
+        Value::Int(1) => Ok(()),
+        Value::Int(0) => Err(StoreError::LeaseLost),
+        other => Err(StoreError::Corrupt {
+            id: id.to_string(),
+            reason: format!("write replied {other:?}"),
+        }),
+    }
+}
+
+impl GetRecord for RedisStore {
+    async fn get(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
+        let key = self.record_key(id);
+        let reply = self
+            .inner
+            .scripts
+            .get
+            .run(&self.inner.conn, &key, &[])
+            .await
+            .map_err(store_error)?;
+        Ok(record::record(Some(id), reply)?.map(|(_, r)| r))
+    }
+}
+
+impl DeleteRecord for RedisStore {
+    async fn delete(&self, id: &RecordId) -> Result<bool, StoreError> {
+        let key = self.record_key(id);
+        let reply = self
+            .inner
+            .scripts
+            .delete
+            .run(&self.inner.conn, &key, &[self.inner.grace_ms.as_bytes()])
+            .await
+            .map_err(store_error)?;
+        Ok(matches!(reply, Value::Int(1)))
+    }
+}
+
+impl ListRecords for RedisStore {
+    /// Lists by scanning the namespace (or, with a scope filter, only that
+    /// scope's keys) on every master and sorting what is live. Each page
+    /// costs a full scan: this is for administration, not hot paths.
+    async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
+        let mut scan = self.scan(query.scope.as_ref()).await?;
+        let mut found: Vec<(RecordId, Record)> = Vec::new();
+        while let Some(keys) = scan.next(&self.inner.conn).await? {
+            let calls: Vec<(String, Vec<Vec<u8>>)> =
+                keys.into_iter().map(|k| (k, Vec::new())).collect();
+            for reply in self.run_each(&self.inner.scripts.get, &calls).await {
+                let Some((id, record)) = record::record(None, reply?)? else {
+                    continue;
+                };
+                let wanted = query.scope.as_ref().is_none_or(|s| id.scope() == s)
+                    && query.state.is_none_or(|s| record.state.kind() == s)
+                    && query.after.as_ref().is_none_or(|after| id > *after);
+                if wanted {
+                    found.push((id, record));
+                }
+            }
+        }
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        let more = found.len() > query.limit;
+        found.truncate(query.limit);
+        let next = if more {
+            found.last().map(|(id, _)| id.clone())
+        } else {
+            None
+        };
+        Ok(ListPage {
+            records: found,
+            next,
+        })
+    }
+}
+
+impl PurgeExpired for RedisStore {
+    /// Redis drops records by itself a grace period after their deadline;
+    /// this frees them sooner. Each call scans the namespace until `limit`
+    /// records were removed.
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        let mut scan = self.scan(None).await?;
+        let mut purged = 0;
+        while purged < limit {
+            let Some(keys) = scan.next(&self.inner.conn).await? else {
+                break;
+            };
+            for chunk in keys.chunks(limit - purged) {
+                let calls: Vec<(String, Vec<Vec<u8>>)> =
+                    chunk.iter().map(|k| (k.clone(), Vec::new())).collect();
+                for reply in self.run_each(&self.inner.scripts.purge, &calls).await {
+                    if matches!(reply?, Value::Int(1)) {
+                        purged += 1;
+                    }
+                }
+                if purged >= limit {
+                    break;
+                }
+            }
+        }
+        Ok(purged)
+    }
+}
+
+impl ClaimMany for RedisStore {
+    /// Sends the claims together: one pipeline to a single server; on a
+    /// Cluster, each claim routed to its slot's node, all at once, so each
+    /// node's connection pipelines its share.
+    async fn claim_many(
+        &self,
+        claims: &[(RecordId, ClaimParams)],
+    ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
+        let tokens: Vec<LeaseToken> = claims.iter().map(|_| self.fresh_token()).collect();
+        let calls: Vec<(String, Vec<Vec<u8>>)> = claims
+            .iter()
+            .zip(&tokens)
+            .map(|((id, params), token)| {
+                let args = self.claim_args(id, *token, params);
+                let args = args.as_slices().iter().map(|a| a.to_vec()).collect();
+                (self.record_key(id), args)
+            })
+            .collect();
+        let replies = self.run_each(&self.inner.scripts.claim, &calls).await;
+        Ok(claims
+            .iter()
+            .zip(tokens)
+            .zip(replies)
+            .map(|(((id, _), token), reply)| record::claim_outcome(id, token, reply?))
+            .collect())
+    }
+}

@@ -1,0 +1,27 @@
+//! The conformance suite against a real 3-master Redis Cluster, started for
+//! this test run on free loopback ports. The same scripts as on one server.
+
+use std::sync::OnceLock;
+
+use idem_redis::RedisStore;
+use idem_testkit::redis::RedisCluster;
+use idem_testkit::Fixture;
+
+fn cluster() -> &'static RedisCluster {
+    static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| RedisCluster::start().expect("start a Redis Cluster"))
+}
+
+async fn fixture(case: &'static str) -> Fixture<RedisStore> {
+    let url = cluster().url();
+    let store = RedisStore::builder(&url)
+        .expect("valid URL")
+        .namespace(format!("conf-{:016x}", rand::random::<u64>()))
+        .connect()
+        .await
+        .expect("connect");
+    assert!(store.is_cluster());
+    Fixture::real_time(store, case)
+}
+
+idem_testkit::conformance_suite!(fixture);
