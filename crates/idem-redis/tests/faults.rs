@@ -1,0 +1,220 @@
+//! Faults against real servers: a Redis stopped mid-run and started again,
+//! and a Cluster resharded under load. Each test owns its servers.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem::{
+    ClaimOutcome, ClaimParams, Idempotency, Outcome, RecordId, RunError, Store, StoreError,
+};
+use idem_redis::RedisStore;
+use idem_testkit::redis::{RedisCluster, RedisServer};
+
+const BOUND: Duration = Duration::from_secs(10);
+
+fn params() -> ClaimParams {
+    ClaimParams::new(Duration::from_secs(30), Duration::from_secs(3600))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_server_fails_closed_and_the_store_recovers() {
+    let mut server = RedisServer::start().expect("start redis-server");
+    let store = RedisStore::builder(&server.url())
+        .expect("valid URL")
+        .response_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .expect("connect");
+    let idem = Idempotency::builder(store.clone())
+        .build()
+        .expect("executor");
+    let ran = Arc::new(AtomicUsize::new(0));
+    let run = |key: String| {
+        let (idem, ran) = (idem.clone(), Arc::clone(&ran));
+        async move {
+            let id = RecordId::parse("faults", &key).expect("valid id");
+            idem.run(&id, None, |_| async move {
+                ran.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, std::io::Error>(key)
+            })
+            .await
+        }
+    };
+    assert!(matches!(
+        run("before".into()).await,
+        Ok(Outcome::Executed { .. })
+    ));
+
+    server.stop();
+    for i in 0..5 {
+        let id = RecordId::parse("faults", &format!("down{i}")).expect("valid id");
+        let claim = tokio::time::timeout(BOUND, store.claim(&id, &params()))
+            .await
+            .expect("a claim against a dead server returns instead of hanging");
+        assert!(
+            matches!(claim, Err(StoreError::Unavailable(_))),
+            "claim {i} with the server down: {claim:?}"
+        );
+        let outcome = tokio::time::timeout(BOUND, run(format!("down{i}")))
+            .await
+            .expect("run returns");
+        assert!(
+            matches!(outcome, Err(RunError::Store(StoreError::Unavailable(_)))),
+            "run {i} with the server down: {outcome:?}"
+        );
+    }
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        1,
+        "no handler runs while the store is down (fail-closed)"
+    );
+
+    server.start_again().expect("restart redis-server");
+    // The connection comes back by itself; the restarted server has no
+    // script cache, so this also covers the EVALSHA → EVAL fallback.
+    let mut recovered = None;
+    for _ in 0..100 {
+        match run("after".into()).await {
+            Ok(outcome) => {
+                recovered = Some(outcome);
+                break;
+            }
+            Err(RunError::Store(StoreError::Unavailable(_))) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(other) => panic!("unexpected error after restart: {other:?}"),
+        }
+    }
+    assert!(
+        matches!(recovered, Some(Outcome::Executed { .. })),
+        "the store recovers once the server is back: {recovered:?}"
+    );
+    assert!(matches!(
+        run("after".into()).await,
+        Ok(Outcome::Replayed { .. })
+    ));
+    assert_eq!(ran.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn connecting_to_nothing_is_a_typed_error() {
+    let port = RedisServer::start().expect("start").port();
+    // The server above is gone (dropped); nothing listens on its port.
+    let err = tokio::time::timeout(
+        BOUND,
+        RedisStore::connect(&format!("redis://u:hunter2@127.0.0.1:{port}")),
+    )
+    .await
+    .expect("connect returns")
+    .expect_err("nothing listens");
+    assert!(
+        matches!(err, idem_redis::ConnectError::Unavailable { .. }),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains(&port.to_string()) && !text.contains("hunter2"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_resharded_under_load_still_runs_each_key_once() {
+    const KEYS: usize = 3000;
+    const WORKERS: usize = 8;
+    let cluster = Arc::new(RedisCluster::start().expect("start a Redis Cluster"));
+    let store = RedisStore::connect(&cluster.url()).await.expect("connect");
+    let idem = Idempotency::builder(store).build().expect("executor");
+    let runs: Arc<Mutex<HashMap<usize, usize>>> = Arc::default();
+    let resharding = Arc::new(std::sync::atomic::AtomicBool::new(true));
+
+    // Move a third of node 0's slots to node 1 and then on to node 2 while
+    // the workers run: keys in moving slots meet ASK, then MOVED.
+    let reshard = {
+        let (cluster, resharding) = (Arc::clone(&cluster), Arc::clone(&resharding));
+        tokio::task::spawn_blocking(move || {
+            let result = cluster
+                .reshard(0, 1, 1800)
+                .and_then(|()| cluster.reshard(1, 2, 1800));
+            resharding.store(false, Ordering::SeqCst);
+            result
+        })
+    };
+
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|w| {
+            let (idem, runs, resharding) =
+                (idem.clone(), Arc::clone(&runs), Arc::clone(&resharding));
+            tokio::spawn(async move {
+                let mut passes = 0;
+                let mut replayed = 0usize;
+                // Keep going while slots move, and at least two passes.
+                while passes < 2 || resharding.load(Ordering::SeqCst) {
+                    for i in 0..KEYS {
+                        let k = (i * 7 + w * 389) % KEYS;
+                        let id = RecordId::parse("reshard", &format!("k{k}")).expect("valid");
+                        loop {
+                            let runs = Arc::clone(&runs);
+                            let result = idem
+                                .run(&id, None, |_| async move {
+                                    *runs.lock().expect("lock").entry(k).or_default() += 1;
+                                    Ok::<_, std::io::Error>(k)
+                                })
+                                .await;
+                            match result {
+                                Ok(Outcome::Replayed { .. }) => {
+                                    replayed += 1;
+                                    break;
+                                }
+                                Ok(_) => break,
+                                Err(RunError::InProgress { .. }) => {
+                                    tokio::time::sleep(Duration::from_millis(5)).await;
+                                }
+                                Err(other) => panic!("key {k} during resharding: {other:?}"),
+                            }
+                        }
+                    }
+                    passes += 1;
+                }
+                replayed
+            })
+        })
+        .collect();
+
+    let mut replayed = 0;
+    for worker in workers {
+        replayed += worker.await.expect("worker");
+    }
+    reshard.await.expect("reshard task").expect("reshard");
+    cluster
+        .wait_until_ok()
+        .expect("cluster healthy after resharding");
+
+    let runs = runs.lock().expect("lock").clone();
+    let doubled: Vec<_> = runs.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(doubled.is_empty(), "keys not run exactly once: {doubled:?}");
+    assert_eq!(runs.len(), KEYS, "every key ran");
+    assert!(replayed >= KEYS * (2 * WORKERS - 1), "replays: {replayed}");
+
+    // The keys really were spread over the moved slots: every node now
+    // holds some, and every one is still claimable as completed.
+    let store = RedisStore::connect(&cluster.url()).await.expect("connect");
+    for node in cluster.nodes() {
+        let size: usize = node
+            .cli("DBSIZE")
+            .expect("dbsize")
+            .trim()
+            .parse()
+            .expect("a number");
+        assert!(size > 0, "node {} holds no record", node.port());
+    }
+    for k in (0..KEYS).step_by(97) {
+        let id = RecordId::parse("reshard", &format!("k{k}")).expect("valid");
+        assert!(matches!(
+            store.claim(&id, &params()).await,
+            Ok(ClaimOutcome::Completed(_))
+        ));
+    }
+}
