@@ -292,7 +292,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         return run_proxy(args).await;
     }
     let url: StoreUrl = cli.store.as_deref().unwrap_or(DEFAULT_STORE).parse()?;
-    let store = url.open()?;
+    let store = url.open().await?;
     match cli.command {
         Command::Proxy(_) => unreachable!("handled above"),
         Command::Inspect { scope, key } => {
@@ -370,7 +370,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 async fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     let config = args.proxy_config()?;
     let url: StoreUrl = args.store.as_deref().unwrap_or(DEFAULT_STORE).parse()?;
-    let store = url.open()?;
+    let store = url.open().await?;
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| tracing::warn!(error = %e, "metrics recorder not installed"))

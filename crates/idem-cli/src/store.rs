@@ -8,6 +8,7 @@ use idem::{
     ClaimOutcome, ClaimParams, DeleteRecord, Failure, GetRecord, Lease, ListPage, ListQuery,
     ListRecords, MemoryStore, PurgeExpired, Record, RecordId, Store, StoreError, Timestamp,
 };
+use idem_redis::RedisStore;
 use idem_sqlite::SqliteStore;
 
 /// The store file used when no `--store` is given: `idem.db` in the
@@ -21,6 +22,9 @@ pub enum StoreUrl {
     Memory,
     /// `sqlite:PATH` (or a bare path): the embedded durable store.
     Sqlite(PathBuf),
+    /// `redis://…`, `rediss://…`, `redis+cluster://…`: a Redis server or
+    /// Cluster (the URL as [`idem_redis`] reads it).
+    Redis(String),
 }
 
 /// Why a store URL was refused.
@@ -29,7 +33,7 @@ pub enum StoreUrlError {
     /// A scheme whose store is not in this build yet.
     #[error(
         "store URL {url:?}: the {scheme} store is not available in this build yet \
-         (available: memory:, sqlite:PATH)"
+         (available: memory:, sqlite:PATH, redis://, redis+cluster://)"
     )]
     NotYet {
         /// The URL given.
@@ -38,7 +42,10 @@ pub enum StoreUrlError {
         scheme: String,
     },
     /// Not a store URL at all.
-    #[error("store URL {url:?} is not understood (use memory:, sqlite:PATH or a file path)")]
+    #[error(
+        "store URL {url:?} is not understood \
+         (use memory:, sqlite:PATH, a file path, redis:// or redis+cluster://)"
+    )]
     Unknown {
         /// The URL given.
         url: String,
@@ -65,12 +72,13 @@ impl std::str::FromStr for StoreUrl {
         }
         if let Some((scheme, _)) = url.split_once("://") {
             return match scheme {
-                "redis" | "rediss" | "redis+cluster" | "postgres" | "postgresql" | "dynamodb" => {
-                    Err(StoreUrlError::NotYet {
-                        url: url.to_owned(),
-                        scheme: scheme.to_owned(),
-                    })
+                "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
+                    Ok(StoreUrl::Redis(url.to_owned()))
                 }
+                "postgres" | "postgresql" | "dynamodb" => Err(StoreUrlError::NotYet {
+                    url: url.to_owned(),
+                    scheme: scheme.to_owned(),
+                }),
                 _ => Err(StoreUrlError::Unknown {
                     url: url.to_owned(),
                 }),
@@ -86,13 +94,18 @@ impl std::str::FromStr for StoreUrl {
 }
 
 impl StoreUrl {
-    /// Opens the store.
-    pub fn open(&self) -> anyhow::Result<AnyStore> {
+    /// Opens the store (connecting to it, for a networked one).
+    pub async fn open(&self) -> anyhow::Result<AnyStore> {
         Ok(match self {
             StoreUrl::Memory => AnyStore::Memory(MemoryStore::new()),
             StoreUrl::Sqlite(path) => AnyStore::Sqlite(SqliteStore::open(path).map_err(|e| {
                 anyhow::anyhow!("cannot open the store file {}: {e}", path.display())
             })?),
+            StoreUrl::Redis(url) => AnyStore::Redis(
+                RedisStore::connect(url)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("{}", error_chain(&e)))?,
+            ),
         })
     }
 }
@@ -102,6 +115,7 @@ impl std::fmt::Display for StoreUrl {
         match self {
             StoreUrl::Memory => f.write_str("memory:"),
             StoreUrl::Sqlite(path) => write!(f, "sqlite:{}", path.display()),
+            StoreUrl::Redis(url) => f.write_str(&idem_redis::redact_url(url)),
         }
     }
 }
@@ -113,6 +127,20 @@ pub enum AnyStore {
     Memory(MemoryStore),
     /// The embedded file.
     Sqlite(SqliteStore),
+    /// Redis or a Redis Cluster.
+    Redis(RedisStore),
+}
+
+/// An error and its sources, on one line.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
 }
 
 impl AnyStore {
@@ -128,6 +156,7 @@ macro_rules! each {
         match $self {
             AnyStore::Memory($s) => $e,
             AnyStore::Sqlite($s) => $e,
+            AnyStore::Redis($s) => $e,
         }
     };
 }
@@ -207,7 +236,19 @@ mod tests {
             "data/idem.db".parse::<StoreUrl>().ok(),
             Some(StoreUrl::Sqlite("data/idem.db".into()))
         );
-        let not_yet = "redis://127.0.0.1:6379"
+        assert_eq!(
+            "redis+cluster://127.0.0.1:7000,127.0.0.1:7001"
+                .parse::<StoreUrl>()
+                .ok(),
+            Some(StoreUrl::Redis(
+                "redis+cluster://127.0.0.1:7000,127.0.0.1:7001".into()
+            ))
+        );
+        assert_eq!(
+            StoreUrl::Redis("redis://u:pw@h:1/0".into()).to_string(),
+            "redis://u:***@h:1/0"
+        );
+        let not_yet = "postgres://127.0.0.1/test"
             .parse::<StoreUrl>()
             .expect_err("not yet");
         assert!(

@@ -18,7 +18,7 @@ async fn inspect_list_release_stats_and_purge() {
     let url: StoreUrl = format!("sqlite:{}", dir.path().join("idem.db").display())
         .parse()
         .expect("url");
-    let store = url.open().expect("open");
+    let store = url.open().await.expect("open");
     let long = ClaimParams::new(Duration::from_secs(60), Duration::from_secs(3600));
     let short = ClaimParams::new(Duration::from_millis(300), Duration::from_millis(300));
     for key in ["done-1", "done-2"] {

@@ -601,3 +601,62 @@ async fn restart_keeps_completed_records_and_shutdown_finishes_in_flight() {
     assert_eq!(up.runs("/charge"), 2);
     gw.shutdown().await;
 }
+
+/// Two gateways (two replicas behind a load balancer) sharing one Redis
+/// Cluster: 50 concurrent duplicates spread over both run the upstream once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_sharing_a_redis_cluster_execute_once() {
+    let cluster = idem_testkit::redis::RedisCluster::start().expect("start a Redis Cluster");
+    let store_url: idem_cli::store::StoreUrl = cluster.url().parse().expect("store URL");
+    let (up, addr) = start_upstream().await;
+    let a = Gateway::start(store_url.open().await.expect("connect"), config(addr)).await;
+    let b = Gateway::start(store_url.open().await.expect("connect"), config(addr)).await;
+    let requests: Vec<_> = (0..50)
+        .map(|i| {
+            let url = format!("{}/charge", if i % 2 == 0 { &a.url } else { &b.url });
+            tokio::spawn(async move {
+                let response = client()
+                    .post(&url)
+                    .header("idempotency-key", "shared-1")
+                    .header("x-delay-ms", "200")
+                    .body("{}")
+                    .send()
+                    .await
+                    .expect("sent");
+                (
+                    response.status().as_u16(),
+                    response.bytes().await.expect("body"),
+                )
+            })
+        })
+        .collect();
+    let mut created = Vec::new();
+    for request in requests {
+        match request.await.expect("task") {
+            (201, body) => created.push(body),
+            (409, _) => {}
+            (other, body) => panic!("unexpected status {other}: {body:?}"),
+        }
+    }
+    assert_eq!(up.runs("/charge"), 1, "one execution across both gateways");
+    // Once it is done, both gateways replay the same bytes.
+    for gw in [&a, &b] {
+        let replay = client()
+            .post(format!("{}/charge", gw.url))
+            .header("idempotency-key", "shared-1")
+            .body("{}")
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(replay.status(), 201);
+        assert_eq!(replay.headers()["idempotent-replayed"], "true");
+        let body = replay.bytes().await.expect("body");
+        assert!(
+            created.iter().all(|c| *c == body),
+            "replays match the first response"
+        );
+    }
+    assert_eq!(up.runs("/charge"), 1);
+    a.shutdown().await;
+    b.shutdown().await;
+}

@@ -1,1 +1,245 @@
-fn main() {}
+//! Claim+complete pairs per second through `RedisStore`, next to the
+//! server's own limit for the same work measured in the same run:
+//! `redis-benchmark` calling the claim script with `EVALSHA` at the same
+//! client count. A pair is two script calls, so the ceiling is half the
+//! `redis-benchmark` rate; the ratio column is pairs/s over that ceiling.
+//! Batched claims (`claim_many`, 100 per call) are compared with single
+//! claims, and with `redis-benchmark -P 100` (the same script, pipelined).
+//!
+//! Run: `cargo bench -p idem-redis --bench pairs [-- --cluster] [-- --secs N]`
+//!
+//! It starts its own `redis-server` (or 3-master Cluster) on free loopback
+//! ports, so nothing else competes for the server.
+
+#![allow(clippy::print_stdout)] // a benchmark reports on stdout
+
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use idem::{ClaimMany, ClaimOutcome, ClaimParams, RecordId, Store};
+use idem_redis::RedisStore;
+use idem_testkit::redis::{RedisCluster, RedisServer};
+
+const CALLERS: [usize; 3] = [1, 16, 64];
+const BATCH: usize = 100;
+
+enum Servers {
+    One(RedisServer),
+    Cluster(RedisCluster),
+}
+
+impl Servers {
+    fn url(&self) -> String {
+        match self {
+            Servers::One(s) => s.url(),
+            Servers::Cluster(c) => c.url(),
+        }
+    }
+
+    fn port(&self) -> u16 {
+        match self {
+            Servers::One(s) => s.port(),
+            Servers::Cluster(c) => c.nodes()[0].port(),
+        }
+    }
+
+    fn flush(&self) {
+        let nodes: Vec<&RedisServer> = match self {
+            Servers::One(s) => vec![s],
+            Servers::Cluster(c) => c.nodes().iter().collect(),
+        };
+        for node in nodes {
+            node.cli("FLUSHALL").expect("flush");
+        }
+    }
+}
+
+fn params() -> ClaimParams {
+    ClaimParams::new(Duration::from_secs(30), Duration::from_secs(3600))
+}
+
+/// Runs `callers` tasks for `secs`, each looping over `work(caller, i)`
+/// which returns how many units it did; returns units per second.
+async fn rate<F, Fut>(callers: usize, secs: f64, work: F) -> f64
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = u64> + Send,
+{
+    let work = Arc::new(work);
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..callers)
+        .map(|c| {
+            let (work, stop, done) = (Arc::clone(&work), Arc::clone(&stop), Arc::clone(&done));
+            tokio::spawn(async move {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    done.fetch_add(work(c, i).await, Ordering::Relaxed);
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.expect("bench task");
+    }
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// `redis-benchmark` calling the claim script on fresh random keys:
+/// requests per second.
+fn redis_benchmark(
+    servers: &Servers,
+    sha: &str,
+    clients: usize,
+    pipeline: usize,
+    secs: f64,
+) -> f64 {
+    // Aim for about `secs` of work at a rough first guess of the rate.
+    let requests = ((secs * 40_000.0) as usize).max(20_000) * pipeline.min(4);
+    let mut cmd = Command::new("redis-benchmark");
+    cmd.args(["-h", "127.0.0.1", "-p", &servers.port().to_string()])
+        .args(["-c", &clients.to_string(), "-n", &requests.to_string()])
+        .args([
+            "-P",
+            &pipeline.to_string(),
+            "-r",
+            "100000000",
+            "--csv",
+            "-q",
+        ]);
+    if let Servers::Cluster(_) = servers {
+        cmd.arg("--cluster");
+    }
+    cmd.args(["EVALSHA", sha, "1", "bench:{__rand_int__}"])
+        .args([
+            &"0".repeat(32),
+            "",
+            "30000",
+            "3600000",
+            "bench",
+            "k",
+            "60000",
+        ]);
+    let out = cmd
+        .output()
+        .expect("run redis-benchmark (apt-get install redis-tools)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // CSV: "test","rps",...; the last line holds the numbers.
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("\"EVALSHA"))
+        .unwrap_or_else(|| panic!("unexpected redis-benchmark output: {text}"));
+    line.split(',')
+        .nth(1)
+        .and_then(|rps| rps.trim_matches('"').parse().ok())
+        .unwrap_or_else(|| panic!("no rate in {line}"))
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let cluster = args.iter().any(|a| a == "--cluster");
+    let secs: f64 = args
+        .iter()
+        .position(|a| a == "--secs")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3.0);
+    let servers = if cluster {
+        Servers::Cluster(RedisCluster::start().expect("start a Redis Cluster"))
+    } else {
+        Servers::One(RedisServer::start().expect("start redis-server"))
+    };
+    let store = RedisStore::connect(&servers.url()).await.expect("connect");
+    store.load_scripts().await.expect("load scripts");
+    let sha = store.claim_script_sha().to_owned();
+    let what = if cluster {
+        "3-master Cluster"
+    } else {
+        "one server"
+    };
+    println!("# idem-redis pairs, {what}, {secs} s per point\n");
+    println!(
+        "| callers | idem pairs/s | redis-benchmark EVALSHA claims/s | ceiling pairs/s | ratio |"
+    );
+    println!("|---:|---:|---:|---:|---:|");
+    let mut single_claims = Vec::new();
+    for callers in CALLERS {
+        servers.flush();
+        let s = store.clone();
+        let pairs = rate(callers, secs, move |c, i| {
+            let s = s.clone();
+            async move {
+                let id = RecordId::parse("bench", &format!("p{c}-{i}")).expect("valid");
+                let ClaimOutcome::Acquired(lease) = s.claim(&id, &params()).await.expect("claim")
+                else {
+                    panic!("fresh keys are acquired")
+                };
+                s.complete(
+                    &lease,
+                    Bytes::from_static(b"{\"ok\":true}"),
+                    Duration::from_secs(3600),
+                )
+                .await
+                .expect("complete");
+                1
+            }
+        })
+        .await;
+        servers.flush();
+        let s = store.clone();
+        let claims = rate(callers, secs, move |c, i| {
+            let s = s.clone();
+            async move {
+                let id = RecordId::parse("bench", &format!("c{c}-{i}")).expect("valid");
+                s.claim(&id, &params()).await.expect("claim");
+                1
+            }
+        })
+        .await;
+        single_claims.push(claims);
+        servers.flush();
+        let ceiling = redis_benchmark(&servers, &sha, callers, 1, secs) / 2.0;
+        println!(
+            "| {callers} | {pairs:.0} | {:.0} | {ceiling:.0} | {:.2} |",
+            ceiling * 2.0,
+            pairs / ceiling
+        );
+    }
+    println!("\n| callers | single claims/s | claim_many({BATCH}) claims/s | batched/single | redis-benchmark -P {BATCH} claims/s | batched/ceiling |");
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for (n, callers) in [1usize, 16].into_iter().enumerate() {
+        servers.flush();
+        let s = store.clone();
+        let batched = rate(callers, secs, move |c, i| {
+            let s = s.clone();
+            async move {
+                let claims: Vec<(RecordId, ClaimParams)> = (0..BATCH)
+                    .map(|j| {
+                        let id = RecordId::parse("bench", &format!("b{c}-{i}-{j}")).expect("valid");
+                        (id, params())
+                    })
+                    .collect();
+                let results = s.claim_many(&claims).await.expect("batch");
+                results.iter().filter(|r| r.is_ok()).count() as u64
+            }
+        })
+        .await;
+        servers.flush();
+        let ceiling = redis_benchmark(&servers, &sha, callers, BATCH, secs);
+        let single = single_claims[n];
+        println!(
+            "| {callers} | {single:.0} | {batched:.0} | {:.1} | {ceiling:.0} | {:.2} |",
+            batched / single,
+            batched / ceiling
+        );
+    }
+}

@@ -19,7 +19,10 @@ end
 
 if not r[1] or tonumber(r[5]) <= now then
   local ex = now + retention
-  redis.call('DEL', key)
+  if r[5] then
+    -- An expired record or a tombstone: start from an empty hash.
+    redis.call('DEL', key)
+  end
   redis.call('HSET', key, 's', ARGV[5], 'k', ARGV[6], 'st', 'p', 'fp', fp,
     'at', 1, 'fe', int(fence), 'ca', int(now), 'ua', int(now), 'ex', int(ex),
     'tk', token, 'lu', int(lease_until))

@@ -76,6 +76,11 @@ mod scripts;
 use conn::{store_error, Conn, Target, Timeouts};
 use scripts::Scripts;
 
+/// `url` with any password masked, for logs and messages.
+pub fn redact_url(url: &str) -> String {
+    conn::redact(url)
+}
+
 /// The default key prefix.
 pub const DEFAULT_NAMESPACE: &str = "idem";
 /// The default connect timeout.
@@ -651,7 +656,35 @@ impl Store for RedisStore {
         let reply = self.write(&self.inner.scripts.release, lease, &[]).await?;
         written(&lease.id, reply)
     }
+
+    /// Polls the record's state with a backoff (5 ms doubling to 200 ms)
+    /// until it is no longer in progress, or `timeout` passes. The caller
+    /// claims again either way; the claim decides.
+    async fn wait_for_change(&self, id: &RecordId, timeout: Duration) {
+        let key = self.record_key(id);
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut delay = WAIT_FIRST_POLL;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            tokio::time::sleep(delay.min(left)).await;
+            let state = self
+                .inner
+                .conn
+                .query(redis::cmd("HGET").arg(&key).arg("st"))
+                .await;
+            if !matches!(&state, Ok(Value::BulkString(st)) if st == b"p") {
+                return;
+            }
+            delay = (delay * 2).min(WAIT_MAX_POLL);
+        }
+    }
 }
+
+const WAIT_FIRST_POLL: Duration = Duration::from_millis(5);
+const WAIT_MAX_POLL: Duration = Duration::from_millis(200);
 
 /// A holder's write replied 1 (written) or 0 (lease lost).
 fn written(id: &RecordId, reply: Value) -> Result<(), StoreError> {
