@@ -22,7 +22,9 @@ use store::{StoreUrl, DEFAULT_STORE};
 #[command(name = "idem", version, about)]
 pub struct Cli {
     /// Where records live: `sqlite:PATH` (the embedded durable store, the
-    /// default: `sqlite:idem.db` in the working directory) or `memory:`.
+    /// default: `sqlite:idem.db` in the working directory), `memory:`,
+    /// `redis://[user:pass@]host:port[/db][?namespace=NAME]` (or `rediss://`
+    /// for TLS), or `redis+cluster://host:port,host:port` for a Cluster.
     #[arg(long, env = "IDEM_STORE", global = true)]
     pub store: Option<String>,
     /// What to do.
