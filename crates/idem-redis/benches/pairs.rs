@@ -114,19 +114,24 @@ fn redis_benchmark(
             "--csv",
             "-q",
         ]);
-    if let Servers::Cluster(_) = servers {
-        cmd.arg("--cluster");
-    }
-    cmd.args(["EVALSHA", sha, "1", "bench:{__rand_int__}"])
-        .args([
-            &"0".repeat(32),
-            "",
-            "30000",
-            "3600000",
-            "bench",
-            "k",
-            "60000",
-        ]);
+    // In cluster mode redis-benchmark routes by the `{tag}` it fills in
+    // per node.
+    let key = match servers {
+        Servers::Cluster(_) => {
+            cmd.arg("--cluster");
+            "bench:{tag}:__rand_int__"
+        }
+        Servers::One(_) => "bench:{__rand_int__}",
+    };
+    cmd.args(["EVALSHA", sha, "1", key]).args([
+        &"0".repeat(32),
+        "",
+        "30000",
+        "3600000",
+        "bench",
+        "k",
+        "60000",
+    ]);
     let out = cmd
         .output()
         .expect("run redis-benchmark (apt-get install redis-tools)");

@@ -28,6 +28,9 @@ pub(crate) struct ParsedUrl {
     pub(crate) namespace: Option<String>,
     pub(crate) connect_timeout: Option<Duration>,
     pub(crate) response_timeout: Option<Duration>,
+    /// `tls_ca_file`: a PEM file of root certificates to trust instead of
+    /// the platform's.
+    pub(crate) tls_ca_file: Option<String>,
 }
 
 /// Parses `redis://`, `rediss://`, `redis+cluster://` and
@@ -64,6 +67,7 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
         namespace: None,
         connect_timeout: None,
         response_timeout: None,
+        tls_ca_file: None,
     };
     let mut passed_on = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -76,6 +80,12 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
             "response_timeout" => {
                 parsed.response_timeout = Some(parse_duration(value).map_err(invalid)?)
             }
+            "tls_ca_file" if !tls => {
+                return Err(invalid(
+                    "tls_ca_file is only for TLS URLs (rediss:// or rediss+cluster://)".into(),
+                ))
+            }
+            "tls_ca_file" => parsed.tls_ca_file = Some(value.to_owned()),
             _ => passed_on.push(pair),
         }
     }
@@ -145,11 +155,13 @@ pub(crate) fn redact(url: &str) -> String {
     }
 }
 
-/// Timeouts that keep a dead server from hanging a caller.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Timeouts {
+/// How to connect: timeouts that keep a dead server from hanging a
+/// caller, and the TLS roots to trust (PEM) if not the platform's.
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
     pub(crate) connect: Duration,
     pub(crate) response: Duration,
+    pub(crate) tls_roots: Option<Vec<u8>>,
 }
 
 /// A connection to one server or to a Cluster. Cloning is cheap and
@@ -171,17 +183,27 @@ impl std::fmt::Debug for Conn {
 }
 
 impl Conn {
-    pub(crate) async fn open(target: &Target, timeouts: Timeouts) -> RedisResult<Self> {
+    pub(crate) async fn open(target: &Target, options: &Options) -> RedisResult<Self> {
         match target {
             Target::Standalone(url) => {
-                let client = redis::Client::open(url.as_str())?;
+                let client = match &options.tls_roots {
+                    #[cfg(feature = "tls")]
+                    Some(roots) => redis::Client::build_with_tls(
+                        url.as_str(),
+                        redis::TlsCertificates {
+                            client_tls: None,
+                            root_cert: Some(roots.clone()),
+                        },
+                    )?,
+                    _ => redis::Client::open(url.as_str())?,
+                };
                 let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(timeouts.connect))
-                    .set_response_timeout(Some(timeouts.response))
+                    .set_connection_timeout(Some(options.connect))
+                    .set_response_timeout(Some(options.response))
                     .set_number_of_retries(2)
                     .set_max_delay(Duration::from_millis(500));
                 let manager = tokio::time::timeout(
-                    timeouts.connect + timeouts.response,
+                    options.connect + options.response,
                     ConnectionManager::new_with_config(client, config),
                 )
                 .await
@@ -189,16 +211,25 @@ impl Conn {
                 Ok(Conn::Standalone(manager))
             }
             Target::Cluster(nodes) => {
-                let client = ClusterClientBuilder::new(nodes.clone())
-                    .connection_timeout(timeouts.connect)
-                    .response_timeout(timeouts.response)
-                    .overall_response_timeout(Some(timeouts.response * 4))
+                let builder = ClusterClientBuilder::new(nodes.clone());
+                #[cfg(feature = "tls")]
+                let builder = match &options.tls_roots {
+                    Some(roots) => builder.certs(redis::TlsCertificates {
+                        client_tls: None,
+                        root_cert: Some(roots.clone()),
+                    }),
+                    None => builder,
+                };
+                let client = builder
+                    .connection_timeout(options.connect)
+                    .response_timeout(options.response)
+                    .overall_response_timeout(Some(options.response * 4))
                     .retries(6)
                     .min_retry_wait(10)
                     .max_retry_wait(250)
                     .build()?;
                 let conn = tokio::time::timeout(
-                    timeouts.connect * 2 + timeouts.response,
+                    options.connect * 2 + options.response,
                     client.get_async_connection(),
                 )
                 .await

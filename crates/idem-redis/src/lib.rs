@@ -50,8 +50,9 @@
 //! | `rediss+cluster://…` | a Cluster over TLS |
 //!
 //! Query parameters: `namespace` (the key prefix, default `idem`),
-//! `connect_timeout` and `response_timeout` (`500ms`, `2s`); others (such
-//! as `protocol=resp3`) go to the `redis` crate.
+//! `connect_timeout` and `response_timeout` (`500ms`, `2s`), and for TLS
+//! `tls_ca_file` (a PEM file of roots to trust instead of the platform's);
+//! others (such as `protocol=resp3`) go to the `redis` crate.
 //!
 #![doc = include_str!("../docs/persistence.md")]
 
@@ -73,7 +74,7 @@ mod conn;
 mod record;
 mod scripts;
 
-use conn::{store_error, Conn, Target, Timeouts};
+use conn::{store_error, Conn, Options, Target};
 use scripts::Scripts;
 
 /// `url` with any password masked, for logs and messages.
@@ -125,7 +126,8 @@ pub struct RedisStoreBuilder {
     url: String,
     target: Target,
     namespace: String,
-    timeouts: Timeouts,
+    options: Options,
+    tls_ca_file: Option<String>,
     grace: Duration,
 }
 
@@ -140,13 +142,13 @@ impl RedisStoreBuilder {
 
     /// How long to wait for a connection ([`DEFAULT_CONNECT_TIMEOUT`]).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.timeouts.connect = timeout;
+        self.options.connect = timeout;
         self
     }
 
     /// How long to wait for an answer ([`DEFAULT_RESPONSE_TIMEOUT`]).
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.timeouts.response = timeout;
+        self.options.response = timeout;
         self
     }
 
@@ -157,8 +159,17 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Trusts these root certificates (PEM) for TLS instead of the
+    /// platform's: for servers with a private CA. The URL's
+    /// `tls_ca_file=PATH` does the same.
+    pub fn tls_roots(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.options.tls_roots = Some(pem.into());
+        self.tls_ca_file = None;
+        self
+    }
+
     /// Connects, and fails if the server cannot be reached.
-    pub async fn connect(self) -> Result<RedisStore, ConnectError> {
+    pub async fn connect(mut self) -> Result<RedisStore, ConnectError> {
         let valid = (1..=64).contains(&self.namespace.len())
             && self
                 .namespace
@@ -167,7 +178,14 @@ impl RedisStoreBuilder {
         if !valid {
             return Err(ConnectError::InvalidNamespace(self.namespace));
         }
-        let conn = Conn::open(&self.target, self.timeouts)
+        if let Some(path) = self.tls_ca_file.take() {
+            let pem = std::fs::read(&path).map_err(|e| ConnectError::InvalidUrl {
+                url: conn::redact(&self.url),
+                reason: format!("cannot read tls_ca_file {path}: {e}"),
+            })?;
+            self.options.tls_roots = Some(pem);
+        }
+        let conn = Conn::open(&self.target, &self.options)
             .await
             .map_err(|source| ConnectError::Unavailable {
                 url: conn::redact(&self.url),
@@ -251,10 +269,12 @@ impl RedisStore {
             namespace: parsed
                 .namespace
                 .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned()),
-            timeouts: Timeouts {
+            options: Options {
                 connect: parsed.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
                 response: parsed.response_timeout.unwrap_or(DEFAULT_RESPONSE_TIMEOUT),
+                tls_roots: None,
             },
+            tls_ca_file: parsed.tls_ca_file,
             grace: DEFAULT_GRACE,
         })
     }

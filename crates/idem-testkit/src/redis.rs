@@ -321,8 +321,8 @@ fn which(program: &str) -> bool {
         .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
 }
 
-/// A free loopback port.
-fn free_port() -> Result<u16, ServerError> {
+/// A free loopback port (free when asked; bind it soon).
+pub fn free_port() -> Result<u16, ServerError> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .map_err(|e| failed(format!("no free port: {e}")))?;
     listener
