@@ -5,9 +5,14 @@
 use std::time::Duration;
 
 use idem::StoreError;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, ServerErrorKind, Value};
 
 use crate::ConnectError;
@@ -170,7 +175,52 @@ pub(crate) struct Options {
 #[derive(Clone)]
 pub(crate) enum Conn {
     Standalone(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(Arc<ClusterConn>),
+}
+
+/// A Cluster connection that replaces itself when requests time out.
+///
+/// The `redis` crate's Cluster connection can be left with a node
+/// connection that never answers again after slots moved under a burst of
+/// redirections (seen in this crate's resharding test: one node's
+/// requests timed out for minutes while a fresh connection worked at
+/// once). A timed-out or dropped request therefore starts one background
+/// reconnect; the caller gets its error (the effect of a timed-out call
+/// is unknown) and later calls use the new connection.
+pub(crate) struct ClusterConn {
+    client: ClusterClient,
+    current: RwLock<ClusterConnection>,
+    reconnecting: AtomicBool,
+    connect_timeout: Duration,
+}
+
+impl ClusterConn {
+    fn get(&self) -> ClusterConnection {
+        self.current.read().clone()
+    }
+
+    fn check<T>(self: &Arc<Self>, result: RedisResult<T>) -> RedisResult<T> {
+        if let Err(e) = &result {
+            if (e.is_timeout() || e.is_connection_dropped() || e.is_io_error())
+                && !self.reconnecting.swap(true, Ordering::AcqRel)
+            {
+                let this = Arc::clone(self);
+                tokio::spawn(async move {
+                    let fresh = tokio::time::timeout(
+                        this.connect_timeout * 3,
+                        this.client.get_async_connection(),
+                    )
+                    .await;
+                    if let Ok(Ok(conn)) = fresh {
+                        *this.current.write() = conn;
+                        tracing::info!("reconnected to the Redis Cluster after a timeout");
+                    }
+                    this.reconnecting.store(false, Ordering::Release);
+                });
+            }
+        }
+        result
+    }
 }
 
 impl std::fmt::Debug for Conn {
@@ -234,7 +284,12 @@ impl Conn {
                 )
                 .await
                 .map_err(|_| timeout_error("connecting"))??;
-                Ok(Conn::Cluster(conn))
+                Ok(Conn::Cluster(Arc::new(ClusterConn {
+                    client,
+                    current: RwLock::new(conn),
+                    reconnecting: AtomicBool::new(false),
+                    connect_timeout: options.connect,
+                })))
             }
         }
     }
@@ -243,7 +298,20 @@ impl Conn {
     pub(crate) async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
         match self {
             Conn::Standalone(c) => cmd.query_async(&mut c.clone()).await,
-            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => c.check(cmd.query_async(&mut c.get()).await),
+        }
+    }
+
+    /// Sends `cmd` to the Cluster node at `host:port` (to the one server
+    /// of a standalone connection).
+    pub(crate) async fn query_node(&self, cmd: Cmd, host: String, port: u16) -> RedisResult<Value> {
+        match self {
+            Conn::Standalone(_) => self.query(&cmd).await,
+            Conn::Cluster(c) => {
+                let route =
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+                c.check(c.get().route_command(cmd, route).await)
+            }
         }
     }
 

@@ -66,7 +66,9 @@ use idem::{
     ListPage, ListQuery, ListRecords, PurgeExpired, Record, RecordId, Scope, Store, StoreError,
     Timestamp,
 };
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use std::collections::HashMap;
+
+use redis::cluster_routing::Slot;
 use redis::Value;
 use sha2::{Digest, Sha256};
 
@@ -435,67 +437,92 @@ impl RedisStore {
     }
 
     /// Runs `script` on each key and returns the replies in order. On a
-    /// Cluster each call is routed to its key's node; calls are sent
-    /// concurrently either way, so they are pipelined on each connection.
+    /// single server the calls go out as one pipeline. On a Cluster they
+    /// are grouped by slot: the groups go out all at once (so each node's
+    /// connection pipelines them), and the calls of one group one after
+    /// another, each routed on its own so that ASK and MOVED answers are
+    /// followed. Calls on the same key share a slot, so they run in the
+    /// order given, as single calls would.
     async fn run_each(
         &self,
         script: &scripts::Script,
         calls: &[(String, Vec<Vec<u8>>)],
     ) -> Vec<Result<Value, StoreError>> {
-        match &self.inner.conn {
-            Conn::Standalone(manager) => {
-                let mut pipe = redis::pipe();
-                for (key, args) in calls {
-                    let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
-                    pipe.add_command(script.evalsha(key, &args));
-                }
-                pipe.ignore_errors();
-                let replies = match Conn::pipeline(manager, &pipe).await {
-                    Ok(replies) if replies.len() == calls.len() => replies,
-                    Ok(replies) => {
-                        let n = replies.len();
-                        return calls
-                            .iter()
-                            .map(|_| {
-                                Err(StoreError::Backend(
-                                    format!("pipeline of {} answered {n}", calls.len()).into(),
-                                ))
-                            })
-                            .collect();
-                    }
-                    Err(e) => {
-                        let e = store_error(e);
-                        return calls.iter().map(|_| Err(copy_error(&e))).collect();
-                    }
-                };
-                let mut out = Vec::with_capacity(calls.len());
-                for ((key, args), reply) in calls.iter().zip(replies) {
-                    out.push(match reply {
-                        // The script was not loaded, so it did not run:
-                        // running it again (with EVAL) is safe.
-                        Err(e) if scripts::is_noscript(&e) => {
-                            let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
-                            script
-                                .run(&self.inner.conn, key, &args)
-                                .await
-                                .map_err(store_error)
-                        }
-                        other => other.map_err(store_error),
-                    });
-                }
-                out
+        let Conn::Standalone(manager) = &self.inner.conn else {
+            let mut by_slot: HashMap<Slot, Vec<usize>> = HashMap::new();
+            for (i, (key, _)) in calls.iter().enumerate() {
+                by_slot.entry(Slot::for_key(key)).or_default().push(i);
             }
-            Conn::Cluster(_) => {
-                futures_util::future::join_all(calls.iter().map(|(key, args)| async move {
+            let done =
+                futures_util::future::join_all(by_slot.into_values().map(|group| async move {
+                    let mut out = Vec::with_capacity(group.len());
+                    for i in group {
+                        let (key, args) = &calls[i];
+                        let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+                        let result = script.run(&self.inner.conn, key, &args).await;
+                        out.push((i, result.map_err(store_error)));
+                    }
+                    out
+                }))
+                .await;
+            let mut out: Vec<Option<Result<Value, StoreError>>> =
+                calls.iter().map(|_| None).collect();
+            for (i, result) in done.into_iter().flatten() {
+                out[i] = Some(result);
+            }
+            return out
+                .into_iter()
+                .map(|r| {
+                    r.unwrap_or_else(|| Err(StoreError::Backend("call left unanswered".into())))
+                })
+                .collect();
+        };
+        self.pipeline(manager, script, calls).await
+    }
+
+    /// All `calls` as one pipeline to a single server. A call the server
+    /// refused without running it (the script not loaded there, after a
+    /// restart) runs again on its own, in order.
+    async fn pipeline(
+        &self,
+        manager: &redis::aio::ConnectionManager,
+        script: &scripts::Script,
+        calls: &[(String, Vec<Vec<u8>>)],
+    ) -> Vec<Result<Value, StoreError>> {
+        let mut pipe = redis::pipe();
+        for (key, args) in calls {
+            let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+            pipe.add_command(script.evalsha(key, &args));
+        }
+        pipe.ignore_errors();
+        let replies = match Conn::pipeline(manager, &pipe).await {
+            Ok(replies) if replies.len() == calls.len() => replies,
+            Ok(replies) => {
+                let reason = format!("a pipeline of {} answered {}", calls.len(), replies.len());
+                return calls
+                    .iter()
+                    .map(|_| Err(StoreError::Backend(reason.clone().into())))
+                    .collect();
+            }
+            Err(e) => {
+                let e = store_error(e);
+                return calls.iter().map(|_| Err(copy_error(&e))).collect();
+            }
+        };
+        let mut out = Vec::with_capacity(calls.len());
+        for ((key, args), reply) in calls.iter().zip(replies) {
+            out.push(match reply {
+                Err(e) if scripts::is_noscript(&e) => {
                     let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
                     script
                         .run(&self.inner.conn, key, &args)
                         .await
                         .map_err(store_error)
-                }))
-                .await
-            }
+                }
+                other => other.map_err(store_error),
+            });
         }
+        out
     }
 
     /// Loads every script on the servers this store reaches now (a Cluster:
@@ -513,16 +540,12 @@ impl RedisStore {
                         .map_err(store_error)?;
                 }
             }
-            Conn::Cluster(cluster) => {
+            Conn::Cluster(_) => {
                 for (host, port) in self.masters().await? {
                     for script in &all {
-                        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                            host: host.clone(),
-                            port,
-                        });
-                        cluster
-                            .clone()
-                            .route_command(script.load(), route)
+                        self.inner
+                            .conn
+                            .query_node(script.load(), host.clone(), port)
                             .await
                             .map_err(store_error)?;
                     }
@@ -586,13 +609,9 @@ impl Scan {
             .arg(&self.pattern)
             .arg("COUNT")
             .arg(1000);
-        let reply = match (node, conn) {
-            (Some((host, port)), Conn::Cluster(cluster)) => {
-                let route =
-                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
-                cluster.clone().route_command(cmd, route).await
-            }
-            _ => conn.query(&cmd).await,
+        let reply = match node {
+            Some((host, port)) => conn.query_node(cmd, host, port).await,
+            None => conn.query(&cmd).await,
         }
         .map_err(store_error)?;
         let (cursor, keys): (u64, Vec<String>) = redis::from_redis_value(reply)
@@ -813,8 +832,9 @@ impl PurgeExpired for RedisStore {
 
 impl ClaimMany for RedisStore {
     /// Sends the claims together: one pipeline to a single server; on a
-    /// Cluster, each claim routed to its slot's node, all at once, so each
-    /// node's connection pipelines its share.
+    /// Cluster, grouped by slot, the groups all at once (each node's
+    /// connection pipelines its share). Claims of one key are answered in
+    /// the order given.
     async fn claim_many(
         &self,
         claims: &[(RecordId, ClaimParams)],

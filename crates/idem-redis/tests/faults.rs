@@ -129,6 +129,8 @@ async fn a_cluster_resharded_under_load_still_runs_each_key_once() {
     let idem = Idempotency::builder(store).build().expect("executor");
     let runs: Arc<Mutex<HashMap<usize, usize>>> = Arc::default();
     let resharding = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let batch_store = RedisStore::connect(&cluster.url()).await.expect("connect");
+    batch_store.load_scripts().await.expect("load scripts");
 
     // Move a third of node 0's slots to node 1 and then on to node 2 while
     // the workers run: keys in moving slots meet ASK, then MOVED.
@@ -183,10 +185,95 @@ async fn a_cluster_resharded_under_load_still_runs_each_key_once() {
         })
         .collect();
 
+    // Meanwhile, batches: 100 claims per call, each key twice in one
+    // batch, through ASK and MOVED answers. A key is never acquired twice,
+    // and the repeat is answered after the first (in progress, not
+    // acquired). A claim may time out while the Cluster moves its slot
+    // (StoreError::Unavailable: its effect is unknown, as with any
+    // timeout); those are counted, and every key is checked afterwards.
+    let batches = {
+        let (store, resharding) = (batch_store, Arc::clone(&resharding));
+        tokio::spawn(async move {
+            let (mut acquired, mut unavailable) = (0usize, 0usize);
+            let mut batch = 0usize;
+            while batch < 20 || resharding.load(Ordering::SeqCst) {
+                let ids: Vec<RecordId> = (0..50)
+                    .map(|j| RecordId::parse("batches", &format!("b{batch}-{j}")).expect("valid"))
+                    .collect();
+                let claims: Vec<_> = ids
+                    .iter()
+                    .chain(ids.iter())
+                    .map(|id| (id.clone(), params()))
+                    .collect();
+                let results = idem::ClaimMany::claim_many(&store, &claims)
+                    .await
+                    .expect("batch sent");
+                let mut first_won = [false; 50];
+                for (j, result) in results.into_iter().enumerate() {
+                    match (j < 50, result) {
+                        (_, Err(StoreError::Unavailable(_))) => unavailable += 1,
+                        (true, Ok(ClaimOutcome::Acquired(_))) => {
+                            first_won[j] = true;
+                            acquired += 1;
+                        }
+                        (false, Ok(ClaimOutcome::InProgress { .. })) => {}
+                        (false, Ok(ClaimOutcome::Acquired(_))) if !first_won[j - 50] => {
+                            acquired += 1
+                        }
+                        (first, other) => panic!(
+                            "batch {batch} claim {j} ({}): {other:?}",
+                            if first { "first" } else { "repeat" }
+                        ),
+                    }
+                }
+                batch += 1;
+            }
+            (acquired, unavailable, batch, store)
+        })
+    };
+
     let mut replayed = 0;
     for worker in workers {
         replayed += worker.await.expect("worker");
     }
+    let (acquired, unavailable, batches, batch_store) = batches.await.expect("batches");
+    eprintln!(
+        "batches: {batches} × 100 claims, {acquired} acquired, {unavailable} timed out during the move"
+    );
+    assert!(
+        unavailable * 10 < batches * 100,
+        "more than a tenth of the batched claims failed: {unavailable} of {}",
+        batches * 100
+    );
+    // Every batch key is now in progress exactly once: acquired by one
+    // claim (or by one whose answer timed out), never by two.
+    let mut in_progress = 0;
+    for batch in 0..batches {
+        for j in 0..50 {
+            let id = RecordId::parse("batches", &format!("b{batch}-{j}")).expect("valid");
+            // A connection left broken by the move times out once, is
+            // replaced in the background, and the claim goes through.
+            let mut tries = 0;
+            let outcome = loop {
+                match batch_store.claim(&id, &params()).await {
+                    Err(StoreError::Unavailable(_)) if tries < 10 => {
+                        tries += 1;
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    other => break other.expect("the store recovers after the move"),
+                }
+            };
+            match outcome {
+                ClaimOutcome::InProgress { .. } => in_progress += 1,
+                ClaimOutcome::Acquired(_) => {}
+                other => panic!("{id}: {other:?}"),
+            }
+        }
+    }
+    assert!(
+        in_progress >= acquired,
+        "{acquired} batch claims acquired but only {in_progress} keys are held"
+    );
     reshard.await.expect("reshard task").expect("reshard");
     cluster
         .wait_until_ok()
