@@ -1,25 +1,16 @@
 //! Bad input and damaged data get typed errors, never a panic, and never a
 //! change to what is stored.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
+mod common;
+
+use common::server;
 use idem::{ClaimParams, GetRecord, ListQuery, ListRecords, RecordId, Store, StoreError};
 use idem_redis::{ConnectError, RedisStore};
-use idem_testkit::redis::RedisServer;
-
-fn server() -> &'static RedisServer {
-    static SERVER: OnceLock<RedisServer> = OnceLock::new();
-    SERVER.get_or_init(|| RedisServer::start().expect("start redis-server"))
-}
 
 async fn store() -> RedisStore {
-    RedisStore::builder(&server().url())
-        .expect("valid URL")
-        .namespace(format!("err-{:016x}", rand::random::<u64>()))
-        .connect()
-        .await
-        .expect("connect")
+    common::store("err").await
 }
 
 fn params() -> ClaimParams {

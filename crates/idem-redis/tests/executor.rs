@@ -2,26 +2,17 @@
 //! once, and a duplicate that waits for an in-flight one gets its outcome.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
+
+mod common;
 
 use idem::{Idempotency, Outcome, RecordId};
 use idem_redis::RedisStore;
-use idem_testkit::redis::RedisServer;
 use tokio::sync::Barrier;
 
-fn server() -> &'static RedisServer {
-    static SERVER: OnceLock<RedisServer> = OnceLock::new();
-    SERVER.get_or_init(|| RedisServer::start().expect("start redis-server"))
-}
-
 async fn store() -> RedisStore {
-    RedisStore::builder(&server().url())
-        .expect("valid URL")
-        .namespace(format!("exec-{:016x}", rand::random::<u64>()))
-        .connect()
-        .await
-        .expect("connect")
+    common::store("exec").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
