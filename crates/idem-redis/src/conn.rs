@@ -22,8 +22,13 @@ use crate::ConnectError;
 pub(crate) enum Target {
     /// One server: the URL as the `redis` crate reads it.
     Standalone(String),
-    /// A Cluster: one URL per seed node.
-    Cluster(Vec<String>),
+    /// A Cluster: one URL per seed node, and the URL of any node as
+    /// `prefix` + `host:port` + `suffix` (same scheme, user and options).
+    Cluster {
+        nodes: Vec<String>,
+        prefix: String,
+        suffix: String,
+    },
 }
 
 /// A parsed store URL: the target and idem's own query parameters.
@@ -122,7 +127,11 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
     if nodes.is_empty() {
         return Err(invalid("a cluster URL needs at least one host:port".into()));
     }
-    parsed.target = Target::Cluster(nodes);
+    parsed.target = Target::Cluster {
+        nodes,
+        prefix: format!("{node_scheme}://{userinfo}"),
+        suffix: query,
+    };
     Ok(parsed)
 }
 
@@ -178,25 +187,122 @@ pub(crate) enum Conn {
     Cluster(Arc<ClusterConn>),
 }
 
-/// A Cluster connection that replaces itself when requests time out.
+/// A Cluster connection that sends each command straight to the node
+/// that owns its key's slot, and replaces itself when requests time out.
+///
+/// Commands go on a connection per master (each reconnects by itself),
+/// chosen from the slot map read with `CLUSTER SLOTS`. A command the node
+/// refuses without running it (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`)
+/// goes again through the `redis` crate's Cluster connection, which
+/// follows redirections, and the slot map is read again in the
+/// background. Other errors are the caller's: the command may have run.
 ///
 /// The `redis` crate's Cluster connection can be left with a node
 /// connection that never answers again after slots moved under a burst of
 /// redirections (seen in this crate's resharding test: one node's
 /// requests timed out for minutes while a fresh connection worked at
-/// once). A timed-out or dropped request therefore starts one background
-/// reconnect; the caller gets its error (the effect of a timed-out call
-/// is unknown) and later calls use the new connection.
+/// once). A timed-out or dropped request on it therefore starts one
+/// background reconnect.
 pub(crate) struct ClusterConn {
     client: ClusterClient,
     current: RwLock<ClusterConnection>,
     reconnecting: AtomicBool,
-    connect_timeout: Duration,
+    direct: RwLock<Option<Arc<Direct>>>,
+    refreshing: AtomicBool,
+    prefix: String,
+    suffix: String,
+    options: Options,
+}
+
+/// The slot map and a connection per master.
+struct Direct {
+    /// For each slot, the index of its master in `nodes`.
+    owner: Vec<Option<u16>>,
+    nodes: Vec<((String, u16), ConnectionManager)>,
 }
 
 impl ClusterConn {
     fn get(&self) -> ClusterConnection {
         self.current.read().clone()
+    }
+
+    /// Sends `cmd`, which touches `key` only, to the key's master.
+    async fn query_key(self: &Arc<Self>, cmd: &Cmd, key: &str) -> RedisResult<Value> {
+        let slot = usize::from(crate::slots::slot(key.as_bytes()));
+        let node = self.direct.read().as_ref().and_then(|d| {
+            let index = d.owner[slot]?;
+            Some(d.nodes[usize::from(index)].1.clone())
+        });
+        if let Some(mut node) = node {
+            match cmd.query_async(&mut node).await {
+                Err(e) if redirected(&e) => self.refresh(),
+                other => return other,
+            }
+        } else {
+            self.refresh();
+        }
+        self.check(cmd.query_async(&mut self.get()).await)
+    }
+
+    /// Reads the slot map again in the background (one refresh at a time).
+    fn refresh(self: &Arc<Self>) {
+        if self.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            if let Err(error) = this.load_slots().await {
+                tracing::debug!(%error, "reading the Cluster's slot map failed");
+            }
+            this.refreshing.store(false, Ordering::Release);
+        });
+    }
+
+    /// Reads `CLUSTER SLOTS` and connects to any master not connected yet.
+    async fn load_slots(&self) -> RedisResult<()> {
+        let reply = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut self.get())
+            .await?;
+        let ranges = crate::slots::parse(&reply).ok_or_else(|| {
+            RedisError::from((
+                ErrorKind::Parse,
+                "unexpected CLUSTER SLOTS reply",
+                format!("{reply:?}"),
+            ))
+        })?;
+        let old = self.direct.read().clone();
+        let mut direct = Direct {
+            owner: vec![None; crate::slots::SLOTS],
+            nodes: Vec::new(),
+        };
+        for (first, last, addr) in ranges {
+            let index = match direct.nodes.iter().position(|(a, _)| *a == addr) {
+                Some(index) => index,
+                None => {
+                    let known = old
+                        .as_ref()
+                        .and_then(|d| d.nodes.iter().find(|(a, _)| *a == addr))
+                        .map(|(_, c)| c.clone());
+                    let conn = match known {
+                        Some(conn) => conn,
+                        None => {
+                            let url =
+                                format!("{}{}:{}{}", self.prefix, addr.0, addr.1, self.suffix);
+                            manager(&url, &self.options).await?
+                        }
+                    };
+                    direct.nodes.push((addr, conn));
+                    direct.nodes.len() - 1
+                }
+            };
+            let index = u16::try_from(index).ok();
+            for slot in first..=last.min(crate::slots::SLOTS as u16 - 1) {
+                direct.owner[usize::from(slot)] = index;
+            }
+        }
+        *self.direct.write() = Some(Arc::new(direct));
+        Ok(())
     }
 
     fn check<T>(self: &Arc<Self>, result: RedisResult<T>) -> RedisResult<T> {
@@ -207,7 +313,7 @@ impl ClusterConn {
                 let this = Arc::clone(self);
                 tokio::spawn(async move {
                     let fresh = tokio::time::timeout(
-                        this.connect_timeout * 3,
+                        this.options.connect * 3,
                         this.client.get_async_connection(),
                     )
                     .await;
@@ -223,6 +329,46 @@ impl ClusterConn {
     }
 }
 
+/// Whether the node refused the command without running it because the
+/// key's slot is elsewhere or moving.
+fn redirected(error: &RedisError) -> bool {
+    matches!(
+        error.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+        )
+    )
+}
+
+/// A self-reconnecting connection to the server at `url`.
+async fn manager(url: &str, options: &Options) -> RedisResult<ConnectionManager> {
+    let client = match &options.tls_roots {
+        #[cfg(feature = "tls")]
+        Some(roots) => redis::Client::build_with_tls(
+            url,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(roots.clone()),
+            },
+        )?,
+        _ => redis::Client::open(url)?,
+    };
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(options.connect))
+        .set_response_timeout(Some(options.response))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500));
+    tokio::time::timeout(
+        options.connect + options.response,
+        ConnectionManager::new_with_config(client, config),
+    )
+    .await
+    .map_err(|_| timeout_error("connecting"))?
+}
+
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -235,32 +381,12 @@ impl std::fmt::Debug for Conn {
 impl Conn {
     pub(crate) async fn open(target: &Target, options: &Options) -> RedisResult<Self> {
         match target {
-            Target::Standalone(url) => {
-                let client = match &options.tls_roots {
-                    #[cfg(feature = "tls")]
-                    Some(roots) => redis::Client::build_with_tls(
-                        url.as_str(),
-                        redis::TlsCertificates {
-                            client_tls: None,
-                            root_cert: Some(roots.clone()),
-                        },
-                    )?,
-                    _ => redis::Client::open(url.as_str())?,
-                };
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(options.connect))
-                    .set_response_timeout(Some(options.response))
-                    .set_number_of_retries(2)
-                    .set_max_delay(Duration::from_millis(500));
-                let manager = tokio::time::timeout(
-                    options.connect + options.response,
-                    ConnectionManager::new_with_config(client, config),
-                )
-                .await
-                .map_err(|_| timeout_error("connecting"))??;
-                Ok(Conn::Standalone(manager))
-            }
-            Target::Cluster(nodes) => {
+            Target::Standalone(url) => Ok(Conn::Standalone(manager(url, options).await?)),
+            Target::Cluster {
+                nodes,
+                prefix,
+                suffix,
+            } => {
                 let builder = ClusterClientBuilder::new(nodes.clone());
                 #[cfg(feature = "tls")]
                 let builder = match &options.tls_roots {
@@ -284,12 +410,18 @@ impl Conn {
                 )
                 .await
                 .map_err(|_| timeout_error("connecting"))??;
-                Ok(Conn::Cluster(Arc::new(ClusterConn {
+                let cluster = ClusterConn {
                     client,
                     current: RwLock::new(conn),
                     reconnecting: AtomicBool::new(false),
-                    connect_timeout: options.connect,
-                })))
+                    direct: RwLock::new(None),
+                    refreshing: AtomicBool::new(false),
+                    prefix: prefix.clone(),
+                    suffix: suffix.clone(),
+                    options: options.clone(),
+                };
+                cluster.load_slots().await?;
+                Ok(Conn::Cluster(Arc::new(cluster)))
             }
         }
     }
@@ -299,6 +431,14 @@ impl Conn {
         match self {
             Conn::Standalone(c) => cmd.query_async(&mut c.clone()).await,
             Conn::Cluster(c) => c.check(cmd.query_async(&mut c.get()).await),
+        }
+    }
+
+    /// Sends `cmd`, which touches `key` only (routed by it on a Cluster).
+    pub(crate) async fn query_key(&self, cmd: &Cmd, key: &str) -> RedisResult<Value> {
+        match self {
+            Conn::Standalone(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => c.query_key(cmd, key).await,
         }
     }
 
@@ -387,10 +527,14 @@ mod tests {
             .expect("valid");
         assert_eq!(
             p.target,
-            Target::Cluster(vec![
-                "redis://:pw@127.0.0.1:7000".into(),
-                "redis://:pw@127.0.0.1:7001".into()
-            ])
+            Target::Cluster {
+                nodes: vec![
+                    "redis://:pw@127.0.0.1:7000".into(),
+                    "redis://:pw@127.0.0.1:7001".into()
+                ],
+                prefix: "redis://:pw@".into(),
+                suffix: String::new(),
+            }
         );
         assert_eq!(p.namespace.as_deref(), Some("x"));
     }

@@ -75,6 +75,7 @@ use sha2::{Digest, Sha256};
 mod conn;
 mod record;
 mod scripts;
+mod slots;
 
 use conn::{store_error, Conn, Options, Target};
 use scripts::Scripts;
@@ -407,30 +408,13 @@ impl RedisStore {
             .query(redis::cmd("CLUSTER").arg("SLOTS"))
             .await
             .map_err(store_error)?;
-        let bad =
-            || StoreError::Backend(format!("unexpected CLUSTER SLOTS reply {reply:?}").into());
-        let Value::Array(ranges) = &reply else {
-            return Err(bad());
-        };
+        let ranges = slots::parse(&reply).ok_or_else(|| {
+            StoreError::Backend(format!("unexpected CLUSTER SLOTS reply {reply:?}").into())
+        })?;
         let mut masters = Vec::new();
-        for range in ranges {
-            let Value::Array(parts) = range else {
-                return Err(bad());
-            };
-            let Some(Value::Array(node)) = parts.get(2) else {
-                return Err(bad());
-            };
-            let (Some(host), Some(Value::Int(port))) = (node.first(), node.get(1)) else {
-                return Err(bad());
-            };
-            let host = match host {
-                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-                Value::SimpleString(s) => s.clone(),
-                _ => return Err(bad()),
-            };
-            let port = u16::try_from(*port).map_err(|_| bad())?;
-            if !masters.contains(&(host.clone(), port)) {
-                masters.push((host, port));
+        for (_, _, addr) in ranges {
+            if !masters.contains(&addr) {
+                masters.push(addr);
             }
         }
         Ok(masters)
@@ -712,7 +696,7 @@ impl Store for RedisStore {
             let state = self
                 .inner
                 .conn
-                .query(redis::cmd("HGET").arg(&key).arg("st"))
+                .query_key(redis::cmd("HGET").arg(&key).arg("st"), &key)
                 .await;
             if !matches!(&state, Ok(Value::BulkString(st)) if st == b"p") {
                 return;

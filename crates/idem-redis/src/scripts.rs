@@ -49,8 +49,8 @@ impl Script {
 
     /// Runs the script on `key`'s server.
     pub(crate) async fn run(&self, conn: &Conn, key: &str, args: &[&[u8]]) -> RedisResult<Value> {
-        match conn.query(&self.evalsha(key, args)).await {
-            Err(e) if is_noscript(&e) => conn.query(&self.eval(key, args)).await,
+        match conn.query_key(&self.evalsha(key, args), key).await {
+            Err(e) if is_noscript(&e) => conn.query_key(&self.eval(key, args), key).await,
             other => other,
         }
     }
