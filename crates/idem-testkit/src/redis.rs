@@ -9,13 +9,15 @@
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The watchdog: starts the server, waits for its stdin to close, then
-/// kills the server (SIGKILL: a crash, as far as Redis can tell).
-const WATCHDOG: &str = r#"redis-server "$@" & pid=$!; read -r _; kill -9 "$pid"; wait "$pid""#;
+/// kills the server (SIGKILL: a crash, as far as Redis can tell). The PID
+/// is checked to be a plain positive number and passed after `--`, so the
+/// kill can only ever reach that one process.
+const WATCHDOG: &str = r#"redis-server "$@" & pid=$!; read -r _; case "$pid" in ''|0|*[!0-9]*) exit 1 ;; esac; kill -s KILL -- "$pid"; wait "$pid""#;
 
 /// Why a server could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -145,11 +147,6 @@ impl RedisServer {
     /// returns its output.
     pub fn cli(&self, command: &str) -> Result<String, ServerError> {
         cli(self.port, command)
-    }
-
-    /// The server's working directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 }
 
