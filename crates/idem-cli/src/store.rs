@@ -101,11 +101,7 @@ impl StoreUrl {
             StoreUrl::Sqlite(path) => AnyStore::Sqlite(SqliteStore::open(path).map_err(|e| {
                 anyhow::anyhow!("cannot open the store file {}: {e}", path.display())
             })?),
-            StoreUrl::Redis(url) => AnyStore::Redis(
-                RedisStore::connect(url)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("{}", error_chain(&e)))?,
-            ),
+            StoreUrl::Redis(url) => AnyStore::Redis(RedisStore::connect(url).await?),
         })
     }
 }
@@ -129,18 +125,6 @@ pub enum AnyStore {
     Sqlite(SqliteStore),
     /// Redis or a Redis Cluster.
     Redis(RedisStore),
-}
-
-/// An error and its sources, on one line.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    text
 }
 
 impl AnyStore {

@@ -13,7 +13,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
 use crate::ConnectError;
 
@@ -442,25 +442,21 @@ impl Conn {
         }
     }
 
-    /// Sends `cmd` to the Cluster node at `host:port` (to the one server
-    /// of a standalone connection).
-    pub(crate) async fn query_node(&self, cmd: Cmd, host: String, port: u16) -> RedisResult<Value> {
-        match self {
-            Conn::Standalone(_) => self.query(&cmd).await,
-            Conn::Cluster(c) => {
+    /// Sends `cmd` to the Cluster master at `node`; `None` is the one
+    /// server of a standalone connection.
+    pub(crate) async fn query_node(
+        &self,
+        cmd: Cmd,
+        node: Option<(String, u16)>,
+    ) -> RedisResult<Value> {
+        match (self, node) {
+            (Conn::Cluster(c), Some((host, port))) => {
                 let route =
                     RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
                 c.check(c.get().route_command(cmd, route).await)
             }
+            _ => self.query(&cmd).await,
         }
-    }
-
-    /// Sends a pipeline to one server; each reply (or error) is kept.
-    pub(crate) async fn pipeline(
-        manager: &ConnectionManager,
-        pipe: &Pipeline,
-    ) -> RedisResult<Vec<RedisResult<Value>>> {
-        pipe.query_async(&mut manager.clone()).await
     }
 }
 

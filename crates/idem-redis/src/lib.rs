@@ -56,6 +56,7 @@
 //!
 #![doc = include_str!("../docs/persistence.md")]
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,10 +67,7 @@ use idem::{
     ListPage, ListQuery, ListRecords, PurgeExpired, Record, RecordId, Scope, Store, StoreError,
     Timestamp,
 };
-use std::collections::HashMap;
-
-use redis::cluster_routing::Slot;
-use redis::Value;
+use redis::{RedisResult, Value};
 use sha2::{Digest, Sha256};
 
 mod conn;
@@ -389,19 +387,20 @@ impl RedisStore {
     /// Every key of this namespace (and scope, if given), one scan page at
     /// a time, over every master of a Cluster.
     async fn scan(&self, scope: Option<&Scope>) -> Result<Scan, StoreError> {
-        let nodes = match &self.inner.conn {
-            Conn::Standalone(_) => vec![None],
-            Conn::Cluster(_) => self.masters().await?.into_iter().map(Some).collect(),
-        };
         Ok(Scan {
             pattern: self.scope_pattern(scope),
-            nodes,
+            nodes: self.servers().await?,
             cursor: 0,
         })
     }
 
-    /// The Cluster's masters, from `CLUSTER SLOTS`.
-    async fn masters(&self) -> Result<Vec<(String, u16)>, StoreError> {
+    /// The servers holding records: the Cluster's masters from `CLUSTER
+    /// SLOTS`, or `None` for the one server of a standalone store (as
+    /// [`Conn::query_node`] takes them).
+    async fn servers(&self) -> Result<Vec<Option<(String, u16)>>, StoreError> {
+        if let Conn::Standalone(_) = self.inner.conn {
+            return Ok(vec![None]);
+        }
         let reply = self
             .inner
             .conn
@@ -413,8 +412,8 @@ impl RedisStore {
         })?;
         let mut masters = Vec::new();
         for (_, _, addr) in ranges {
-            if !masters.contains(&addr) {
-                masters.push(addr);
+            if !masters.contains(&Some(addr.clone())) {
+                masters.push(Some(addr));
             }
         }
         Ok(masters)
@@ -433,33 +432,30 @@ impl RedisStore {
         calls: &[(String, Vec<Vec<u8>>)],
     ) -> Vec<Result<Value, StoreError>> {
         let Conn::Standalone(manager) = &self.inner.conn else {
-            let mut by_slot: HashMap<Slot, Vec<usize>> = HashMap::new();
+            let mut by_slot: HashMap<u16, Vec<usize>> = HashMap::new();
             for (i, (key, _)) in calls.iter().enumerate() {
-                by_slot.entry(Slot::for_key(key)).or_default().push(i);
+                by_slot
+                    .entry(slots::slot(key.as_bytes()))
+                    .or_default()
+                    .push(i);
             }
-            let done =
-                futures_util::future::join_all(by_slot.into_values().map(|group| async move {
-                    let mut out = Vec::with_capacity(group.len());
-                    for i in group {
-                        let (key, args) = &calls[i];
-                        let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
-                        let result = script.run(&self.inner.conn, key, &args).await;
-                        out.push((i, result.map_err(store_error)));
-                    }
-                    out
-                }))
-                .await;
-            let mut out: Vec<Option<Result<Value, StoreError>>> =
-                calls.iter().map(|_| None).collect();
-            for (i, result) in done.into_iter().flatten() {
-                out[i] = Some(result);
-            }
-            return out
+            let groups = by_slot.into_values().map(|group| async move {
+                let mut out = Vec::with_capacity(group.len());
+                for i in group {
+                    let (key, args) = &calls[i];
+                    let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+                    let result = script.run(&self.inner.conn, key, &args).await;
+                    out.push((i, result.map_err(store_error)));
+                }
+                out
+            });
+            let mut done: Vec<_> = futures_util::future::join_all(groups)
+                .await
                 .into_iter()
-                .map(|r| {
-                    r.unwrap_or_else(|| Err(StoreError::Backend("call left unanswered".into())))
-                })
+                .flatten()
                 .collect();
+            done.sort_unstable_by_key(|(i, _)| *i);
+            return done.into_iter().map(|(_, result)| result).collect();
         };
         self.pipeline(manager, script, calls).await
     }
@@ -479,7 +475,9 @@ impl RedisStore {
             pipe.add_command(script.evalsha(key, &args));
         }
         pipe.ignore_errors();
-        let replies = match Conn::pipeline(manager, &pipe).await {
+        let replies: RedisResult<Vec<RedisResult<Value>>> =
+            pipe.query_async(&mut manager.clone()).await;
+        let replies = match replies {
             Ok(replies) if replies.len() == calls.len() => replies,
             Ok(replies) => {
                 let reason = format!("a pipeline of {} answered {}", calls.len(), replies.len());
@@ -513,27 +511,13 @@ impl RedisStore {
     /// every master). Optional: a server that lacks a script gets it on
     /// first use.
     pub async fn load_scripts(&self) -> Result<(), StoreError> {
-        let all = self.inner.scripts.all();
-        match &self.inner.conn {
-            Conn::Standalone(_) => {
-                for script in all {
-                    self.inner
-                        .conn
-                        .query(&script.load())
-                        .await
-                        .map_err(store_error)?;
-                }
-            }
-            Conn::Cluster(_) => {
-                for (host, port) in self.masters().await? {
-                    for script in &all {
-                        self.inner
-                            .conn
-                            .query_node(script.load(), host.clone(), port)
-                            .await
-                            .map_err(store_error)?;
-                    }
-                }
+        for node in self.servers().await? {
+            for script in self.inner.scripts.all() {
+                self.inner
+                    .conn
+                    .query_node(script.load(), node.clone())
+                    .await
+                    .map_err(store_error)?;
             }
         }
         Ok(())
@@ -593,11 +577,7 @@ impl Scan {
             .arg(&self.pattern)
             .arg("COUNT")
             .arg(1000);
-        let reply = match node {
-            Some((host, port)) => conn.query_node(cmd, host, port).await,
-            None => conn.query(&cmd).await,
-        }
-        .map_err(store_error)?;
+        let reply = conn.query_node(cmd, node).await.map_err(store_error)?;
         let (cursor, keys): (u64, Vec<String>) = redis::from_redis_value(reply)
             .map_err(|e| StoreError::Backend(format!("unexpected SCAN reply: {e}").into()))?;
         self.cursor = cursor;
