@@ -85,10 +85,10 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
         match name {
             "namespace" => parsed.namespace = Some(value.to_owned()),
             "connect_timeout" => {
-                parsed.connect_timeout = Some(parse_duration(value).map_err(invalid)?)
+                parsed.connect_timeout = Some(idem::url::parse_duration(value).map_err(invalid)?)
             }
             "response_timeout" => {
-                parsed.response_timeout = Some(parse_duration(value).map_err(invalid)?)
+                parsed.response_timeout = Some(idem::url::parse_duration(value).map_err(invalid)?)
             }
             "tls_ca_file" if !tls => {
                 return Err(invalid(
@@ -135,38 +135,9 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
     Ok(parsed)
 }
 
-/// Parses `250ms`, `2s` or a bare number of milliseconds.
-fn parse_duration(value: &str) -> Result<Duration, String> {
-    let bad = || format!("{value:?} is not a duration (write 500ms or 2s)");
-    let (digits, scale) = if let Some(ms) = value.strip_suffix("ms") {
-        (ms, 1)
-    } else if let Some(s) = value.strip_suffix('s') {
-        (s, 1000)
-    } else {
-        (value, 1)
-    };
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    Ok(Duration::from_millis(n.saturating_mul(scale)))
-}
-
 /// The URL with any password replaced, for error messages and logs.
 pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    match rest[..authority_end].rsplit_once('@') {
-        Some((userinfo, hosts)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            let masked = if userinfo.contains(':') {
-                format!("{user}:***")
-            } else {
-                "***".to_owned()
-            };
-            format!("{scheme}://{masked}@{hosts}{}", &rest[authority_end..])
-        }
-        None => url.to_owned(),
-    }
+    idem::url::redact(url)
 }
 
 /// How to connect: timeouts that keep a dead server from hanging a

@@ -29,7 +29,11 @@ use idem::{
 };
 
 pub mod cases;
+pub mod postgres;
 pub mod redis;
+mod server;
+
+pub use server::{free_port, ServerError};
 
 /// Everything the suite needs: all primitives and capabilities.
 pub trait ConformanceStore:

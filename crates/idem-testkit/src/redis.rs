@@ -13,30 +13,14 @@ use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub use crate::server::{free_port, ServerError};
+use crate::server::{failed, which};
+
 /// The watchdog: starts the server, waits for its stdin to close, then
 /// kills the server (SIGKILL: a crash, as far as Redis can tell). The PID
 /// is checked to be a plain positive number and passed after `--`, so the
 /// kill can only ever reach that one process.
 const WATCHDOG: &str = r#"redis-server "$@" & pid=$!; read -r _; case "$pid" in ''|0|*[!0-9]*) exit 1 ;; esac; kill -s KILL -- "$pid"; wait "$pid""#;
-
-/// Why a server could not be started.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ServerError {
-    /// `redis-server` (or `redis-cli`) is not installed.
-    #[error("{0} is not installed (apt-get install -y redis-server)")]
-    NotInstalled(&'static str),
-    /// Starting or talking to the server failed.
-    #[error("{what}")]
-    Failed {
-        /// What went wrong.
-        what: String,
-    },
-}
-
-fn failed(what: impl Into<String>) -> ServerError {
-    ServerError::Failed { what: what.into() }
-}
 
 /// One `redis-server` child process.
 #[derive(Debug)]
@@ -311,21 +295,6 @@ fn ping(port: u16) -> bool {
     }
     let mut buf = [0u8; 16];
     matches!(stream.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
-}
-
-fn which(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
-}
-
-/// A free loopback port (free when asked; bind it soon).
-pub fn free_port() -> Result<u16, ServerError> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .map_err(|e| failed(format!("no free port: {e}")))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| failed(format!("no free port: {e}")))
 }
 
 /// Three consecutive free ports below 55535 whose cluster-bus twins

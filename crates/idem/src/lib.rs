@@ -71,6 +71,7 @@ pub mod metrics;
 mod purger;
 mod record;
 mod store;
+pub mod url;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use codec::{Codec, Json};

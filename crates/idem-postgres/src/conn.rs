@@ -1,0 +1,205 @@
+//! URLs, the connection pool, and how PostgreSQL errors map onto
+//! [`StoreError`].
+
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
+use idem::StoreError;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::NoTls;
+
+use crate::ConnectError;
+
+/// What a URL says, once idem's own parameters are taken out.
+#[derive(Debug)]
+pub(crate) struct ParsedUrl {
+    pub(crate) config: tokio_postgres::Config,
+    pub(crate) schema: Option<String>,
+    pub(crate) pool_size: Option<usize>,
+    pub(crate) connect_timeout: Option<Duration>,
+    pub(crate) response_timeout: Option<Duration>,
+}
+
+/// Parses `postgres://` / `postgresql://` URLs. idem reads `schema`,
+/// `pool_size`, `connect_timeout` and `response_timeout` (`500ms`, `2s`);
+/// every other parameter (`sslmode`, `application_name`, …) goes to
+/// tokio-postgres, which rejects the ones it does not know.
+pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
+    let invalid = |reason: String| ConnectError::InvalidUrl {
+        url: idem::url::redact(url),
+        reason,
+    };
+    let Some((scheme, _)) = url.split_once("://") else {
+        return Err(invalid(
+            "expected postgres://[user[:password]@]host[:port]/database".into(),
+        ));
+    };
+    if scheme != "postgres" && scheme != "postgresql" {
+        return Err(invalid(format!(
+            "unknown scheme {scheme}:// (use postgres:// or postgresql://)"
+        )));
+    }
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut parsed = ParsedUrl {
+        config: tokio_postgres::Config::new(),
+        schema: None,
+        pool_size: None,
+        connect_timeout: None,
+        response_timeout: None,
+    };
+    let mut passed_on = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match name {
+            "schema" => parsed.schema = Some(value.to_owned()),
+            "pool_size" => {
+                let n: usize = value
+                    .parse()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| invalid(format!("pool_size={value:?} is not a positive number")))?;
+                parsed.pool_size = Some(n);
+            }
+            "connect_timeout" => {
+                parsed.connect_timeout =
+                    Some(idem::url::parse_duration(value).map_err(invalid)?);
+            }
+            "response_timeout" => {
+                parsed.response_timeout =
+                    Some(idem::url::parse_duration(value).map_err(invalid)?);
+            }
+            "sslmode" if value != "disable" && value != "prefer" => {
+                return Err(invalid(format!(
+                    "sslmode={value} needs TLS, which this build of idem-postgres does not have; \
+                     use sslmode=disable on a trusted network"
+                )))
+            }
+            _ => passed_on.push(pair),
+        }
+    }
+    let rebuilt = if passed_on.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", passed_on.join("&"))
+    };
+    parsed.config = rebuilt
+        .parse()
+        .map_err(|e: tokio_postgres::Error| invalid(e.to_string()))?;
+    Ok(parsed)
+}
+
+/// A pool of connections made from `config`. Connections that the server
+/// closed (a restart, an idle timeout) are dropped when handed back, so
+/// the pool heals itself once the server is back.
+pub(crate) fn pool(
+    mut config: tokio_postgres::Config,
+    size: usize,
+    connect: Duration,
+    response: Duration,
+) -> Result<Pool, String> {
+    config.connect_timeout(connect);
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .create_timeout(Some(connect))
+        .wait_timeout(Some(response))
+        .recycle_timeout(Some(response))
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+/// SQLSTATEs after which the server (or the connection) is gone for now:
+/// retrying later is the cure.
+fn server_gone(state: &SqlState) -> bool {
+    let code = state.code();
+    code.starts_with("08")
+        || *state == SqlState::ADMIN_SHUTDOWN
+        || *state == SqlState::CRASH_SHUTDOWN
+        || *state == SqlState::CANNOT_CONNECT_NOW
+        || *state == SqlState::TOO_MANY_CONNECTIONS
+}
+
+/// Maps a tokio-postgres error: lost connections and servers going down
+/// are [`StoreError::Unavailable`] (the executor fails closed); a missing
+/// table says how to create it; anything else is a backend error.
+pub(crate) fn pg_error(error: tokio_postgres::Error) -> StoreError {
+    match error.code() {
+        Some(state) if server_gone(state) => StoreError::Unavailable(Box::new(error)),
+        Some(state) if *state == SqlState::UNDEFINED_TABLE => StoreError::Backend(
+            format!(
+                "{} (run PgStore::setup, or apply idem_postgres::migrations())",
+                error.as_db_error().map_or_else(|| error.to_string(), |d| d.message().to_owned())
+            )
+            .into(),
+        ),
+        Some(_) => StoreError::Backend(Box::new(error)),
+        None if error.is_closed() || io_error(&error) => StoreError::Unavailable(Box::new(error)),
+        None => StoreError::Backend(Box::new(error)),
+    }
+}
+
+fn io_error(error: &tokio_postgres::Error) -> bool {
+    let mut source = std::error::Error::source(error);
+    while let Some(e) = source {
+        if e.is::<std::io::Error>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// Maps a pool error: no connection in time, or none could be made, is
+/// [`StoreError::Unavailable`].
+pub(crate) fn pool_error(error: PoolError) -> StoreError {
+    match error {
+        PoolError::Backend(e) => pg_error(e),
+        PoolError::Timeout(_) | PoolError::Closed | PoolError::NoRuntimeSpecified => {
+            StoreError::Unavailable(Box::new(error))
+        }
+        PoolError::PostCreateHook(_) => StoreError::Backend(Box::new(error)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idem_parameters_are_taken_out_and_the_rest_passed_on() {
+        let p = parse_url(
+            "postgres://app:pw@127.0.0.1:6543/orders?schema=idem&pool_size=8&connect_timeout=250ms&application_name=svc&response_timeout=3s",
+        )
+        .expect("valid");
+        assert_eq!(p.schema.as_deref(), Some("idem"));
+        assert_eq!(p.pool_size, Some(8));
+        assert_eq!(p.connect_timeout, Some(Duration::from_millis(250)));
+        assert_eq!(p.response_timeout, Some(Duration::from_secs(3)));
+        assert_eq!(p.config.get_dbname(), Some("orders"));
+        assert_eq!(p.config.get_user(), Some("app"));
+        assert_eq!(p.config.get_application_name(), Some("svc"));
+    }
+
+    #[test]
+    fn bad_urls_say_what_is_wrong_without_the_password() {
+        for (url, needle) in [
+            ("mysql://root:pw@h/db", "unknown scheme"),
+            ("postgres://u:pw@h/db?pool_size=0", "pool_size"),
+            ("postgres://u:pw@h/db?connect_timeout=soon", "not a duration"),
+            ("postgres://u:pw@h/db?sslmode=verify-full", "needs TLS"),
+            ("postgres://u:pw@h/db?no_such_option=1", "no_such_option"),
+            ("127.0.0.1:5432", "expected postgres://"),
+        ] {
+            let err = parse_url(url).expect_err(url).to_string();
+            assert!(err.contains(needle), "{url}: {err}");
+            assert!(!err.contains("pw@"), "{url}: {err}");
+        }
+    }
+}

@@ -1,0 +1,664 @@
+//! # idem-postgres: the PostgreSQL store and transactional inbox
+//!
+//! Two ways to keep idem's records in PostgreSQL:
+//!
+//! - **[`PgStore`]**, the store of the [store contract](idem::contract),
+//!   for effects outside the database (a payment API, an email, a call to
+//!   another service). Every transition is **one statement** (`sql/*.sql`
+//!   in this crate: `INSERT … ON CONFLICT … DO UPDATE … WHERE …
+//!   RETURNING` for a claim, a token-checked `UPDATE` for each write),
+//!   decided with the server's `now()`, in its own short transaction: no
+//!   transaction is held open while a handler runs. Leases are fenced by
+//!   tokens no other claim ever gets, and fencing numbers come from a
+//!   sequence, so they rise per key across expiry, delete and purge.
+//! - **[`inbox`]**, for effects that live in the same database: the dedup
+//!   row is written inside *your* transaction and commits or rolls back
+//!   with your business writes. It is the strongest mode; reach for it (or
+//!   for natural idempotency, described there) first.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use idem::{Idempotency, RecordId};
+//! use idem_postgres::PgStore;
+//!
+//! // Creates the schema's tables on first use (see `PgStore::builder`).
+//! let store = PgStore::connect("postgres://app@127.0.0.1:5432/orders?schema=idem").await?;
+//! let idem = Idempotency::builder(store).build()?;
+//! let id = RecordId::parse("charges", "order-42")?;
+//! let charge = idem
+//!     .run(&id, None, |_| async { Ok::<_, std::io::Error>("ch_1".to_owned()) })
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## URLs
+//!
+//! `postgres://[user[:password]@]host[:port]/database[?params]`
+//! (or `postgresql://`). idem reads `schema` (default `public`),
+//! `pool_size` (default [`DEFAULT_POOL_SIZE`]), `connect_timeout` and
+//! `response_timeout` (`500ms`, `2s`); every other parameter
+//! (`application_name`, `options`, `sslmode=disable`, …) goes to
+//! tokio-postgres. Passwords never appear in error messages.
+//!
+//! ## Tables
+//!
+//! `<schema>.idem_records` (one row per record, `PRIMARY KEY (scope,
+//! key)`, an index on `expires_at`), the sequence `<schema>.idem_fence`,
+//! `<schema>.idem_inbox` for the inbox, and `<schema>.idem_migrations`
+//! recording what was applied. [`migrations`] hands the SQL to projects
+//! that run their own migration tool.
+//!
+#![doc = include_str!("../docs/cleanup.md")]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use deadpool_postgres::{Object, Pool};
+use futures_util::future::join_all;
+use idem::{
+    ClaimMany, ClaimOutcome, ClaimParams, DeleteRecord, Failure, GetRecord, Lease, LeaseToken,
+    ListPage, ListQuery, ListRecords, PurgeExpired, Record, RecordId, Store, StoreError,
+    Timestamp,
+};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{GenericClient, Statement};
+
+mod conn;
+pub mod inbox;
+mod row;
+mod schema;
+
+use conn::{pg_error, pool_error};
+use row::{ms, token_bytes};
+pub use schema::{migrations, Migration};
+
+/// The default schema.
+pub const DEFAULT_SCHEMA: &str = "public";
+/// The default number of pooled connections.
+pub const DEFAULT_POOL_SIZE: usize = 16;
+/// The default connect timeout.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The default response timeout: a call that gets no answer (or no
+/// pooled connection) in this time fails with [`StoreError::Unavailable`].
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many times a claim runs its statement when the statement's
+/// snapshot keeps missing a row that a concurrent claim just committed.
+const CLAIM_ROUNDS: usize = 8;
+
+/// `url` with any password masked, for logs and messages.
+pub fn redact_url(url: &str) -> String {
+    idem::url::redact(url)
+}
+
+/// Why the store could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The URL cannot be used. The message never contains the password.
+    #[error("invalid PostgreSQL URL {url}: {reason}")]
+    InvalidUrl {
+        /// The URL, password masked.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The schema is not 1 to 63 characters of `a-z 0-9 _` (not starting
+    /// with a digit).
+    #[error("invalid schema {0:?}: use 1 to 63 characters of a-z 0-9 _, not starting with a digit")]
+    InvalidSchema(String),
+    /// The server did not answer, or refused the connection.
+    #[error("could not connect to PostgreSQL at {url}")]
+    Unavailable {
+        /// The URL, password masked.
+        url: String,
+        /// What went wrong.
+        #[source]
+        source: StoreError,
+    },
+    /// Applying the migrations failed (often: no right to create tables in
+    /// the schema; apply [`migrations`] as an owner instead and connect
+    /// with `.setup(false)`).
+    #[error("could not create idem's tables in schema {schema}")]
+    Setup {
+        /// The schema.
+        schema: String,
+        /// What the server said.
+        #[source]
+        source: StoreError,
+    },
+}
+
+/// Sets up a [`PgStore`]: from [`PgStore::builder`].
+#[derive(Debug, Clone)]
+pub struct PgStoreBuilder {
+    url: String,
+    config: tokio_postgres::Config,
+    schema: String,
+    pool_size: usize,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    setup: bool,
+}
+
+impl PgStoreBuilder {
+    /// The schema holding idem's tables ([`DEFAULT_SCHEMA`]).
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// How many connections the pool keeps at most ([`DEFAULT_POOL_SIZE`]).
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.pool_size = size.max(1);
+        self
+    }
+
+    /// How long to wait for a new connection ([`DEFAULT_CONNECT_TIMEOUT`]).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for a pooled connection and for each answer
+    /// ([`DEFAULT_RESPONSE_TIMEOUT`]).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Whether [`connect`](Self::connect) applies the migrations it has not
+    /// seen yet (default `true`). Turn it off when the tables are created
+    /// by your own migration tool from [`migrations`].
+    pub fn setup(mut self, setup: bool) -> Self {
+        self.setup = setup;
+        self
+    }
+
+    /// Connects (one connection is made to check the server answers) and,
+    /// unless turned off, applies the migrations.
+    pub async fn connect(self) -> Result<PgStore, ConnectError> {
+        if !schema::valid_schema(&self.schema) {
+            return Err(ConnectError::InvalidSchema(self.schema));
+        }
+        let url = redact_url(&self.url);
+        let pool = conn::pool(
+            self.config,
+            self.pool_size,
+            self.connect_timeout,
+            self.response_timeout,
+        )
+        .map_err(|reason| ConnectError::InvalidUrl {
+            url: url.clone(),
+            reason,
+        })?;
+        let store = PgStore {
+            inner: Arc::new(Inner {
+                pool,
+                sql: Sql::new(&self.schema),
+                schema: self.schema,
+                response_timeout: self.response_timeout,
+                instance: loop {
+                    let n = rand::random::<u64>();
+                    if n != 0 {
+                        break n;
+                    }
+                },
+                seq: AtomicU64::new(1),
+            }),
+        };
+        let mut client = store
+            .client()
+            .await
+            .map_err(|source| ConnectError::Unavailable { url, source })?;
+        if self.setup {
+            let schema = store.inner.schema.clone();
+            let applied = store
+                .timed(schema::apply(&mut client, &schema))
+                .await
+                .map_err(|source| ConnectError::Setup {
+                    schema: schema.clone(),
+                    source,
+                })?;
+            if !applied.is_empty() {
+                tracing::info!(%schema, ?applied, "applied idem migrations");
+            }
+        }
+        Ok(store)
+    }
+}
+
+/// The statements, with the schema filled in.
+#[derive(Debug)]
+struct Sql {
+    claim: String,
+    complete: String,
+    fail: String,
+    extend: String,
+    release: String,
+    get: String,
+    list: String,
+    delete: String,
+    purge: String,
+    state: String,
+}
+
+impl Sql {
+    fn new(schema_name: &str) -> Self {
+        let r = |sql: &str| schema::render(sql, schema_name);
+        Self {
+            claim: r(include_str!("../sql/claim.sql")),
+            complete: r(include_str!("../sql/complete.sql")),
+            fail: r(include_str!("../sql/fail.sql")),
+            extend: r(include_str!("../sql/extend.sql")),
+            release: r(include_str!("../sql/release.sql")),
+            get: r(include_str!("../sql/get.sql")),
+            list: r(include_str!("../sql/list.sql")),
+            delete: r(include_str!("../sql/delete.sql")),
+            purge: r(include_str!("../sql/purge.sql")),
+            state: r("SELECT state FROM {schema}.idem_records WHERE scope = $1 AND key = $2"),
+        }
+    }
+}
+
+/// The PostgreSQL store. Cheap to clone; clones share the pool.
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    pool: Pool,
+    sql: Sql,
+    schema: String,
+    response_timeout: Duration,
+    instance: u64,
+    seq: AtomicU64,
+}
+
+impl PgStore {
+    /// Connects to `url` with the defaults, creating the tables if needed.
+    pub async fn connect(url: &str) -> Result<Self, ConnectError> {
+        Self::builder(url)?.connect().await
+    }
+
+    /// A builder for `url`, to set more than the URL says.
+    pub fn builder(url: &str) -> Result<PgStoreBuilder, ConnectError> {
+        let parsed = conn::parse_url(url)?;
+        Ok(PgStoreBuilder {
+            url: url.to_owned(),
+            config: parsed.config,
+            schema: parsed.schema.unwrap_or_else(|| DEFAULT_SCHEMA.to_owned()),
+            pool_size: parsed.pool_size.unwrap_or(DEFAULT_POOL_SIZE),
+            connect_timeout: parsed.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+            response_timeout: parsed.response_timeout.unwrap_or(DEFAULT_RESPONSE_TIMEOUT),
+            setup: true,
+        })
+    }
+
+    /// The schema holding the tables.
+    pub fn schema(&self) -> &str {
+        &self.inner.schema
+    }
+
+    /// The claim statement as this store runs it (for `pgbench`); its
+    /// parameters are listed at the top of `sql/claim.sql`.
+    pub fn claim_sql(&self) -> &str {
+        &self.inner.sql.claim
+    }
+
+    /// The complete statement as this store runs it (for `pgbench`).
+    pub fn complete_sql(&self) -> &str {
+        &self.inner.sql.complete
+    }
+
+    /// Applies the migrations not applied yet; returns their versions.
+    pub async fn setup(&self) -> Result<Vec<i32>, StoreError> {
+        let mut client = self.client().await?;
+        let schema = self.inner.schema.clone();
+        self.timed(schema::apply(&mut client, &schema)).await
+    }
+
+    async fn client(&self) -> Result<Object, StoreError> {
+        self.inner.pool.get().await.map_err(pool_error)
+    }
+
+    /// Runs `fut` under the response timeout, mapping its error.
+    async fn timed<T>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.inner.response_timeout, fut).await {
+            Ok(result) => result.map_err(pg_error),
+            Err(_) => Err(StoreError::Unavailable(
+                format!(
+                    "PostgreSQL did not answer in {:?}",
+                    self.inner.response_timeout
+                )
+                .into(),
+            )),
+        }
+    }
+
+    async fn prepare(&self, client: &Object, sql: &str) -> Result<Statement, StoreError> {
+        self.timed(client.prepare_cached(sql)).await
+    }
+
+    fn fresh_token(&self) -> LeaseToken {
+        LeaseToken::from_parts(
+            self.inner.instance,
+            self.inner.seq.fetch_add(1, Ordering::Relaxed),
+        )
+    }
+
+    /// Claims on `client` (a connection, or the transaction of a batch).
+    async fn claim_on(
+        &self,
+        client: &impl GenericClient,
+        statement: &Statement,
+        id: &RecordId,
+        params: &ClaimParams,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let fingerprint = params.fingerprint.map(|f| f.as_bytes().to_vec());
+        let (lease, retention) = (ms(params.lease), ms(params.retention));
+        for _ in 0..CLAIM_ROUNDS {
+            let token = self.fresh_token();
+            let rows = self
+                .timed(client.query(
+                    statement,
+                    &[
+                        &id.scope().as_str(),
+                        &id.key().as_str(),
+                        &fingerprint,
+                        &&token_bytes(token)[..],
+                        &lease,
+                        &retention,
+                    ],
+                ))
+                .await?;
+            if let Some(outcome) =
+                row::claim_outcome(rows.first(), id, token, params.fingerprint)?
+            {
+                return Ok(outcome);
+            }
+        }
+        Ok(ClaimOutcome::InProgress {
+            retry_after: Duration::from_millis(10),
+        })
+    }
+
+    /// Runs a holder's write; the number of rows it changed.
+    async fn write(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        let statement = self.prepare(&client, sql).await?;
+        self.timed(client.execute(&statement, params)).await
+    }
+
+    async fn batch(
+        &self,
+        claims: &[(RecordId, ClaimParams)],
+    ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
+        let mut client = self.client().await?;
+        let statement = self.prepare(&client, &self.inner.sql.claim).await?;
+        // Claims of one key run in the order given; keys run in byte order,
+        // the same in every batch, so two batches never wait on each other
+        // in a cycle.
+        let mut order: Vec<usize> = (0..claims.len()).collect();
+        order.sort_by(|&a, &b| {
+            let (x, y) = (&claims[a].0, &claims[b].0);
+            (x.scope().as_str(), x.key().as_str()).cmp(&(y.scope().as_str(), y.key().as_str()))
+        });
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        for i in order {
+            match groups.last_mut() {
+                Some(group) if claims[group[0]].0 == claims[i].0 => group.push(i),
+                _ => groups.push(vec![i]),
+            }
+        }
+        let tx = self.timed(client.transaction()).await?;
+        let answers = join_all(groups.iter().map(|group| {
+            let (tx, statement) = (&tx, &statement);
+            async move {
+                let mut out = Vec::with_capacity(group.len());
+                for &i in group {
+                    let (id, params) = &claims[i];
+                    out.push((i, self.claim_on(&**tx, statement, id, params).await));
+                }
+                out
+            }
+        }))
+        .await;
+        let mut results: Vec<Option<Result<ClaimOutcome, StoreError>>> =
+            (0..claims.len()).map(|_| None).collect();
+        for (i, result) in answers.into_iter().flatten() {
+            match result {
+                // The transaction is aborted: nothing of the batch holds.
+                Err(e) if !matches!(e, StoreError::Corrupt { .. }) => return Err(e),
+                result => results[i] = Some(result),
+            }
+        }
+        self.timed(tx.commit()).await?;
+        Ok(results
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(StoreError::Backend("claim missing from batch".into()))))
+            .collect())
+    }
+}
+
+/// Whether PostgreSQL aborted the statement to break a lock cycle.
+fn deadlock(e: &StoreError) -> bool {
+    matches!(e, StoreError::Backend(source)
+        if source.downcast_ref::<tokio_postgres::Error>()
+            .and_then(tokio_postgres::Error::code) == Some(&SqlState::T_R_DEADLOCK_DETECTED))
+}
+
+fn lease_written(changed: u64) -> Result<(), StoreError> {
+    if changed == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::LeaseLost)
+    }
+}
+
+impl Store for PgStore {
+    async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
+        let client = self.client().await?;
+        let statement = self.prepare(&client, &self.inner.sql.claim).await?;
+        self.claim_on(&**client, &statement, id, params).await
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        response: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let changed = self
+            .write(
+                &self.inner.sql.complete,
+                &[
+                    &lease.id.scope().as_str(),
+                    &lease.id.key().as_str(),
+                    &&token_bytes(lease.token)[..],
+                    &&response[..],
+                    &ms(retention),
+                ],
+            )
+            .await?;
+        lease_written(changed)
+    }
+
+    async fn fail(
+        &self,
+        lease: &Lease,
+        failure: Failure,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let changed = self
+            .write(
+                &self.inner.sql.fail,
+                &[
+                    &lease.id.scope().as_str(),
+                    &lease.id.key().as_str(),
+                    &&token_bytes(lease.token)[..],
+                    &failure.class.as_str(),
+                    &failure.message.as_bytes(),
+                    &ms(retention),
+                ],
+            )
+            .await?;
+        lease_written(changed)
+    }
+
+    async fn extend(&self, lease: &Lease, duration: Duration) -> Result<Timestamp, StoreError> {
+        let client = self.client().await?;
+        let statement = self.prepare(&client, &self.inner.sql.extend).await?;
+        let rows = self
+            .timed(client.query(
+                &statement,
+                &[
+                    &lease.id.scope().as_str(),
+                    &lease.id.key().as_str(),
+                    &&token_bytes(lease.token)[..],
+                    &ms(duration),
+                ],
+            ))
+            .await?;
+        let row = rows.first().ok_or(StoreError::LeaseLost)?;
+        let until: std::time::SystemTime = row.try_get(0).map_err(|e| StoreError::Corrupt {
+            id: lease.id.to_string(),
+            reason: format!("lease_until: {e}"),
+        })?;
+        Ok(row::timestamp(until))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        let changed = self
+            .write(
+                &self.inner.sql.release,
+                &[
+                    &lease.id.scope().as_str(),
+                    &lease.id.key().as_str(),
+                    &&token_bytes(lease.token)[..],
+                ],
+            )
+            .await?;
+        lease_written(changed)
+    }
+
+    async fn wait_for_change(&self, id: &RecordId, timeout: Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut delay = WAIT_FIRST_POLL;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            tokio::time::sleep(delay.min(left)).await;
+            let Ok(client) = self.client().await else {
+                return;
+            };
+            let Ok(statement) = self.prepare(&client, &self.inner.sql.state).await else {
+                return;
+            };
+            let state = self
+                .timed(client.query_opt(&statement, &[&id.scope().as_str(), &id.key().as_str()]))
+                .await;
+            let in_progress = matches!(&state, Ok(Some(row))
+                if row.try_get::<_, &str>(0).is_ok_and(|s| s == "in_progress"));
+            if !in_progress {
+                return;
+            }
+            delay = (delay * 2).min(WAIT_MAX_POLL);
+        }
+    }
+}
+
+const WAIT_FIRST_POLL: Duration = Duration::from_millis(5);
+const WAIT_MAX_POLL: Duration = Duration::from_millis(200);
+
+impl GetRecord for PgStore {
+    async fn get(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
+        let client = self.client().await?;
+        let statement = self.prepare(&client, &self.inner.sql.get).await?;
+        let rows = self
+            .timed(client.query(&statement, &[&id.scope().as_str(), &id.key().as_str()]))
+            .await?;
+        rows.first()
+            .map(|r| row::record(r).map(|(_, record)| record))
+            .transpose()
+    }
+}
+
+impl DeleteRecord for PgStore {
+    async fn delete(&self, id: &RecordId) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let statement = self.prepare(&client, &self.inner.sql.delete).await?;
+        let rows = self
+            .timed(client.query(&statement, &[&id.scope().as_str(), &id.key().as_str()]))
+            .await?;
+        Ok(rows
+            .first()
+            .is_some_and(|r| r.try_get::<_, bool>(0).unwrap_or(false)))
+    }
+}
+
+impl ListRecords for PgStore {
+    async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
+        let client = self.client().await?;
+        let statement = self.prepare(&client, &self.inner.sql.list).await?;
+        let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
+        let rows = self
+            .timed(client.query(
+                &statement,
+                &[
+                    &query.state.map(|s| s.as_str()),
+                    &query.scope.as_ref().map(|s| s.as_str()),
+                    &query.after.as_ref().map(|a| a.scope().as_str()),
+                    &query.after.as_ref().map(|a| a.key().as_str()),
+                    &limit,
+                ],
+            ))
+            .await?;
+        let records = rows
+            .iter()
+            .map(row::record)
+            .collect::<Result<Vec<_>, _>>()?;
+        let next = (records.len() == query.limit && query.limit > 0)
+            .then(|| records.last().map(|(id, _)| id.clone()))
+            .flatten();
+        Ok(ListPage { records, next })
+    }
+}
+
+impl PurgeExpired for PgStore {
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let changed = self.write(&self.inner.sql.purge, &[&limit]).await?;
+        Ok(usize::try_from(changed).unwrap_or(usize::MAX))
+    }
+}
+
+impl ClaimMany for PgStore {
+    async fn claim_many(
+        &self,
+        claims: &[(RecordId, ClaimParams)],
+    ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self.batch(claims).await {
+            // Another session's claims formed a lock cycle with this
+            // batch; PostgreSQL aborted it, so run it once more.
+            Err(e) if deadlock(&e) => self.batch(claims).await,
+            other => other,
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! Helpers for stores configured by URL: one way to mask a password and
+//! one way to read a duration, so every store's URLs behave alike.
+
+use std::time::Duration;
+
+/// `url` with any password replaced by `***` (or, for a bare user info
+/// with no colon, the whole user info), for error messages and logs.
+///
+/// ```
+/// assert_eq!(
+///     idem::url::redact("postgres://app:s3cret@db:5432/orders"),
+///     "postgres://app:***@db:5432/orders"
+/// );
+/// ```
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    match rest[..authority_end].rsplit_once('@') {
+        Some((userinfo, hosts)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            let masked = if userinfo.contains(':') {
+                format!("{user}:***")
+            } else {
+                "***".to_owned()
+            };
+            format!("{scheme}://{masked}@{hosts}{}", &rest[authority_end..])
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// Parses `250ms`, `2s` or a bare number of milliseconds; the error says
+/// how to write one.
+pub fn parse_duration(value: &str) -> Result<Duration, String> {
+    let bad = || format!("{value:?} is not a duration (write 500ms or 2s)");
+    let (digits, scale) = if let Some(ms) = value.strip_suffix("ms") {
+        (ms, 1)
+    } else if let Some(s) = value.strip_suffix('s') {
+        (s, 1000)
+    } else {
+        (value, 1)
+    };
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    Ok(Duration::from_millis(n.saturating_mul(scale)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_masked_and_the_rest_kept() {
+        assert_eq!(redact("redis://:pw@h:1/0?x=1"), "redis://:***@h:1/0?x=1");
+        assert_eq!(redact("redis://user@h:1"), "redis://***@h:1");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+        assert_eq!(redact("not a url"), "not a url");
+    }
+
+    #[test]
+    fn durations_take_ms_s_or_bare_milliseconds() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("40"), Ok(Duration::from_millis(40)));
+        assert!(parse_duration("2m").is_err());
+        assert!(parse_duration("").is_err());
+    }
+}
