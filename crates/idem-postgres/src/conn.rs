@@ -53,20 +53,16 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
         match name {
             "schema" => parsed.schema = Some(value.to_owned()),
             "pool_size" => {
-                let n: usize = value
-                    .parse()
-                    .ok()
-                    .filter(|n| *n > 0)
-                    .ok_or_else(|| invalid(format!("pool_size={value:?} is not a positive number")))?;
+                let n: usize = value.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                    invalid(format!("pool_size={value:?} is not a positive number"))
+                })?;
                 parsed.pool_size = Some(n);
             }
             "connect_timeout" => {
-                parsed.connect_timeout =
-                    Some(idem::url::parse_duration(value).map_err(invalid)?);
+                parsed.connect_timeout = Some(idem::url::parse_duration(value).map_err(invalid)?);
             }
             "response_timeout" => {
-                parsed.response_timeout =
-                    Some(idem::url::parse_duration(value).map_err(invalid)?);
+                parsed.response_timeout = Some(idem::url::parse_duration(value).map_err(invalid)?);
             }
             "sslmode" if value != "disable" && value != "prefer" => {
                 return Err(invalid(format!(
@@ -135,7 +131,9 @@ pub(crate) fn pg_error(error: tokio_postgres::Error) -> StoreError {
         Some(state) if *state == SqlState::UNDEFINED_TABLE => StoreError::Backend(
             format!(
                 "{} (run PgStore::setup, or apply idem_postgres::migrations())",
-                error.as_db_error().map_or_else(|| error.to_string(), |d| d.message().to_owned())
+                error
+                    .as_db_error()
+                    .map_or_else(|| error.to_string(), |d| d.message().to_owned())
             )
             .into(),
         ),
@@ -192,7 +190,10 @@ mod tests {
         for (url, needle) in [
             ("mysql://root:pw@h/db", "unknown scheme"),
             ("postgres://u:pw@h/db?pool_size=0", "pool_size"),
-            ("postgres://u:pw@h/db?connect_timeout=soon", "not a duration"),
+            (
+                "postgres://u:pw@h/db?connect_timeout=soon",
+                "not a duration",
+            ),
             ("postgres://u:pw@h/db?sslmode=verify-full", "needs TLS"),
             ("postgres://u:pw@h/db?no_such_option=1", "no_such_option"),
             ("127.0.0.1:5432", "expected postgres://"),

@@ -209,7 +209,10 @@ impl Inbox {
         response: &[u8],
     ) -> Result<(), InboxError> {
         let updated = tx
-            .execute(self.sql[3].as_str(), &[&id.scope().as_str(), &id.key().as_str(), &response])
+            .execute(
+                self.sql[3].as_str(),
+                &[&id.scope().as_str(), &id.key().as_str(), &response],
+            )
             .await
             .map_err(|e| self.error(e))?;
         if updated == 0 {

@@ -59,7 +59,7 @@ use deadpool_postgres::{Object, Pool};
 use futures_util::future::join_all;
 use idem::{
     ClaimMany, ClaimOutcome, ClaimParams, DeleteRecord, Failure, GetRecord, Lease, LeaseToken,
-    ListPage, ListQuery, ListRecords, PurgeExpired, Record, RecordId, Store, StoreError,
+    ListPage, ListQuery, ListRecords, PurgeExpired, Record, RecordId, RecordTtl, Store, StoreError,
     Timestamp,
 };
 use tokio_postgres::error::SqlState;
@@ -107,7 +107,9 @@ pub enum ConnectError {
     },
     /// The schema is not 1 to 63 characters of `a-z 0-9 _` (not starting
     /// with a digit).
-    #[error("invalid schema {0:?}: use 1 to 63 characters of a-z 0-9 _, not starting with a digit")]
+    #[error(
+        "invalid schema {0:?}: use 1 to 63 characters of a-z 0-9 _, not starting with a digit"
+    )]
     InvalidSchema(String),
     /// The server did not answer, or refused the connection.
     #[error("could not connect to PostgreSQL at {url}")]
@@ -243,6 +245,7 @@ struct Sql {
     delete: String,
     purge: String,
     state: String,
+    ttl: String,
 }
 
 impl Sql {
@@ -258,6 +261,7 @@ impl Sql {
             list: r(include_str!("../sql/list.sql")),
             delete: r(include_str!("../sql/delete.sql")),
             purge: r(include_str!("../sql/purge.sql")),
+            ttl: r(include_str!("../sql/ttl.sql")),
             state: r("SELECT state FROM {schema}.idem_records WHERE scope = $1 AND key = $2"),
         }
     }
@@ -379,8 +383,7 @@ impl PgStore {
                     ],
                 ))
                 .await?;
-            if let Some(outcome) =
-                row::claim_outcome(rows.first(), id, token, params.fingerprint)?
+            if let Some(outcome) = row::claim_outcome(rows.first(), id, token, params.fingerprint)?
             {
                 return Ok(outcome);
             }
@@ -594,6 +597,20 @@ impl GetRecord for PgStore {
         rows.first()
             .map(|r| row::record(r).map(|(_, record)| record))
             .transpose()
+    }
+}
+
+impl RecordTtl for PgStore {
+    async fn ttl(&self, id: &RecordId) -> Result<Option<Duration>, StoreError> {
+        let client = self.client().await?;
+        let statement = self.prepare(&client, &self.inner.sql.ttl).await?;
+        let rows = self
+            .timed(client.query(&statement, &[&id.scope().as_str(), &id.key().as_str()]))
+            .await?;
+        Ok(rows
+            .first()
+            .and_then(|r| r.try_get::<_, i64>(0).ok())
+            .map(|ms| Duration::from_millis(ms.max(0).unsigned_abs())))
     }
 }
 

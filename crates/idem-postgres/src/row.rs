@@ -111,9 +111,9 @@ pub(crate) fn claim_outcome(
     Ok(match state.as_str() {
         "completed" => {
             let response: Option<Vec<u8>> = column(row, id, "response")?;
-            Some(ClaimOutcome::Completed(Bytes::from(
-                response.ok_or_else(|| corrupt(id, "completed without a response"))?,
-            )))
+            Some(ClaimOutcome::Completed(Bytes::from(response.ok_or_else(
+                || corrupt(id, "completed without a response"),
+            )?)))
         }
         "failed" => Some(ClaimOutcome::Failed(
             failure(row, id)?.ok_or_else(|| corrupt(id, "failed without a failure"))?,

@@ -21,7 +21,11 @@ const FILES: &[(i32, &str, &str)] = &[
         "0001_records",
         include_str!("../migrations/0001_records.sql"),
     ),
-    (2, "0002_inbox", include_str!("../migrations/0002_inbox.sql")),
+    (
+        2,
+        "0002_inbox",
+        include_str!("../migrations/0002_inbox.sql"),
+    ),
 ];
 
 /// Whether `name` can be used as a schema unquoted: 1 to 63 characters of
@@ -62,7 +66,10 @@ pub fn migrations(schema: &str) -> Vec<Migration> {
 }
 
 /// Applies the migrations `client` has not seen, in one transaction.
-pub(crate) async fn apply(client: &mut Client, schema: &str) -> Result<Vec<i32>, tokio_postgres::Error> {
+pub(crate) async fn apply(
+    client: &mut Client,
+    schema: &str,
+) -> Result<Vec<i32>, tokio_postgres::Error> {
     let tx = client.transaction().await?;
     tx.execute(
         "SELECT pg_advisory_xact_lock(hashtext('idem-migrations:' || $1::text))",
@@ -86,7 +93,10 @@ pub(crate) async fn apply(client: &mut Client, schema: &str) -> Result<Vec<i32>,
     ))
     .await?;
     let done: Vec<i32> = tx
-        .query(&render("SELECT version FROM {schema}.idem_migrations", schema), &[])
+        .query(
+            &render("SELECT version FROM {schema}.idem_migrations", schema),
+            &[],
+        )
         .await?
         .iter()
         .map(|r| r.get(0))

@@ -40,7 +40,10 @@ async fn setup(retention: Duration) -> (Inbox, String) {
 async fn balance(schema: &str) -> i64 {
     client()
         .await
-        .query_one(&format!("SELECT balance FROM {schema}.accounts WHERE id = 7"), &[])
+        .query_one(
+            &format!("SELECT balance FROM {schema}.accounts WHERE id = 7"),
+            &[],
+        )
         .await
         .expect("balance")
         .get(0)
@@ -96,7 +99,11 @@ async fn thirty_two_concurrent_deliveries_credit_once() {
         }
     }
     assert_eq!((new, duplicates), (1, 31));
-    assert_eq!(balance(&schema).await, 100, "the balance changed exactly once");
+    assert_eq!(
+        balance(&schema).await,
+        100,
+        "the balance changed exactly once"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -106,7 +113,10 @@ async fn a_failed_handler_leaves_neither_its_write_nor_the_dedup_row() {
     let mut c = client().await;
     {
         let tx = c.transaction().await.expect("begin");
-        assert_eq!(inbox.claim(&tx, &id, None).await.expect("claim"), InboxOutcome::New);
+        assert_eq!(
+            inbox.claim(&tx, &id, None).await.expect("claim"),
+            InboxOutcome::New
+        );
         tx.execute(
             &format!("UPDATE {schema}.accounts SET balance = balance + 100 WHERE id = 7"),
             &[],
@@ -124,7 +134,10 @@ async fn a_failed_handler_leaves_neither_its_write_nor_the_dedup_row() {
         .get(0);
     assert_eq!(rows, 0, "the dedup row rolled back with it");
     // The redelivery is processed as new, and only once.
-    assert_eq!(deliver(&inbox, &schema, &id).await.expect("redeliver"), InboxOutcome::New);
+    assert_eq!(
+        deliver(&inbox, &schema, &id).await.expect("redeliver"),
+        InboxOutcome::New
+    );
     assert!(matches!(
         deliver(&inbox, &schema, &id).await.expect("again"),
         InboxOutcome::Duplicate { .. }
@@ -138,15 +151,24 @@ async fn a_duplicate_waits_for_a_rollback_and_then_runs() {
     let id = RecordId::parse("payments", "msg-3").expect("id");
     let mut first = client().await;
     let tx = first.transaction().await.expect("begin");
-    assert_eq!(inbox.claim(&tx, &id, None).await.expect("claim"), InboxOutcome::New);
+    assert_eq!(
+        inbox.claim(&tx, &id, None).await.expect("claim"),
+        InboxOutcome::New
+    );
     let waiting = {
         let (inbox, schema, id) = (inbox.clone(), schema.clone(), id.clone());
         tokio::spawn(async move { deliver(&inbox, &schema, &id).await })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!waiting.is_finished(), "the duplicate waits for the first transaction");
+    assert!(
+        !waiting.is_finished(),
+        "the duplicate waits for the first transaction"
+    );
     tx.rollback().await.expect("rollback");
-    assert_eq!(waiting.await.expect("task").expect("deliver"), InboxOutcome::New);
+    assert_eq!(
+        waiting.await.expect("task").expect("deliver"),
+        InboxOutcome::New
+    );
     assert_eq!(balance(&schema).await, 100);
 }
 
@@ -157,15 +179,27 @@ async fn fingerprints_expiry_and_purge() {
     let (a, b) = (Fingerprint::of_bytes(b"a"), Fingerprint::of_bytes(b"b"));
     let mut c = client().await;
     let tx = c.transaction().await.expect("begin");
-    assert_eq!(inbox.claim(&tx, &id, Some(a)).await.expect("claim"), InboxOutcome::New);
+    assert_eq!(
+        inbox.claim(&tx, &id, Some(a)).await.expect("claim"),
+        InboxOutcome::New
+    );
     tx.commit().await.expect("commit");
     let tx = c.transaction().await.expect("begin");
-    assert_eq!(inbox.claim(&tx, &id, Some(b)).await.expect("claim"), InboxOutcome::Mismatch);
+    assert_eq!(
+        inbox.claim(&tx, &id, Some(b)).await.expect("claim"),
+        InboxOutcome::Mismatch
+    );
     assert_eq!(
         inbox.claim(&tx, &id, Some(a)).await.expect("claim"),
         InboxOutcome::Duplicate { response: None }
     );
-    let err = inbox.set_response(&tx, &RecordId::parse("payments", "never").expect("id"), b"x").await;
+    let err = inbox
+        .set_response(
+            &tx,
+            &RecordId::parse("payments", "never").expect("id"),
+            b"x",
+        )
+        .await;
     assert!(matches!(err, Err(InboxError::NotClaimed { .. })), "{err:?}");
     tx.rollback().await.expect("rollback");
 
@@ -173,7 +207,10 @@ async fn fingerprints_expiry_and_purge() {
     assert_eq!(inbox.purge_expired(&c, 10).await.expect("purge"), 1);
     let tx = c.transaction().await.expect("begin");
     assert_eq!(
-        inbox.claim(&tx, &id, Some(b)).await.expect("claim after expiry"),
+        inbox
+            .claim(&tx, &id, Some(b))
+            .await
+            .expect("claim after expiry"),
         InboxOutcome::New,
         "an expired row is absent"
     );
@@ -191,7 +228,10 @@ async fn a_missing_table_and_serializable_duplicates_give_typed_errors() {
         .await
         .expect_err("no table");
     assert!(matches!(err, InboxError::NotSetUp { .. }), "{err:?}");
-    assert!(err.to_string().contains("no_such_schema.idem_inbox"), "{err}");
+    assert!(
+        err.to_string().contains("no_such_schema.idem_inbox"),
+        "{err}"
+    );
     drop(tx);
 
     let (inbox, _schema) = setup(DAY).await;
@@ -206,8 +246,14 @@ async fn a_missing_table_and_serializable_duplicates_give_typed_errors() {
         .expect("begin serializable");
     // The second transaction's snapshot is taken before the first commits.
     second.query_one("SELECT 1", &[]).await.expect("snapshot");
-    assert_eq!(inbox.claim(&first, &id, None).await.expect("claim"), InboxOutcome::New);
+    assert_eq!(
+        inbox.claim(&first, &id, None).await.expect("claim"),
+        InboxOutcome::New
+    );
     first.commit().await.expect("commit");
-    let err = inbox.claim(&second, &id, None).await.expect_err("serialization failure");
+    let err = inbox
+        .claim(&second, &id, None)
+        .await
+        .expect_err("serialization failure");
     assert!(err.is_retryable(), "{err:?}");
 }

@@ -70,6 +70,7 @@ use idem::{
 use redis::{RedisResult, Value};
 use sha2::{Digest, Sha256};
 
+mod cache;
 mod conn;
 mod record;
 mod scripts;
@@ -77,6 +78,8 @@ mod slots;
 
 use conn::{store_error, Conn, Options, Target};
 use scripts::Scripts;
+
+pub use cache::RedisReplayCache;
 
 /// `url` with any password masked, for logs and messages.
 pub fn redact_url(url: &str) -> String {

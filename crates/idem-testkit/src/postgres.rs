@@ -103,7 +103,14 @@ impl PgServer {
     pub fn psql(&self, database: &str, sql: &str) -> Result<String, ServerError> {
         let out = Command::new(self.bin.join("psql"))
             .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
-            .args(["-p", &self.port.to_string(), "-U", "postgres", "-d", database])
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                database,
+            ])
             .args(["-c", sql])
             .stdin(Stdio::null())
             .output()
@@ -226,8 +233,8 @@ fn postgres_user_if_root() -> Result<Option<(u32, u32)>, ServerError> {
     if me.uid() != 0 {
         return Ok(None);
     }
-    let passwd = std::fs::read_to_string("/etc/passwd")
-        .map_err(|e| failed(format!("/etc/passwd: {e}")))?;
+    let passwd =
+        std::fs::read_to_string("/etc/passwd").map_err(|e| failed(format!("/etc/passwd: {e}")))?;
     passwd
         .lines()
         .find_map(|line| {
@@ -239,5 +246,7 @@ fn postgres_user_if_root() -> Result<Option<(u32, u32)>, ServerError> {
             })?
         })
         .map(Some)
-        .ok_or_else(|| failed("running as root, but there is no postgres user to run PostgreSQL as"))
+        .ok_or_else(|| {
+            failed("running as root, but there is no postgres user to run PostgreSQL as")
+        })
 }

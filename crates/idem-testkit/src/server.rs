@@ -37,4 +37,3 @@ pub fn free_port() -> Result<u16, ServerError> {
         .map(|a| a.port())
         .map_err(|e| failed(format!("no free port: {e}")))
 }
-

@@ -57,6 +57,7 @@
 //! The guarantees every store keeps are in [`contract`]; `idem-testkit`
 //! holds the conformance suite every store passes.
 
+pub mod cache;
 mod clock;
 #[doc = include_str!("../docs/contract.md")]
 pub mod contract {}
@@ -89,5 +90,5 @@ pub use record::{
 };
 pub use store::{
     BoxError, ClaimMany, DeleteRecord, GetRecord, ListPage, ListQuery, ListRecords, PurgeExpired,
-    Store, StoreError,
+    RecordTtl, Store, StoreError,
 };

@@ -21,8 +21,8 @@ use crate::machine::{decide_claim, decide_write, Fresh, Write};
 use crate::purger::PurgerHandle;
 use crate::record::{ClaimOutcome, ClaimParams, Failure, Lease, LeaseToken, Record, State};
 use crate::store::{
-    ClaimMany, DeleteRecord, GetRecord, ListPage, ListQuery, ListRecords, PurgeExpired, Store,
-    StoreError,
+    ClaimMany, DeleteRecord, GetRecord, ListPage, ListQuery, ListRecords, PurgeExpired, RecordTtl,
+    Store, StoreError,
 };
 
 /// The default number of shards.
@@ -396,6 +396,13 @@ impl<C: Clock> GetRecord for MemoryStore<C> {
             .map(|(_, _, r)| r)
             .filter(|r| !r.is_expired(now))
             .cloned())
+    }
+}
+
+impl<C: Clock> RecordTtl for MemoryStore<C> {
+    async fn ttl(&self, id: &RecordId) -> Result<Option<Duration>, StoreError> {
+        let now = self.now();
+        Ok(self.get(id).await?.map(|r| r.expires_at.since(now)))
     }
 }
 

@@ -188,6 +188,18 @@ pub trait PurgeExpired: Store {
         -> impl Future<Output = Result<usize, StoreError>> + Send;
 }
 
+/// How long a record stays live, measured by the store's own clock: what
+/// a cache in front of the store ([`Cached`](crate::cache::Cached)) needs
+/// so that it never serves a record past its expiry.
+pub trait RecordTtl: Store {
+    /// The time left before `id` expires, or `None` if it is absent or
+    /// expired.
+    fn ttl(
+        &self,
+        id: &RecordId,
+    ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send;
+}
+
 /// Claims many records in one round trip. Each claim is atomic on its own;
 /// the batch as a whole is not a transaction.
 pub trait ClaimMany: Store {

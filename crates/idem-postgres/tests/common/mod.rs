@@ -12,7 +12,9 @@ pub(crate) fn server() -> &'static (PgServer, String) {
     static SERVER: OnceLock<(PgServer, String)> = OnceLock::new();
     SERVER.get_or_init(|| {
         let server = PgServer::start().expect("start postgres");
-        let db = server.create_database("idem_test").expect("create database");
+        let db = server
+            .create_database("idem_test")
+            .expect("create database");
         (server, db)
     })
 }
