@@ -8,6 +8,7 @@ use idem::{
     ClaimOutcome, ClaimParams, DeleteRecord, Failure, GetRecord, Lease, ListPage, ListQuery,
     ListRecords, MemoryStore, PurgeExpired, Record, RecordId, Store, StoreError, Timestamp,
 };
+use idem_postgres::PgStore;
 use idem_redis::RedisStore;
 use idem_sqlite::SqliteStore;
 
@@ -25,6 +26,9 @@ pub enum StoreUrl {
     /// `redis://…`, `rediss://…`, `redis+cluster://…`: a Redis server or
     /// Cluster (the URL as [`idem_redis`] reads it).
     Redis(String),
+    /// `postgres://…`, `postgresql://…`: PostgreSQL (the URL as
+    /// [`idem_postgres`] reads it; the tables are created on first use).
+    Postgres(String),
 }
 
 /// Why a store URL was refused.
@@ -33,7 +37,7 @@ pub enum StoreUrlError {
     /// A scheme whose store is not in this build yet.
     #[error(
         "store URL {url:?}: the {scheme} store is not available in this build yet \
-         (available: memory:, sqlite:PATH, redis://, redis+cluster://)"
+         (available: memory:, sqlite:PATH, redis://, redis+cluster://, postgres://)"
     )]
     NotYet {
         /// The URL given.
@@ -44,7 +48,7 @@ pub enum StoreUrlError {
     /// Not a store URL at all.
     #[error(
         "store URL {url:?} is not understood \
-         (use memory:, sqlite:PATH, a file path, redis:// or redis+cluster://)"
+         (use memory:, sqlite:PATH, a file path, redis://, redis+cluster:// or postgres://)"
     )]
     Unknown {
         /// The URL given.
@@ -75,7 +79,8 @@ impl std::str::FromStr for StoreUrl {
                 "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
                     Ok(StoreUrl::Redis(url.to_owned()))
                 }
-                "postgres" | "postgresql" | "dynamodb" => Err(StoreUrlError::NotYet {
+                "postgres" | "postgresql" => Ok(StoreUrl::Postgres(url.to_owned())),
+                "dynamodb" => Err(StoreUrlError::NotYet {
                     url: url.to_owned(),
                     scheme: scheme.to_owned(),
                 }),
@@ -102,6 +107,7 @@ impl StoreUrl {
                 anyhow::anyhow!("cannot open the store file {}: {e}", path.display())
             })?),
             StoreUrl::Redis(url) => AnyStore::Redis(RedisStore::connect(url).await?),
+            StoreUrl::Postgres(url) => AnyStore::Postgres(PgStore::connect(url).await?),
         })
     }
 }
@@ -112,6 +118,7 @@ impl std::fmt::Display for StoreUrl {
             StoreUrl::Memory => f.write_str("memory:"),
             StoreUrl::Sqlite(path) => write!(f, "sqlite:{}", path.display()),
             StoreUrl::Redis(url) => f.write_str(&idem_redis::redact_url(url)),
+            StoreUrl::Postgres(url) => f.write_str(&idem_postgres::redact_url(url)),
         }
     }
 }
@@ -125,6 +132,8 @@ pub enum AnyStore {
     Sqlite(SqliteStore),
     /// Redis or a Redis Cluster.
     Redis(RedisStore),
+    /// PostgreSQL.
+    Postgres(PgStore),
 }
 
 impl AnyStore {
@@ -141,6 +150,7 @@ macro_rules! each {
             AnyStore::Memory($s) => $e,
             AnyStore::Sqlite($s) => $e,
             AnyStore::Redis($s) => $e,
+            AnyStore::Postgres($s) => $e,
         }
     };
 }
@@ -232,7 +242,15 @@ mod tests {
             StoreUrl::Redis("redis://u:pw@h:1/0".into()).to_string(),
             "redis://u:***@h:1/0"
         );
-        let not_yet = "postgres://127.0.0.1/test"
+        assert_eq!(
+            "postgres://app:pw@127.0.0.1/test?schema=idem"
+                .parse::<StoreUrl>()
+                .map(|u| u.to_string())
+                .ok()
+                .as_deref(),
+            Some("postgres://app:***@127.0.0.1/test?schema=idem")
+        );
+        let not_yet = "dynamodb://127.0.0.1/test"
             .parse::<StoreUrl>()
             .expect_err("not yet");
         assert!(

@@ -607,7 +607,18 @@ async fn restart_keeps_completed_records_and_shutdown_finishes_in_flight() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_sharing_a_redis_cluster_execute_once() {
     let cluster = idem_testkit::redis::RedisCluster::start().expect("start a Redis Cluster");
-    let store_url: idem_cli::store::StoreUrl = cluster.url().parse().expect("store URL");
+    two_gateways_execute_once(&cluster.url()).await;
+}
+
+/// The same with PostgreSQL as the shared store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_sharing_postgres_execute_once() {
+    let server = idem_testkit::postgres::PgServer::start().expect("start postgres");
+    two_gateways_execute_once(&format!("{}?schema=gateway", server.url("postgres"))).await;
+}
+
+async fn two_gateways_execute_once(url: &str) {
+    let store_url: idem_cli::store::StoreUrl = url.parse().expect("store URL");
     let (up, addr) = start_upstream().await;
     let a = Gateway::start(store_url.open().await.expect("connect"), config(addr)).await;
     let b = Gateway::start(store_url.open().await.expect("connect"), config(addr)).await;
