@@ -27,6 +27,20 @@ ensure_command() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$2"
 }
 
+# ensure_postgres_programs: the PostgreSQL server programs (initdb,
+# postgres, pg_isready, psql, pgbench) under /usr/lib/postgresql/*/bin.
+# The tests start their own server with them; nothing needs to be running.
+ensure_postgres_programs() {
+    if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+        return
+    fi
+    step "installing postgresql"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql
+}
+
 # wait_for_http URL: waits up to 30 s for URL to answer.
 wait_for_http() {
     for _ in $(seq 1 300); do
