@@ -168,6 +168,9 @@ impl<C: Clock> LruCache<C> {
 
 impl<C: Clock> ReplayCache for LruCache<C> {
     async fn get(&self, id: &RecordId) -> Result<Option<CachedReplay>, StoreError> {
+        // A hit finishes at once: take part in tokio's cooperative budget,
+        // so a caller looping over hits still lets other tasks run.
+        tokio::task::coop::consume_budget().await;
         let now = self.clock.now();
         let mut entries = self.entries.lock();
         match entries.get(id) {

@@ -1,0 +1,303 @@
+//! Claim+complete pairs per second through `PgStore`, next to the
+//! server's own limit for the same work measured in the same run: `pgbench`
+//! running the store's own claim and complete statements (prepared, as the
+//! store runs them) with the same client count. One pgbench transaction is
+//! one pair, so the ratio column is idem pairs/s over pgbench tps.
+//!
+//! Then batched claims (`claim_many`, 100 per call) against single claims,
+//! and replays through the cache tier (an in-process LRU, and Redis)
+//! against replays answered by PostgreSQL alone.
+//!
+//! Run: `cargo bench -p idem-postgres --bench pairs [-- --secs N]`
+//!
+//! It starts its own PostgreSQL (initdb in a temporary directory, default
+//! settings: fsync and synchronous_commit on) and its own redis-server on
+//! free loopback ports, so nothing else competes for them.
+
+#![allow(clippy::print_stdout)] // a benchmark reports on stdout
+
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use idem::cache::{Cached, LruCache};
+use idem::{ClaimMany, ClaimOutcome, ClaimParams, RecordId, Store};
+use idem_postgres::PgStore;
+use idem_testkit::postgres::PgServer;
+use idem_testkit::redis::RedisServer;
+
+const CONNECTIONS: [usize; 3] = [1, 8, 32];
+const BATCH: usize = 100;
+const HOT_KEYS: usize = 1000;
+
+fn params() -> ClaimParams {
+    ClaimParams::new(Duration::from_secs(30), Duration::from_secs(3600))
+}
+
+/// Runs `callers` tasks for `secs`, each looping over `work(caller, i)`
+/// which returns how many units it did; returns units per second.
+async fn rate<F, Fut>(callers: usize, secs: f64, work: F) -> f64
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = u64> + Send,
+{
+    let work = Arc::new(work);
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..callers)
+        .map(|c| {
+            let (work, stop, done) = (Arc::clone(&work), Arc::clone(&stop), Arc::clone(&done));
+            tokio::spawn(async move {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    done.fetch_add(work(c, i).await, Ordering::Relaxed);
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.expect("bench task");
+    }
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// The store's statement as a pgbench command: comments dropped, the
+/// parameters filled from pgbench variables, `;` at the end.
+fn pgbench_command(sql: &str, params: &[(&str, &str)]) -> String {
+    let mut text: String = sql
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for (name, value) in params.iter().rev() {
+        text = text.replace(name, value);
+    }
+    format!("{text};\n")
+}
+
+/// pgbench running one claim and one complete per transaction: tps.
+fn pgbench(server: &PgServer, store: &PgStore, clients: usize, secs: f64) -> f64 {
+    let key = "('k' || :client_id::text || '-' || :n::text)";
+    let token = "(int8send(:t::bigint) || int8send(:n::bigint))";
+    let script = format!(
+        "\\set n random(1, 1000000000000)\n\\set t random(1, 1000000000000)\n{}{}",
+        pgbench_command(
+            store.claim_sql(),
+            &[
+                ("$1", "'bench'"),
+                ("$2", key),
+                ("$3", "NULL::bytea"),
+                ("$4", token),
+                ("$5", "30000"),
+                ("$6", "3600000"),
+            ],
+        ),
+        pgbench_command(
+            store.complete_sql(),
+            &[
+                ("$1", "'bench'"),
+                ("$2", key),
+                ("$3", token),
+                ("$4", "'\\x7b7d'::bytea"),
+                ("$5", "3600000"),
+            ],
+        ),
+    );
+    let file = tempfile::NamedTempFile::new().expect("script file");
+    std::fs::write(file.path(), script).expect("write script");
+    let out = Command::new(server.bin_dir().join("pgbench"))
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &server.port().to_string(),
+            "-U",
+            "postgres",
+        ])
+        .args(["-n", "-M", "prepared", "-c", &clients.to_string()])
+        .args([
+            "-j",
+            &clients.min(2).to_string(),
+            "-T",
+            &format!("{}", secs.ceil() as u64),
+        ])
+        .arg("-f")
+        .arg(file.path())
+        .arg("postgres")
+        .output()
+        .expect("run pgbench");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("tps = "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "unexpected pgbench output: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+}
+
+async fn pairs(store: &PgStore, callers: usize, secs: f64) -> f64 {
+    let s = store.clone();
+    rate(callers, secs, move |c, i| {
+        let s = s.clone();
+        async move {
+            let id = RecordId::parse("bench", &format!("p{c}-{i}")).expect("valid");
+            let ClaimOutcome::Acquired(lease) = s.claim(&id, &params()).await.expect("claim")
+            else {
+                panic!("fresh keys are acquired")
+            };
+            s.complete(&lease, Bytes::from_static(b"{}"), Duration::from_secs(3600))
+                .await
+                .expect("complete");
+            1
+        }
+    })
+    .await
+}
+
+/// Replays per second of `HOT_KEYS` completed keys through `store`.
+async fn replays<S: Store + Clone>(store: &S, callers: usize, secs: f64) -> f64 {
+    let s = store.clone();
+    rate(callers, secs, move |c, i| {
+        let s = s.clone();
+        async move {
+            let n = (c * 7919 + i as usize) % HOT_KEYS;
+            let id = RecordId::parse("hot", &format!("h{n}")).expect("valid");
+            match s.claim(&id, &params()).await.expect("replay") {
+                ClaimOutcome::Completed(_) => 1,
+                other => panic!("hot keys are completed, got {other:?}"),
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let secs: f64 = args
+        .iter()
+        .position(|a| a == "--secs")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3.0);
+    let server = PgServer::start().expect("start postgres");
+    let url = format!("{}?schema=bench", server.url("postgres"));
+    let truncate = || {
+        server
+            .psql("postgres", "TRUNCATE bench.idem_records; CHECKPOINT")
+            .expect("truncate");
+    };
+    println!("# idem-postgres pairs, {secs} s per point\n");
+    println!("| connections | idem pairs/s | pgbench pairs/s (same SQL) | ratio |");
+    println!("|---:|---:|---:|---:|");
+    let mut single_claims = 0.0;
+    for connections in CONNECTIONS {
+        let store = PgStore::builder(&url)
+            .expect("url")
+            .pool_size(connections)
+            .connect()
+            .await
+            .expect("connect");
+        truncate();
+        let idem = pairs(&store, connections, secs).await;
+        truncate();
+        let ceiling = pgbench(&server, &store, connections, secs);
+        println!(
+            "| {connections} | {idem:.0} | {ceiling:.0} | {:.2} |",
+            idem / ceiling
+        );
+        if connections == 8 {
+            truncate();
+            let s = store.clone();
+            single_claims = rate(connections, secs, move |c, i| {
+                let s = s.clone();
+                async move {
+                    let id = RecordId::parse("bench", &format!("c{c}-{i}")).expect("valid");
+                    s.claim(&id, &params()).await.expect("claim");
+                    1
+                }
+            })
+            .await;
+        }
+    }
+
+    let store = PgStore::builder(&url)
+        .expect("url")
+        .pool_size(8)
+        .connect()
+        .await
+        .expect("connect");
+    truncate();
+    let s = store.clone();
+    let batched = rate(8, secs, move |c, i| {
+        let s = s.clone();
+        async move {
+            let claims: Vec<(RecordId, ClaimParams)> = (0..BATCH)
+                .map(|j| {
+                    let id = RecordId::parse("bench", &format!("b{c}-{i}-{j}")).expect("valid");
+                    (id, params())
+                })
+                .collect();
+            let results = s.claim_many(&claims).await.expect("batch");
+            results.iter().filter(|r| r.is_ok()).count() as u64
+        }
+    })
+    .await;
+    println!("\n| connections | single claims/s | claim_many({BATCH}) claims/s | batched/single |");
+    println!("|---:|---:|---:|---:|");
+    println!(
+        "| 8 | {single_claims:.0} | {batched:.0} | {:.1} |",
+        batched / single_claims
+    );
+
+    truncate();
+    for n in 0..HOT_KEYS {
+        let id = RecordId::parse("hot", &format!("h{n}")).expect("valid");
+        let ClaimOutcome::Acquired(lease) = store.claim(&id, &params()).await.expect("claim")
+        else {
+            panic!("fresh")
+        };
+        store
+            .complete(
+                &lease,
+                Bytes::from_static(b"{\"ok\":true}"),
+                Duration::from_secs(3600),
+            )
+            .await
+            .expect("complete");
+    }
+    let redis = RedisServer::start().expect("start redis-server");
+    let redis_cache = idem_redis::RedisStore::connect(&redis.url())
+        .await
+        .expect("connect redis")
+        .replay_cache();
+    let alone = replays(&store, 8, secs).await;
+    let lru = replays(
+        &Arc::new(Cached::new(store.clone(), LruCache::new(10_000))),
+        8,
+        secs,
+    )
+    .await;
+    let via_redis = replays(&Arc::new(Cached::new(store.clone(), redis_cache)), 8, secs).await;
+    println!("\n| 8 callers, {HOT_KEYS} hot keys | replays/s | vs PostgreSQL alone |");
+    println!("|---|---:|---:|");
+    println!("| PostgreSQL alone | {alone:.0} | 1.0 |");
+    println!(
+        "| cache tier, in-process LRU | {lru:.0} | {:.1} |",
+        lru / alone
+    );
+    println!(
+        "| cache tier, Redis | {via_redis:.0} | {:.1} |",
+        via_redis / alone
+    );
+}
