@@ -17,14 +17,14 @@
 #![allow(clippy::print_stdout)] // a benchmark reports on stdout
 
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use idem::cache::{Cached, LruCache};
 use idem::{ClaimMany, ClaimOutcome, ClaimParams, RecordId, Store};
 use idem_postgres::PgStore;
+use idem_testkit::bench::rate;
 use idem_testkit::postgres::PgServer;
 use idem_testkit::redis::RedisServer;
 
@@ -34,37 +34,6 @@ const HOT_KEYS: usize = 1000;
 
 fn params() -> ClaimParams {
     ClaimParams::new(Duration::from_secs(30), Duration::from_secs(3600))
-}
-
-/// Runs `callers` tasks for `secs`, each looping over `work(caller, i)`
-/// which returns how many units it did; returns units per second.
-async fn rate<F, Fut>(callers: usize, secs: f64, work: F) -> f64
-where
-    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = u64> + Send,
-{
-    let work = Arc::new(work);
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..callers)
-        .map(|c| {
-            let (work, stop, done) = (Arc::clone(&work), Arc::clone(&stop), Arc::clone(&done));
-            tokio::spawn(async move {
-                let mut i = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    done.fetch_add(work(c, i).await, Ordering::Relaxed);
-                    i += 1;
-                }
-            })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await.expect("bench task");
-    }
-    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }
 
 /// The store's statement as a pgbench command: comments dropped, the

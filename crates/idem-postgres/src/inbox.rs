@@ -46,20 +46,7 @@ use idem::{Fingerprint, RecordId};
 use crate::row::ms;
 use crate::schema;
 
-/// What [`Inbox::claim`] found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum InboxOutcome {
-    /// First time: do the work in this transaction and commit it.
-    New,
-    /// Already done (committed) by an earlier delivery; `response` is what
-    /// it recorded with [`Inbox::set_response`], if anything.
-    Duplicate {
-        /// The recorded response.
-        response: Option<Vec<u8>>,
-    },
-    /// The key was used with a different fingerprint.
-    Mismatch,
-}
+pub use idem::InboxOutcome;
 
 /// Why an inbox operation failed. Roll the transaction back.
 #[derive(Debug, thiserror::Error)]

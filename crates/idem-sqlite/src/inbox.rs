@@ -52,20 +52,7 @@ use crate::row::millis;
 
 const SETUP: &str = include_str!("../migrations/inbox_0001.sql");
 
-/// What [`Inbox::claim`] found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum InboxOutcome {
-    /// First time: do the work in this transaction and commit it.
-    New,
-    /// Already done (committed) by an earlier delivery; `response` is what
-    /// it recorded with [`Inbox::set_response`], if anything.
-    Duplicate {
-        /// The recorded response.
-        response: Option<Vec<u8>>,
-    },
-    /// The key was used with a different fingerprint.
-    Mismatch,
-}
+pub use idem::InboxOutcome;
 
 /// Why an inbox operation failed.
 #[derive(Debug, thiserror::Error)]

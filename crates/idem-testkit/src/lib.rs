@@ -28,6 +28,7 @@ use idem::{
     ClaimMany, DeleteRecord, GetRecord, ListRecords, ManualClock, PurgeExpired, Scope, Store,
 };
 
+pub mod bench;
 pub mod cases;
 pub mod postgres;
 pub mod redis;

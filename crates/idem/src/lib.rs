@@ -86,7 +86,8 @@ pub use machine::LeaseLost;
 pub use memory::{MemoryStore, MemoryStoreBuilder, DEFAULT_MAX_RECORDS, DEFAULT_SHARDS};
 pub use purger::{spawn_purger, PurgerHandle};
 pub use record::{
-    ClaimOutcome, ClaimParams, Failure, FailureClass, Lease, LeaseToken, Record, State, StateKind,
+    ClaimOutcome, ClaimParams, Failure, FailureClass, InboxOutcome, Lease, LeaseToken, Record,
+    State, StateKind,
 };
 pub use store::{
     BoxError, ClaimMany, DeleteRecord, GetRecord, ListPage, ListQuery, ListRecords, PurgeExpired,

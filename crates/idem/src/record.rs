@@ -295,6 +295,22 @@ impl ClaimOutcome {
     }
 }
 
+/// What a transactional inbox's claim found (the inboxes of
+/// `idem-sqlite` and `idem-postgres`, inside the caller's transaction).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InboxOutcome {
+    /// First time: do the work in this transaction and commit it.
+    New,
+    /// Already done (committed) by an earlier delivery; `response` is what
+    /// it recorded as its response, if anything.
+    Duplicate {
+        /// The recorded response.
+        response: Option<Vec<u8>>,
+    },
+    /// The key was used with a different fingerprint.
+    Mismatch,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
