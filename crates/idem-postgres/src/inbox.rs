@@ -94,7 +94,17 @@ impl InboxError {
 pub struct Inbox {
     schema: String,
     retention: Duration,
-    sql: [String; 5],
+    sql: InboxSql,
+}
+
+/// The inbox's statements, with the schema filled in.
+#[derive(Debug, Clone)]
+struct InboxSql {
+    insert: String,
+    renew: String,
+    read: String,
+    respond: String,
+    purge: String,
 }
 
 impl Inbox {
@@ -119,13 +129,13 @@ impl Inbox {
         Self {
             schema: schema.to_owned(),
             retention,
-            sql: [
-                r(include_str!("../sql/inbox_claim.sql")),
-                r(include_str!("../sql/inbox_renew.sql")),
-                r(include_str!("../sql/inbox_read.sql")),
-                r(include_str!("../sql/inbox_respond.sql")),
-                r(include_str!("../sql/inbox_purge.sql")),
-            ],
+            sql: InboxSql {
+                insert: r(include_str!("../sql/inbox_claim.sql")),
+                renew: r(include_str!("../sql/inbox_renew.sql")),
+                read: r(include_str!("../sql/inbox_read.sql")),
+                respond: r(include_str!("../sql/inbox_respond.sql")),
+                purge: r(include_str!("../sql/inbox_purge.sql")),
+            },
         }
     }
 
@@ -160,7 +170,7 @@ impl Inbox {
         let fp = fingerprint.map(|f| f.as_bytes().to_vec());
         let (scope, key, keep) = (id.scope().as_str(), id.key().as_str(), ms(self.retention));
         loop {
-            for sql in &self.sql[..2] {
+            for sql in [&self.sql.insert, &self.sql.renew] {
                 let rows = tx
                     .query(sql.as_str(), &[&scope, &key, &fp, &keep])
                     .await
@@ -170,7 +180,7 @@ impl Inbox {
                 }
             }
             let Some(row) = tx
-                .query_opt(self.sql[2].as_str(), &[&scope, &key])
+                .query_opt(self.sql.read.as_str(), &[&scope, &key])
                 .await
                 .map_err(|e| self.error(e))?
             else {
@@ -197,7 +207,7 @@ impl Inbox {
     ) -> Result<(), InboxError> {
         let updated = tx
             .execute(
-                self.sql[3].as_str(),
+                self.sql.respond.as_str(),
                 &[&id.scope().as_str(), &id.key().as_str(), &response],
             )
             .await
@@ -218,7 +228,7 @@ impl Inbox {
     ) -> Result<u64, InboxError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         client
-            .execute(self.sql[4].as_str(), &[&limit])
+            .execute(self.sql.purge.as_str(), &[&limit])
             .await
             .map_err(|e| self.error(e))
     }

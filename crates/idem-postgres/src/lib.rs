@@ -50,7 +50,6 @@
 //!
 #![doc = include_str!("../docs/cleanup.md")]
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,9 +57,9 @@ use bytes::Bytes;
 use deadpool_postgres::{Object, Pool};
 use futures_util::future::join_all;
 use idem::{
-    ClaimMany, ClaimOutcome, ClaimParams, DeleteRecord, Failure, GetRecord, Lease, LeaseToken,
-    ListPage, ListQuery, ListRecords, PurgeExpired, Record, RecordId, RecordTtl, Store, StoreError,
-    Timestamp,
+    ClaimMany, ClaimOutcome, ClaimParams, DeleteRecord, Failure, GetRecord, Lease, ListPage,
+    ListQuery, ListRecords, PurgeExpired, Record, RecordId, RecordTtl, Store, StoreError,
+    Timestamp, TokenMint,
 };
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{GenericClient, Statement};
@@ -202,31 +201,21 @@ impl PgStoreBuilder {
                 sql: Sql::new(&self.schema),
                 schema: self.schema,
                 response_timeout: self.response_timeout,
-                instance: loop {
-                    let n = rand::random::<u64>();
-                    if n != 0 {
-                        break n;
-                    }
-                },
-                seq: AtomicU64::new(1),
+                tokens: TokenMint::new(),
             }),
         };
-        let mut client = store
-            .client()
-            .await
-            .map_err(|source| ConnectError::Unavailable { url, source })?;
-        if self.setup {
-            let schema = store.inner.schema.clone();
-            let applied = store
-                .timed(schema::apply(&mut client, &schema))
+        // One connection, to check the server answers; it goes back to the pool.
+        drop(
+            store
+                .client()
                 .await
-                .map_err(|source| ConnectError::Setup {
-                    schema: schema.clone(),
-                    source,
-                })?;
-            if !applied.is_empty() {
-                tracing::info!(%schema, ?applied, "applied idem migrations");
-            }
+                .map_err(|source| ConnectError::Unavailable { url, source })?,
+        );
+        if self.setup {
+            store.setup().await.map_err(|source| ConnectError::Setup {
+                schema: store.schema().to_owned(),
+                source,
+            })?;
         }
         Ok(store)
     }
@@ -279,8 +268,7 @@ struct Inner {
     sql: Sql,
     schema: String,
     response_timeout: Duration,
-    instance: u64,
-    seq: AtomicU64,
+    tokens: TokenMint,
 }
 
 impl PgStore {
@@ -322,8 +310,12 @@ impl PgStore {
     /// Applies the migrations not applied yet; returns their versions.
     pub async fn setup(&self) -> Result<Vec<i32>, StoreError> {
         let mut client = self.client().await?;
-        let schema = self.inner.schema.clone();
-        self.timed(schema::apply(&mut client, &schema)).await
+        let schema = self.schema();
+        let applied = self.timed(schema::apply(&mut client, schema)).await?;
+        if !applied.is_empty() {
+            tracing::info!(%schema, ?applied, "applied idem migrations");
+        }
+        Ok(applied)
     }
 
     async fn client(&self) -> Result<Object, StoreError> {
@@ -351,13 +343,6 @@ impl PgStore {
         self.timed(client.prepare_cached(sql)).await
     }
 
-    fn fresh_token(&self) -> LeaseToken {
-        LeaseToken::from_parts(
-            self.inner.instance,
-            self.inner.seq.fetch_add(1, Ordering::Relaxed),
-        )
-    }
-
     /// Claims on `client` (a connection, or the transaction of a batch).
     async fn claim_on(
         &self,
@@ -369,7 +354,7 @@ impl PgStore {
         let fingerprint = params.fingerprint.map(|f| f.as_bytes().to_vec());
         let (lease, retention) = (ms(params.lease), ms(params.retention));
         for _ in 0..CLAIM_ROUNDS {
-            let token = self.fresh_token();
+            let token = self.inner.tokens.next();
             let rows = self
                 .timed(client.query(
                     statement,
@@ -391,6 +376,18 @@ impl PgStore {
         Ok(ClaimOutcome::InProgress {
             retry_after: Duration::from_millis(10),
         })
+    }
+
+    /// Runs `sql` (prepared once per connection) on a pooled connection;
+    /// its rows.
+    async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+        let client = self.client().await?;
+        let statement = self.prepare(&client, sql).await?;
+        self.timed(client.query(&statement, params)).await
     }
 
     /// Runs a holder's write; the number of rows it changed.
@@ -521,18 +518,16 @@ impl Store for PgStore {
     }
 
     async fn extend(&self, lease: &Lease, duration: Duration) -> Result<Timestamp, StoreError> {
-        let client = self.client().await?;
-        let statement = self.prepare(&client, &self.inner.sql.extend).await?;
         let rows = self
-            .timed(client.query(
-                &statement,
+            .query(
+                &self.inner.sql.extend,
                 &[
                     &lease.id.scope().as_str(),
                     &lease.id.key().as_str(),
                     &&token_bytes(lease.token)[..],
                     &ms(duration),
                 ],
-            ))
+            )
             .await?;
         let row = rows.first().ok_or(StoreError::LeaseLost)?;
         let until: std::time::SystemTime = row.try_get(0).map_err(|e| StoreError::Corrupt {
@@ -557,42 +552,27 @@ impl Store for PgStore {
     }
 
     async fn wait_for_change(&self, id: &RecordId, timeout: Duration) {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut delay = WAIT_FIRST_POLL;
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if left.is_zero() {
-                return;
-            }
-            tokio::time::sleep(delay.min(left)).await;
-            let Ok(client) = self.client().await else {
-                return;
-            };
-            let Ok(statement) = self.prepare(&client, &self.inner.sql.state).await else {
-                return;
-            };
+        idem::poll_while(timeout, || async {
             let state = self
-                .timed(client.query_opt(&statement, &[&id.scope().as_str(), &id.key().as_str()]))
+                .query(
+                    &self.inner.sql.state,
+                    &[&id.scope().as_str(), &id.key().as_str()],
+                )
                 .await;
-            let in_progress = matches!(&state, Ok(Some(row))
-                if row.try_get::<_, &str>(0).is_ok_and(|s| s == "in_progress"));
-            if !in_progress {
-                return;
-            }
-            delay = (delay * 2).min(WAIT_MAX_POLL);
-        }
+            matches!(&state, Ok(rows) if rows.first()
+                .is_some_and(|row| row.try_get::<_, &str>(0).is_ok_and(|s| s == "in_progress")))
+        })
+        .await;
     }
 }
 
-const WAIT_FIRST_POLL: Duration = Duration::from_millis(5);
-const WAIT_MAX_POLL: Duration = Duration::from_millis(200);
-
 impl GetRecord for PgStore {
     async fn get(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
-        let client = self.client().await?;
-        let statement = self.prepare(&client, &self.inner.sql.get).await?;
         let rows = self
-            .timed(client.query(&statement, &[&id.scope().as_str(), &id.key().as_str()]))
+            .query(
+                &self.inner.sql.get,
+                &[&id.scope().as_str(), &id.key().as_str()],
+            )
             .await?;
         rows.first()
             .map(|r| row::record(r).map(|(_, record)| record))
@@ -602,10 +582,11 @@ impl GetRecord for PgStore {
 
 impl RecordTtl for PgStore {
     async fn ttl(&self, id: &RecordId) -> Result<Option<Duration>, StoreError> {
-        let client = self.client().await?;
-        let statement = self.prepare(&client, &self.inner.sql.ttl).await?;
         let rows = self
-            .timed(client.query(&statement, &[&id.scope().as_str(), &id.key().as_str()]))
+            .query(
+                &self.inner.sql.ttl,
+                &[&id.scope().as_str(), &id.key().as_str()],
+            )
             .await?;
         Ok(rows
             .first()
@@ -616,10 +597,11 @@ impl RecordTtl for PgStore {
 
 impl DeleteRecord for PgStore {
     async fn delete(&self, id: &RecordId) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        let statement = self.prepare(&client, &self.inner.sql.delete).await?;
         let rows = self
-            .timed(client.query(&statement, &[&id.scope().as_str(), &id.key().as_str()]))
+            .query(
+                &self.inner.sql.delete,
+                &[&id.scope().as_str(), &id.key().as_str()],
+            )
             .await?;
         Ok(rows
             .first()
@@ -629,12 +611,10 @@ impl DeleteRecord for PgStore {
 
 impl ListRecords for PgStore {
     async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
-        let client = self.client().await?;
-        let statement = self.prepare(&client, &self.inner.sql.list).await?;
         let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
         let rows = self
-            .timed(client.query(
-                &statement,
+            .query(
+                &self.inner.sql.list,
                 &[
                     &query.state.map(|s| s.as_str()),
                     &query.scope.as_ref().map(|s| s.as_str()),
@@ -642,7 +622,7 @@ impl ListRecords for PgStore {
                     &query.after.as_ref().map(|a| a.key().as_str()),
                     &limit,
                 ],
-            ))
+            )
             .await?;
         let records = rows
             .iter()

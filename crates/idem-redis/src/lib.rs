@@ -57,7 +57,6 @@
 #![doc = include_str!("../docs/persistence.md")]
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,7 +64,7 @@ use bytes::Bytes;
 use idem::{
     ClaimMany, ClaimOutcome, ClaimParams, DeleteRecord, Failure, GetRecord, Lease, LeaseToken,
     ListPage, ListQuery, ListRecords, PurgeExpired, Record, RecordId, Scope, Store, StoreError,
-    Timestamp,
+    Timestamp, TokenMint,
 };
 use redis::{RedisResult, Value};
 use sha2::{Digest, Sha256};
@@ -203,13 +202,7 @@ impl RedisStoreBuilder {
                 conn,
                 namespace: self.namespace,
                 grace_ms: self.grace.as_millis().to_string(),
-                instance: loop {
-                    let n = rand::random::<u64>();
-                    if n != 0 {
-                        break n;
-                    }
-                },
-                seq: AtomicU64::new(1),
+                tokens: TokenMint::new(),
                 scripts: Scripts::new(),
             }),
         })
@@ -252,8 +245,7 @@ struct Inner {
     conn: Conn,
     namespace: String,
     grace_ms: String,
-    instance: u64,
-    seq: AtomicU64,
+    tokens: TokenMint,
     scripts: Scripts,
 }
 
@@ -328,10 +320,7 @@ impl RedisStore {
     }
 
     fn fresh_token(&self) -> LeaseToken {
-        LeaseToken::from_parts(
-            self.inner.instance,
-            self.inner.seq.fetch_add(1, Ordering::Relaxed),
-        )
+        self.inner.tokens.next()
     }
 
     async fn claim_one(
@@ -668,29 +657,17 @@ impl Store for RedisStore {
     /// claims again either way; the claim decides.
     async fn wait_for_change(&self, id: &RecordId, timeout: Duration) {
         let key = self.record_key(id);
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut delay = WAIT_FIRST_POLL;
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if left.is_zero() {
-                return;
-            }
-            tokio::time::sleep(delay.min(left)).await;
+        idem::poll_while(timeout, || async {
             let state = self
                 .inner
                 .conn
                 .query_key(redis::cmd("HGET").arg(&key).arg("st"), &key)
                 .await;
-            if !matches!(&state, Ok(Value::BulkString(st)) if st == b"p") {
-                return;
-            }
-            delay = (delay * 2).min(WAIT_MAX_POLL);
-        }
+            matches!(&state, Ok(Value::BulkString(st)) if st == b"p")
+        })
+        .await;
     }
 }
-
-const WAIT_FIRST_POLL: Duration = Duration::from_millis(5);
-const WAIT_MAX_POLL: Duration = Duration::from_millis(200);
 
 /// A holder's write replied 1 (written) or 0 (lease lost).
 fn written(id: &RecordId, reply: Value) -> Result<(), StoreError> {

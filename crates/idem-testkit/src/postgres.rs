@@ -11,13 +11,12 @@
 //! as root, the server runs as the `postgres` user (PostgreSQL refuses to
 //! run as root).
 
+use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
-
-use std::io::Write;
 
 use crate::server::{failed, free_port, ServerError};
 

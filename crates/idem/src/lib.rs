@@ -87,9 +87,9 @@ pub use memory::{MemoryStore, MemoryStoreBuilder, DEFAULT_MAX_RECORDS, DEFAULT_S
 pub use purger::{spawn_purger, PurgerHandle};
 pub use record::{
     ClaimOutcome, ClaimParams, Failure, FailureClass, InboxOutcome, Lease, LeaseToken, Record,
-    State, StateKind,
+    State, StateKind, TokenMint,
 };
 pub use store::{
-    BoxError, ClaimMany, DeleteRecord, GetRecord, ListPage, ListQuery, ListRecords, PurgeExpired,
-    RecordTtl, Store, StoreError,
+    poll_while, BoxError, ClaimMany, DeleteRecord, GetRecord, ListPage, ListQuery, ListRecords,
+    PurgeExpired, RecordTtl, Store, StoreError,
 };

@@ -2,6 +2,7 @@
 //! outcomes of a claim.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -57,6 +58,43 @@ impl fmt::Debug for LeaseToken {
 impl fmt::Display for LeaseToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.to_hex())
+    }
+}
+
+/// Mints lease tokens for a store whose tokens are made by the client: a
+/// random non-zero instance id drawn once per mint, and a counter. Tokens
+/// from one mint never repeat; tokens from two mints differ unless their
+/// random ids collide (one chance in 2^64).
+#[derive(Debug)]
+pub struct TokenMint {
+    instance: u64,
+    seq: AtomicU64,
+}
+
+impl TokenMint {
+    /// A mint with a fresh random instance id.
+    pub fn new() -> Self {
+        let instance = loop {
+            let n = rand::random::<u64>();
+            if n != 0 {
+                break n;
+            }
+        };
+        Self {
+            instance,
+            seq: AtomicU64::new(1),
+        }
+    }
+
+    /// A token this mint has never handed out.
+    pub fn next(&self) -> LeaseToken {
+        LeaseToken::from_parts(self.instance, self.seq.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+impl Default for TokenMint {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -323,6 +361,14 @@ mod tests {
         assert_ne!(LeaseToken::from_parts(1, 2), LeaseToken::from_parts(2, 1));
         assert_eq!(LeaseToken::from_u128(t.as_u128()), t);
         assert!(LeaseToken::from_parts(1, 0) > LeaseToken::from_parts(0, u64::MAX));
+    }
+
+    #[test]
+    fn a_mint_never_repeats_and_two_mints_differ() {
+        let (a, b) = (TokenMint::new(), TokenMint::new());
+        let first = a.next();
+        assert_ne!(first, a.next());
+        assert_ne!(first, b.next());
     }
 
     #[test]

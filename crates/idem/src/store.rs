@@ -108,6 +108,32 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
+/// A [`Store::wait_for_change`] for stores that cannot notify: calls
+/// `still_waiting` with a backoff from 5 ms up to 200 ms until it answers
+/// `false` or `timeout` passes. The check should be one cheap read (the
+/// record's state).
+pub async fn poll_while<F, Fut>(timeout: Duration, mut still_waiting: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    const FIRST: Duration = Duration::from_millis(5);
+    const MAX: Duration = Duration::from_millis(200);
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut delay = FIRST;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        tokio::time::sleep(delay.min(left)).await;
+        if !still_waiting().await {
+            return;
+        }
+        delay = (delay * 2).min(MAX);
+    }
+}
+
 /// Reads a record (expired records read as absent).
 pub trait GetRecord: Store {
     /// The record for `id`, or `None` if absent or expired.
