@@ -112,6 +112,11 @@ impl Backoff {
         }
     }
 
+    /// The longest delay this backoff gives.
+    pub fn max(&self) -> Duration {
+        self.max
+    }
+
     /// The delay after failed attempt `attempt` (1-based): the capped
     /// exponential value with "equal jitter" (uniform in its upper half), so
     /// it never collapses to zero and herds are spread.
@@ -533,6 +538,7 @@ impl<E> RunError<E> {
 pub struct Context {
     lease: Option<Lease>,
     lost: watch::Receiver<bool>,
+    beats: watch::Receiver<u64>,
 }
 
 impl Context {
@@ -581,6 +587,45 @@ impl Context {
             std::future::pending::<()>().await;
         }
     }
+
+    /// A stream of the heartbeat's confirmed extensions: each call to
+    /// [`Heartbeats::next`] resolves after the store next confirms that
+    /// this run's lease was extended. It never resolves once the lease is
+    /// lost, or when running unguarded.
+    ///
+    /// Brokers use this to tell their own redelivery timer that the work
+    /// is still alive (JetStream in-progress acks, SQS visibility), so the
+    /// broker keeps the message for exactly as long as the claim is held.
+    pub fn heartbeats(&self) -> Heartbeats {
+        let mut beats = self.beats.clone();
+        beats.mark_unchanged();
+        Heartbeats {
+            beats,
+            lost: self.lost.clone(),
+        }
+    }
+}
+
+/// Confirmed lease extensions of one run; see [`Context::heartbeats`].
+#[derive(Debug)]
+pub struct Heartbeats {
+    beats: watch::Receiver<u64>,
+    lost: watch::Receiver<bool>,
+}
+
+impl Heartbeats {
+    /// Resolves after the next confirmed extension while the lease is
+    /// held; pending forever once it is lost or the run has ended.
+    pub async fn next(&mut self) {
+        loop {
+            if self.beats.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            if !*self.lost.borrow() {
+                return;
+            }
+        }
+    }
 }
 
 impl<S: Store, C: Codec> Idempotency<S, C> {
@@ -597,6 +642,26 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     /// The retention of completed records.
     pub fn retention(&self) -> Duration {
         self.config.retention
+    }
+
+    /// The retention of terminal failures.
+    pub fn failure_retention(&self) -> Duration {
+        self.config.failure_retention
+    }
+
+    /// How often a running handler's lease is extended.
+    pub fn heartbeat_interval(&self) -> Duration {
+        self.config.heartbeat
+    }
+
+    /// How many attempts a key gets before its failure is terminal.
+    pub fn max_attempts(&self) -> NonZeroU32 {
+        self.config.max_attempts
+    }
+
+    /// The backoff between retryable failures.
+    pub fn backoff(&self) -> Backoff {
+        self.config.backoff
     }
 
     /// Runs `handler` at most once (in effect) for `id`.
@@ -675,14 +740,19 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                     tracing::warn!(%error, "store unreachable; running unguarded (fail-open)");
                     m::count(m::FAIL_OPEN, &[]);
                     let (_tx, lost) = watch::channel(false);
-                    let value = handler(Context { lease: None, lost })
-                        .await
-                        .map_err(|error| RunError::Handler {
-                            class: (self.config.classifier)(&error),
-                            error,
-                            attempt: 0,
-                            retry_after: None,
-                        })?;
+                    let (_beat_tx, beats) = watch::channel(0);
+                    let value = handler(Context {
+                        lease: None,
+                        lost,
+                        beats,
+                    })
+                    .await
+                    .map_err(|error| RunError::Handler {
+                        class: (self.config.classifier)(&error),
+                        error,
+                        attempt: 0,
+                        retry_after: None,
+                    })?;
                     return Ok(Outcome::Unguarded { value });
                 }
                 Err(error) => return Err(RunError::Store(error)),
@@ -745,13 +815,15 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             );
         }
         let (lost_tx, lost) = watch::channel(false);
+        let (beat_tx, beats) = watch::channel(0);
         let ctx = Context {
             lease: Some(lease.clone()),
             lost,
+            beats,
         };
         let result = {
             let work = handler(ctx);
-            let beat = self.heartbeat(&lease, claim_sent, lost_tx);
+            let beat = self.heartbeat(&lease, claim_sent, lost_tx, beat_tx);
             tokio::pin!(work, beat);
             tokio::select! {
                 biased;
@@ -775,6 +847,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         lease: &Lease,
         claim_sent: Instant,
         lost: watch::Sender<bool>,
+        beats: watch::Sender<u64>,
     ) -> Infallible {
         let lease_len = self.config.lease;
         let every = self.config.heartbeat;
@@ -816,7 +889,12 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             };
             next_beat = deadline(Instant::now(), every);
             match result {
-                Ok(_) => confirmed_until = deadline(sent, lease_len),
+                Ok(_) => {
+                    confirmed_until = deadline(sent, lease_len);
+                    if !*lost.borrow() {
+                        beats.send_modify(|n| *n += 1);
+                    }
+                }
                 Err(StoreError::LeaseLost) => {
                     flag("another worker took over");
                     return std::future::pending().await;

@@ -165,6 +165,51 @@ async fn heartbeat_keeps_a_long_handler_exclusive() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn heartbeats_are_reported_while_the_lease_is_held_and_stop_when_it_is_lost() {
+    let store = paused_store();
+    let idem = Idempotency::builder(store.clone())
+        .lease(Duration::from_secs(3))
+        .heartbeat(Duration::from_secs(1))
+        .build()
+        .expect("config");
+    let beats = Arc::new(AtomicU32::new(0));
+    let run = {
+        let (idem, beats) = (idem.clone(), Arc::clone(&beats));
+        tokio::spawn(async move {
+            idem.run(&id("beats"), None, |ctx| async move {
+                let mut heartbeats = ctx.heartbeats();
+                let counting = async {
+                    loop {
+                        heartbeats.next().await;
+                        beats.fetch_add(1, Ordering::SeqCst);
+                    }
+                };
+                tokio::select! {
+                    never = counting => never,
+                    () = ctx.lease_lost() => {}
+                }
+                Ok::<_, Io>(())
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    assert_eq!(
+        beats.load(Ordering::SeqCst),
+        4,
+        "one report per confirmed extension, at 1 s, 2 s, 3 s and 4 s"
+    );
+    assert!(store.delete(&id("beats")).await.expect("force release"));
+    let result = run.await.expect("task");
+    assert!(matches!(result, Err(RunError::LeaseLost)), "{result:?}");
+    assert_eq!(
+        beats.load(Ordering::SeqCst),
+        4,
+        "the failed extension is not reported as a heartbeat"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn lost_lease_is_signalled_and_the_stale_result_is_not_stored() {
     let store = paused_store();
     let idem = Idempotency::builder(store.clone())
