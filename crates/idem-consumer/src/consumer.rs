@@ -1,0 +1,535 @@
+//! Delivery → key → executor → disposition.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem::{
+    Codec, Context, FailureClass, Fingerprint, Idempotency, Json, Key, Outcome, RecordId, RunError,
+    Scope, Store, Terminal,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::key::KeyExtractor;
+use crate::metrics as m;
+use crate::window::{RedeliveryWindow, WindowError};
+use crate::Message;
+
+/// What the adapter does with a delivery, per DESIGN.md §9.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Disposition {
+    /// Acknowledge it (Kafka: commit past it): the effect is recorded.
+    Ack(Acked),
+    /// Give it back to the broker to deliver again after `after`; nothing
+    /// is recorded as done.
+    Retry {
+        /// How long to wait before the next delivery.
+        after: Duration,
+        /// Why.
+        cause: RetryCause,
+    },
+    /// Move it to the dead-letter destination with `reason`, then
+    /// acknowledge it: no number of redeliveries would help.
+    DeadLetter {
+        /// Why, for whoever reads the dead-letter destination.
+        reason: String,
+    },
+}
+
+/// Why a delivery was acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Acked {
+    /// The handler ran now and its outcome was stored.
+    Executed,
+    /// A duplicate: the handler had already completed for this key.
+    Replayed,
+    /// The store was down and the consumer fails open: the handler ran
+    /// without deduplication.
+    Unguarded,
+}
+
+/// Why a delivery is to be delivered again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RetryCause {
+    /// Another worker holds a live claim on the key. Nothing ran here; the
+    /// message is kept so it is not lost if that worker dies.
+    InProgress,
+    /// The handler failed retryably on this attempt.
+    Failed {
+        /// The attempt that failed (1 for the first).
+        attempt: u32,
+        /// The handler's error.
+        error: String,
+    },
+    /// The handler ran but its lease was taken over before it could store
+    /// its outcome; the redelivery replays whatever the new holder stores.
+    LeaseLost,
+    /// The store could not be reached (fail-closed: nothing ran).
+    Store(String),
+}
+
+impl fmt::Display for RetryCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RetryCause::InProgress => f.write_str("in progress elsewhere"),
+            RetryCause::Failed { attempt, error } => {
+                write!(f, "attempt {attempt} failed: {error}")
+            }
+            RetryCause::LeaseLost => f.write_str("lease lost before the outcome was stored"),
+            RetryCause::Store(error) => write!(f, "idempotency store unavailable: {error}"),
+        }
+    }
+}
+
+/// A disposition and the key it was decided for (`None` when no key could
+/// be read), for the adapter to put on dead-letters and in logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// The delivery's key.
+    pub key: Option<Key>,
+    /// What to do with the delivery.
+    pub disposition: Disposition,
+}
+
+/// One delivery, handed to the handler: its record id, the message and the
+/// executor's [`Context`] (lease, fence, lease-loss signal).
+#[derive(Debug)]
+pub struct Job<M> {
+    id: RecordId,
+    message: Arc<M>,
+    ctx: Context,
+}
+
+impl<M: Message> Job<M> {
+    /// The scope and key this delivery runs under.
+    pub fn id(&self) -> &RecordId {
+        &self.id
+    }
+
+    /// The idempotency key.
+    pub fn key(&self) -> &Key {
+        self.id.key()
+    }
+
+    /// The broker's message.
+    pub fn message(&self) -> &M {
+        &self.message
+    }
+
+    /// The payload.
+    pub fn payload(&self) -> &[u8] {
+        self.message.payload()
+    }
+
+    /// The payload decoded as JSON. A payload that does not decode is a
+    /// [`Terminal`] error: retrying cannot fix it, so it is dead-lettered.
+    pub fn json<T: DeserializeOwned>(&self) -> Result<T, Terminal> {
+        serde_json::from_slice(self.payload()).map_err(|error| {
+            Terminal::new(format!(
+                "payload is not a valid {}: {error}",
+                std::any::type_name::<T>()
+            ))
+        })
+    }
+
+    /// The executor's context: [`Context::fence`] for downstream writes,
+    /// [`Context::ensure_lease`] before irreversible steps.
+    pub fn ctx(&self) -> &Context {
+        &self.ctx
+    }
+}
+
+/// Counters of one consumer since it was built.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConsumerStats {
+    /// Deliveries whose handler ran and completed.
+    pub executed: u64,
+    /// Duplicates acknowledged with the stored outcome.
+    pub replayed: u64,
+    /// Deliveries handled without deduplication (fail-open).
+    pub unguarded: u64,
+    /// Deliveries given back because their key was in progress elsewhere.
+    pub in_flight_conflicts: u64,
+    /// Deliveries given back after a retryable failure, a lost lease or a
+    /// store error.
+    pub retries: u64,
+    /// Deliveries dead-lettered.
+    pub dead_letters: u64,
+}
+
+impl ConsumerStats {
+    /// The share of completed deliveries that were duplicates:
+    /// `replayed / (executed + replayed)`, 0 before any.
+    pub fn duplicate_rate(&self) -> f64 {
+        let done = self.executed + self.replayed;
+        if done == 0 {
+            0.0
+        } else {
+            self.replayed as f64 / done as f64
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    executed: AtomicU64,
+    replayed: AtomicU64,
+    unguarded: AtomicU64,
+    in_flight_conflicts: AtomicU64,
+    retries: AtomicU64,
+    dead_letters: AtomicU64,
+}
+
+/// Builds a [`Consumer`].
+pub struct ConsumerBuilder<S, C = Json> {
+    idem: Idempotency<S, C>,
+    scope: Scope,
+    keys: KeyExtractor,
+    fingerprint: bool,
+    name: Option<String>,
+    min_retry: Duration,
+    max_retry: Duration,
+}
+
+impl<S: Store, C: Codec> ConsumerBuilder<S, C> {
+    /// Where keys come from (default: the `Idempotency-Key` header, then
+    /// the broker's message id; dead-letter when neither is present).
+    #[must_use]
+    pub fn keys(mut self, keys: KeyExtractor) -> Self {
+        self.keys = keys;
+        self
+    }
+
+    /// Whether a key reused with a different payload is refused and
+    /// dead-lettered (default: yes). The payload is compared by the hash
+    /// of its canonical JSON, or of its bytes when it is not JSON.
+    #[must_use]
+    pub fn fingerprint(mut self, on: bool) -> Self {
+        self.fingerprint = on;
+        self
+    }
+
+    /// The name in metrics and logs (default: the scope).
+    #[must_use]
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Bounds on the delay before a retried delivery (default 100 ms to
+    /// 5 minutes): the backoff or the other claim's remaining lease,
+    /// clamped to these.
+    #[must_use]
+    pub fn retry_delay(mut self, min: Duration, max: Duration) -> Self {
+        self.min_retry = min;
+        self.max_retry = max.max(min);
+        self
+    }
+
+    /// The consumer.
+    pub fn build(self) -> Consumer<S, C> {
+        let name: Arc<str> = self
+            .name
+            .unwrap_or_else(|| self.scope.as_str().to_owned())
+            .into();
+        Consumer {
+            inner: Arc::new(Inner {
+                idem: self.idem,
+                scope: self.scope,
+                keys: self.keys,
+                fingerprint: self.fingerprint,
+                name,
+                min_retry: self.min_retry,
+                max_retry: self.max_retry,
+                counters: Counters::default(),
+            }),
+        }
+    }
+}
+
+/// The broker-agnostic consumer: reads a delivery's key, runs the handler
+/// through the executor, and decides the disposition (DESIGN.md §9):
+///
+/// | outcome | disposition |
+/// |---|---|
+/// | executed or replayed | [`Disposition::Ack`] |
+/// | in progress elsewhere | [`Disposition::Retry`] after the other lease |
+/// | retryable failure, attempts left | [`Disposition::Retry`] after the backoff |
+/// | terminal failure, attempts exhausted, bad key, key reused with another payload | [`Disposition::DeadLetter`] with the reason |
+/// | store unreachable | [`Disposition::Retry`] (fail-closed) |
+///
+/// While a handler runs, each heartbeat the store confirms also calls the
+/// message's [`Message::keep_alive`], so the broker keeps the message for
+/// exactly as long as the claim is held.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use idem::{Idempotency, MemoryStore, Scope};
+/// use idem_consumer::{Acked, Consumer, Disposition, OwnedMessage};
+/// use std::sync::Arc;
+///
+/// let idem = Idempotency::builder(MemoryStore::new()).build()?;
+/// let consumer = Consumer::builder(idem, Scope::new("orders")?).build();
+/// let message = Arc::new(OwnedMessage::new("{}").with_header("Idempotency-Key", "o-1"));
+/// for expected in [Acked::Executed, Acked::Replayed] {
+///     let decision = consumer
+///         .process(Arc::clone(&message), |_job| async { Ok::<_, std::io::Error>(()) })
+///         .await;
+///     assert_eq!(decision.disposition, Disposition::Ack(expected));
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+pub struct Consumer<S, C = Json> {
+    inner: Arc<Inner<S, C>>,
+}
+
+impl<S, C> Clone for Consumer<S, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+struct Inner<S, C> {
+    idem: Idempotency<S, C>,
+    scope: Scope,
+    keys: KeyExtractor,
+    fingerprint: bool,
+    name: Arc<str>,
+    min_retry: Duration,
+    max_retry: Duration,
+    counters: Counters,
+}
+
+impl<S: Store> Consumer<S, Json> {
+    /// A consumer whose records live under `scope`.
+    pub fn builder<C: Codec>(idem: Idempotency<S, C>, scope: Scope) -> ConsumerBuilder<S, C> {
+        ConsumerBuilder {
+            idem,
+            scope,
+            keys: KeyExtractor::header("Idempotency-Key").or(crate::KeySource::MessageId),
+            fingerprint: true,
+            name: None,
+            min_retry: Duration::from_millis(100),
+            max_retry: Duration::from_secs(300),
+        }
+    }
+}
+
+impl<S: Store, C: Codec> Consumer<S, C> {
+    /// The executor.
+    pub fn idempotency(&self) -> &Idempotency<S, C> {
+        &self.inner.idem
+    }
+
+    /// The scope records are kept under.
+    pub fn scope(&self) -> &Scope {
+        &self.inner.scope
+    }
+
+    /// The name in metrics and logs.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The longest delay a retried delivery is given.
+    pub fn max_retry_delay(&self) -> Duration {
+        self.inner.max_retry
+    }
+
+    /// Counters since the consumer was built.
+    pub fn stats(&self) -> ConsumerStats {
+        let c = &self.inner.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ConsumerStats {
+            executed: get(&c.executed),
+            replayed: get(&c.replayed),
+            unguarded: get(&c.unguarded),
+            in_flight_conflicts: get(&c.in_flight_conflicts),
+            retries: get(&c.retries),
+            dead_letters: get(&c.dead_letters),
+        }
+    }
+
+    /// Checks at start-up that records outlive every way the broker can
+    /// deliver a message again: a completed record must still be there
+    /// when the latest possible duplicate arrives, or that duplicate runs
+    /// again.
+    pub fn check_windows(&self, windows: &[RedeliveryWindow]) -> Result<(), WindowError> {
+        crate::window::check(&self.inner.idem, windows)
+    }
+
+    /// Runs one delivery through key extraction and the executor and says
+    /// what to do with it. Never panics on bad input: a delivery without a
+    /// usable key, or whose payload the handler refuses as [`Terminal`],
+    /// is a [`Disposition::DeadLetter`] with the reason.
+    pub async fn process<M, T, E, H, Fut>(&self, message: Arc<M>, handler: H) -> Decision
+    where
+        M: Message,
+        T: Serialize + DeserializeOwned,
+        E: StdError + Send + Sync + 'static,
+        H: FnOnce(Job<M>) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let inner = &*self.inner;
+        let key = match inner.keys.extract(&*message) {
+            Ok(key) => key,
+            Err(problem) => {
+                tracing::warn!(consumer = %inner.name, %problem, "delivery has no usable key");
+                return self.decide(None, dead_letter(problem.to_string()));
+            }
+        };
+        let id = RecordId::new(inner.scope.clone(), key.clone());
+        let fingerprint = inner
+            .fingerprint
+            .then(|| payload_fingerprint(message.payload()));
+        let name = Arc::clone(&inner.name);
+        let run = inner
+            .idem
+            .run(&id, fingerprint, |ctx| {
+                let job = Job {
+                    id: id.clone(),
+                    message: Arc::clone(&message),
+                    ctx: ctx.clone(),
+                };
+                let message = Arc::clone(&message);
+                async move {
+                    let started = Instant::now();
+                    let mut beats = ctx.heartbeats();
+                    let work = handler(job);
+                    tokio::pin!(work);
+                    let result = loop {
+                        tokio::select! {
+                            biased;
+                            result = &mut work => break result,
+                            () = beats.next() => message.keep_alive().await,
+                        }
+                    };
+                    m::handler_seconds(&name, started.elapsed());
+                    result
+                }
+            })
+            .await;
+        let disposition = match run {
+            Ok(Outcome::Executed { .. }) => Disposition::Ack(Acked::Executed),
+            Ok(Outcome::Replayed { .. }) => Disposition::Ack(Acked::Replayed),
+            Ok(Outcome::Unguarded { .. }) => Disposition::Ack(Acked::Unguarded),
+            Err(error) => self.on_error(error),
+        };
+        self.decide(Some(key), disposition)
+    }
+
+    fn on_error<E: StdError + 'static>(&self, error: RunError<E>) -> Disposition {
+        match error {
+            RunError::InProgress { retry_after } => Disposition::Retry {
+                after: self.clamp(retry_after),
+                cause: RetryCause::InProgress,
+            },
+            RunError::Handler {
+                error,
+                class: FailureClass::Retryable,
+                attempt,
+                retry_after,
+            } => Disposition::Retry {
+                after: self.clamp(retry_after.unwrap_or_default()),
+                cause: RetryCause::Failed {
+                    attempt,
+                    error: chain(&error),
+                },
+            },
+            RunError::Handler { error, attempt, .. } => dead_letter(format!(
+                "handler failed terminally on attempt {attempt}: {}",
+                chain(&error)
+            )),
+            RunError::Failed(failure) => dead_letter(format!(
+                "stored {} failure, replayed: {}",
+                failure.class, failure.message
+            )),
+            RunError::Mismatch => {
+                dead_letter("idempotency key was already used with a different payload".to_owned())
+            }
+            RunError::LeaseLost => Disposition::Retry {
+                after: self.inner.min_retry,
+                cause: RetryCause::LeaseLost,
+            },
+            RunError::Store(error) => Disposition::Retry {
+                after: self.clamp(idem::STORE_RETRY_AFTER),
+                cause: RetryCause::Store(chain(&error)),
+            },
+            RunError::Decode { reason } => {
+                // The record says the work completed; only its stored result
+                // is unreadable (a changed result type). Redelivering cannot
+                // change that, and running again would duplicate the effect.
+                tracing::error!(
+                    consumer = %self.inner.name,
+                    %reason,
+                    "completed record's result does not decode; acknowledging as a duplicate"
+                );
+                Disposition::Ack(Acked::Replayed)
+            }
+            other => dead_letter(chain(&other)),
+        }
+    }
+
+    fn clamp(&self, delay: Duration) -> Duration {
+        delay.clamp(self.inner.min_retry, self.inner.max_retry)
+    }
+
+    fn decide(&self, key: Option<Key>, disposition: Disposition) -> Decision {
+        let c = &self.inner.counters;
+        let (counter, label) = match &disposition {
+            Disposition::Ack(Acked::Executed) => (&c.executed, "executed"),
+            Disposition::Ack(Acked::Replayed) => (&c.replayed, "replayed"),
+            Disposition::Ack(Acked::Unguarded) => (&c.unguarded, "unguarded"),
+            Disposition::Retry {
+                cause: RetryCause::InProgress,
+                ..
+            } => (&c.in_flight_conflicts, "in_progress"),
+            Disposition::Retry { .. } => (&c.retries, "retry"),
+            Disposition::DeadLetter { .. } => (&c.dead_letters, "dead_letter"),
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        m::delivery(&self.inner.name, label, self.stats().duplicate_rate());
+        if let Disposition::Retry { after, cause } = &disposition {
+            tracing::debug!(consumer = %self.inner.name, ?after, %cause, "delivery to be retried");
+        }
+        if let Disposition::DeadLetter { reason } = &disposition {
+            tracing::warn!(consumer = %self.inner.name, %reason, "delivery dead-lettered");
+        }
+        Decision { key, disposition }
+    }
+}
+
+fn dead_letter(reason: String) -> Disposition {
+    Disposition::DeadLetter { reason }
+}
+
+/// The payload's fingerprint: canonical JSON when it parses, bytes
+/// otherwise.
+fn payload_fingerprint(payload: &[u8]) -> Fingerprint {
+    Fingerprint::of_json(payload).unwrap_or_else(|_| Fingerprint::of_bytes(payload))
+}
+
+/// An error and its sources, `a: b: c`.
+fn chain(error: &dyn StdError) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let next = cause.to_string();
+        if !text.ends_with(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = cause.source();
+    }
+    text
+}

@@ -1,0 +1,384 @@
+//! Where a delivery's idempotency key comes from.
+
+use idem::{derive, Key, KeyError, KeyRules};
+use serde_json::Value;
+
+use crate::Message;
+
+/// One place a key can be read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeySource {
+    /// A message header, e.g. `Idempotency-Key` or `Nats-Msg-Id`.
+    Header(String),
+    /// The broker's own message id: AMQP `message-id`, JetStream
+    /// `Nats-Msg-Id`, Kafka `topic/partition/offset`.
+    MessageId,
+    /// A string or integer in the JSON payload, by JSON pointer
+    /// (RFC 6901), e.g. `/order/id`.
+    JsonPointer(String),
+    /// Several JSON pointers joined with `:` in order, e.g. an order id and
+    /// a step name: `["/order_id", "/step"]`.
+    Composite(Vec<String>),
+    /// The hex SHA-256 of the payload's canonical JSON (member order and
+    /// whitespace do not matter), or of its bytes when it is not JSON.
+    ContentHash,
+}
+
+/// What to do with a delivery none of the sources gives a key for. There
+/// is deliberately no "process it unguarded" choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// Dead-letter it, with a reason naming the sources tried (default).
+    #[default]
+    DeadLetter,
+    /// Key it by its content hash, as [`KeySource::ContentHash`]: two
+    /// deliveries with the same content are then one message.
+    ContentHash,
+}
+
+/// Why no usable key was found. The delivery is dead-lettered with this
+/// as its reason; it is bad input, and retrying cannot fix it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyProblem {
+    /// None of the sources was present.
+    #[error("no idempotency key: {tried} absent")]
+    Missing {
+        /// The sources tried, e.g. `header "Idempotency-Key", message id`.
+        tried: String,
+    },
+    /// A source was present, but its value breaks the key rules.
+    #[error("idempotency key from {source_name} is invalid: {error}")]
+    Invalid {
+        /// Where the value came from.
+        source_name: String,
+        /// The rule it broke.
+        error: KeyError,
+    },
+    /// A JSON source was configured but the payload is not JSON.
+    #[error("payload is not JSON, so {source_name} cannot be read: {reason}")]
+    NotJson {
+        /// The source that needed JSON.
+        source_name: String,
+        /// The parser's complaint.
+        reason: String,
+    },
+    /// A JSON pointer pointed at something other than a string or integer.
+    #[error("{source_name} is {found}, not a string or an integer")]
+    WrongType {
+        /// The pointer.
+        source_name: String,
+        /// What was found there, e.g. `an object`.
+        found: &'static str,
+    },
+}
+
+/// Reads the key of a delivery: the first source present wins; an absent
+/// key is handled as [`MissingKey`] says; a present but invalid key is
+/// never replaced by another source.
+///
+/// ```
+/// use idem_consumer::{KeyExtractor, KeySource, MissingKey};
+///
+/// let keys = KeyExtractor::header("Idempotency-Key")
+///     .or(KeySource::JsonPointer("/order_id".into()))
+///     .on_missing(MissingKey::DeadLetter);
+/// # let _ = keys;
+/// ```
+#[derive(Debug, Clone)]
+pub struct KeyExtractor {
+    sources: Vec<KeySource>,
+    missing: MissingKey,
+    rules: KeyRules,
+}
+
+impl KeyExtractor {
+    /// Keys from `source`.
+    pub fn new(source: KeySource) -> Self {
+        Self {
+            sources: vec![source],
+            missing: MissingKey::default(),
+            rules: KeyRules::default(),
+        }
+    }
+
+    /// Keys from the header `name`.
+    pub fn header(name: impl Into<String>) -> Self {
+        Self::new(KeySource::Header(name.into()))
+    }
+
+    /// Keys from the broker's message id.
+    pub fn message_id() -> Self {
+        Self::new(KeySource::MessageId)
+    }
+
+    /// Keys from a JSON pointer into the payload.
+    pub fn json_pointer(pointer: impl Into<String>) -> Self {
+        Self::new(KeySource::JsonPointer(pointer.into()))
+    }
+
+    /// Keys from several JSON pointers joined with `:`.
+    pub fn composite<P: Into<String>>(pointers: impl IntoIterator<Item = P>) -> Self {
+        Self::new(KeySource::Composite(
+            pointers.into_iter().map(Into::into).collect(),
+        ))
+    }
+
+    /// Keys from the content hash of the payload.
+    pub fn content_hash() -> Self {
+        Self::new(KeySource::ContentHash)
+    }
+
+    /// Tries `source` when the earlier ones are absent.
+    #[must_use]
+    pub fn or(mut self, source: KeySource) -> Self {
+        self.sources.push(source);
+        self
+    }
+
+    /// What to do when no source is present (default: dead-letter).
+    #[must_use]
+    pub fn on_missing(mut self, missing: MissingKey) -> Self {
+        self.missing = missing;
+        self
+    }
+
+    /// The key rules (default: 1..=255 bytes of visible ASCII).
+    #[must_use]
+    pub fn rules(mut self, rules: KeyRules) -> Self {
+        self.rules = rules;
+        self
+    }
+
+    /// The key of `message`, or why it has none. The payload is parsed as
+    /// JSON at most once, and only when a source needs it.
+    pub fn extract<M: Message + ?Sized>(&self, message: &M) -> Result<Key, KeyProblem> {
+        let mut json = LazyJson::new(message.payload());
+        for source in &self.sources {
+            if let Some(key) = self.read(source, message, &mut json)? {
+                return Ok(key);
+            }
+        }
+        match self.missing {
+            MissingKey::ContentHash => Ok(content_hash(message.payload())),
+            MissingKey::DeadLetter => Err(KeyProblem::Missing {
+                tried: self
+                    .sources
+                    .iter()
+                    .map(describe)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+        }
+    }
+
+    fn read<M: Message + ?Sized>(
+        &self,
+        source: &KeySource,
+        message: &M,
+        json: &mut LazyJson<'_>,
+    ) -> Result<Option<Key>, KeyProblem> {
+        let raw = match source {
+            KeySource::Header(name) => message.header(name).map(str::to_owned),
+            KeySource::MessageId => message.message_id().map(str::to_owned),
+            KeySource::JsonPointer(pointer) => scalar(json.value(source)?, pointer)?,
+            KeySource::Composite(pointers) => {
+                let value = json.value(source)?;
+                let mut parts = Vec::with_capacity(pointers.len());
+                for pointer in pointers {
+                    match scalar(value, pointer)? {
+                        Some(part) => parts.push(part),
+                        None => return Ok(None),
+                    }
+                }
+                return derive::composite(&parts)
+                    .and_then(|key| self.rules.parse(key.as_str()))
+                    .map(Some)
+                    .map_err(|error| KeyProblem::Invalid {
+                        source_name: describe(source),
+                        error,
+                    });
+            }
+            KeySource::ContentHash => return Ok(Some(content_hash(message.payload()))),
+        };
+        raw.map(|raw| {
+            self.rules.parse(&raw).map_err(|error| KeyProblem::Invalid {
+                source_name: describe(source),
+                error,
+            })
+        })
+        .transpose()
+    }
+}
+
+fn content_hash(payload: &[u8]) -> Key {
+    derive::content_key(payload).unwrap_or_else(|_| derive::bytes_key(payload))
+}
+
+fn describe(source: &KeySource) -> String {
+    match source {
+        KeySource::Header(name) => format!("header {name:?}"),
+        KeySource::MessageId => "message id".to_owned(),
+        KeySource::JsonPointer(pointer) => format!("JSON pointer {pointer:?}"),
+        KeySource::Composite(pointers) => format!("composite {pointers:?}"),
+        KeySource::ContentHash => "content hash".to_owned(),
+    }
+}
+
+/// A string, or an integer in decimal; `None` when absent or null.
+fn scalar(value: &Value, pointer: &str) -> Result<Option<String>, KeyProblem> {
+    let wrong = |found| KeyProblem::WrongType {
+        source_name: format!("JSON pointer {pointer:?}"),
+        found,
+    };
+    match value.pointer(pointer) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Ok(Some(n.to_string())),
+        Some(Value::Number(_)) => Err(wrong("a fractional number")),
+        Some(Value::Bool(_)) => Err(wrong("a boolean")),
+        Some(Value::Array(_)) => Err(wrong("an array")),
+        Some(Value::Object(_)) => Err(wrong("an object")),
+    }
+}
+
+struct LazyJson<'a> {
+    bytes: &'a [u8],
+    parsed: Option<Result<Value, String>>,
+}
+
+impl<'a> LazyJson<'a> {
+    fn new(bytes: &'a [u8]) -> Self {
+        Self {
+            bytes,
+            parsed: None,
+        }
+    }
+
+    fn value(&mut self, source: &KeySource) -> Result<&Value, KeyProblem> {
+        let bytes = self.bytes;
+        self.parsed
+            .get_or_insert_with(|| serde_json::from_slice(bytes).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|reason| KeyProblem::NotJson {
+                source_name: describe(source),
+                reason: reason.clone(),
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::OwnedMessage;
+
+    fn msg(payload: &str) -> OwnedMessage {
+        OwnedMessage::new(payload.to_owned())
+    }
+
+    #[test]
+    fn first_present_source_wins_and_absent_ones_fall_through() {
+        let keys = KeyExtractor::header("Idempotency-Key").or(KeySource::JsonPointer("/id".into()));
+        let with_header = msg(r#"{"id": "from-body"}"#).with_header("Idempotency-Key", "from-h");
+        assert_eq!(
+            keys.extract(&with_header).expect("valid").as_str(),
+            "from-h"
+        );
+        assert_eq!(
+            keys.extract(&msg(r#"{"id": "from-body"}"#))
+                .expect("valid")
+                .as_str(),
+            "from-body"
+        );
+        assert_eq!(
+            keys.extract(&msg(r#"{"id": 42}"#)).expect("valid").as_str(),
+            "42"
+        );
+    }
+
+    #[test]
+    fn a_missing_key_is_dead_lettered_or_hashed_never_skipped() {
+        let keys = KeyExtractor::header("Idempotency-Key").or(KeySource::MessageId);
+        let problem = keys.extract(&msg("{}")).expect_err("refused");
+        assert_eq!(
+            problem.to_string(),
+            "no idempotency key: header \"Idempotency-Key\", message id absent"
+        );
+        let hashed = keys.on_missing(MissingKey::ContentHash);
+        let a = hashed.extract(&msg(r#"{"a":1,"b":2}"#)).expect("valid");
+        let b = hashed
+            .extract(&msg(r#"{ "b": 2, "a": 1 }"#))
+            .expect("valid");
+        assert_eq!(a, b, "canonical JSON: order and whitespace do not matter");
+        let c = hashed.extract(&msg(r#"{"a":1,"b":3}"#)).expect("valid");
+        assert_ne!(a, c);
+        let raw = hashed.extract(&msg("not json")).expect("valid");
+        assert_eq!(raw, derive::bytes_key(b"not json"));
+    }
+
+    #[test]
+    fn a_present_but_invalid_key_is_refused_not_replaced() {
+        let keys = KeyExtractor::header("k").or(KeySource::ContentHash);
+        let bad = msg("{}").with_header("k", "has space");
+        match keys.extract(&bad) {
+            Err(KeyProblem::Invalid { source_name, .. }) => {
+                assert_eq!(source_name, "header \"k\"");
+            }
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+        let long = msg("{}").with_header("k", &"x".repeat(300));
+        assert!(matches!(
+            keys.extract(&long),
+            Err(KeyProblem::Invalid {
+                error: KeyError::TooLong { len: 300, .. },
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn json_sources_report_broken_json_and_wrong_types() {
+        let keys = KeyExtractor::json_pointer("/id");
+        assert!(matches!(
+            keys.extract(&msg("{broken")),
+            Err(KeyProblem::NotJson { .. })
+        ));
+        for (payload, found) in [
+            (r#"{"id": {"x": 1}}"#, "an object"),
+            (r#"{"id": [1]}"#, "an array"),
+            (r#"{"id": true}"#, "a boolean"),
+            (r#"{"id": 1.5}"#, "a fractional number"),
+        ] {
+            match keys.extract(&msg(payload)) {
+                Err(KeyProblem::WrongType { found: f, .. }) => assert_eq!(f, found),
+                other => panic!("{payload}: expected WrongType, got {other:?}"),
+            }
+        }
+        assert!(matches!(
+            keys.extract(&msg(r#"{"id": null}"#)),
+            Err(KeyProblem::Missing { .. })
+        ));
+    }
+
+    #[test]
+    fn composite_keys_join_fields_in_order() {
+        let keys = KeyExtractor::composite(["/order", "/step"]);
+        let key = keys
+            .extract(&msg(r#"{"step":"charge","order":7}"#))
+            .expect("valid");
+        assert_eq!(key.as_str(), "7:charge");
+        assert!(matches!(
+            keys.extract(&msg(r#"{"order":7}"#)),
+            Err(KeyProblem::Missing { .. })
+        ));
+        assert!(matches!(
+            keys.extract(&msg(r#"{"order":"a:b","step":"x"}"#)),
+            Err(KeyProblem::Invalid {
+                error: KeyError::InvalidPart { .. },
+                ..
+            })
+        ));
+    }
+}

@@ -1,0 +1,103 @@
+//! What a broker adapter hands the consumer layer.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use bytes::Bytes;
+
+/// A delivery, as the consumer layer sees it. Broker adapters implement
+/// this over their own message types.
+pub trait Message: Send + Sync + 'static {
+    /// The payload.
+    fn payload(&self) -> &[u8];
+
+    /// A header's value, when present and text. Names are matched as the
+    /// broker matches them.
+    fn header(&self, name: &str) -> Option<&str>;
+
+    /// The broker's own message id, if it has one.
+    fn message_id(&self) -> Option<&str> {
+        None
+    }
+
+    /// How many times the broker has delivered this message, counting this
+    /// delivery (1 for the first), when the broker says.
+    fn delivery_count(&self) -> Option<u32> {
+        None
+    }
+
+    /// Tells the broker that the work on this delivery is still going, so
+    /// it does not redeliver it (JetStream in-progress ack, SQS visibility
+    /// extension). Called after each heartbeat the store confirmed; the
+    /// default does nothing, for brokers that wait for the ack however
+    /// long it takes.
+    fn keep_alive(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+}
+
+/// A message held in memory: for tests of handlers, and for brokers
+/// without an adapter of their own.
+///
+/// ```
+/// use idem_consumer::{Message, OwnedMessage};
+///
+/// let m = OwnedMessage::new(r#"{"order": 7}"#).with_header("Idempotency-Key", "o-7");
+/// assert_eq!(m.header("Idempotency-Key"), Some("o-7"));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OwnedMessage {
+    payload: Bytes,
+    headers: BTreeMap<String, String>,
+    message_id: Option<String>,
+    delivery_count: Option<u32>,
+}
+
+impl OwnedMessage {
+    /// A message with this payload and nothing else.
+    pub fn new(payload: impl Into<Bytes>) -> Self {
+        Self {
+            payload: payload.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Adds a header.
+    #[must_use]
+    pub fn with_header(mut self, name: &str, value: &str) -> Self {
+        self.headers.insert(name.to_owned(), value.to_owned());
+        self
+    }
+
+    /// Sets the broker message id.
+    #[must_use]
+    pub fn with_message_id(mut self, id: &str) -> Self {
+        self.message_id = Some(id.to_owned());
+        self
+    }
+
+    /// Sets the delivery count.
+    #[must_use]
+    pub fn with_delivery_count(mut self, count: u32) -> Self {
+        self.delivery_count = Some(count);
+        self
+    }
+}
+
+impl Message for OwnedMessage {
+    fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(String::as_str)
+    }
+
+    fn message_id(&self) -> Option<&str> {
+        self.message_id.as_deref()
+    }
+
+    fn delivery_count(&self) -> Option<u32> {
+        self.delivery_count
+    }
+}
