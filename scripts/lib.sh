@@ -41,6 +41,20 @@ ensure_postgres_programs() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql
 }
 
+# ensure_rabbitmq_programs: the RabbitMQ broker. The tests use the one
+# listening on 127.0.0.1:5672 when there is one, and start their own
+# (from /usr/lib/rabbitmq/bin/rabbitmq-server) otherwise.
+ensure_rabbitmq_programs() {
+    if [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then
+        return
+    fi
+    step "installing rabbitmq-server"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq rabbitmq-server
+}
+
 # wait_for_http URL: waits up to 30 s for URL to answer.
 wait_for_http() {
     for _ in $(seq 1 300); do

@@ -30,7 +30,9 @@ use idem::{
 
 pub mod bench;
 pub mod cases;
+pub mod nats;
 pub mod postgres;
+pub mod rabbitmq;
 pub mod redis;
 mod server;
 

@@ -1,0 +1,277 @@
+//! The RabbitMQ adapter against a real broker and a real Redis store.
+//!
+//! The main case runs workers as separate processes of this test binary
+//! and kills one with SIGKILL (by PID) in the middle of a handler; an
+//! effects ledger on disk, written by the handlers, shows one effect per
+//! message, none lost, and dead-letters only for the poison message.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{append, counts, drain, eventually, handle, publish, publisher, text, Setup};
+use idem::{Idempotency, Scope};
+use idem_consumer::{Consumer, WindowError};
+use idem_rabbitmq::{RabbitConsumer, RabbitError, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
+
+/// Not a test on its own: the worker process the other tests start. It
+/// consumes until it is killed.
+#[test]
+#[ignore = "a worker process, started by the multi-process tests"]
+fn worker_process() {
+    let Some(setup) = Setup::from_env() else {
+        return;
+    };
+    let slow = std::env::var("IDEM_RABBIT_SLOW").ok();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async move {
+            let rabbit = setup.rabbit().await;
+            append(&setup.dir.join("workers"), "up");
+            rabbit
+                .run(
+                    move |job| handle(job, setup.clone(), slow.clone()),
+                    std::future::pending(),
+                )
+                .await
+                .expect("consume");
+        });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each() {
+    let setup = Setup::new("kill");
+    // Declares the topology, so publishing can start before any worker.
+    let _declare = setup.rabbit().await;
+    let (_connection, channel) = publisher().await;
+    let plain: Vec<String> = (0..30).map(|i| format!("m-{i}")).collect();
+    for key in &plain {
+        let body = format!(r#"{{"id":"{key}"}}"#);
+        publish(&channel, &setup.queue, Some(key), &body).await;
+        publish(&channel, &setup.queue, Some(key), &body).await;
+    }
+    publish(
+        &channel,
+        &setup.queue,
+        Some("flaky-1"),
+        r#"{"id":"flaky-1","flaky":true}"#,
+    )
+    .await;
+    publish(
+        &channel,
+        &setup.queue,
+        Some("poison-1"),
+        r#"{"id":"poison-1","poison":true}"#,
+    )
+    .await;
+    publish(&channel, &setup.queue, None, r#"{"id":"keyless"}"#).await;
+    publish(&channel, &setup.queue, Some("broken-1"), "{not json").await;
+    // The slow message: worker A takes it and is killed in its handler.
+    publish(&channel, &setup.queue, Some("slow-1"), r#"{"id":"slow-1"}"#).await;
+
+    let mut a = setup.spawn_worker(Some("slow-1"));
+    let started = eventually(Duration::from_secs(60), || {
+        counts(&setup.started()).contains_key("slow-1")
+    })
+    .await;
+    assert!(started, "worker A started the slow message");
+    a.kill().expect("SIGKILL worker A");
+    a.wait().expect("reap worker A");
+
+    let mut b = setup.spawn_worker(None);
+    let mut c = setup.spawn_worker(None);
+    let mut expected: Vec<String> = plain.clone();
+    expected.extend(["flaky-1".to_owned(), "slow-1".to_owned()]);
+    let all_done = eventually(Duration::from_secs(90), || {
+        let ledger = counts(&setup.ledger());
+        expected.iter().all(|k| ledger.contains_key(k))
+    })
+    .await;
+    // Let any late duplicate show itself before judging.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let dead = drain(&channel, &format!("{}.dead", setup.queue)).await;
+    for worker in [&mut b, &mut c] {
+        worker.kill().expect("stop worker");
+        worker.wait().expect("reap worker");
+    }
+
+    let ledger = counts(&setup.ledger());
+    assert!(all_done, "every good message had its effect: {ledger:?}");
+    for key in &expected {
+        assert_eq!(ledger.get(key), Some(&1), "exactly one effect for {key}");
+    }
+    assert_eq!(
+        ledger.len(),
+        expected.len(),
+        "no effect for anything else (poison, keyless, broken): {ledger:?}"
+    );
+    let mut reasons: Vec<(Option<String>, String)> = dead
+        .iter()
+        .map(|(_, h)| {
+            assert_eq!(text(h, CONSUMER_HEADER), Some("orders"));
+            (
+                text(h, KEY_HEADER).map(str::to_owned),
+                text(h, REASON_HEADER).expect("reason").to_owned(),
+            )
+        })
+        .collect();
+    reasons.sort();
+    assert_eq!(
+        reasons.len(),
+        3,
+        "dead-letters only for the bad ones: {reasons:?}"
+    );
+    assert_eq!(reasons[0].0, None);
+    assert!(
+        reasons[0].1.starts_with("no idempotency key"),
+        "{reasons:?}"
+    );
+    assert_eq!(reasons[1].0.as_deref(), Some("broken-1"));
+    assert!(
+        reasons[1].1.contains("payload is not a valid"),
+        "{reasons:?}"
+    );
+    assert_eq!(reasons[2].0.as_deref(), Some("poison-1"));
+    assert!(
+        reasons[2].1.contains("cannot ship to the moon"),
+        "{reasons:?}"
+    );
+    assert!(
+        drain(&channel, &setup.queue).await.is_empty(),
+        "nothing left behind in the queue"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_shutdown_settles_what_is_in_flight_and_loses_nothing() {
+    let setup = Setup::new("shutdown");
+    let rabbit = setup.rabbit().await;
+    let (_connection, channel) = publisher().await;
+    let keys: Vec<String> = (0..40).map(|i| format!("s-{i}")).collect();
+    for key in &keys {
+        publish(
+            &channel,
+            &setup.queue,
+            Some(key),
+            &format!(r#"{{"id":"{key}"}}"#),
+        )
+        .await;
+    }
+    // Stop after a few effects, in the middle of the stream.
+    let ledger = setup.ledger();
+    let stop = {
+        let ledger = ledger.clone();
+        async move {
+            eventually(Duration::from_secs(30), || counts(&ledger).len() >= 5).await;
+        }
+    };
+    let handler_setup = setup.clone();
+    let paced = move |job| {
+        let setup = handler_setup.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            handle(job, setup, None).await
+        }
+    };
+    rabbit.run(paced, stop).await.expect("clean stop");
+    drop(rabbit);
+    let first = counts(&ledger);
+    assert!(
+        first.len() >= 5 && first.len() < 40,
+        "stopped mid-stream: {}",
+        first.len()
+    );
+    assert_eq!(
+        counts(&setup.started()).keys().collect::<Vec<_>>(),
+        first.keys().collect::<Vec<_>>(),
+        "every handler that started before the stop was let finish"
+    );
+
+    let again = setup.rabbit().await;
+    let handler_setup = setup.clone();
+    let all = {
+        let ledger = ledger.clone();
+        async move {
+            eventually(Duration::from_secs(30), || counts(&ledger).len() == 40).await;
+        }
+    };
+    again
+        .run(move |job| handle(job, handler_setup.clone(), None), all)
+        .await
+        .expect("second run");
+    let ledger = counts(&ledger);
+    for key in &keys {
+        assert_eq!(ledger.get(key), Some(&1), "exactly one effect for {key}");
+    }
+    assert_eq!(again.consumer().stats().dead_letters, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_refuses_a_window_retention_cannot_cover_and_a_queue_declared_otherwise() {
+    let setup = Setup::new("config");
+    let idem = Idempotency::builder(setup.store().await)
+        .retention(Duration::from_secs(3600))
+        .build()
+        .expect("config");
+    let consumer = Consumer::builder(idem, Scope::new("orders").expect("scope")).build();
+    let unbounded = RabbitConsumer::builder(common::amqp(), &setup.queue, consumer.clone())
+        .connect()
+        .await;
+    assert!(
+        matches!(
+            unbounded,
+            Err(RabbitError::Window(WindowError::Unbounded { .. }))
+        ),
+        "a queue without TTL or stated window is refused"
+    );
+    let too_long = RabbitConsumer::builder(common::amqp(), &setup.queue, consumer.clone())
+        .message_ttl(Duration::from_secs(2 * 3600))
+        .connect()
+        .await;
+    match too_long {
+        Err(RabbitError::Window(error @ WindowError::RetentionTooShort { .. })) => {
+            assert!(error.to_string().contains("message TTL"), "{error}");
+        }
+        other => panic!("expected RetentionTooShort, got {:?}", other.err()),
+    }
+    RabbitConsumer::builder(common::amqp(), &setup.queue, consumer.clone())
+        .message_ttl(Duration::from_secs(600))
+        .connect()
+        .await
+        .expect("a covered window starts");
+    let redeclared = RabbitConsumer::builder(common::amqp(), &setup.queue, consumer)
+        .message_ttl(Duration::from_secs(300))
+        .connect()
+        .await;
+    match redeclared {
+        Err(error @ RabbitError::Declare { .. }) => {
+            let text = format!("{error}: {:?}", std::error::Error::source(&error));
+            assert!(text.contains("x-message-ttl"), "{text}");
+        }
+        other => panic!("expected Declare, got {:?}", other.err()),
+    }
+    let nowhere = RabbitConsumer::builder(
+        "amqp://guest:secret@127.0.0.1:1/%2f",
+        &setup.queue,
+        Consumer::builder(
+            Idempotency::builder(setup.store().await)
+                .build()
+                .expect("config"),
+            Scope::new("orders").expect("scope"),
+        )
+        .build(),
+    )
+    .message_ttl(Duration::from_secs(60))
+    .connect()
+    .await;
+    match nowhere {
+        Err(error @ RabbitError::Connect { .. }) => {
+            let text = error.to_string();
+            assert!(!text.contains("secret"), "password masked: {text}");
+            assert!(text.contains("127.0.0.1:1"), "{text}");
+        }
+        other => panic!("expected Connect, got {:?}", other.err()),
+    }
+}

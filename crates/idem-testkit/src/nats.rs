@@ -1,0 +1,98 @@
+//! A NATS server with JetStream for tests, as a child process on a free
+//! loopback port, with its store in a temporary directory.
+//!
+//! It runs under an `sh` watchdog holding a pipe from the test process:
+//! when the test process exits, the watchdog kills the server by PID.
+
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::rabbitmq::listening;
+use crate::server::{failed, which};
+pub use crate::server::{free_port, ServerError};
+
+const WATCHDOG: &str = r#"nats-server "$@" & pid=$!; read -r _; case "$pid" in ''|0|*[!0-9]*) exit 1 ;; esac; kill -s KILL -- "$pid"; wait "$pid""#;
+
+/// One `nats-server -js` child process.
+#[derive(Debug)]
+pub struct NatsServer {
+    port: u16,
+    dir: PathBuf,
+    process: Option<(Child, ChildStdin)>,
+}
+
+impl NatsServer {
+    /// The server every test of this binary uses; started on first use.
+    /// Tests isolate themselves by unique stream and subject names.
+    pub fn shared() -> Result<&'static NatsServer, ServerError> {
+        static SHARED: OnceLock<Result<NatsServer, String>> = OnceLock::new();
+        SHARED
+            .get_or_init(|| Self::start().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| failed(e.clone()))
+    }
+
+    /// Starts a server with JetStream on a free loopback port.
+    pub fn start() -> Result<Self, ServerError> {
+        if !which("nats-server") {
+            return Err(ServerError::NotInstalled("nats-server"));
+        }
+        let port = free_port()?;
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("idem-nats-{port}-"))
+            .tempdir()
+            .map_err(|e| failed(format!("temporary directory: {e}")))?
+            .keep();
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(WATCHDOG)
+            .arg("sh")
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+            .arg(&dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| failed(format!("spawning sh: {e}")))?;
+        let stdin = child.stdin.take().ok_or_else(|| failed("no stdin pipe"))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if listening(port) {
+                return Ok(Self {
+                    port,
+                    dir,
+                    process: Some((child, stdin)),
+                });
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(failed(format!("nats-server exited: {status}")));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(failed(format!(
+            "nats-server did not listen on port {port} in 10 s"
+        )))
+    }
+
+    /// `nats://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        if let Some((mut child, stdin)) = self.process.take() {
+            drop(stdin);
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,145 @@
+//! A RabbitMQ broker for tests, shared by every test of a binary.
+//!
+//! [`RabbitServer::shared`] reuses a broker already listening on
+//! `127.0.0.1:5672` (the machine's own service), or the one named by
+//! `IDEM_TEST_AMQP_URL`; otherwise it starts its own as a child process
+//! on free loopback ports. Tests isolate themselves by unique queue names.
+//!
+//! An own broker runs under an `sh` watchdog holding a pipe from the test
+//! process: when the test process exits, the watchdog stops the broker
+//! by PID (SIGTERM, which the start script turns into a clean stop), then
+//! asks `epmd` to exit, which it refuses while any other node uses it, and
+//! removes the broker's directory.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::server::failed;
+pub use crate::server::{free_port, ServerError};
+
+const PROGRAM: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
+
+const WATCHDOG: &str = r#""$0" & pid=$!; read -r _; case "$pid" in ''|0|*[!0-9]*) exit 1 ;; esac; kill -s TERM -- "$pid"; wait "$pid"; epmd -kill >/dev/null 2>&1; case "$1" in /tmp/idem-rabbitmq-*) rm -rf -- "$1" ;; esac; exit 0"#;
+
+/// A RabbitMQ broker: the machine's, or one this process started.
+#[derive(Debug)]
+pub struct RabbitServer {
+    url: String,
+    port: u16,
+    _own: Option<OwnBroker>,
+}
+
+#[derive(Debug)]
+struct OwnBroker {
+    _process: (Child, ChildStdin),
+}
+
+impl RabbitServer {
+    /// The broker every test of this binary uses; started on first use.
+    pub fn shared() -> Result<&'static RabbitServer, ServerError> {
+        static SHARED: OnceLock<Result<RabbitServer, String>> = OnceLock::new();
+        SHARED
+            .get_or_init(|| Self::find_or_start().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| failed(e.clone()))
+    }
+
+    fn find_or_start() -> Result<Self, ServerError> {
+        if let Ok(url) = std::env::var("IDEM_TEST_AMQP_URL") {
+            let port = url
+                .rsplit_once(':')
+                .and_then(|(_, rest)| rest.split('/').next()?.parse().ok())
+                .unwrap_or(5672);
+            return Ok(Self {
+                url,
+                port,
+                _own: None,
+            });
+        }
+        if std::env::var_os("IDEM_TEST_OWN_RABBITMQ").is_none() && listening(5672) {
+            return Ok(Self {
+                url: "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned(),
+                port: 5672,
+                _own: None,
+            });
+        }
+        Self::start()
+    }
+
+    /// Starts a broker of its own on free loopback ports (about 10 s).
+    pub fn start() -> Result<Self, ServerError> {
+        if !std::path::Path::new(PROGRAM).is_file() {
+            return Err(ServerError::NotInstalled("rabbitmq-server"));
+        }
+        let port = free_port()?;
+        let dist_port = free_port()?;
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("idem-rabbitmq-{port}-"))
+            .tempdir()
+            .map_err(|e| failed(format!("temporary directory: {e}")))?
+            .keep();
+        let plugins = dir.join("enabled_plugins");
+        std::fs::write(&plugins, "[].\n")
+            .map_err(|e| failed(format!("writing {}: {e}", plugins.display())))?;
+        let node = format!("idem-{port}@localhost");
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(WATCHDOG)
+            .arg(PROGRAM)
+            .arg(&dir)
+            .env("RABBITMQ_NODENAME", &node)
+            .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
+            .env("RABBITMQ_NODE_PORT", port.to_string())
+            .env("RABBITMQ_DIST_PORT", dist_port.to_string())
+            .env("ERL_EPMD_ADDRESS", "127.0.0.1")
+            .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", dir.join("log"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", &plugins)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| failed(format!("spawning sh: {e}")))?;
+        let stdin = child.stdin.take().ok_or_else(|| failed("no stdin pipe"))?;
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while Instant::now() < deadline {
+            if listening(port) {
+                return Ok(Self {
+                    url: format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
+                    port,
+                    _own: Some(OwnBroker {
+                        _process: (child, stdin),
+                    }),
+                });
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(failed(format!(
+                    "rabbitmq-server exited: {status}; logs in {}",
+                    dir.join("log").display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Err(failed(format!(
+            "rabbitmq-server did not listen on port {port} in 90 s; logs in {}",
+            dir.join("log").display()
+        )))
+    }
+
+    /// The AMQP URL, with guest credentials.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The AMQP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+pub(crate) fn listening(port: u16) -> bool {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok()
+}
