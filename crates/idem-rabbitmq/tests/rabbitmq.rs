@@ -9,10 +9,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{append, counts, drain, eventually, handle, publish, publisher, text, Setup};
+use common::{drain, publish, publisher, text, Setup};
 use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, WindowError};
 use idem_rabbitmq::{RabbitConsumer, RabbitError, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
+use idem_testkit::ledger::{eventually, order_handler};
 
 /// Not a test on its own: the worker process the other tests start. It
 /// consumes until it is killed.
@@ -29,10 +30,10 @@ fn worker_process() {
         .expect("runtime")
         .block_on(async move {
             let rabbit = setup.rabbit().await;
-            append(&setup.dir.join("workers"), "up");
+            let ledger = setup.ledger.clone();
             rabbit
                 .run(
-                    move |job| handle(job, setup.clone(), slow.clone()),
+                    move |job| order_handler(job, ledger.clone(), slow.clone()),
                     std::future::pending(),
                 )
                 .await
@@ -73,7 +74,7 @@ async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each(
 
     let mut a = setup.spawn_worker(Some("slow-1"));
     let started = eventually(Duration::from_secs(60), || {
-        counts(&setup.started()).contains_key("slow-1")
+        setup.ledger.started().contains_key("slow-1")
     })
     .await;
     assert!(started, "worker A started the slow message");
@@ -85,8 +86,8 @@ async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each(
     let mut expected: Vec<String> = plain.clone();
     expected.extend(["flaky-1".to_owned(), "slow-1".to_owned()]);
     let all_done = eventually(Duration::from_secs(90), || {
-        let ledger = counts(&setup.ledger());
-        expected.iter().all(|k| ledger.contains_key(k))
+        let effects = setup.ledger.effects();
+        expected.iter().all(|k| effects.contains_key(k))
     })
     .await;
     // Let any late duplicate show itself before judging.
@@ -97,7 +98,7 @@ async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each(
         worker.wait().expect("reap worker");
     }
 
-    let ledger = counts(&setup.ledger());
+    let ledger = setup.ledger.effects();
     assert!(all_done, "every good message had its effect: {ledger:?}");
     for key in &expected {
         assert_eq!(ledger.get(key), Some(&1), "exactly one effect for {key}");
@@ -160,48 +161,51 @@ async fn a_clean_shutdown_settles_what_is_in_flight_and_loses_nothing() {
         .await;
     }
     // Stop after a few effects, in the middle of the stream.
-    let ledger = setup.ledger();
+    let ledger = setup.ledger.clone();
     let stop = {
         let ledger = ledger.clone();
         async move {
-            eventually(Duration::from_secs(30), || counts(&ledger).len() >= 5).await;
+            eventually(Duration::from_secs(30), || ledger.effects().len() >= 5).await;
         }
     };
-    let handler_setup = setup.clone();
+    let handler_ledger = ledger.clone();
     let paced = move |job| {
-        let setup = handler_setup.clone();
+        let ledger = handler_ledger.clone();
         async move {
             tokio::time::sleep(Duration::from_millis(50)).await;
-            handle(job, setup, None).await
+            order_handler(job, ledger, None).await
         }
     };
     rabbit.run(paced, stop).await.expect("clean stop");
     drop(rabbit);
-    let first = counts(&ledger);
+    let first = ledger.effects();
     assert!(
         first.len() >= 5 && first.len() < 40,
         "stopped mid-stream: {}",
         first.len()
     );
     assert_eq!(
-        counts(&setup.started()).keys().collect::<Vec<_>>(),
+        ledger.started().keys().collect::<Vec<_>>(),
         first.keys().collect::<Vec<_>>(),
         "every handler that started before the stop was let finish"
     );
 
     let again = setup.rabbit().await;
-    let handler_setup = setup.clone();
     let all = {
         let ledger = ledger.clone();
         async move {
-            eventually(Duration::from_secs(30), || counts(&ledger).len() == 40).await;
+            eventually(Duration::from_secs(30), || ledger.effects().len() == 40).await;
         }
     };
+    let handler_ledger = ledger.clone();
     again
-        .run(move |job| handle(job, handler_setup.clone(), None), all)
+        .run(
+            move |job| order_handler(job, handler_ledger.clone(), None),
+            all,
+        )
         .await
         .expect("second run");
-    let ledger = counts(&ledger);
+    let ledger = ledger.effects();
     for key in &keys {
         assert_eq!(ledger.get(key), Some(&1), "exactly one effect for {key}");
     }

@@ -30,6 +30,7 @@ use idem::{
 
 pub mod bench;
 pub mod cases;
+pub mod ledger;
 pub mod nats;
 pub mod postgres;
 pub mod rabbitmq;

@@ -80,9 +80,20 @@ impl RabbitServer {
             .tempdir()
             .map_err(|e| failed(format!("temporary directory: {e}")))?
             .keep();
-        let plugins = dir.join("enabled_plugins");
-        std::fs::write(&plugins, "[].\n")
-            .map_err(|e| failed(format!("writing {}: {e}", plugins.display())))?;
+        // Files of its own, so the machine's /etc/rabbitmq (which may pin
+        // the listener to 5672) is not read.
+        let write = |name: &str, text: String| {
+            let path = dir.join(name);
+            std::fs::write(&path, text)
+                .map_err(|e| failed(format!("writing {}: {e}", path.display())))
+                .map(|()| path)
+        };
+        let plugins = write("enabled_plugins", "[].\n".to_owned())?;
+        let config = write(
+            "rabbitmq.conf",
+            format!("listeners.tcp.default = 127.0.0.1:{port}\n"),
+        )?;
+        let env_file = write("rabbitmq-env.conf", String::new())?;
         let node = format!("idem-{port}@localhost");
         let mut child = Command::new("sh")
             .arg("-c")
@@ -97,6 +108,8 @@ impl RabbitServer {
             .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
             .env("RABBITMQ_LOG_BASE", dir.join("log"))
             .env("RABBITMQ_ENABLED_PLUGINS_FILE", &plugins)
+            .env("RABBITMQ_CONFIG_FILE", &config)
+            .env("RABBITMQ_CONF_ENV_FILE", &env_file)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

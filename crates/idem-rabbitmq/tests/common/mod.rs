@@ -1,17 +1,16 @@
 //! What the RabbitMQ tests share: the broker, a redis-server for the
 //! store, an effects ledger on disk, and worker processes to kill.
 
-use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use idem::{Idempotency, Scope, Terminal};
+use idem::{Idempotency, Scope};
 use idem_consumer::Consumer;
 use idem_rabbitmq::RabbitConsumer;
 use idem_redis::RedisStore;
+use idem_testkit::ledger::Ledger;
 use idem_testkit::rabbitmq::RabbitServer;
 use idem_testkit::redis::RedisServer;
 use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
@@ -37,19 +36,17 @@ pub(crate) struct Setup {
     pub(crate) queue: String,
     pub(crate) redis_url: String,
     pub(crate) namespace: String,
-    pub(crate) dir: PathBuf,
+    pub(crate) ledger: Ledger,
 }
 
 impl Setup {
     pub(crate) fn new(name: &str) -> Self {
         let queue = unique(name);
-        let dir = std::env::temp_dir().join(format!("idem-rabbitmq-test-{queue}"));
-        std::fs::create_dir_all(&dir).expect("ledger directory");
         Self {
             namespace: queue.clone(),
+            ledger: Ledger::create(&queue),
             queue,
             redis_url: redis().url(),
-            dir,
         }
     }
 
@@ -58,7 +55,10 @@ impl Setup {
             ("IDEM_RABBIT_QUEUE", self.queue.clone()),
             ("IDEM_RABBIT_REDIS", self.redis_url.clone()),
             ("IDEM_RABBIT_NS", self.namespace.clone()),
-            ("IDEM_RABBIT_DIR", self.dir.to_string_lossy().into_owned()),
+            (
+                "IDEM_RABBIT_DIR",
+                self.ledger.dir().to_string_lossy().into_owned(),
+            ),
             ("IDEM_TEST_AMQP_URL", amqp().to_owned()),
         ]
     }
@@ -69,16 +69,8 @@ impl Setup {
             queue: var("IDEM_RABBIT_QUEUE")?,
             redis_url: var("IDEM_RABBIT_REDIS")?,
             namespace: var("IDEM_RABBIT_NS")?,
-            dir: PathBuf::from(var("IDEM_RABBIT_DIR")?),
+            ledger: Ledger::at(PathBuf::from(var("IDEM_RABBIT_DIR")?)),
         })
-    }
-
-    pub(crate) fn ledger(&self) -> PathBuf {
-        self.dir.join("effects")
-    }
-
-    pub(crate) fn started(&self) -> PathBuf {
-        self.dir.join("started")
     }
 
     pub(crate) async fn store(&self) -> RedisStore {
@@ -113,7 +105,7 @@ impl Setup {
             .expect("connect to RabbitMQ")
     }
 
-    /// Starts this test binary as a worker process running [`work`].
+    /// Starts this test binary as a worker process (`worker_process`).
     pub(crate) fn spawn_worker(&self, slow_key: Option<&str>) -> Child {
         let mut command = Command::new(std::env::current_exe().expect("test binary"));
         command
@@ -126,79 +118,6 @@ impl Setup {
         }
         command.spawn().expect("spawn worker")
     }
-}
-
-/// The error the test handler returns: terminal for poison, retryable
-/// otherwise.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum HandlerError {
-    #[error("poison: {0}")]
-    Poison(#[from] Terminal),
-    #[error("flaky downstream on attempt {0}")]
-    Flaky(u32),
-    #[error("lease lost before the effect")]
-    LeaseLost(#[from] idem::LeaseLost),
-}
-
-/// The handler every test uses. Payload: `{"id": .., "poison": bool,
-/// "flaky": bool}`. It notes the start in `started`, sleeps forever on
-/// `slow` (to be killed there), fails terminally on poison and retryably
-/// on the first attempt of a flaky message, and otherwise appends exactly
-/// one line, the key, to the effects ledger.
-pub(crate) async fn handle(
-    job: idem_consumer::Job<idem_rabbitmq::AmqpMessage>,
-    setup: Setup,
-    slow: Option<String>,
-) -> Result<(), HandlerError> {
-    let body: serde_json::Value = job.json()?;
-    let key = job.key().as_str().to_owned();
-    append(&setup.started(), &key);
-    if slow.as_deref() == Some(key.as_str()) {
-        tokio::time::sleep(Duration::from_secs(3600)).await;
-    }
-    if body["poison"] == true {
-        return Err(Terminal::new("cannot ship to the moon").into());
-    }
-    if body["flaky"] == true && job.ctx().attempt() == 1 {
-        return Err(HandlerError::Flaky(1));
-    }
-    job.ctx().ensure_lease()?;
-    append(&setup.ledger(), &key);
-    Ok(())
-}
-
-/// One line appended with one `write` on an `O_APPEND` file, so lines from
-/// several processes never interleave.
-pub(crate) fn append(path: &Path, line: &str) {
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .expect("open ledger");
-    file.write_all(format!("{line}\n").as_bytes())
-        .expect("append to ledger");
-}
-
-/// Lines of a ledger, counted.
-pub(crate) fn counts(path: &Path) -> BTreeMap<String, usize> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let mut counts = BTreeMap::new();
-    for line in text.lines() {
-        *counts.entry(line.to_owned()).or_default() += 1;
-    }
-    counts
-}
-
-/// Polls `check` every 50 ms until it holds or `limit` passes.
-pub(crate) async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    check()
 }
 
 /// A publishing channel with confirms.

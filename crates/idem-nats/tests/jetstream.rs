@@ -1,0 +1,316 @@
+//! The JetStream adapter against a real nats-server and a real Redis
+//! store.
+//!
+//! The main case runs workers as separate processes of this test binary
+//! and kills one with SIGKILL (by PID) in the middle of a handler; an
+//! effects ledger on disk, written by the handlers, shows one effect per
+//! message, none lost, and dead-letters only for the bad ones.
+
+mod common;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{consumer, stream};
+use common::{publish, read_all, Setup};
+use idem::{Idempotency, Scope};
+use idem_consumer::{Consumer, Message, WindowError};
+use idem_nats::{NatsConsumer, NatsError, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
+use idem_testkit::ledger::{eventually, order_handler};
+
+/// Not a test on its own: the worker process the other tests start. It
+/// consumes until it is killed.
+#[test]
+#[ignore = "a worker process, started by the multi-process tests"]
+fn worker_process() {
+    let Some(setup) = Setup::from_env() else {
+        return;
+    };
+    let slow = std::env::var("IDEM_NATS_SLOW").ok();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async move {
+            let nats = setup.nats().await;
+            let ledger = setup.ledger.clone();
+            nats.run(
+                move |job| order_handler(job, ledger.clone(), slow.clone()),
+                std::future::pending(),
+            )
+            .await
+            .expect("consume");
+        });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each() {
+    let setup = Setup::new("KILL");
+    let js = setup.create_stream().await;
+    // Creates the durable consumer, so nothing published is skipped.
+    let _create = setup.nats().await;
+    let subject = setup.subject();
+    let plain: Vec<String> = (0..30).map(|i| format!("m-{i}")).collect();
+    for key in &plain {
+        let body = format!(r#"{{"id":"{key}"}}"#);
+        publish(&js, &subject, Some(key), &body).await;
+        publish(&js, &subject, Some(key), &body).await;
+    }
+    publish(
+        &js,
+        &subject,
+        Some("flaky-1"),
+        r#"{"id":"flaky-1","flaky":true}"#,
+    )
+    .await;
+    publish(
+        &js,
+        &subject,
+        Some("poison-1"),
+        r#"{"id":"poison-1","poison":true}"#,
+    )
+    .await;
+    publish(&js, &subject, None, r#"{"id":"keyless"}"#).await;
+    publish(&js, &subject, Some("broken-1"), "{not json").await;
+    publish(&js, &subject, Some("slow-1"), r#"{"id":"slow-1"}"#).await;
+
+    let mut a = setup.spawn_worker(Some("slow-1"));
+    let started = eventually(Duration::from_secs(60), || {
+        setup.ledger.started().contains_key("slow-1")
+    })
+    .await;
+    assert!(started, "worker A started the slow message");
+    a.kill().expect("SIGKILL worker A");
+    a.wait().expect("reap worker A");
+
+    let mut b = setup.spawn_worker(None);
+    let mut c = setup.spawn_worker(None);
+    let mut expected = plain.clone();
+    expected.extend(["flaky-1".to_owned(), "slow-1".to_owned()]);
+    let all_done = eventually(Duration::from_secs(90), || {
+        let effects = setup.ledger.effects();
+        expected.iter().all(|k| effects.contains_key(k))
+    })
+    .await;
+    // Let any late duplicate show itself before judging.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut info = js
+        .get_stream(&setup.stream)
+        .await
+        .expect("stream")
+        .get_consumer::<consumer::pull::Config>("billing")
+        .await
+        .expect("consumer");
+    let info = info.info().await.expect("consumer info").clone();
+    for worker in [&mut b, &mut c] {
+        worker.kill().expect("stop worker");
+        worker.wait().expect("reap worker");
+    }
+
+    let effects = setup.ledger.effects();
+    assert!(all_done, "every good message had its effect: {effects:?}");
+    for key in &expected {
+        assert_eq!(effects.get(key), Some(&1), "exactly one effect for {key}");
+    }
+    assert_eq!(
+        effects.len(),
+        expected.len(),
+        "no effect for anything else (poison, keyless, broken): {effects:?}"
+    );
+    assert_eq!(
+        (info.num_pending, info.num_ack_pending),
+        (0, 0),
+        "every message was settled"
+    );
+    let dead = read_all(&js, &format!("{}_DEAD", setup.stream)).await;
+    let text = |h: &async_nats::HeaderMap, name: &str| h.get(name).map(|v| v.as_str().to_owned());
+    let mut reasons: Vec<(Option<String>, String)> = dead
+        .iter()
+        .map(|(_, h)| {
+            assert_eq!(text(h, CONSUMER_HEADER).as_deref(), Some("orders"));
+            (text(h, KEY_HEADER), text(h, REASON_HEADER).expect("reason"))
+        })
+        .collect();
+    reasons.sort();
+    assert_eq!(
+        reasons.len(),
+        3,
+        "dead-letters only for the bad ones: {reasons:?}"
+    );
+    assert_eq!(reasons[0].0, None);
+    assert!(
+        reasons[0].1.starts_with("no idempotency key"),
+        "{reasons:?}"
+    );
+    assert_eq!(reasons[1].0.as_deref(), Some("broken-1"));
+    assert!(
+        reasons[1].1.contains("payload is not a valid"),
+        "{reasons:?}"
+    );
+    assert_eq!(reasons[2].0.as_deref(), Some("poison-1"));
+    assert!(
+        reasons[2].1.contains("cannot ship to the moon"),
+        "{reasons:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_progress_acks_keep_a_long_handler_from_being_redelivered() {
+    let setup = Setup::new("LONG");
+    let js = setup.create_stream().await;
+    let first = setup.nats().await;
+    let second = setup.nats().await;
+    publish(&js, &setup.subject(), Some("long-1"), r#"{"id":"long-1"}"#).await;
+    let deliveries = Arc::new(AtomicU32::new(0));
+    let handler = {
+        let deliveries = Arc::clone(&deliveries);
+        move |job: idem_consumer::Job<idem_nats::NatsMessage>| {
+            let deliveries = Arc::clone(&deliveries);
+            async move {
+                deliveries.fetch_max(
+                    job.message().delivery_count().unwrap_or(0),
+                    Ordering::SeqCst,
+                );
+                // Four times the consumer's ack_wait of 1.5 s.
+                tokio::time::sleep(Duration::from_secs(6)).await;
+                Ok::<_, std::io::Error>(())
+            }
+        }
+    };
+    let stop = || {
+        let stats = (first.consumer().clone(), second.consumer().clone());
+        async move {
+            eventually(Duration::from_secs(30), || {
+                stats.0.stats().executed + stats.1.stats().executed == 1
+            })
+            .await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    let (a, b) = tokio::join!(
+        first.run(handler.clone(), stop()),
+        second.run(handler, stop())
+    );
+    a.expect("first");
+    b.expect("second");
+    let (s1, s2) = (first.consumer().stats(), second.consumer().stats());
+    assert_eq!(s1.executed + s2.executed, 1);
+    assert_eq!(
+        s1.in_flight_conflicts + s2.in_flight_conflicts,
+        0,
+        "JetStream never redelivered the message while its handler ran"
+    );
+    assert_eq!(deliveries.load(Ordering::SeqCst), 1, "delivered once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_refuses_configurations_that_could_lose_or_rerun_messages() {
+    let setup = Setup::new("CONFIG");
+    let js = setup.create_stream().await;
+    let consumer = |retention: Duration| async move {
+        let idem = Idempotency::builder(setup_store(retention).await)
+            .lease(Duration::from_secs(30))
+            .heartbeat(Duration::from_secs(10))
+            .retention(retention)
+            .failure_retention(retention)
+            .build()
+            .expect("config");
+        Consumer::builder(idem, Scope::new("orders").expect("scope")).build()
+    };
+    let url = setup.nats_url.clone();
+    let day = Duration::from_secs(86_400);
+
+    let short = NatsConsumer::builder(
+        &url,
+        &setup.stream,
+        "c1",
+        consumer(Duration::from_secs(1800)).await,
+    )
+    .connect()
+    .await;
+    match short {
+        Err(NatsError::Window(error @ WindowError::RetentionTooShort { .. })) => {
+            assert!(error.to_string().contains("max_age"), "{error}");
+        }
+        other => panic!("expected RetentionTooShort, got {:?}", other.err()),
+    }
+
+    let fast_ack = NatsConsumer::builder(&url, &setup.stream, "c2", consumer(day).await)
+        .ack_wait(Duration::from_secs(5))
+        .connect()
+        .await;
+    assert!(
+        matches!(
+            fast_ack,
+            Err(NatsError::Window(WindowError::HeartbeatTooSlow { .. }))
+        ),
+        "{:?}",
+        fast_ack.err()
+    );
+
+    let stream = js.get_stream(&setup.stream).await.expect("stream");
+    stream
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("limited".to_owned()),
+            max_deliver: 5,
+            ack_wait: Duration::from_secs(60),
+            ..Default::default()
+        })
+        .await
+        .expect("create consumer");
+    let limited = NatsConsumer::builder(&url, &setup.stream, "limited", consumer(day).await)
+        .connect()
+        .await;
+    match limited {
+        Err(NatsError::Config(why)) => assert!(why.contains("max_deliver 5"), "{why}"),
+        other => panic!("expected Config, got {:?}", other.err()),
+    }
+
+    js.create_stream(stream::Config {
+        name: format!("{}_FOREVER", setup.stream),
+        subjects: vec![format!("{}_forever.>", setup.stream)],
+        ..Default::default()
+    })
+    .await
+    .expect("stream without max_age");
+    let forever = format!("{}_FOREVER", setup.stream);
+    let unbounded = NatsConsumer::builder(&url, &forever, "c3", consumer(day).await)
+        .connect()
+        .await;
+    assert!(
+        matches!(
+            unbounded,
+            Err(NatsError::Window(WindowError::Unbounded { .. }))
+        ),
+        "{:?}",
+        unbounded.err()
+    );
+    NatsConsumer::builder(&url, &forever, "c3", consumer(day).await)
+        .redelivery_window(Duration::from_secs(3600))
+        .connect()
+        .await
+        .expect("a stated window retention covers starts");
+
+    let missing = NatsConsumer::builder(&url, "NO_SUCH_STREAM", "c4", consumer(day).await)
+        .connect()
+        .await;
+    match missing {
+        Err(error @ NatsError::JetStream { .. }) => {
+            assert!(
+                error.to_string().contains("\"NO_SUCH_STREAM\" not found"),
+                "{error}"
+            );
+        }
+        other => panic!("expected JetStream, got {:?}", other.err()),
+    }
+}
+
+async fn setup_store(_retention: Duration) -> idem_redis::RedisStore {
+    idem_redis::RedisStore::builder(&common::redis().url())
+        .expect("valid URL")
+        .namespace(format!("config-{:016x}", rand::random::<u64>()))
+        .connect()
+        .await
+        .expect("connect to redis")
+}
