@@ -3,10 +3,12 @@
 use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use idem::{
     Codec, Context, FailureClass, Fingerprint, Idempotency, Json, Key, Outcome, RecordId, RunError,
     Scope, Store, Terminal,
@@ -73,6 +75,10 @@ pub enum RetryCause {
     LeaseLost,
     /// The store could not be reached (fail-closed: nothing ran).
     Store(String),
+    /// The handler panicked. Its claim is left to run out, as a crash
+    /// would leave it; the redelivery takes over after the lease, and a
+    /// message that keeps panicking becomes terminal after the attempts.
+    Panicked(String),
 }
 
 impl fmt::Display for RetryCause {
@@ -84,6 +90,7 @@ impl fmt::Display for RetryCause {
             }
             RetryCause::LeaseLost => f.write_str("lease lost before the outcome was stored"),
             RetryCause::Store(error) => write!(f, "idempotency store unavailable: {error}"),
+            RetryCause::Panicked(message) => write!(f, "handler panicked: {message}"),
         }
     }
 }
@@ -393,37 +400,48 @@ impl<S: Store, C: Codec> Consumer<S, C> {
             .fingerprint
             .then(|| payload_fingerprint(message.payload()));
         let name = Arc::clone(&inner.name);
-        let run = inner
-            .idem
-            .run(&id, fingerprint, |ctx| {
-                let job = Job {
-                    id: id.clone(),
-                    message: Arc::clone(&message),
-                    ctx: ctx.clone(),
+        let run = AssertUnwindSafe(inner.idem.run(&id, fingerprint, |ctx| {
+            let job = Job {
+                id: id.clone(),
+                message: Arc::clone(&message),
+                ctx: ctx.clone(),
+            };
+            let message = Arc::clone(&message);
+            async move {
+                let started = Instant::now();
+                let mut beats = ctx.heartbeats();
+                let work = handler(job);
+                tokio::pin!(work);
+                let result = loop {
+                    tokio::select! {
+                        biased;
+                        result = &mut work => break result,
+                        () = beats.next() => message.keep_alive().await,
+                    }
                 };
-                let message = Arc::clone(&message);
-                async move {
-                    let started = Instant::now();
-                    let mut beats = ctx.heartbeats();
-                    let work = handler(job);
-                    tokio::pin!(work);
-                    let result = loop {
-                        tokio::select! {
-                            biased;
-                            result = &mut work => break result,
-                            () = beats.next() => message.keep_alive().await,
-                        }
-                    };
-                    m::handler_seconds(&name, started.elapsed());
-                    result
-                }
-            })
-            .await;
+                m::handler_seconds(&name, started.elapsed());
+                result
+            }
+        }))
+        .catch_unwind()
+        .await;
         let disposition = match run {
-            Ok(Outcome::Executed { .. }) => Disposition::Ack(Acked::Executed),
-            Ok(Outcome::Replayed { .. }) => Disposition::Ack(Acked::Replayed),
-            Ok(Outcome::Unguarded { .. }) => Disposition::Ack(Acked::Unguarded),
-            Err(error) => self.on_error(error),
+            Ok(Ok(Outcome::Executed { .. })) => Disposition::Ack(Acked::Executed),
+            Ok(Ok(Outcome::Replayed { .. })) => Disposition::Ack(Acked::Replayed),
+            Ok(Ok(Outcome::Unguarded { .. })) => Disposition::Ack(Acked::Unguarded),
+            Ok(Err(error)) => self.on_error(error),
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a non-text panic".to_owned());
+                tracing::error!(consumer = %inner.name, %message, "handler panicked");
+                Disposition::Retry {
+                    after: self.clamp(inner.idem.lease()),
+                    cause: RetryCause::Panicked(message),
+                }
+            }
         };
         self.decide(Some(key), disposition)
     }

@@ -310,6 +310,30 @@ async fn a_store_outage_is_retried_fail_closed() {
     assert_eq!(runs.load(Ordering::SeqCst), 0, "fail-closed: nothing ran");
 }
 
+#[tokio::test]
+async fn a_panicking_handler_is_retried_after_its_lease_not_lost() {
+    let consumer = consumer(MemoryStore::new());
+    let decision = consumer
+        .process(keyed("o-8", "{}"), |_| async {
+            if true {
+                panic!("index out of bounds");
+            }
+            Ok::<_, Io>(())
+        })
+        .await;
+    match decision.disposition {
+        Disposition::Retry {
+            after,
+            cause: RetryCause::Panicked(message),
+        } => {
+            assert_eq!(message, "index out of bounds");
+            assert_eq!(after, Duration::from_secs(30), "the default lease");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(consumer.stats().retries, 1);
+}
+
 /// A store clock that follows tokio's (pausable) clock.
 #[derive(Clone)]
 struct TokioClock(tokio::time::Instant);

@@ -487,6 +487,16 @@ where
         self.topology.dead()
     }
 
+    /// Every queue of the topology: the queue, its retry queues and its
+    /// dead-letter queue.
+    pub fn queues(&self) -> Vec<String> {
+        let t = &self.topology;
+        std::iter::once(t.queue.clone())
+            .chain(t.retries.iter().map(|d| t.retry_queue(*d)))
+            .chain(std::iter::once(t.dead()))
+            .collect()
+    }
+
     /// Consumes until `shutdown` resolves, then stops taking deliveries,
     /// lets the ones in flight finish and settle, and returns. Deliveries
     /// taken but not settled stay with the broker, which redelivers them:

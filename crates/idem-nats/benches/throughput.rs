@@ -1,0 +1,197 @@
+//! Messages per second through `NatsConsumer` (Redis store, a handler that
+//! does nothing) against the same JetStream consumer drained by a plain
+//! async-nats loop that only acks, in the same run: the overhead of the
+//! middleware at the server's own throughput on this machine.
+//!
+//! Run: `cargo bench -p idem-nats --bench throughput [-- --messages N --rounds R]`
+//!
+//! Starts its own nats-server (JetStream, file store) and redis-server.
+//! Each round fills a fresh stream with N messages, then drains it once
+//! with each consumer (a durable pull consumer each, explicit acks); both
+//! take the same batches and process messages concurrently.
+
+#![allow(clippy::print_stdout)] // a benchmark reports on stdout
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::consumer::pull::Config as PullConfig;
+use async_nats::jetstream::consumer::AckPolicy;
+use async_nats::jetstream::{self, stream, Context};
+use async_nats::HeaderMap;
+use futures_util::StreamExt;
+use idem::{Idempotency, Scope};
+use idem_consumer::Consumer;
+use idem_nats::NatsConsumer;
+use idem_redis::RedisStore;
+use idem_testkit::nats::NatsServer;
+use idem_testkit::redis::RedisServer;
+
+const CONCURRENCY: [usize; 2] = [16, 64];
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Publishes in windows of 1,000 unacknowledged messages (the client
+/// holds back publishes beyond its in-flight ack limit).
+async fn fill(js: &Context, subject: &str, messages: usize) {
+    let mut pending = Vec::with_capacity(1000);
+    for i in 0..messages {
+        if pending.len() == 1000 {
+            for ack in pending.drain(..) {
+                let ack: jetstream::context::PublishAckFuture = ack;
+                ack.await.expect("stored");
+            }
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert("Idempotency-Key", format!("{subject}-{i}").as_str());
+        pending.push(
+            js.publish_with_headers(
+                subject.to_owned(),
+                headers,
+                br#"{"order":1,"amount":1250}"#.as_slice().into(),
+            )
+            .await
+            .expect("publish"),
+        );
+    }
+    for ack in pending {
+        ack.await.expect("stored");
+    }
+}
+
+/// A plain pull consumer: each message acked in its own task, at most
+/// `concurrency` at once, as the middleware does.
+async fn raw(js: &Context, stream: &str, concurrency: usize, messages: usize) -> f64 {
+    let consumer = js
+        .get_stream(stream)
+        .await
+        .expect("stream")
+        .get_or_create_consumer(
+            "plain",
+            PullConfig {
+                durable_name: Some("plain".to_owned()),
+                ack_policy: AckPolicy::Explicit,
+                max_ack_pending: concurrency as i64,
+                filter_subject: format!("{stream}.plain"),
+                ..PullConfig::default()
+            },
+        )
+        .await
+        .expect("consumer");
+    let mut stream = consumer
+        .stream()
+        .max_messages_per_batch(concurrency)
+        .messages()
+        .await
+        .expect("messages");
+    let acked = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut in_flight = tokio::task::JoinSet::new();
+    let mut taken = 0;
+    while taken < messages {
+        if in_flight.len() >= concurrency {
+            in_flight.join_next().await;
+            continue;
+        }
+        let message = stream.next().await.expect("open").expect("message");
+        taken += 1;
+        let acked = Arc::clone(&acked);
+        in_flight.spawn(async move {
+            message.ack().await.expect("ack");
+            acked.fetch_add(1, Ordering::Relaxed);
+        });
+    }
+    while in_flight.join_next().await.is_some() {}
+    messages as f64 / start.elapsed().as_secs_f64()
+}
+
+async fn through_idem(
+    url: &str,
+    stream: &str,
+    store: RedisStore,
+    concurrency: usize,
+    messages: usize,
+) -> f64 {
+    let idem = Idempotency::builder(store).build().expect("config");
+    let consumer = Consumer::builder(idem, Scope::new("bench").expect("scope")).build();
+    let nats = NatsConsumer::builder(url, stream, "idem", consumer)
+        .concurrency(concurrency)
+        .filter_subject(format!("{stream}.idem"))
+        .connect()
+        .await
+        .expect("connect");
+    let stats = nats.consumer().clone();
+    let done = async move {
+        while stats.stats().executed < messages as u64 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    let start = Instant::now();
+    nats.run(|_job| async { Ok::<_, std::io::Error>(()) }, done)
+        .await
+        .expect("run");
+    let stats = nats.consumer().stats();
+    assert_eq!(
+        (stats.executed, stats.dead_letters),
+        (messages as u64, 0),
+        "every message executed once"
+    );
+    messages as f64 / start.elapsed().as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[tokio::main]
+async fn main() {
+    let messages = arg("--messages", 20_000);
+    let rounds = arg("--rounds", 3);
+    let server = NatsServer::start().expect("nats-server");
+    let redis = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let js = jetstream::new(async_nats::connect(url.as_str()).await.expect("connect"));
+    println!(
+        "JetStream consumer throughput, {messages} messages per drain, median of {rounds} rounds"
+    );
+    println!(
+        "| concurrency | plain async-nats loop (msg/s) | through idem + Redis (msg/s) | ratio |"
+    );
+    println!("|---:|---:|---:|---:|");
+    for concurrency in CONCURRENCY {
+        let (mut plain, mut guarded) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let name = format!("BENCH_{:08x}", rand::random::<u32>());
+            js.create_stream(stream::Config {
+                name: name.clone(),
+                subjects: vec![format!("{name}.*")],
+                max_age: Duration::from_secs(3600),
+                ..Default::default()
+            })
+            .await
+            .expect("stream");
+            fill(&js, &format!("{name}.plain"), messages).await;
+            plain.push(raw(&js, &name, concurrency, messages).await);
+            fill(&js, &format!("{name}.idem"), messages).await;
+            let store = RedisStore::builder(&redis.url())
+                .expect("url")
+                .namespace(name.clone())
+                .connect()
+                .await
+                .expect("redis");
+            guarded.push(through_idem(&url, &name, store, concurrency, messages).await);
+            let _ = js.delete_stream(&name).await;
+            let _ = js.delete_stream(format!("{name}_DEAD")).await;
+        }
+        let (p, g) = (median(plain), median(guarded));
+        println!("| {concurrency} | {p:.0} | {g:.0} | {:.2} |", g / p);
+    }
+}

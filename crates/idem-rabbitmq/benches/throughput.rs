@@ -1,0 +1,205 @@
+//! Messages per second through `RabbitConsumer` (Redis store, a handler
+//! that does nothing) against the same broker consumed by a plain lapin
+//! loop that only acks, in the same run: the overhead of the middleware at
+//! the broker's own throughput on this machine.
+//!
+//! Run: `cargo bench -p idem-rabbitmq --bench throughput [-- --messages N --rounds R]`
+//!
+//! Uses the machine's RabbitMQ on 127.0.0.1:5672 if there is one (else
+//! starts its own) and starts its own redis-server. Each round fills a
+//! fresh queue with N messages, then drains it once with each consumer;
+//! both use the same prefetch and process deliveries concurrently.
+
+#![allow(clippy::print_stdout)] // a benchmark reports on stdout
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use idem::{Idempotency, Scope};
+use idem_consumer::Consumer;
+use idem_rabbitmq::RabbitConsumer;
+use idem_redis::RedisStore;
+use idem_testkit::rabbitmq::RabbitServer;
+use idem_testkit::redis::RedisServer;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+
+const PREFETCH: [u16; 2] = [16, 64];
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or(default)
+}
+
+async fn fill(channel: &Channel, queue: &str, round: usize, messages: usize) {
+    for i in 0..messages {
+        let mut headers = FieldTable::default();
+        let key = format!("r{round}-{i}");
+        headers.insert(
+            "Idempotency-Key".into(),
+            AMQPValue::LongString(LongString::from(key.into_bytes())),
+        );
+        let _confirm = channel
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                br#"{"order":1,"amount":1250}"#,
+                BasicProperties::default().with_headers(headers),
+            )
+            .await
+            .expect("publish");
+    }
+    channel.wait_for_confirms().await.expect("confirms");
+}
+
+/// A plain consumer: each delivery acked in its own task, as the
+/// middleware does.
+async fn raw(url: &str, queue: &str, prefetch: u16, messages: usize) -> f64 {
+    let connection = Connection::connect(url, ConnectionProperties::default())
+        .await
+        .expect("connect");
+    let channel = connection.create_channel().await.expect("channel");
+    channel
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await
+        .expect("qos");
+    let mut deliveries = channel
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume");
+    let acked = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut taken = 0;
+    while taken < messages {
+        let delivery = deliveries
+            .next()
+            .await
+            .expect("stream open")
+            .expect("delivery");
+        taken += 1;
+        let acked = Arc::clone(&acked);
+        tokio::spawn(async move {
+            delivery.ack(BasicAckOptions::default()).await.expect("ack");
+            acked.fetch_add(1, Ordering::Relaxed);
+        });
+    }
+    while acked.load(Ordering::Relaxed) < messages as u64 {
+        tokio::task::yield_now().await;
+    }
+    let rate = messages as f64 / start.elapsed().as_secs_f64();
+    let _ = connection.close(200, "done".into()).await;
+    rate
+}
+
+async fn through_idem(
+    url: &str,
+    queue: &str,
+    store: RedisStore,
+    prefetch: u16,
+    messages: usize,
+) -> f64 {
+    let idem = Idempotency::builder(store).build().expect("config");
+    let consumer = Consumer::builder(idem, Scope::new("bench").expect("scope")).build();
+    let rabbit = RabbitConsumer::builder(url, queue, consumer)
+        .prefetch(prefetch)
+        .redelivery_window(Duration::from_secs(3600))
+        .connect()
+        .await
+        .expect("connect");
+    let stats = rabbit.consumer().clone();
+    let done = async move {
+        while stats.stats().executed < messages as u64 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    let start = Instant::now();
+    rabbit
+        .run(|_job| async { Ok::<_, std::io::Error>(()) }, done)
+        .await
+        .expect("run");
+    let stats = rabbit.consumer().stats();
+    assert_eq!(
+        (stats.executed, stats.dead_letters),
+        (messages as u64, 0),
+        "every message executed once"
+    );
+    messages as f64 / start.elapsed().as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[tokio::main]
+async fn main() {
+    let messages = arg("--messages", 20_000);
+    let rounds = arg("--rounds", 3);
+    let broker = RabbitServer::shared().expect("RabbitMQ");
+    let redis = RedisServer::start().expect("redis-server");
+    let url = broker.url();
+    let connection = Connection::connect(url, ConnectionProperties::default())
+        .await
+        .expect("connect");
+    let channel = connection.create_channel().await.expect("channel");
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    println!(
+        "RabbitMQ consumer throughput, {messages} messages per drain, median of {rounds} rounds"
+    );
+    println!("| prefetch | plain lapin loop (msg/s) | through idem + Redis (msg/s) | ratio |");
+    println!("|---:|---:|---:|---:|");
+    for prefetch in PREFETCH {
+        let (mut plain, mut guarded) = (Vec::new(), Vec::new());
+        for round in 0..rounds {
+            let queue = format!("idem-bench-{:08x}", rand::random::<u32>());
+            let store = RedisStore::builder(&redis.url())
+                .expect("url")
+                .namespace(queue.clone())
+                .connect()
+                .await
+                .expect("redis");
+            // The middleware declares the queue, so both consumers drain
+            // the same kind of queue.
+            let declare = Idempotency::builder(store.clone()).build().expect("config");
+            let topology = RabbitConsumer::builder(
+                url,
+                &queue,
+                Consumer::builder(declare, Scope::new("bench").expect("scope")).build(),
+            )
+            .redelivery_window(Duration::from_secs(3600))
+            .connect()
+            .await
+            .expect("declare")
+            .queues();
+            fill(&channel, &queue, round * 2, messages).await;
+            plain.push(raw(url, &queue, prefetch, messages).await);
+            fill(&channel, &queue, round * 2 + 1, messages).await;
+            guarded.push(through_idem(url, &queue, store, prefetch, messages).await);
+            for name in topology {
+                let _ = channel
+                    .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+                    .await;
+            }
+        }
+        let (p, g) = (median(plain), median(guarded));
+        println!("| {prefetch} | {p:.0} | {g:.0} | {:.2} |", g / p);
+    }
+}
