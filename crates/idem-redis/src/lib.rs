@@ -757,16 +757,19 @@ impl PurgeExpired for RedisStore {
             let Some(keys) = scan.next(&self.inner.conn).await? else {
                 break;
             };
-            for chunk in keys.chunks(limit - purged) {
+            // Each round sends at most as many purges as are still allowed,
+            // so a batch never removes more than `limit`, however many of
+            // the earlier ones found nothing to remove.
+            let mut rest = keys.as_slice();
+            while purged < limit && !rest.is_empty() {
+                let (chunk, tail) = rest.split_at((limit - purged).min(rest.len()));
+                rest = tail;
                 let calls: Vec<(String, Vec<Vec<u8>>)> =
                     chunk.iter().map(|k| (k.clone(), Vec::new())).collect();
                 for reply in self.run_each(&self.inner.scripts.purge, &calls).await {
                     if matches!(reply?, Value::Int(1)) {
                         purged += 1;
                     }
-                }
-                if purged >= limit {
-                    break;
                 }
             }
         }
