@@ -2,7 +2,8 @@
 //! loopback port, with its store in a temporary directory.
 //!
 //! It runs under an `sh` watchdog holding a pipe from the test process:
-//! when the test process exits, the watchdog kills the server by PID.
+//! when the test process exits, the watchdog kills the server by PID and
+//! removes its directory.
 
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -13,7 +14,8 @@ use crate::rabbitmq::listening;
 use crate::server::{failed, which};
 pub use crate::server::{free_port, ServerError};
 
-const WATCHDOG: &str = r#"nats-server "$@" & pid=$!; read -r _; case "$pid" in ''|0|*[!0-9]*) exit 1 ;; esac; kill -s KILL -- "$pid"; wait "$pid""#;
+/// The watchdog: `$0` is the store directory, removed after the kill.
+const WATCHDOG: &str = r#"nats-server "$@" & pid=$!; read -r _; case "$pid" in ''|0|*[!0-9]*) exit 1 ;; esac; kill -s KILL -- "$pid"; wait "$pid"; case "$0" in /tmp/idem-nats-*) rm -rf -- "$0" ;; esac"#;
 
 /// One `nats-server -js` child process.
 #[derive(Debug)]
@@ -48,7 +50,7 @@ impl NatsServer {
         let mut child = Command::new("sh")
             .arg("-c")
             .arg(WATCHDOG)
-            .arg("sh")
+            .arg(&dir)
             .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
             .arg(&dir)
             .stdin(Stdio::piped())
