@@ -34,6 +34,7 @@ mod window;
 
 pub use consumer::{
     Acked, Consumer, ConsumerBuilder, ConsumerStats, Decision, Disposition, Job, RetryCause,
+    Stopped,
 };
 pub use key::{KeyExtractor, KeyProblem, KeySource, MissingKey};
 pub use message::{Message, OwnedMessage};

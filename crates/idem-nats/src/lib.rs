@@ -69,12 +69,12 @@ use async_nats::jetstream::consumer::{AckPolicy, PullConsumer};
 use async_nats::jetstream::message::{AckKind, Acker};
 use async_nats::jetstream::{self, Context};
 use async_nats::HeaderMap;
+use futures_util::future::ready;
 use futures_util::StreamExt;
 use idem::{Codec, Store};
-use idem_consumer::{Consumer, Decision, Disposition, Job, Message, RedeliveryWindow};
+use idem_consumer::{Consumer, Decision, Disposition, Job, Message, RedeliveryWindow, Stopped};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::task::JoinSet;
 
 /// The concurrency (messages in flight per worker) unless configured.
 pub const DEFAULT_CONCURRENCY: usize = 16;
@@ -449,44 +449,49 @@ where
             consumer: self.durable.clone(),
             reason,
         };
-        let mut messages = self
+        let messages = self
             .pull
             .stream()
             .max_messages_per_batch(self.concurrency)
             .messages()
             .await
             .map_err(|e| consume_error(e.to_string()))?;
-        let handler = Arc::new(handler);
-        let mut in_flight = JoinSet::new();
-        tokio::pin!(shutdown);
-        let ended = loop {
-            tokio::select! {
-                () = &mut shutdown => break None,
-                Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
-                next = messages.next(), if in_flight.len() < self.concurrency => match next {
-                    Some(Ok(message)) => match split(message) {
-                        Ok(message) => {
-                            let settle = Settle {
-                                consumer: self.consumer.clone(),
-                                js: self.js.clone(),
-                                dead_subject: Arc::clone(&self.dead_subject),
-                            };
-                            in_flight.spawn(settle.handle(message, Arc::clone(&handler)));
-                        }
-                        Err(error) => tracing::warn!(%error, "not a JetStream message; skipped"),
-                    },
-                    Some(Err(error)) => {
-                        // Missed heartbeats and the like: the client
-                        // recovers the pull by itself; log and go on.
-                        tracing::warn!(%error, "JetStream pull error");
+        // Pull errors (missed heartbeats and the like) are recovered by
+        // the client itself, and a message that is not a JetStream one
+        // cannot be acked: both are logged and skipped.
+        let messages = messages.filter_map(|next| {
+            ready(
+                match next.map_err(async_nats::Error::from).and_then(split) {
+                    Ok(message) => Some(message),
+                    Err(error) => {
+                        tracing::warn!(%error, "JetStream pull error; skipped");
+                        None
                     }
-                    None => break Some(consume_error("the message stream ended".to_owned())),
                 },
-            }
-        };
-        drop(messages);
-        while in_flight.join_next().await.is_some() {}
-        ended.map_or(Ok(()), Err)
+            )
+        });
+        let settle = Arc::new(Settle {
+            consumer: self.consumer.clone(),
+            js: self.js.clone(),
+            dead_subject: Arc::clone(&self.dead_subject),
+        });
+        let stopped = self
+            .consumer
+            .drive(
+                messages,
+                self.concurrency,
+                handler,
+                move |message, decision| {
+                    let settle = Arc::clone(&settle);
+                    async move { settle.settle(&message, decision).await }
+                },
+                shutdown,
+            )
+            .await;
+        match stopped {
+            Stopped::Shutdown => Ok(()),
+            _ => Err(consume_error("the message stream ended".to_owned())),
+        }
     }
 }
 
@@ -514,21 +519,6 @@ struct Settle<S, C> {
 }
 
 impl<S: Store, C: Codec> Settle<S, C> {
-    async fn handle<H, Fut, T, E>(self, message: NatsMessage, handler: Arc<H>)
-    where
-        H: Fn(Job<NatsMessage>) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-        T: Serialize + DeserializeOwned,
-        E: StdError + Send + Sync + 'static,
-    {
-        let message = Arc::new(message);
-        let decision = self
-            .consumer
-            .process(Arc::clone(&message), |job| handler(job))
-            .await;
-        self.settle(&message, decision).await;
-    }
-
     async fn settle(&self, message: &NatsMessage, decision: Decision) {
         let kind = match decision.disposition {
             Disposition::Ack(_) => AckKind::Ack,

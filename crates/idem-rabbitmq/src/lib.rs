@@ -75,9 +75,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::ready;
 use futures_util::StreamExt;
 use idem::{Codec, Store};
-use idem_consumer::{Consumer, Decision, Disposition, Job, Message, RedeliveryWindow};
+use idem_consumer::{Consumer, Decision, Disposition, Job, Message, RedeliveryWindow, Stopped};
 use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
@@ -87,7 +88,6 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Acker, BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::task::JoinSet;
 
 /// The retry delays used unless configured: 1 s, 5 s, 30 s, 2 min, 10 min.
 pub const DEFAULT_RETRY_DELAYS: [Duration; 5] = [
@@ -531,7 +531,7 @@ where
             .basic_qos(self.prefetch, BasicQosOptions::default())
             .await
             .map_err(consume_error)?;
-        let mut deliveries = channel
+        let deliveries = channel
             .basic_consume(
                 queue.as_str().into(),
                 "".into(),
@@ -541,29 +541,36 @@ where
             .await
             .map_err(consume_error)?;
         let tag = deliveries.tag();
-        let handler = Arc::new(handler);
-        let mut in_flight = JoinSet::new();
-        tokio::pin!(shutdown);
-        let ended = loop {
-            tokio::select! {
-                () = &mut shutdown => break None,
-                Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
-                next = deliveries.next() => match next {
-                    Some(Ok(delivery)) => {
-                        let settle = Settle {
-                            consumer: self.consumer.clone(),
-                            publish: self.publish.clone(),
-                            topology: Arc::clone(&self.topology),
-                        };
-                        let handler = Arc::clone(&handler);
-                        in_flight.spawn(settle.handle(AmqpMessage::new(delivery), handler));
-                    }
-                    Some(Err(source)) => break Some(consume_error(source)),
-                    None => break Some(RabbitError::Ended { queue: queue.clone() }),
+        let mut failure = None;
+        // Ends the stream at the first channel error, kept for the caller.
+        let messages = deliveries.scan((), |(), next| {
+            ready(match next {
+                Ok(delivery) => Some(AmqpMessage::new(delivery)),
+                Err(source) => {
+                    failure = Some(source);
+                    None
+                }
+            })
+        });
+        let settle = Arc::new(Settle {
+            consumer: self.consumer.clone(),
+            publish: self.publish.clone(),
+            topology: Arc::clone(&self.topology),
+        });
+        let stopped = self
+            .consumer
+            .drive(
+                messages,
+                usize::from(self.prefetch),
+                handler,
+                move |message, decision| {
+                    let settle = Arc::clone(&settle);
+                    async move { settle.settle(&message, decision).await }
                 },
-            }
-        };
-        if ended.is_none() {
+                shutdown,
+            )
+            .await;
+        if stopped == Stopped::Shutdown {
             // Stop new deliveries; those already buffered are requeued by
             // the broker when the channel closes.
             if let Err(error) = channel
@@ -573,13 +580,16 @@ where
                 tracing::warn!(%error, "basic.cancel failed; closing the channel instead");
             }
         }
-        while in_flight.join_next().await.is_some() {}
         let _ = channel.close(200, "idem consumer stopped".into()).await;
-        ended.map_or(Ok(()), Err)
+        match (stopped, failure) {
+            (Stopped::Shutdown, _) => Ok(()),
+            (_, Some(source)) => Err(consume_error(source)),
+            (_, None) => Err(RabbitError::Ended { queue }),
+        }
     }
 }
 
-/// What a delivery task needs to settle its delivery.
+/// What settling a delivery needs.
 struct Settle<S, C> {
     consumer: Consumer<S, C>,
     publish: Channel,
@@ -587,21 +597,6 @@ struct Settle<S, C> {
 }
 
 impl<S: Store, C: Codec> Settle<S, C> {
-    async fn handle<H, Fut, T, E>(self, message: AmqpMessage, handler: Arc<H>)
-    where
-        H: Fn(Job<AmqpMessage>) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-        T: Serialize + DeserializeOwned,
-        E: StdError + Send + Sync + 'static,
-    {
-        let message = Arc::new(message);
-        let decision = self
-            .consumer
-            .process(Arc::clone(&message), |job| handler(job))
-            .await;
-        self.settle(&message, decision).await;
-    }
-
     async fn settle(&self, message: &AmqpMessage, decision: Decision) {
         let key = decision.key.as_ref().map(|k| k.as_str().to_owned());
         let copied = match decision.disposition {
