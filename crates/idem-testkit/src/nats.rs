@@ -8,10 +8,9 @@
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::rabbitmq::listening;
-use crate::server::{failed, which};
+use crate::server::{failed, wait_listening, which};
 pub use crate::server::{free_port, ServerError};
 
 /// The watchdog: `$0` is the store directory, removed after the kill.
@@ -59,23 +58,12 @@ impl NatsServer {
             .spawn()
             .map_err(|e| failed(format!("spawning sh: {e}")))?;
         let stdin = child.stdin.take().ok_or_else(|| failed("no stdin pipe"))?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if listening(port) {
-                return Ok(Self {
-                    port,
-                    dir,
-                    process: Some((child, stdin)),
-                });
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(failed(format!("nats-server exited: {status}")));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Err(failed(format!(
-            "nats-server did not listen on port {port} in 10 s"
-        )))
+        wait_listening(&mut child, "nats-server", port, Duration::from_secs(10)).map_err(failed)?;
+        Ok(Self {
+            port,
+            dir,
+            process: Some((child, stdin)),
+        })
     }
 
     /// `nats://127.0.0.1:PORT`.

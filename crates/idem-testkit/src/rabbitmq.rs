@@ -11,12 +11,11 @@
 //! asks `epmd` to exit, which it refuses while any other node uses it, and
 //! removes the broker's directory.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::server::failed;
+use crate::server::{failed, listening, wait_listening};
 pub use crate::server::{free_port, ServerError};
 
 const PROGRAM: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
@@ -116,29 +115,15 @@ impl RabbitServer {
             .spawn()
             .map_err(|e| failed(format!("spawning sh: {e}")))?;
         let stdin = child.stdin.take().ok_or_else(|| failed("no stdin pipe"))?;
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while Instant::now() < deadline {
-            if listening(port) {
-                return Ok(Self {
-                    url: format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
-                    port,
-                    _own: Some(OwnBroker {
-                        _process: (child, stdin),
-                    }),
-                });
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(failed(format!(
-                    "rabbitmq-server exited: {status}; logs in {}",
-                    dir.join("log").display()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        Err(failed(format!(
-            "rabbitmq-server did not listen on port {port} in 90 s; logs in {}",
-            dir.join("log").display()
-        )))
+        wait_listening(&mut child, "rabbitmq-server", port, Duration::from_secs(90))
+            .map_err(|why| failed(format!("{why}; logs in {}", dir.join("log").display())))?;
+        Ok(Self {
+            url: format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
+            port,
+            _own: Some(OwnBroker {
+                _process: (child, stdin),
+            }),
+        })
     }
 
     /// The AMQP URL, with guest credentials.
@@ -150,9 +135,4 @@ impl RabbitServer {
     pub fn port(&self) -> u16 {
         self.port
     }
-}
-
-pub(crate) fn listening(port: u16) -> bool {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok()
 }

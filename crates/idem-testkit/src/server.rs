@@ -1,7 +1,9 @@
 //! What the test servers share: their error, free ports, and finding
 //! programs.
 
-use std::net::{Ipv4Addr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::process::Child;
+use std::time::{Duration, Instant};
 
 /// Why a server could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -36,4 +38,34 @@ pub fn free_port() -> Result<u16, ServerError> {
         .local_addr()
         .map(|a| a.port())
         .map_err(|e| failed(format!("no free port: {e}")))
+}
+
+/// Whether something accepts connections on the loopback `port`.
+pub(crate) fn listening(port: u16) -> bool {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok()
+}
+
+/// Waits up to `limit` for `program`, started under `child`, to listen on
+/// `port`; says why not otherwise (it exited, or it never listened).
+pub(crate) fn wait_listening(
+    child: &mut Child,
+    program: &str,
+    port: u16,
+    limit: Duration,
+) -> Result<(), String> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if listening(port) {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("{program} exited: {status}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(format!(
+        "{program} did not listen on port {port} in {} s",
+        limit.as_secs()
+    ))
 }
