@@ -6,7 +6,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use idem::{
     ClaimOutcome, ClaimParams, DeleteRecord, Failure, GetRecord, Lease, ListPage, ListQuery,
-    ListRecords, MemoryStore, PurgeExpired, Record, RecordId, Store, StoreError, Timestamp,
+    ListRecords, MemoryStore, PurgeExpired, Record, RecordId, Resolution, Resolved, StepBegin,
+    StepEntry, StepJournal, Store, StoreError, Timestamp,
 };
 use idem_postgres::PgStore;
 use idem_redis::RedisStore;
@@ -156,6 +157,10 @@ macro_rules! each {
 }
 
 impl Store for AnyStore {
+    fn step_journal(&self) -> Option<std::sync::Arc<dyn idem::DynStepJournal>> {
+        each!(self, s => s.step_journal())
+    }
+
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
         each!(self, s => s.claim(id, params).await)
     }
@@ -206,6 +211,34 @@ impl DeleteRecord for AnyStore {
 impl ListRecords for AnyStore {
     async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
         each!(self, s => s.list(query).await)
+    }
+}
+
+impl StepJournal for AnyStore {
+    async fn begin_step(&self, lease: &Lease, step: &str) -> Result<StepBegin, StoreError> {
+        each!(self, s => s.begin_step(lease, step).await)
+    }
+
+    async fn finish_step(
+        &self,
+        lease: &Lease,
+        step: &str,
+        result: Bytes,
+    ) -> Result<(), StoreError> {
+        each!(self, s => s.finish_step(lease, step, result).await)
+    }
+
+    async fn steps(&self, id: &RecordId) -> Result<Vec<StepEntry>, StoreError> {
+        each!(self, s => s.steps(id).await)
+    }
+
+    async fn resolve_step(
+        &self,
+        id: &RecordId,
+        step: &str,
+        resolution: Resolution,
+    ) -> Result<Resolved, StoreError> {
+        each!(self, s => s.resolve_step(id, step, resolution).await)
     }
 }
 

@@ -57,9 +57,10 @@ use bytes::Bytes;
 use deadpool_postgres::{Object, Pool};
 use futures_util::future::join_all;
 use idem::{
-    ClaimMany, ClaimOutcome, ClaimParams, DeleteRecord, Failure, GetRecord, Lease, ListPage,
-    ListQuery, ListRecords, PurgeExpired, Record, RecordId, RecordTtl, Store, StoreError,
-    Timestamp, TokenMint,
+    journal_of, ClaimMany, ClaimOutcome, ClaimParams, DeleteRecord, DynStepJournal, Failure,
+    GetRecord, Lease, ListPage, ListQuery, ListRecords, PurgeExpired, Record, RecordId, RecordTtl,
+    Resolution, Resolved, StepBegin, StepEntry, StepJournal, Store, StoreError, Timestamp,
+    TokenMint,
 };
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{GenericClient, Statement};
@@ -235,6 +236,10 @@ struct Sql {
     purge: String,
     state: String,
     ttl: String,
+    step_begin: String,
+    step_finish: String,
+    steps: String,
+    resolve: String,
 }
 
 impl Sql {
@@ -251,6 +256,10 @@ impl Sql {
             delete: r(include_str!("../sql/delete.sql")),
             purge: r(include_str!("../sql/purge.sql")),
             ttl: r(include_str!("../sql/ttl.sql")),
+            step_begin: r(include_str!("../sql/step_begin.sql")),
+            step_finish: r(include_str!("../sql/step_finish.sql")),
+            steps: r(include_str!("../sql/steps.sql")),
+            resolve: r(include_str!("../sql/resolve.sql")),
             state: r("SELECT state FROM {schema}.idem_records WHERE scope = $1 AND key = $2"),
         }
     }
@@ -452,6 +461,81 @@ impl PgStore {
     }
 }
 
+impl StepJournal for PgStore {
+    async fn begin_step(&self, lease: &Lease, step: &str) -> Result<StepBegin, StoreError> {
+        let attempt = i32::try_from(lease.attempt).unwrap_or(i32::MAX);
+        let rows = self
+            .query(
+                &self.inner.sql.step_begin,
+                &[
+                    &lease.id.scope().as_str(),
+                    &lease.id.key().as_str(),
+                    &&token_bytes(lease.token)[..],
+                    &step,
+                    &attempt,
+                ],
+            )
+            .await?;
+        row::step_begin(&lease.id, rows.first())
+    }
+
+    async fn finish_step(
+        &self,
+        lease: &Lease,
+        step: &str,
+        result: Bytes,
+    ) -> Result<(), StoreError> {
+        let changed = self
+            .write(
+                &self.inner.sql.step_finish,
+                &[
+                    &lease.id.scope().as_str(),
+                    &lease.id.key().as_str(),
+                    &&token_bytes(lease.token)[..],
+                    &step,
+                    &&result[..],
+                ],
+            )
+            .await?;
+        lease_written(changed)
+    }
+
+    async fn steps(&self, id: &RecordId) -> Result<Vec<StepEntry>, StoreError> {
+        let rows = self
+            .query(
+                &self.inner.sql.steps,
+                &[&id.scope().as_str(), &id.key().as_str()],
+            )
+            .await?;
+        rows.iter().map(|r| row::step_entry(id, r)).collect()
+    }
+
+    async fn resolve_step(
+        &self,
+        id: &RecordId,
+        step: &str,
+        resolution: Resolution,
+    ) -> Result<Resolved, StoreError> {
+        let (applied, result) = match resolution {
+            Resolution::Applied(result) => (true, result),
+            Resolution::NotApplied => (false, Bytes::new()),
+        };
+        let rows = self
+            .query(
+                &self.inner.sql.resolve,
+                &[
+                    &id.scope().as_str(),
+                    &id.key().as_str(),
+                    &step,
+                    &applied,
+                    &&result[..],
+                ],
+            )
+            .await?;
+        row::resolved(id, rows.first())
+    }
+}
+
 /// Whether PostgreSQL aborted the statement to break a lock cycle.
 fn deadlock(e: &StoreError) -> bool {
     matches!(e, StoreError::Backend(source)
@@ -468,6 +552,10 @@ fn lease_written(changed: u64) -> Result<(), StoreError> {
 }
 
 impl Store for PgStore {
+    fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
+        Some(journal_of(self.clone()))
+    }
+
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
         let client = self.client().await?;
         let statement = self.prepare(&client, &self.inner.sql.claim).await?;

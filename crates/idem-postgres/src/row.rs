@@ -5,8 +5,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use idem::{
-    ClaimOutcome, Failure, FailureClass, Fingerprint, Lease, LeaseToken, Record, RecordId, State,
-    StoreError, Timestamp,
+    ClaimOutcome, Failure, FailureClass, Fingerprint, Lease, LeaseToken, Record, RecordId,
+    Resolved, State, StepBegin, StepEntry, StepState, StoreError, Timestamp,
 };
 use tokio_postgres::Row;
 
@@ -186,4 +186,59 @@ pub(crate) fn record(row: &Row) -> Result<(RecordId, Record), StoreError> {
         expires_at: timestamp(column(row, &id, "expires_at")?),
     };
     Ok((id, record))
+}
+
+fn started(id: &RecordId, attempt: i32) -> Result<StepState, StoreError> {
+    u32::try_from(attempt)
+        .map(|attempt| StepState::Started { attempt })
+        .map_err(|_| corrupt(id, format!("step attempt {attempt} out of range")))
+}
+
+/// The step_begin statement's row.
+pub(crate) fn step_begin(id: &RecordId, row: Option<&Row>) -> Result<StepBegin, StoreError> {
+    let row = row.ok_or_else(|| corrupt(id, "step_begin returned no row"))?;
+    let read = |e: tokio_postgres::Error| corrupt(id, format!("step_begin row: {e}"));
+    let held: bool = row.try_get(0).map_err(read)?;
+    let attempt: Option<i32> = row.try_get(1).map_err(read)?;
+    let result: Option<Vec<u8>> = row.try_get(2).map_err(read)?;
+    if !held {
+        return Err(StoreError::LeaseLost);
+    }
+    Ok(match (result, attempt) {
+        (Some(result), _) => StepBegin::Done(Bytes::from(result)),
+        (None, Some(attempt)) => StepBegin::InDoubt {
+            attempt: u32::try_from(attempt)
+                .map_err(|_| corrupt(id, format!("step attempt {attempt} out of range")))?,
+        },
+        (None, None) => StepBegin::Fresh,
+    })
+}
+
+/// One row of the steps statement.
+pub(crate) fn step_entry(id: &RecordId, row: &Row) -> Result<StepEntry, StoreError> {
+    let read = |e: tokio_postgres::Error| corrupt(id, format!("steps row: {e}"));
+    let name: String = row.try_get(0).map_err(read)?;
+    let attempt: i32 = row.try_get(1).map_err(read)?;
+    let result: Option<Vec<u8>> = row.try_get(2).map_err(read)?;
+    let state = match result {
+        Some(result) => StepState::Done {
+            result: Bytes::from(result),
+        },
+        None => started(id, attempt)?,
+    };
+    Ok(StepEntry { name, state })
+}
+
+/// The resolve statement's row.
+pub(crate) fn resolved(id: &RecordId, row: Option<&Row>) -> Result<Resolved, StoreError> {
+    let row = row.ok_or_else(|| corrupt(id, "resolve returned no row"))?;
+    let answer: String = row
+        .try_get(0)
+        .map_err(|e| corrupt(id, format!("resolve row: {e}")))?;
+    match answer.as_str() {
+        "R" => Ok(Resolved::Released),
+        "P" => Ok(Resolved::NotParked),
+        "S" => Ok(Resolved::StepNotInDoubt),
+        other => Err(corrupt(id, format!("resolve answered {other:?}"))),
+    }
 }

@@ -26,6 +26,11 @@ const FILES: &[(i32, &str, &str)] = &[
         "0002_inbox",
         include_str!("../migrations/0002_inbox.sql"),
     ),
+    (
+        3,
+        "0003_steps",
+        include_str!("../migrations/0003_steps.sql"),
+    ),
 ];
 
 /// Whether `name` can be used as a schema unquoted: 1 to 63 characters of
@@ -129,7 +134,7 @@ mod tests {
     fn migrations_are_in_order_and_fill_the_schema() {
         let all = migrations("billing");
         let versions: Vec<i32> = all.iter().map(|m| m.version).collect();
-        assert_eq!(versions, [1, 2]);
+        assert_eq!(versions, [1, 2, 3]);
         assert!(all.iter().all(|m| !m.sql.contains("{schema}")));
         assert!(all[0].sql.contains("billing.idem_records"));
     }

@@ -1,8 +1,18 @@
--- get(KEYS[1] record): the record's fields as a flat name/value list, or
--- an empty list when it is absent or past its retention deadline.
+-- get(KEYS[1] record): the record's fields as a flat name/value list (the
+-- step journal's 'j:' fields left out), or an empty list when it is absent
+-- or past its retention deadline.
 local key = KEYS[1]
 local ex = redis.call('HGET', key, 'ex')
 if not ex or tonumber(ex) <= now then
   return {}
 end
-return redis.call('HGETALL', key)
+local names = {'s', 'k', 'st', 'fp', 'at', 'fe', 'ca', 'ua', 'ex', 'tk', 'lu', 'rs', 'fc', 'fm'}
+local values = redis.call('HMGET', key, unpack(names))
+local out = {}
+for i, name in ipairs(names) do
+  if values[i] then
+    out[#out + 1] = name
+    out[#out + 1] = values[i]
+  end
+end
+return out

@@ -62,9 +62,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem::{
-    ClaimMany, ClaimOutcome, ClaimParams, DeleteRecord, Failure, GetRecord, Lease, LeaseToken,
-    ListPage, ListQuery, ListRecords, PurgeExpired, Record, RecordId, Scope, Store, StoreError,
-    Timestamp, TokenMint,
+    journal_of, ClaimMany, ClaimOutcome, ClaimParams, DeleteRecord, DynStepJournal, Failure,
+    GetRecord, Lease, LeaseToken, ListPage, ListQuery, ListRecords, PurgeExpired, Record, RecordId,
+    Resolution, Resolved, Scope, StepBegin, StepEntry, StepJournal, Store, StoreError, Timestamp,
+    TokenMint,
 };
 use redis::{RedisResult, Value};
 use sha2::{Digest, Sha256};
@@ -581,6 +582,10 @@ impl Scan {
 }
 
 impl Store for RedisStore {
+    fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
+        Some(journal_of(self.clone()))
+    }
+
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
         self.claim_one(id, params).await
     }
@@ -678,6 +683,69 @@ fn written(id: &RecordId, reply: Value) -> Result<(), StoreError> {
             id: id.to_string(),
             reason: format!("write replied {other:?}"),
         }),
+    }
+}
+
+impl StepJournal for RedisStore {
+    async fn begin_step(&self, lease: &Lease, step: &str) -> Result<StepBegin, StoreError> {
+        let attempt = lease.attempt.to_string();
+        let reply = self
+            .write(
+                &self.inner.scripts.step_begin,
+                lease,
+                &[step.as_bytes(), attempt.as_bytes()],
+            )
+            .await?;
+        record::step_begin(&lease.id, reply)
+    }
+
+    async fn finish_step(
+        &self,
+        lease: &Lease,
+        step: &str,
+        result: Bytes,
+    ) -> Result<(), StoreError> {
+        let reply = self
+            .write(
+                &self.inner.scripts.step_finish,
+                lease,
+                &[step.as_bytes(), &result],
+            )
+            .await?;
+        written(&lease.id, reply)
+    }
+
+    async fn steps(&self, id: &RecordId) -> Result<Vec<StepEntry>, StoreError> {
+        let key = self.record_key(id);
+        let reply = self
+            .inner
+            .scripts
+            .steps
+            .run(&self.inner.conn, &key, &[])
+            .await
+            .map_err(store_error)?;
+        record::steps(id, reply)
+    }
+
+    async fn resolve_step(
+        &self,
+        id: &RecordId,
+        step: &str,
+        resolution: Resolution,
+    ) -> Result<Resolved, StoreError> {
+        let key = self.record_key(id);
+        let (kind, result): (&[u8], Bytes) = match resolution {
+            Resolution::Applied(result) => (b"a", result),
+            Resolution::NotApplied => (b"n", Bytes::new()),
+        };
+        let reply = self
+            .inner
+            .scripts
+            .resolve
+            .run(&self.inner.conn, &key, &[step.as_bytes(), kind, &result])
+            .await
+            .map_err(store_error)?;
+        record::resolved(id, reply)
     }
 }
 

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use idem::{
-    ClaimOutcome, Failure, FailureClass, Fingerprint, Lease, LeaseToken, Record, RecordId, State,
-    StoreError, Timestamp,
+    ClaimOutcome, Failure, FailureClass, Fingerprint, Lease, LeaseToken, Record, RecordId,
+    Resolved, State, StepBegin, StepEntry, StepState, StoreError, Timestamp,
 };
 use redis::Value;
 
@@ -215,6 +215,74 @@ pub(crate) fn record(
         expires_at: Timestamp::from_millis(number(&fields, "ex")?),
     };
     Ok(Some((id, record)))
+}
+
+/// The begin_step script's reply.
+pub(crate) fn step_begin(id: &RecordId, reply: Value) -> Result<StepBegin, StoreError> {
+    let Value::Array(items) = reply else {
+        return Err(corrupt(id, format!("begin_step replied {reply:?}")));
+    };
+    let shape = || corrupt(id, format!("begin_step replied {items:?}"));
+    let tag = items.first().cloned().and_then(bytes).ok_or_else(shape)?;
+    match (tag.as_slice(), items.len()) {
+        (b"L", 1) => Err(StoreError::LeaseLost),
+        (b"N", 1) => Ok(StepBegin::Fresh),
+        (b"I", 2) => Ok(StepBegin::InDoubt {
+            attempt: int(&items[1])
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(shape)?,
+        }),
+        (b"D", 2) => Ok(StepBegin::Done(Bytes::from(
+            items.into_iter().nth(1).and_then(bytes).unwrap_or_default(),
+        ))),
+        _ => Err(shape()),
+    }
+}
+
+/// One journal value: `s<attempt>` or `d<result>`.
+fn step_state(id: &RecordId, value: &[u8]) -> Result<StepState, StoreError> {
+    match value.split_first() {
+        Some((b'd', result)) => Ok(StepState::Done {
+            result: Bytes::copy_from_slice(result),
+        }),
+        Some((b's', attempt)) => std::str::from_utf8(attempt)
+            .ok()
+            .and_then(|a| a.parse().ok())
+            .map(|attempt| StepState::Started { attempt })
+            .ok_or_else(|| corrupt(id, "a started step without its attempt")),
+        _ => Err(corrupt(id, "a step journal value of unknown form")),
+    }
+}
+
+/// The steps script's reply, in step-name order.
+pub(crate) fn steps(id: &RecordId, reply: Value) -> Result<Vec<StepEntry>, StoreError> {
+    let Value::Array(items) = reply else {
+        return Err(corrupt(id, format!("steps replied {reply:?}")));
+    };
+    let mut out = Vec::with_capacity(items.len() / 2);
+    let mut it = items.into_iter();
+    while let (Some(name), Some(value)) = (it.next(), it.next()) {
+        let name = bytes(name)
+            .and_then(|n| String::from_utf8(n).ok())
+            .ok_or_else(|| corrupt(id, "a step name that is not UTF-8"))?;
+        let value = bytes(value).ok_or_else(|| corrupt(id, "a step without a value"))?;
+        out.push(StepEntry {
+            state: step_state(id, &value)?,
+            name,
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// The resolve script's reply.
+pub(crate) fn resolved(id: &RecordId, reply: Value) -> Result<Resolved, StoreError> {
+    match bytes(reply.clone()).as_deref() {
+        Some(b"R") => Ok(Resolved::Released),
+        Some(b"P") => Ok(Resolved::NotParked),
+        Some(b"S") => Ok(Resolved::StepNotInDoubt),
+        _ => Err(corrupt(id, format!("resolve replied {reply:?}"))),
+    }
 }
 
 #[cfg(test)]

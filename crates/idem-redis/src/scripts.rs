@@ -79,6 +79,10 @@ pub(crate) struct Scripts {
     pub(crate) get: Script,
     pub(crate) delete: Script,
     pub(crate) purge: Script,
+    pub(crate) step_begin: Script,
+    pub(crate) step_finish: Script,
+    pub(crate) steps: Script,
+    pub(crate) resolve: Script,
 }
 
 impl Scripts {
@@ -92,11 +96,15 @@ impl Scripts {
             get: script!("get.lua"),
             delete: script!("delete.lua"),
             purge: script!("purge.lua"),
+            step_begin: script!("step_begin.lua"),
+            step_finish: script!("step_finish.lua"),
+            steps: script!("steps.lua"),
+            resolve: script!("resolve.lua"),
         }
     }
 
     /// Every script, for loading them all.
-    pub(crate) fn all(&self) -> [&Script; 8] {
+    pub(crate) fn all(&self) -> [&Script; 12] {
         [
             &self.claim,
             &self.complete,
@@ -106,6 +114,10 @@ impl Scripts {
             &self.get,
             &self.delete,
             &self.purge,
+            &self.step_begin,
+            &self.step_finish,
+            &self.steps,
+            &self.resolve,
         ]
     }
 

@@ -52,9 +52,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use idem::machine::{decide_claim, ClaimDecision, Fresh, Write};
 use idem::{
-    ClaimMany, ClaimOutcome, ClaimParams, Clock, DeleteRecord, Failure, GetRecord, KeyRules, Lease,
-    LeaseToken, ListPage, ListQuery, ListRecords, PurgeExpired, PurgerHandle, Record, RecordId,
-    Scope, Store, StoreError, SystemClock, Timestamp,
+    journal_of, ClaimMany, ClaimOutcome, ClaimParams, Clock, DeleteRecord, DynStepJournal, Failure,
+    GetRecord, KeyRules, Lease, LeaseToken, ListPage, ListQuery, ListRecords, PurgeExpired,
+    PurgerHandle, Record, RecordId, Resolution, Resolved, Scope, StepBegin, StepEntry, StepJournal,
+    Store, StoreError, SystemClock, Timestamp,
 };
 use parking_lot::Mutex;
 use rusqlite::types::Value;
@@ -362,6 +363,10 @@ impl<C: Clock> SqliteStore<C> {
 }
 
 impl<C: Clock> Store for SqliteStore<C> {
+    fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
+        Some(journal_of(self.clone()))
+    }
+
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
         // A claim that will only report what is there (an outcome, a live
         // lease, a mismatch) is answered from a read snapshot: correct as of
@@ -450,6 +455,65 @@ impl<C: Clock> GetRecord for SqliteStore<C> {
             None => Ok(None),
             Some((_, Ok(record))) => Ok((!record.is_expired(now)).then_some(record)),
             Some((_, Err(reason))) => Err(writer::corrupt(id, reason)),
+        }
+    }
+}
+
+impl<C: Clock> StepJournal for SqliteStore<C> {
+    async fn begin_step(&self, lease: &Lease, step: &str) -> Result<StepBegin, StoreError> {
+        let op = Op::BeginStep {
+            lease: lease.clone(),
+            step: step.to_owned(),
+        };
+        match self.submit(op).await? {
+            Done::BeginStep(result) => result,
+            _ => unreachable!("a begin_step job is answered with Done::BeginStep"),
+        }
+    }
+
+    async fn finish_step(
+        &self,
+        lease: &Lease,
+        step: &str,
+        result: Bytes,
+    ) -> Result<(), StoreError> {
+        let op = Op::FinishStep {
+            lease: lease.clone(),
+            step: step.to_owned(),
+            result,
+        };
+        match self.submit(op).await? {
+            Done::FinishStep(result) => result,
+            _ => unreachable!("a finish_step job is answered with Done::FinishStep"),
+        }
+    }
+
+    async fn steps(&self, id: &RecordId) -> Result<Vec<StepEntry>, StoreError> {
+        let now = self.inner.clock.now();
+        let (record, steps) = self
+            .read(|conn| Ok((row::load(conn, id)?, row::load_steps(conn, id)?)))
+            .await?;
+        match record {
+            Some((_, Ok(record))) if !record.is_expired(now) => Ok(steps),
+            Some((_, Err(reason))) => Err(writer::corrupt(id, reason)),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    async fn resolve_step(
+        &self,
+        id: &RecordId,
+        step: &str,
+        resolution: Resolution,
+    ) -> Result<Resolved, StoreError> {
+        let op = Op::Resolve {
+            id: id.clone(),
+            step: step.to_owned(),
+            resolution,
+        };
+        match self.submit(op).await? {
+            Done::Resolve(result) => result,
+            _ => unreachable!("a resolve job is answered with Done::Resolve"),
         }
     }
 }

@@ -2,7 +2,8 @@
 
 use bytes::Bytes;
 use idem::{
-    Failure, FailureClass, Fingerprint, LeaseToken, Record, RecordId, State, StateKind, Timestamp,
+    Failure, FailureClass, Fingerprint, LeaseToken, Record, RecordId, State, StateKind, StepEntry,
+    StepState, Timestamp,
 };
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Row};
@@ -202,4 +203,71 @@ pub(crate) fn store(
             ))?,
     };
     Ok(changed == 1)
+}
+
+/// The journaled state of step `step` of `id`, if any.
+pub(crate) fn load_step(
+    conn: &Connection,
+    id: &RecordId,
+    step: &str,
+) -> rusqlite::Result<Option<StepState>> {
+    conn.prepare_cached(
+        "SELECT attempt, result FROM idem_steps WHERE scope = ?1 AND key = ?2 AND name = ?3",
+    )?
+    .query_row(params![id.scope().as_str(), id.key().as_str(), step], |r| {
+        step_state(r.get(0)?, r.get(1)?)
+    })
+    .optional()
+}
+
+fn step_state(attempt: i64, result: Option<Vec<u8>>) -> rusqlite::Result<StepState> {
+    Ok(match result {
+        Some(result) => StepState::Done {
+            result: Bytes::from(result),
+        },
+        None => StepState::Started {
+            attempt: u32::try_from(attempt)
+                .map_err(|_| rusqlite::Error::IntegralValueOutOfRange(0, attempt))?,
+        },
+    })
+}
+
+/// Writes step `step` of `id` as `state`.
+pub(crate) fn store_step(
+    conn: &Connection,
+    id: &RecordId,
+    step: &str,
+    state: &StepState,
+) -> rusqlite::Result<()> {
+    let (attempt, result) = match state {
+        StepState::Started { attempt } => (i64::from(*attempt), None),
+        StepState::Done { result } => (0, Some(&result[..])),
+    };
+    conn.prepare_cached(
+        "INSERT INTO idem_steps (scope, key, name, attempt, result) VALUES (?1, ?2, ?3, ?4, ?5) \
+         ON CONFLICT (scope, key, name) DO UPDATE SET attempt = excluded.attempt, result = excluded.result",
+    )?
+    .execute(params![id.scope().as_str(), id.key().as_str(), step, attempt, result])?;
+    Ok(())
+}
+
+/// Removes the journal of `id`.
+pub(crate) fn delete_steps(conn: &Connection, id: &RecordId) -> rusqlite::Result<()> {
+    conn.prepare_cached("DELETE FROM idem_steps WHERE scope = ?1 AND key = ?2")?
+        .execute(params![id.scope().as_str(), id.key().as_str()])?;
+    Ok(())
+}
+
+/// The journal of `id`, in step-name order.
+pub(crate) fn load_steps(conn: &Connection, id: &RecordId) -> rusqlite::Result<Vec<StepEntry>> {
+    conn.prepare_cached(
+        "SELECT name, attempt, result FROM idem_steps WHERE scope = ?1 AND key = ?2 ORDER BY name",
+    )?
+    .query_map(params![id.scope().as_str(), id.key().as_str()], |r| {
+        Ok(StepEntry {
+            name: r.get(0)?,
+            state: step_state(r.get(1)?, r.get(2)?)?,
+        })
+    })?
+    .collect()
 }

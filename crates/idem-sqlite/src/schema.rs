@@ -17,14 +17,21 @@ pub struct Migration {
     pub sql: &'static str,
 }
 
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "0001_records.sql",
-    sql: include_str!("../migrations/0001_records.sql"),
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "0001_records.sql",
+        sql: include_str!("../migrations/0001_records.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "0002_steps.sql",
+        sql: include_str!("../migrations/0002_steps.sql"),
+    },
+];
 
 /// The schema version this build writes (SQLite's `user_version`).
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// The store's migrations, oldest first.
 pub fn migrations() -> &'static [Migration] {

@@ -11,9 +11,13 @@
 
 use std::sync::Arc;
 
-use idem::machine::{decide_claim, decide_write, Fresh, Write};
+use bytes::Bytes;
+use idem::machine::{
+    decide_claim, decide_resolve, decide_step_begin, decide_write, held, Fresh, Write,
+};
 use idem::{
-    ClaimOutcome, ClaimParams, Clock, Lease, LeaseToken, RecordId, State, StoreError, Timestamp,
+    ClaimOutcome, ClaimParams, Clock, Lease, LeaseToken, RecordId, Resolution, Resolved, State,
+    StepBegin, StepState, StoreError, Timestamp,
 };
 use parking_lot::Mutex;
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
@@ -31,6 +35,20 @@ pub(crate) enum Op {
     Delete(RecordId),
     /// Delete at most this many expired records.
     Purge(usize),
+    /// Mark a step started, under the lease's token check.
+    BeginStep { lease: Lease, step: String },
+    /// Journal a step's result, under the lease's token check.
+    FinishStep {
+        lease: Lease,
+        step: String,
+        result: Bytes,
+    },
+    /// Resolve a parked record's step in doubt.
+    Resolve {
+        id: RecordId,
+        step: String,
+        resolution: Resolution,
+    },
 }
 
 /// The writer's answer to a job.
@@ -39,6 +57,9 @@ pub(crate) enum Done {
     Write(Result<Timestamp, StoreError>),
     Delete(bool),
     Purge(usize),
+    BeginStep(Result<StepBegin, StoreError>),
+    FinishStep(Result<(), StoreError>),
+    Resolve(Result<Resolved, StoreError>),
 }
 
 pub(crate) struct Job {
@@ -273,6 +294,7 @@ fn apply(
         }
         Op::Write { lease, write } => Done::Write(apply_write(tx, lease, write.clone(), now)?),
         Op::Delete(id) => {
+            row::delete_steps(tx, id)?;
             let expires: Option<i64> = tx
                 .prepare_cached(
                     "DELETE FROM idem_records WHERE scope = ?1 AND key = ?2 RETURNING expires_at",
@@ -283,17 +305,118 @@ fn apply(
                 .optional()?;
             Done::Delete(expires.is_some_and(|e| e > row::millis(now)))
         }
-        Op::Purge(limit) => Done::Purge(
-            tx.prepare_cached(
-                "DELETE FROM idem_records WHERE rowid IN \
-                 (SELECT rowid FROM idem_records WHERE expires_at <= ?1 LIMIT ?2)",
-            )?
-            .execute(params![
-                row::millis(now),
-                i64::try_from(*limit).unwrap_or(i64::MAX)
-            ])?,
-        ),
+        Op::Purge(limit) => {
+            let purged: Vec<(String, String)> = tx
+                .prepare_cached(
+                    "DELETE FROM idem_records WHERE rowid IN \
+                     (SELECT rowid FROM idem_records WHERE expires_at <= ?1 LIMIT ?2) \
+                     RETURNING scope, key",
+                )?
+                .query_map(
+                    params![row::millis(now), i64::try_from(*limit).unwrap_or(i64::MAX)],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )?
+                .collect::<rusqlite::Result<_>>()?;
+            let mut steps =
+                tx.prepare_cached("DELETE FROM idem_steps WHERE scope = ?1 AND key = ?2")?;
+            for (scope, key) in &purged {
+                steps.execute(params![scope, key])?;
+            }
+            Done::Purge(purged.len())
+        }
+        Op::BeginStep { lease, step } => Done::BeginStep(begin_step(tx, lease, step, now)?),
+        Op::FinishStep {
+            lease,
+            step,
+            result,
+        } => Done::FinishStep(finish_step(tx, lease, step, result, now)?),
+        Op::Resolve {
+            id,
+            step,
+            resolution,
+        } => Done::Resolve(resolve(tx, id, step, resolution.clone(), now)?),
     })
+}
+
+/// The record of `lease` if the lease still holds it; `Err` answers the
+/// caller (lost lease, corrupt row).
+fn held_by(
+    conn: &Connection,
+    lease: &Lease,
+    now: Timestamp,
+) -> rusqlite::Result<Result<(), StoreError>> {
+    Ok(match row::load(conn, &lease.id)? {
+        None => Err(StoreError::LeaseLost),
+        Some((_, Err(reason))) => Err(corrupt(&lease.id, reason)),
+        Some((_, Ok(record))) => held(Some(&record), lease.token, now)
+            .map(drop)
+            .map_err(StoreError::from),
+    })
+}
+
+fn begin_step(
+    conn: &Connection,
+    lease: &Lease,
+    step: &str,
+    now: Timestamp,
+) -> rusqlite::Result<Result<StepBegin, StoreError>> {
+    if let Err(e) = held_by(conn, lease, now)? {
+        return Ok(Err(e));
+    }
+    let existing = row::load_step(conn, &lease.id, step)?;
+    let (write, begun) = decide_step_begin(existing.as_ref(), lease.attempt);
+    if let Some(state) = write {
+        row::store_step(conn, &lease.id, step, &state)?;
+    }
+    Ok(Ok(begun))
+}
+
+fn finish_step(
+    conn: &Connection,
+    lease: &Lease,
+    step: &str,
+    result: &Bytes,
+    now: Timestamp,
+) -> rusqlite::Result<Result<(), StoreError>> {
+    if let Err(e) = held_by(conn, lease, now)? {
+        return Ok(Err(e));
+    }
+    let done = StepState::Done {
+        result: result.clone(),
+    };
+    row::store_step(conn, &lease.id, step, &done)?;
+    Ok(Ok(()))
+}
+
+fn resolve(
+    conn: &Connection,
+    id: &RecordId,
+    step: &str,
+    resolution: Resolution,
+    now: Timestamp,
+) -> rusqlite::Result<Result<Resolved, StoreError>> {
+    let (rowid, record) = match row::load(conn, id)? {
+        None => return Ok(Ok(Resolved::NotParked)),
+        Some((_, Err(reason))) => return Ok(Err(corrupt(id, reason))),
+        Some((rowid, Ok(record))) => (rowid, record),
+    };
+    let current = row::load_step(conn, id, step)?;
+    let (next, step_state) = match decide_resolve(Some(&record), current.as_ref(), resolution, now)
+    {
+        Ok(decided) => decided,
+        Err(why) => return Ok(Ok(why)),
+    };
+    match step_state {
+        Some(state) => row::store_step(conn, id, step, &state)?,
+        None => {
+            conn.prepare_cached(
+                "DELETE FROM idem_steps WHERE scope = ?1 AND key = ?2 AND name = ?3",
+            )?
+            .execute(params![id.scope().as_str(), id.key().as_str(), step])?;
+        }
+    }
+    row::store(conn, id, Place::Row(rowid), &next)?;
+    Ok(Ok(Resolved::Released))
 }
 
 fn claim(
@@ -324,6 +447,10 @@ fn claim(
     };
     let (write, outcome) = decide_claim(Some(&existing), params, now, fresh).into_parts(id);
     if let Some(record) = write {
+        if record.attempt == 1 {
+            // A new record where an expired one was: its journal goes too.
+            row::delete_steps(conn, id)?;
+        }
         row::store(conn, id, Place::Row(rowid), &record)?;
         *seq = next;
     }

@@ -25,7 +25,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::{
-    ClaimMany, DeleteRecord, GetRecord, ListRecords, ManualClock, PurgeExpired, Scope, Store,
+    ClaimMany, DeleteRecord, GetRecord, ListRecords, ManualClock, PurgeExpired, Scope, StepJournal,
+    Store,
 };
 
 pub mod bench;
@@ -41,12 +42,12 @@ pub use server::{free_port, ServerError};
 
 /// Everything the suite needs: all primitives and capabilities.
 pub trait ConformanceStore:
-    Store + GetRecord + DeleteRecord + ListRecords + PurgeExpired + ClaimMany
+    Store + GetRecord + DeleteRecord + ListRecords + PurgeExpired + ClaimMany + StepJournal
 {
 }
 
 impl<S> ConformanceStore for S where
-    S: Store + GetRecord + DeleteRecord + ListRecords + PurgeExpired + ClaimMany
+    S: Store + GetRecord + DeleteRecord + ListRecords + PurgeExpired + ClaimMany + StepJournal
 {
 }
 
@@ -156,6 +157,11 @@ macro_rules! conformance_suite {
             list_by_state_and_scope,
             stored_bytes_round_trip,
             calls_yield_to_the_runtime,
+            steps_are_journaled_and_replayed,
+            steps_are_fenced_by_the_lease,
+            a_new_record_starts_with_an_empty_journal,
+            parked_records_are_resolved,
+            journals_are_per_record_under_concurrency,
         );
     };
 }

@@ -44,10 +44,12 @@ use parking_lot::Mutex;
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
-use crate::record::{ClaimOutcome, ClaimParams, Failure, Lease, Record};
+use crate::record::{
+    ClaimOutcome, ClaimParams, Failure, Lease, Record, Resolution, Resolved, StepBegin, StepEntry,
+};
 use crate::store::{
     ClaimMany, DeleteRecord, GetRecord, ListPage, ListQuery, ListRecords, PurgeExpired, RecordTtl,
-    Store, StoreError,
+    StepJournal, Store, StoreError,
 };
 
 /// Cache hits: replays served without asking the system of record.
@@ -363,6 +365,49 @@ impl<S: RecordTtl, R: ReplayCache> Store for Cached<S, R> {
 
     fn wait_for_change(&self, id: &RecordId, timeout: Duration) -> impl Future<Output = ()> + Send {
         self.store.wait_for_change(id, timeout)
+    }
+
+    /// Steps are written by lease holders only, never cached: the inner
+    /// store's journal.
+    fn step_journal(&self) -> Option<std::sync::Arc<dyn crate::store::DynStepJournal>> {
+        self.store.step_journal()
+    }
+}
+
+/// Only completed records are cached, and a resolution releases a parked
+/// (failed) one: every call goes to the inner store.
+impl<S: RecordTtl + StepJournal, R: ReplayCache> StepJournal for Cached<S, R> {
+    fn begin_step(
+        &self,
+        lease: &Lease,
+        step: &str,
+    ) -> impl Future<Output = Result<StepBegin, StoreError>> + Send {
+        self.store.begin_step(lease, step)
+    }
+
+    fn finish_step(
+        &self,
+        lease: &Lease,
+        step: &str,
+        result: Bytes,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.store.finish_step(lease, step, result)
+    }
+
+    fn steps(
+        &self,
+        id: &RecordId,
+    ) -> impl Future<Output = Result<Vec<StepEntry>, StoreError>> + Send {
+        self.store.steps(id)
+    }
+
+    fn resolve_step(
+        &self,
+        id: &RecordId,
+        step: &str,
+        resolution: Resolution,
+    ) -> impl Future<Output = Result<Resolved, StoreError>> + Send {
+        self.store.resolve_step(id, step, resolution)
     }
 }
 

@@ -21,7 +21,8 @@ use crate::key::RecordId;
 use crate::machine::LeaseLost;
 use crate::metrics as m;
 use crate::record::{ClaimOutcome, ClaimParams, Failure, FailureClass, Lease};
-use crate::store::{BoxError, Store, StoreError};
+use crate::step::StepRun;
+use crate::store::{BoxError, DynStepJournal, Store, StoreError};
 
 /// How long to suggest waiting after a store error before trying again.
 pub const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -170,6 +171,7 @@ struct Config {
     fail_open: bool,
     classifier: Classifier,
     log_keys: bool,
+    journal: Option<Arc<dyn DynStepJournal>>,
 }
 
 /// Builds an [`Idempotency`]; see its docs for the defaults.
@@ -319,10 +321,12 @@ impl<S: Store, C: Codec> IdempotencyBuilder<S, C> {
                 });
             }
         }
+        let journal = self.store.step_journal();
         Ok(Idempotency {
             store: self.store,
             codec: self.codec,
             config: Arc::new(Config {
+                journal,
                 lease: self.lease,
                 heartbeat,
                 retention: self.retention,
@@ -504,6 +508,12 @@ pub enum RunError<E> {
     /// terminal failure.
     #[error("response could not be encoded")]
     Encode(#[source] BoxError),
+    /// A step of the handler was in doubt under the
+    /// [`Park`](crate::step::Park) policy: the record is parked (failed,
+    /// outcome unknown) until an operator resolves it. Later claims replay
+    /// it as [`RunError::Failed`] with [`FailureClass::Unknown`].
+    #[error("parked for reconciliation: {}", .0.message)]
+    Parked(Failure),
     /// The stored response could not be decoded into the requested type.
     #[error("stored response could not be decoded: {reason}")]
     Decode {
@@ -539,6 +549,7 @@ pub struct Context {
     lease: Option<Lease>,
     lost: watch::Receiver<bool>,
     beats: watch::Receiver<u64>,
+    pub(crate) steps: Arc<StepRun>,
 }
 
 impl Context {
@@ -745,6 +756,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                         lease: None,
                         lost,
                         beats,
+                        steps: Arc::new(StepRun::new(id.clone(), None, 0)),
                     })
                     .await
                     .map_err(|error| RunError::Handler {
@@ -816,10 +828,16 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         }
         let (lost_tx, lost) = watch::channel(false);
         let (beat_tx, beats) = watch::channel(0);
+        let steps = Arc::new(StepRun::new(
+            id.clone(),
+            self.config.journal.clone(),
+            self.config.max_response_bytes,
+        ));
         let ctx = Context {
             lease: Some(lease.clone()),
             lost,
             beats,
+            steps: Arc::clone(&steps),
         };
         let result = {
             let work = handler(ctx);
@@ -831,10 +849,25 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                 never = &mut beat => match never {},
             }
         };
+        if let Some(why) = steps.parked() {
+            return Err(self.park(&lease, why).await);
+        }
         match result {
             Ok(value) => self.store_success(&lease, &params, value).await,
             Err(error) => Err(self.store_failure(&lease, error).await),
         }
+    }
+
+    /// Ends a run whose [`Park`](crate::step::Park) step was in doubt: the
+    /// record is kept as failed with an unknown outcome until an operator
+    /// resolves it, whatever the handler returned.
+    async fn park<E>(&self, lease: &Lease, why: String) -> RunError<E> {
+        m::count(m::PARKED, &[]);
+        m::count(m::EXECUTIONS, &[("result", FailureClass::Unknown.as_str())]);
+        tracing::warn!(attempt = lease.attempt, %why, "parking the record for reconciliation");
+        let failure = Failure::new(FailureClass::Unknown, why);
+        self.record_failure(lease, failure.clone()).await;
+        RunError::Parked(failure)
     }
 
     /// Extends the lease every heartbeat interval, and raises the lost flag
@@ -1077,6 +1110,7 @@ fn outcome_label<T, E>(result: &Result<Outcome<T>, RunError<E>>) -> &'static str
         Err(RunError::Handler { .. }) => "handler_failed",
         Err(RunError::Failed(_)) => "replayed_failure",
         Err(RunError::ResponseTooLarge { .. }) => "response_too_large",
+        Err(RunError::Parked(_)) => "parked",
         Err(RunError::Encode(_)) => "encode_error",
         Err(RunError::Decode { .. }) => "decode_error",
         Err(RunError::LeaseLost) => "lease_lost",

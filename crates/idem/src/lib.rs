@@ -47,6 +47,9 @@
 //! - The store contract: [`Store`] (claim, complete, fail, extend,
 //!   release) and capability traits [`GetRecord`], [`DeleteRecord`],
 //!   [`ListRecords`], [`PurgeExpired`], [`ClaimMany`].
+//! - Journaled steps for side effects that cannot be rolled back:
+//!   [`Context::step`] with the in-doubt policies of [`step`], on stores
+//!   with a [`StepJournal`].
 //! - [`MemoryStore`], sharded and bounded, with a [`Clock`] you can
 //!   replace by a [`ManualClock`] in tests.
 //! - The executor [`Idempotency`]: heartbeats, lease-loss signal,
@@ -71,6 +74,7 @@ mod memory;
 pub mod metrics;
 mod purger;
 mod record;
+pub mod step;
 mod store;
 pub mod url;
 
@@ -87,9 +91,10 @@ pub use memory::{MemoryStore, MemoryStoreBuilder, DEFAULT_MAX_RECORDS, DEFAULT_S
 pub use purger::{spawn_purger, PurgerHandle};
 pub use record::{
     ClaimOutcome, ClaimParams, Failure, FailureClass, InboxOutcome, Lease, LeaseToken, Record,
-    State, StateKind, TokenMint,
+    Resolution, Resolved, State, StateKind, StepBegin, StepEntry, StepState, TokenMint,
 };
 pub use store::{
-    poll_while, BoxError, ClaimMany, DeleteRecord, GetRecord, ListPage, ListQuery, ListRecords,
-    PurgeExpired, RecordTtl, Store, StoreError,
+    journal_of, poll_while, BoxError, BoxFuture, ClaimMany, DeleteRecord, DynStepJournal,
+    GetRecord, ListPage, ListQuery, ListRecords, PurgeExpired, RecordTtl, StepJournal, Store,
+    StoreError,
 };

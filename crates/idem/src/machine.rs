@@ -11,7 +11,8 @@ use bytes::Bytes;
 use crate::clock::Timestamp;
 use crate::key::RecordId;
 use crate::record::{
-    ClaimOutcome, ClaimParams, Failure, FailureClass, Lease, LeaseToken, Record, State,
+    ClaimOutcome, ClaimParams, Failure, FailureClass, Lease, LeaseToken, Record, Resolution,
+    Resolved, State, StepBegin, StepState,
 };
 
 /// What a store supplies to a claim that might acquire: a token it has never
@@ -177,17 +178,10 @@ pub fn decide_write(
     write: Write,
     now: Timestamp,
 ) -> Result<Record, LeaseLost> {
-    let record = existing.filter(|r| !r.is_expired(now)).ok_or(LeaseLost)?;
-    let State::InProgress {
-        token: held,
-        lease_until,
-    } = record.state
-    else {
+    let record = held(existing, token, now)?;
+    let State::InProgress { lease_until, .. } = record.state else {
         return Err(LeaseLost);
     };
-    if held != token {
-        return Err(LeaseLost);
-    }
     let mut next = record.clone();
     next.updated_at = now;
     match write {
@@ -220,6 +214,66 @@ pub fn decide_write(
         }
     }
     Ok(next)
+}
+
+/// The record if it is live and in progress under `token` at `now`: what
+/// every holder's write (and every step journal write) checks first.
+pub fn held(
+    existing: Option<&Record>,
+    token: LeaseToken,
+    now: Timestamp,
+) -> Result<&Record, LeaseLost> {
+    let record = existing.filter(|r| !r.is_expired(now)).ok_or(LeaseLost)?;
+    match record.state {
+        State::InProgress { token: held, .. } if held == token => Ok(record),
+        _ => Err(LeaseLost),
+    }
+}
+
+/// Decides the start of a journaled step by the holder of attempt
+/// `attempt` (after [`held`] passed): what to write for the step, if
+/// anything, and the answer.
+pub fn decide_step_begin(
+    existing: Option<&StepState>,
+    attempt: u32,
+) -> (Option<StepState>, StepBegin) {
+    let started = Some(StepState::Started { attempt });
+    match existing {
+        None => (started, StepBegin::Fresh),
+        Some(StepState::Started { attempt: earlier }) => {
+            (started, StepBegin::InDoubt { attempt: *earlier })
+        }
+        Some(StepState::Done { result }) => (None, StepBegin::Done(result.clone())),
+    }
+}
+
+/// Decides an operator's resolution of a parked record's step in doubt:
+/// the released record and the step's new state (`None`: remove it), or
+/// why nothing changes.
+pub fn decide_resolve(
+    existing: Option<&Record>,
+    step: Option<&StepState>,
+    resolution: Resolution,
+    now: Timestamp,
+) -> Result<(Record, Option<StepState>), Resolved> {
+    let record = existing
+        .filter(|r| !r.is_expired(now))
+        .ok_or(Resolved::NotParked)?;
+    match &record.state {
+        State::Failed { failure } if failure.is_parked() => {}
+        _ => return Err(Resolved::NotParked),
+    }
+    if !matches!(step, Some(StepState::Started { .. })) {
+        return Err(Resolved::StepNotInDoubt);
+    }
+    let mut next = record.clone();
+    next.state = State::Released { last_failure: None };
+    next.updated_at = now;
+    let step = match resolution {
+        Resolution::Applied(result) => Some(StepState::Done { result }),
+        Resolution::NotApplied => None,
+    };
+    Ok((next, step))
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! single-process deduplication of transient work, and as the reference
 //! implementation of the contract.
 
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, RandomState};
 use std::pin::pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,12 +18,17 @@ use tokio::sync::Notify;
 
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::key::RecordId;
-use crate::machine::{decide_claim, decide_write, Fresh, Write};
+use crate::machine::{
+    decide_claim, decide_resolve, decide_step_begin, decide_write, held, Fresh, Write,
+};
 use crate::purger::PurgerHandle;
-use crate::record::{ClaimOutcome, ClaimParams, Failure, Lease, LeaseToken, Record, State};
+use crate::record::{
+    ClaimOutcome, ClaimParams, Failure, Lease, LeaseToken, Record, Resolution, Resolved, State,
+    StepBegin, StepEntry, StepState,
+};
 use crate::store::{
-    ClaimMany, DeleteRecord, GetRecord, ListPage, ListQuery, ListRecords, PurgeExpired, RecordTtl,
-    Store, StoreError,
+    journal_of, ClaimMany, DeleteRecord, DynStepJournal, GetRecord, ListPage, ListQuery,
+    ListRecords, PurgeExpired, RecordTtl, StepJournal, Store, StoreError,
 };
 
 /// The default number of shards.
@@ -98,8 +104,39 @@ struct ShardState {
     /// hash is computed once per operation (shared by shard selection and
     /// lookup) and kept, so growing the table never hashes ids again.
     records: HashTable<(u64, RecordId, Record)>,
+    /// The step journals of records that have one; an entry lives exactly
+    /// as long as its record (dropped when the record is deleted, purged,
+    /// evicted or claimed anew as a new record).
+    journals: HashMap<RecordId, BTreeMap<String, StepState>>,
     /// Claims that acquired in this shard; never decreases.
     seq: u64,
+}
+
+impl ShardState {
+    fn record(&self, hash: u64, id: &RecordId) -> Option<&Record> {
+        self.records
+            .find(hash, |(h, k, _)| *h == hash && k == id)
+            .map(|(_, _, r)| r)
+    }
+
+    /// Removes expired records (at most `limit`) and their journals;
+    /// returns how many.
+    fn remove_expired(&mut self, now: Timestamp, limit: usize) -> usize {
+        let journals = &mut self.journals;
+        let mut removed = 0;
+        self.records.retain(|(_, id, r)| {
+            if removed < limit && r.is_expired(now) {
+                removed += 1;
+                if !journals.is_empty() {
+                    journals.remove(id);
+                }
+                false
+            } else {
+                true
+            }
+        });
+        removed
+    }
 }
 
 /// Builds a [`MemoryStore`].
@@ -161,6 +198,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
             .map(|_| Shard {
                 state: Mutex::new(ShardState {
                     records: HashTable::new(),
+                    journals: HashMap::new(),
                     seq: 0,
                 }),
                 changed: Notify::new(),
@@ -221,6 +259,10 @@ impl<C: Clock> MemoryStore<C> {
         let Some(record) = write else {
             return Ok(outcome);
         };
+        if record.attempt == 1 && !shard.journals.is_empty() {
+            // A new record: whatever an earlier one journaled is gone.
+            shard.journals.remove(id);
+        }
         match entry {
             Entry::Occupied(mut e) => e.get_mut().2 = record,
             Entry::Vacant(e) if !full => {
@@ -228,7 +270,7 @@ impl<C: Clock> MemoryStore<C> {
             }
             Entry::Vacant(_) => {
                 // Full: make room from expired records of this shard only.
-                shard.records.retain(|(_, _, r)| !r.is_expired(now));
+                shard.remove_expired(now, usize::MAX);
                 if shard.records.len() >= self.inner.per_shard {
                     return Err(StoreError::CapacityExceeded {
                         capacity: self.inner.max_records,
@@ -284,14 +326,7 @@ impl<C: Clock> MemoryStore<C> {
             if removed >= limit {
                 break;
             }
-            shard.state.lock().records.retain(|(_, _, r)| {
-                if removed < limit && r.is_expired(now) {
-                    removed += 1;
-                    false
-                } else {
-                    true
-                }
-            });
+            removed += shard.state.lock().remove_expired(now, limit - removed);
         }
         removed
     }
@@ -320,6 +355,10 @@ impl Shard {
 }
 
 impl<C: Clock> Store for MemoryStore<C> {
+    fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
+        Some(journal_of(self.clone()))
+    }
+
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
         // Every call finishes without waiting, so a loop of them would never
         // give its worker thread back to the runtime: each call is a yield
@@ -412,14 +451,16 @@ impl<C: Clock> DeleteRecord for MemoryStore<C> {
         let now = self.now();
         let (hash, index) = self.locate(id);
         let shard = &self.inner.shards[index];
-        let removed = match shard
-            .state
-            .lock()
-            .records
-            .find_entry(hash, |(h, k, _)| *h == hash && k == id)
-        {
-            Ok(entry) => Some(entry.remove().0 .2),
-            Err(_) => None,
+        let removed = {
+            let mut state = shard.state.lock();
+            state.journals.remove(id);
+            match state
+                .records
+                .find_entry(hash, |(h, k, _)| *h == hash && k == id)
+            {
+                Ok(entry) => Some(entry.remove().0 .2),
+                Err(_) => None,
+            }
         };
         shard.notify();
         Ok(removed.is_some_and(|r| !r.is_expired(now)))
@@ -471,6 +512,94 @@ impl<C: Clock> ClaimMany for MemoryStore<C> {
     ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
         tokio::task::coop::consume_budget().await;
         Ok(claims.iter().map(|(id, p)| self.claim_now(id, p)).collect())
+    }
+}
+
+impl<C: Clock> StepJournal for MemoryStore<C> {
+    async fn begin_step(&self, lease: &Lease, step: &str) -> Result<StepBegin, StoreError> {
+        tokio::task::coop::consume_budget().await;
+        let now = self.now();
+        let (hash, index) = self.locate(&lease.id);
+        let mut state = self.inner.shards[index].state.lock();
+        held(state.record(hash, &lease.id), lease.token, now)?;
+        let journal = state.journals.entry(lease.id.clone()).or_default();
+        let (write, begun) = decide_step_begin(journal.get(step), lease.attempt);
+        if let Some(write) = write {
+            journal.insert(step.to_owned(), write);
+        }
+        Ok(begun)
+    }
+
+    async fn finish_step(
+        &self,
+        lease: &Lease,
+        step: &str,
+        result: Bytes,
+    ) -> Result<(), StoreError> {
+        tokio::task::coop::consume_budget().await;
+        let now = self.now();
+        let (hash, index) = self.locate(&lease.id);
+        let mut state = self.inner.shards[index].state.lock();
+        held(state.record(hash, &lease.id), lease.token, now)?;
+        state
+            .journals
+            .entry(lease.id.clone())
+            .or_default()
+            .insert(step.to_owned(), StepState::Done { result });
+        Ok(())
+    }
+
+    async fn steps(&self, id: &RecordId) -> Result<Vec<StepEntry>, StoreError> {
+        tokio::task::coop::consume_budget().await;
+        let now = self.now();
+        let (hash, index) = self.locate(id);
+        let state = self.inner.shards[index].state.lock();
+        if state.record(hash, id).is_none_or(|r| r.is_expired(now)) {
+            return Ok(Vec::new());
+        }
+        Ok(state.journals.get(id).map_or_else(Vec::new, |journal| {
+            journal
+                .iter()
+                .map(|(name, state)| StepEntry {
+                    name: name.clone(),
+                    state: state.clone(),
+                })
+                .collect()
+        }))
+    }
+
+    async fn resolve_step(
+        &self,
+        id: &RecordId,
+        step: &str,
+        resolution: Resolution,
+    ) -> Result<Resolved, StoreError> {
+        tokio::task::coop::consume_budget().await;
+        let now = self.now();
+        let (hash, index) = self.locate(id);
+        let shard = &self.inner.shards[index];
+        {
+            let mut state = shard.state.lock();
+            let current = state.journals.get(id).and_then(|j| j.get(step));
+            let (record, step_state) =
+                match decide_resolve(state.record(hash, id), current, resolution, now) {
+                    Ok(decided) => decided,
+                    Err(why) => return Ok(why),
+                };
+            let journal = state.journals.entry(id.clone()).or_default();
+            match step_state {
+                Some(done) => journal.insert(step.to_owned(), done),
+                None => journal.remove(step),
+            };
+            if let Some((_, _, slot)) = state
+                .records
+                .find_mut(hash, |(h, k, _)| *h == hash && k == id)
+            {
+                *slot = record;
+            }
+        }
+        shard.notify();
+        Ok(Resolved::Released)
     }
 }
 

@@ -13,6 +13,9 @@
 //! | `idem_fail_open_total` | counter | (handler ran unguarded) |
 //! | `idem_store_errors_total` | counter | `op` |
 //! | `idem_store_seconds` | histogram | `op`: claim, complete, fail, extend |
+//! | `idem_steps_total` | counter | `result`: executed, replayed |
+//! | `idem_steps_in_doubt_total` | counter | `policy`: retry, skip, park |
+//! | `idem_parked_total` | counter | (runs that parked their record) |
 //!
 //! The duplicate rate is `idem_replays_total / idem_claims_total`.
 
@@ -37,6 +40,13 @@ pub const FAIL_OPEN: &str = "idem_fail_open_total";
 pub const STORE_ERRORS: &str = "idem_store_errors_total";
 /// Store operation latency in seconds.
 pub const STORE_SECONDS: &str = "idem_store_seconds";
+
+/// Journaled steps by result: run now, or replayed from the journal.
+pub const STEPS: &str = "idem_steps_total";
+/// Steps found started but unfinished by a later attempt, by policy.
+pub const STEPS_IN_DOUBT: &str = "idem_steps_in_doubt_total";
+/// Runs that parked their record for reconciliation.
+pub const PARKED: &str = "idem_parked_total";
 
 pub(crate) const OP_CLAIM: &str = "claim";
 pub(crate) const OP_COMPLETE: &str = "complete";

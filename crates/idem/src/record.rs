@@ -333,6 +333,91 @@ impl ClaimOutcome {
     }
 }
 
+/// Where one journaled step of a record stands (see
+/// [`Context::step`](crate::Context::step)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepState {
+    /// Marked started by `attempt` before its work ran, and not finished:
+    /// if that attempt is gone, the step's outcome is unknown (in doubt).
+    Started {
+        /// The attempt that started it.
+        attempt: u32,
+    },
+    /// Finished; `result` is replayed to every later attempt instead of
+    /// running the step again. An empty `result` means the step was
+    /// skipped in doubt (its policy was at-most-once).
+    Done {
+        /// The step's result as JSON, or empty if it was skipped.
+        result: Bytes,
+    },
+}
+
+/// One entry of a record's step journal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepEntry {
+    /// The step's name, unique within its record.
+    pub name: String,
+    /// Where it stands.
+    pub state: StepState,
+}
+
+/// What [`StepJournal::begin_step`](crate::StepJournal::begin_step) found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepBegin {
+    /// The step never started for this record: it is now marked started
+    /// by this lease's attempt, and its work may run.
+    Fresh,
+    /// An earlier attempt marked the step started and never finished it:
+    /// its outcome is unknown. The step is now marked started by this
+    /// lease's attempt; the step's policy decides what happens.
+    InDoubt {
+        /// The attempt that left it started.
+        attempt: u32,
+    },
+    /// The step finished on an earlier attempt; this is its journaled
+    /// result (empty if it was skipped). Nothing was written.
+    Done(Bytes),
+}
+
+/// An operator's finding about a parked record's step in doubt, for
+/// [`StepJournal::resolve_step`](crate::StepJournal::resolve_step).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolution {
+    /// The effect happened (checked in the external system); `result` is
+    /// journaled as the step's result (JSON of the step's output type),
+    /// so the next attempt skips the step and goes on.
+    Applied(Bytes),
+    /// The effect did not happen; the step's mark is removed, so the next
+    /// attempt runs it.
+    NotApplied,
+}
+
+/// What [`StepJournal::resolve_step`](crate::StepJournal::resolve_step)
+/// did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolved {
+    /// The step was resolved and the record released: the next claim
+    /// acquires it and resumes after the journaled steps.
+    Released,
+    /// The record is absent, or not parked (not failed with an unknown
+    /// outcome, see [`Failure::is_parked`]). Nothing changed.
+    NotParked,
+    /// The record is parked but the named step is not in doubt (absent or
+    /// already finished). Nothing changed.
+    StepNotInDoubt,
+}
+
+impl Failure {
+    /// Whether this failure parks its record for reconciliation: its
+    /// outcome is unknown (a step in doubt under the
+    /// [`Park`](crate::step::Park) policy, or a handler error classified
+    /// [`FailureClass::Unknown`]). Parked records are replayed as failed
+    /// until an operator resolves them.
+    pub fn is_parked(&self) -> bool {
+        self.class == FailureClass::Unknown
+    }
+}
+
 /// What a transactional inbox's claim found (the inboxes of
 /// `idem-sqlite` and `idem-postgres`, inside the caller's transaction).
 #[derive(Debug, Clone, PartialEq, Eq)]

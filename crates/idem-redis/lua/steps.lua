@@ -1,0 +1,17 @@
+-- steps(KEYS[1] record): the journal as a flat list of step name and
+-- value ('s' .. attempt, or 'd' .. result), or an empty list when the
+-- record is absent or past its retention deadline.
+local key = KEYS[1]
+local ex = redis.call('HGET', key, 'ex')
+if not ex or tonumber(ex) <= now then
+  return {}
+end
+local all = redis.call('HGETALL', key)
+local out = {}
+for i = 1, #all, 2 do
+  if string.sub(all[i], 1, 2) == 'j:' then
+    out[#out + 1] = string.sub(all[i], 3)
+    out[#out + 1] = all[i + 1]
+  end
+end
+return out

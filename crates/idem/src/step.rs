@@ -1,0 +1,549 @@
+//! Journaled steps: side effects that cannot be rolled back (a card
+//! charge, an email, a call to a partner), made resumable inside one
+//! handler with [`Context::step`].
+//!
+//! A handler that charges a card, reserves stock and sends an email and
+//! crashes after the second must, on retry, neither repeat the first two
+//! nor skip the third. Each step is:
+//!
+//! 1. **marked started** in the store (under the lease's token) before its
+//!    work runs;
+//! 2. **journaled** with its result after the work returns `Ok`;
+//! 3. **replayed** on every later attempt: a finished step returns its
+//!    journaled result and does not run again.
+//!
+//! A step found started but unfinished by a later attempt has an
+//! **unknown** outcome: the earlier attempt may have crashed before the
+//! effect, during it or after it. Its policy decides:
+//!
+//! | policy | in doubt | guarantee |
+//! |---|---|---|
+//! | [`Retry`] | runs the step again, with the same [downstream key](StepCtx::key) | at least once; exactly once where the external API deduplicates on the key |
+//! | [`Skip`] | does not run it; the step's result is `None` | at most once |
+//! | [`Park`] | does not run it; the record is parked (failed, outcome unknown) until an operator resolves it | neither: a person decides |
+//!
+//! A step whose work returns an error stays started (in doubt): an error
+//! from a network call does not prove the effect did not happen. Check
+//! what can be checked before the step, and return business outcomes (a
+//! declined card) as `Ok` values so they are journaled.
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! use idem::step::{Retry, Skip, StepError};
+//! use idem::{Idempotency, MemoryStore, RecordId};
+//!
+//! #[derive(Debug, thiserror::Error)]
+//! enum OrderError {
+//!     #[error(transparent)]
+//!     Step(#[from] StepError<std::io::Error>),
+//! }
+//!
+//! let idem = Idempotency::builder(MemoryStore::new()).build()?;
+//! let id = RecordId::parse("orders", "order-7")?;
+//! let receipt = idem
+//!     .run(&id, None, |ctx| async move {
+//!         // The payment provider deduplicates on the derived key.
+//!         let charge: String = ctx
+//!             .step("charge", Retry, |s| async move {
+//!                 Ok::<_, std::io::Error>(format!("charged under {}", s.key()))
+//!             })
+//!             .await?;
+//!         // At most once: never a second email.
+//!         let _sent: Option<()> = ctx.step("email", Skip, |_| async { Ok(()) }).await?;
+//!         Ok::<_, OrderError>(charge)
+//!     })
+//!     .await?;
+//! assert!(receipt.value().starts_with("charged under idem-"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+use std::collections::HashSet;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::executor::Context;
+use crate::key::RecordId;
+use crate::record::{Lease, StepBegin};
+use crate::store::{DynStepJournal, StoreError};
+
+/// The longest step name, in bytes.
+pub const MAX_STEP_NAME_LEN: usize = 128;
+
+/// How many times a step's start or finish is tried while the store is
+/// unavailable, before the step gives up with [`StepError::Store`].
+const STORE_TRIES: u32 = 4;
+
+/// What a step in doubt does; see the [module docs](self). Implemented by
+/// [`Retry`], [`Skip`] and [`Park`] only.
+pub trait InDoubt: sealed::Sealed + Copy + Send {
+    /// What the step returns: `T` for [`Retry`] and [`Park`], `Option<T>`
+    /// for [`Skip`] (`None` when it was skipped in doubt).
+    type Output<T>;
+
+    /// The policy's name, for logs and messages.
+    const NAME: &'static str;
+
+    #[doc(hidden)]
+    const PARKS: bool = false;
+
+    #[doc(hidden)]
+    fn ran<T>(value: T) -> Self::Output<T>;
+
+    #[doc(hidden)]
+    fn skipped<T>() -> Option<Self::Output<T>>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Retry {}
+    impl Sealed for super::Skip {}
+    impl Sealed for super::Park {}
+}
+
+/// At least once: a step in doubt runs again, with the same downstream
+/// key, so an external API that deduplicates on the key makes it exactly
+/// once. The right policy for payment providers and any API that takes an
+/// idempotency key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retry;
+
+/// At most once: a step in doubt is not run again; the step returns
+/// `None` and is journaled as skipped. For effects where a duplicate is
+/// worse than a miss (a notification).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Skip;
+
+/// Stop and ask a person: a step in doubt is not run; the step returns
+/// [`StepError::Parked`] and the run ends with the record parked (failed,
+/// outcome unknown), listed by `idem list --state parked` and resolved
+/// with `idem resolve`. For effects that can neither be repeated nor
+/// skipped (a shipment without an idempotent API).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Park;
+
+impl InDoubt for Retry {
+    type Output<T> = T;
+    const NAME: &'static str = "retry";
+    fn ran<T>(value: T) -> T {
+        value
+    }
+    fn skipped<T>() -> Option<T> {
+        None
+    }
+}
+
+impl InDoubt for Skip {
+    type Output<T> = Option<T>;
+    const NAME: &'static str = "skip";
+    fn ran<T>(value: T) -> Option<T> {
+        Some(value)
+    }
+    fn skipped<T>() -> Option<Option<T>> {
+        Some(None)
+    }
+}
+
+impl InDoubt for Park {
+    type Output<T> = T;
+    const NAME: &'static str = "park";
+    const PARKS: bool = true;
+    fn ran<T>(value: T) -> T {
+        value
+    }
+    fn skipped<T>() -> Option<T> {
+        None
+    }
+}
+
+/// Why a step returned no result.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StepError<E> {
+    /// The step's work ran and returned this error. The step stays marked
+    /// started: a later attempt finds it in doubt and applies its policy.
+    #[error("step {step:?} failed")]
+    Failed {
+        /// The step.
+        step: String,
+        /// The work's error.
+        #[source]
+        error: E,
+    },
+    /// The step is in doubt and its policy is [`Park`]: it did not run,
+    /// and the run ends with the record parked for reconciliation.
+    #[error("step {step:?} is in doubt (started by attempt {attempt}, never finished); the record is parked for reconciliation")]
+    Parked {
+        /// The step.
+        step: String,
+        /// The attempt that left it started.
+        attempt: u32,
+    },
+    /// The lease was lost (another worker took over): the step did not
+    /// run, or ran and could not be journaled (the new holder finds it in
+    /// doubt).
+    #[error("lease lost at step {step:?}")]
+    LeaseLost {
+        /// The step.
+        step: String,
+    },
+    /// The store failed; if this was at the start, the step did not run.
+    #[error("idempotency store error at step {step:?}")]
+    Store {
+        /// The step.
+        step: String,
+        /// What the store said.
+        #[source]
+        source: StoreError,
+    },
+    /// The store keeps no step journal (see
+    /// [`Store::step_journal`](crate::Store::step_journal)); nothing ran.
+    #[error("step {step:?}: this store keeps no step journal")]
+    Unsupported {
+        /// The step.
+        step: String,
+    },
+    /// The step's name is not 1 to [`MAX_STEP_NAME_LEN`] bytes of visible
+    /// ASCII; nothing ran.
+    #[error("invalid step name {name:?}: {problem}")]
+    InvalidName {
+        /// The name given.
+        name: String,
+        /// The rule broken.
+        problem: &'static str,
+    },
+    /// The same name was used by two steps of one run; nothing ran.
+    #[error("step {step:?} was already used in this run; step names must be unique per handler")]
+    DuplicateName {
+        /// The step.
+        step: String,
+    },
+    /// The step's result could not be journaled (it does not encode, or
+    /// is over the size limit). The work ran; the step stays in doubt.
+    #[error("step {step:?}: result could not be journaled: {reason}")]
+    Encode {
+        /// The step.
+        step: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The journaled result does not decode into the step's type (the
+    /// code changed under a live record), or the step was skipped by an
+    /// earlier attempt and its policy is no longer [`Skip`].
+    #[error("step {step:?}: journaled result cannot be used: {reason}")]
+    Decode {
+        /// The step.
+        step: String,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// What a step's work is given.
+#[derive(Debug, Clone)]
+pub struct StepCtx {
+    key: String,
+    name: String,
+    attempt: u32,
+    fence: Option<u64>,
+    in_doubt: bool,
+}
+
+impl StepCtx {
+    /// The step's **downstream key**: the same for every attempt and every
+    /// worker (derived from the record's scope, its key and the step's
+    /// name), so pass it as the idempotency key of the external call and a
+    /// step retried in doubt is deduplicated by the other side. 69
+    /// characters, `idem-` and 64 hex digits: accepted wherever keys of up
+    /// to 255 visible ASCII characters are (Stripe, the IETF draft).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The step's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Which attempt of the record is running the step.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The run's fencing number (`None` when unguarded), for downstream
+    /// writes that can reject an older holder.
+    pub fn fence(&self) -> Option<u64> {
+        self.fence
+    }
+
+    /// Whether an earlier attempt started this step and never finished
+    /// it, so the effect may already have happened (only with [`Retry`]).
+    pub fn in_doubt(&self) -> bool {
+        self.in_doubt
+    }
+}
+
+/// The downstream key of step `step` of record `id`: `idem-` and the hex
+/// SHA-256 of the scope, key and step name (each length-prefixed, so no
+/// two triples collide). Stable across attempts, workers and releases.
+///
+/// ```
+/// let id = idem::RecordId::parse("orders", "order-7").unwrap();
+/// let key = idem::step::downstream_key(&id, "charge");
+/// assert_eq!(key.len(), 69);
+/// assert_eq!(key, idem::step::downstream_key(&id, "charge"));
+/// assert_ne!(key, idem::step::downstream_key(&id, "refund"));
+/// ```
+pub fn downstream_key(id: &RecordId, step: &str) -> String {
+    let mut hash = Sha256::new();
+    for part in [id.scope().as_str(), id.key().as_str(), step] {
+        hash.update((part.len() as u64).to_be_bytes());
+        hash.update(part.as_bytes());
+    }
+    format!("idem-{}", hex::encode(hash.finalize()))
+}
+
+/// Checks a step name: 1 to [`MAX_STEP_NAME_LEN`] bytes of visible ASCII
+/// (`0x21..=0x7E`). The error names the rule broken.
+pub fn check_step_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        Err("is empty")
+    } else if name.len() > MAX_STEP_NAME_LEN {
+        Err("is longer than 128 bytes")
+    } else if !name.bytes().all(|b| (0x21..=0x7E).contains(&b)) {
+        Err("contains a byte outside visible ASCII (0x21..=0x7E)")
+    } else {
+        Ok(())
+    }
+}
+
+/// The steps of one run, shared by the clones of its [`Context`].
+pub(crate) struct StepRun {
+    id: RecordId,
+    journal: Option<Arc<dyn DynStepJournal>>,
+    max_result_bytes: usize,
+    begun: Mutex<HashSet<String>>,
+    parked: Mutex<Option<String>>,
+}
+
+impl fmt::Debug for StepRun {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StepRun")
+            .field("journal", &self.journal.is_some())
+            .field("parked", &*self.parked.lock())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StepRun {
+    pub(crate) fn new(
+        id: RecordId,
+        journal: Option<Arc<dyn DynStepJournal>>,
+        max_result_bytes: usize,
+    ) -> Self {
+        Self {
+            id,
+            journal,
+            max_result_bytes,
+            begun: Mutex::new(HashSet::new()),
+            parked: Mutex::new(None),
+        }
+    }
+
+    /// Why the run parked its record, if a [`Park`] step found itself in
+    /// doubt.
+    pub(crate) fn parked(&self) -> Option<String> {
+        self.parked.lock().clone()
+    }
+}
+
+/// Runs a store call of a step, retrying a few times while the store is
+/// unavailable.
+async fn with_retries<T, Fut>(mut op: impl FnMut() -> Fut) -> Result<T, StoreError>
+where
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let mut delay = Duration::from_millis(25);
+    let mut tries = 1;
+    loop {
+        match op().await {
+            Err(StoreError::Unavailable(error)) if tries < STORE_TRIES => {
+                tracing::warn!(%error, "store unavailable at a step; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+                tries += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+impl Context {
+    /// Runs `work` as the journaled step `name` of this record; see the
+    /// [module docs](crate::step).
+    ///
+    /// - A step that finished on an earlier attempt returns its journaled
+    ///   result and `work` does not run.
+    /// - Otherwise the step is marked started, `work` runs with a
+    ///   [`StepCtx`] carrying the step's downstream key, and an `Ok` result
+    ///   is journaled (as JSON) before it is returned.
+    /// - A step in doubt follows `policy`: [`Retry`], [`Skip`] or [`Park`].
+    ///
+    /// Names must be unique within a handler and stable across releases
+    /// of your code: the journal is keyed by them. When the run is
+    /// unguarded (fail-open, store down) `work` simply runs.
+    pub async fn step<P, T, E, F, Fut>(
+        &self,
+        name: &str,
+        policy: P,
+        work: F,
+    ) -> Result<P::Output<T>, StepError<E>>
+    where
+        P: InDoubt,
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(StepCtx) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let _ = policy;
+        let step = || name.to_owned();
+        check_step_name(name).map_err(|problem| StepError::InvalidName {
+            name: name.to_owned(),
+            problem,
+        })?;
+        if !self.steps.begun.lock().insert(name.to_owned()) {
+            return Err(StepError::DuplicateName { step: step() });
+        }
+        let Some(lease) = self.lease() else {
+            // Unguarded: nothing to journal under.
+            let ctx = StepCtx {
+                key: downstream_key(&self.steps.id, name),
+                name: step(),
+                attempt: 0,
+                fence: None,
+                in_doubt: false,
+            };
+            let value = work(ctx).await.map_err(|error| StepError::Failed {
+                step: step(),
+                error,
+            })?;
+            return Ok(P::ran(value));
+        };
+        let Some(journal) = self.steps.journal.as_deref() else {
+            return Err(StepError::Unsupported { step: step() });
+        };
+        if self.is_lease_lost() {
+            return Err(StepError::LeaseLost { step: step() });
+        }
+        let begun = with_retries(|| journal.begin_step(lease, name))
+            .await
+            .map_err(|e| store_error(name, e))?;
+        let in_doubt = match begun {
+            StepBegin::Done(result) => return replay::<P, T, E>(name, &result),
+            StepBegin::Fresh => false,
+            StepBegin::InDoubt { attempt } => {
+                crate::metrics::count(crate::metrics::STEPS_IN_DOUBT, &[("policy", P::NAME)]);
+                tracing::warn!(
+                    step = name,
+                    started_by = attempt,
+                    policy = P::NAME,
+                    "step in doubt: an earlier attempt started it and never finished"
+                );
+                if let Some(skipped) = P::skipped::<T>() {
+                    self.finish(journal, lease, name, Bytes::new()).await?;
+                    return Ok(skipped);
+                }
+                if P::PARKS {
+                    *self.steps.parked.lock() = Some(format!(
+                        "step {name:?} is in doubt (started by attempt {attempt}, never finished)"
+                    ));
+                    return Err(StepError::Parked {
+                        step: step(),
+                        attempt,
+                    });
+                }
+                true
+            }
+        };
+        let ctx = StepCtx {
+            key: downstream_key(&lease.id, name),
+            name: step(),
+            attempt: lease.attempt,
+            fence: Some(lease.fence),
+            in_doubt,
+        };
+        let value = work(ctx).await.map_err(|error| StepError::Failed {
+            step: step(),
+            error,
+        })?;
+        let encoded = serde_json::to_vec(&value).map_err(|e| StepError::Encode {
+            step: step(),
+            reason: e.to_string(),
+        })?;
+        let limit = self.steps.max_result_bytes;
+        if encoded.len() > limit {
+            return Err(StepError::Encode {
+                step: step(),
+                reason: format!("{} bytes exceeds the limit of {limit} bytes", encoded.len()),
+            });
+        }
+        self.finish(journal, lease, name, Bytes::from(encoded))
+            .await?;
+        crate::metrics::count(crate::metrics::STEPS, &[("result", "executed")]);
+        Ok(P::ran(value))
+    }
+
+    async fn finish<E>(
+        &self,
+        journal: &dyn DynStepJournal,
+        lease: &Lease,
+        name: &str,
+        result: Bytes,
+    ) -> Result<(), StepError<E>> {
+        with_retries(|| journal.finish_step(lease, name, result.clone()))
+            .await
+            .map_err(|e| store_error(name, e))
+    }
+}
+
+fn store_error<E>(step: &str, error: StoreError) -> StepError<E> {
+    match error {
+        StoreError::LeaseLost => StepError::LeaseLost {
+            step: step.to_owned(),
+        },
+        source => StepError::Store {
+            step: step.to_owned(),
+            source,
+        },
+    }
+}
+
+/// A finished step's journaled result, as the policy's output.
+fn replay<P: InDoubt, T: DeserializeOwned, E>(
+    name: &str,
+    result: &[u8],
+) -> Result<P::Output<T>, StepError<E>> {
+    crate::metrics::count(crate::metrics::STEPS, &[("result", "replayed")]);
+    if result.is_empty() {
+        return P::skipped::<T>().ok_or_else(|| StepError::Decode {
+            step: name.to_owned(),
+            reason: format!(
+                "an earlier attempt skipped it in doubt, and its policy is now {}",
+                P::NAME
+            ),
+        });
+    }
+    serde_json::from_slice(result)
+        .map(P::ran)
+        .map_err(|e| StepError::Decode {
+            step: name.to_owned(),
+            reason: e.to_string(),
+        })
+}
