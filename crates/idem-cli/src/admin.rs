@@ -3,9 +3,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use bytes::Bytes;
 use idem::{
-    DeleteRecord, GetRecord, ListQuery, ListRecords, PurgeExpired, Record, RecordId, State,
-    StateKind,
+    DeleteRecord, GetRecord, ListQuery, ListRecords, PurgeExpired, Record, RecordId, Resolution,
+    Resolved, State, StateKind, StepEntry, StepJournal, StepState,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
@@ -42,9 +43,106 @@ pub fn describe(id: &RecordId, record: &Record) -> Value {
     out
 }
 
-/// `idem inspect SCOPE KEY`: the record, or `None` if absent or expired.
+/// A journaled step as the admin commands print it: its state, the
+/// attempt that started it, and its result (as JSON when it is JSON).
+pub fn describe_step(step: &StepEntry) -> Value {
+    match &step.state {
+        StepState::Started { attempt } => {
+            json!({"name": step.name, "state": "started", "attempt": attempt})
+        }
+        StepState::Done { result } if result.is_empty() => {
+            json!({"name": step.name, "state": "skipped"})
+        }
+        StepState::Done { result } => match serde_json::from_slice::<Value>(result) {
+            Ok(value) => json!({"name": step.name, "state": "done", "result": value}),
+            Err(_) => json!({"name": step.name, "state": "done", "result_bytes": result.len()}),
+        },
+    }
+}
+
+/// `idem inspect SCOPE KEY`: the record with its step journal, or `None`
+/// if absent or expired. A step still `started` on a record that is not
+/// in progress is in doubt.
 pub async fn inspect(store: &AnyStore, id: &RecordId) -> anyhow::Result<Option<Value>> {
-    Ok(store.get(id).await?.map(|record| describe(id, &record)))
+    let Some(record) = store.get(id).await? else {
+        return Ok(None);
+    };
+    let mut out = describe(id, &record);
+    let steps = store.steps(id).await?;
+    if !steps.is_empty() {
+        out["steps"] = steps.iter().map(describe_step).collect();
+    }
+    Ok(Some(out))
+}
+
+/// `idem list --state parked`: failed records whose outcome is unknown,
+/// each with its step journal (so the step in doubt is visible). Lists
+/// failed records and keeps the parked ones, so it reads every failed
+/// record of the scope.
+pub async fn list_parked(
+    store: &AnyStore,
+    scope: Option<idem::Scope>,
+    limit: usize,
+) -> anyhow::Result<Vec<Value>> {
+    let mut out = Vec::new();
+    let mut after = None;
+    while out.len() < limit {
+        let mut query = ListQuery::new(1_000).state(StateKind::Failed);
+        query.scope = scope.clone();
+        query.after = after.take();
+        let page = store.list(&query).await?;
+        for (id, record) in &page.records {
+            let State::Failed { failure } = &record.state else {
+                continue;
+            };
+            if failure.is_parked() && out.len() < limit {
+                let mut described = describe(id, record);
+                described["steps"] = store.steps(id).await?.iter().map(describe_step).collect();
+                out.push(described);
+            }
+        }
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    Ok(out)
+}
+
+/// The resolution `idem resolve` was given: `--applied JSON` or
+/// `--not-applied`. The JSON must parse, since the handler decodes it as
+/// the step's result.
+pub fn resolution(applied: Option<&str>) -> anyhow::Result<Resolution> {
+    match applied {
+        None => Ok(Resolution::NotApplied),
+        Some(json) => {
+            let value: Value = serde_json::from_str(json)
+                .map_err(|e| anyhow::anyhow!("--applied must be the step's result as JSON: {e}"))?;
+            Ok(Resolution::Applied(Bytes::from(serde_json::to_vec(
+                &value,
+            )?)))
+        }
+    }
+}
+
+/// `idem resolve SCOPE KEY STEP`: journals the operator's finding for a
+/// parked record's step in doubt and releases the record. An error says
+/// why nothing changed.
+pub async fn resolve(
+    store: &AnyStore,
+    id: &RecordId,
+    step: &str,
+    resolution: Resolution,
+) -> anyhow::Result<()> {
+    match store.resolve_step(id, step, resolution).await? {
+        Resolved::Released => Ok(()),
+        Resolved::NotParked => anyhow::bail!(
+            "{id} is not parked (absent, expired, or not failed with an unknown outcome); nothing changed"
+        ),
+        Resolved::StepNotInDoubt => anyhow::bail!(
+            "step {step:?} of {id} is not in doubt (never started, or already finished); nothing changed. `idem inspect` lists its steps"
+        ),
+    }
 }
 
 /// `idem list`: up to `limit` records, optionally of one state and scope.

@@ -56,6 +56,29 @@ pub enum Command {
         #[arg(long, default_value_t = 100)]
         limit: usize,
     },
+    /// Resolve a parked record: say whether its step in doubt took effect
+    /// (checked in the external system), then the record is released and
+    /// the next delivery resumes after the journaled steps.
+    Resolve {
+        /// The record's scope.
+        scope: String,
+        /// The key.
+        key: String,
+        /// The step in doubt (see `idem inspect`).
+        step: String,
+        /// The effect happened: journal this JSON as the step's result, so
+        /// the step is not run again.
+        #[arg(
+            long,
+            value_name = "JSON",
+            conflicts_with = "not_applied",
+            required_unless_present = "not_applied"
+        )]
+        applied: Option<String>,
+        /// The effect did not happen: the next attempt runs the step.
+        #[arg(long)]
+        not_applied: bool,
+    },
     /// Force-release a stuck key (its record is deleted; the next request
     /// with it runs).
     Release {
@@ -101,14 +124,18 @@ pub enum StateArg {
     Failed,
     /// Released for a retry.
     Released,
+    /// Failed with an unknown outcome (a step in doubt): waiting for
+    /// `idem resolve`. A subset of `failed`.
+    Parked,
 }
 
-impl From<StateArg> for StateKind {
-    fn from(s: StateArg) -> Self {
-        match s {
+impl StateArg {
+    /// The stored state this selects (`parked` is a kind of `failed`).
+    pub fn kind(self) -> StateKind {
+        match self {
             StateArg::InProgress => StateKind::InProgress,
             StateArg::Completed => StateKind::Completed,
-            StateArg::Failed => StateKind::Failed,
+            StateArg::Failed | StateArg::Parked => StateKind::Failed,
             StateArg::Released => StateKind::Released,
         }
     }
@@ -311,9 +338,25 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let scope = scope
                 .map(|s| Scope::new(&s).map_err(|e| anyhow::anyhow!("--scope: {e}")))
                 .transpose()?;
-            for record in admin::list(&store, state.map(Into::into), scope, limit).await? {
+            let records = match state {
+                Some(StateArg::Parked) => admin::list_parked(&store, scope, limit).await?,
+                state => admin::list(&store, state.map(StateArg::kind), scope, limit).await?,
+            };
+            for record in records {
                 print_json(&record);
             }
+        }
+        Command::Resolve {
+            scope,
+            key,
+            step,
+            applied,
+            not_applied: _,
+        } => {
+            let resolution = admin::resolution(applied.as_deref())?;
+            let id = record_id(&scope, &key)?;
+            admin::resolve(&store, &id, &step, resolution).await?;
+            print_json(&serde_json::json!({ "resolved": step, "state": "released" }));
         }
         Command::Release { scope, key } => {
             let released = admin::release(&store, &record_id(&scope, &key)?).await?;

@@ -162,3 +162,104 @@ fn proxy_settings_come_from_flags_then_file_then_defaults() {
     let err = bad.proxy_config().expect_err("bad duration");
     assert!(err.to_string().contains("--retention"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_records_are_listed_inspected_and_resolved() {
+    use idem::{Failure, FailureClass, StepJournal};
+
+    let dir = tempfile::tempdir().expect("dir");
+    let url: StoreUrl = format!("sqlite:{}", dir.path().join("idem.db").display())
+        .parse()
+        .expect("url");
+    let store = url.open().await.expect("open");
+    let long = ClaimParams::new(Duration::from_secs(60), Duration::from_secs(3600));
+    let parked = id("order-9");
+    let ClaimOutcome::Acquired(lease) = store.claim(&parked, &long).await.expect("claim") else {
+        panic!("fresh key");
+    };
+    store.begin_step(&lease, "charge").await.expect("begin");
+    store
+        .finish_step(&lease, "charge", Bytes::from_static(b"{\"id\":\"ch_1\"}"))
+        .await
+        .expect("finish");
+    store.begin_step(&lease, "ship").await.expect("begin");
+    store
+        .fail(
+            &lease,
+            Failure::new(FailureClass::Unknown, "step \"ship\" is in doubt"),
+            Duration::from_secs(3600),
+        )
+        .await
+        .expect("park");
+    let ClaimOutcome::Acquired(other) = store.claim(&id("declined"), &long).await.expect("claim")
+    else {
+        panic!("fresh key");
+    };
+    store
+        .fail(
+            &other,
+            Failure::new(FailureClass::Terminal, "declined"),
+            Duration::from_secs(3600),
+        )
+        .await
+        .expect("fail");
+
+    let listed = admin::list_parked(&store, None, 10).await.expect("list");
+    assert_eq!(
+        listed.len(),
+        1,
+        "only the unknown outcome is parked: {listed:?}"
+    );
+    assert_eq!(listed[0]["key"], "order-9");
+    assert_eq!(listed[0]["steps"][0]["result"]["id"], "ch_1");
+    assert_eq!(listed[0]["steps"][1]["state"], "started");
+    let shown = admin::inspect(&store, &parked)
+        .await
+        .expect("inspect")
+        .expect("present");
+    assert_eq!(shown["failure"]["class"], "unknown");
+    assert_eq!(shown["steps"][1]["name"], "ship");
+
+    let bad_json = admin::resolution(Some("{not json")).expect_err("broken JSON");
+    assert!(bad_json.to_string().contains("as JSON"), "{bad_json}");
+    let finished = admin::resolve(
+        &store,
+        &parked,
+        "charge",
+        admin::resolution(None).expect("not applied"),
+    )
+    .await
+    .expect_err("charge is not in doubt");
+    assert!(finished.to_string().contains("not in doubt"), "{finished}");
+    let not_parked = admin::resolve(
+        &store,
+        &id("declined"),
+        "x",
+        admin::resolution(None).expect("not applied"),
+    )
+    .await
+    .expect_err("a terminal failure is not parked");
+    assert!(
+        not_parked.to_string().contains("not parked"),
+        "{not_parked}"
+    );
+
+    admin::resolve(
+        &store,
+        &parked,
+        "ship",
+        admin::resolution(Some(r#"{"shipment": "shp_1"}"#)).expect("json"),
+    )
+    .await
+    .expect("resolve");
+    let shown = admin::inspect(&store, &parked)
+        .await
+        .expect("inspect")
+        .expect("present");
+    assert_eq!(shown["state"], "released");
+    assert_eq!(shown["steps"][1]["result"]["shipment"], "shp_1");
+    assert!(admin::list_parked(&store, None, 10)
+        .await
+        .expect("list")
+        .is_empty());
+}

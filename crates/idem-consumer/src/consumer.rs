@@ -532,6 +532,15 @@ impl<S: Store, C: Codec> Consumer<S, C> {
                 "handler failed terminally on attempt {attempt}: {}",
                 chain(&error)
             )),
+            RunError::Parked(failure) => dead_letter(format!(
+                "{}; resolve it with `idem resolve`, then redeliver this message to resume",
+                failure.message
+            )),
+            RunError::Failed(failure) if failure.is_parked() => dead_letter(format!(
+                "parked for reconciliation: {}; resolve it with `idem resolve`, then redeliver \
+                 this message to resume",
+                failure.message
+            )),
             RunError::Failed(failure) => dead_letter(format!(
                 "stored {} failure, replayed: {}",
                 failure.class, failure.message
