@@ -84,27 +84,13 @@ pub async fn list_parked(
     scope: Option<idem::Scope>,
     limit: usize,
 ) -> anyhow::Result<Vec<Value>> {
-    let mut out = Vec::new();
-    let mut after = None;
-    while out.len() < limit {
-        let mut query = ListQuery::new(1_000).state(StateKind::Failed);
-        query.scope = scope.clone();
-        query.after = after.take();
-        let page = store.list(&query).await?;
-        for (id, record) in &page.records {
-            let State::Failed { failure } = &record.state else {
-                continue;
-            };
-            if failure.is_parked() && out.len() < limit {
-                let mut described = describe(id, record);
-                described["steps"] = store.steps(id).await?.iter().map(describe_step).collect();
-                out.push(described);
-            }
-        }
-        match page.next {
-            Some(next) => after = Some(next),
-            None => break,
-        }
+    let parked = |r: &Record| matches!(&r.state, State::Failed { failure } if failure.is_parked());
+    let records = collect(store, Some(StateKind::Failed), scope, limit, parked).await?;
+    let mut out = Vec::with_capacity(records.len());
+    for (id, record) in &records {
+        let mut described = describe(id, record);
+        described["steps"] = store.steps(id).await?.iter().map(describe_step).collect();
+        out.push(described);
     }
     Ok(out)
 }
@@ -145,13 +131,15 @@ pub async fn resolve(
     }
 }
 
-/// `idem list`: up to `limit` records, optionally of one state and scope.
-pub async fn list(
+/// Up to `limit` live records of `state` and `scope` that `keep` accepts,
+/// read a page at a time.
+async fn collect(
     store: &AnyStore,
     state: Option<StateKind>,
     scope: Option<idem::Scope>,
     limit: usize,
-) -> anyhow::Result<Vec<Value>> {
+    keep: impl Fn(&Record) -> bool,
+) -> anyhow::Result<Vec<(RecordId, Record)>> {
     let mut out = Vec::new();
     let mut after = None;
     while out.len() < limit {
@@ -160,13 +148,25 @@ pub async fn list(
         query.scope = scope.clone();
         query.after = after.take();
         let page = store.list(&query).await?;
-        out.extend(page.records.iter().map(|(id, r)| describe(id, r)));
+        out.extend(page.records.into_iter().filter(|(_, r)| keep(r)));
         match page.next {
             Some(next) => after = Some(next),
             None => break,
         }
     }
+    out.truncate(limit);
     Ok(out)
+}
+
+/// `idem list`: up to `limit` records, optionally of one state and scope.
+pub async fn list(
+    store: &AnyStore,
+    state: Option<StateKind>,
+    scope: Option<idem::Scope>,
+    limit: usize,
+) -> anyhow::Result<Vec<Value>> {
+    let records = collect(store, state, scope, limit, |_| true).await?;
+    Ok(records.iter().map(|(id, r)| describe(id, r)).collect())
 }
 
 /// `idem release SCOPE KEY`: force-releases a stuck key by deleting its

@@ -294,7 +294,6 @@ fn apply(
         }
         Op::Write { lease, write } => Done::Write(apply_write(tx, lease, write.clone(), now)?),
         Op::Delete(id) => {
-            row::delete_steps(tx, id)?;
             let expires: Option<i64> = tx
                 .prepare_cached(
                     "DELETE FROM idem_records WHERE scope = ?1 AND key = ?2 RETURNING expires_at",
@@ -305,25 +304,16 @@ fn apply(
                 .optional()?;
             Done::Delete(expires.is_some_and(|e| e > row::millis(now)))
         }
-        Op::Purge(limit) => {
-            let purged: Vec<(String, String)> = tx
-                .prepare_cached(
-                    "DELETE FROM idem_records WHERE rowid IN \
-                     (SELECT rowid FROM idem_records WHERE expires_at <= ?1 LIMIT ?2) \
-                     RETURNING scope, key",
-                )?
-                .query_map(
-                    params![row::millis(now), i64::try_from(*limit).unwrap_or(i64::MAX)],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )?
-                .collect::<rusqlite::Result<_>>()?;
-            let mut steps =
-                tx.prepare_cached("DELETE FROM idem_steps WHERE scope = ?1 AND key = ?2")?;
-            for (scope, key) in &purged {
-                steps.execute(params![scope, key])?;
-            }
-            Done::Purge(purged.len())
-        }
+        Op::Purge(limit) => Done::Purge(
+            tx.prepare_cached(
+                "DELETE FROM idem_records WHERE rowid IN \
+                 (SELECT rowid FROM idem_records WHERE expires_at <= ?1 LIMIT ?2)",
+            )?
+            .execute(params![
+                row::millis(now),
+                i64::try_from(*limit).unwrap_or(i64::MAX)
+            ])?,
+        ),
         Op::BeginStep { lease, step } => Done::BeginStep(begin_step(tx, lease, step, now)?),
         Op::FinishStep {
             lease,

@@ -413,8 +413,8 @@ impl<C: Clock> Store for MemoryStore<C> {
         notified.as_mut().enable();
         let now = self.now();
         let busy = matches!(
-            shard.state.lock().records.find(hash, |(h, k, _)| *h == hash && k == id),
-            Some((_, _, Record { state: State::InProgress { .. }, expires_at, .. })) if now < *expires_at
+            shard.state.lock().record(hash, id),
+            Some(Record { state: State::InProgress { .. }, expires_at, .. }) if now < *expires_at
         );
         if busy {
             let _ = tokio::time::timeout(timeout, notified).await;
@@ -430,9 +430,7 @@ impl<C: Clock> GetRecord for MemoryStore<C> {
         let (hash, index) = self.locate(id);
         let shard = self.inner.shards[index].state.lock();
         Ok(shard
-            .records
-            .find(hash, |(h, k, _)| *h == hash && k == id)
-            .map(|(_, _, r)| r)
+            .record(hash, id)
             .filter(|r| !r.is_expired(now))
             .cloned())
     }

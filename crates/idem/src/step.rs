@@ -403,7 +403,7 @@ impl Context {
     pub async fn step<P, T, E, F, Fut>(
         &self,
         name: &str,
-        policy: P,
+        _policy: P,
         work: F,
     ) -> Result<P::Output<T>, StepError<E>>
     where
@@ -412,7 +412,6 @@ impl Context {
         F: FnOnce(StepCtx) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let _ = policy;
         let step = || name.to_owned();
         check_step_name(name).map_err(|problem| StepError::InvalidName {
             name: name.to_owned(),
