@@ -58,9 +58,9 @@ use deadpool_postgres::{Object, Pool};
 use futures_util::future::join_all;
 use idem::{
     journal_of, ClaimMany, ClaimOutcome, ClaimParams, DeleteRecord, DynStepJournal, Failure,
-    GetRecord, Lease, ListPage, ListQuery, ListRecords, PurgeExpired, Record, RecordId, RecordTtl,
-    Resolution, Resolved, StepBegin, StepEntry, StepJournal, Store, StoreError, Timestamp,
-    TokenMint,
+    FindAbandoned, GetRecord, Lease, ListPage, ListQuery, ListRecords, PurgeExpired, Record,
+    RecordId, RecordTtl, Resolution, Resolved, Scope, StepBegin, StepEntry, StepJournal, Store,
+    StoreError, Timestamp, TokenMint,
 };
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{GenericClient, Statement};
@@ -232,6 +232,7 @@ struct Sql {
     release: String,
     get: String,
     list: String,
+    abandoned: String,
     delete: String,
     purge: String,
     state: String,
@@ -253,6 +254,7 @@ impl Sql {
             release: r(include_str!("../sql/release.sql")),
             get: r(include_str!("../sql/get.sql")),
             list: r(include_str!("../sql/list.sql")),
+            abandoned: r(include_str!("../sql/abandoned.sql")),
             delete: r(include_str!("../sql/delete.sql")),
             purge: r(include_str!("../sql/purge.sql")),
             ttl: r(include_str!("../sql/ttl.sql")),
@@ -720,6 +722,20 @@ impl ListRecords for PgStore {
             .then(|| records.last().map(|(id, _)| id.clone()))
             .flatten();
         Ok(ListPage { records, next })
+    }
+}
+
+impl FindAbandoned for PgStore {
+    async fn abandoned(
+        &self,
+        scope: &Scope,
+        limit: usize,
+    ) -> Result<Vec<(RecordId, Record)>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .query(&self.inner.sql.abandoned, &[&scope.as_str(), &limit])
+            .await?;
+        rows.iter().map(row::record).collect()
     }
 }
 

@@ -31,6 +31,11 @@ const FILES: &[(i32, &str, &str)] = &[
         "0003_steps",
         include_str!("../migrations/0003_steps.sql"),
     ),
+    (
+        4,
+        "0004_abandoned",
+        include_str!("../migrations/0004_abandoned.sql"),
+    ),
 ];
 
 /// Whether `name` can be used as a schema unquoted: 1 to 63 characters of

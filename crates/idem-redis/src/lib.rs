@@ -63,9 +63,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use idem::{
     journal_of, ClaimMany, ClaimOutcome, ClaimParams, DeleteRecord, DynStepJournal, Failure,
-    GetRecord, Lease, LeaseToken, ListPage, ListQuery, ListRecords, PurgeExpired, Record, RecordId,
-    Resolution, Resolved, Scope, StepBegin, StepEntry, StepJournal, Store, StoreError, Timestamp,
-    TokenMint,
+    FindAbandoned, GetRecord, Lease, LeaseToken, ListPage, ListQuery, ListRecords, PurgeExpired,
+    Record, RecordId, Resolution, Resolved, Scope, State, StepBegin, StepEntry, StepJournal, Store,
+    StoreError, Timestamp, TokenMint,
 };
 use redis::{RedisResult, Value};
 use sha2::{Digest, Sha256};
@@ -578,6 +578,44 @@ impl Scan {
             self.nodes.remove(0);
         }
         Ok(Some(keys))
+    }
+}
+
+/// Redis keeps no index of leases (a Cluster could not update one
+/// atomically with the record), so a call scans the scope's keys and asks
+/// each record's server whether it is abandoned, by the server's clock: a
+/// sweep costs one scan page per 1000 keys and one script call per key of
+/// the scope, and ends early once `limit` are found.
+impl FindAbandoned for RedisStore {
+    async fn abandoned(
+        &self,
+        scope: &Scope,
+        limit: usize,
+    ) -> Result<Vec<(RecordId, Record)>, StoreError> {
+        let mut scan = self.scan(Some(scope)).await?;
+        let mut found: Vec<(RecordId, Record)> = Vec::new();
+        while found.len() < limit {
+            let Some(keys) = scan.next(&self.inner.conn).await? else {
+                break;
+            };
+            let calls: Vec<(String, Vec<Vec<u8>>)> = keys
+                .into_iter()
+                .map(|k| (k, vec![b"abandoned".to_vec()]))
+                .collect();
+            for reply in self.run_each(&self.inner.scripts.get, &calls).await {
+                if let Some((id, record)) = record::record(None, reply?)? {
+                    if id.scope() == scope {
+                        found.push((id, record));
+                    }
+                }
+            }
+        }
+        found.sort_by_key(|(_, r)| match r.state {
+            State::InProgress { lease_until, .. } => Some(lease_until),
+            _ => None,
+        });
+        found.truncate(limit);
+        Ok(found)
     }
 }
 

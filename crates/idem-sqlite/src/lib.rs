@@ -53,9 +53,9 @@ use bytes::Bytes;
 use idem::machine::{decide_claim, ClaimDecision, Fresh, Write};
 use idem::{
     journal_of, ClaimMany, ClaimOutcome, ClaimParams, Clock, DeleteRecord, DynStepJournal, Failure,
-    GetRecord, KeyRules, Lease, LeaseToken, ListPage, ListQuery, ListRecords, PurgeExpired,
-    PurgerHandle, Record, RecordId, Resolution, Resolved, Scope, StepBegin, StepEntry, StepJournal,
-    Store, StoreError, SystemClock, Timestamp,
+    FindAbandoned, GetRecord, KeyRules, Lease, LeaseToken, ListPage, ListQuery, ListRecords,
+    PurgeExpired, PurgerHandle, Record, RecordId, Resolution, Resolved, Scope, StepBegin,
+    StepEntry, StepJournal, Store, StoreError, SystemClock, Timestamp,
 };
 use parking_lot::Mutex;
 use rusqlite::types::Value;
@@ -566,19 +566,16 @@ fn list_sql(query: &ListQuery, now: i64, limit: usize) -> Option<(String, Vec<Va
     Some((sql, values))
 }
 
-impl<C: Clock> ListRecords for SqliteStore<C> {
-    async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
-        let now = row::millis(self.inner.clock.now());
-        let limit = query.limit.max(1);
-        let Some((sql, values)) = list_sql(query, now, limit) else {
-            return Ok(ListPage {
-                records: Vec::new(),
-                next: None,
-            });
-        };
+impl<C: Clock> SqliteStore<C> {
+    /// Runs a query selecting `scope, key, ` and the record's columns.
+    async fn read_rows(
+        &self,
+        sql: &str,
+        values: Vec<Value>,
+    ) -> Result<Vec<(RecordId, Record)>, StoreError> {
         let rows = self
             .read(|conn| {
-                let mut stmt = conn.prepare_cached(&sql)?;
+                let mut stmt = conn.prepare_cached(sql)?;
                 let rows = stmt.query_map(rusqlite::params_from_iter(values.iter()), |r| {
                     Ok((
                         r.get::<_, String>(0)?,
@@ -600,6 +597,47 @@ impl<C: Clock> ListRecords for SqliteStore<C> {
             let record = record.map_err(|reason| writer::corrupt(&id, reason))?;
             records.push((id, record));
         }
+        Ok(records)
+    }
+}
+
+/// Abandoned records of a scope, longest-abandoned first: `state = 0` is
+/// written out so that SQLite walks the partial index of in-progress rows
+/// (`0003_abandoned.sql`) in `lease_until` order.
+const ABANDONED_SQL: &str = concat!(
+    "SELECT scope, key, ",
+    row::columns!(),
+    " FROM idem_records WHERE state = 0 AND scope = ?1 AND lease_until <= ?2",
+    " AND +expires_at > ?2 ORDER BY lease_until LIMIT ?3"
+);
+
+impl<C: Clock> FindAbandoned for SqliteStore<C> {
+    async fn abandoned(
+        &self,
+        scope: &Scope,
+        limit: usize,
+    ) -> Result<Vec<(RecordId, Record)>, StoreError> {
+        let now = row::millis(self.inner.clock.now());
+        let values = vec![
+            Value::Text(scope.as_str().to_owned()),
+            Value::Integer(now),
+            Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)),
+        ];
+        self.read_rows(ABANDONED_SQL, values).await
+    }
+}
+
+impl<C: Clock> ListRecords for SqliteStore<C> {
+    async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
+        let now = row::millis(self.inner.clock.now());
+        let limit = query.limit.max(1);
+        let Some((sql, values)) = list_sql(query, now, limit) else {
+            return Ok(ListPage {
+                records: Vec::new(),
+                next: None,
+            });
+        };
+        let mut records = self.read_rows(&sql, values).await?;
         let next = (records.len() > limit).then(|| records[limit - 1].0.clone());
         records.truncate(limit);
         Ok(ListPage { records, next })
@@ -678,6 +716,23 @@ mod tests {
                 );
             }
         }
+        let mut stmt = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {ABANDONED_SQL}"))
+            .expect("prepare");
+        let plan = stmt
+            .query_map(rusqlite::params!["s", 0, 10], |r| r.get::<_, String>(3))
+            .expect("explain")
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .expect("rows")
+            .join("; ");
+        assert!(
+            plan.starts_with("SEARCH") && plan.contains("idem_records_abandoned"),
+            "the abandoned query does not seek in its index: {plan}"
+        );
+        assert!(
+            !plan.contains("TEMP B-TREE"),
+            "the abandoned query sorts: {plan}"
+        );
         let past = ListQuery::new(10)
             .scope(scope)
             .after(RecordId::parse("t", "k").expect("valid"));

@@ -28,10 +28,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "0002_steps.sql",
         sql: include_str!("../migrations/0002_steps.sql"),
     },
+    Migration {
+        version: 3,
+        name: "0003_abandoned.sql",
+        sql: include_str!("../migrations/0003_abandoned.sql"),
+    },
 ];
 
 /// The schema version this build writes (SQLite's `user_version`).
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// The store's migrations, oldest first.
 pub fn migrations() -> &'static [Migration] {

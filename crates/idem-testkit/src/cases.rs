@@ -1183,3 +1183,68 @@ pub async fn journals_are_per_record_under_concurrency<S: ConformanceStore>(f: &
         assert_eq!(steps, want, "{id}'s journal holds exactly its own steps");
     }
 }
+
+/// `abandoned` finds exactly the live in-progress records of the scope
+/// whose lease has run out, longest-abandoned first, up to the limit; a
+/// takeover, a live lease, a finished or released record, an expired
+/// record and other scopes are not abandoned.
+pub async fn abandoned_records_are_found<S: ConformanceStore>(f: &Fixture<S>) {
+    let scope = f.scope("a");
+    let other = f.scope("b");
+    let p = params(f);
+    let first = acquire(f, &id(&scope, "first"), &p).await;
+    f.advance(Duration::from_millis(5)).await;
+    let second = acquire(f, &id(&scope, "second"), &p).await;
+    acquire(f, &id(&scope, "live"), &ClaimParams::new(LONG, LONG)).await;
+    acquire(f, &id(&scope, "gone"), &ClaimParams::new(f.lease, f.lease)).await;
+    let done = acquire(f, &id(&scope, "done"), &p).await;
+    f.store
+        .complete(&done, Bytes::from_static(b"d"), LONG)
+        .await
+        .expect("complete");
+    let failed = acquire(f, &id(&scope, "failed"), &p).await;
+    f.store
+        .fail(&failed, Failure::new(FailureClass::Terminal, "x"), LONG)
+        .await
+        .expect("fail");
+    let released = acquire(f, &id(&scope, "released"), &p).await;
+    f.store.release(&released).await.expect("release");
+    acquire(f, &id(&other, "elsewhere"), &p).await;
+
+    assert!(
+        f.store
+            .abandoned(&scope, 100)
+            .await
+            .expect("abandoned")
+            .is_empty(),
+        "nothing is abandoned while every lease is live"
+    );
+    f.advance(f.lease).await;
+
+    let found = f.store.abandoned(&scope, 100).await.expect("abandoned");
+    let ids: Vec<&str> = found.iter().map(|(id, _)| id.key().as_str()).collect();
+    assert_eq!(
+        ids,
+        ["first", "second"],
+        "exactly the run-out leases of the scope, longest-abandoned first"
+    );
+    for ((_, record), lease) in found.iter().zip([&first, &second]) {
+        assert!(
+            matches!(record.state, State::InProgress { token, .. } if token == lease.token),
+            "an abandoned record is returned as stored: {record:?}"
+        );
+        assert_eq!(record.attempt, 1);
+    }
+    let one = f.store.abandoned(&scope, 1).await.expect("abandoned");
+    assert_eq!(one.len(), 1, "the limit bounds the answer");
+
+    let taken = acquire(f, &id(&scope, "first"), &p).await;
+    assert!(taken.takeover);
+    let found = f.store.abandoned(&scope, 100).await.expect("abandoned");
+    let ids: Vec<&str> = found.iter().map(|(id, _)| id.key().as_str()).collect();
+    assert_eq!(
+        ids,
+        ["second"],
+        "a taken-over record is no longer abandoned"
+    );
+}

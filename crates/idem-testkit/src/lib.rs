@@ -25,8 +25,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::{
-    ClaimMany, DeleteRecord, GetRecord, ListRecords, ManualClock, PurgeExpired, Scope, StepJournal,
-    Store,
+    ClaimMany, DeleteRecord, FindAbandoned, GetRecord, ListRecords, ManualClock, PurgeExpired,
+    Scope, StepJournal, Store,
 };
 
 pub mod bench;
@@ -42,12 +42,26 @@ pub use server::{free_port, ServerError};
 
 /// Everything the suite needs: all primitives and capabilities.
 pub trait ConformanceStore:
-    Store + GetRecord + DeleteRecord + ListRecords + PurgeExpired + ClaimMany + StepJournal
+    Store
+    + GetRecord
+    + DeleteRecord
+    + ListRecords
+    + PurgeExpired
+    + ClaimMany
+    + StepJournal
+    + FindAbandoned
 {
 }
 
 impl<S> ConformanceStore for S where
-    S: Store + GetRecord + DeleteRecord + ListRecords + PurgeExpired + ClaimMany + StepJournal
+    S: Store
+        + GetRecord
+        + DeleteRecord
+        + ListRecords
+        + PurgeExpired
+        + ClaimMany
+        + StepJournal
+        + FindAbandoned
 {
 }
 
@@ -162,6 +176,7 @@ macro_rules! conformance_suite {
             a_new_record_starts_with_an_empty_journal,
             parked_records_are_resolved,
             journals_are_per_record_under_concurrency,
+            abandoned_records_are_found,
         );
     };
 }

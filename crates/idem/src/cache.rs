@@ -43,13 +43,13 @@ use parking_lot::Mutex;
 
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::fingerprint::Fingerprint;
-use crate::key::RecordId;
+use crate::key::{RecordId, Scope};
 use crate::record::{
     ClaimOutcome, ClaimParams, Failure, Lease, Record, Resolution, Resolved, StepBegin, StepEntry,
 };
 use crate::store::{
-    ClaimMany, DeleteRecord, GetRecord, ListPage, ListQuery, ListRecords, PurgeExpired, RecordTtl,
-    StepJournal, Store, StoreError,
+    ClaimMany, DeleteRecord, FindAbandoned, GetRecord, ListPage, ListQuery, ListRecords,
+    PurgeExpired, RecordTtl, StepJournal, Store, StoreError,
 };
 
 /// Cache hits: replays served without asking the system of record.
@@ -449,6 +449,16 @@ impl<S: RecordTtl + PurgeExpired, R: ReplayCache> PurgeExpired for Cached<S, R> 
         limit: usize,
     ) -> impl Future<Output = Result<usize, StoreError>> + Send {
         self.store.purge_expired(limit)
+    }
+}
+
+impl<S: RecordTtl + FindAbandoned, R: ReplayCache> FindAbandoned for Cached<S, R> {
+    fn abandoned(
+        &self,
+        scope: &Scope,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<(RecordId, Record)>, StoreError>> + Send {
+        self.store.abandoned(scope, limit)
     }
 }
 

@@ -95,6 +95,6 @@ pub use record::{
 };
 pub use store::{
     journal_of, poll_while, BoxError, BoxFuture, ClaimMany, DeleteRecord, DynStepJournal,
-    GetRecord, ListPage, ListQuery, ListRecords, PurgeExpired, RecordTtl, StepJournal, Store,
-    StoreError,
+    FindAbandoned, GetRecord, ListPage, ListQuery, ListRecords, PurgeExpired, RecordTtl,
+    StepJournal, Store, StoreError,
 };

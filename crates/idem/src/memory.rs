@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::clock::{Clock, SystemClock, Timestamp};
-use crate::key::RecordId;
+use crate::key::{RecordId, Scope};
 use crate::machine::{
     decide_claim, decide_resolve, decide_step_begin, decide_write, held, Fresh, Write,
 };
@@ -27,8 +27,8 @@ use crate::record::{
     StepBegin, StepEntry, StepState,
 };
 use crate::store::{
-    journal_of, ClaimMany, DeleteRecord, DynStepJournal, GetRecord, ListPage, ListQuery,
-    ListRecords, PurgeExpired, RecordTtl, StepJournal, Store, StoreError,
+    journal_of, ClaimMany, DeleteRecord, DynStepJournal, FindAbandoned, GetRecord, ListPage,
+    ListQuery, ListRecords, PurgeExpired, RecordTtl, StepJournal, Store, StoreError,
 };
 
 /// The default number of shards.
@@ -493,6 +493,34 @@ impl<C: Clock> ListRecords for MemoryStore<C> {
             records: found,
             next,
         })
+    }
+}
+
+impl<C: Clock> FindAbandoned for MemoryStore<C> {
+    async fn abandoned(
+        &self,
+        scope: &Scope,
+        limit: usize,
+    ) -> Result<Vec<(RecordId, Record)>, StoreError> {
+        tokio::task::coop::consume_budget().await;
+        let now = self.now();
+        let mut found: Vec<(RecordId, Record)> = Vec::new();
+        for shard in self.inner.shards.iter() {
+            let shard = shard.state.lock();
+            found.extend(
+                shard
+                    .records
+                    .iter()
+                    .filter(|(_, id, r)| id.scope() == scope && r.is_abandoned(now))
+                    .map(|(_, id, r)| (id.clone(), r.clone())),
+            );
+        }
+        found.sort_by_key(|(_, r)| match r.state {
+            State::InProgress { lease_until, .. } => lease_until,
+            _ => now,
+        });
+        found.truncate(limit);
+        Ok(found)
     }
 }
 

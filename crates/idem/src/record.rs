@@ -247,6 +247,14 @@ impl Record {
     pub fn is_expired(&self, now: Timestamp) -> bool {
         now >= self.expires_at
     }
+
+    /// Whether the record is abandoned at `now`: live, in progress, and its
+    /// lease has run out, so the next claim takes it over. This is what
+    /// [`FindAbandoned`](crate::FindAbandoned) finds.
+    pub fn is_abandoned(&self, now: Timestamp) -> bool {
+        !self.is_expired(now)
+            && matches!(self.state, State::InProgress { lease_until, .. } if now >= lease_until)
+    }
 }
 
 /// What a claim asks for.

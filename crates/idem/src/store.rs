@@ -226,6 +226,22 @@ pub trait PurgeExpired: Store {
         -> impl Future<Output = Result<usize, StoreError>> + Send;
 }
 
+/// Finds abandoned records: in progress, live, with a lease that has run
+/// out (their holder crashed, was killed or stalled), as the store's own
+/// clock sees it. The [`Completer`](crate::durable::Completer) re-drives
+/// them.
+pub trait FindAbandoned: Store {
+    /// Up to `limit` abandoned records of `scope` (see
+    /// [`Record::is_abandoned`](crate::Record::is_abandoned)). Stores with
+    /// an index return the longest-abandoned first; every store returns
+    /// each abandoned record on some call as long as it stays abandoned.
+    fn abandoned(
+        &self,
+        scope: &Scope,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<(RecordId, Record)>, StoreError>> + Send;
+}
+
 /// How long a record stays live, measured by the store's own clock: what
 /// a cache in front of the store ([`Cached`](crate::cache::Cached)) needs
 /// so that it never serves a record past its expiry.
@@ -411,5 +427,15 @@ impl<S: StepJournal> StepJournal for Arc<S> {
         resolution: Resolution,
     ) -> impl Future<Output = Result<Resolved, StoreError>> + Send {
         (**self).resolve_step(id, step, resolution)
+    }
+}
+
+impl<S: FindAbandoned> FindAbandoned for Arc<S> {
+    fn abandoned(
+        &self,
+        scope: &Scope,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<(RecordId, Record)>, StoreError>> + Send {
+        (**self).abandoned(scope, limit)
     }
 }
