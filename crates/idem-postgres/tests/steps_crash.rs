@@ -1,16 +1,19 @@
-//! Journaled steps survive a worker killed anywhere (DESIGN §7).
+//! Journaled steps survive a worker killed anywhere, and the completer
+//! finishes what the killed workers left (DESIGN §7).
 //!
 //! An order handler over real services: it reserves stock (a write to
 //! PostgreSQL, keyed by the step's downstream key), charges through a
 //! payment provider started by this test (an HTTP server that honours
 //! `Idempotency-Key` and counts charges) and sends a notification
-//! (another HTTP server, which counts every request). One worker process
-//! per order is killed with SIGKILL (`Child::kill`, by PID) at a step
-//! boundary or inside a step; then the orders are retried. The test
-//! asserts exactly one charge and one reservation per order, the
-//! notification count its policy promises (at least once for `Retry`, at
-//! most once for `Skip`, parked for `Park`), every order completed or
-//! parked, and parked orders completed after `resolve_step`.
+//! (another HTTP server, which counts every request). It is a durable
+//! handler: one worker process per order runs it and is killed with
+//! SIGKILL (`Child::kill`, by PID) at a step boundary or inside a step.
+//! Nobody retries the orders; a completer sweeping the store takes over
+//! every abandoned one with its journaled input. The test asserts exactly
+//! one charge and one reservation per order, the notification count its
+//! policy promises (at least once for `Retry`, at most once for `Skip`,
+//! parked for `Park`), every order completed or parked, and parked orders
+//! completed by their next delivery after `resolve_step`.
 //!
 //! The worker processes are this test binary run again in a child mode
 //! (the ignored `child` test, selected by an environment variable).
@@ -29,8 +32,12 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
+use idem::durable::{Completer, Durable, Sweep};
 use idem::step::{Park, Retry, Skip, StepCtx, StepError};
-use idem::{Context, FailureClass, Idempotency, RecordId, Resolution, RunError, StepJournal};
+use idem::{
+    Context, GetRecord, Idempotency, Key, ListQuery, ListRecords, Outcome, RecordId, Resolution,
+    Scope, StateKind, StepJournal,
+};
 use idem_postgres::PgStore;
 use parking_lot::Mutex;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -75,7 +82,7 @@ impl Services {
         }
     }
 
-    async fn idem(&self, wait: Option<Duration>) -> Idempotency<PgStore> {
+    async fn idem(&self) -> Idempotency<PgStore> {
         let store = PgStore::builder(&self.db_url)
             .expect("url")
             .schema(&self.schema)
@@ -83,16 +90,28 @@ impl Services {
             .connect()
             .await
             .expect("connect the store");
-        let builder = Idempotency::builder(store)
+        Idempotency::builder(store)
             .lease(Duration::from_millis(1500))
-            .heartbeat(Duration::from_millis(300));
-        match wait {
-            Some(wait) => builder.wait_for_in_flight(wait),
-            None => builder,
-        }
-        .build()
-        .expect("config")
+            .heartbeat(Duration::from_millis(300))
+            .build()
+            .expect("config")
     }
+}
+
+/// The order handler as a durable handler: its input is the order and the
+/// notification policy.
+type Orders = Durable<PgStore, (String, String), String, OrderError>;
+
+fn orders(idem: &Idempotency<PgStore>, services: Arc<Services>, kill_at: Option<String>) -> Orders {
+    idem.durable(
+        Scope::new(SCOPE).expect("valid"),
+        move |(order, policy): (String, String), ctx: Context| {
+            let services = Arc::clone(&services);
+            let kill_at = kill_at.clone();
+            async move { handle_order(ctx, &services, &order, &policy, kill_at.as_deref()).await }
+        },
+    )
+    .expect("PostgreSQL keeps a step journal")
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -238,30 +257,33 @@ fn order_id(policy: &str, point: &str) -> String {
     format!("order-{policy}-{}", point.replace(':', "-"))
 }
 
-/// Runs `order` until it completes or parks, waiting out the lease of a
-/// killed worker. `true` if it completed.
-async fn settle(
-    idem: &Idempotency<PgStore>,
-    services: &Services,
-    order: &str,
-    policy: &str,
-) -> bool {
-    let id = RecordId::parse(SCOPE, order).expect("valid");
-    for _ in 0..20 {
-        match idem
-            .run(&id, None, |ctx| {
-                handle_order(ctx, services, order, policy, None)
-            })
+/// Sweeps until no order is left in progress; returns the sweeps' sum.
+async fn complete_abandoned(idem: &Idempotency<PgStore>, completer: &Completer) -> Sweep {
+    let scope = Scope::new(SCOPE).expect("valid");
+    let mut total = Sweep::default();
+    for _ in 0..200 {
+        let swept = completer.sweep().await;
+        total.found += swept.found;
+        total.completed += swept.completed;
+        total.failed += swept.failed;
+        total.parked += swept.parked;
+        total.released += swept.released;
+        total.errors += swept.errors;
+        let running = idem
+            .store()
+            .list(
+                &ListQuery::new(100)
+                    .scope(scope.clone())
+                    .state(StateKind::InProgress),
+            )
             .await
-        {
-            Ok(_) => return true,
-            Err(RunError::Parked(_)) => return false,
-            Err(RunError::Failed(f)) if f.class == FailureClass::Unknown => return false,
-            Err(RunError::InProgress { retry_after }) => tokio::time::sleep(retry_after).await,
-            Err(e) => panic!("order {order} failed: {e:?}"),
+            .expect("list");
+        if running.records.is_empty() {
+            return total;
         }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    panic!("order {order} never settled");
+    panic!("orders still in progress after 40 s of sweeps: {total:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -285,7 +307,7 @@ async fn a_worker_killed_anywhere_charges_once_and_loses_no_order() {
         )
         .await,
     };
-    let idem = services.idem(Some(Duration::from_secs(5))).await;
+    let idem = services.idem().await;
     let (client, connection) = tokio_postgres::connect(&services.db_url, tokio_postgres::NoTls)
         .await
         .expect("connect");
@@ -344,21 +366,37 @@ async fn a_worker_killed_anywhere_charges_once_and_loses_no_order() {
         }
     }
 
-    // Retry every order in this process, concurrently, as a fresh worker.
+    // Nobody retries: a completer finds every order whose worker died and
+    // finishes it with its journaled input.
+    let durable = orders(&idem, Arc::new(services.clone()), None);
+    let completer = Completer::new().register(&durable).concurrency(8);
+    let swept = complete_abandoned(&idem, &completer).await;
+    let total = POLICIES.len() * KILL_POINTS.len();
+    assert_eq!(
+        (swept.found, swept.completed, swept.parked),
+        (total, total - 2, 2),
+        "every order re-driven once; the two Park orders in doubt parked: {swept:?}"
+    );
+    assert_eq!(
+        (swept.failed, swept.released, swept.errors),
+        (0, 0, 0),
+        "{swept:?}"
+    );
     let mut parked = Vec::new();
-    let outcomes = futures_util::future::join_all(POLICIES.iter().flat_map(|policy| {
-        let (idem, services) = (&idem, &services);
-        KILL_POINTS.iter().map(move |point| async move {
+    let mut outcomes = Vec::new();
+    for policy in POLICIES {
+        for point in KILL_POINTS {
             let order = order_id(policy, point);
-            (
-                order.clone(),
-                *policy,
-                *point,
-                settle(idem, services, &order, policy).await,
-            )
-        })
-    }))
-    .await;
+            let id = RecordId::parse(SCOPE, &order).expect("valid");
+            let record = idem.store().get(&id).await.expect("get").expect("present");
+            let completed = match &record.state {
+                idem::State::Completed { .. } => true,
+                idem::State::Failed { failure } if failure.is_parked() => false,
+                other => panic!("{order} ended {other:?}"),
+            };
+            outcomes.push((order, policy, point, completed));
+        }
+    }
     for (order, policy, point, completed) in &outcomes {
         let in_notify = point.ends_with(":notify") && !point.starts_with("before");
         assert_eq!(
@@ -403,9 +441,16 @@ async fn a_worker_killed_anywhere_charges_once_and_loses_no_order() {
             idem::Resolved::Released,
             "{order} parked at {point}"
         );
+        let next = durable
+            .run(
+                &Key::new(order).expect("valid"),
+                (order.clone(), "park".into()),
+            )
+            .await
+            .expect("the next delivery completes it");
         assert!(
-            settle(&idem, &services, order, "park").await,
-            "{order} completes"
+            matches!(next, Outcome::Executed { .. }),
+            "{order}: {next:?}"
         );
         assert_eq!(
             count_sent(order),
@@ -463,12 +508,10 @@ fn child() {
         .build()
         .expect("runtime")
         .block_on(async {
-            let idem = services.idem(None).await;
-            let id = RecordId::parse(SCOPE, &order).expect("valid");
-            let result = idem
-                .run(&id, None, |ctx| {
-                    handle_order(ctx, &services, &order, &policy, Some(&kill_at))
-                })
+            let idem = services.idem().await;
+            let key = Key::new(&order).expect("valid");
+            let result = orders(&idem, Arc::new(services), Some(kill_at.clone()))
+                .run(&key, (order.clone(), policy))
                 .await;
             panic!("the worker for {order} was to be killed at {kill_at}, and ended: {result:?}");
         });

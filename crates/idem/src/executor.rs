@@ -156,6 +156,10 @@ pub enum ConfigError {
         /// The lease.
         lease: Duration,
     },
+    /// A [`Durable`](crate::durable::Durable) handler needs a store that
+    /// keeps a step journal (its input is journaled there).
+    #[error("durable handlers need a store with a step journal; this store keeps none")]
+    NoStepJournal,
 }
 
 struct Config {
@@ -528,6 +532,14 @@ pub enum RunError<E> {
     /// handler did not run).
     #[error("idempotency store error")]
     Store(#[source] StoreError),
+    /// A [`Durable`](crate::durable::Durable) run's input could not be
+    /// journaled (it does not encode as JSON, or is over the size limit).
+    /// Nothing was claimed and nothing ran.
+    #[error("input could not be journaled: {reason}")]
+    Input {
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 impl<E> RunError<E> {
@@ -541,6 +553,21 @@ impl<E> RunError<E> {
             _ => None,
         }
     }
+}
+
+/// Where a claim left a run.
+pub(crate) enum Claimed {
+    /// Acquired: the lease, and when its claim was sent.
+    Held {
+        /// The lease.
+        lease: Lease,
+        /// When the claim was sent (the lease is measured from here).
+        sent: Instant,
+    },
+    /// The store is unreachable and the executor fails open.
+    Unguarded,
+    /// Not acquired: see [`Idempotency::answer`].
+    Answered(ClaimOutcome),
 }
 
 /// What a handler is told about its run.
@@ -701,6 +728,27 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         F: FnOnce(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        self.instrumented(id, async {
+            let params = self.claim_params(fingerprint);
+            match self.acquire(id, &params, self.config.fail_open).await {
+                Ok(Claimed::Held { lease, sent }) => {
+                    self.execute(&lease, sent, &params, handler).await
+                }
+                Ok(Claimed::Unguarded) => self.unguarded(id, handler).await,
+                Ok(Claimed::Answered(outcome)) => self.answer(outcome),
+                Err(error) => Err(RunError::Store(error)),
+            }
+        })
+        .await
+    }
+
+    /// Runs `work` (one run of `id`) in the `idem.run` span, recording its
+    /// outcome there.
+    pub(crate) async fn instrumented<T, E>(
+        &self,
+        id: &RecordId,
+        work: impl Future<Output = Result<Outcome<T>, RunError<E>>>,
+    ) -> Result<Outcome<T>, RunError<E>> {
         let key = if self.config.log_keys {
             id.key().to_string()
         } else {
@@ -713,18 +761,150 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             attempt = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
-        let result = self
-            .run_inner(id, fingerprint, handler)
-            .instrument(span.clone())
-            .await;
+        let result = work.instrument(span.clone()).await;
         span.record("outcome", outcome_label(&result));
         result
     }
 
-    async fn run_inner<T, E, F, Fut>(
+    /// What this executor claims with.
+    pub(crate) fn claim_params(&self, fingerprint: Option<Fingerprint>) -> ClaimParams {
+        ClaimParams {
+            fingerprint,
+            lease: self.config.lease,
+            retention: self.config.retention,
+        }
+    }
+
+    /// The most a journaled value (a step's result, a durable input) may
+    /// take.
+    pub(crate) fn max_journaled_bytes(&self) -> usize {
+        self.config.max_response_bytes
+    }
+
+    /// Whether runs go ahead unguarded when the store is unreachable.
+    pub(crate) fn fails_open(&self) -> bool {
+        self.config.fail_open
+    }
+
+    /// The step journal, if the store keeps one.
+    pub(crate) fn journal(&self) -> Option<&Arc<dyn DynStepJournal>> {
+        self.config.journal.as_ref()
+    }
+
+    /// Claims `id`, waiting for an in-flight duplicate if configured. A
+    /// store error with `fail_open` set is [`Claimed::Unguarded`].
+    pub(crate) async fn acquire(
         &self,
         id: &RecordId,
-        fingerprint: Option<Fingerprint>,
+        params: &ClaimParams,
+        fail_open: bool,
+    ) -> Result<Claimed, StoreError> {
+        let wait_until = self
+            .config
+            .wait_for_in_flight
+            .map(|w| deadline(Instant::now(), w));
+        loop {
+            let outcome = match self.claim_once(id, params).await {
+                Ok(Claimed::Answered(outcome)) => outcome,
+                Err(error @ StoreError::Unavailable(_)) if fail_open => {
+                    tracing::warn!(%error, "store unreachable; running unguarded (fail-open)");
+                    m::count(m::FAIL_OPEN, &[]);
+                    return Ok(Claimed::Unguarded);
+                }
+                other => return other,
+            };
+            match outcome {
+                ClaimOutcome::InProgress { retry_after } => {
+                    let remaining = wait_until.map_or(Duration::ZERO, |until| {
+                        until.saturating_duration_since(Instant::now())
+                    });
+                    if remaining.is_zero() {
+                        return Ok(Claimed::Answered(outcome));
+                    }
+                    self.store
+                        .wait_for_change(id, retry_after.min(remaining))
+                        .await;
+                }
+                other => return Ok(Claimed::Answered(other)),
+            }
+        }
+    }
+
+    /// One claim of `id`: held, or the store's answer.
+    pub(crate) async fn claim_once(
+        &self,
+        id: &RecordId,
+        params: &ClaimParams,
+    ) -> Result<Claimed, StoreError> {
+        let sent = Instant::now();
+        let outcome = m::timed(m::OP_CLAIM, self.store.claim(id, params)).await?;
+        m::count(m::CLAIMS, &[("outcome", outcome.label())]);
+        Ok(match outcome {
+            ClaimOutcome::Acquired(lease) => Claimed::Held { lease, sent },
+            other => Claimed::Answered(other),
+        })
+    }
+
+    /// What a claim that did not acquire means to the caller.
+    pub(crate) fn answer<T: DeserializeOwned, E>(
+        &self,
+        outcome: ClaimOutcome,
+    ) -> Result<Outcome<T>, RunError<E>> {
+        match outcome {
+            ClaimOutcome::Acquired(_) => unreachable!("an acquired claim is held, not answered"),
+            ClaimOutcome::Completed(stored) => {
+                m::count(m::REPLAYS, &[]);
+                self.decode(&stored)
+                    .map(|value| Outcome::Replayed { value })
+            }
+            ClaimOutcome::Failed(failure) => {
+                m::count(m::REPLAYS, &[]);
+                Err(RunError::Failed(failure))
+            }
+            ClaimOutcome::Mismatch => {
+                m::count(m::MISMATCHES, &[]);
+                Err(RunError::Mismatch)
+            }
+            ClaimOutcome::InProgress { retry_after } => Err(RunError::InProgress { retry_after }),
+        }
+    }
+
+    /// Runs `handler` with no claim (fail-open, the store unreachable).
+    pub(crate) async fn unguarded<T, E, F, Fut>(
+        &self,
+        id: &RecordId,
+        handler: F,
+    ) -> Result<Outcome<T>, RunError<E>>
+    where
+        E: StdError + Send + Sync + 'static,
+        F: FnOnce(Context) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let (_tx, lost) = watch::channel(false);
+        let (_beat_tx, beats) = watch::channel(0);
+        let value = handler(Context {
+            lease: None,
+            lost,
+            beats,
+            steps: Arc::new(StepRun::new(id.clone(), None, 0)),
+        })
+        .await
+        .map_err(|error| RunError::Handler {
+            class: (self.config.classifier)(&error),
+            error,
+            attempt: 0,
+            retry_after: None,
+        })?;
+        Ok(Outcome::Unguarded { value })
+    }
+
+    /// Runs `handler` under `lease` (claimed at `sent`) with a heartbeat,
+    /// and stores its outcome: steps 2 and 3 of [`Self::run`].
+    pub(crate) async fn execute<T, E, F, Fut>(
+        &self,
+        lease: &Lease,
+        sent: Instant,
+        params: &ClaimParams,
         handler: F,
     ) -> Result<Outcome<T>, RunError<E>>
     where
@@ -733,73 +913,6 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         F: FnOnce(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let params = ClaimParams {
-            fingerprint,
-            lease: self.config.lease,
-            retention: self.config.retention,
-        };
-        let wait_until = self
-            .config
-            .wait_for_in_flight
-            .map(|w| deadline(Instant::now(), w));
-        let (lease, claim_sent) = loop {
-            let claim_sent = Instant::now();
-            let claimed = m::timed(m::OP_CLAIM, self.store.claim(id, &params)).await;
-            let outcome = match claimed {
-                Ok(outcome) => outcome,
-                Err(error @ StoreError::Unavailable(_)) if self.config.fail_open => {
-                    tracing::warn!(%error, "store unreachable; running unguarded (fail-open)");
-                    m::count(m::FAIL_OPEN, &[]);
-                    let (_tx, lost) = watch::channel(false);
-                    let (_beat_tx, beats) = watch::channel(0);
-                    let value = handler(Context {
-                        lease: None,
-                        lost,
-                        beats,
-                        steps: Arc::new(StepRun::new(id.clone(), None, 0)),
-                    })
-                    .await
-                    .map_err(|error| RunError::Handler {
-                        class: (self.config.classifier)(&error),
-                        error,
-                        attempt: 0,
-                        retry_after: None,
-                    })?;
-                    return Ok(Outcome::Unguarded { value });
-                }
-                Err(error) => return Err(RunError::Store(error)),
-            };
-            m::count(m::CLAIMS, &[("outcome", outcome.label())]);
-            match outcome {
-                ClaimOutcome::Acquired(lease) => break (lease, claim_sent),
-                ClaimOutcome::Completed(stored) => {
-                    m::count(m::REPLAYS, &[]);
-                    return self
-                        .decode(&stored)
-                        .map(|value| Outcome::Replayed { value });
-                }
-                ClaimOutcome::Failed(failure) => {
-                    m::count(m::REPLAYS, &[]);
-                    return Err(RunError::Failed(failure));
-                }
-                ClaimOutcome::Mismatch => {
-                    m::count(m::MISMATCHES, &[]);
-                    return Err(RunError::Mismatch);
-                }
-                ClaimOutcome::InProgress { retry_after } => {
-                    let remaining = wait_until.map_or(Duration::ZERO, |until| {
-                        until.saturating_duration_since(Instant::now())
-                    });
-                    if remaining.is_zero() {
-                        return Err(RunError::InProgress { retry_after });
-                    }
-                    self.store
-                        .wait_for_change(id, retry_after.min(remaining))
-                        .await;
-                }
-            }
-        };
-
         tracing::Span::current().record("attempt", lease.attempt);
         let max = self.config.max_attempts.get();
         if lease.attempt > max {
@@ -816,7 +929,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                 attempt = lease.attempt,
                 "attempts exhausted without an outcome; recording a terminal failure"
             );
-            self.record_failure(&lease, failure.clone()).await;
+            self.record_failure(lease, failure.clone()).await;
             return Err(RunError::Failed(failure));
         }
         if lease.takeover {
@@ -829,7 +942,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         let (lost_tx, lost) = watch::channel(false);
         let (beat_tx, beats) = watch::channel(0);
         let steps = Arc::new(StepRun::new(
-            id.clone(),
+            lease.id.clone(),
             self.config.journal.clone(),
             self.config.max_response_bytes,
         ));
@@ -841,7 +954,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         };
         let result = {
             let work = handler(ctx);
-            let beat = self.heartbeat(&lease, claim_sent, lost_tx, beat_tx);
+            let beat = self.heartbeat(lease, sent, lost_tx, beat_tx);
             tokio::pin!(work, beat);
             tokio::select! {
                 biased;
@@ -850,11 +963,11 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             }
         };
         if let Some(why) = steps.parked() {
-            return Err(self.park(&lease, why).await);
+            return Err(self.park(lease, why).await);
         }
         match result {
-            Ok(value) => self.store_success(&lease, &params, value).await,
-            Err(error) => Err(self.store_failure(&lease, error).await),
+            Ok(value) => self.store_success(lease, params, value).await,
+            Err(error) => Err(self.store_failure(lease, error).await),
         }
     }
 
@@ -1115,6 +1228,7 @@ fn outcome_label<T, E>(result: &Result<Outcome<T>, RunError<E>>) -> &'static str
         Err(RunError::Decode { .. }) => "decode_error",
         Err(RunError::LeaseLost) => "lease_lost",
         Err(RunError::Store(_)) => "store_error",
+        Err(RunError::Input { .. }) => "input_error",
     }
 }
 

@@ -66,6 +66,7 @@ mod clock;
 pub mod contract {}
 mod codec;
 pub mod derive;
+pub mod durable;
 mod executor;
 mod fingerprint;
 mod key;

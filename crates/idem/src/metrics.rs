@@ -48,6 +48,9 @@ pub const STEPS_IN_DOUBT: &str = "idem_steps_in_doubt_total";
 /// Runs that parked their record for reconciliation.
 pub const PARKED: &str = "idem_parked_total";
 
+/// Records the completer re-drove, by `result` (`completed`, `failed`,
+/// `parked`, `released`, `skipped`, `error`).
+pub const REDRIVEN: &str = "idem_completer_redriven_total";
 pub(crate) const OP_CLAIM: &str = "claim";
 pub(crate) const OP_COMPLETE: &str = "complete";
 pub(crate) const OP_FAIL: &str = "fail";

@@ -17,11 +17,13 @@ impl Drop for PurgerHandle {
     }
 }
 
-/// Starts a task on the current tokio runtime that, every `every`, purges
-/// expired records `batch` at a time until a batch comes back short, so no
-/// single purge holds the store for long. Errors are logged and retried at
-/// the next tick. The task owns `store` (a clone) and stops when the handle
-/// is dropped.
+/// Starts a task on the current tokio runtime (the reaper) that, every
+/// `every`, purges expired records `batch` at a time until a batch comes
+/// back short. No single purge holds the store for long, and between two
+/// batches the task waits as long as the last batch took, so it never
+/// keeps the store busy more than half the time however large the
+/// backlog. Errors are logged and retried at the next tick. The task owns
+/// `store` (a clone) and stops when the handle is dropped.
 pub fn spawn_purger<S: PurgeExpired + Clone>(
     store: S,
     every: Duration,
@@ -34,8 +36,9 @@ pub fn spawn_purger<S: PurgeExpired + Clone>(
         loop {
             tick.tick().await;
             loop {
+                let started = tokio::time::Instant::now();
                 match store.purge_expired(batch).await {
-                    Ok(n) if n == batch => tokio::task::yield_now().await,
+                    Ok(n) if n == batch => tokio::time::sleep(started.elapsed()).await,
                     Ok(_) => break,
                     Err(error) => {
                         tracing::warn!(%error, "purging expired records failed; retrying at the next tick");

@@ -312,10 +312,14 @@ pub fn downstream_key(id: &RecordId, step: &str) -> String {
 }
 
 /// Checks a step name: 1 to [`MAX_STEP_NAME_LEN`] bytes of visible ASCII
-/// (`0x21..=0x7E`). The error names the rule broken.
+/// (`0x21..=0x7E`), not starting with `$` (reserved for idem's own journal
+/// entries, such as a [`Durable`](crate::durable::Durable) run's input).
+/// The error names the rule broken.
 pub fn check_step_name(name: &str) -> Result<(), &'static str> {
     if name.is_empty() {
         Err("is empty")
+    } else if name.starts_with('$') {
+        Err("starts with '$', which is reserved for idem's own entries")
     } else if name.len() > MAX_STEP_NAME_LEN {
         Err("is longer than 128 bytes")
     } else if !name.bytes().all(|b| (0x21..=0x7E).contains(&b)) {
@@ -367,7 +371,7 @@ impl StepRun {
 
 /// Runs a store call of a step, retrying a few times while the store is
 /// unavailable.
-async fn with_retries<T, Fut>(mut op: impl FnMut() -> Fut) -> Result<T, StoreError>
+pub(crate) async fn with_retries<T, Fut>(mut op: impl FnMut() -> Fut) -> Result<T, StoreError>
 where
     Fut: Future<Output = Result<T, StoreError>>,
 {
