@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
+use idem::durable::INPUT_STEP;
+use idem::step::check_step_name;
 use idem::{
     DeleteRecord, GetRecord, ListQuery, ListRecords, PurgeExpired, Record, RecordId, Resolution,
     Resolved, State, StateKind, StepEntry, StepJournal, StepState,
@@ -60,6 +62,23 @@ pub fn describe_step(step: &StepEntry) -> Value {
     }
 }
 
+/// Adds a record's journal to its description: a durable run's input
+/// (the reserved [`INPUT_STEP`] entry) as `input`, the steps as `steps`.
+fn add_journal(out: &mut Value, journal: &[StepEntry]) {
+    let (input, steps): (Vec<&StepEntry>, Vec<&StepEntry>) =
+        journal.iter().partition(|s| s.name == INPUT_STEP);
+    if let Some(input) = input.first() {
+        let described = describe_step(input);
+        out["input"] = described
+            .get("result")
+            .cloned()
+            .unwrap_or_else(|| json!({"state": described["state"]}));
+    }
+    if !steps.is_empty() {
+        out["steps"] = steps.into_iter().map(describe_step).collect();
+    }
+}
+
 /// `idem inspect SCOPE KEY`: the record with its step journal, or `None`
 /// if absent or expired. A step still `started` on a record that is not
 /// in progress is in doubt.
@@ -68,10 +87,7 @@ pub async fn inspect(store: &AnyStore, id: &RecordId) -> anyhow::Result<Option<V
         return Ok(None);
     };
     let mut out = describe(id, &record);
-    let steps = store.steps(id).await?;
-    if !steps.is_empty() {
-        out["steps"] = steps.iter().map(describe_step).collect();
-    }
+    add_journal(&mut out, &store.steps(id).await?);
     Ok(Some(out))
 }
 
@@ -89,7 +105,8 @@ pub async fn list_parked(
     let mut out = Vec::with_capacity(records.len());
     for (id, record) in &records {
         let mut described = describe(id, record);
-        described["steps"] = store.steps(id).await?.iter().map(describe_step).collect();
+        described["steps"] = json!([]);
+        add_journal(&mut described, &store.steps(id).await?);
         out.push(described);
     }
     Ok(out)
@@ -120,6 +137,11 @@ pub async fn resolve(
     step: &str,
     resolution: Resolution,
 ) -> anyhow::Result<()> {
+    if let Err(problem) = check_step_name(step) {
+        anyhow::bail!(
+            "step name {step:?} {problem}; nothing changed. `idem inspect` lists the steps"
+        );
+    }
     match store.resolve_step(id, step, resolution).await? {
         Resolved::Released => Ok(()),
         Resolved::NotParked => anyhow::bail!(

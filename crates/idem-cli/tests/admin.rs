@@ -177,6 +177,18 @@ async fn parked_records_are_listed_inspected_and_resolved() {
     let ClaimOutcome::Acquired(lease) = store.claim(&parked, &long).await.expect("claim") else {
         panic!("fresh key");
     };
+    store
+        .begin_step(&lease, idem::durable::INPUT_STEP)
+        .await
+        .expect("begin");
+    store
+        .finish_step(
+            &lease,
+            idem::durable::INPUT_STEP,
+            Bytes::from_static(b"{\"order\":9}"),
+        )
+        .await
+        .expect("journal the input");
     store.begin_step(&lease, "charge").await.expect("begin");
     store
         .finish_step(&lease, "charge", Bytes::from_static(b"{\"id\":\"ch_1\"}"))
@@ -213,6 +225,11 @@ async fn parked_records_are_listed_inspected_and_resolved() {
     assert_eq!(listed[0]["key"], "order-9");
     assert_eq!(listed[0]["steps"][0]["result"]["id"], "ch_1");
     assert_eq!(listed[0]["steps"][1]["state"], "started");
+    assert_eq!(
+        listed[0]["input"]["order"], 9,
+        "a durable run's input is shown apart"
+    );
+    assert_eq!(listed[0]["steps"].as_array().map(Vec::len), Some(2));
     let shown = admin::inspect(&store, &parked)
         .await
         .expect("inspect")
@@ -231,6 +248,15 @@ async fn parked_records_are_listed_inspected_and_resolved() {
     .await
     .expect_err("charge is not in doubt");
     assert!(finished.to_string().contains("not in doubt"), "{finished}");
+    let reserved = admin::resolve(
+        &store,
+        &parked,
+        idem::durable::INPUT_STEP,
+        admin::resolution(Some("{}")).expect("applied"),
+    )
+    .await
+    .expect_err("the input is not a step");
+    assert!(reserved.to_string().contains("reserved"), "{reserved}");
     let not_parked = admin::resolve(
         &store,
         &id("declined"),

@@ -46,10 +46,13 @@
 //!   [`machine::decide_claim`], [`machine::decide_write`].
 //! - The store contract: [`Store`] (claim, complete, fail, extend,
 //!   release) and capability traits [`GetRecord`], [`DeleteRecord`],
-//!   [`ListRecords`], [`PurgeExpired`], [`ClaimMany`].
+//!   [`ListRecords`], [`PurgeExpired`], [`ClaimMany`], [`FindAbandoned`].
 //! - Journaled steps for side effects that cannot be rolled back:
 //!   [`Context::step`] with the in-doubt policies of [`step`], on stores
 //!   with a [`StepJournal`].
+//! - Work that finishes when its worker dies: [`durable`] handlers, whose
+//!   abandoned runs a [`durable::Completer`] re-drives; the reaper
+//!   [`spawn_purger`] removes expired records.
 //! - [`MemoryStore`], sharded and bounded, with a [`Clock`] you can
 //!   replace by a [`ManualClock`] in tests.
 //! - The executor [`Idempotency`]: heartbeats, lease-loss signal,
