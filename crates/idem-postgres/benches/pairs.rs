@@ -16,7 +16,8 @@
 
 #![allow(clippy::print_stdout)] // a benchmark reports on stdout
 
-use std::process::Command;
+mod script;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ use bytes::Bytes;
 use idem::cache::{Cached, LruCache};
 use idem::{ClaimMany, ClaimOutcome, ClaimParams, RecordId, Store};
 use idem_postgres::PgStore;
-use idem_testkit::bench::rate;
+use idem_testkit::bench::{rate, secs_arg};
 use idem_testkit::postgres::PgServer;
 use idem_testkit::redis::RedisServer;
 
@@ -36,82 +37,11 @@ fn params() -> ClaimParams {
     ClaimParams::new(Duration::from_secs(30), Duration::from_secs(3600))
 }
 
-/// The store's statement as a pgbench command: comments dropped, the
-/// parameters filled from pgbench variables, `;` at the end.
-fn pgbench_command(sql: &str, params: &[(&str, &str)]) -> String {
-    let mut text: String = sql
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("--"))
-        .collect::<Vec<_>>()
-        .join("\n");
-    for (name, value) in params.iter().rev() {
-        text = text.replace(name, value);
-    }
-    format!("{text};\n")
-}
-
 /// pgbench running one claim and one complete per transaction: tps.
 fn pgbench(server: &PgServer, store: &PgStore, clients: usize, secs: f64) -> f64 {
-    let key = "('k' || :client_id::text || '-' || :n::text)";
-    let token = "(int8send(:t::bigint) || int8send(:n::bigint))";
-    let script = format!(
-        "\\set n random(1, 1000000000000)\n\\set t random(1, 1000000000000)\n{}{}",
-        pgbench_command(
-            store.claim_sql(),
-            &[
-                ("$1", "'bench'"),
-                ("$2", key),
-                ("$3", "NULL::bytea"),
-                ("$4", token),
-                ("$5", "30000"),
-                ("$6", "3600000"),
-            ],
-        ),
-        pgbench_command(
-            store.complete_sql(),
-            &[
-                ("$1", "'bench'"),
-                ("$2", key),
-                ("$3", token),
-                ("$4", "'\\x7b7d'::bytea"),
-                ("$5", "3600000"),
-            ],
-        ),
-    );
-    let file = tempfile::NamedTempFile::new().expect("script file");
-    std::fs::write(file.path(), script).expect("write script");
-    let out = Command::new(server.bin_dir().join("pgbench"))
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &server.port().to_string(),
-            "-U",
-            "postgres",
-        ])
-        .args(["-n", "-M", "prepared", "-c", &clients.to_string()])
-        .args([
-            "-j",
-            &clients.min(2).to_string(),
-            "-T",
-            &format!("{}", secs.ceil() as u64),
-        ])
-        .arg("-f")
-        .arg(file.path())
-        .arg("postgres")
-        .output()
-        .expect("run pgbench");
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find_map(|l| l.strip_prefix("tps = "))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| {
-            panic!(
-                "unexpected pgbench output: {text}{}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })
+    server
+        .pgbench(&script::run(store, 0), clients, secs)
+        .expect("run pgbench")
 }
 
 async fn pairs(store: &PgStore, callers: usize, secs: f64) -> f64 {
@@ -152,18 +82,15 @@ async fn replays<S: Store + Clone>(store: &S, callers: usize, secs: f64) -> f64 
 
 #[tokio::main]
 async fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let secs: f64 = args
-        .iter()
-        .position(|a| a == "--secs")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3.0);
+    let secs = secs_arg(3.0);
     let server = PgServer::start().expect("start postgres");
     let url = format!("{}?schema=bench", server.url("postgres"));
     let truncate = || {
         server
-            .psql("postgres", "TRUNCATE bench.idem_records; CHECKPOINT")
+            .psql(
+                "postgres",
+                "TRUNCATE bench.idem_records, bench.idem_steps; CHECKPOINT",
+            )
             .expect("truncate");
     };
     println!("# idem-postgres pairs, {secs} s per point\n");

@@ -318,6 +318,17 @@ impl PgStore {
         &self.inner.sql.complete
     }
 
+    /// The statement that marks a journaled step started (for `pgbench`);
+    /// its parameters are listed at the top of `sql/step_begin.sql`.
+    pub fn step_begin_sql(&self) -> &str {
+        &self.inner.sql.step_begin
+    }
+
+    /// The statement that journals a step's result (for `pgbench`).
+    pub fn step_finish_sql(&self) -> &str {
+        &self.inner.sql.step_finish
+    }
+
     /// Applies the migrations not applied yet; returns their versions.
     pub async fn setup(&self) -> Result<Vec<i32>, StoreError> {
         let mut client = self.client().await?;

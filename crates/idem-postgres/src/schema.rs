@@ -139,7 +139,7 @@ mod tests {
     fn migrations_are_in_order_and_fill_the_schema() {
         let all = migrations("billing");
         let versions: Vec<i32> = all.iter().map(|m| m.version).collect();
-        assert_eq!(versions, [1, 2, 3]);
+        assert_eq!(versions, [1, 2, 3, 4]);
         assert!(all.iter().all(|m| !m.sql.contains("{schema}")));
         assert!(all[0].sql.contains("billing.idem_records"));
     }

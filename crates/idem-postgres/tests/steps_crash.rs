@@ -262,13 +262,7 @@ async fn complete_abandoned(idem: &Idempotency<PgStore>, completer: &Completer) 
     let scope = Scope::new(SCOPE).expect("valid");
     let mut total = Sweep::default();
     for _ in 0..200 {
-        let swept = completer.sweep().await;
-        total.found += swept.found;
-        total.completed += swept.completed;
-        total.failed += swept.failed;
-        total.parked += swept.parked;
-        total.released += swept.released;
-        total.errors += swept.errors;
+        total += completer.sweep().await;
         let running = idem
             .store()
             .list(

@@ -19,7 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use idem::{ClaimMany, ClaimOutcome, ClaimParams, RecordId, Store};
 use idem_redis::RedisStore;
-use idem_testkit::bench::rate;
+use idem_testkit::bench::{rate, secs_arg};
 use idem_testkit::redis::{RedisCluster, RedisServer};
 
 const CALLERS: [usize; 3] = [1, 16, 64];
@@ -120,12 +120,7 @@ fn redis_benchmark(
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
     let cluster = args.iter().any(|a| a == "--cluster");
-    let secs: f64 = args
-        .iter()
-        .position(|a| a == "--secs")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3.0);
+    let secs = secs_arg(3.0);
     let servers = if cluster {
         Servers::Cluster(RedisCluster::start().expect("start a Redis Cluster"))
     } else {

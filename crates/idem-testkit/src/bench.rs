@@ -1,4 +1,5 @@
-//! What the store benchmarks share: a closed-loop rate measurement.
+//! What the store benchmarks share: a closed-loop rate measurement and
+//! the `--secs N` argument.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -38,4 +39,15 @@ where
         task.await.expect("bench task");
     }
     done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// The seconds per point a benchmark was given as `--secs N` on its
+/// command line, or `default`.
+pub fn secs_arg(default: f64) -> f64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == "--secs")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
 }

@@ -124,6 +124,45 @@ impl PgServer {
         }
     }
 
+    /// Runs `pgbench` with `script` (custom script text, prepared
+    /// statements) from `clients` clients for `secs` seconds against the
+    /// `postgres` database; returns its transactions per second.
+    pub fn pgbench(&self, script: &str, clients: usize, secs: f64) -> Result<f64, ServerError> {
+        let file = tempfile::NamedTempFile::new()
+            .map_err(|e| failed(format!("pgbench script file: {e}")))?;
+        std::fs::write(file.path(), script)
+            .map_err(|e| failed(format!("writing the pgbench script: {e}")))?;
+        let out = Command::new(self.bin.join("pgbench"))
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .args(["-n", "-M", "prepared", "-c", &clients.to_string()])
+            .args(["-j", &clients.min(2).to_string()])
+            .args(["-T", &format!("{}", secs.ceil() as u64)])
+            .arg("-f")
+            .arg(file.path())
+            .arg("postgres")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| failed(format!("running pgbench: {e}")))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines()
+            .find_map(|l| l.strip_prefix("tps = "))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| {
+                failed(format!(
+                    "unexpected pgbench output: {text}{}",
+                    String::from_utf8_lossy(&out.stderr)
+                ))
+            })
+    }
+
     /// The directory of the PostgreSQL programs in use (`pgbench` is
     /// there too).
     pub fn bin_dir(&self) -> &Path {
@@ -248,4 +287,19 @@ fn postgres_user_if_root() -> Result<Option<(u32, u32)>, ServerError> {
         .ok_or_else(|| {
             failed("running as root, but there is no postgres user to run PostgreSQL as")
         })
+}
+
+/// A store statement as a `pgbench` command: comments dropped, the
+/// numbered parameters replaced by pgbench expressions (`$10` before
+/// `$1`), `;` at the end.
+pub fn pgbench_command(sql: &str, params: &[(&str, &str)]) -> String {
+    let mut text: String = sql
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for (name, value) in params.iter().rev() {
+        text = text.replace(name, value);
+    }
+    format!("{text};\n")
 }

@@ -336,8 +336,11 @@ impl Sweep {
         *slot += 1;
         m::count(m::REDRIVEN, &[("result", r.label())]);
     }
+}
 
-    fn merge(&mut self, other: Sweep) {
+/// Sums sweeps, field by field.
+impl std::ops::AddAssign for Sweep {
+    fn add_assign(&mut self, other: Sweep) {
         self.found += other.found;
         self.completed += other.completed;
         self.failed += other.failed;
@@ -481,7 +484,7 @@ impl Completer {
     pub async fn sweep(&self) -> Sweep {
         let mut total = Sweep::default();
         for handler in &self.handlers {
-            total.merge(handler.sweep(self.batch, self.concurrency).await);
+            total += handler.sweep(self.batch, self.concurrency).await;
         }
         if total.found > 0 {
             tracing::info!(?total, "completer sweep");
@@ -546,7 +549,7 @@ mod tests {
             ..Sweep::default()
         };
         b.add(Redriven::Error);
-        b.merge(a);
+        b += a;
         assert_eq!((b.found, b.completed, b.released, b.errors), (2, 1, 1, 1));
     }
 }

@@ -319,6 +319,22 @@ impl<C: Clock> MemoryStore<C> {
         crate::spawn_purger(self.clone(), every, batch)
     }
 
+    /// Every record `keep` accepts, shard by shard, unordered.
+    fn matching(&self, keep: impl Fn(&RecordId, &Record) -> bool) -> Vec<(RecordId, Record)> {
+        let mut found = Vec::new();
+        for shard in self.inner.shards.iter() {
+            let shard = shard.state.lock();
+            found.extend(
+                shard
+                    .records
+                    .iter()
+                    .filter(|(_, id, r)| keep(id, r))
+                    .map(|(_, id, r)| (id.clone(), r.clone())),
+            );
+        }
+        found
+    }
+
     fn purge_now(&self, limit: usize) -> usize {
         let now = self.now();
         let mut removed = 0;
@@ -469,22 +485,12 @@ impl<C: Clock> ListRecords for MemoryStore<C> {
     async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
         tokio::task::coop::consume_budget().await;
         let now = self.now();
-        let mut found: Vec<(RecordId, Record)> = Vec::new();
-        for shard in self.inner.shards.iter() {
-            let shard = shard.state.lock();
-            found.extend(
-                shard
-                    .records
-                    .iter()
-                    .filter(|(_, id, r)| {
-                        !r.is_expired(now)
-                            && query.state.is_none_or(|s| r.state.kind() == s)
-                            && query.scope.as_ref().is_none_or(|s| id.scope() == s)
-                            && query.after.as_ref().is_none_or(|after| id > after)
-                    })
-                    .map(|(_, id, r)| (id.clone(), r.clone())),
-            );
-        }
+        let mut found = self.matching(|id, r| {
+            !r.is_expired(now)
+                && query.state.is_none_or(|s| r.state.kind() == s)
+                && query.scope.as_ref().is_none_or(|s| id.scope() == s)
+                && query.after.as_ref().is_none_or(|after| id > after)
+        });
         found.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let limit = query.limit.max(1);
         let next = (found.len() > limit).then(|| found[limit - 1].0.clone());
@@ -504,17 +510,7 @@ impl<C: Clock> FindAbandoned for MemoryStore<C> {
     ) -> Result<Vec<(RecordId, Record)>, StoreError> {
         tokio::task::coop::consume_budget().await;
         let now = self.now();
-        let mut found: Vec<(RecordId, Record)> = Vec::new();
-        for shard in self.inner.shards.iter() {
-            let shard = shard.state.lock();
-            found.extend(
-                shard
-                    .records
-                    .iter()
-                    .filter(|(_, id, r)| id.scope() == scope && r.is_abandoned(now))
-                    .map(|(_, id, r)| (id.clone(), r.clone())),
-            );
-        }
+        let mut found = self.matching(|id, r| id.scope() == scope && r.is_abandoned(now));
         found.sort_by_key(|(_, r)| match r.state {
             State::InProgress { lease_until, .. } => lease_until,
             _ => now,

@@ -311,10 +311,7 @@ async fn concurrent_completers_redrive_each_record_exactly_once_and_leave_live_l
             sweeps.spawn(async move { c.sweep().await });
         }
         for s in sweeps.join_all().await {
-            total.found += s.found;
-            total.completed += s.completed;
-            total.skipped += s.skipped;
-            total.errors += s.errors;
+            total += s;
         }
     }
     assert_eq!(
