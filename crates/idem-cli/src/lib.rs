@@ -192,7 +192,9 @@ pub struct ProxyArgs {
     /// Pass requests through unguarded when the store is unreachable.
     #[arg(long, env = "IDEM_FAIL_OPEN")]
     pub fail_open: Option<bool>,
-    /// How long the upstream may take before 502 [default: 60s].
+    /// How long the upstream may take to answer before 502 [default: 60s].
+    /// The request was sent, so its key is kept with an unknown outcome
+    /// (never sent twice); `idem release` it after checking the upstream.
     #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT")]
     pub upstream_timeout: Option<String>,
 }

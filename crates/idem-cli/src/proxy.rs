@@ -14,7 +14,7 @@ use http::{header, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use idem_http::{strip_hop_by_hop, IdempotencyLayer};
+use idem_http::{strip_hop_by_hop, IdempotencyLayer, OutcomeUnknown};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
@@ -43,7 +43,10 @@ pub struct ProxyConfig {
     pub max_response_bytes: usize,
     /// Pass requests through when the store is unreachable.
     pub fail_open: bool,
-    /// How long the upstream may take to answer before 502 (and release).
+    /// How long the upstream may take to answer before a 502. The request
+    /// was sent, so the key is kept with an unknown outcome (see
+    /// [`OutcomeUnknown`]); connecting is limited to half of it (at most
+    /// 5 s), and a failed connect releases the key.
     pub upstream_timeout: Duration,
 }
 
@@ -56,10 +59,38 @@ struct Upstream {
     timeout: Duration,
 }
 
+/// The gateway's own 502: nothing was sent to the upstream, so the layer
+/// releases the key.
 fn bad_gateway(detail: String) -> Response {
+    problem_502(
+        idem_http::problem_types::UPSTREAM,
+        "Upstream unavailable",
+        detail,
+    )
+}
+
+/// The gateway's own 502 when the request may have reached the upstream
+/// and its response was lost: marked [`OutcomeUnknown`], so the layer keeps
+/// the key (failed, outcome unknown) instead of letting a retry run the
+/// request a second time.
+fn outcome_unknown(detail: String) -> Response {
+    let mut response = problem_502(
+        idem_http::problem_types::OUTCOME_UNKNOWN,
+        "Upstream outcome unknown",
+        format!(
+            "{detail}; the upstream may have processed the request, so the key is kept and \
+             will not run it again: check the upstream, then `idem release` the key to allow \
+             a retry"
+        ),
+    );
+    response.extensions_mut().insert(OutcomeUnknown);
+    response
+}
+
+fn problem_502(kind: &str, title: &str, detail: String) -> Response {
     let body = serde_json::json!({
-        "type": idem_http::problem_types::UPSTREAM,
-        "title": "Upstream unavailable",
+        "type": kind,
+        "title": title,
         "status": 502,
         "detail": detail,
     });
@@ -92,14 +123,17 @@ async fn forward(State(upstream): State<Arc<Upstream>>, request: Request) -> Res
             strip_hop_by_hop(&mut parts.headers);
             Response::from_parts(parts, Body::new(body))
         }
-        Ok(Err(e)) => bad_gateway(format!(
-            "the upstream {} could not be reached: {e}; the key was released, so the request \
-             may be retried",
+        Ok(Err(e)) if e.is_connect() => bad_gateway(format!(
+            "the upstream {} could not be reached: {e}; nothing was sent, the key was \
+             released, so the request may be retried",
             upstream.base
         )),
-        Err(_) => bad_gateway(format!(
-            "the upstream {} did not answer within {:?}; the key was released, so the request \
-             may be retried",
+        Ok(Err(e)) => outcome_unknown(format!(
+            "the connection to the upstream {} failed after the request was sent: {e}",
+            upstream.base
+        )),
+        Err(_) => outcome_unknown(format!(
+            "the upstream {} did not answer within {:?}",
             upstream.base, upstream.timeout
         )),
     }
@@ -121,8 +155,15 @@ pub fn router(store: AnyStore, config: &ProxyConfig) -> anyhow::Result<Router> {
         layer = layer.tenant_header(tenant.clone());
     }
     let layer = layer.build()?;
+    // Connecting gets its own, shorter limit, so an upstream that is down
+    // is told apart (nothing sent: the key is released) from one that took
+    // the request and never answered (the key is kept).
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(
+        (config.upstream_timeout / 2).min(Duration::from_secs(5)),
+    ));
     let upstream = Arc::new(Upstream {
-        client: Client::builder(TokioExecutor::new()).build_http(),
+        client: Client::builder(TokioExecutor::new()).build(connector),
         base: config.upstream.clone(),
         origin: config.upstream.to_string().trim_end_matches('/').to_owned(),
         timeout: config.upstream_timeout,

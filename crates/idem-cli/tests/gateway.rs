@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use idem_cli::proxy::{self, ProxyConfig};
 use idem_cli::store::AnyStore;
 use idem_sqlite::SqliteStore;
 use reqwest::header::HeaderValue;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
@@ -487,6 +489,91 @@ async fn upstream_down_is_502_and_the_key_stays_usable() {
     assert!(ok.headers().get("idempotent-replayed").is_none());
     assert_eq!(up.runs("/charge"), 1);
     gw.shutdown().await;
+}
+
+/// An upstream on a raw socket: it counts each request it reads in full,
+/// then misbehaves as `answer` says (closes at once, or sends a head and
+/// part of the body and closes, or never answers).
+async fn broken_upstream(answer: &'static [u8]) -> (Arc<AtomicU64>, SocketAddr) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let seen = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&seen);
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let counter = Arc::clone(&counter);
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 4096];
+                // The test client's body is `{"amount":100}`.
+                while !request.ends_with(br#"{"amount":100}"#) {
+                    match socket.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                counter.fetch_add(1, Ordering::SeqCst);
+                if answer.is_empty() {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+                let _ = socket.write_all(answer).await;
+            });
+        }
+    });
+    (seen, addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_may_have_reached_the_upstream_is_never_sent_twice() {
+    let cases: [(&str, &'static [u8], u16, &str); 3] = [
+        ("no answer in time", b"", 502, "did not answer"),
+        (
+            "closed before answering",
+            b"\r",
+            502,
+            "failed after the request was sent",
+        ),
+        (
+            "body broke off",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial",
+            502,
+            "broke off",
+        ),
+    ];
+    for (case, answer, status, says) in cases {
+        let dir = tempfile::tempdir().expect("dir");
+        let (seen, addr) = broken_upstream(answer).await;
+        let mut config = config(addr);
+        config.upstream_timeout = Duration::from_millis(800);
+        let gw = Gateway::start(sqlite(&dir), config).await;
+        let url = format!("{}/charge", gw.url);
+        let detail = problem(post(&url, Some("k")).await, status, "outcome-unknown").await;
+        assert!(detail.contains(says), "{case}: {detail}");
+        assert!(detail.contains("will not run it again"), "{case}: {detail}");
+        for _ in 0..2 {
+            let detail = problem(post(&url, Some("k")).await, 422, "outcome-unknown").await;
+            assert!(
+                detail.contains("may have been processed"),
+                "{case}: {detail}"
+            );
+        }
+        assert_eq!(
+            seen.load(Ordering::SeqCst),
+            1,
+            "{case}: the upstream saw the request once; retries were not forwarded"
+        );
+        let other = problem(post(&url, Some("other")).await, status, "outcome-unknown").await;
+        assert!(other.contains(says), "{case}: {other}");
+        assert_eq!(
+            seen.load(Ordering::SeqCst),
+            2,
+            "{case}: another key is forwarded"
+        );
+        gw.shutdown().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

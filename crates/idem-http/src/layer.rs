@@ -31,6 +31,18 @@ pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 /// is remembered after its request completes.
 pub const LIFETIME_HEADER: &str = "idempotency-key-lifetime";
 
+/// A marker an inner service sets on its own error response (as a
+/// response extension) when the request may have reached the upstream but
+/// the upstream's response was lost: a timeout after the request was sent,
+/// a connection reset mid-response. The layer then does not release the
+/// key (a retry could run the request a second time): it records the key
+/// as failed with an unknown outcome, passes this response on, and answers
+/// later requests with that key 422 `outcome-unknown` until an operator
+/// checks the upstream and releases the key (`idem release SCOPE KEY`).
+/// The `idem proxy` gateway sets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutcomeUnknown;
+
 /// The longest `Retry-After` a 409 advises.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -221,6 +233,7 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
             .max_response_bytes(self.max_response_bytes.saturating_add(64 * 1024))
             .classify(|error| match error.downcast_ref::<Unstored>() {
                 Some(Unstored::TooLarge { .. }) => FailureClass::Terminal,
+                Some(Unstored::Unknown | Unstored::BrokeOff { .. }) => FailureClass::Unknown,
                 _ => FailureClass::Retryable,
             })
             .build()?;
@@ -325,9 +338,13 @@ struct Shared<S> {
 }
 
 /// Why a response was not stored (the executor records it as a failure:
-/// retryable releases the key, terminal closes it).
+/// retryable releases the key; terminal and unknown close it).
 #[derive(Debug, thiserror::Error)]
 enum Unstored {
+    #[error("the request may have reached the upstream, but its response was lost")]
+    Unknown,
+    #[error("the upstream answered {status}, but the response broke off: {error}")]
+    BrokeOff { status: StatusCode, error: String },
     #[error("status {0} is not stored; the key was released")]
     Status(StatusCode),
     #[error("response body over the {limit}-byte limit for stored responses")]
@@ -424,6 +441,10 @@ impl<S: Store> Shared<S> {
                     Err(error) => return Err(Unstored::Upstream(error.to_string())),
                 };
                 let (head, body) = response.into_parts();
+                if head.extensions.get::<OutcomeUnknown>().is_some() {
+                    keep(Response::from_parts(head, IdemBody::new(body)));
+                    return Err(Unstored::Unknown);
+                }
                 if !(self.stored)(head.status) {
                     keep(Response::from_parts(head.clone(), IdemBody::new(body)));
                     return Err(Unstored::Status(head.status));
@@ -436,9 +457,10 @@ impl<S: Store> Shared<S> {
                             limit: self.max_response_bytes,
                         })
                     }
-                    Read::Failed(error) => Err(Unstored::Upstream(format!(
-                        "the response body broke off: {error}"
-                    ))),
+                    Read::Failed(error) => Err(Unstored::BrokeOff {
+                        status: head.status,
+                        error: error.to_string(),
+                    }),
                 }
             })
             .await;
@@ -477,9 +499,20 @@ impl<S: Store> Shared<S> {
                 };
             }
             Err(RunError::Handler { error, .. }) => match (error, kept) {
-                (Unstored::Status(_) | Unstored::TooLarge { .. }, Some(response)) => {
-                    return response
-                }
+                (
+                    Unstored::Status(_) | Unstored::TooLarge { .. } | Unstored::Unknown,
+                    Some(response),
+                ) => return response,
+                (error @ (Unstored::BrokeOff { .. } | Unstored::Unknown), _) => Problem::new(
+                    StatusCode::BAD_GATEWAY,
+                    types::OUTCOME_UNKNOWN,
+                    "Upstream outcome unknown",
+                    format!(
+                        "{error}; it may have been processed, so the key is kept and will \
+                             not run it again: check the upstream, then release the key to \
+                             allow a retry"
+                    ),
+                ),
                 (error, _) => Problem::new(
                     StatusCode::BAD_GATEWAY,
                     types::UPSTREAM,
@@ -503,6 +536,17 @@ impl<S: Store> Shared<S> {
                 "Key reused with a different request",
                 "this key was already used with a different request (method, path, query or \
                  body); use a new key for a new request",
+            ),
+            Err(RunError::Failed(failure)) if failure.is_parked() => Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                types::OUTCOME_UNKNOWN,
+                "Outcome of this key unknown",
+                format!(
+                    "an earlier request with this key may have been processed, but its \
+                     response was lost ({}); it will not run again under this key until an \
+                     operator checks the upstream and releases the key",
+                    failure.message
+                ),
             ),
             Err(RunError::Failed(failure)) => Problem::new(
                 StatusCode::UNPROCESSABLE_ENTITY,

@@ -15,6 +15,7 @@
 //! | store unreachable (fail-closed) | 503 problem+json + `Retry-After` |
 //! | request body over the limit | 413 problem+json, key not used |
 //! | inner service / upstream failed | 502 problem+json, key released |
+//! | request may have reached the upstream, response lost ([`OutcomeUnknown`], a body that broke off) | 502 problem+json, key kept as unknown; later requests 422 |
 //!
 //! Exactly one request per key runs at a time and at most one completes:
 //! concurrent duplicates get 409, later ones the stored response. 2xx and
@@ -54,7 +55,7 @@ pub use body::IdemBody;
 pub use header::{parse_key, KeyHeaderError};
 pub use layer::{
     default_stored, FingerprintHook, FingerprintRule, IdempotencyLayer, IdempotencyLayerBuilder,
-    IdempotencyService, LIFETIME_HEADER, REPLAYED_HEADER,
+    IdempotencyService, OutcomeUnknown, LIFETIME_HEADER, REPLAYED_HEADER,
 };
 pub use problem::types as problem_types;
 pub use stored::{strip_hop_by_hop, Binary, StoredResponse};

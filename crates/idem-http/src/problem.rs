@@ -22,8 +22,12 @@ pub mod types {
     pub const BAD_BODY: &str = "https://idem.dev/problems/bad-body";
     /// The idempotency store could not be reached.
     pub const STORE_UNAVAILABLE: &str = "https://idem.dev/problems/store-unavailable";
-    /// The upstream could not be reached or failed mid-response.
+    /// The upstream could not be reached; nothing was sent to it.
     pub const UPSTREAM: &str = "https://idem.dev/problems/upstream-unavailable";
+    /// The request may have reached the upstream but its response was
+    /// lost: the key is kept as failed with an unknown outcome and will not
+    /// run the request again.
+    pub const OUTCOME_UNKNOWN: &str = "https://idem.dev/problems/outcome-unknown";
     /// The request ran but its response could not be stored.
     pub const NOT_STORED: &str = "https://idem.dev/problems/response-not-stored";
     /// A stored response could not be read back.
