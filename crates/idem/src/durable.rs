@@ -67,7 +67,7 @@ use crate::key::{Key, RecordId, Scope};
 use crate::metrics as m;
 use crate::record::{Lease, StepBegin};
 use crate::step::with_retries;
-use crate::store::{BoxFuture, FindAbandoned, Store, StoreError};
+use crate::store::{BoxFuture, DynStepJournal, FindAbandoned, Store, StoreError};
 
 /// The journal entry holding a durable run's input (JSON). Step names
 /// starting with `$` are reserved, so no step can collide with it.
@@ -83,6 +83,7 @@ pub struct Durable<S, I, T, E, C = Json> {
 
 struct Inner<S, I, T, E, C> {
     idem: Idempotency<S, C>,
+    journal: Arc<dyn DynStepJournal>,
     scope: Scope,
     handler: Box<HandlerFn<I, T, E>>,
 }
@@ -122,12 +123,11 @@ impl<S: Store + Clone, C: Codec + Clone> Idempotency<S, C> {
         F: Fn(I, Context) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
-        if self.journal().is_none() {
-            return Err(ConfigError::NoStepJournal);
-        }
+        let journal = Arc::clone(self.journal().ok_or(ConfigError::NoStepJournal)?);
         Ok(Durable {
             inner: Arc::new(Inner {
                 idem: self.clone(),
+                journal,
                 scope,
                 handler: Box::new(move |input, ctx| Box::pin(handler(input, ctx))),
             }),
@@ -185,9 +185,7 @@ where
     /// claim is given back, so a retry need not wait for the lease.
     async fn journal_input(&self, lease: &Lease, bytes: Bytes) -> Result<(), RunError<E>> {
         let idem = &self.inner.idem;
-        let journal = idem
-            .journal()
-            .expect("a durable handler's store keeps a step journal");
+        let journal = &self.inner.journal;
         let written = match with_retries(|| journal.begin_step(lease, INPUT_STEP)).await {
             Ok(StepBegin::Done(_)) => Ok(()),
             Ok(_) => with_retries(|| journal.finish_step(lease, INPUT_STEP, bytes.clone())).await,
@@ -253,11 +251,7 @@ where
     /// The input journaled with `lease`'s record, or why there is none to
     /// use.
     async fn journaled_input(&self, lease: &Lease) -> Result<I, &'static str> {
-        let journal = self
-            .inner
-            .idem
-            .journal()
-            .expect("a durable handler's store keeps a step journal");
+        let journal = &self.inner.journal;
         match with_retries(|| journal.begin_step(lease, INPUT_STEP)).await {
             Ok(StepBegin::Done(bytes)) => serde_json::from_slice(&bytes)
                 .map_err(|_| "the journaled input does not decode into the handler's input type"),
