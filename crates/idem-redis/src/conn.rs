@@ -154,7 +154,7 @@ pub(crate) struct Options {
 /// callers are pipelined on the wire.
 #[derive(Clone)]
 pub(crate) enum Conn {
-    Standalone(ConnectionManager),
+    Standalone(Server),
     Cluster(Arc<ClusterConn>),
 }
 
@@ -189,7 +189,7 @@ pub(crate) struct ClusterConn {
 struct Direct {
     /// For each slot, the index of its master in `nodes`.
     owner: Vec<Option<u16>>,
-    nodes: Vec<((String, u16), ConnectionManager)>,
+    nodes: Vec<((String, u16), Server)>,
 }
 
 impl ClusterConn {
@@ -204,8 +204,8 @@ impl ClusterConn {
             let index = d.owner[slot]?;
             Some(d.nodes[usize::from(index)].1.clone())
         });
-        if let Some(mut node) = node {
-            match cmd.query_async(&mut node).await {
+        if let Some(node) = node {
+            match node.query(cmd).await {
                 Err(e) if redirected(&e) => self.refresh(),
                 other => return other,
             }
@@ -260,7 +260,7 @@ impl ClusterConn {
                         None => {
                             let url =
                                 format!("{}{}:{}{}", self.prefix, addr.0, addr.1, self.suffix);
-                            manager(&url, &self.options).await?
+                            Server::connect(&url, &self.options).await?
                         }
                     };
                     direct.nodes.push((addr, conn));
@@ -314,6 +314,71 @@ fn redirected(error: &RedisError) -> bool {
     )
 }
 
+/// A connection to one server that heals itself.
+///
+/// The `redis` crate's `ConnectionManager` reconnects after an I/O error,
+/// but when the attempt to connect again fails with anything else it keeps
+/// that failed attempt for good: the fault-injection runs (`idem-chaos`)
+/// found a store whose every command failed with the same parse error
+/// after one reply of the new connection's handshake was cut off. A
+/// command failing with a parse error (the byte stream is out of step)
+/// therefore replaces the manager in the background, one replacement at a
+/// time.
+#[derive(Clone)]
+pub(crate) struct Server(Arc<ServerInner>);
+
+struct ServerInner {
+    url: String,
+    options: Options,
+    current: RwLock<ConnectionManager>,
+    replacing: AtomicBool,
+}
+
+impl Server {
+    /// Connects to the server at `url`.
+    pub(crate) async fn connect(url: &str, options: &Options) -> RedisResult<Self> {
+        Ok(Self(Arc::new(ServerInner {
+            url: url.to_owned(),
+            options: options.clone(),
+            current: RwLock::new(manager(url, options).await?),
+            replacing: AtomicBool::new(false),
+        })))
+    }
+
+    /// The current connection (cheap: it is shared).
+    pub(crate) fn get(&self) -> ConnectionManager {
+        self.0.current.read().clone()
+    }
+
+    /// Sends one command.
+    pub(crate) async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
+        self.check(cmd.query_async(&mut self.get()).await)
+    }
+
+    /// Passes `result` on, replacing the connection first (in the
+    /// background) if it says the connection is out of step.
+    pub(crate) fn check<T>(&self, result: RedisResult<T>) -> RedisResult<T> {
+        if let Err(e) = &result {
+            if e.kind() == ErrorKind::Parse && !self.0.replacing.swap(true, Ordering::AcqRel) {
+                let inner = Arc::clone(&self.0);
+                tokio::spawn(async move {
+                    match manager(&inner.url, &inner.options).await {
+                        Ok(fresh) => {
+                            *inner.current.write() = fresh;
+                            tracing::info!("replaced a Redis connection after a garbled reply");
+                        }
+                        Err(error) => {
+                            tracing::debug!(%error, "replacing a Redis connection failed");
+                        }
+                    }
+                    inner.replacing.store(false, Ordering::Release);
+                });
+            }
+        }
+        result
+    }
+}
+
 /// A self-reconnecting connection to the server at `url`.
 async fn manager(url: &str, options: &Options) -> RedisResult<ConnectionManager> {
     let client = match &options.tls_roots {
@@ -352,7 +417,7 @@ impl std::fmt::Debug for Conn {
 impl Conn {
     pub(crate) async fn open(target: &Target, options: &Options) -> RedisResult<Self> {
         match target {
-            Target::Standalone(url) => Ok(Conn::Standalone(manager(url, options).await?)),
+            Target::Standalone(url) => Ok(Conn::Standalone(Server::connect(url, options).await?)),
             Target::Cluster {
                 nodes,
                 prefix,
@@ -400,7 +465,7 @@ impl Conn {
     /// Sends one command, routed by its key on a Cluster.
     pub(crate) async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
         match self {
-            Conn::Standalone(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Standalone(c) => c.query(cmd).await,
             Conn::Cluster(c) => c.check(cmd.query_async(&mut c.get()).await),
         }
     }
@@ -408,7 +473,7 @@ impl Conn {
     /// Sends `cmd`, which touches `key` only (routed by it on a Cluster).
     pub(crate) async fn query_key(&self, cmd: &Cmd, key: &str) -> RedisResult<Value> {
         match self {
-            Conn::Standalone(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Standalone(c) => c.query(cmd).await,
             Conn::Cluster(c) => c.query_key(cmd, key).await,
         }
     }

@@ -424,7 +424,7 @@ impl RedisStore {
         script: &scripts::Script,
         calls: &[(String, Vec<Vec<u8>>)],
     ) -> Vec<Result<Value, StoreError>> {
-        let Conn::Standalone(manager) = &self.inner.conn else {
+        let Conn::Standalone(server) = &self.inner.conn else {
             let mut by_slot: HashMap<u16, Vec<usize>> = HashMap::new();
             for (i, (key, _)) in calls.iter().enumerate() {
                 by_slot
@@ -450,7 +450,7 @@ impl RedisStore {
             done.sort_unstable_by_key(|(i, _)| *i);
             return done.into_iter().map(|(_, result)| result).collect();
         };
-        self.pipeline(manager, script, calls).await
+        self.pipeline(server, script, calls).await
     }
 
     /// All `calls` as one pipeline to a single server. A call the server
@@ -458,7 +458,7 @@ impl RedisStore {
     /// restart) runs again on its own, in order.
     async fn pipeline(
         &self,
-        manager: &redis::aio::ConnectionManager,
+        server: &conn::Server,
         script: &scripts::Script,
         calls: &[(String, Vec<Vec<u8>>)],
     ) -> Vec<Result<Value, StoreError>> {
@@ -469,7 +469,7 @@ impl RedisStore {
         }
         pipe.ignore_errors();
         let replies: RedisResult<Vec<RedisResult<Value>>> =
-            pipe.query_async(&mut manager.clone()).await;
+            server.check(pipe.query_async(&mut server.get()).await);
         let replies = match replies {
             Ok(replies) if replies.len() == calls.len() => replies,
             Ok(replies) => {

@@ -10,6 +10,7 @@ use idem::{
     ClaimOutcome, ClaimParams, Idempotency, Outcome, RecordId, RunError, Store, StoreError,
 };
 use idem_redis::RedisStore;
+use idem_testkit::proxy::FaultProxy;
 use idem_testkit::redis::{RedisCluster, RedisServer};
 
 const BOUND: Duration = Duration::from_secs(10);
@@ -104,6 +105,57 @@ async fn a_stopped_server_fails_closed_and_the_store_recovers() {
         Ok(Outcome::Replayed { .. })
     ));
     assert_eq!(ran.load(Ordering::SeqCst), 2);
+}
+
+/// Found by the fault-injection runs (`idem-chaos`, seed 1): a reply cut
+/// off in the middle, while the connection was being made again, left the
+/// `redis` crate's connection manager holding the failed connection
+/// attempt for good, and every later command failed with the same parse
+/// error. The store must come back once the network does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_cut_off_midway_does_not_break_the_store_for_good() {
+    let server = RedisServer::start().expect("start redis-server");
+    let addr = format!("127.0.0.1:{}", server.port())
+        .parse()
+        .expect("address");
+    let proxy = FaultProxy::start(addr).await.expect("proxy");
+    let store = RedisStore::builder(&format!("redis://{}", proxy.addr()))
+        .expect("valid URL")
+        .response_timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .expect("connect");
+    let id = |n: usize| RecordId::parse("cut", &format!("k{n}")).expect("valid id");
+    assert!(store.claim(&id(0), &params()).await.is_ok());
+    for round in 1..=5 {
+        // Replies (including those of the handshake of a new connection)
+        // are cut after a few bytes and their connection reset.
+        proxy.set_cut_after(Some(3 + round));
+        proxy.reset_all();
+        for n in 0..4 {
+            let _ = store.claim(&id(round * 10 + n), &params()).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        proxy.heal();
+        let mut last = None;
+        let deadline = tokio::time::Instant::now() + BOUND;
+        while tokio::time::Instant::now() < deadline {
+            match store.claim(&id(round * 10 + 9), &params()).await {
+                Ok(outcome) => {
+                    last = None;
+                    assert!(matches!(outcome, ClaimOutcome::Acquired(_)), "{outcome:?}");
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            last.is_none(),
+            "round {round}: the store never recovered once the network healed: {last:?}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -34,6 +34,7 @@ pub mod cases;
 pub mod ledger;
 pub mod nats;
 pub mod postgres;
+pub mod proxy;
 pub mod rabbitmq;
 pub mod redis;
 mod server;
