@@ -1,0 +1,191 @@
+//! Fault-injection runs: proof that idem's exactly-once claims hold while
+//! processes die, stall and lose their store (DESIGN §11).
+//!
+//! A run starts its own store (PostgreSQL or Redis, as child processes on
+//! loopback) behind the project's TCP fault proxy, and K worker
+//! **processes** (this crate's binary in worker mode). A small broker in
+//! the run hands them a shared workload of N keys, a share of the
+//! deliveries being duplicates, with at-least-once semantics: a delivery
+//! is redelivered when its worker dies, asks for a retry, or holds it past
+//! a visibility timeout. While it runs, faults are injected at seeded
+//! random points:
+//!
+//! - SIGKILL of a worker (it is replaced), mid-handler or anywhere else;
+//! - SIGSTOP of a worker for longer than its lease, then SIGCONT: a stale
+//!   holder that wakes up and tries to finish;
+//! - a store restart (PostgreSQL immediate shutdown with crash recovery,
+//!   Redis SIGKILL with an fsync-always append-only file);
+//! - network faults at the proxy: latency, a blackhole (a partition that
+//!   heals), a reset of every connection, responses cut off midway.
+//!
+//! When the broker has every delivery acknowledged, a [checker](Report)
+//! compares the workers' ledger, the downstream table and the store. The
+//! modes ([`Target`]) and what each must show:
+//!
+//! - **`pg-inbox`**, the transactional inbox: the effect row commits with
+//!   the inbox record, so every key has exactly one effect.
+//! - **`pg-lease`, `redis-lease`**, the lease executor: a handler can run
+//!   again after a crash, so effects are fenced writes. Every key is
+//!   completed, by the holder with the highest fence that ever started it;
+//!   at most one completion per key is acknowledged, and it is the one
+//!   stored (none lost to a restart); the downstream row holds the
+//!   accepted holder's write, stale holders' writes were refused; no live
+//!   lease is left.
+//!
+//! `scripts/chaos` runs the long version; `tests/short.rs` a short one.
+
+mod check;
+mod run;
+pub mod worker;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use check::{Report, Violation};
+pub use run::{run, ChaosError, Progress};
+
+/// The store and the mode a run exercises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Target {
+    /// PostgreSQL's transactional inbox: effect and dedup record commit
+    /// together.
+    PgInbox,
+    /// The lease executor on the PostgreSQL store.
+    PgLease,
+    /// The lease executor on the Redis store.
+    RedisLease,
+}
+
+impl Target {
+    /// Every target.
+    pub const ALL: [Target; 3] = [Target::PgInbox, Target::PgLease, Target::RedisLease];
+
+    /// Its name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::PgInbox => "pg-inbox",
+            Target::PgLease => "pg-lease",
+            Target::RedisLease => "redis-lease",
+        }
+    }
+
+    /// The target called `name`.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.name() == name)
+    }
+
+    /// Whether the idem store is PostgreSQL (else Redis).
+    pub fn on_postgres(self) -> bool {
+        !matches!(self, Target::RedisLease)
+    }
+}
+
+/// A kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FaultKind {
+    /// SIGKILL a worker; a new one replaces it.
+    Kill,
+    /// SIGSTOP a worker for 1.5 to 3 leases, then SIGCONT it.
+    Stop,
+    /// Crash the store and start it again.
+    StoreRestart,
+    /// Delay every chunk through the proxy.
+    Latency,
+    /// Let nothing through the proxy for a while.
+    Blackhole,
+    /// Reset every connection through the proxy.
+    Reset,
+    /// Cut responses off midway for a while.
+    Cut,
+}
+
+impl FaultKind {
+    /// Every kind.
+    pub const ALL: [FaultKind; 7] = [
+        FaultKind::Kill,
+        FaultKind::Stop,
+        FaultKind::StoreRestart,
+        FaultKind::Latency,
+        FaultKind::Blackhole,
+        FaultKind::Reset,
+        FaultKind::Cut,
+    ];
+
+    /// Its name in reports and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::Kill => "kill",
+            FaultKind::Stop => "stop",
+            FaultKind::StoreRestart => "restart",
+            FaultKind::Latency => "latency",
+            FaultKind::Blackhole => "blackhole",
+            FaultKind::Reset => "reset",
+            FaultKind::Cut => "cut",
+        }
+    }
+
+    /// The kind called `name`.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+/// What a run does. [`Plan::new`] gives a short run; the fields say what
+/// to change.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Store and mode.
+    pub target: Target,
+    /// Seeds the workload order and every fault: the same seed injects the
+    /// same faults at the same offsets (what they hit depends on timing).
+    pub seed: u64,
+    /// Distinct keys.
+    pub keys: usize,
+    /// The share of deliveries that are duplicates of another, in
+    /// `[0, 0.95]`.
+    pub duplicates: f64,
+    /// Worker processes.
+    pub workers: usize,
+    /// Deliveries each worker works on at once.
+    pub inflight: usize,
+    /// The executor's lease (lease modes).
+    pub lease: Duration,
+    /// How long deliveries are published and faults injected.
+    pub duration: Duration,
+    /// The mean time between faults.
+    pub fault_every: Duration,
+    /// Which faults to inject.
+    pub faults: Vec<FaultKind>,
+    /// How long the run may take to settle after the fault phase before
+    /// undelivered keys count as lost.
+    pub settle_limit: Duration,
+    /// Whether Redis keeps an fsync-always append-only file (the
+    /// default). Without it a Redis restart loses every record, which the
+    /// checker must report: that is how the suite shows it can fail.
+    pub redis_append_only: bool,
+    /// The `idem-chaos` binary, started in worker mode.
+    pub worker_bin: PathBuf,
+}
+
+impl Plan {
+    /// A short run of `target`: 300 keys, a third of the deliveries
+    /// duplicates, 4 workers, a 1 s lease, every fault about every 400 ms
+    /// for 8 s.
+    pub fn new(target: Target, worker_bin: impl Into<PathBuf>) -> Self {
+        Self {
+            target,
+            seed: 1,
+            keys: 300,
+            duplicates: 0.33,
+            workers: 4,
+            inflight: 8,
+            lease: Duration::from_secs(1),
+            duration: Duration::from_secs(8),
+            fault_every: Duration::from_millis(400),
+            faults: FaultKind::ALL.to_vec(),
+            settle_limit: Duration::from_secs(60),
+            redis_append_only: true,
+            worker_bin: worker_bin.into(),
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! `idem-chaos`: fault-injection runs against real stores, with a checker.
+//!
+//! ```text
+//! idem-chaos run [--target pg-inbox|pg-lease|redis-lease|all] [--seed N] [--keys N]
+//!                [--duplicates SHARE] [--workers K] [--duration 60s] [--fault-every 300ms]
+//!                [--faults kill,stop,restart,latency,blackhole,reset,cut]
+//! ```
+//!
+//! It prints a summary table per target and exits with status 1 if any
+//! run found a violation. `idem-chaos worker` is the worker mode the runs
+//! start; it is not meant to be run by hand.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use idem_chaos::{FaultKind, Plan, Report, Target};
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Parser)]
+#[command(
+    name = "idem-chaos",
+    about = "Fault-injection runs for idem, with a checker"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Runs the workload under faults against each target and checks it.
+    Run(RunArgs),
+    /// Worker mode, started by `run` (reads deliveries on stdin).
+    #[command(hide = true)]
+    Worker,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// pg-inbox, pg-lease, redis-lease, or all.
+    #[arg(long, default_value = "all")]
+    target: String,
+    /// Seeds the workload and the faults.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Distinct keys.
+    #[arg(long, default_value_t = 300)]
+    keys: usize,
+    /// The share of deliveries that are duplicates (0 to 0.95).
+    #[arg(long, default_value_t = 0.33)]
+    duplicates: f64,
+    /// Worker processes.
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    /// Deliveries each worker works on at once.
+    #[arg(long, default_value_t = 8)]
+    inflight: usize,
+    /// The executor's lease.
+    #[arg(long, default_value = "1s", value_parser = idem::url::parse_duration)]
+    lease: Duration,
+    /// How long deliveries are published and faults injected.
+    #[arg(long, default_value = "8s", value_parser = idem::url::parse_duration)]
+    duration: Duration,
+    /// The mean time between faults.
+    #[arg(long, default_value = "400ms", value_parser = idem::url::parse_duration)]
+    fault_every: Duration,
+    /// Which faults, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',')]
+    faults: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("idem-chaos: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match cli.command {
+        Cmd::Worker => runtime.block_on(idem_chaos::worker::main()).map(|()| true),
+        Cmd::Run(args) => runtime.block_on(run(args)),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("idem-chaos: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Runs every chosen target; `Ok(false)` when a violation was found.
+async fn run(args: RunArgs) -> anyhow::Result<bool> {
+    let targets = if args.target == "all" {
+        Target::ALL.to_vec()
+    } else {
+        vec![Target::parse(&args.target).with_context(|| {
+            format!(
+                "unknown target {:?} (pg-inbox, pg-lease, redis-lease, all)",
+                args.target
+            )
+        })?]
+    };
+    let faults = if args.faults.is_empty() {
+        FaultKind::ALL.to_vec()
+    } else {
+        args.faults
+            .iter()
+            .map(|f| FaultKind::parse(f).with_context(|| format!("unknown fault {f:?}")))
+            .collect::<anyhow::Result<_>>()?
+    };
+    let bin = std::env::current_exe().context("finding this binary")?;
+    let mut reports = Vec::new();
+    for target in targets {
+        let plan = Plan {
+            seed: args.seed,
+            keys: args.keys,
+            duplicates: args.duplicates,
+            workers: args.workers,
+            inflight: args.inflight,
+            lease: args.lease,
+            duration: args.duration,
+            fault_every: args.fault_every,
+            faults: faults.clone(),
+            ..Plan::new(target, &bin)
+        };
+        let bar = ProgressBar::new(1);
+        bar.set_style(
+            ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} acked {msg}")
+                .context("progress template")?,
+        );
+        bar.set_prefix(target.name());
+        let report = idem_chaos::run(&plan, |p| {
+            bar.set_length(p.deliveries as u64);
+            bar.set_position(p.acked as u64);
+            let phase = if p.faulting { "faulting" } else { "settling" };
+            bar.set_message(format!("{} faults, {phase}", p.faults));
+        })
+        .await
+        .with_context(|| format!("running {}", target.name()))?;
+        bar.finish_and_clear();
+        eprint!("{}", report.violation_lines(20));
+        if !report.violations.is_empty() {
+            let mut reasons: Vec<_> = report.retry_reasons.iter().collect();
+            reasons.sort_by(|a, b| b.1.cmp(a.1));
+            for (reason, n) in reasons.into_iter().take(10) {
+                eprintln!("  retried {n}×: {reason}");
+            }
+        }
+        reports.push(report);
+    }
+    let table = Report::table(&reports);
+    std::io::Write::write_all(&mut std::io::stdout(), table.as_bytes())
+        .context("writing the table")?;
+    Ok(reports.iter().all(|r| r.violations.is_empty()))
+}

@@ -1,0 +1,1009 @@
+//! A run: servers, the fault proxy, worker processes, the broker that
+//! feeds them, the fault injector, and the evidence for the checker.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use idem::{GetRecord, Key, ListQuery, ListRecords, Record, RecordId, Scope, StateKind};
+use idem_postgres::PgStore;
+use idem_redis::RedisStore;
+use idem_testkit::postgres::PgServer;
+use idem_testkit::proxy::FaultProxy;
+use idem_testkit::redis::RedisServer;
+use idem_testkit::{free_port, ServerError};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::mpsc;
+
+use crate::check::{self, Downstream, Report, Violation};
+use crate::worker::{WorkerConfig, SCOPE};
+use crate::{FaultKind, Plan, Target};
+
+/// Why a run could not be carried out (as opposed to a violation it found).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChaosError {
+    /// The plan makes no sense; the message says why.
+    #[error("invalid plan: {0}")]
+    Plan(String),
+    /// A server could not be started or set up.
+    #[error("{what}: {source}")]
+    Server {
+        /// Which.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: ServerError,
+    },
+    /// Anything else the harness itself needed failed.
+    #[error("{0}")]
+    Harness(String),
+}
+
+fn harness(what: impl std::fmt::Display) -> ChaosError {
+    ChaosError::Harness(what.to_string())
+}
+
+/// Where a run is, for a progress display.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    /// Deliveries acknowledged.
+    pub acked: usize,
+    /// Deliveries in all.
+    pub deliveries: usize,
+    /// Faults injected so far.
+    pub faults: u64,
+    /// Whether faults are still being injected.
+    pub faulting: bool,
+}
+
+/// Runs `plan` and checks it; `progress` is called a few times a second.
+pub async fn run(plan: &Plan, progress: impl Fn(Progress)) -> Result<Report, ChaosError> {
+    validate(plan)?;
+    let servers = Servers::start(plan.target, plan.redis_append_only).await?;
+    let proxy = FaultProxy::start(servers.store_addr())
+        .await
+        .map_err(|source| ChaosError::Server {
+            what: "fault proxy",
+            source,
+        })?;
+    let dir = tempfile_dir()?;
+    let config = WorkerConfig {
+        target: plan.target,
+        store_url: servers.store_url(proxy.addr().port()),
+        downstream_url: servers.pg_url(),
+        lease: plan.lease,
+        inflight: plan.inflight,
+        ledger_dir: dir.clone(),
+    };
+    let mut broker = Broker::new(plan, config, dir.clone());
+    let outcome = broker.drive(plan, &servers, &proxy, &progress).await;
+    broker.stop_workers().await;
+    let mut report = outcome?;
+    collect_evidence(plan, &servers, &dir, &broker, &mut report).await?;
+    if report.violations.is_empty() {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        report.violations.push(Violation {
+            key: None,
+            what: format!("ledgers and worker logs kept in {}", dir.display()),
+        });
+    }
+    Ok(report)
+}
+
+fn validate(plan: &Plan) -> Result<(), ChaosError> {
+    let bad = |why: &str| Err(ChaosError::Plan(why.to_owned()));
+    if plan.keys == 0 || plan.workers == 0 || plan.inflight == 0 {
+        return bad("keys, workers and inflight must be at least 1");
+    }
+    if !(0.0..=0.95).contains(&plan.duplicates) {
+        return bad("duplicates is a share of deliveries between 0 and 0.95");
+    }
+    if plan.lease < Duration::from_millis(200) {
+        return bad("the lease must be at least 200ms");
+    }
+    if plan.fault_every.is_zero() || plan.duration.is_zero() {
+        return bad("duration and fault_every must be positive");
+    }
+    if !plan.worker_bin.is_file() {
+        return Err(ChaosError::Plan(format!(
+            "worker binary {} not found (build it with cargo build -p idem-chaos)",
+            plan.worker_bin.display()
+        )));
+    }
+    Ok(())
+}
+
+fn tempfile_dir() -> Result<PathBuf, ChaosError> {
+    let dir = std::env::temp_dir().join(format!(
+        "idem-chaos-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| harness(format!("{}: {e}", dir.display())))?;
+    Ok(dir)
+}
+
+/// The servers of a run: PostgreSQL always (the downstream table lives
+/// there), Redis for the Redis target.
+struct Servers {
+    target: Target,
+    pg: Arc<Mutex<PgServer>>,
+    pg_port: u16,
+    db: String,
+    redis: Option<Arc<Mutex<RedisServer>>>,
+    redis_port: u16,
+}
+
+impl Servers {
+    async fn start(target: Target, append_only: bool) -> Result<Self, ChaosError> {
+        let server = |source| ChaosError::Server {
+            what: "PostgreSQL",
+            source,
+        };
+        let (pg, db) = tokio::task::spawn_blocking(move || {
+            let pg = PgServer::start()?;
+            let db = pg.create_database("chaos")?;
+            let tables = if target == Target::PgInbox {
+                "CREATE TABLE chaos_effects (id bigserial PRIMARY KEY, key text NOT NULL, \
+                 pid bigint NOT NULL)"
+            } else {
+                "CREATE TABLE chaos_downstream (key text PRIMARY KEY, fence bigint NOT NULL, \
+                 pid bigint NOT NULL, writes int NOT NULL)"
+            };
+            pg.psql(&db, tables)?;
+            Ok((pg, db))
+        })
+        .await
+        .map_err(harness)?
+        .map_err(server)?;
+        let pg_port = pg.port();
+        let (redis, redis_port) = if target == Target::RedisLease {
+            let redis = tokio::task::spawn_blocking(move || {
+                // Acknowledged writes must survive a crash of the server.
+                let durable: &[&str] = if append_only {
+                    &["--appendonly", "yes", "--appendfsync", "always"]
+                } else {
+                    &[]
+                };
+                RedisServer::start_with(free_port()?, durable)
+            })
+            .await
+            .map_err(harness)?
+            .map_err(|source| ChaosError::Server {
+                what: "Redis",
+                source,
+            })?;
+            let port = redis.port();
+            (Some(Arc::new(Mutex::new(redis))), port)
+        } else {
+            (None, 0)
+        };
+        let servers = Self {
+            target,
+            pg: Arc::new(Mutex::new(pg)),
+            pg_port,
+            db,
+            redis,
+            redis_port,
+        };
+        if target.on_postgres() {
+            // Applies the store's and the inbox's migrations.
+            PgStore::connect(&servers.pg_url())
+                .await
+                .map_err(|e| harness(format!("setting up the PostgreSQL store: {e}")))?;
+        }
+        Ok(servers)
+    }
+
+    fn pg_url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{}", self.pg_port, self.db)
+    }
+
+    fn store_addr(&self) -> std::net::SocketAddr {
+        let port = if self.target.on_postgres() {
+            self.pg_port
+        } else {
+            self.redis_port
+        };
+        std::net::SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    /// The store's URL through the proxy on `port`.
+    fn store_url(&self, port: u16) -> String {
+        if self.target.on_postgres() {
+            format!("postgres://postgres@127.0.0.1:{port}/{}", self.db)
+        } else {
+            format!("redis://127.0.0.1:{port}")
+        }
+    }
+
+    /// Crashes the store, leaves it down for `down`, and starts it again.
+    fn restart_store(&self, down: Duration) -> tokio::task::JoinHandle<Result<(), ServerError>> {
+        let (pg, redis) = (Arc::clone(&self.pg), self.redis.clone());
+        tokio::task::spawn_blocking(move || match redis {
+            Some(redis) => {
+                let mut redis = redis.lock().unwrap_or_else(PoisonError::into_inner);
+                redis.stop();
+                std::thread::sleep(down);
+                redis.start_again()
+            }
+            None => {
+                let mut pg = pg.lock().unwrap_or_else(PoisonError::into_inner);
+                pg.crash();
+                std::thread::sleep(down);
+                pg.start_again()
+            }
+        })
+    }
+
+    fn psql(&self, sql: &str) -> Result<String, ChaosError> {
+        self.pg
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .psql(&self.db, sql)
+            .map_err(|source| ChaosError::Server {
+                what: "PostgreSQL",
+                source,
+            })
+    }
+}
+
+/// What a worker process said.
+#[derive(Debug)]
+enum Said {
+    Ack {
+        id: usize,
+        attempt: u32,
+        outcome: String,
+    },
+    Nack {
+        id: usize,
+        attempt: u32,
+        retry: Duration,
+        reason: String,
+    },
+    Exit,
+}
+
+#[derive(Debug)]
+struct Event {
+    slot: usize,
+    generation: u64,
+    said: Said,
+}
+
+fn parse_line(line: &str) -> Option<Said> {
+    let mut parts = line.split(' ');
+    let kind = parts.next()?;
+    let id = parts.next()?.parse().ok()?;
+    let attempt = parts.next()?.parse().ok()?;
+    match kind {
+        "A" => Some(Said::Ack {
+            id,
+            attempt,
+            outcome: parts.next()?.to_owned(),
+        }),
+        "N" => Some(Said::Nack {
+            id,
+            attempt,
+            retry: Duration::from_millis(parts.next()?.parse().ok()?),
+            reason: parts.collect::<Vec<_>>().join(" "),
+        }),
+        _ => None,
+    }
+}
+
+/// One worker process.
+struct WorkerProc {
+    child: Child,
+    pid: Pid,
+    stdin: ChildStdin,
+    generation: u64,
+    outstanding: HashSet<usize>,
+    stopped_until: Option<Instant>,
+}
+
+/// One delivery's state at the broker.
+struct Delivery {
+    key: usize,
+    /// How many times it was handed out.
+    attempt: u32,
+    acked: bool,
+    /// The worker holding it, and since when.
+    holder: Option<(usize, Instant)>,
+}
+
+/// The broker, the workers and the fault injector.
+struct Broker {
+    worker_bin: PathBuf,
+    config: WorkerConfig,
+    dir: PathBuf,
+    events_tx: mpsc::UnboundedSender<Event>,
+    events: mpsc::UnboundedReceiver<Event>,
+    workers: Vec<Option<WorkerProc>>,
+    next_generation: u64,
+    deliveries: Vec<Delivery>,
+    keys: Vec<String>,
+    /// Ready (or due at the instant) deliveries.
+    pending: BTreeSet<(Instant, usize)>,
+    published: usize,
+    acked: usize,
+    rng: StdRng,
+    report: Report,
+    visibility: Duration,
+    crashes: Vec<Violation>,
+    unguarded: u64,
+}
+
+impl Broker {
+    fn new(plan: &Plan, config: WorkerConfig, dir: PathBuf) -> Self {
+        let mut rng = StdRng::seed_from_u64(plan.seed);
+        let keys: Vec<String> = (0..plan.keys).map(|i| format!("k{i:06}")).collect();
+        // Rounded, so a share of 0.33 of 300 keys gives 148 duplicates.
+        let extra = ((plan.keys as f64) * plan.duplicates / (1.0 - plan.duplicates)).round();
+        let extra = extra as usize;
+        let mut order: Vec<usize> = (0..plan.keys).collect();
+        order.extend((0..extra).map(|_| rng.random_range(0..plan.keys)));
+        order.shuffle(&mut rng);
+        let deliveries = order
+            .into_iter()
+            .map(|key| Delivery {
+                key,
+                attempt: 0,
+                acked: false,
+                holder: None,
+            })
+            .collect();
+        let (events_tx, events) = mpsc::unbounded_channel();
+        Self {
+            worker_bin: plan.worker_bin.clone(),
+            config,
+            dir,
+            events_tx,
+            events,
+            workers: (0..plan.workers).map(|_| None).collect(),
+            next_generation: 0,
+            deliveries,
+            keys,
+            pending: BTreeSet::new(),
+            published: 0,
+            acked: 0,
+            rng,
+            report: Report {
+                target: plan.target,
+                seed: plan.seed,
+                keys: plan.keys,
+                deliveries: plan.keys + extra,
+                duplicates: extra,
+                redeliveries: 0,
+                acked_executed: 0,
+                acked_replayed: 0,
+                executions: 0,
+                stale_writes: 0,
+                lease_lost: 0,
+                faults: BTreeMap::new(),
+                retry_reasons: BTreeMap::new(),
+                elapsed: Duration::ZERO,
+                violations: Vec::new(),
+            },
+            visibility: plan.lease.mul_f64(1.5),
+            crashes: Vec::new(),
+            unguarded: 0,
+        }
+    }
+
+    fn spawn(&mut self, slot: usize) -> Result<(), ChaosError> {
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        let log = self.dir.join(format!("worker-{slot}-{generation}.err"));
+        let stderr = File::create(&log).map_err(|e| harness(format!("{}: {e}", log.display())))?;
+        let mut child = Command::new(&self.worker_bin)
+            .arg("worker")
+            .envs(self.config.to_env())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| harness(format!("starting a worker: {e}")))?;
+        let pid = child
+            .id()
+            .and_then(|p| i32::try_from(p).ok())
+            .filter(|p| *p > 0)
+            .ok_or_else(|| harness("a worker without a PID"))?;
+        let stdin = child.stdin.take().ok_or_else(|| harness("no stdin pipe"))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| harness("no stdout pipe"))?;
+        let events = self.events_tx.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(said) = parse_line(&line) {
+                    let _ = events.send(Event {
+                        slot,
+                        generation,
+                        said,
+                    });
+                }
+            }
+            let _ = events.send(Event {
+                slot,
+                generation,
+                said: Said::Exit,
+            });
+        });
+        self.workers[slot] = Some(WorkerProc {
+            child,
+            pid: Pid::from_raw(pid),
+            stdin,
+            generation,
+            outstanding: HashSet::new(),
+            stopped_until: None,
+        });
+        Ok(())
+    }
+
+    /// Takes the deliveries `slot` holds back into the queue.
+    fn requeue_all(&mut self, slot: usize, now: Instant) {
+        let Some(worker) = self.workers[slot].as_mut() else {
+            return;
+        };
+        for id in worker.outstanding.drain() {
+            self.deliveries[id].holder = None;
+            self.pending.insert((now, id));
+        }
+    }
+
+    /// SIGKILLs the worker in `slot` (by PID, through `Child::kill`) and
+    /// starts a replacement.
+    async fn kill(&mut self, slot: usize, now: Instant) -> Result<(), ChaosError> {
+        self.requeue_all(slot, now);
+        if let Some(mut worker) = self.workers[slot].take() {
+            let _ = worker.child.kill().await;
+        }
+        self.spawn(slot)
+    }
+
+    fn signal(&self, slot: usize, signal: Signal) {
+        if let Some(worker) = &self.workers[slot] {
+            // The PID is our own live child's, checked positive at spawn.
+            let _ = kill(worker.pid, signal);
+        }
+    }
+
+    fn running_slots(&self) -> Vec<usize> {
+        (0..self.workers.len())
+            .filter(|s| {
+                self.workers[*s]
+                    .as_ref()
+                    .is_some_and(|w| w.stopped_until.is_none())
+            })
+            .collect()
+    }
+
+    /// Running workers holding deliveries, or else all running workers:
+    /// a process fault should land in the middle of work.
+    fn busy_slots(&self) -> Vec<usize> {
+        let running = self.running_slots();
+        let busy: Vec<usize> = running
+            .iter()
+            .copied()
+            .filter(|s| {
+                self.workers[*s]
+                    .as_ref()
+                    .is_some_and(|w| !w.outstanding.is_empty())
+            })
+            .collect();
+        if busy.is_empty() {
+            running
+        } else {
+            busy
+        }
+    }
+
+    fn handle(&mut self, event: Event, now: Instant) -> Result<(), ChaosError> {
+        let current = self.workers[event.slot]
+            .as_ref()
+            .is_some_and(|w| w.generation == event.generation);
+        match event.said {
+            Said::Exit if current => {
+                let log = self
+                    .dir
+                    .join(format!("worker-{}-{}.err", event.slot, event.generation));
+                let tail = std::fs::read_to_string(&log).unwrap_or_default();
+                let tail: String = tail.lines().rev().take(5).collect::<Vec<_>>().join(" / ");
+                self.crashes.push(Violation {
+                    key: None,
+                    what: format!("a worker exited on its own: {tail}"),
+                });
+                self.requeue_all(event.slot, now);
+                self.workers[event.slot] = None;
+                self.spawn(event.slot)?;
+            }
+            Said::Exit => {}
+            Said::Ack {
+                id,
+                attempt,
+                outcome,
+            } => {
+                let Some(d) = self.deliveries.get_mut(id) else {
+                    return Err(harness(format!(
+                        "a worker acknowledged unknown delivery {id}"
+                    )));
+                };
+                if d.acked || d.attempt != attempt {
+                    // A late answer to a delivery handed out again.
+                    return Ok(());
+                }
+                d.acked = true;
+                if let Some((slot, _)) = d.holder.take() {
+                    if let Some(w) = self.workers[slot].as_mut() {
+                        w.outstanding.remove(&id);
+                    }
+                }
+                self.acked += 1;
+                match outcome.as_str() {
+                    "executed" => self.report.acked_executed += 1,
+                    "replayed" => self.report.acked_replayed += 1,
+                    _ => self.unguarded += 1,
+                }
+            }
+            Said::Nack {
+                id,
+                attempt,
+                retry,
+                reason,
+            } => {
+                *self.report.retry_reasons.entry(reason).or_insert(0) += 1;
+                let Some(d) = self.deliveries.get_mut(id) else {
+                    return Err(harness(format!("a worker refused unknown delivery {id}")));
+                };
+                if d.acked || d.attempt != attempt {
+                    return Ok(());
+                }
+                if let Some((slot, _)) = d.holder.take() {
+                    if let Some(w) = self.workers[slot].as_mut() {
+                        w.outstanding.remove(&id);
+                    }
+                }
+                self.pending
+                    .insert((now + retry.min(Duration::from_secs(1)), id));
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands out due deliveries to running workers with room, and takes
+    /// back those held past the visibility timeout.
+    async fn dispatch(&mut self, now: Instant, inflight: usize) {
+        let mut expired = Vec::new();
+        for (slot, worker) in self.workers.iter().enumerate() {
+            if let Some(w) = worker {
+                for id in &w.outstanding {
+                    if let Some((_, since)) = self.deliveries[*id].holder {
+                        if now.duration_since(since) > self.visibility {
+                            expired.push((slot, *id));
+                        }
+                    }
+                }
+            }
+        }
+        for (slot, id) in expired {
+            if let Some(w) = self.workers[slot].as_mut() {
+                w.outstanding.remove(&id);
+            }
+            self.deliveries[id].holder = None;
+            self.pending.insert((now, id));
+        }
+        let mut slots = self.running_slots();
+        slots.shuffle(&mut self.rng);
+        'slots: for slot in slots {
+            loop {
+                let room = self.workers[slot]
+                    .as_ref()
+                    .is_some_and(|w| w.outstanding.len() < inflight);
+                if !room {
+                    continue 'slots;
+                }
+                let Some(&(due, id)) = self.pending.first() else {
+                    return;
+                };
+                if due > now {
+                    return;
+                }
+                self.pending.pop_first();
+                let d = &mut self.deliveries[id];
+                if d.attempt > 0 {
+                    self.report.redeliveries += 1;
+                }
+                d.attempt += 1;
+                d.holder = Some((slot, now));
+                let line = format!("D {id} {} {}\n", d.attempt, self.keys[d.key]);
+                let Some(w) = self.workers[slot].as_mut() else {
+                    continue 'slots;
+                };
+                w.outstanding.insert(id);
+                // A dead worker's pipe fails; its Exit event requeues.
+                let _ = w.stdin.write_all(line.as_bytes()).await;
+            }
+        }
+    }
+
+    /// Publishes, dispatches, injects faults and takes answers until every
+    /// delivery is acknowledged, or the settle limit passes.
+    async fn drive(
+        &mut self,
+        plan: &Plan,
+        servers: &Servers,
+        proxy: &FaultProxy,
+        progress: &impl Fn(Progress),
+    ) -> Result<Report, ChaosError> {
+        for slot in 0..plan.workers {
+            self.spawn(slot)?;
+        }
+        let start = Instant::now();
+        let fault_end = start + plan.duration;
+        let mut injector = Injector::new(plan, start);
+        let mut restart: Option<tokio::task::JoinHandle<Result<(), ServerError>>> = None;
+        let mut tick = tokio::time::interval(Duration::from_millis(5));
+        let mut shown = start;
+        let total = self.deliveries.len();
+        loop {
+            tokio::select! {
+                Some(event) = self.events.recv() => self.handle(event, Instant::now())?,
+                _ = tick.tick() => {}
+            }
+            let now = Instant::now();
+            // Publish at an even pace over the fault phase.
+            let due = if now >= fault_end {
+                total
+            } else {
+                let share = now.duration_since(start).as_secs_f64() / plan.duration.as_secs_f64();
+                ((total as f64) * share) as usize
+            };
+            while self.published < due.min(total) {
+                self.pending.insert((now, self.published));
+                self.published += 1;
+            }
+            if restart.as_ref().is_some_and(|h| h.is_finished()) {
+                if let Some(handle) = restart.take() {
+                    handle
+                        .await
+                        .map_err(harness)?
+                        .map_err(|source| ChaosError::Server {
+                            what: "restarting the store",
+                            source,
+                        })?;
+                }
+            }
+            for slot in 0..self.workers.len() {
+                let wake = self.workers[slot]
+                    .as_ref()
+                    .and_then(|w| w.stopped_until)
+                    .is_some_and(|until| now >= until || now >= fault_end);
+                if wake {
+                    self.signal(slot, Signal::SIGCONT);
+                    if let Some(w) = self.workers[slot].as_mut() {
+                        w.stopped_until = None;
+                    }
+                }
+            }
+            if now < fault_end {
+                injector
+                    .step(now, self, servers, proxy, &mut restart)
+                    .await?;
+            } else {
+                injector.heal(proxy);
+            }
+            self.dispatch(now, plan.inflight).await;
+            if now.duration_since(shown) > Duration::from_millis(250) {
+                shown = now;
+                progress(Progress {
+                    acked: self.acked,
+                    deliveries: total,
+                    faults: injector.counts.values().sum(),
+                    faulting: now < fault_end,
+                });
+            }
+            let settled = self.acked == total && restart.is_none();
+            if now >= fault_end && settled {
+                break;
+            }
+            if now >= fault_end + plan.settle_limit {
+                let missing: BTreeSet<&str> = self
+                    .deliveries
+                    .iter()
+                    .filter(|d| !d.acked)
+                    .map(|d| self.keys[d.key].as_str())
+                    .collect();
+                self.report.violations.push(Violation {
+                    key: None,
+                    what: format!(
+                        "{} keys never acknowledged within {:?} of the faults ending: {:?}",
+                        missing.len(),
+                        plan.settle_limit,
+                        missing.iter().take(10).collect::<Vec<_>>()
+                    ),
+                });
+                break;
+            }
+        }
+        if let Some(handle) = restart.take() {
+            let _ = handle.await;
+        }
+        let mut report = self.report.clone();
+        report.elapsed = start.elapsed();
+        report.faults = injector.counts;
+        report.violations.append(&mut self.crashes);
+        if self.unguarded > 0 {
+            report.violations.push(Violation {
+                key: None,
+                what: format!(
+                    "{} deliveries ran unguarded (the executor must fail closed)",
+                    self.unguarded
+                ),
+            });
+        }
+        Ok(report)
+    }
+
+    async fn stop_workers(&mut self) {
+        for slot in 0..self.workers.len() {
+            self.signal(slot, Signal::SIGCONT);
+            if let Some(mut worker) = self.workers[slot].take() {
+                let _ = worker.child.kill().await;
+            }
+        }
+    }
+}
+
+/// Injects seeded faults and lifts the timed ones.
+struct Injector {
+    rng: StdRng,
+    kinds: Vec<FaultKind>,
+    /// The kinds still to come in this round: each round injects every
+    /// kind once, in a seeded order, so even a short run sees them all.
+    deck: Vec<FaultKind>,
+    next: Instant,
+    mean: Duration,
+    lease: Duration,
+    counts: BTreeMap<FaultKind, u64>,
+    /// Proxy faults in force, and when each ends.
+    timed: Vec<(Instant, FaultKind)>,
+}
+
+impl Injector {
+    fn new(plan: &Plan, start: Instant) -> Self {
+        // Its own stream, so the workload's shape does not move the faults.
+        let mut rng = StdRng::seed_from_u64(plan.seed ^ 0x6661_756c_7473);
+        let first = start + plan.fault_every.mul_f64(rng.random_range(0.5..1.5));
+        Self {
+            rng,
+            kinds: plan.faults.clone(),
+            deck: Vec::new(),
+            next: first,
+            mean: plan.fault_every,
+            lease: plan.lease,
+            counts: BTreeMap::new(),
+            timed: Vec::new(),
+        }
+    }
+
+    fn millis(&mut self, range: std::ops::Range<u64>) -> Duration {
+        Duration::from_millis(self.rng.random_range(range))
+    }
+
+    async fn step(
+        &mut self,
+        now: Instant,
+        broker: &mut Broker,
+        servers: &Servers,
+        proxy: &FaultProxy,
+        restart: &mut Option<tokio::task::JoinHandle<Result<(), ServerError>>>,
+    ) -> Result<(), ChaosError> {
+        let (over, left): (Vec<_>, Vec<_>) = self.timed.iter().partition(|(end, _)| now >= *end);
+        self.timed = left;
+        for (_, kind) in over {
+            match kind {
+                FaultKind::Latency => proxy.set_delay(Duration::ZERO),
+                FaultKind::Blackhole => proxy.set_blackhole(false),
+                FaultKind::Cut => proxy.set_cut_after(None),
+                _ => {}
+            }
+        }
+        if now < self.next || self.kinds.is_empty() {
+            return Ok(());
+        }
+        self.next = now + self.mean.mul_f64(self.rng.random_range(0.5..1.5));
+        if self.deck.is_empty() {
+            self.deck = self.kinds.clone();
+            self.deck.shuffle(&mut self.rng);
+        }
+        let Some(kind) = self.deck.pop() else {
+            return Ok(());
+        };
+        // Drawn whether or not the fault can be injected, so the stream of
+        // random numbers does not depend on timing.
+        let pick = self.rng.random_range(0..usize::MAX);
+        let applied = match kind {
+            FaultKind::Kill | FaultKind::Stop => {
+                let slots = broker.busy_slots();
+                match slots.get(pick % slots.len().max(1)) {
+                    Some(&slot) if kind == FaultKind::Kill => {
+                        broker.kill(slot, now).await?;
+                        true
+                    }
+                    Some(&slot) => {
+                        let stop = self.lease.mul_f64(self.rng.random_range(1.5..3.0));
+                        broker.signal(slot, Signal::SIGSTOP);
+                        if let Some(w) = broker.workers[slot].as_mut() {
+                            w.stopped_until = Some(now + stop);
+                        }
+                        true
+                    }
+                    None => false,
+                }
+            }
+            FaultKind::StoreRestart => {
+                let down = self.millis(100..800);
+                if restart.is_none() {
+                    *restart = Some(servers.restart_store(down));
+                    true
+                } else {
+                    false
+                }
+            }
+            FaultKind::Latency => {
+                let (delay, end) = (self.millis(5..60), self.millis(300..1500));
+                proxy.set_delay(delay);
+                self.timed.push((now + end, kind));
+                true
+            }
+            FaultKind::Blackhole => {
+                let end = self.millis(300..1500);
+                proxy.set_blackhole(true);
+                self.timed.push((now + end, kind));
+                true
+            }
+            FaultKind::Reset => {
+                proxy.reset_all();
+                true
+            }
+            FaultKind::Cut => {
+                let (bytes, end) = (self.rng.random_range(1..64), self.millis(100..500));
+                proxy.set_cut_after(Some(bytes));
+                self.timed.push((now + end, kind));
+                true
+            }
+        };
+        if applied {
+            *self.counts.entry(kind).or_insert(0) += 1;
+        }
+        Ok(())
+    }
+
+    fn heal(&mut self, proxy: &FaultProxy) {
+        if !self.timed.is_empty() {
+            self.timed.clear();
+        }
+        proxy.heal();
+    }
+}
+
+/// Gathers the ledger, the downstream or effects table and the store's
+/// records, and runs the checker over them.
+async fn collect_evidence(
+    plan: &Plan,
+    servers: &Servers,
+    dir: &Path,
+    broker: &Broker,
+    report: &mut Report,
+) -> Result<(), ChaosError> {
+    let mut violations = Vec::new();
+    match plan.target {
+        Target::PgInbox => {
+            let effects =
+                rows(&servers.psql("SELECT key, count(*) FROM chaos_effects GROUP BY key")?);
+            let responded = rows(&servers.psql(&format!(
+                "SELECT key, 1 FROM idem_inbox WHERE scope = '{SCOPE}' AND response IS NOT NULL"
+            ))?);
+            report.executions = effects.values().sum();
+            for key in &broker.keys {
+                let n = effects.get(key).copied().unwrap_or(0);
+                let n = usize::try_from(n).unwrap_or(usize::MAX);
+                check::check_inbox_key(key, n, responded.contains_key(key), &mut violations);
+            }
+        }
+        Target::PgLease | Target::RedisLease => {
+            let mut text = String::new();
+            for entry in std::fs::read_dir(dir).map_err(harness)? {
+                let path = entry.map_err(harness)?.path();
+                if path.extension().is_some_and(|e| e == "log") {
+                    text.push_str(&std::fs::read_to_string(&path).map_err(harness)?);
+                }
+            }
+            let (ledger, stale, lost) = check::parse_ledger(&text);
+            report.stale_writes = stale;
+            report.lease_lost = lost;
+            report.executions = ledger.values().map(|k| k.starts.len() as u64).sum();
+            let downstream: HashMap<String, Downstream> =
+                rows(&servers.psql("SELECT key, fence FROM chaos_downstream")?)
+                    .into_iter()
+                    .map(|(k, fence)| (k, Downstream { fence }))
+                    .collect();
+            let (records, live) = if plan.target == Target::PgLease {
+                let store = PgStore::builder(&servers.pg_url())
+                    .map_err(harness)?
+                    .setup(false)
+                    .connect()
+                    .await
+                    .map_err(harness)?;
+                read_records(&store, &broker.keys).await?
+            } else {
+                let url = format!("redis://127.0.0.1:{}", servers.redis_port);
+                let store = RedisStore::connect(&url).await.map_err(harness)?;
+                read_records(&store, &broker.keys).await?
+            };
+            for key in &broker.keys {
+                check::check_lease_key(
+                    key,
+                    records.get(key),
+                    ledger.get(key),
+                    downstream.get(key).copied(),
+                    &mut violations,
+                );
+            }
+            if live > 0 {
+                violations.push(Violation {
+                    key: None,
+                    what: format!("{live} records still in progress after the run settled"),
+                });
+            }
+        }
+    }
+    report.violations.append(&mut violations);
+    Ok(())
+}
+
+/// `key|number` lines from psql.
+fn rows(text: &str) -> HashMap<String, u64> {
+    text.lines()
+        .filter_map(|line| {
+            let (key, n) = line.split_once('|')?;
+            Some((key.to_owned(), n.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Every key's record, and how many records of the scope are in progress.
+async fn read_records<S: GetRecord + ListRecords>(
+    store: &S,
+    keys: &[String],
+) -> Result<(HashMap<String, Record>, usize), ChaosError> {
+    let scope = Scope::new(SCOPE).map_err(harness)?;
+    let mut records = HashMap::new();
+    for key in keys {
+        let id = RecordId::new(scope.clone(), Key::new(key).map_err(harness)?);
+        if let Some(record) = store.get(&id).await.map_err(harness)? {
+            records.insert(key.clone(), record);
+        }
+    }
+    let mut query = ListQuery::new(1000);
+    query.state = Some(StateKind::InProgress);
+    query.scope = Some(scope);
+    let page = store.list(&query).await.map_err(harness)?;
+    Ok((records, page.records.len()))
+}

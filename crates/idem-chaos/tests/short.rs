@@ -1,0 +1,88 @@
+//! The short fault-injection run of the test suite: every target, every
+//! fault kind, worker processes against the real store (started here as
+//! child processes), and the checker over ledger, downstream and store.
+//! `scripts/chaos` runs the long version.
+
+use std::time::Duration;
+
+use idem_chaos::{FaultKind, Plan, Report, Target};
+
+async fn short_run(target: Target) -> Report {
+    let plan = Plan {
+        seed: 11,
+        duration: Duration::from_secs(7),
+        fault_every: Duration::from_millis(250),
+        ..Plan::new(target, env!("CARGO_BIN_EXE_idem-chaos"))
+    };
+    let report = idem_chaos::run(&plan, |_| {})
+        .await
+        .expect("the run itself works");
+    eprint!("{}", Report::table(std::slice::from_ref(&report)));
+    assert!(
+        report.violations.is_empty(),
+        "violations:\n{}",
+        report.violation_lines(50)
+    );
+    for kind in FaultKind::ALL {
+        assert!(
+            report.faults_of(kind) >= 1,
+            "no {} fault was injected: {:?}",
+            kind.name(),
+            report.faults
+        );
+    }
+    assert_eq!(
+        report.acked_executed + report.acked_replayed,
+        report.deliveries as u64,
+        "every delivery is acknowledged once"
+    );
+    assert!(report.duplicates > 0 && report.redeliveries > 0);
+    report
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_inbox_commits_exactly_one_effect_per_key_under_faults() {
+    let report = short_run(Target::PgInbox).await;
+    assert_eq!(report.executions, report.keys as u64, "one effect per key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_lease_completes_every_key_once_under_faults() {
+    let report = short_run(Target::PgLease).await;
+    assert!(report.executions >= report.keys as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_lease_completes_every_key_once_under_faults() {
+    let report = short_run(Target::RedisLease).await;
+    assert!(report.executions >= report.keys as u64);
+}
+
+/// The checker can fail: a Redis without an append-only file loses every
+/// record when it restarts, so keys completed before a restart run again
+/// and their second completion is acknowledged too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_forgets_is_caught() {
+    let plan = Plan {
+        seed: 5,
+        keys: 200,
+        duplicates: 0.6,
+        duration: Duration::from_secs(6),
+        fault_every: Duration::from_millis(1200),
+        faults: vec![FaultKind::StoreRestart],
+        redis_append_only: false,
+        ..Plan::new(Target::RedisLease, env!("CARGO_BIN_EXE_idem-chaos"))
+    };
+    let report = idem_chaos::run(&plan, |_| {})
+        .await
+        .expect("the run itself works");
+    assert!(report.faults_of(FaultKind::StoreRestart) >= 2);
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.what.contains("completions were acknowledged")),
+        "a restart that loses acknowledged completions must be reported: {:?}",
+        report.violations
+    );
+}
