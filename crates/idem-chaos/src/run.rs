@@ -514,6 +514,30 @@ impl Broker {
         }
     }
 
+    /// Whether an answer to attempt `attempt` of delivery `id` is the
+    /// current one (not a late answer to a delivery handed out again); if
+    /// so the delivery is taken back from its worker.
+    fn answered(&mut self, id: usize, attempt: u32) -> Result<bool, ChaosError> {
+        let d = self
+            .deliveries
+            .get(id)
+            .ok_or_else(|| harness(format!("a worker answered unknown delivery {id}")))?;
+        if d.acked || d.attempt != attempt {
+            return Ok(false);
+        }
+        self.take_back(id);
+        Ok(true)
+    }
+
+    /// Takes delivery `id` back from the worker holding it.
+    fn take_back(&mut self, id: usize) {
+        if let Some((slot, _)) = self.deliveries[id].holder.take() {
+            if let Some(w) = self.workers[slot].as_mut() {
+                w.outstanding.remove(&id);
+            }
+        }
+    }
+
     fn handle(&mut self, event: Event, now: Instant) -> Result<(), ChaosError> {
         let current = self.workers[event.slot]
             .as_ref()
@@ -539,21 +563,10 @@ impl Broker {
                 attempt,
                 outcome,
             } => {
-                let Some(d) = self.deliveries.get_mut(id) else {
-                    return Err(harness(format!(
-                        "a worker acknowledged unknown delivery {id}"
-                    )));
-                };
-                if d.acked || d.attempt != attempt {
-                    // A late answer to a delivery handed out again.
+                if !self.answered(id, attempt)? {
                     return Ok(());
                 }
-                d.acked = true;
-                if let Some((slot, _)) = d.holder.take() {
-                    if let Some(w) = self.workers[slot].as_mut() {
-                        w.outstanding.remove(&id);
-                    }
-                }
+                self.deliveries[id].acked = true;
                 self.acked += 1;
                 match outcome.as_str() {
                     "executed" => self.report.acked_executed += 1,
@@ -568,16 +581,8 @@ impl Broker {
                 reason,
             } => {
                 *self.report.retry_reasons.entry(reason).or_insert(0) += 1;
-                let Some(d) = self.deliveries.get_mut(id) else {
-                    return Err(harness(format!("a worker refused unknown delivery {id}")));
-                };
-                if d.acked || d.attempt != attempt {
+                if !self.answered(id, attempt)? {
                     return Ok(());
-                }
-                if let Some((slot, _)) = d.holder.take() {
-                    if let Some(w) = self.workers[slot].as_mut() {
-                        w.outstanding.remove(&id);
-                    }
                 }
                 self.pending
                     .insert((now + retry.min(Duration::from_secs(1)), id));
@@ -590,22 +595,17 @@ impl Broker {
     /// back those held past the visibility timeout.
     async fn dispatch(&mut self, now: Instant, inflight: usize) {
         let mut expired = Vec::new();
-        for (slot, worker) in self.workers.iter().enumerate() {
-            if let Some(w) = worker {
-                for id in &w.outstanding {
-                    if let Some((_, since)) = self.deliveries[*id].holder {
-                        if now.duration_since(since) > self.visibility {
-                            expired.push((slot, *id));
-                        }
+        for w in self.workers.iter().flatten() {
+            for id in &w.outstanding {
+                if let Some((_, since)) = self.deliveries[*id].holder {
+                    if now.duration_since(since) > self.visibility {
+                        expired.push(*id);
                     }
                 }
             }
         }
-        for (slot, id) in expired {
-            if let Some(w) = self.workers[slot].as_mut() {
-                w.outstanding.remove(&id);
-            }
-            self.deliveries[id].holder = None;
+        for id in expired {
+            self.take_back(id);
             self.pending.insert((now, id));
         }
         let mut slots = self.running_slots();
@@ -896,9 +896,7 @@ impl Injector {
     }
 
     fn heal(&mut self, proxy: &FaultProxy) {
-        if !self.timed.is_empty() {
-            self.timed.clear();
-        }
+        self.timed.clear();
         proxy.heal();
     }
 }
