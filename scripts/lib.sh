@@ -66,3 +66,24 @@ wait_for_http() {
     echo "timed out waiting for $1" >&2
     return 1
 }
+
+# The DynamoDB and SQS tests start moto_server (from the moto[server] PyPI
+# package) as a child process; it lives in a virtual environment outside
+# the clone so a fresh clone reuses it. Needs python3 with venv and pip.
+MOTO_VERSION=5.2.5
+ensure_moto() {
+    local venv="${HOME}/.cache/idem/tools/moto"
+    if [ -x "$venv/bin/moto_server" ] && "$venv/bin/python" -c "import moto, sys; sys.exit(moto.__version__ != '$MOTO_VERSION')" 2>/dev/null; then
+        return
+    fi
+    if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+        ensure_command python3 python3
+        local sudo=""
+        [ "$(id -u)" -eq 0 ] || sudo="sudo"
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv python3-pip
+    fi
+    step "installing moto[server]==$MOTO_VERSION into $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q "moto[server]==$MOTO_VERSION"
+}

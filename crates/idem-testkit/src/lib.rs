@@ -32,6 +32,7 @@ use idem::{
 pub mod bench;
 pub mod cases;
 pub mod ledger;
+pub mod moto;
 pub mod nats;
 pub mod postgres;
 pub mod proxy;

@@ -1,0 +1,348 @@
+//! What the conformance suite does not cover: leases run out on the system
+//! clock, the 400 KB item limit, answers lost on the wire, a server that is
+//! down, a missing table and a damaged item. Against moto_server.
+
+mod common;
+
+use std::time::Duration;
+
+use aws_sdk_dynamodb::config::retry::RetryConfig;
+use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::Client;
+use bytes::Bytes;
+use idem::{
+    ClaimOutcome, ClaimParams, GetRecord, Idempotency, ManualClock, Outcome, RecordId, RunError,
+    State, Store, StoreError,
+};
+use idem_dynamodb::{client_for, DynamoStore, ItemTooLarge};
+use idem_testkit::moto::{ACCESS_KEY, REGION, SECRET_KEY};
+use idem_testkit::proxy::FaultProxy;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn id(key: &str) -> RecordId {
+    RecordId::parse("behaviour", key).expect("valid id")
+}
+
+async fn acquire(store: &DynamoStore, id: &RecordId, params: &ClaimParams) -> idem::Lease {
+    match store.claim(id, params).await.expect("claim") {
+        ClaimOutcome::Acquired(lease) => lease,
+        other => panic!("expected to acquire {id}, got {other:?}"),
+    }
+}
+
+async fn raw_item(
+    store: &DynamoStore,
+    id: &RecordId,
+) -> std::collections::HashMap<String, AttributeValue> {
+    let pk = format!("{}\n{}", id.scope().as_str(), id.key().as_str());
+    store
+        .client()
+        .get_item()
+        .table_name(store.table())
+        .key("pk", AttributeValue::S(pk))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("get item")
+        .item
+        .expect("item present")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_run_out_on_the_system_clock() {
+    let store = common::store("system-clock").await;
+    let id = id("lease");
+    let short = ClaimParams::new(Duration::from_millis(400), HOUR);
+    let first = acquire(&store, &id, &short).await;
+    assert!(
+        matches!(store.claim(&id, &short).await.expect("claim"), ClaimOutcome::InProgress { retry_after } if retry_after <= Duration::from_millis(400)),
+        "a live lease is reported in progress"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = acquire(&store, &id, &short).await;
+    assert!(second.takeover, "a lease that ran out is taken over");
+    assert_eq!(second.attempt, 2);
+    assert!(second.fence > first.fence);
+    assert!(matches!(
+        store
+            .complete(&first, Bytes::from_static(b"late"), HOUR)
+            .await,
+        Err(StoreError::LeaseLost)
+    ));
+    store
+        .complete(
+            &second,
+            Bytes::from_static(b"done"),
+            Duration::from_millis(300),
+        )
+        .await
+        .expect("complete");
+    assert_eq!(
+        store.claim(&id, &short).await.expect("claim"),
+        ClaimOutcome::Completed(Bytes::from_static(b"done"))
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // DynamoDB has not deleted the item (moto never does): it is expired
+    // all the same, and a new record starts at attempt 1.
+    assert!(store.get(&id).await.expect("get").is_none());
+    let third = acquire(&store, &id, &short).await;
+    assert_eq!((third.attempt, third.takeover), (1, false));
+    assert!(third.fence > second.fence, "fences rise across expiry");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_responses_are_compressed_and_oversize_ones_refused_cleanly() {
+    let clock = ManualClock::default();
+    let store = common::store("sizes").await.with_clock(clock.clone());
+    let params = ClaimParams::new(Duration::from_secs(30), HOUR);
+
+    // 2 MB of JSON-like text: far over the item limit raw, far under it
+    // compressed.
+    let big: Vec<u8> = (0..2_000_000u32)
+        .map(|i| b"{\"sku\":\"A-1\",\"qty\":1},"[i as usize % 22])
+        .collect();
+    let id_big = id("big");
+    let lease = acquire(&store, &id_big, &params).await;
+    store
+        .complete(&lease, Bytes::from(big.clone()), HOUR)
+        .await
+        .expect("a compressible 2 MB response fits once compressed");
+    let raw = raw_item(&store, &id_big).await;
+    let packed = raw
+        .get("rz")
+        .expect("stored compressed")
+        .as_b()
+        .expect("binary");
+    assert!(
+        packed.as_ref().len() < 100_000,
+        "compressed to {} bytes",
+        packed.as_ref().len()
+    );
+    assert!(!raw.contains_key("rs"));
+    assert_eq!(
+        store.claim(&id_big, &params).await.expect("claim"),
+        ClaimOutcome::Completed(Bytes::from(big)),
+        "the replay is byte for byte"
+    );
+
+    // 500 KB of noise does not compress: refused before anything is sent,
+    // with a typed error, and the record is untouched.
+    let noise: Vec<u8> = (0..500_000).map(|_| rand::random::<u8>()).collect();
+    let id_noise = id("noise");
+    let lease = acquire(&store, &id_noise, &params).await;
+    let err = store
+        .complete(&lease, Bytes::from(noise), HOUR)
+        .await
+        .expect_err("over the item limit");
+    let StoreError::Backend(source) = &err else {
+        panic!("expected a backend error, got {err:?}")
+    };
+    let too_large = source
+        .downcast_ref::<ItemTooLarge>()
+        .expect("the source is ItemTooLarge");
+    assert!(too_large.size > too_large.limit);
+    assert!(err.to_string().contains("store backend error"));
+    let record = store.get(&id_noise).await.expect("get").expect("present");
+    assert!(
+        matches!(record.state, State::InProgress { .. }),
+        "nothing was written"
+    );
+    store
+        .complete(&lease, Bytes::from_static(b"small"), HOUR)
+        .await
+        .expect("the holder can still complete");
+}
+
+/// The SDK retries a request whose answer was cut off; if the write had
+/// landed, its condition now fails. That must not read as a lost lease, a
+/// lost claim or a second acquisition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_answer_was_lost_is_not_reported_as_failed() {
+    let upstream: std::net::SocketAddr = common::server()
+        .url()
+        .trim_start_matches("http://")
+        .parse()
+        .expect("address");
+    let proxy = FaultProxy::start(upstream).await.expect("proxy");
+    let (client, table) = common::table("lost-answers").await;
+    let config = client
+        .config()
+        .to_builder()
+        .endpoint_url(format!("http://{}", proxy.addr()))
+        .retry_config(
+            RetryConfig::standard()
+                .with_max_attempts(10)
+                .with_initial_backoff(Duration::from_millis(50)),
+        )
+        .build();
+    let store = DynamoStore::new(Client::from_conf(config), table);
+    let params = ClaimParams::new(Duration::from_secs(30), HOUR);
+
+    // Cuts the next answer, then lets the retries through.
+    let cut_once = |before: u64| {
+        proxy.set_cut_after(Some(20));
+        let proxy = &proxy;
+        async move {
+            while proxy.stats().resets == before {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            proxy.heal();
+        }
+    };
+
+    let id = id("lost");
+    let resets = proxy.stats().resets;
+    let (claimed, ()) = tokio::join!(store.claim(&id, &params), cut_once(resets));
+    let lease = match claimed.expect("claim") {
+        ClaimOutcome::Acquired(lease) => lease,
+        other => panic!("the claim that landed must be ours, got {other:?}"),
+    };
+    assert!(proxy.stats().resets > resets, "an answer was cut");
+
+    let resets = proxy.stats().resets;
+    let (completed, ()) = tokio::join!(
+        store.complete(&lease, Bytes::from_static(b"paid"), HOUR),
+        cut_once(resets)
+    );
+    completed.expect("a completion that landed is reported as done");
+    assert!(proxy.stats().resets > resets, "an answer was cut");
+    assert_eq!(
+        store.claim(&id, &params).await.expect("claim"),
+        ClaimOutcome::Completed(Bytes::from_static(b"paid"))
+    );
+    // A caller repeating the write is still refused.
+    assert!(matches!(
+        store
+            .complete(&lease, Bytes::from_static(b"paid"), HOUR)
+            .await,
+        Err(StoreError::LeaseLost)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_is_down_is_unavailable_and_the_handler_does_not_run() {
+    let port = idem_testkit::free_port().expect("port");
+    let client = client_for(
+        Some(&format!("http://127.0.0.1:{port}")),
+        REGION,
+        ACCESS_KEY,
+        SECRET_KEY,
+        None,
+    )
+    .expect("client");
+    let config = client
+        .config()
+        .to_builder()
+        .retry_config(RetryConfig::standard().with_max_attempts(2))
+        .build();
+    let store = DynamoStore::new(Client::from_conf(config), "idem");
+    let err = store
+        .claim(&id("down"), &ClaimParams::new(Duration::from_secs(5), HOUR))
+        .await
+        .expect_err("nothing listens");
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+
+    let idem = Idempotency::builder(store).build().expect("executor");
+    let ran = std::sync::atomic::AtomicUsize::new(0);
+    let result = idem
+        .run(&id("down"), None, |_| async {
+            ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok::<_, std::io::Error>(1)
+        })
+        .await;
+    assert!(result.is_err(), "fails closed: {result:?}");
+    assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_table_is_a_backend_error_that_names_it() {
+    let store = DynamoStore::new(common::client(), "idem-no-such-table");
+    let err = store
+        .claim(&id("k"), &ClaimParams::new(Duration::from_secs(5), HOUR))
+        .await
+        .expect_err("no table");
+    let StoreError::Backend(source) = &err else {
+        panic!("expected a backend error, got {err:?}")
+    };
+    assert!(
+        source.to_string().contains("ResourceNotFoundException"),
+        "{source}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_item_is_reported_corrupt_and_left_alone() {
+    let store = common::store("damaged").await;
+    let id = id("damaged");
+    let params = ClaimParams::new(Duration::from_secs(5), HOUR);
+    let lease = acquire(&store, &id, &params).await;
+    store
+        .complete(&lease, Bytes::from_static(b"ok"), HOUR)
+        .await
+        .expect("complete");
+    let mut item = raw_item(&store, &id).await;
+    item.insert("st".into(), AttributeValue::S("?".into()));
+    store
+        .client()
+        .put_item()
+        .table_name(store.table())
+        .set_item(Some(item.clone()))
+        .send()
+        .await
+        .expect("damage the item");
+    let err = store.claim(&id, &params).await.expect_err("corrupt");
+    assert!(
+        matches!(&err, StoreError::Corrupt { reason, .. } if reason.contains("unknown state")),
+        "{err:?}"
+    );
+    assert_eq!(raw_item(&store, &id).await, item, "nothing was overwritten");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_executor_runs_each_key_once_under_concurrent_duplicates() {
+    let store = common::store("executor").await;
+    let idem = Idempotency::builder(store).build().expect("executor");
+    let ran = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        for key in 0..10 {
+            let (idem, ran) = (idem.clone(), ran.clone());
+            tasks.push(tokio::spawn(async move {
+                let id = RecordId::parse("executor", &format!("order-{key}")).expect("id");
+                loop {
+                    let outcome = idem
+                        .run(&id, None, |_| {
+                            let ran = ran.clone();
+                            async move {
+                                ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                                Ok::<_, std::io::Error>(key)
+                            }
+                        })
+                        .await;
+                    match outcome {
+                        Ok(Outcome::Executed { value, .. })
+                        | Ok(Outcome::Replayed { value, .. }) => {
+                            assert_eq!(value, key);
+                            return;
+                        }
+                        Ok(other) => panic!("unexpected {other:?}"),
+                        Err(RunError::InProgress { .. }) => {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        Err(e) => panic!("run failed: {e}"),
+                    }
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.expect("task");
+    }
+    assert_eq!(
+        ran.load(std::sync::atomic::Ordering::SeqCst),
+        10,
+        "160 runs over 10 keys execute exactly 10 times"
+    );
+}

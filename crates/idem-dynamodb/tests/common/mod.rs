@@ -1,0 +1,37 @@
+//! The moto server the tests share, and a fresh table per test.
+
+#![allow(dead_code, unreachable_pub)]
+
+use aws_sdk_dynamodb::Client;
+use idem_dynamodb::{client_for, create_table, DynamoStore};
+use idem_testkit::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
+
+/// The shared server, started on first use.
+pub fn server() -> &'static MotoServer {
+    MotoServer::shared().expect(
+        "moto_server must be installed (scripts/test installs it into ~/.cache/idem/tools/moto)",
+    )
+}
+
+/// A client of the shared server.
+pub fn client() -> Client {
+    client_for(Some(&server().url()), REGION, ACCESS_KEY, SECRET_KEY, None).expect("client")
+}
+
+/// A table of its own for `name`, created now.
+pub async fn table(name: &str) -> (Client, String) {
+    let client = client();
+    let table = format!(
+        "idem-{}-{:08x}",
+        name.replace('_', "-"),
+        rand::random::<u32>()
+    );
+    create_table(&client, &table).await.expect("create table");
+    (client, table)
+}
+
+/// A store on a table of its own.
+pub async fn store(name: &str) -> DynamoStore {
+    let (client, table) = table(name).await;
+    DynamoStore::new(client, table)
+}

@@ -1,0 +1,99 @@
+//! A `moto_server` (the DynamoDB- and SQS-compatible server from the
+//! `moto[server]` PyPI package) for tests, as a child process on a free
+//! loopback port. `scripts/test` installs it into
+//! `~/.cache/idem/tools/moto`; `IDEM_MOTO_SERVER` names another binary.
+//!
+//! It runs under an `sh` watchdog holding a pipe from the test process:
+//! when the test process exits, the watchdog kills the server by PID.
+
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::server::{failed, wait_listening, which};
+pub use crate::server::{free_port, ServerError};
+
+/// The watchdog: `$0` is the program to run.
+const WATCHDOG: &str = r#""$0" "$@" & pid=$!; read -r _; case "$pid" in ''|0|*[!0-9]*) exit 1 ;; esac; kill -s KILL -- "$pid"; wait "$pid""#;
+
+/// The credentials and region tests sign with (moto accepts any).
+pub const ACCESS_KEY: &str = "idem-test";
+/// See [`ACCESS_KEY`].
+pub const SECRET_KEY: &str = "idem-test-secret";
+/// See [`ACCESS_KEY`].
+pub const REGION: &str = "us-east-1";
+
+/// One `moto_server` child process.
+#[derive(Debug)]
+pub struct MotoServer {
+    port: u16,
+    process: Option<(Child, ChildStdin)>,
+}
+
+/// Where the `moto_server` program is: `IDEM_MOTO_SERVER`, then `PATH`,
+/// then the virtual environment `scripts/test` makes.
+pub fn program() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("IDEM_MOTO_SERVER") {
+        return Some(PathBuf::from(path));
+    }
+    if which("moto_server") {
+        return Some(PathBuf::from("moto_server"));
+    }
+    let home = std::env::var_os("HOME")?;
+    let venv = PathBuf::from(home).join(".cache/idem/tools/moto/bin/moto_server");
+    venv.is_file().then_some(venv)
+}
+
+impl MotoServer {
+    /// The server every test of this binary uses; started on first use.
+    /// Tests isolate themselves by unique table and queue names.
+    pub fn shared() -> Result<&'static MotoServer, ServerError> {
+        static SHARED: OnceLock<Result<MotoServer, String>> = OnceLock::new();
+        SHARED
+            .get_or_init(|| Self::start().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| failed(e.clone()))
+    }
+
+    /// Starts a server on a free loopback port.
+    pub fn start() -> Result<Self, ServerError> {
+        let program = program().ok_or(ServerError::NotInstalled("moto_server"))?;
+        let port = free_port()?;
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(WATCHDOG)
+            .arg(&program)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| failed(format!("spawning sh: {e}")))?;
+        let stdin = child.stdin.take().ok_or_else(|| failed("no stdin pipe"))?;
+        wait_listening(&mut child, "moto_server", port, Duration::from_secs(30)).map_err(failed)?;
+        Ok(Self {
+            port,
+            process: Some((child, stdin)),
+        })
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for MotoServer {
+    fn drop(&mut self) {
+        if let Some((mut child, stdin)) = self.process.take() {
+            drop(stdin);
+            let _ = child.wait();
+        }
+    }
+}
