@@ -1,0 +1,509 @@
+//! The SQS adapter against moto_server (SQS and, for the store, DynamoDB,
+//! started for this test run on a free loopback port).
+//!
+//! The main case runs workers as separate processes of this test binary
+//! and kills one with SIGKILL (by PID) in the middle of a handler; an
+//! effects ledger on disk, written by the handlers, shows one effect per
+//! message, none lost, and dead-letters only for the bad ones.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
+use aws_sdk_sqs::Client;
+use idem::{Idempotency, Scope};
+use idem_consumer::{Consumer, KeyExtractor, WindowError};
+use idem_dynamodb::DynamoStore;
+use idem_sqs::{SqsConsumer, SqsError, CONSUMER_ATTRIBUTE, KEY_ATTRIBUTE, REASON_ATTRIBUTE};
+use idem_testkit::ledger::{eventually, order_handler, Ledger};
+use idem_testkit::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
+
+/// The settings a test and its workers share.
+#[derive(Debug, Clone)]
+struct Setup {
+    endpoint: String,
+    queue_url: String,
+    table: String,
+    ledger: Ledger,
+}
+
+fn sqs_client(endpoint: &str) -> Client {
+    idem_sqs::client_for(Some(endpoint), REGION, ACCESS_KEY, SECRET_KEY, None).expect("client")
+}
+
+impl Setup {
+    /// A queue (FIFO if `fifo`) with a one-hour retention and a two-second
+    /// visibility timeout, and a table for the store.
+    async fn new(name: &str, fifo: bool) -> Self {
+        let endpoint = MotoServer::shared()
+            .expect("moto_server must be installed (scripts/test installs it)")
+            .url();
+        let id = format!("{name}-{:08x}", rand::random::<u32>());
+        let mut create = sqs_client(&endpoint)
+            .create_queue()
+            .queue_name(if fifo {
+                format!("{id}.fifo")
+            } else {
+                id.clone()
+            })
+            .attributes(QueueAttributeName::MessageRetentionPeriod, "3600")
+            .attributes(QueueAttributeName::VisibilityTimeout, "2");
+        if fifo {
+            create = create.attributes(QueueAttributeName::FifoQueue, "true");
+        }
+        let queue_url = create
+            .send()
+            .await
+            .expect("create queue")
+            .queue_url
+            .expect("queue url");
+        let table = format!("idem-sqs-{id}");
+        let dynamo =
+            idem_dynamodb::client_for(Some(&endpoint), REGION, ACCESS_KEY, SECRET_KEY, None)
+                .expect("client");
+        idem_dynamodb::create_table(&dynamo, &table)
+            .await
+            .expect("create table");
+        Self {
+            ledger: Ledger::create(&id),
+            endpoint,
+            queue_url,
+            table,
+        }
+    }
+
+    fn from_env() -> Option<Self> {
+        let var = |name| std::env::var(name).ok();
+        Some(Self {
+            endpoint: var("IDEM_SQS_ENDPOINT")?,
+            queue_url: var("IDEM_SQS_QUEUE")?,
+            table: var("IDEM_SQS_TABLE")?,
+            ledger: Ledger::at(PathBuf::from(var("IDEM_SQS_DIR")?)),
+        })
+    }
+
+    fn client(&self) -> Client {
+        sqs_client(&self.endpoint)
+    }
+
+    fn store(&self) -> DynamoStore {
+        let client =
+            idem_dynamodb::client_for(Some(&self.endpoint), REGION, ACCESS_KEY, SECRET_KEY, None)
+                .expect("client");
+        DynamoStore::new(client, self.table.clone())
+    }
+
+    /// The consumer tests and workers run: short leases, so a killed
+    /// worker's claims are taken over within seconds, and a heartbeat well
+    /// inside the queue's two-second visibility timeout.
+    fn idem(&self) -> Idempotency<DynamoStore> {
+        Idempotency::builder(self.store())
+            .lease(Duration::from_secs(2))
+            .heartbeat(Duration::from_millis(500))
+            .max_attempts(std::num::NonZeroU32::new(3).expect("non-zero"))
+            .backoff(idem::Backoff::new(
+                Duration::from_millis(100),
+                Duration::from_millis(500),
+            ))
+            .build()
+            .expect("config")
+    }
+
+    async fn sqs(&self) -> SqsConsumer<DynamoStore, idem::Json> {
+        // Keyed only by the attribute: a message without one is
+        // dead-lettered (the default would fall back to SQS's message id).
+        let consumer = Consumer::builder(self.idem(), Scope::new("orders").expect("scope"))
+            .keys(KeyExtractor::header("Idempotency-Key"))
+            .build();
+        SqsConsumer::builder(self.client(), &self.queue_url, consumer)
+            .concurrency(8)
+            .wait_time(Duration::from_secs(1))
+            .connect()
+            .await
+            .expect("connect to SQS")
+    }
+
+    /// Starts this test binary as a worker process (`worker_process`).
+    fn spawn_worker(&self, slow_key: Option<&str>) -> Child {
+        let mut command = Command::new(std::env::current_exe().expect("test binary"));
+        command
+            .args(["--exact", "worker_process", "--ignored", "--nocapture"])
+            .env("IDEM_SQS_ENDPOINT", &self.endpoint)
+            .env("IDEM_SQS_QUEUE", &self.queue_url)
+            .env("IDEM_SQS_TABLE", &self.table)
+            .env("IDEM_SQS_DIR", self.ledger.dir())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        if let Some(key) = slow_key {
+            command.env("IDEM_SQS_SLOW", key);
+        }
+        command.spawn().expect("spawn worker")
+    }
+
+    /// Sends `body`, keyed by the `Idempotency-Key` attribute when given.
+    async fn send(&self, key: Option<&str>, body: &str, fifo_dedup: Option<&str>) {
+        let mut send = self
+            .client()
+            .send_message()
+            .queue_url(&self.queue_url)
+            .message_body(body);
+        if let Some(key) = key {
+            send = send.message_attributes(
+                "Idempotency-Key",
+                MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(key)
+                    .build()
+                    .expect("attribute"),
+            );
+        }
+        if let Some(dedup) = fifo_dedup {
+            send = send
+                .message_group_id("orders")
+                .message_deduplication_id(dedup);
+        }
+        send.send().await.expect("send");
+    }
+
+    /// How many messages the queue still holds, visible or not.
+    async fn remaining(&self) -> u64 {
+        let attributes = self
+            .client()
+            .get_queue_attributes()
+            .queue_url(&self.queue_url)
+            .attribute_names(QueueAttributeName::All)
+            .send()
+            .await
+            .expect("attributes")
+            .attributes
+            .unwrap_or_default();
+        [
+            QueueAttributeName::ApproximateNumberOfMessages,
+            QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+            QueueAttributeName::ApproximateNumberOfMessagesDelayed,
+        ]
+        .iter()
+        .map(|a| {
+            attributes
+                .get(a)
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .sum()
+    }
+}
+
+/// Every message of the dead-letter queue, as (key, reason, consumer).
+async fn dead_letters(client: &Client, url: &str) -> Vec<(Option<String>, String, String)> {
+    let mut out = Vec::new();
+    loop {
+        let received = client
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .message_attribute_names("All")
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .visibility_timeout(600)
+            .send()
+            .await
+            .expect("receive")
+            .messages
+            .unwrap_or_default();
+        if received.is_empty() {
+            break;
+        }
+        for m in received {
+            let attrs: HashMap<String, String> = m
+                .message_attributes
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|(k, v)| v.string_value.map(|s| (k, s)))
+                .collect();
+            out.push((
+                attrs.get(KEY_ATTRIBUTE).cloned(),
+                attrs.get(REASON_ATTRIBUTE).cloned().expect("reason"),
+                attrs.get(CONSUMER_ATTRIBUTE).cloned().expect("consumer"),
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Not a test on its own: the worker process the other tests start. It
+/// consumes until it is killed.
+#[test]
+#[ignore = "a worker process, started by the multi-process tests"]
+fn worker_process() {
+    let Some(setup) = Setup::from_env() else {
+        return;
+    };
+    let slow = std::env::var("IDEM_SQS_SLOW").ok();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async move {
+            let sqs = setup.sqs().await;
+            let ledger = setup.ledger.clone();
+            sqs.run(
+                move |job| order_handler(job, ledger.clone(), slow.clone()),
+                std::future::pending(),
+            )
+            .await
+            .expect("consume");
+        });
+}
+
+fn assert_bad_ones_dead(dead: &[(Option<String>, String, String)]) {
+    assert_eq!(
+        dead.len(),
+        3,
+        "dead-letters only for the bad ones: {dead:?}"
+    );
+    for (_, _, consumer) in dead {
+        assert_eq!(consumer, "orders");
+    }
+    assert_eq!(dead[0].0, None);
+    assert!(dead[0].1.starts_with("no idempotency key"), "{dead:?}");
+    assert_eq!(dead[1].0.as_deref(), Some("broken-1"));
+    assert!(dead[1].1.contains("payload is not a valid"), "{dead:?}");
+    assert_eq!(dead[2].0.as_deref(), Some("poison-1"));
+    assert!(dead[2].1.contains("cannot ship to the moon"), "{dead:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each() {
+    let setup = Setup::new("kill", false).await;
+    let plain: Vec<String> = (0..30).map(|i| format!("m-{i}")).collect();
+    for key in &plain {
+        let body = format!(r#"{{"id":"{key}"}}"#);
+        setup.send(Some(key), &body, None).await;
+        setup.send(Some(key), &body, None).await;
+    }
+    setup
+        .send(Some("flaky-1"), r#"{"id":"flaky-1","flaky":true}"#, None)
+        .await;
+    setup
+        .send(Some("poison-1"), r#"{"id":"poison-1","poison":true}"#, None)
+        .await;
+    setup.send(None, r#"{"id":"keyless"}"#, None).await;
+    setup.send(Some("broken-1"), "{not json", None).await;
+    setup.send(Some("slow-1"), r#"{"id":"slow-1"}"#, None).await;
+
+    let mut a = setup.spawn_worker(Some("slow-1"));
+    let started = eventually(Duration::from_secs(60), || {
+        setup.ledger.started().contains_key("slow-1")
+    })
+    .await;
+    assert!(started, "worker A started the slow message");
+    a.kill().expect("SIGKILL worker A");
+    a.wait().expect("reap worker A");
+
+    let mut b = setup.spawn_worker(None);
+    let mut c = setup.spawn_worker(None);
+    let mut expected = plain.clone();
+    expected.extend(["flaky-1".to_owned(), "slow-1".to_owned()]);
+    let all_done = eventually(Duration::from_secs(120), || {
+        let effects = setup.ledger.effects();
+        expected.iter().all(|k| effects.contains_key(k))
+    })
+    .await;
+    let drained = {
+        let mut drained = false;
+        for _ in 0..100 {
+            if setup.remaining().await == 0 {
+                drained = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        drained
+    };
+    // Let any late duplicate show itself before judging.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for worker in [&mut b, &mut c] {
+        worker.kill().expect("stop worker");
+        worker.wait().expect("reap worker");
+    }
+
+    let effects = setup.ledger.effects();
+    assert!(all_done, "every good message had its effect: {effects:?}");
+    for key in &expected {
+        assert_eq!(effects.get(key), Some(&1), "exactly one effect for {key}");
+    }
+    assert_eq!(
+        effects.len(),
+        expected.len(),
+        "no effect for anything else (poison, keyless, broken): {effects:?}"
+    );
+    assert!(drained, "every message was deleted from the queue");
+    let dead_url = format!("{}-dead", setup.queue_url);
+    assert_bad_ones_dead(&dead_letters(&setup.client(), &dead_url).await);
+}
+
+/// A FIFO queue deduplicates for five minutes only, and only by the
+/// deduplication id: the same order sent with two ids (a producer retry
+/// after the window, say) is delivered twice, and runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_queue_runs_each_order_once_past_its_own_deduplication() {
+    let setup = Setup::new("fifo", true).await;
+    for i in 0..10 {
+        let key = format!("f-{i}");
+        let body = format!(r#"{{"id":"{key}"}}"#);
+        setup
+            .send(Some(&key), &body, Some(&format!("{key}-a")))
+            .await;
+        setup
+            .send(Some(&key), &body, Some(&format!("{key}-b")))
+            .await;
+    }
+    setup
+        .send(
+            Some("poison-1"),
+            r#"{"id":"poison-1","poison":true}"#,
+            Some("p"),
+        )
+        .await;
+    setup.send(None, r#"{"id":"keyless"}"#, Some("k")).await;
+    setup.send(Some("broken-1"), "{not json", Some("b")).await;
+
+    let sqs = setup.sqs().await;
+    assert!(sqs.dead_letter_queue().ends_with("-dead.fifo"));
+    let ledger = setup.ledger.clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        sqs.run(move |job| order_handler(job, ledger.clone(), None), async {
+            stopped.await.ok();
+        })
+        .await
+        .map(|()| sqs.consumer().stats())
+    });
+    let done = eventually(Duration::from_secs(60), || {
+        setup.ledger.effects().len() == 10
+    })
+    .await;
+    for _ in 0..100 {
+        if setup.remaining().await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.send(()).expect("stop");
+    let stats = running.await.expect("task").expect("run");
+    assert!(done, "every order ran: {:?}", setup.ledger.effects());
+    assert!(
+        setup.ledger.effects().values().all(|n| *n == 1),
+        "once each: {:?}",
+        setup.ledger.effects()
+    );
+    assert_eq!((stats.executed, stats.replayed), (10, 10), "{stats:?}");
+    assert_eq!(setup.remaining().await, 0, "every message was deleted");
+    let dead_url = setup.queue_url.replace(".fifo", "-dead.fifo");
+    assert_bad_ones_dead(&dead_letters(&setup.client(), &dead_url).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_refuses_configurations_that_could_lose_or_rerun_messages() {
+    let setup = Setup::new("config", false).await;
+    let scope = || Scope::new("orders").expect("scope");
+
+    // Records kept for 10 minutes, messages for an hour: a duplicate
+    // delivered after 10 minutes would run again.
+    let short = Idempotency::builder(setup.store())
+        .retention(Duration::from_secs(600))
+        .build()
+        .expect("config");
+    let err = SqsConsumer::builder(
+        setup.client(),
+        &setup.queue_url,
+        Consumer::builder(short, scope()).build(),
+    )
+    .connect()
+    .await
+    .err()
+    .expect("retention shorter than the queue's");
+    assert!(
+        matches!(err, SqsError::Window(WindowError::RetentionTooShort { .. })),
+        "{err}"
+    );
+
+    // A heartbeat slower than the visibility timeout lets SQS redeliver a
+    // message whose handler is still running.
+    let slow = Idempotency::builder(setup.store())
+        .lease(Duration::from_secs(30))
+        .heartbeat(Duration::from_secs(10))
+        .build()
+        .expect("config");
+    let err = SqsConsumer::builder(
+        setup.client(),
+        &setup.queue_url,
+        Consumer::builder(slow, scope()).build(),
+    )
+    .connect()
+    .await
+    .err()
+    .expect("heartbeat slower than the visibility timeout");
+    assert!(
+        matches!(err, SqsError::Window(WindowError::HeartbeatTooSlow { .. })),
+        "{err}"
+    );
+
+    // SQS's own redrive would move messages without a reason.
+    let client = setup.client();
+    let elsewhere = client
+        .create_queue()
+        .queue_name(format!("elsewhere-{:08x}", rand::random::<u32>()))
+        .send()
+        .await
+        .expect("create queue")
+        .queue_url
+        .expect("url");
+    let arn = client
+        .get_queue_attributes()
+        .queue_url(&elsewhere)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .expect("attributes")
+        .attributes
+        .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
+        .expect("arn");
+    client
+        .set_queue_attributes()
+        .queue_url(&setup.queue_url)
+        .attributes(
+            QueueAttributeName::RedrivePolicy,
+            format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"5"}}"#),
+        )
+        .send()
+        .await
+        .expect("set redrive policy");
+    let consumer = || Consumer::builder(setup.idem(), scope()).build();
+    let err = SqsConsumer::builder(client.clone(), &setup.queue_url, consumer())
+        .connect()
+        .await
+        .err()
+        .expect("redrive policy");
+    assert!(
+        matches!(&err, SqsError::Config(text) if text.contains("RedrivePolicy")),
+        "{err}"
+    );
+    SqsConsumer::builder(client.clone(), &setup.queue_url, consumer())
+        .accept_redrive_policy()
+        .connect()
+        .await
+        .expect("accepted when asked");
+
+    let err = SqsConsumer::builder(client, &format!("{}-missing", setup.queue_url), consumer())
+        .connect()
+        .await
+        .err()
+        .expect("no such queue");
+    assert!(
+        matches!(&err, SqsError::Request { what, .. } if what.contains("-missing")),
+        "{err}"
+    );
+}
