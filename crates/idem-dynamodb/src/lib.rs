@@ -926,23 +926,48 @@ impl ClaimMany for DynamoStore {
     /// DynamoDB has no batch of conditional writes that succeed or fail one
     /// by one (`BatchWriteItem` takes no conditions, a transaction fails
     /// whole), so the claims run concurrently, up to 32 at a time, each its
-    /// own conditional write.
+    /// own conditional write. A key that occurs more than once in the batch
+    /// is claimed in batch order: each later occurrence waits for the one
+    /// before it (it then finds that claim in progress, as it would in
+    /// sequence).
     async fn claim_many(
         &self,
         claims: &[(RecordId, ClaimParams)],
     ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
-        let mut results = Vec::with_capacity(claims.len());
-        let mut in_flight = futures_util::stream::FuturesOrdered::new();
-        for (id, params) in claims {
-            if in_flight.len() == BATCH_CONCURRENCY {
-                results.extend(in_flight.next().await);
+        let mut seen: HashMap<&RecordId, usize> = HashMap::new();
+        let rounds: Vec<usize> = claims
+            .iter()
+            .map(|(id, _)| {
+                let n = seen.entry(id).or_default();
+                *n += 1;
+                *n - 1
+            })
+            .collect();
+        let mut results: Vec<Option<Result<ClaimOutcome, StoreError>>> =
+            claims.iter().map(|_| None).collect();
+        for round in 0..rounds.iter().max().map_or(0, |r| r + 1) {
+            let mut in_flight = futures_util::stream::FuturesUnordered::new();
+            let mut pending = claims
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| rounds[*i] == round);
+            loop {
+                while in_flight.len() < BATCH_CONCURRENCY {
+                    let Some((i, (id, params))) = pending.next() else {
+                        break;
+                    };
+                    in_flight.push(async move { (i, self.claim(id, params).await) });
+                }
+                let Some((i, result)) = in_flight.next().await else {
+                    break;
+                };
+                results[i] = Some(result);
             }
-            in_flight.push_back(self.claim(id, params));
         }
-        while let Some(result) = in_flight.next().await {
-            results.push(result);
-        }
-        Ok(results)
+        Ok(results
+            .into_iter()
+            .map(|r| r.expect("every claim ran in its round"))
+            .collect())
     }
 }
 
