@@ -787,25 +787,14 @@ impl ListRecords for DynamoStore {
             filter.push("st = :st".into());
             values.insert(":st".to_owned(), s(state_code(state)));
         }
-        let mut found: Vec<(RecordId, Record)> = self
+        let found = self
             .scan_live(&filter.join(" AND "), values, self.now())
             .await?
             .into_iter()
             .map(|s| (s.id, s.record))
             .filter(|(id, _)| query.after.as_ref().is_none_or(|after| id > after))
             .collect();
-        found.sort_by(|a, b| a.0.cmp(&b.0));
-        let more = found.len() > query.limit;
-        found.truncate(query.limit);
-        let next = if more {
-            found.last().map(|(id, _)| id.clone())
-        } else {
-            None
-        };
-        Ok(ListPage {
-            records: found,
-            next,
-        })
+        Ok(ListPage::first_of(found, query.limit))
     }
 }
 

@@ -837,18 +837,7 @@ impl ListRecords for RedisStore {
                 }
             }
         }
-        found.sort_by(|a, b| a.0.cmp(&b.0));
-        let more = found.len() > query.limit;
-        found.truncate(query.limit);
-        let next = if more {
-            found.last().map(|(id, _)| id.clone())
-        } else {
-            None
-        };
-        Ok(ListPage {
-            records: found,
-            next,
-        })
+        Ok(ListPage::first_of(found, query.limit))
     }
 }
 

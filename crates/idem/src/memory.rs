@@ -485,20 +485,13 @@ impl<C: Clock> ListRecords for MemoryStore<C> {
     async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
         tokio::task::coop::consume_budget().await;
         let now = self.now();
-        let mut found = self.matching(|id, r| {
+        let found = self.matching(|id, r| {
             !r.is_expired(now)
                 && query.state.is_none_or(|s| r.state.kind() == s)
                 && query.scope.as_ref().is_none_or(|s| id.scope() == s)
                 && query.after.as_ref().is_none_or(|after| id > after)
         });
-        found.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let limit = query.limit.max(1);
-        let next = (found.len() > limit).then(|| found[limit - 1].0.clone());
-        found.truncate(limit);
-        Ok(ListPage {
-            records: found,
-            next,
-        })
+        Ok(ListPage::first_of(found, query.limit.max(1)))
     }
 }
 

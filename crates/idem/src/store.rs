@@ -212,6 +212,26 @@ pub struct ListPage {
     pub next: Option<RecordId>,
 }
 
+impl ListPage {
+    /// The first `limit` of `found` in id order, for stores that find a
+    /// page's records in no particular order (a scan): `next` is set when
+    /// more were found than fit.
+    pub fn first_of(mut found: Vec<(RecordId, Record)>, limit: usize) -> Self {
+        found.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let more = found.len() > limit;
+        found.truncate(limit);
+        let next = if more {
+            found.last().map(|(id, _)| id.clone())
+        } else {
+            None
+        };
+        Self {
+            records: found,
+            next,
+        }
+    }
+}
+
 /// Lists live records by state and scope, in id order, a page at a time.
 pub trait ListRecords: Store {
     /// One page of records matching `query`.
