@@ -106,7 +106,7 @@ impl Stored {
 
     fn corrupt(&self, reason: String) -> StoreError {
         StoreError::Corrupt {
-            id: format!("{}/{}", self.id.scope().as_str(), self.id.key().as_str()),
+            id: self.id.to_string(),
             reason,
         }
     }
@@ -288,7 +288,7 @@ pub(crate) fn decode(item: &Item, fallback_id: Option<&RecordId>) -> Result<Stor
         });
     };
     decode_fields(item, &id).map_err(|reason| StoreError::Corrupt {
-        id: format!("{}/{}", id.scope().as_str(), id.key().as_str()),
+        id: id.to_string(),
         reason,
     })
 }

@@ -118,82 +118,72 @@ pub struct DynamoStore {
 struct Inner {
     client: Client,
     table: String,
-    clock: Arc<dyn Clock>,
+    settings: Settings,
     mint: TokenMint,
-    grace: Duration,
-    encoding: Encoding,
     /// Where the last purge left off (a partition key), so purges walk the
     /// whole table in turn instead of rescanning its start.
     purge_from: parking_lot::Mutex<Option<String>>,
+}
+
+/// What the `with_*` methods set.
+#[derive(Clone)]
+struct Settings {
+    clock: Arc<dyn Clock>,
+    grace: Duration,
+    encoding: Encoding,
 }
 
 impl std::fmt::Debug for DynamoStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DynamoStore")
             .field("table", &self.inner.table)
-            .field("grace", &self.inner.grace)
+            .field("grace", &self.inner.settings.grace)
             .finish_non_exhaustive()
     }
 }
-
-/// The old item a failed condition returned (`None`: there was none).
-type Conflict = Option<Item>;
 
 /// What a conditional write came to.
 enum Written {
     /// The condition held; the attributes asked for with `ReturnValues`.
     Done(Option<Item>),
-    /// The condition failed; the item as it was.
-    Refused(Conflict),
+    /// The condition failed; the item as it was (`None`: there was none).
+    Refused(Option<Item>),
 }
 
 impl DynamoStore {
     /// A store on `table` through `client`, with the defaults: the system
     /// clock, [`DEFAULT_GRACE`], [`DEFAULT_COMPRESS_ABOVE`].
     pub fn new(client: Client, table: impl Into<String>) -> Self {
-        Self::build(
-            client,
-            table.into(),
-            Arc::new(SystemClock),
-            DEFAULT_GRACE,
-            DEFAULT_COMPRESS_ABOVE,
-        )
+        let settings = Settings {
+            clock: Arc::new(SystemClock),
+            grace: DEFAULT_GRACE,
+            encoding: Encoding {
+                compress_above: DEFAULT_COMPRESS_ABOVE,
+            },
+        };
+        Self::build(client, table.into(), settings)
     }
 
-    fn build(
-        client: Client,
-        table: String,
-        clock: Arc<dyn Clock>,
-        grace: Duration,
-        compress_above: usize,
-    ) -> Self {
+    fn build(client: Client, table: String, settings: Settings) -> Self {
         Self {
             inner: Arc::new(Inner {
                 client,
                 table,
-                clock,
+                settings,
                 mint: TokenMint::new(),
-                grace,
-                encoding: Encoding { compress_above },
                 purge_from: parking_lot::Mutex::new(None),
             }),
         }
     }
 
-    fn rebuild(self, change: impl FnOnce(&mut Arc<dyn Clock>, &mut Duration, &mut usize)) -> Self {
-        let inner = &self.inner;
-        let (mut clock, mut grace, mut compress) = (
-            inner.clock.clone(),
-            inner.grace,
-            inner.encoding.compress_above,
-        );
-        change(&mut clock, &mut grace, &mut compress);
+    /// The same store with `change` made to its settings.
+    fn with(self, change: impl FnOnce(&mut Settings)) -> Self {
+        let mut settings = self.inner.settings.clone();
+        change(&mut settings);
         Self::build(
-            inner.client.clone(),
-            inner.table.clone(),
-            clock,
-            grace,
-            compress,
+            self.inner.client.clone(),
+            self.inner.table.clone(),
+            settings,
         )
     }
 
@@ -201,18 +191,18 @@ impl DynamoStore {
     /// [`ManualClock`](idem::ManualClock)). Every client of one table must
     /// use clocks that agree.
     pub fn with_clock(self, clock: impl Clock) -> Self {
-        self.rebuild(|c, _, _| *c = Arc::new(clock))
+        self.with(|s| s.clock = Arc::new(clock))
     }
 
     /// Keeps items `grace` past their retention before DynamoDB's TTL may
     /// delete them (their fence survives that long).
     pub fn with_grace(self, grace: Duration) -> Self {
-        self.rebuild(|_, g, _| *g = grace)
+        self.with(|s| s.grace = grace)
     }
 
     /// Compresses responses longer than `bytes` (when that is shorter).
     pub fn with_compress_above(self, bytes: usize) -> Self {
-        self.rebuild(|_, _, c| *c = bytes)
+        self.with(|s| s.encoding.compress_above = bytes)
     }
 
     /// The table's name.
@@ -226,11 +216,11 @@ impl DynamoStore {
     }
 
     fn now(&self) -> Timestamp {
-        self.inner.clock.now()
+        self.inner.settings.clock.now()
     }
 
     fn grace_secs(&self) -> u64 {
-        self.inner.grace.as_secs()
+        self.inner.settings.grace.as_secs()
     }
 
     fn key(id: &RecordId) -> HashMap<String, AttributeValue> {
@@ -250,15 +240,15 @@ impl DynamoStore {
             version,
             nonce,
             self.grace_secs(),
-            self.inner.encoding,
+            self.inner.settings.encoding,
         )
     }
 
-    fn check_size(id: &RecordId, item: &Item) -> Result<(), StoreError> {
-        let size = item::size(item);
+    /// Refuses an item of `size` bytes over DynamoDB's limit.
+    fn check_size(id: &RecordId, size: usize) -> Result<(), StoreError> {
         if size > item::ITEM_LIMIT {
             return Err(StoreError::Backend(Box::new(ItemTooLarge {
-                id: format!("{}/{}", id.scope().as_str(), id.key().as_str()),
+                id: id.to_string(),
                 size,
                 limit: item::ITEM_LIMIT,
             })));
@@ -361,7 +351,7 @@ impl DynamoStore {
         let version = seen.map_or(1, |s| s.version + 1);
         let mut item = self.encode(id, record, version, nonce);
         item.insert("j".into(), AttributeValue::M(journal));
-        Self::check_size(id, &item)?;
+        Self::check_size(id, item::size(&item))?;
         match seen {
             None => {
                 self.put(item, "attribute_not_exists(pk)", HashMap::new())
@@ -384,7 +374,7 @@ impl DynamoStore {
     ) -> Result<Written, StoreError> {
         let mut item = self.encode(id, record, 1, None);
         item.insert("j".into(), AttributeValue::M(HashMap::new()));
-        Self::check_size(id, &item)?;
+        Self::check_size(id, item::size(&item))?;
         let values = HashMap::from([
             (":now".to_owned(), n(now.as_millis())),
             (":fe".to_owned(), n(record.fence)),
@@ -412,10 +402,7 @@ impl DynamoStore {
         let now = self.now();
         let nonce = self.inner.mint.next();
         values.insert(":wn".into(), s(nonce.to_hex()));
-        values.insert(":p".into(), s("p"));
-        values.insert(":tk".into(), s(lease.token.to_hex()));
-        values.insert(":now".into(), n(now.as_millis()));
-        values.insert(":one".into(), n(1));
+        values.extend(held_values(lease, now));
         let op = Update {
             update,
             condition: HELD,
@@ -473,6 +460,16 @@ impl DynamoStore {
 
 /// The condition of every holder's write: live, in progress, this token.
 const HELD: &str = "st = :p AND tk = :tk AND ex > :now";
+
+/// The values [`HELD`] reads, and `:one` for raising the version.
+fn held_values(lease: &Lease, now: Timestamp) -> HashMap<String, AttributeValue> {
+    HashMap::from([
+        (":p".to_owned(), s("p")),
+        (":tk".to_owned(), s(lease.token.to_hex())),
+        (":now".to_owned(), n(now.as_millis())),
+        (":one".to_owned(), n(1)),
+    ])
+}
 
 /// One `UpdateItem`.
 struct Update<'a> {
@@ -582,15 +579,9 @@ impl Store for DynamoStore {
         retention: Duration,
     ) -> Result<(), StoreError> {
         let now = self.now();
-        let (attr, value) = self.inner.encoding.response(&response);
+        let (attr, value) = self.inner.settings.encoding.response(&response);
         let size = value.as_b().map_or(0, |b| b.as_ref().len()) + RECORD_OVERHEAD;
-        if size > item::ITEM_LIMIT {
-            return Err(StoreError::Backend(Box::new(ItemTooLarge {
-                id: format!("{}/{}", lease.id.scope().as_str(), lease.id.key().as_str()),
-                size,
-                limit: item::ITEM_LIMIT,
-            })));
-        }
+        Self::check_size(&lease.id, size)?;
         let ex = now.saturating_add(retention);
         let update = format!(
             "SET st = :c, {attr} = :r, ex = :ex, sweep_at = :ttl, ua = :now, wn = :wn, v = v + :one \
@@ -638,16 +629,11 @@ impl Store for DynamoStore {
         let now = self.now();
         let until = now.saturating_add(duration);
         // The usual heartbeat: the lease moves forward within the retention.
-        let values = HashMap::from([
-            (":p".to_owned(), s("p")),
-            (":tk".to_owned(), s(lease.token.to_hex())),
-            (":now".to_owned(), n(now.as_millis())),
-            (":lu".to_owned(), n(until.as_millis())),
-            (":one".to_owned(), n(1)),
-        ]);
+        let mut values = held_values(lease, now);
+        values.insert(":lu".to_owned(), n(until.as_millis()));
         let op = Update {
             update: "SET lu = :lu, ua = :now, v = v + :one",
-            condition: "st = :p AND tk = :tk AND ex > :now AND lu <= :lu AND ex >= :lu",
+            condition: &format!("{HELD} AND lu <= :lu AND ex >= :lu"),
             values,
             names: HashMap::new(),
             returns: ReturnValue::None,
@@ -964,17 +950,13 @@ impl StepJournal for DynamoStore {
     async fn begin_step(&self, lease: &Lease, step: &str) -> Result<StepBegin, StoreError> {
         let now = self.now();
         let nonce = self.inner.mint.next();
-        let values = HashMap::from([
-            (":p".to_owned(), s("p")),
-            (":tk".to_owned(), s(lease.token.to_hex())),
-            (":now".to_owned(), n(now.as_millis())),
-            (":one".to_owned(), n(1)),
-            (":started".to_owned(), item::started(lease.attempt, nonce)),
-        ]);
+        let mut values = held_values(lease, now);
+        values.insert(":started".to_owned(), item::started(lease.attempt, nonce));
         let op = Update {
             update: "SET j.#n = :started, v = v + :one",
-            condition: "st = :p AND tk = :tk AND ex > :now \
-                        AND (attribute_not_exists(j.#n) OR attribute_exists(j.#n.a))",
+            condition: &format!(
+                "{HELD} AND (attribute_not_exists(j.#n) OR attribute_exists(j.#n.a))"
+            ),
             values,
             names: HashMap::from([("#n".to_owned(), step.to_owned())]),
             returns: ReturnValue::UpdatedOld,
@@ -990,7 +972,7 @@ impl StepJournal for DynamoStore {
                     return Ok(StepBegin::Fresh);
                 };
                 let before = item::decode_step(before).map_err(|reason| StoreError::Corrupt {
-                    id: format!("{}/{}", lease.id.scope().as_str(), lease.id.key().as_str()),
+                    id: lease.id.to_string(),
                     reason,
                 })?;
                 match before {
@@ -1018,13 +1000,8 @@ impl StepJournal for DynamoStore {
         result: Bytes,
     ) -> Result<(), StoreError> {
         let now = self.now();
-        let values = HashMap::from([
-            (":p".to_owned(), s("p")),
-            (":tk".to_owned(), s(lease.token.to_hex())),
-            (":now".to_owned(), n(now.as_millis())),
-            (":one".to_owned(), n(1)),
-            (":done".to_owned(), item::done(&result)),
-        ]);
+        let mut values = held_values(lease, now);
+        values.insert(":done".to_owned(), item::done(&result));
         let op = Update {
             update: "SET j.#n = :done, v = v + :one",
             condition: HELD,
