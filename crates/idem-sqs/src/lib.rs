@@ -142,8 +142,13 @@ fn request_error<E: StdError + 'static>(what: impl Into<String>) -> impl FnOnce(
     let what = what.into();
     move |e| SqsError::Request {
         what,
-        detail: DisplayErrorContext(&e).to_string(),
+        detail: error_text(e),
     }
+}
+
+/// An SDK error with its sources, as one line.
+fn error_text<E: StdError>(e: E) -> String {
+    DisplayErrorContext(e).to_string()
 }
 
 /// One received SQS message.
@@ -567,15 +572,18 @@ struct Settle<S, C> {
 impl<S: Store, C: Codec> Settle<S, C> {
     async fn settle(&self, message: &SqsMessage, decision: Decision) {
         let queue = &message.queue;
-        let delete = || {
+        let delete = || async {
             queue
                 .client
                 .delete_message()
                 .queue_url(&queue.url)
                 .receipt_handle(&message.receipt)
                 .send()
+                .await
+                .map(drop)
+                .map_err(error_text)
         };
-        let retry = |after: Duration| {
+        let retry = |after: Duration| async move {
             queue
                 .client
                 .change_message_visibility()
@@ -583,42 +591,30 @@ impl<S: Store, C: Codec> Settle<S, C> {
                 .receipt_handle(&message.receipt)
                 .visibility_timeout(seconds(after))
                 .send()
+                .await
+                .map(drop)
+                .map_err(error_text)
         };
         let settled = match decision.disposition {
-            Disposition::Ack(_) => delete()
-                .await
-                .map(|_| ())
-                .map_err(|e| DisplayErrorContext(e).to_string()),
-            Disposition::Retry { after, .. } => retry(after)
-                .await
-                .map(|_| ())
-                .map_err(|e| DisplayErrorContext(e).to_string()),
+            Disposition::Ack(_) => delete().await,
+            Disposition::Retry { after, .. } => retry(after).await,
             Disposition::DeadLetter { reason } => {
                 match self
                     .dead_letter(message, decision.key.as_ref(), &reason)
                     .await
                 {
-                    Ok(()) => delete()
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| DisplayErrorContext(e).to_string()),
+                    Ok(()) => delete().await,
                     Err(error) => {
                         tracing::warn!(
                             %error,
                             queue = %self.dead_letter_url,
                             "dead-letter copy not accepted; the message stays and is retried"
                         );
-                        retry(self.consumer.max_retry_delay())
-                            .await
-                            .map(|_| ())
-                            .map_err(|e| DisplayErrorContext(e).to_string())
+                        retry(self.consumer.max_retry_delay()).await
                     }
                 }
             }
-            _ => retry(self.consumer.max_retry_delay())
-                .await
-                .map(|_| ())
-                .map_err(|e| DisplayErrorContext(e).to_string()),
+            _ => retry(self.consumer.max_retry_delay()).await,
         };
         if let Err(error) = settled {
             tracing::warn!(%error, "could not settle a message; SQS delivers it again after its visibility timeout");
@@ -667,10 +663,7 @@ impl<S: Store, C: Codec> Settle<S, C> {
                 .message_group_id(message.group_id().unwrap_or("idem-dead-letters"))
                 .message_deduplication_id(&message.message_id);
         }
-        send.send()
-            .await
-            .map(|_| ())
-            .map_err(|e| DisplayErrorContext(e).to_string())
+        send.send().await.map(drop).map_err(error_text)
     }
 }
 
