@@ -7,11 +7,11 @@
 //! when the test process exits, the watchdog kills the server by PID.
 
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use crate::server::{failed, wait_listening, which};
+use crate::server::{failed, which, Watched};
 pub use crate::server::{free_port, ServerError};
 
 /// The watchdog: `$0` is the program to run.
@@ -28,7 +28,7 @@ pub const REGION: &str = "us-east-1";
 #[derive(Debug)]
 pub struct MotoServer {
     port: u16,
-    process: Option<(Child, ChildStdin)>,
+    _process: Watched,
 }
 
 /// Where the `moto_server` program is: `IDEM_MOTO_SERVER`, then `PATH`,
@@ -60,21 +60,17 @@ impl MotoServer {
     pub fn start() -> Result<Self, ServerError> {
         let program = program().ok_or(ServerError::NotInstalled("moto_server"))?;
         let port = free_port()?;
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(WATCHDOG)
-            .arg(&program)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| failed(format!("spawning sh: {e}")))?;
-        let stdin = child.stdin.take().ok_or_else(|| failed("no stdin pipe"))?;
-        wait_listening(&mut child, "moto_server", port, Duration::from_secs(30)).map_err(failed)?;
+        let mut watchdog = Command::new("sh");
+        watchdog.arg("-c").arg(WATCHDOG).arg(&program).args([
+            "-H",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+        ]);
+        let process = Watched::start(watchdog, "moto_server", port, Duration::from_secs(30))?;
         Ok(Self {
             port,
-            process: Some((child, stdin)),
+            _process: process,
         })
     }
 
@@ -86,14 +82,5 @@ impl MotoServer {
     /// The port.
     pub fn port(&self) -> u16 {
         self.port
-    }
-}
-
-impl Drop for MotoServer {
-    fn drop(&mut self) {
-        if let Some((mut child, stdin)) = self.process.take() {
-            drop(stdin);
-            let _ = child.wait();
-        }
     }
 }

@@ -6,11 +6,11 @@
 //! removes its directory.
 
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use crate::server::{failed, wait_listening, which};
+use crate::server::{failed, which, Watched};
 pub use crate::server::{free_port, ServerError};
 
 /// The watchdog: `$0` is the store directory, removed after the kill.
@@ -21,7 +21,7 @@ const WATCHDOG: &str = r#"nats-server "$@" & pid=$!; read -r _; case "$pid" in '
 pub struct NatsServer {
     port: u16,
     dir: PathBuf,
-    process: Option<(Child, ChildStdin)>,
+    process: Option<Watched>,
 }
 
 impl NatsServer {
@@ -46,23 +46,18 @@ impl NatsServer {
             .tempdir()
             .map_err(|e| failed(format!("temporary directory: {e}")))?
             .keep();
-        let mut child = Command::new("sh")
+        let mut watchdog = Command::new("sh");
+        watchdog
             .arg("-c")
             .arg(WATCHDOG)
             .arg(&dir)
             .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-            .arg(&dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| failed(format!("spawning sh: {e}")))?;
-        let stdin = child.stdin.take().ok_or_else(|| failed("no stdin pipe"))?;
-        wait_listening(&mut child, "nats-server", port, Duration::from_secs(10)).map_err(failed)?;
+            .arg(&dir);
+        let process = Watched::start(watchdog, "nats-server", port, Duration::from_secs(10))?;
         Ok(Self {
             port,
             dir,
-            process: Some((child, stdin)),
+            process: Some(process),
         })
     }
 
@@ -79,10 +74,8 @@ impl NatsServer {
 
 impl Drop for NatsServer {
     fn drop(&mut self) {
-        if let Some((mut child, stdin)) = self.process.take() {
-            drop(stdin);
-            let _ = child.wait();
-        }
+        // The server stops before its directory goes.
+        drop(self.process.take());
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -2,7 +2,7 @@
 //! programs.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::process::Child;
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Why a server could not be started.
@@ -68,4 +68,47 @@ pub(crate) fn wait_listening(
         "{program} did not listen on port {port} in {} s",
         limit.as_secs()
     ))
+}
+
+/// A server running under an `sh` watchdog that holds a pipe from the
+/// test process and kills the server by PID when the pipe closes: when
+/// this is dropped (it then waits for the watchdog), or when the test
+/// process exits.
+#[derive(Debug)]
+pub(crate) struct Watched {
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+impl Watched {
+    /// Spawns `watchdog` (an `sh -c` command) with its stdin piped and its
+    /// output discarded, and waits up to `limit` for `program` to listen
+    /// on `port`.
+    pub(crate) fn start(
+        mut watchdog: Command,
+        program: &str,
+        port: u16,
+        limit: Duration,
+    ) -> Result<Self, ServerError> {
+        let mut child = watchdog
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| failed(format!("spawning sh: {e}")))?;
+        let stdin = child.stdin.take().ok_or_else(|| failed("no stdin pipe"))?;
+        let mut watched = Self {
+            child,
+            stdin: Some(stdin),
+        };
+        wait_listening(&mut watched.child, program, port, limit).map_err(failed)?;
+        Ok(watched)
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.wait();
+    }
 }
