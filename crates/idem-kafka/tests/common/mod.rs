@@ -1,0 +1,276 @@
+//! What the Kafka tests share: the broker (Tansu, started for this test
+//! run on a free loopback port), a redis-server for the store, topics, a
+//! producer, and worker processes to kill.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use idem::{Idempotency, Scope};
+use idem_consumer::{Consumer, KeyExtractor};
+use idem_kafka::KafkaConsumer;
+use idem_redis::RedisStore;
+use idem_testkit::kafka::KafkaServer;
+use idem_testkit::ledger::Ledger;
+use idem_testkit::redis::RedisServer;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{Consumer as _, StreamConsumer};
+use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
+
+pub(crate) fn bootstrap() -> String {
+    KafkaServer::shared()
+        .expect("tansu must be installed (scripts/test installs it)")
+        .bootstrap()
+}
+
+pub(crate) fn redis() -> &'static RedisServer {
+    static SERVER: OnceLock<RedisServer> = OnceLock::new();
+    SERVER.get_or_init(|| RedisServer::start().expect("start redis-server"))
+}
+
+/// Creates `topic` with `partitions` partitions and these settings.
+pub(crate) async fn create_topic(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    settings: &[(&str, &str)],
+) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("admin client");
+    let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(-1));
+    for (key, value) in settings {
+        new = new.set(key, value);
+    }
+    let created = admin
+        .create_topics([&new], &AdminOptions::new())
+        .await
+        .expect("create topic");
+    assert!(created.iter().all(Result::is_ok), "{created:?}");
+}
+
+/// The settings a test and its workers share.
+#[derive(Debug, Clone)]
+pub(crate) struct Setup {
+    pub(crate) topic: String,
+    pub(crate) bootstrap: String,
+    pub(crate) redis_url: String,
+    pub(crate) ledger: Ledger,
+}
+
+impl Setup {
+    /// A topic with `partitions` partitions and a one-hour retention.
+    pub(crate) async fn new(name: &str, partitions: i32) -> Self {
+        let topic = format!("{name}-{:08x}", rand::random::<u32>());
+        let bootstrap = bootstrap();
+        create_topic(
+            &bootstrap,
+            &topic,
+            partitions,
+            &[("retention.ms", "3600000")],
+        )
+        .await;
+        Self {
+            ledger: Ledger::create(&topic),
+            topic,
+            bootstrap,
+            redis_url: redis().url(),
+        }
+    }
+
+    pub(crate) fn from_env() -> Option<Self> {
+        let var = |name| std::env::var(name).ok();
+        Some(Self {
+            topic: var("IDEM_KAFKA_TOPIC")?,
+            bootstrap: var("IDEM_KAFKA_BOOTSTRAP")?,
+            redis_url: var("IDEM_KAFKA_REDIS")?,
+            ledger: Ledger::at(PathBuf::from(var("IDEM_KAFKA_DIR")?)),
+        })
+    }
+
+    pub(crate) fn group(&self) -> String {
+        format!("{}-group", self.topic)
+    }
+
+    pub(crate) fn dead_letter_topic(&self) -> String {
+        format!("{}.dead", self.topic)
+    }
+
+    pub(crate) async fn store(&self) -> RedisStore {
+        RedisStore::builder(&self.redis_url)
+            .expect("valid URL")
+            .namespace(self.topic.clone())
+            .connect()
+            .await
+            .expect("connect to redis")
+    }
+
+    /// The executor tests and workers run: short leases, so a killed
+    /// worker's claims are taken over within seconds.
+    pub(crate) async fn idem(&self) -> Idempotency<RedisStore> {
+        Idempotency::builder(self.store().await)
+            .lease(Duration::from_secs(2))
+            .heartbeat(Duration::from_millis(500))
+            .max_attempts(std::num::NonZeroU32::new(3).expect("non-zero"))
+            .backoff(idem::Backoff::new(
+                Duration::from_millis(100),
+                Duration::from_millis(500),
+            ))
+            .build()
+            .expect("config")
+    }
+
+    /// The consumer layer, keyed only by the `Idempotency-Key` header: a
+    /// record without one is dead-lettered.
+    pub(crate) async fn consumer(&self) -> Consumer<RedisStore> {
+        Consumer::builder(self.idem().await, Scope::new("orders").expect("scope"))
+            .keys(KeyExtractor::header("Idempotency-Key"))
+            .retry_delay(Duration::from_millis(50), Duration::from_secs(2))
+            .build()
+    }
+
+    /// A group member with the short session timeout Tansu is tested with.
+    pub(crate) async fn kafka(&self) -> KafkaConsumer<RedisStore, idem::Json> {
+        KafkaConsumer::builder(
+            &self.bootstrap,
+            &self.group(),
+            &[&self.topic],
+            self.consumer().await,
+        )
+        .consumer_set("session.timeout.ms", "6000")
+        .consumer_set("heartbeat.interval.ms", "500")
+        .consumer_set("auto.commit.interval.ms", "200")
+        .connect()
+        .await
+        .expect("connect to Kafka")
+    }
+
+    /// Starts this test binary as a worker process (`worker_process`).
+    pub(crate) fn spawn_worker(&self, slow_key: Option<&str>) -> Child {
+        let mut command = Command::new(std::env::current_exe().expect("test binary"));
+        command
+            .args(["--exact", "worker_process", "--ignored", "--nocapture"])
+            .env("IDEM_KAFKA_TOPIC", &self.topic)
+            .env("IDEM_KAFKA_BOOTSTRAP", &self.bootstrap)
+            .env("IDEM_KAFKA_REDIS", &self.redis_url)
+            .env("IDEM_KAFKA_DIR", self.ledger.dir())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        if let Some(key) = slow_key {
+            command.env("IDEM_KAFKA_SLOW", key);
+        }
+        command.spawn().expect("spawn worker")
+    }
+
+    pub(crate) fn producer(&self) -> Producer {
+        Producer(
+            ClientConfig::new()
+                .set("bootstrap.servers", &self.bootstrap)
+                .create()
+                .expect("producer"),
+        )
+    }
+
+    /// Partition → (committed offset, end of the log) for the group.
+    pub(crate) fn progress(&self, partitions: i32) -> BTreeMap<i32, (i64, i64)> {
+        let reader: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .set("group.id", self.group())
+            .create()
+            .expect("consumer");
+        let mut list = TopicPartitionList::new();
+        for p in 0..partitions {
+            list.add_partition(&self.topic, p);
+        }
+        let committed = reader
+            .committed_offsets(list, Duration::from_secs(5))
+            .expect("committed offsets");
+        (0..partitions)
+            .map(|p| {
+                let at = match committed.find_partition(&self.topic, p).map(|e| e.offset()) {
+                    Some(Offset::Offset(n)) => n,
+                    _ => 0,
+                };
+                let (_, end) = reader
+                    .fetch_watermarks(&self.topic, p, Duration::from_secs(5))
+                    .expect("watermarks");
+                (p, (at, end))
+            })
+            .collect()
+    }
+}
+
+pub(crate) struct Producer(FutureProducer);
+
+impl Producer {
+    /// Sends `payload`, keyed by `Idempotency-Key` when given, to
+    /// `partition` when given, and waits for the broker to store it.
+    pub(crate) async fn send(
+        &self,
+        topic: &str,
+        key: Option<&str>,
+        payload: &str,
+        partition: Option<i32>,
+    ) {
+        let mut headers = OwnedHeaders::new();
+        if let Some(key) = key {
+            headers = headers.insert(Header {
+                key: "Idempotency-Key",
+                value: Some(key),
+            });
+        }
+        let mut record = FutureRecord::<str, str>::to(topic)
+            .payload(payload)
+            .headers(headers);
+        if let Some(key) = key {
+            record = record.key(key);
+        }
+        if let Some(partition) = partition {
+            record = record.partition(partition);
+        }
+        self.0
+            .send(record, Duration::from_secs(10))
+            .await
+            .expect("send");
+    }
+}
+
+/// Every record of `topic` (read by a fresh group), as its headers by
+/// name; reads until `count` arrived or ten seconds passed.
+pub(crate) async fn read_topic(
+    bootstrap: &str,
+    topic: &str,
+    count: usize,
+) -> Vec<BTreeMap<String, String>> {
+    let reader: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", format!("reader-{:08x}", rand::random::<u32>()))
+        .set("auto.offset.reset", "earliest")
+        .set("session.timeout.ms", "6000")
+        .create()
+        .expect("consumer");
+    reader.subscribe(&[topic]).expect("subscribe");
+    let mut out = Vec::new();
+    let mut records = reader.stream();
+    while out.len() < count {
+        let Ok(Some(Ok(record))) =
+            tokio::time::timeout(Duration::from_secs(10), records.next()).await
+        else {
+            break;
+        };
+        let mut headers = BTreeMap::new();
+        for h in record.headers().into_iter().flat_map(|h| h.iter()) {
+            let value = String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned();
+            headers.insert(h.key.to_owned(), value);
+        }
+        out.push(headers);
+    }
+    out
+}
