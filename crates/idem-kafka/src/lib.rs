@@ -134,7 +134,10 @@ pub const SOURCE_OFFSET_HEADER: &str = "Idem-Source-Offset";
 /// The suffix of a topic's default dead-letter topic.
 pub const DEAD_LETTER_SUFFIX: &str = ".dead";
 /// How many records wait in a lane before its partition is paused.
-pub const DEFAULT_MAX_BUFFERED: usize = 256;
+/// librdkafka drops what it prefetched for a paused partition and fetches
+/// it again on resume, so pausing often costs throughput: measured on
+/// Tansu, 256 gave a fifth of the rate of 2,048 (BENCHMARKS.md).
+pub const DEFAULT_MAX_BUFFERED: usize = 2048;
 /// How long start-up waits for the broker's metadata and admin answers.
 pub const DEFAULT_SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a dead-letter copy may take before it counts as failed (and
