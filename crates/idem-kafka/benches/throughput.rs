@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use idem::{Idempotency, Scope};
 use idem_consumer::Consumer;
-use idem_kafka::KafkaConsumer;
+use idem_kafka::{KafkaConsumer, PartitionOrder};
 use idem_redis::RedisStore;
 use idem_testkit::kafka::KafkaServer;
 use idem_testkit::redis::RedisServer;
@@ -32,6 +32,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
 
 const PARTITIONS: [i32; 2] = [4, 16];
+/// Records of one partition in flight at once under key order.
+const KEYS_IN_FLIGHT: usize = 64;
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
@@ -117,11 +119,32 @@ async fn raw(bootstrap: &str, topic: &str, messages: usize) -> f64 {
     messages as f64 / start.map_or(f64::NAN, |s| s.elapsed().as_secs_f64())
 }
 
-async fn through_idem(bootstrap: &str, topic: &str, store: RedisStore, messages: usize) -> f64 {
+/// Drains `topic` through the middleware, in a group (and a store
+/// namespace) of its own.
+async fn through_idem(
+    bootstrap: &str,
+    topic: &str,
+    redis: &str,
+    order: PartitionOrder,
+    messages: usize,
+) -> f64 {
+    let label = if order == PartitionOrder::Offsets {
+        "offsets"
+    } else {
+        "keys"
+    };
+    let group = format!("{topic}-idem-{label}");
+    let store = RedisStore::builder(redis)
+        .expect("url")
+        .namespace(group.clone())
+        .connect()
+        .await
+        .expect("redis");
     let idem = Idempotency::builder(store).build().expect("config");
     let consumer = Consumer::builder(idem, Scope::new("bench").expect("scope")).build();
-    let kafka = KafkaConsumer::builder(bootstrap, &format!("{topic}-idem"), &[topic], consumer)
+    let kafka = KafkaConsumer::builder(bootstrap, &group, &[topic], consumer)
         .consumer_set("session.timeout.ms", "6000")
+        .partition_order(order)
         .connect()
         .await
         .expect("connect");
@@ -173,23 +196,30 @@ async fn main() {
     let redis = RedisServer::start().expect("redis-server");
     let bootstrap = broker.bootstrap();
     println!("Kafka consumer throughput, {messages} records per drain, median of {rounds} rounds");
-    println!("| partitions | plain rdkafka loop (rec/s) | through idem + Redis (rec/s) | ratio |");
-    println!("|---:|---:|---:|---:|");
+    println!(
+        "| partitions | plain rdkafka loop (rec/s) | idem, offset order (rec/s) | ratio | \
+         idem, key order, {KEYS_IN_FLIGHT} in flight (rec/s) | ratio |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|");
+    let keys = PartitionOrder::Keys {
+        max_in_flight: KEYS_IN_FLIGHT,
+    };
     for partitions in PARTITIONS {
-        let (mut plain, mut guarded) = (Vec::new(), Vec::new());
+        let (mut plain, mut guarded, mut keyed) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..rounds {
             let topic = format!("bench-{:08x}", rand::random::<u32>());
             fill(&bootstrap, &topic, partitions, messages).await;
             plain.push(raw(&bootstrap, &topic, messages).await);
-            let store = RedisStore::builder(&redis.url())
-                .expect("url")
-                .namespace(topic.clone())
-                .connect()
-                .await
-                .expect("redis");
-            guarded.push(through_idem(&bootstrap, &topic, store, messages).await);
+            let redis = redis.url();
+            let offsets = PartitionOrder::Offsets;
+            guarded.push(through_idem(&bootstrap, &topic, &redis, offsets, messages).await);
+            keyed.push(through_idem(&bootstrap, &topic, &redis, keys, messages).await);
         }
-        let (p, g) = (median(plain), median(guarded));
-        println!("| {partitions} | {p:.0} | {g:.0} | {:.2} |", g / p);
+        let (p, g, k) = (median(plain), median(guarded), median(keyed));
+        println!(
+            "| {partitions} | {p:.0} | {g:.0} | {:.3} | {k:.0} | {:.3} |",
+            g / p,
+            k / p
+        );
     }
 }

@@ -21,6 +21,12 @@
 //! redelivers at most the records after the last commit, and the
 //! idempotency records turn those into replays.
 //!
+//! With [`PartitionOrder::Keys`], records of one partition with different
+//! record keys run concurrently (up to a bound), and only records with the
+//! same key keep their order: a record waiting for a retry then holds
+//! back its own key, not the partition. The committed offset is still the
+//! lowest record not yet settled.
+//!
 //! A lane that has many records waiting pauses its partition, so a
 //! partition stuck on retries holds back only itself, and the consumer
 //! keeps polling (it never exceeds `max.poll.interval.ms` however long a
@@ -35,6 +41,15 @@
 //! retried after the lease) and then its stored outcome (a replay). A
 //! claim whose worker died is taken over once its lease runs out. So a
 //! rebalance can delay a record, never run it twice or skip it.
+//!
+//! ## Dead-letters
+//!
+//! A dead-letter copy is produced (and acknowledged by the broker) before
+//! the record's offset is stored. A worker that dies between the two
+//! leaves the record to be delivered again, and the stored failure is
+//! dead-lettered again: copies are at least once, never lost. The
+//! `Idem-Source-*` headers name the source record, so a reader of the
+//! dead-letter topic can drop repeats.
 //!
 //! ## Keys
 //!
@@ -90,7 +105,7 @@
 //! # }
 //! ```
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::error::Error as StdError;
 use std::future::Future;
 use std::sync::Arc;
@@ -227,6 +242,7 @@ pub struct KafkaConsumerBuilder<S, C> {
     dead_letters: HashMap<String, String>,
     assumed_window: Option<Duration>,
     max_buffered: usize,
+    order: PartitionOrder,
     setup_timeout: Duration,
 }
 
@@ -286,6 +302,17 @@ impl<S: Store, C: Codec> KafkaConsumerBuilder<S, C> {
     #[must_use]
     pub fn max_buffered_per_partition(mut self, records: usize) -> Self {
         self.max_buffered = records.max(1);
+        self
+    }
+
+    /// How the records of one partition may overlap (default
+    /// [`PartitionOrder::Offsets`]: one at a time).
+    /// [`PartitionOrder::Keys`] keeps the order of each record key only,
+    /// and runs different keys concurrently: for handlers whose effects
+    /// only need per-entity order, and topics with few partitions.
+    #[must_use]
+    pub fn partition_order(mut self, order: PartitionOrder) -> Self {
+        self.order = order;
         self
     }
 
@@ -395,6 +422,7 @@ impl<S: Store, C: Codec> KafkaConsumerBuilder<S, C> {
                 consumer: self.consumer,
                 dead_letters,
                 max_buffered: self.max_buffered,
+                order: self.order,
             }),
         })
     }
@@ -525,6 +553,7 @@ struct Shared<S, C> {
     consumer: Consumer<S, C>,
     dead_letters: HashMap<String, String>,
     max_buffered: usize,
+    order: PartitionOrder,
 }
 
 /// A lane as the dispatcher holds it.
@@ -552,6 +581,7 @@ impl<S: Store, C: Codec> KafkaConsumer<S, C> {
             dead_letters: HashMap::new(),
             assumed_window: None,
             max_buffered: DEFAULT_MAX_BUFFERED,
+            order: PartitionOrder::Offsets,
             setup_timeout: DEFAULT_SETUP_TIMEOUT,
         }
     }
@@ -656,7 +686,11 @@ async fn blocking<T: Send + 'static>(
         .unwrap_or(Err(RdKafkaError::Canceled))
 }
 
-/// One partition's worker: see the `lane` module.
+/// One partition's worker: see the `lane` module. Records join a chain
+/// (the whole partition, or their record key under
+/// [`PartitionOrder::Keys`]); each chain runs one record at a time, in
+/// offset order, and the stored offset is the lowest record not yet
+/// settled.
 async fn lane<S, C, T, E, H, Fut>(
     shared: Arc<Shared<S, C>>,
     partition: Partition,
@@ -673,45 +707,162 @@ async fn lane<S, C, T, E, H, Fut>(
     Fut: Future<Output = Result<T, E>> + Send + 'static,
 {
     let low_water = shared.max_buffered / 2;
-    while let Some(record) = records.recv().await {
-        state.taken(&shared.kafka, &partition, low_water);
-        if state.ended(&stop) {
-            return;
-        }
-        let record = Arc::new(record);
-        loop {
-            let decision = shared
-                .consumer
-                .process(Arc::clone(&record), |job| handler(job))
-                .await;
-            let after = match decision.disposition {
-                Disposition::Ack(_) => break,
-                Disposition::DeadLetter { reason } => {
-                    if shared
-                        .dead_letter(&record, decision.key.as_ref(), &reason, &state, &stop)
-                        .await
-                    {
-                        break;
+    let window = shared.order.window();
+    let mut unsettled: BTreeSet<i64> = BTreeSet::new();
+    let mut chains: HashMap<Chain, VecDeque<Arc<KafkaMessage>>> = HashMap::new();
+    let mut running: JoinSet<(Chain, i64, bool)> = JoinSet::new();
+    let mut taken_up_to = None;
+    let mut stored = None;
+    let start = |record: Arc<KafkaMessage>, chain: Chain, running: &mut JoinSet<_>| {
+        let (shared, state, handler, stop) = (
+            Arc::clone(&shared),
+            Arc::clone(&state),
+            Arc::clone(&handler),
+            stop.clone(),
+        );
+        running.spawn(async move {
+            let offset = record.offset();
+            let settled = shared.settle(record, &*handler, &state, &stop).await;
+            (chain, offset, settled)
+        });
+    };
+    let mut ended = false;
+    while !ended || !running.is_empty() {
+        tokio::select! {
+            record = records.recv(), if !ended && unsettled.len() < window => {
+                let Some(record) = record else {
+                    ended = true;
+                    continue;
+                };
+                state.taken(&shared.kafka, &partition, low_water);
+                if state.ended(&stop) {
+                    ended = true;
+                    continue;
+                }
+                let record = Arc::new(record);
+                unsettled.insert(record.offset());
+                taken_up_to = Some(record.offset() + 1);
+                let chain = shared.order.chain(&record);
+                let queue = chains.entry(chain.clone()).or_default();
+                queue.push_back(Arc::clone(&record));
+                if queue.len() == 1 {
+                    start(record, chain, &mut running);
+                }
+            }
+            Some(done) = running.join_next(), if !running.is_empty() => {
+                let Ok((chain, offset, settled)) = done else {
+                    ended = true;
+                    continue;
+                };
+                if !settled {
+                    // The lane ended during a retry wait: the record stays
+                    // unsettled and uncommitted.
+                    ended = true;
+                    continue;
+                }
+                unsettled.remove(&offset);
+                if let Some(queue) = chains.get_mut(&chain) {
+                    queue.pop_front();
+                    match queue.front() {
+                        Some(next) if !ended => start(Arc::clone(next), chain, &mut running),
+                        _ => {
+                            chains.remove(&chain);
+                        }
                     }
-                    return;
+                }
+                let next = unsettled.first().copied().or(taken_up_to);
+                if next > stored && !state.is_revoked() {
+                    stored = next;
+                    let list = lane::list(&partition, next);
+                    if let Err(error) = shared.kafka.store_offsets(&list) {
+                        tracing::debug!(%error, topic = %partition.0, partition = partition.1,
+                            "offset not stored (partition no longer assigned)");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Records that must not overlap: under [`PartitionOrder::Offsets`] the
+/// whole partition, under [`PartitionOrder::Keys`] one record key (a record
+/// without a key overlaps with anything).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Chain {
+    Partition,
+    Key(Vec<u8>),
+    Alone(i64),
+}
+
+/// How the records of one partition may overlap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PartitionOrder {
+    /// One record at a time, in offset order: the partition's order is
+    /// the order of effects (the default).
+    Offsets,
+    /// Records with different record keys run concurrently, up to
+    /// `max_in_flight` of the partition at once; records with the same key
+    /// run one at a time in offset order (a record waiting for a retry
+    /// holds back only its key). Records without a key have no order. The
+    /// committed offset still never passes an unsettled record.
+    Keys {
+        /// How many records of one partition may be taken at once.
+        max_in_flight: usize,
+    },
+}
+
+impl PartitionOrder {
+    fn window(self) -> usize {
+        match self {
+            PartitionOrder::Offsets => 1,
+            PartitionOrder::Keys { max_in_flight } => max_in_flight.max(1),
+        }
+    }
+
+    fn chain(self, record: &KafkaMessage) -> Chain {
+        match (self, record.record_key()) {
+            (PartitionOrder::Offsets, _) => Chain::Partition,
+            (PartitionOrder::Keys { .. }, Some(key)) => Chain::Key(key.to_vec()),
+            (PartitionOrder::Keys { .. }, None) => Chain::Alone(record.offset()),
+        }
+    }
+}
+
+impl<S: Store, C: Codec> Shared<S, C> {
+    /// Runs `record` until it is acked or dead-lettered (true), retrying
+    /// in place; false when the lane ended first.
+    async fn settle<T, E, H, Fut>(
+        &self,
+        record: Arc<KafkaMessage>,
+        handler: &H,
+        state: &LaneState,
+        stop: &watch::Receiver<bool>,
+    ) -> bool
+    where
+        T: Serialize + DeserializeOwned,
+        E: StdError + Send + Sync + 'static,
+        H: Fn(Job<KafkaMessage>) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        loop {
+            let decision = self.consumer.process(Arc::clone(&record), handler).await;
+            let after = match decision.disposition {
+                Disposition::Ack(_) => return true,
+                Disposition::DeadLetter { reason } => {
+                    return self
+                        .dead_letter(&record, decision.key.as_ref(), &reason, state, stop)
+                        .await;
                 }
                 Disposition::Retry { after, .. } => after,
                 other => {
                     tracing::error!(?other, "unknown disposition; retrying the record");
-                    shared.consumer.max_retry_delay()
+                    self.consumer.max_retry_delay()
                 }
             };
-            if !state.sleep(after, &stop).await {
-                return;
+            if !state.sleep(after, stop).await {
+                return false;
             }
-        }
-        if state.is_revoked() {
-            return;
-        }
-        let next = lane::list(&partition, Some(record.offset() + 1));
-        if let Err(error) = shared.kafka.store_offsets(&next) {
-            tracing::debug!(%error, topic = %partition.0, partition = partition.1,
-                "offset not stored (partition no longer assigned)");
         }
     }
 }

@@ -210,12 +210,26 @@ impl Setup {
 pub(crate) struct Producer(FutureProducer);
 
 impl Producer {
-    /// Sends `payload`, keyed by `Idempotency-Key` when given, to
-    /// `partition` when given, and waits for the broker to store it.
+    /// Sends `payload`, keyed by `Idempotency-Key` (and by record key)
+    /// when given, to `partition` when given, and waits for the broker to
+    /// store it.
     pub(crate) async fn send(
         &self,
         topic: &str,
         key: Option<&str>,
+        payload: &str,
+        partition: Option<i32>,
+    ) {
+        self.send_with_record_key(topic, key, key, payload, partition)
+            .await;
+    }
+
+    /// [`send`](Self::send) with a record key of its own.
+    pub(crate) async fn send_with_record_key(
+        &self,
+        topic: &str,
+        key: Option<&str>,
+        record_key: Option<&str>,
         payload: &str,
         partition: Option<i32>,
     ) {
@@ -229,8 +243,8 @@ impl Producer {
         let mut record = FutureRecord::<str, str>::to(topic)
             .payload(payload)
             .headers(headers);
-        if let Some(key) = key {
-            record = record.key(key);
+        if let Some(record_key) = record_key {
+            record = record.key(record_key);
         }
         if let Some(partition) = partition {
             record = record.partition(partition);
