@@ -12,8 +12,9 @@
 //! 3. **a disposition** ([`Disposition`]): ack, retry after a delay, or
 //!    dead-letter with a reason.
 //!
-//! Broker adapters (`idem-rabbitmq`, `idem-nats`) wrap their messages in
-//! [`Message`] and carry out the disposition. [`Consumer::check_windows`]
+//! Broker adapters (`idem-rabbitmq`, `idem-nats`, `idem-sqs`,
+//! `idem-kafka`) wrap their messages in [`Message`] and carry out the
+//! disposition. [`Consumer::check_windows`]
 //! refuses, at start-up, a record retention shorter than the broker's
 //! redelivery window.
 //!
