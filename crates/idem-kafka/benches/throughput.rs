@@ -22,6 +22,7 @@ use idem::{Idempotency, Scope};
 use idem_consumer::Consumer;
 use idem_kafka::{KafkaConsumer, PartitionOrder};
 use idem_redis::RedisStore;
+use idem_testkit::bench::{count_arg, median};
 use idem_testkit::kafka::KafkaServer;
 use idem_testkit::redis::RedisServer;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -34,14 +35,6 @@ use rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
 const PARTITIONS: [i32; 2] = [4, 16];
 /// Records of one partition in flight at once under key order.
 const KEYS_IN_FLIGHT: usize = 64;
-
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1)?.parse().ok())
-        .unwrap_or(default)
-}
 
 /// Creates `topic` and produces `messages` small JSON records to it,
 /// keyed by `Idempotency-Key` headers, letting the producer batch them.
@@ -183,15 +176,10 @@ async fn through_idem(
     messages as f64 / end.duration_since(*start).as_secs_f64()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 #[tokio::main]
 async fn main() {
-    let messages = arg("--messages", 20_000);
-    let rounds = arg("--rounds", 3);
+    let messages = count_arg("--messages", 20_000);
+    let rounds = count_arg("--rounds", 3);
     let broker = KafkaServer::start().expect("tansu");
     let redis = RedisServer::start().expect("redis-server");
     let bootstrap = broker.bootstrap();

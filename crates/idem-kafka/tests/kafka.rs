@@ -15,12 +15,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{create_topic, read_topic, Setup};
-use idem_consumer::WindowError;
+use idem_consumer::{Stopped, WindowError};
 use idem_kafka::{
     KafkaConsumer, KafkaConsumerError, PartitionOrder, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER,
-    SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER, SOURCE_TOPIC_HEADER,
+    SOURCE_OFFSET_HEADER, SOURCE_TOPIC_HEADER,
 };
-use idem_testkit::ledger::{eventually, order_handler};
+use idem_redis::RedisStore;
+use idem_testkit::ledger::{eventually, order_handler, Ledger};
+use idem_testkit::scenario;
 use tokio::sync::oneshot;
 
 /// Not a test on its own: the worker process the other tests start. It
@@ -31,22 +33,38 @@ fn worker_process() {
     let Some(setup) = Setup::from_env() else {
         return;
     };
-    let slow = std::env::var("IDEM_KAFKA_SLOW").ok();
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-        .block_on(async move {
-            let kafka = setup.kafka().await;
-            let ledger = setup.ledger.clone();
-            kafka
-                .run(
-                    move |job| order_handler(job, ledger.clone(), slow.clone()),
-                    std::future::pending(),
-                )
-                .await
-                .expect("consume");
-        });
+    let slow = scenario::slow_key();
+    scenario::worker_main(async move {
+        let kafka = setup.kafka().await;
+        let ledger = setup.ledger.clone();
+        kafka
+            .run(
+                move |job| order_handler(job, ledger.clone(), slow.clone()),
+                std::future::pending(),
+            )
+            .await
+            .expect("consume");
+    });
+}
+
+/// Runs `kafka` with the order handler in a task, until the returned
+/// sender fires.
+fn run_orders(
+    kafka: KafkaConsumer<RedisStore, idem::Json>,
+    ledger: &Ledger,
+) -> (
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<Stopped, KafkaConsumerError>>,
+) {
+    let ledger = ledger.clone();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let running = tokio::spawn(kafka.run(
+        move |job| order_handler(job, ledger.clone(), None),
+        async {
+            stopped.await.ok();
+        },
+    ));
+    (stop, running)
 }
 
 /// Waits until the group's committed offset reaches the end of every
@@ -69,102 +87,38 @@ async fn caught_up(setup: &Setup, partitions: i32) -> bool {
 async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each() {
     let setup = Setup::new("kill", 3).await;
     let producer = setup.producer();
-    let topic = setup.topic.clone();
-    let plain: Vec<String> = (0..30).map(|i| format!("m-{i}")).collect();
-    for key in &plain {
-        let body = format!(r#"{{"id":"{key}"}}"#);
-        producer.send(&topic, Some(key), &body, None).await;
-        producer.send(&topic, Some(key), &body, None).await;
+    for (key, body) in scenario::messages() {
+        producer
+            .send(&setup.topic, key.as_deref(), &body, None)
+            .await;
     }
-    for (key, body) in [
-        (Some("flaky-1"), r#"{"id":"flaky-1","flaky":true}"#),
-        (Some("poison-1"), r#"{"id":"poison-1","poison":true}"#),
-        (None, r#"{"id":"keyless"}"#),
-        (Some("broken-1"), "{not json"),
-        (Some("slow-1"), r#"{"id":"slow-1"}"#),
-    ] {
-        producer.send(&topic, key, body, None).await;
-    }
-
-    let mut a = setup.spawn_worker(Some("slow-1"));
-    let started = eventually(Duration::from_secs(60), || {
-        setup.ledger.started().contains_key("slow-1")
-    })
+    let committed = scenario::kill_one_worker_and_finish(
+        &setup.ledger,
+        Duration::from_secs(120),
+        |slow| setup.spawn_worker(slow),
+        caught_up(&setup, 3),
+    )
     .await;
-    assert!(started, "worker A started the slow message");
-    a.kill().expect("SIGKILL worker A");
-    a.wait().expect("reap worker A");
-
-    let mut b = setup.spawn_worker(None);
-    let mut c = setup.spawn_worker(None);
-    let mut expected = plain.clone();
-    expected.extend(["flaky-1".to_owned(), "slow-1".to_owned()]);
-    let all_done = eventually(Duration::from_secs(120), || {
-        let effects = setup.ledger.effects();
-        expected.iter().all(|k| effects.contains_key(k))
-    })
-    .await;
-    let committed = caught_up(&setup, 3).await;
-    // Let any late duplicate show itself before judging.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    for worker in [&mut b, &mut c] {
-        worker.kill().expect("stop worker");
-        worker.wait().expect("reap worker");
-    }
-
-    let effects = setup.ledger.effects();
-    assert!(all_done, "every good message had its effect: {effects:?}");
-    for key in &expected {
-        assert_eq!(effects.get(key), Some(&1), "exactly one effect for {key}");
-    }
-    assert_eq!(
-        effects.len(),
-        expected.len(),
-        "no effect for anything else (poison, keyless, broken): {effects:?}"
-    );
     assert!(
         committed,
         "the group committed past every record: {:?}",
         setup.progress(3)
     );
-    // A worker killed after a dead-letter copy but before its offset was
-    // committed leaves the record to be dead-lettered again: copies are
-    // at least once, and name their source record so readers can drop
-    // repeats.
-    let mut dead = read_topic(&setup.bootstrap, &setup.dead_letter_topic(), 8).await;
-    dead.sort_by(|x, y| x.get(KEY_HEADER).cmp(&y.get(KEY_HEADER)));
-    dead.dedup_by(|x, y| {
-        x[SOURCE_PARTITION_HEADER] == y[SOURCE_PARTITION_HEADER]
-            && x[SOURCE_OFFSET_HEADER] == y[SOURCE_OFFSET_HEADER]
-    });
-    assert_eq!(
-        dead.len(),
-        3,
-        "dead-letters only for the bad ones: {dead:?}"
-    );
+    let dead = read_topic(&setup.bootstrap, &setup.dead_letter_topic(), 8).await;
     for d in &dead {
         assert_eq!(d[CONSUMER_HEADER], "orders");
         assert_eq!(d[SOURCE_TOPIC_HEADER], setup.topic);
         assert!(d[SOURCE_OFFSET_HEADER].parse::<i64>().is_ok(), "{d:?}");
+        assert_eq!(
+            d.get("Idempotency-Key"),
+            d.get(KEY_HEADER),
+            "the original headers travel with the copy"
+        );
     }
-    assert_eq!(dead[0].get(KEY_HEADER), None);
-    assert!(
-        dead[0][REASON_HEADER].starts_with("no idempotency key"),
-        "{dead:?}"
-    );
-    assert_eq!(dead[1][KEY_HEADER], "broken-1");
-    assert!(
-        dead[1][REASON_HEADER].contains("payload is not a valid"),
-        "{dead:?}"
-    );
-    assert_eq!(dead[2][KEY_HEADER], "poison-1");
-    assert!(
-        dead[2][REASON_HEADER].contains("cannot ship to the moon"),
-        "{dead:?}"
-    );
-    assert_eq!(
-        dead[2]["Idempotency-Key"], "poison-1",
-        "the original headers travel with the copy"
+    scenario::assert_bad_ones_dead(
+        dead.iter()
+            .map(|d| (d.get(KEY_HEADER).cloned(), d[REASON_HEADER].clone()))
+            .collect(),
     );
 }
 
@@ -172,7 +126,7 @@ async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each(
 struct Member {
     stop: oneshot::Sender<()>,
     running: tokio::task::JoinHandle<idem_consumer::ConsumerStats>,
-    consumer: idem_consumer::Consumer<idem_redis::RedisStore>,
+    consumer: idem_consumer::Consumer<RedisStore>,
 }
 
 /// Effects in the order they ran, as (partition, sequence number).
@@ -310,15 +264,8 @@ async fn a_failing_record_is_retried_in_place_and_nothing_passes_it() {
             .await;
     }
     let kafka = setup.kafka().await;
-    let ledger = setup.ledger.clone();
-    let (stop, stopped) = oneshot::channel::<()>();
     let stats = kafka.consumer().clone();
-    let running = tokio::spawn(kafka.run(
-        move |job| order_handler(job, ledger.clone(), None),
-        async {
-            stopped.await.ok();
-        },
-    ));
+    let (stop, running) = run_orders(kafka, &setup.ledger);
     let done = eventually(Duration::from_secs(30), || {
         setup.ledger.effects().len() == 3
     })
@@ -326,9 +273,8 @@ async fn a_failing_record_is_retried_in_place_and_nothing_passes_it() {
     stop.send(()).expect("stop");
     running.await.expect("task").expect("run");
     assert!(done, "{:?}", setup.ledger.effects());
-    let lines = std::fs::read_to_string(setup.ledger.dir().join("effects")).expect("ledger");
     assert_eq!(
-        lines.lines().collect::<Vec<_>>(),
+        setup.ledger.effects_in_order(),
         ["flaky-1", "after-1", "after-2"],
         "the later records waited for the retried one"
     );
@@ -369,15 +315,8 @@ async fn under_key_order_other_keys_pass_a_retrying_record_and_each_key_keeps_it
     .connect()
     .await
     .expect("connect");
-    let ledger = setup.ledger.clone();
-    let (stop, stopped) = oneshot::channel::<()>();
     let stats = kafka.consumer().clone();
-    let running = tokio::spawn(kafka.run(
-        move |job| order_handler(job, ledger.clone(), None),
-        async {
-            stopped.await.ok();
-        },
-    ));
+    let (stop, running) = run_orders(kafka, &setup.ledger);
     let done = eventually(Duration::from_secs(30), || {
         setup.ledger.effects().len() == 4
     })
@@ -386,9 +325,8 @@ async fn under_key_order_other_keys_pass_a_retrying_record_and_each_key_keeps_it
     stop.send(()).expect("stop");
     running.await.expect("task").expect("run");
     assert!(done, "{:?}", setup.ledger.effects());
-    let lines = std::fs::read_to_string(setup.ledger.dir().join("effects")).expect("ledger");
-    let order: Vec<&str> = lines.lines().collect();
-    let at = |key: &str| order.iter().position(|k| *k == key).expect("ran");
+    let order = setup.ledger.effects_in_order();
+    let at = |key: &str| order.iter().position(|k| k == key).expect("ran");
     assert!(
         at("b-1") < at("b-2") && at("b-2") < at("a-1"),
         "key B went ahead while a-1 waited for its retry: {order:?}"
@@ -437,7 +375,7 @@ async fn shutdown_lets_the_running_handler_finish_and_commits_its_offset() {
     entered.await.expect("the first handler started");
     stop.send(()).expect("stop");
     let stopped = running.await.expect("task").expect("run");
-    assert_eq!(stopped, idem_consumer::Stopped::Shutdown);
+    assert_eq!(stopped, Stopped::Shutdown);
     assert_eq!(
         setup.ledger.effects(),
         BTreeMap::from([("long-1".to_owned(), 1)]),

@@ -25,18 +25,11 @@ use idem::{Idempotency, Scope};
 use idem_consumer::Consumer;
 use idem_nats::NatsConsumer;
 use idem_redis::RedisStore;
+use idem_testkit::bench::{count_arg, median};
 use idem_testkit::nats::NatsServer;
 use idem_testkit::redis::RedisServer;
 
 const CONCURRENCY: [usize; 2] = [16, 64];
-
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1)?.parse().ok())
-        .unwrap_or(default)
-}
 
 /// Publishes in windows of 1,000 unacknowledged messages (the client
 /// holds back publishes beyond its in-flight ack limit).
@@ -146,15 +139,10 @@ async fn through_idem(
     messages as f64 / start.elapsed().as_secs_f64()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 #[tokio::main]
 async fn main() {
-    let messages = arg("--messages", 20_000);
-    let rounds = arg("--rounds", 3);
+    let messages = count_arg("--messages", 20_000);
+    let rounds = count_arg("--rounds", 3);
     let server = NatsServer::start().expect("nats-server");
     let redis = RedisServer::start().expect("redis-server");
     let url = server.url();

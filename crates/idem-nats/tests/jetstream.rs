@@ -18,6 +18,7 @@ use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, Message, WindowError};
 use idem_nats::{NatsConsumer, NatsError, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 use idem_testkit::ledger::{eventually, order_handler};
+use idem_testkit::scenario;
 
 /// Not a test on its own: the worker process the other tests start. It
 /// consumes until it is killed.
@@ -27,21 +28,17 @@ fn worker_process() {
     let Some(setup) = Setup::from_env() else {
         return;
     };
-    let slow = std::env::var("IDEM_NATS_SLOW").ok();
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-        .block_on(async move {
-            let nats = setup.nats().await;
-            let ledger = setup.ledger.clone();
-            nats.run(
-                move |job| order_handler(job, ledger.clone(), slow.clone()),
-                std::future::pending(),
-            )
-            .await
-            .expect("consume");
-        });
+    let slow = scenario::slow_key();
+    scenario::worker_main(async move {
+        let nats = setup.nats().await;
+        let ledger = setup.ledger.clone();
+        nats.run(
+            move |job| order_handler(job, ledger.clone(), slow.clone()),
+            std::future::pending(),
+        )
+        .await
+        .expect("consume");
+    });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -51,73 +48,32 @@ async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each(
     // Creates the durable consumer, so nothing published is skipped.
     let _create = setup.nats().await;
     let subject = setup.subject();
-    let plain: Vec<String> = (0..30).map(|i| format!("m-{i}")).collect();
-    for key in &plain {
-        let body = format!(r#"{{"id":"{key}"}}"#);
-        publish(&js, &subject, Some(key), &body).await;
-        publish(&js, &subject, Some(key), &body).await;
+    for (key, body) in scenario::messages() {
+        publish(&js, &subject, key.as_deref(), &body).await;
     }
-    publish(
-        &js,
-        &subject,
-        Some("flaky-1"),
-        r#"{"id":"flaky-1","flaky":true}"#,
+    let info = scenario::kill_one_worker_and_finish(
+        &setup.ledger,
+        Duration::from_secs(90),
+        |slow| setup.spawn_worker(slow),
+        async {
+            let mut consumer = js
+                .get_stream(&setup.stream)
+                .await
+                .expect("stream")
+                .get_consumer::<consumer::pull::Config>("billing")
+                .await
+                .expect("consumer");
+            for _ in 0..100 {
+                let info = consumer.info().await.expect("consumer info");
+                if (info.num_pending, info.num_ack_pending) == (0, 0) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            consumer.info().await.expect("consumer info").clone()
+        },
     )
     .await;
-    publish(
-        &js,
-        &subject,
-        Some("poison-1"),
-        r#"{"id":"poison-1","poison":true}"#,
-    )
-    .await;
-    publish(&js, &subject, None, r#"{"id":"keyless"}"#).await;
-    publish(&js, &subject, Some("broken-1"), "{not json").await;
-    publish(&js, &subject, Some("slow-1"), r#"{"id":"slow-1"}"#).await;
-
-    let mut a = setup.spawn_worker(Some("slow-1"));
-    let started = eventually(Duration::from_secs(60), || {
-        setup.ledger.started().contains_key("slow-1")
-    })
-    .await;
-    assert!(started, "worker A started the slow message");
-    a.kill().expect("SIGKILL worker A");
-    a.wait().expect("reap worker A");
-
-    let mut b = setup.spawn_worker(None);
-    let mut c = setup.spawn_worker(None);
-    let mut expected = plain.clone();
-    expected.extend(["flaky-1".to_owned(), "slow-1".to_owned()]);
-    let all_done = eventually(Duration::from_secs(90), || {
-        let effects = setup.ledger.effects();
-        expected.iter().all(|k| effects.contains_key(k))
-    })
-    .await;
-    // Let any late duplicate show itself before judging.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let mut info = js
-        .get_stream(&setup.stream)
-        .await
-        .expect("stream")
-        .get_consumer::<consumer::pull::Config>("billing")
-        .await
-        .expect("consumer");
-    let info = info.info().await.expect("consumer info").clone();
-    for worker in [&mut b, &mut c] {
-        worker.kill().expect("stop worker");
-        worker.wait().expect("reap worker");
-    }
-
-    let effects = setup.ledger.effects();
-    assert!(all_done, "every good message had its effect: {effects:?}");
-    for key in &expected {
-        assert_eq!(effects.get(key), Some(&1), "exactly one effect for {key}");
-    }
-    assert_eq!(
-        effects.len(),
-        expected.len(),
-        "no effect for anything else (poison, keyless, broken): {effects:?}"
-    );
     assert_eq!(
         (info.num_pending, info.num_ack_pending),
         (0, 0),
@@ -125,33 +81,13 @@ async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each(
     );
     let dead = read_all(&js, &format!("{}_DEAD", setup.stream)).await;
     let text = |h: &async_nats::HeaderMap, name: &str| h.get(name).map(|v| v.as_str().to_owned());
-    let mut reasons: Vec<(Option<String>, String)> = dead
-        .iter()
-        .map(|(_, h)| {
-            assert_eq!(text(h, CONSUMER_HEADER).as_deref(), Some("orders"));
-            (text(h, KEY_HEADER), text(h, REASON_HEADER).expect("reason"))
-        })
-        .collect();
-    reasons.sort();
-    assert_eq!(
-        reasons.len(),
-        3,
-        "dead-letters only for the bad ones: {reasons:?}"
-    );
-    assert_eq!(reasons[0].0, None);
-    assert!(
-        reasons[0].1.starts_with("no idempotency key"),
-        "{reasons:?}"
-    );
-    assert_eq!(reasons[1].0.as_deref(), Some("broken-1"));
-    assert!(
-        reasons[1].1.contains("payload is not a valid"),
-        "{reasons:?}"
-    );
-    assert_eq!(reasons[2].0.as_deref(), Some("poison-1"));
-    assert!(
-        reasons[2].1.contains("cannot ship to the moon"),
-        "{reasons:?}"
+    scenario::assert_bad_ones_dead(
+        dead.iter()
+            .map(|(_, h)| {
+                assert_eq!(text(h, CONSUMER_HEADER).as_deref(), Some("orders"));
+                (text(h, KEY_HEADER), text(h, REASON_HEADER).expect("reason"))
+            })
+            .collect(),
     );
 }
 

@@ -21,6 +21,7 @@ use idem::{Idempotency, Scope};
 use idem_consumer::Consumer;
 use idem_rabbitmq::RabbitConsumer;
 use idem_redis::RedisStore;
+use idem_testkit::bench::{count_arg, median};
 use idem_testkit::rabbitmq::RabbitServer;
 use idem_testkit::redis::RedisServer;
 use lapin::options::{
@@ -31,14 +32,6 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
 const PREFETCH: [u16; 2] = [16, 64];
-
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1)?.parse().ok())
-        .unwrap_or(default)
-}
 
 async fn fill(channel: &Channel, queue: &str, round: usize, messages: usize) {
     for i in 0..messages {
@@ -141,15 +134,10 @@ async fn through_idem(
     messages as f64 / start.elapsed().as_secs_f64()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 #[tokio::main]
 async fn main() {
-    let messages = arg("--messages", 20_000);
-    let rounds = arg("--rounds", 3);
+    let messages = count_arg("--messages", 20_000);
+    let rounds = count_arg("--rounds", 3);
     let broker = RabbitServer::shared().expect("RabbitMQ");
     let redis = RedisServer::start().expect("redis-server");
     let url = broker.url();

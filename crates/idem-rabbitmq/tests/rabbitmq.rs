@@ -14,6 +14,7 @@ use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, WindowError};
 use idem_rabbitmq::{RabbitConsumer, RabbitError, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 use idem_testkit::ledger::{eventually, order_handler};
+use idem_testkit::scenario;
 
 /// Not a test on its own: the worker process the other tests start. It
 /// consumes until it is killed.
@@ -23,22 +24,18 @@ fn worker_process() {
     let Some(setup) = Setup::from_env() else {
         return;
     };
-    let slow = std::env::var("IDEM_RABBIT_SLOW").ok();
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-        .block_on(async move {
-            let rabbit = setup.rabbit().await;
-            let ledger = setup.ledger.clone();
-            rabbit
-                .run(
-                    move |job| order_handler(job, ledger.clone(), slow.clone()),
-                    std::future::pending(),
-                )
-                .await
-                .expect("consume");
-        });
+    let slow = scenario::slow_key();
+    scenario::worker_main(async move {
+        let rabbit = setup.rabbit().await;
+        let ledger = setup.ledger.clone();
+        rabbit
+            .run(
+                move |job| order_handler(job, ledger.clone(), slow.clone()),
+                std::future::pending(),
+            )
+            .await
+            .expect("consume");
+    });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -47,97 +44,38 @@ async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each(
     // Declares the topology, so publishing can start before any worker.
     let _declare = setup.rabbit().await;
     let (_connection, channel) = publisher().await;
-    let plain: Vec<String> = (0..30).map(|i| format!("m-{i}")).collect();
-    for key in &plain {
-        let body = format!(r#"{{"id":"{key}"}}"#);
-        publish(&channel, &setup.queue, Some(key), &body).await;
-        publish(&channel, &setup.queue, Some(key), &body).await;
+    for (key, body) in scenario::messages() {
+        publish(&channel, &setup.queue, key.as_deref(), &body).await;
     }
-    publish(
-        &channel,
-        &setup.queue,
-        Some("flaky-1"),
-        r#"{"id":"flaky-1","flaky":true}"#,
+    let dead = scenario::kill_one_worker_and_finish(
+        &setup.ledger,
+        Duration::from_secs(90),
+        |slow| setup.spawn_worker(slow),
+        async {
+            // The bad messages may be dead-lettered after the last good
+            // effect: collect until all three are in.
+            let mut dead = Vec::new();
+            for _ in 0..100 {
+                dead.extend(drain(&channel, &format!("{}.dead", setup.queue)).await);
+                if dead.len() >= 3 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            dead
+        },
     )
     .await;
-    publish(
-        &channel,
-        &setup.queue,
-        Some("poison-1"),
-        r#"{"id":"poison-1","poison":true}"#,
-    )
-    .await;
-    publish(&channel, &setup.queue, None, r#"{"id":"keyless"}"#).await;
-    publish(&channel, &setup.queue, Some("broken-1"), "{not json").await;
-    // The slow message: worker A takes it and is killed in its handler.
-    publish(&channel, &setup.queue, Some("slow-1"), r#"{"id":"slow-1"}"#).await;
-
-    let mut a = setup.spawn_worker(Some("slow-1"));
-    let started = eventually(Duration::from_secs(60), || {
-        setup.ledger.started().contains_key("slow-1")
-    })
-    .await;
-    assert!(started, "worker A started the slow message");
-    a.kill().expect("SIGKILL worker A");
-    a.wait().expect("reap worker A");
-
-    let mut b = setup.spawn_worker(None);
-    let mut c = setup.spawn_worker(None);
-    let mut expected: Vec<String> = plain.clone();
-    expected.extend(["flaky-1".to_owned(), "slow-1".to_owned()]);
-    let all_done = eventually(Duration::from_secs(90), || {
-        let effects = setup.ledger.effects();
-        expected.iter().all(|k| effects.contains_key(k))
-    })
-    .await;
-    // Let any late duplicate show itself before judging.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let dead = drain(&channel, &format!("{}.dead", setup.queue)).await;
-    for worker in [&mut b, &mut c] {
-        worker.kill().expect("stop worker");
-        worker.wait().expect("reap worker");
-    }
-
-    let ledger = setup.ledger.effects();
-    assert!(all_done, "every good message had its effect: {ledger:?}");
-    for key in &expected {
-        assert_eq!(ledger.get(key), Some(&1), "exactly one effect for {key}");
-    }
-    assert_eq!(
-        ledger.len(),
-        expected.len(),
-        "no effect for anything else (poison, keyless, broken): {ledger:?}"
-    );
-    let mut reasons: Vec<(Option<String>, String)> = dead
-        .iter()
-        .map(|(_, h)| {
-            assert_eq!(text(h, CONSUMER_HEADER), Some("orders"));
-            (
-                text(h, KEY_HEADER).map(str::to_owned),
-                text(h, REASON_HEADER).expect("reason").to_owned(),
-            )
-        })
-        .collect();
-    reasons.sort();
-    assert_eq!(
-        reasons.len(),
-        3,
-        "dead-letters only for the bad ones: {reasons:?}"
-    );
-    assert_eq!(reasons[0].0, None);
-    assert!(
-        reasons[0].1.starts_with("no idempotency key"),
-        "{reasons:?}"
-    );
-    assert_eq!(reasons[1].0.as_deref(), Some("broken-1"));
-    assert!(
-        reasons[1].1.contains("payload is not a valid"),
-        "{reasons:?}"
-    );
-    assert_eq!(reasons[2].0.as_deref(), Some("poison-1"));
-    assert!(
-        reasons[2].1.contains("cannot ship to the moon"),
-        "{reasons:?}"
+    scenario::assert_bad_ones_dead(
+        dead.iter()
+            .map(|(_, h)| {
+                assert_eq!(text(h, CONSUMER_HEADER), Some("orders"));
+                (
+                    text(h, KEY_HEADER).map(str::to_owned),
+                    text(h, REASON_HEADER).expect("reason").to_owned(),
+                )
+            })
+            .collect(),
     );
     assert!(
         drain(&channel, &setup.queue).await.is_empty(),

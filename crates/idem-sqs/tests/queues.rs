@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
@@ -19,6 +19,7 @@ use idem_dynamodb::DynamoStore;
 use idem_sqs::{SqsConsumer, SqsError, CONSUMER_ATTRIBUTE, KEY_ATTRIBUTE, REASON_ATTRIBUTE};
 use idem_testkit::ledger::{eventually, order_handler, Ledger};
 use idem_testkit::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
+use idem_testkit::scenario;
 
 /// The settings a test and its workers share.
 #[derive(Debug, Clone)]
@@ -99,16 +100,7 @@ impl Setup {
     /// worker's claims are taken over within seconds, and a heartbeat well
     /// inside the queue's two-second visibility timeout.
     fn idem(&self) -> Idempotency<DynamoStore> {
-        Idempotency::builder(self.store())
-            .lease(Duration::from_secs(2))
-            .heartbeat(Duration::from_millis(500))
-            .max_attempts(std::num::NonZeroU32::new(3).expect("non-zero"))
-            .backoff(idem::Backoff::new(
-                Duration::from_millis(100),
-                Duration::from_millis(500),
-            ))
-            .build()
-            .expect("config")
+        idem_testkit::scenario::executor(self.store())
     }
 
     async fn sqs(&self) -> SqsConsumer<DynamoStore, idem::Json> {
@@ -127,19 +119,16 @@ impl Setup {
 
     /// Starts this test binary as a worker process (`worker_process`).
     fn spawn_worker(&self, slow_key: Option<&str>) -> Child {
-        let mut command = Command::new(std::env::current_exe().expect("test binary"));
-        command
-            .args(["--exact", "worker_process", "--ignored", "--nocapture"])
-            .env("IDEM_SQS_ENDPOINT", &self.endpoint)
-            .env("IDEM_SQS_QUEUE", &self.queue_url)
-            .env("IDEM_SQS_TABLE", &self.table)
-            .env("IDEM_SQS_DIR", self.ledger.dir())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        if let Some(key) = slow_key {
-            command.env("IDEM_SQS_SLOW", key);
-        }
-        command.spawn().expect("spawn worker")
+        let dir = self.ledger.dir().to_string_lossy().into_owned();
+        scenario::spawn_worker(
+            [
+                ("IDEM_SQS_ENDPOINT", self.endpoint.as_str()),
+                ("IDEM_SQS_QUEUE", self.queue_url.as_str()),
+                ("IDEM_SQS_TABLE", self.table.as_str()),
+                ("IDEM_SQS_DIR", dir.as_str()),
+            ],
+            slow_key,
+        )
     }
 
     /// Sends `body`, keyed by the `Idempotency-Key` attribute when given.
@@ -240,108 +229,52 @@ fn worker_process() {
     let Some(setup) = Setup::from_env() else {
         return;
     };
-    let slow = std::env::var("IDEM_SQS_SLOW").ok();
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-        .block_on(async move {
-            let sqs = setup.sqs().await;
-            let ledger = setup.ledger.clone();
-            sqs.run(
-                move |job| order_handler(job, ledger.clone(), slow.clone()),
-                std::future::pending(),
-            )
-            .await
-            .expect("consume");
-        });
+    let slow = scenario::slow_key();
+    scenario::worker_main(async move {
+        let sqs = setup.sqs().await;
+        let ledger = setup.ledger.clone();
+        sqs.run(
+            move |job| order_handler(job, ledger.clone(), slow.clone()),
+            std::future::pending(),
+        )
+        .await
+        .expect("consume");
+    });
 }
 
-fn assert_bad_ones_dead(dead: &[(Option<String>, String, String)]) {
-    assert_eq!(
-        dead.len(),
-        3,
-        "dead-letters only for the bad ones: {dead:?}"
-    );
-    for (_, _, consumer) in dead {
+/// The scenario's judgement of dead-letters, after checking each names
+/// its consumer.
+fn assert_bad_ones_dead(dead: Vec<(Option<String>, String, String)>) {
+    for (_, _, consumer) in &dead {
         assert_eq!(consumer, "orders");
     }
-    assert_eq!(dead[0].0, None);
-    assert!(dead[0].1.starts_with("no idempotency key"), "{dead:?}");
-    assert_eq!(dead[1].0.as_deref(), Some("broken-1"));
-    assert!(dead[1].1.contains("payload is not a valid"), "{dead:?}");
-    assert_eq!(dead[2].0.as_deref(), Some("poison-1"));
-    assert!(dead[2].1.contains("cannot ship to the moon"), "{dead:?}");
+    scenario::assert_bad_ones_dead(dead.into_iter().map(|(k, r, _)| (k, r)).collect());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each() {
     let setup = Setup::new("kill", false).await;
-    let plain: Vec<String> = (0..30).map(|i| format!("m-{i}")).collect();
-    for key in &plain {
-        let body = format!(r#"{{"id":"{key}"}}"#);
-        setup.send(Some(key), &body, None).await;
-        setup.send(Some(key), &body, None).await;
+    for (key, body) in scenario::messages() {
+        setup.send(key.as_deref(), &body, None).await;
     }
-    setup
-        .send(Some("flaky-1"), r#"{"id":"flaky-1","flaky":true}"#, None)
-        .await;
-    setup
-        .send(Some("poison-1"), r#"{"id":"poison-1","poison":true}"#, None)
-        .await;
-    setup.send(None, r#"{"id":"keyless"}"#, None).await;
-    setup.send(Some("broken-1"), "{not json", None).await;
-    setup.send(Some("slow-1"), r#"{"id":"slow-1"}"#, None).await;
-
-    let mut a = setup.spawn_worker(Some("slow-1"));
-    let started = eventually(Duration::from_secs(60), || {
-        setup.ledger.started().contains_key("slow-1")
-    })
-    .await;
-    assert!(started, "worker A started the slow message");
-    a.kill().expect("SIGKILL worker A");
-    a.wait().expect("reap worker A");
-
-    let mut b = setup.spawn_worker(None);
-    let mut c = setup.spawn_worker(None);
-    let mut expected = plain.clone();
-    expected.extend(["flaky-1".to_owned(), "slow-1".to_owned()]);
-    let all_done = eventually(Duration::from_secs(120), || {
-        let effects = setup.ledger.effects();
-        expected.iter().all(|k| effects.contains_key(k))
-    })
-    .await;
-    let drained = {
-        let mut drained = false;
-        for _ in 0..100 {
-            if setup.remaining().await == 0 {
-                drained = true;
-                break;
+    let drained = scenario::kill_one_worker_and_finish(
+        &setup.ledger,
+        Duration::from_secs(120),
+        |slow| setup.spawn_worker(slow),
+        async {
+            for _ in 0..100 {
+                if setup.remaining().await == 0 {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        drained
-    };
-    // Let any late duplicate show itself before judging.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    for worker in [&mut b, &mut c] {
-        worker.kill().expect("stop worker");
-        worker.wait().expect("reap worker");
-    }
-
-    let effects = setup.ledger.effects();
-    assert!(all_done, "every good message had its effect: {effects:?}");
-    for key in &expected {
-        assert_eq!(effects.get(key), Some(&1), "exactly one effect for {key}");
-    }
-    assert_eq!(
-        effects.len(),
-        expected.len(),
-        "no effect for anything else (poison, keyless, broken): {effects:?}"
-    );
+            false
+        },
+    )
+    .await;
     assert!(drained, "every message was deleted from the queue");
     let dead_url = format!("{}-dead", setup.queue_url);
-    assert_bad_ones_dead(&dead_letters(&setup.client(), &dead_url).await);
+    assert_bad_ones_dead(dead_letters(&setup.client(), &dead_url).await);
 }
 
 /// A FIFO queue deduplicates for five minutes only, and only by the
@@ -402,7 +335,7 @@ async fn a_fifo_queue_runs_each_order_once_past_its_own_deduplication() {
     assert_eq!((stats.executed, stats.replayed), (10, 10), "{stats:?}");
     assert_eq!(setup.remaining().await, 0, "every message was deleted");
     let dead_url = setup.queue_url.replace(".fifo", "-dead.fifo");
-    assert_bad_ones_dead(&dead_letters(&setup.client(), &dead_url).await);
+    assert_bad_ones_dead(dead_letters(&setup.client(), &dead_url).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -51,3 +51,19 @@ pub fn secs_arg(default: f64) -> f64 {
         .and_then(|s| s.parse().ok())
         .unwrap_or(default)
 }
+
+/// The number a benchmark was given as `NAME N` on its command line, or
+/// `default`.
+pub fn count_arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The median of the rounds' results (the upper one of an even count).
+pub fn median(mut results: Vec<f64>) -> f64 {
+    results.sort_by(f64::total_cmp);
+    results[results.len() / 2]
+}

@@ -44,6 +44,12 @@ impl Ledger {
         counts(&self.dir.join("effects"))
     }
 
+    /// Keys whose effect was applied, in the order the effects were.
+    pub fn effects_in_order(&self) -> Vec<String> {
+        let text = std::fs::read_to_string(self.dir.join("effects")).unwrap_or_default();
+        text.lines().map(str::to_owned).collect()
+    }
+
     /// Keys whose handler started, with how many times.
     pub fn started(&self) -> BTreeMap<String, usize> {
         counts(&self.dir.join("started"))

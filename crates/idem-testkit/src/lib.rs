@@ -39,6 +39,7 @@ pub mod postgres;
 pub mod proxy;
 pub mod rabbitmq;
 pub mod redis;
+pub mod scenario;
 mod server;
 
 pub use server::{free_port, ServerError};

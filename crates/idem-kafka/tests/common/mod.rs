@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -115,16 +115,7 @@ impl Setup {
     /// The executor tests and workers run: short leases, so a killed
     /// worker's claims are taken over within seconds.
     pub(crate) async fn idem(&self) -> Idempotency<RedisStore> {
-        Idempotency::builder(self.store().await)
-            .lease(Duration::from_secs(2))
-            .heartbeat(Duration::from_millis(500))
-            .max_attempts(std::num::NonZeroU32::new(3).expect("non-zero"))
-            .backoff(idem::Backoff::new(
-                Duration::from_millis(100),
-                Duration::from_millis(500),
-            ))
-            .build()
-            .expect("config")
+        idem_testkit::scenario::executor(self.store().await)
     }
 
     /// The consumer layer, keyed only by the `Idempotency-Key` header: a
@@ -154,19 +145,16 @@ impl Setup {
 
     /// Starts this test binary as a worker process (`worker_process`).
     pub(crate) fn spawn_worker(&self, slow_key: Option<&str>) -> Child {
-        let mut command = Command::new(std::env::current_exe().expect("test binary"));
-        command
-            .args(["--exact", "worker_process", "--ignored", "--nocapture"])
-            .env("IDEM_KAFKA_TOPIC", &self.topic)
-            .env("IDEM_KAFKA_BOOTSTRAP", &self.bootstrap)
-            .env("IDEM_KAFKA_REDIS", &self.redis_url)
-            .env("IDEM_KAFKA_DIR", self.ledger.dir())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        if let Some(key) = slow_key {
-            command.env("IDEM_KAFKA_SLOW", key);
-        }
-        command.spawn().expect("spawn worker")
+        let dir = self.ledger.dir().to_string_lossy().into_owned();
+        idem_testkit::scenario::spawn_worker(
+            [
+                ("IDEM_KAFKA_TOPIC", self.topic.as_str()),
+                ("IDEM_KAFKA_BOOTSTRAP", self.bootstrap.as_str()),
+                ("IDEM_KAFKA_REDIS", self.redis_url.as_str()),
+                ("IDEM_KAFKA_DIR", dir.as_str()),
+            ],
+            slow_key,
+        )
     }
 
     pub(crate) fn producer(&self) -> Producer {

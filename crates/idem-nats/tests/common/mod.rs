@@ -2,13 +2,13 @@
 //! store, and worker processes to kill.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream, Context};
 use async_nats::HeaderMap;
-use idem::{Idempotency, Scope};
+use idem::Scope;
 use idem_consumer::Consumer;
 use idem_nats::NatsConsumer;
 use idem_redis::RedisStore;
@@ -91,16 +91,7 @@ impl Setup {
     /// worker's claims are taken over within seconds, and an `ack_wait`
     /// three heartbeats long.
     pub(crate) async fn nats(&self) -> NatsConsumer<RedisStore, idem::Json> {
-        let idem = Idempotency::builder(self.store().await)
-            .lease(Duration::from_secs(2))
-            .heartbeat(Duration::from_millis(500))
-            .max_attempts(std::num::NonZeroU32::new(3).expect("non-zero"))
-            .backoff(idem::Backoff::new(
-                Duration::from_millis(100),
-                Duration::from_millis(500),
-            ))
-            .build()
-            .expect("config");
+        let idem = idem_testkit::scenario::executor(self.store().await);
         let consumer = Consumer::builder(idem, Scope::new("orders").expect("scope")).build();
         NatsConsumer::builder(&self.nats_url, &self.stream, "billing", consumer)
             .concurrency(8)
@@ -112,19 +103,16 @@ impl Setup {
 
     /// Starts this test binary as a worker process (`worker_process`).
     pub(crate) fn spawn_worker(&self, slow_key: Option<&str>) -> Child {
-        let mut command = Command::new(std::env::current_exe().expect("test binary"));
-        command
-            .args(["--exact", "worker_process", "--ignored", "--nocapture"])
-            .env("IDEM_NATS_STREAM", &self.stream)
-            .env("IDEM_NATS_URL", &self.nats_url)
-            .env("IDEM_NATS_REDIS", &self.redis_url)
-            .env("IDEM_NATS_DIR", self.ledger.dir())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        if let Some(key) = slow_key {
-            command.env("IDEM_NATS_SLOW", key);
-        }
-        command.spawn().expect("spawn worker")
+        let dir = self.ledger.dir().to_string_lossy().into_owned();
+        idem_testkit::scenario::spawn_worker(
+            [
+                ("IDEM_NATS_STREAM", self.stream.as_str()),
+                ("IDEM_NATS_URL", self.nats_url.as_str()),
+                ("IDEM_NATS_REDIS", self.redis_url.as_str()),
+                ("IDEM_NATS_DIR", dir.as_str()),
+            ],
+            slow_key,
+        )
     }
 }
 

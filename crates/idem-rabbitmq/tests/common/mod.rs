@@ -2,11 +2,11 @@
 //! store, an effects ledger on disk, and worker processes to kill.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use idem::{Idempotency, Scope};
+use idem::Scope;
 use idem_consumer::Consumer;
 use idem_rabbitmq::RabbitConsumer;
 use idem_redis::RedisStore;
@@ -85,16 +85,7 @@ impl Setup {
     /// The consumer the tests and workers run: short leases so a killed
     /// worker's claims are taken over within seconds, short retry queues.
     pub(crate) async fn rabbit(&self) -> RabbitConsumer<RedisStore, idem::Json> {
-        let idem = Idempotency::builder(self.store().await)
-            .lease(Duration::from_secs(2))
-            .heartbeat(Duration::from_millis(500))
-            .max_attempts(std::num::NonZeroU32::new(3).expect("non-zero"))
-            .backoff(idem::Backoff::new(
-                Duration::from_millis(100),
-                Duration::from_millis(500),
-            ))
-            .build()
-            .expect("config");
+        let idem = idem_testkit::scenario::executor(self.store().await);
         let consumer = Consumer::builder(idem, Scope::new("orders").expect("scope")).build();
         RabbitConsumer::builder(amqp(), &self.queue, consumer)
             .prefetch(8)
@@ -107,16 +98,7 @@ impl Setup {
 
     /// Starts this test binary as a worker process (`worker_process`).
     pub(crate) fn spawn_worker(&self, slow_key: Option<&str>) -> Child {
-        let mut command = Command::new(std::env::current_exe().expect("test binary"));
-        command
-            .args(["--exact", "worker_process", "--ignored", "--nocapture"])
-            .envs(self.to_env())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        if let Some(key) = slow_key {
-            command.env("IDEM_RABBIT_SLOW", key);
-        }
-        command.spawn().expect("spawn worker")
+        idem_testkit::scenario::spawn_worker(self.to_env(), slow_key)
     }
 }
 

@@ -1,0 +1,189 @@
+//! The worker-kill scenario every broker adapter's tests run, so that each
+//! adapter is held to the same proof: the same messages, the same
+//! choreography of worker processes, the same judgement.
+//!
+//! The messages: 30 orders, each published twice, a flaky order (fails on
+//! its first attempt), a poison order (fails terminally), a message
+//! without a key, a payload that is not JSON, and a slow order. Worker A
+//! hangs on the slow order and is killed with SIGKILL in the middle of
+//! its handler; workers B and C finish the job. Every good order must
+//! have exactly one effect, nothing else any effect, and the dead-letter
+//! destination exactly the poison, keyless and broken messages.
+//!
+//! Workers are the test binary itself, started again to run only its
+//! ignored test `worker_process` with [`order_handler`](crate::ledger::order_handler).
+
+use std::ffi::OsStr;
+use std::future::Future;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use idem::{Backoff, Idempotency, Store};
+
+use crate::ledger::{eventually, Ledger};
+
+/// The environment variable telling a worker process which key to hang on.
+pub const SLOW_VAR: &str = "IDEM_WORKER_SLOW";
+
+/// The key worker A hangs on.
+pub const SLOW_KEY: &str = "slow-1";
+
+/// Starts this test binary again as a worker process running only its
+/// ignored test `worker_process`, with `env` and, when given, the key to
+/// hang on; its output is discarded, its errors shown.
+pub fn spawn_worker<I, K, V>(env: I, slow_key: Option<&str>) -> Child
+where
+    I: IntoIterator<Item = (K, V)>,
+    K: AsRef<OsStr>,
+    V: AsRef<OsStr>,
+{
+    let mut command = Command::new(std::env::current_exe().expect("test binary"));
+    command
+        .args(["--exact", "worker_process", "--ignored", "--nocapture"])
+        .envs(env)
+        .env_remove(SLOW_VAR)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    if let Some(key) = slow_key {
+        command.env(SLOW_VAR, key);
+    }
+    command.spawn().expect("spawn worker")
+}
+
+/// The executor the scenario's consumers run: a two-second lease (a
+/// killed worker's claims are taken over within seconds) renewed every
+/// half second, three attempts, backoff from 100 to 500 ms.
+pub fn executor<S: Store>(store: S) -> Idempotency<S> {
+    Idempotency::builder(store)
+        .lease(Duration::from_secs(2))
+        .heartbeat(Duration::from_millis(500))
+        .max_attempts(std::num::NonZeroU32::new(3).expect("non-zero"))
+        .backoff(Backoff::new(
+            Duration::from_millis(100),
+            Duration::from_millis(500),
+        ))
+        .build()
+        .expect("config")
+}
+
+/// A worker process's main: runs `work` on a multi-threaded runtime.
+pub fn worker_main(work: impl Future<Output = ()>) {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(work);
+}
+
+/// In a worker process: the key to hang on, if any.
+pub fn slow_key() -> Option<String> {
+    std::env::var(SLOW_VAR).ok()
+}
+
+/// The scenario's messages in publishing order, as (`Idempotency-Key`,
+/// payload).
+pub fn messages() -> Vec<(Option<String>, String)> {
+    let mut messages = Vec::new();
+    for i in 0..30 {
+        let key = format!("m-{i}");
+        let body = format!(r#"{{"id":"{key}"}}"#);
+        messages.push((Some(key.clone()), body.clone()));
+        messages.push((Some(key), body));
+    }
+    for (key, body) in [
+        (Some("flaky-1"), r#"{"id":"flaky-1","flaky":true}"#),
+        (Some("poison-1"), r#"{"id":"poison-1","poison":true}"#),
+        (None, r#"{"id":"keyless"}"#),
+        (Some("broken-1"), "{not json"),
+        (Some(SLOW_KEY), r#"{"id":"slow-1"}"#),
+    ] {
+        messages.push((key.map(str::to_owned), body.to_owned()));
+    }
+    messages
+}
+
+/// The keys that must end with exactly one effect.
+pub fn expected_effects() -> Vec<String> {
+    let mut keys: Vec<String> = (0..30).map(|i| format!("m-{i}")).collect();
+    keys.extend(["flaky-1".to_owned(), SLOW_KEY.to_owned()]);
+    keys
+}
+
+/// Runs the workers over the published messages: A (started by `spawn`
+/// with the slow key) is SIGKILLed once it has started the slow order;
+/// B and C run until every expected effect is in the ledger or `limit`
+/// passes; then `settled` runs (the adapter's check that the broker holds
+/// nothing unsettled) while they still run, and after a pause for late
+/// duplicates they are stopped. Asserts one effect per good order and no
+/// other effect, and returns what `settled` returned.
+pub async fn kill_one_worker_and_finish<T>(
+    ledger: &Ledger,
+    limit: Duration,
+    spawn: impl Fn(Option<&str>) -> Child,
+    settled: impl Future<Output = T>,
+) -> T {
+    let mut a = spawn(Some(SLOW_KEY));
+    let started = eventually(Duration::from_secs(60), || {
+        ledger.started().contains_key(SLOW_KEY)
+    })
+    .await;
+    if !started {
+        let _ = a.kill();
+        let _ = a.wait();
+    }
+    assert!(started, "worker A started the slow message");
+    a.kill().expect("SIGKILL worker A");
+    a.wait().expect("reap worker A");
+
+    let mut b = spawn(None);
+    let mut c = spawn(None);
+    let expected = expected_effects();
+    let all_done = eventually(limit, || {
+        let effects = ledger.effects();
+        expected.iter().all(|k| effects.contains_key(k))
+    })
+    .await;
+    let settled = settled.await;
+    // Let any late duplicate show itself before judging.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for worker in [&mut b, &mut c] {
+        worker.kill().expect("stop worker");
+        worker.wait().expect("reap worker");
+    }
+
+    let effects = ledger.effects();
+    assert!(all_done, "every good message had its effect: {effects:?}");
+    for key in &expected {
+        assert_eq!(effects.get(key), Some(&1), "exactly one effect for {key}");
+    }
+    assert_eq!(
+        effects.len(),
+        expected.len(),
+        "no effect for anything else (poison, keyless, broken): {effects:?}"
+    );
+    settled
+}
+
+/// Asserts that the dead-letters, as (key, reason), are exactly the
+/// poison, keyless and broken messages, each with its reason.
+///
+/// Copies are counted once per key: a worker killed after a dead-letter
+/// copy was confirmed but before the original was settled leaves the
+/// message to be delivered, and dead-lettered, again. Dead-lettering is at
+/// least once by design (never lost); the scenario's bad messages each
+/// have a key of their own, and one has none.
+pub fn assert_bad_ones_dead(mut dead: Vec<(Option<String>, String)>) {
+    dead.sort();
+    dead.dedup_by(|x, y| x.0 == y.0);
+    assert_eq!(
+        dead.len(),
+        3,
+        "dead-letters only for the bad ones: {dead:?}"
+    );
+    assert_eq!(dead[0].0, None);
+    assert!(dead[0].1.starts_with("no idempotency key"), "{dead:?}");
+    assert_eq!(dead[1].0.as_deref(), Some("broken-1"));
+    assert!(dead[1].1.contains("payload is not a valid"), "{dead:?}");
+    assert_eq!(dead[2].0.as_deref(), Some("poison-1"));
+    assert!(dead[2].1.contains("cannot ship to the moon"), "{dead:?}");
+}
