@@ -55,6 +55,16 @@ impl LaneState {
         self.is_revoked() || *stop.borrow()
     }
 
+    /// Resolves when the lane is revoked (at once if it already was).
+    pub(crate) async fn revoked(&self) {
+        let woken = self.wake.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        if !self.is_revoked() {
+            woken.await;
+        }
+    }
+
     /// Sleeps for `delay`; false when the lane ended first.
     pub(crate) async fn sleep(&self, delay: Duration, stop: &watch::Receiver<bool>) -> bool {
         let mut stopping = stop.clone();

@@ -729,6 +729,9 @@ async fn lane<S, C, T, E, H, Fut>(
     let mut ended = false;
     while !ended || !running.is_empty() {
         tokio::select! {
+            // A lane revoked while idle ends here rather than waiting for
+            // a record that will never come.
+            () = state.revoked(), if !ended => ended = true,
             record = records.recv(), if !ended && unsettled.len() < window => {
                 let Some(record) = record else {
                     ended = true;
