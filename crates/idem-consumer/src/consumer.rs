@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::{FutureExt, Stream, StreamExt};
 use idem::{
-    Codec, Context, FailureClass, Fingerprint, Idempotency, Json, Key, Outcome, RecordId, RunError,
-    Scope, Store, Terminal,
+    ClaimMany, ClaimedAhead, Codec, Context, FailureClass, Fingerprint, Idempotency, Json, Key,
+    Outcome, RecordId, RunError, Scope, Store, Terminal,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -398,20 +398,97 @@ impl<S: Store, C: Codec> Consumer<S, C> {
         H: FnOnce(Job<M>) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let inner = &*self.inner;
-        let key = match inner.keys.extract(&*message) {
-            Ok(key) => key,
-            Err(problem) => {
-                tracing::warn!(consumer = %inner.name, %problem, "delivery has no usable key");
-                return self.decide(None, dead_letter(problem.to_string()));
+        match self.prepare(&*message) {
+            Ok((id, fingerprint)) => {
+                self.run_job(message, id, Start::Claim(fingerprint), handler)
+                    .await
             }
-        };
-        let id = RecordId::new(inner.scope.clone(), key.clone());
+            Err(decision) => decision,
+        }
+    }
+
+    /// Claims the deliveries' keys in one round trip (the store's
+    /// `claim_many`, see [`Idempotency::claim_ahead`]), for deliveries that
+    /// are then processed one after another with
+    /// [`process_claimed`](Self::process_claimed), soon: a partition's
+    /// next records. One entry per message, `None` for a message without a
+    /// usable key (give it to [`process`](Self::process), which
+    /// dead-letters it).
+    pub async fn claim_ahead<M: Message>(&self, messages: &[Arc<M>]) -> Vec<Option<ClaimedAhead>>
+    where
+        S: ClaimMany,
+    {
+        let prepared: Vec<Option<(RecordId, Option<Fingerprint>)>> =
+            messages.iter().map(|m| self.prepare(&**m).ok()).collect();
+        let mut claimed = self
+            .inner
+            .idem
+            .claim_ahead(prepared.iter().flatten().cloned().collect())
+            .await
+            .into_iter();
+        prepared
+            .iter()
+            .map(|p| p.as_ref().and_then(|_| claimed.next()))
+            .collect()
+    }
+
+    /// [`process`](Self::process) with the claim
+    /// [`claim_ahead`](Self::claim_ahead) made for this message.
+    pub async fn process_claimed<M, T, E, H, Fut>(
+        &self,
+        message: Arc<M>,
+        ahead: ClaimedAhead,
+        handler: H,
+    ) -> Decision
+    where
+        M: Message,
+        T: Serialize + DeserializeOwned,
+        E: StdError + Send + Sync + 'static,
+        H: FnOnce(Job<M>) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let id = ahead.id().clone();
+        self.run_job(message, id, Start::Claimed(ahead), handler)
+            .await
+    }
+
+    /// A delivery's record id and fingerprint, or the dead-letter decision
+    /// when it has no usable key.
+    fn prepare<M: Message + ?Sized>(
+        &self,
+        message: &M,
+    ) -> Result<(RecordId, Option<Fingerprint>), Decision> {
+        let inner = &*self.inner;
+        let key = inner.keys.extract(message).map_err(|problem| {
+            tracing::warn!(consumer = %inner.name, %problem, "delivery has no usable key");
+            self.decide(None, dead_letter(problem.to_string()))
+        })?;
         let fingerprint = inner
             .fingerprint
             .then(|| payload_fingerprint(message.payload()));
+        Ok((RecordId::new(inner.scope.clone(), key), fingerprint))
+    }
+
+    /// Runs the handler through the executor from `start` and decides the
+    /// disposition.
+    async fn run_job<M, T, E, H, Fut>(
+        &self,
+        message: Arc<M>,
+        id: RecordId,
+        start: Start,
+        handler: H,
+    ) -> Decision
+    where
+        M: Message,
+        T: Serialize + DeserializeOwned,
+        E: StdError + Send + Sync + 'static,
+        H: FnOnce(Job<M>) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let inner = &*self.inner;
+        let key = id.key().clone();
         let name = Arc::clone(&inner.name);
-        let run = AssertUnwindSafe(inner.idem.run(&id, fingerprint, |ctx| {
+        let work = |ctx: Context| {
             let job = Job {
                 id: id.clone(),
                 message: Arc::clone(&message),
@@ -433,9 +510,19 @@ impl<S: Store, C: Codec> Consumer<S, C> {
                 m::handler_seconds(&name, started.elapsed());
                 result
             }
-        }))
-        .catch_unwind()
-        .await;
+        };
+        let run = match start {
+            Start::Claim(fingerprint) => {
+                AssertUnwindSafe(inner.idem.run(&id, fingerprint, work))
+                    .catch_unwind()
+                    .await
+            }
+            Start::Claimed(ahead) => {
+                AssertUnwindSafe(inner.idem.run_claimed(ahead, work))
+                    .catch_unwind()
+                    .await
+            }
+        };
         let disposition = match run {
             Ok(Ok(Outcome::Executed { .. })) => Disposition::Ack(Acked::Executed),
             Ok(Ok(Outcome::Replayed { .. })) => Disposition::Ack(Acked::Replayed),
@@ -598,6 +685,12 @@ impl<S: Store, C: Codec> Consumer<S, C> {
         }
         Decision { key, disposition }
     }
+}
+
+/// Where a run starts: a claim now, or one made ahead.
+enum Start {
+    Claim(Option<Fingerprint>),
+    Claimed(ClaimedAhead),
 }
 
 fn dead_letter(reason: String) -> Disposition {

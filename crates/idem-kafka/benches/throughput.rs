@@ -7,9 +7,11 @@
 //! Run: `cargo bench -p idem-kafka --bench throughput [-- --messages N --rounds R]`
 //!
 //! Starts its own Tansu broker (in-memory storage) and redis-server. Each
-//! round fills a fresh topic with N records and drains it once with each
-//! consumer, each in a group of its own. Time runs from the first record
-//! read to the last one done, so joining the group is not counted.
+//! round fills a fresh topic with N records and drains it with the plain
+//! loop and then through the middleware three ways (offset order; offset
+//! order with 64 records claimed ahead; key order with 64 in flight), each
+//! in a group of its own. Time runs from the first record read to the
+//! last one done, so joining the group is not counted.
 
 #![allow(clippy::print_stdout)] // a benchmark reports on stdout
 
@@ -33,8 +35,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
 
 const PARTITIONS: [i32; 2] = [4, 16];
-/// Records of one partition in flight at once under key order.
-const KEYS_IN_FLIGHT: usize = 64;
+/// Records of one partition claimed ahead, or in flight under key order.
+const IN_FLIGHT: usize = 64;
 
 /// Creates `topic` and produces `messages` small JSON records to it,
 /// keyed by `Idempotency-Key` headers, letting the producer batch them.
@@ -112,21 +114,27 @@ async fn raw(bootstrap: &str, topic: &str, messages: usize) -> f64 {
     messages as f64 / start.map_or(f64::NAN, |s| s.elapsed().as_secs_f64())
 }
 
+/// How the middleware takes a partition's records.
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    /// One at a time, each claimed on its own.
+    Offsets,
+    /// One at a time, claimed [`IN_FLIGHT`] at once ahead of their runs.
+    ClaimAhead,
+    /// Up to [`IN_FLIGHT`] different keys at once.
+    Keys,
+}
+
 /// Drains `topic` through the middleware, in a group (and a store
 /// namespace) of its own.
 async fn through_idem(
     bootstrap: &str,
     topic: &str,
     redis: &str,
-    order: PartitionOrder,
+    mode: Mode,
     messages: usize,
 ) -> f64 {
-    let label = if order == PartitionOrder::Offsets {
-        "offsets"
-    } else {
-        "keys"
-    };
-    let group = format!("{topic}-idem-{label}");
+    let group = format!("{topic}-idem-{mode:?}");
     let store = RedisStore::builder(redis)
         .expect("url")
         .namespace(group.clone())
@@ -135,12 +143,16 @@ async fn through_idem(
         .expect("redis");
     let idem = Idempotency::builder(store).build().expect("config");
     let consumer = Consumer::builder(idem, Scope::new("bench").expect("scope")).build();
-    let kafka = KafkaConsumer::builder(bootstrap, &group, &[topic], consumer)
-        .consumer_set("session.timeout.ms", "6000")
-        .partition_order(order)
-        .connect()
-        .await
-        .expect("connect");
+    let mut builder = KafkaConsumer::builder(bootstrap, &group, &[topic], consumer)
+        .consumer_set("session.timeout.ms", "6000");
+    builder = match mode {
+        Mode::Offsets => builder,
+        Mode::ClaimAhead => builder.claim_ahead(IN_FLIGHT),
+        Mode::Keys => builder.partition_order(PartitionOrder::Keys {
+            max_in_flight: IN_FLIGHT,
+        }),
+    };
+    let kafka = builder.connect().await.expect("connect");
     let stats = kafka.consumer().clone();
     let start: Arc<OnceLock<Instant>> = Arc::default();
     let end: Arc<OnceLock<Instant>> = Arc::default();
@@ -186,28 +198,30 @@ async fn main() {
     println!("Kafka consumer throughput, {messages} records per drain, median of {rounds} rounds");
     println!(
         "| partitions | plain rdkafka loop (rec/s) | idem, offset order (rec/s) | ratio | \
-         idem, key order, {KEYS_IN_FLIGHT} in flight (rec/s) | ratio |"
+         offset order, {IN_FLIGHT} claimed ahead (rec/s) | ratio | \
+         key order, {IN_FLIGHT} in flight (rec/s) | ratio |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|");
-    let keys = PartitionOrder::Keys {
-        max_in_flight: KEYS_IN_FLIGHT,
-    };
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let modes = [Mode::Offsets, Mode::ClaimAhead, Mode::Keys];
     for partitions in PARTITIONS {
-        let (mut plain, mut guarded, mut keyed) = (Vec::new(), Vec::new(), Vec::new());
+        let mut plain = Vec::new();
+        let mut guarded: Vec<Vec<f64>> = modes.iter().map(|_| Vec::new()).collect();
         for _ in 0..rounds {
             let topic = format!("bench-{:08x}", rand::random::<u32>());
             fill(&bootstrap, &topic, partitions, messages).await;
             plain.push(raw(&bootstrap, &topic, messages).await);
-            let redis = redis.url();
-            let offsets = PartitionOrder::Offsets;
-            guarded.push(through_idem(&bootstrap, &topic, &redis, offsets, messages).await);
-            keyed.push(through_idem(&bootstrap, &topic, &redis, keys, messages).await);
+            for (mode, results) in modes.iter().zip(&mut guarded) {
+                results.push(through_idem(&bootstrap, &topic, &redis.url(), *mode, messages).await);
+            }
         }
-        let (p, g, k) = (median(plain), median(guarded), median(keyed));
-        println!(
-            "| {partitions} | {p:.0} | {g:.0} | {:.3} | {k:.0} | {:.3} |",
-            g / p,
-            k / p
-        );
+        let p = median(plain);
+        let cells: Vec<String> = guarded
+            .into_iter()
+            .map(|r| {
+                let g = median(r);
+                format!("{g:.0} | {:.3}", g / p)
+            })
+            .collect();
+        println!("| {partitions} | {p:.0} | {} |", cells.join(" | "));
     }
 }

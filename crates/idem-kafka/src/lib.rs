@@ -27,6 +27,10 @@
 //! back its own key, not the partition. The committed offset is still the
 //! lowest record not yet settled.
 //!
+//! In offset order, [`KafkaConsumerBuilder::claim_ahead`] claims a
+//! partition's waiting records in one round trip (the store's
+//! `claim_many`); each still runs, completes and commits one at a time.
+//!
 //! A lane that has many records waiting pauses its partition, so a
 //! partition stuck on retries holds back only itself, and the consumer
 //! keeps polling (it never exceeds `max.poll.interval.ms` however long a
@@ -111,8 +115,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use futures_util::StreamExt;
-use idem::{Codec, Key, Store};
+use idem::{ClaimMany, ClaimedAhead, Codec, Key, Store};
 use idem_consumer::{Consumer, Disposition, Job, RedeliveryWindow, Stopped};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::config::{ClientConfig, FromClientConfigAndContext};
@@ -243,6 +248,7 @@ pub struct KafkaConsumerBuilder<S, C> {
     assumed_window: Option<Duration>,
     max_buffered: usize,
     order: PartitionOrder,
+    ahead: Option<(usize, Ahead)>,
     setup_timeout: Duration,
 }
 
@@ -423,8 +429,35 @@ impl<S: Store, C: Codec> KafkaConsumerBuilder<S, C> {
                 dead_letters,
                 max_buffered: self.max_buffered,
                 order: self.order,
+                ahead: self.ahead,
             }),
         })
+    }
+}
+
+impl<S, C> KafkaConsumerBuilder<S, C>
+where
+    S: ClaimMany + Send + Sync + 'static,
+    C: Codec + Send + Sync + 'static,
+{
+    /// In offset order, claims up to `batch` of a partition's waiting
+    /// records in one round trip (the store's `claim_many`) instead of one
+    /// claim per record; each record still runs, completes and commits one
+    /// at a time, in order. A claim's lease is measured from the batch
+    /// claim and kept alive from its run on, so a batch must start running
+    /// within the lease: with handlers of up to *h*, keep `batch` × *h*
+    /// well under the lease (a lease that runs out before its record runs
+    /// costs that record an attempt). Ignored under
+    /// [`PartitionOrder::Keys`].
+    #[must_use]
+    pub fn claim_ahead(mut self, batch: usize) -> Self {
+        let consumer = self.consumer.clone();
+        let claim: Ahead = Arc::new(move |records| {
+            let consumer = consumer.clone();
+            Box::pin(async move { consumer.claim_ahead(&records).await })
+        });
+        self.ahead = Some((batch.max(1), claim));
+        self
     }
 }
 
@@ -554,7 +587,13 @@ struct Shared<S, C> {
     dead_letters: HashMap<String, String>,
     max_buffered: usize,
     order: PartitionOrder,
+    ahead: Option<(usize, Ahead)>,
 }
+
+/// Claims records ahead of their runs, in one round trip.
+type Ahead = Arc<
+    dyn Fn(Vec<Arc<KafkaMessage>>) -> BoxFuture<'static, Vec<Option<ClaimedAhead>>> + Send + Sync,
+>;
 
 /// A lane as the dispatcher holds it.
 struct LaneHandle {
@@ -582,6 +621,7 @@ impl<S: Store, C: Codec> KafkaConsumer<S, C> {
             assumed_window: None,
             max_buffered: DEFAULT_MAX_BUFFERED,
             order: PartitionOrder::Offsets,
+            ahead: None,
             setup_timeout: DEFAULT_SETUP_TIMEOUT,
         }
     }
@@ -707,13 +747,19 @@ async fn lane<S, C, T, E, H, Fut>(
     Fut: Future<Output = Result<T, E>> + Send + 'static,
 {
     let low_water = shared.max_buffered / 2;
-    let window = shared.order.window();
+    let ahead = match (&shared.ahead, shared.order) {
+        (Some((batch, claim)), PartitionOrder::Offsets) => Some((*batch, Arc::clone(claim))),
+        _ => None,
+    };
+    let window = ahead
+        .as_ref()
+        .map_or(shared.order.window(), |(batch, _)| *batch);
     let mut unsettled: BTreeSet<i64> = BTreeSet::new();
-    let mut chains: HashMap<Chain, VecDeque<Arc<KafkaMessage>>> = HashMap::new();
+    let mut chains: HashMap<Chain, VecDeque<Queued>> = HashMap::new();
     let mut running: JoinSet<(Chain, i64, bool)> = JoinSet::new();
     let mut taken_up_to = None;
     let mut stored = None;
-    let start = |record: Arc<KafkaMessage>, chain: Chain, running: &mut JoinSet<_>| {
+    let start = |queued: Queued, chain: Chain, running: &mut JoinSet<_>| {
         let (shared, state, handler, stop) = (
             Arc::clone(&shared),
             Arc::clone(&state),
@@ -721,8 +767,8 @@ async fn lane<S, C, T, E, H, Fut>(
             stop.clone(),
         );
         running.spawn(async move {
-            let offset = record.offset();
-            let settled = shared.settle(record, &*handler, &state, &stop).await;
+            let offset = queued.record.offset();
+            let settled = shared.settle(queued, &*handler, &state, &stop).await;
             (chain, offset, settled)
         });
     };
@@ -747,9 +793,9 @@ async fn lane<S, C, T, E, H, Fut>(
                 taken_up_to = Some(record.offset() + 1);
                 let chain = shared.order.chain(&record);
                 let queue = chains.entry(chain.clone()).or_default();
-                queue.push_back(Arc::clone(&record));
+                queue.push_back(Queued { record, ahead: None });
                 if queue.len() == 1 {
-                    start(record, chain, &mut running);
+                    start(queue[0].take(), chain, &mut running);
                 }
             }
             Some(done) = running.join_next(), if !running.is_empty() => {
@@ -766,11 +812,13 @@ async fn lane<S, C, T, E, H, Fut>(
                 unsettled.remove(&offset);
                 if let Some(queue) = chains.get_mut(&chain) {
                     queue.pop_front();
-                    match queue.front() {
-                        Some(next) if !ended => start(Arc::clone(next), chain, &mut running),
-                        _ => {
-                            chains.remove(&chain);
+                    if queue.is_empty() || ended {
+                        chains.remove(&chain);
+                    } else {
+                        if let Some((batch, claim)) = &ahead {
+                            claim_waiting(queue, *batch, claim).await;
                         }
+                        start(queue[0].take(), chain, &mut running);
                     }
                 }
                 let next = unsettled.first().copied().or(taken_up_to);
@@ -784,6 +832,46 @@ async fn lane<S, C, T, E, H, Fut>(
                 }
             }
         }
+    }
+}
+
+/// A record waiting in its chain, with the claim made ahead for it.
+struct Queued {
+    record: Arc<KafkaMessage>,
+    ahead: Option<ClaimedAhead>,
+}
+
+impl Queued {
+    /// The record and its claim, leaving the claim behind empty (the
+    /// record stays queued until it is settled).
+    fn take(&mut self) -> Queued {
+        Queued {
+            record: Arc::clone(&self.record),
+            ahead: self.ahead.take(),
+        }
+    }
+}
+
+/// Claims, in one round trip, up to `batch` records at the front of
+/// `queue` that wait without a claim, when there are at least two (one
+/// is claimed as well by its own run).
+async fn claim_waiting(queue: &mut VecDeque<Queued>, batch: usize, claim: &Ahead) {
+    if queue.front().is_some_and(|q| q.ahead.is_some()) {
+        return;
+    }
+    let waiting: Vec<usize> = (0..queue.len())
+        .filter(|&i| queue[i].ahead.is_none())
+        .take(batch)
+        .collect();
+    if waiting.len() < 2 {
+        return;
+    }
+    let records = waiting
+        .iter()
+        .map(|&i| Arc::clone(&queue[i].record))
+        .collect();
+    for (i, claimed) in waiting.into_iter().zip(claim(records).await) {
+        queue[i].ahead = claimed;
     }
 }
 
@@ -837,7 +925,7 @@ impl<S: Store, C: Codec> Shared<S, C> {
     /// in place; false when the lane ended first.
     async fn settle<T, E, H, Fut>(
         &self,
-        record: Arc<KafkaMessage>,
+        queued: Queued,
         handler: &H,
         state: &LaneState,
         stop: &watch::Receiver<bool>,
@@ -848,8 +936,16 @@ impl<S: Store, C: Codec> Shared<S, C> {
         H: Fn(Job<KafkaMessage>) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        let Queued { record, mut ahead } = queued;
         loop {
-            let decision = self.consumer.process(Arc::clone(&record), handler).await;
+            let decision = match ahead.take() {
+                Some(claimed) => {
+                    self.consumer
+                        .process_claimed(Arc::clone(&record), claimed, handler)
+                        .await
+                }
+                None => self.consumer.process(Arc::clone(&record), handler).await,
+            };
             let after = match decision.disposition {
                 Disposition::Ack(_) => return true,
                 Disposition::DeadLetter { reason } => {

@@ -288,6 +288,62 @@ async fn a_failing_record_is_retried_in_place_and_nothing_passes_it() {
     assert_eq!(setup.progress(1)[&0], (3, 3), "committed past all three");
 }
 
+/// With claims made ahead, a partition's waiting records are claimed in
+/// batches, and each still runs once, in offset order, with retries in
+/// place and duplicates replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_made_ahead_keep_offset_order_and_one_effect_per_key() {
+    let setup = Setup::new("ahead", 1).await;
+    let producer = setup.producer();
+    let mut first_seen = Vec::new();
+    for round in 0..2 {
+        for i in 0..40 {
+            let key = format!("k-{i}");
+            let flaky = i == 20;
+            let body = format!(r#"{{"id":"{key}","flaky":{flaky}}}"#);
+            producer.send(&setup.topic, Some(&key), &body, None).await;
+            if round == 0 {
+                first_seen.push(key);
+            }
+        }
+    }
+    let kafka = KafkaConsumer::builder(
+        &setup.bootstrap,
+        &setup.group(),
+        &[&setup.topic],
+        setup.consumer().await,
+    )
+    .consumer_set("session.timeout.ms", "6000")
+    .claim_ahead(16)
+    .connect()
+    .await
+    .expect("connect");
+    let stats = kafka.consumer().clone();
+    let (stop, running) = run_orders(kafka, &setup.ledger);
+    let done = eventually(Duration::from_secs(30), || {
+        let s = stats.stats();
+        s.executed + s.replayed == 80
+    })
+    .await;
+    let committed = caught_up(&setup, 1).await;
+    stop.send(()).expect("stop");
+    running.await.expect("task").expect("run");
+    assert!(done, "{:?}", stats.stats());
+    assert_eq!(
+        setup.ledger.effects_in_order(),
+        first_seen,
+        "one effect per key, in offset order"
+    );
+    assert_eq!(setup.ledger.started()["k-20"], 2, "failed once, then ran");
+    let stats = stats.stats();
+    assert_eq!(
+        (stats.executed, stats.replayed, stats.retries),
+        (40, 40, 1),
+        "{stats:?}"
+    );
+    assert!(committed, "committed past all 80: {:?}", setup.progress(1));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_key_order_other_keys_pass_a_retrying_record_and_each_key_keeps_its_order() {
     let setup = Setup::new("keys", 1).await;

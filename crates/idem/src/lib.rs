@@ -85,8 +85,8 @@ pub mod url;
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use codec::{Codec, Json};
 pub use executor::{
-    default_classifier, Backoff, Classifier, ConfigError, Context, Heartbeats, Idempotency,
-    IdempotencyBuilder, Outcome, RunError, Terminal, STORE_RETRY_AFTER,
+    default_classifier, Backoff, ClaimedAhead, Classifier, ConfigError, Context, Heartbeats,
+    Idempotency, IdempotencyBuilder, Outcome, RunError, Terminal, STORE_RETRY_AFTER,
 };
 pub use fingerprint::{canonical_json, Fingerprint, FingerprintError};
 pub use key::{Key, KeyError, KeyRules, RecordId, Scope, DEFAULT_MAX_KEY_LEN, MAX_SCOPE_LEN};

@@ -861,3 +861,103 @@ async fn forever_durations_are_accepted_without_panics() {
         .expect("replay");
     assert_eq!(again, Outcome::Replayed { value });
 }
+
+/// Claims made ahead in one round trip answer each run as `run` would:
+/// a new key runs, a completed one replays, one held elsewhere is in
+/// progress, one reused with another payload is a mismatch; a claim that
+/// waited past its lease runs if nobody took it over, and does not run if
+/// somebody did.
+#[tokio::test(start_paused = true)]
+async fn claims_made_ahead_answer_each_run_as_run_would() {
+    let idem = Idempotency::builder(paused_store())
+        .lease(Duration::from_secs(10))
+        .heartbeat(Duration::from_secs(2))
+        .build()
+        .expect("config");
+    let runs = Arc::new(AtomicU32::new(0));
+    let handler = |value: u32| {
+        let runs = Arc::clone(&runs);
+        move |_ctx| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Io>(value)
+        }
+    };
+    let done = idem
+        .run(&id("done"), Some(Fingerprint::of_bytes(b"a")), handler(1))
+        .await;
+    assert!(matches!(done, Ok(Outcome::Executed { value: 1, .. })));
+    let held = idem
+        .store()
+        .claim(&id("held"), &idem_params(&idem))
+        .await
+        .expect("claim");
+    assert!(matches!(held, ClaimOutcome::Acquired(_)));
+
+    let fp = |b: &[u8]| Some(Fingerprint::of_bytes(b));
+    let mut ahead = idem
+        .claim_ahead(vec![
+            (id("new"), fp(b"n")),
+            (id("done"), fp(b"a")),
+            (id("held"), None),
+            (id("done"), fp(b"other")),
+            (id("late"), None),
+            (id("taken"), None),
+        ])
+        .await
+        .into_iter();
+    let mut next = || ahead.next().expect("one per run");
+    assert!(matches!(
+        idem.run_claimed(next(), handler(2)).await,
+        Ok(Outcome::Executed { value: 2, .. })
+    ));
+    assert!(matches!(
+        idem.run_claimed(next(), handler(3)).await,
+        Ok(Outcome::Replayed { value: 1 })
+    ));
+    assert!(matches!(
+        idem.run_claimed(next(), handler(4)).await,
+        Err(RunError::InProgress { .. })
+    ));
+    assert!(matches!(
+        idem.run_claimed(next(), handler(5)).await,
+        Err(RunError::Mismatch)
+    ));
+    let (late, taken) = (next(), next());
+    tokio::time::advance(Duration::from_secs(11)).await;
+    let other = idem
+        .store()
+        .claim(&id("taken"), &idem_params(&idem))
+        .await
+        .expect("claim");
+    assert!(
+        matches!(other, ClaimOutcome::Acquired(_)),
+        "another worker takes over the expired claim"
+    );
+    assert!(
+        matches!(
+            idem.run_claimed(taken, handler(6)).await,
+            Err(RunError::LeaseLost)
+        ),
+        "a claim taken over while it waited does not run"
+    );
+    assert!(
+        matches!(
+            idem.run_claimed(late, handler(7)).await,
+            Ok(Outcome::Executed { value: 7, .. })
+        ),
+        "a claim nobody took over is renewed and runs"
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        3,
+        "`done`, `new` and `late` ran"
+    );
+}
+
+fn idem_params<S: Store>(idem: &Idempotency<S>) -> ClaimParams {
+    ClaimParams {
+        fingerprint: None,
+        lease: idem.lease(),
+        retention: idem.retention(),
+    }
+}
