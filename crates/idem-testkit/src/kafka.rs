@@ -8,15 +8,11 @@
 //! when the test process exits, the watchdog kills the broker by PID.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use crate::server::{failed, which, Watched};
+use crate::server::{failed, tool, Watched};
 pub use crate::server::{free_port, ServerError};
-
-/// The watchdog: `$0` is the program to run.
-const WATCHDOG: &str = r#""$0" "$@" & pid=$!; read -r _; case "$pid" in ''|0|*[!0-9]*) exit 1 ;; esac; kill -s KILL -- "$pid"; wait "$pid""#;
 
 /// One Tansu broker child process.
 #[derive(Debug)]
@@ -28,15 +24,7 @@ pub struct KafkaServer {
 /// Where the `tansu` program is: `IDEM_TANSU`, then `PATH`, then the link
 /// `scripts/test` makes.
 pub fn program() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("IDEM_TANSU") {
-        return Some(PathBuf::from(path));
-    }
-    if which("tansu") {
-        return Some(PathBuf::from("tansu"));
-    }
-    let home = std::env::var_os("HOME")?;
-    let link = PathBuf::from(home).join(".cache/idem/tools/tansu/bin/tansu");
-    link.is_file().then_some(link)
+    tool("IDEM_TANSU", "tansu", "tansu/bin/tansu")
 }
 
 impl KafkaServer {
@@ -56,8 +44,7 @@ impl KafkaServer {
         let program = program().ok_or(ServerError::NotInstalled("tansu"))?;
         let port = free_port()?;
         let url = format!("tcp://127.0.0.1:{port}");
-        let mut watchdog = Command::new("sh");
-        watchdog.arg("-c").arg(WATCHDOG).arg(&program).args([
+        let args = [
             "broker",
             "--listener-url",
             &url,
@@ -65,8 +52,8 @@ impl KafkaServer {
             &url,
             "--storage-engine",
             "memory://tansu/",
-        ]);
-        let process = Watched::start(watchdog, "tansu", port, Duration::from_secs(30))?;
+        ];
+        let process = Watched::program(&program, args, "tansu", port, Duration::from_secs(30))?;
         Ok(Self {
             port,
             _process: process,

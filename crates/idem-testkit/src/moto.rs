@@ -7,15 +7,11 @@
 //! when the test process exits, the watchdog kills the server by PID.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use crate::server::{failed, which, Watched};
+use crate::server::{failed, tool, Watched};
 pub use crate::server::{free_port, ServerError};
-
-/// The watchdog: `$0` is the program to run.
-const WATCHDOG: &str = r#""$0" "$@" & pid=$!; read -r _; case "$pid" in ''|0|*[!0-9]*) exit 1 ;; esac; kill -s KILL -- "$pid"; wait "$pid""#;
 
 /// The credentials and region tests sign with (moto accepts any).
 pub const ACCESS_KEY: &str = "idem-test";
@@ -34,15 +30,7 @@ pub struct MotoServer {
 /// Where the `moto_server` program is: `IDEM_MOTO_SERVER`, then `PATH`,
 /// then the virtual environment `scripts/test` makes.
 pub fn program() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("IDEM_MOTO_SERVER") {
-        return Some(PathBuf::from(path));
-    }
-    if which("moto_server") {
-        return Some(PathBuf::from("moto_server"));
-    }
-    let home = std::env::var_os("HOME")?;
-    let venv = PathBuf::from(home).join(".cache/idem/tools/moto/bin/moto_server");
-    venv.is_file().then_some(venv)
+    tool("IDEM_MOTO_SERVER", "moto_server", "moto/bin/moto_server")
 }
 
 impl MotoServer {
@@ -60,14 +48,13 @@ impl MotoServer {
     pub fn start() -> Result<Self, ServerError> {
         let program = program().ok_or(ServerError::NotInstalled("moto_server"))?;
         let port = free_port()?;
-        let mut watchdog = Command::new("sh");
-        watchdog.arg("-c").arg(WATCHDOG).arg(&program).args([
-            "-H",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-        ]);
-        let process = Watched::start(watchdog, "moto_server", port, Duration::from_secs(30))?;
+        let process = Watched::program(
+            &program,
+            ["-H", "127.0.0.1", "-p", &port.to_string()],
+            "moto_server",
+            port,
+            Duration::from_secs(30),
+        )?;
         Ok(Self {
             port,
             _process: process,

@@ -1,7 +1,9 @@
 //! What the test servers share: their error, free ports, and finding
 //! programs.
 
+use std::ffi::OsStr;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -29,6 +31,25 @@ pub(crate) fn which(program: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
 }
+
+/// A program `scripts/test` installs into the tools cache: the path in
+/// `env_var` if set, then `name` on `PATH`, then
+/// `~/.cache/idem/tools/<cached>`.
+pub(crate) fn tool(env_var: &str, name: &str, cached: &str) -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(env_var) {
+        return Some(PathBuf::from(path));
+    }
+    if which(name) {
+        return Some(PathBuf::from(name));
+    }
+    let home = std::env::var_os("HOME")?;
+    let path = PathBuf::from(home).join(".cache/idem/tools").join(cached);
+    path.is_file().then_some(path)
+}
+
+/// The watchdog for a server that needs nothing but killing: `$0` is the
+/// program, the rest its arguments.
+const WATCHDOG: &str = r#""$0" "$@" & pid=$!; read -r _; case "$pid" in ''|0|*[!0-9]*) exit 1 ;; esac; kill -s KILL -- "$pid"; wait "$pid""#;
 
 /// A free loopback port (free when asked; bind it soon).
 pub fn free_port() -> Result<u16, ServerError> {
@@ -103,6 +124,27 @@ impl Watched {
         };
         wait_listening(&mut watched.child, program, port, limit).map_err(failed)?;
         Ok(watched)
+    }
+}
+
+impl Watched {
+    /// Runs `program` with `args` under the plain watchdog (SIGKILL by PID
+    /// when the pipe closes) and waits up to `limit` for it to listen on
+    /// `port`; `name` is what errors call it.
+    pub(crate) fn program<I, A>(
+        program: &Path,
+        args: I,
+        name: &str,
+        port: u16,
+        limit: Duration,
+    ) -> Result<Self, ServerError>
+    where
+        I: IntoIterator<Item = A>,
+        A: AsRef<OsStr>,
+    {
+        let mut watchdog = Command::new("sh");
+        watchdog.arg("-c").arg(WATCHDOG).arg(program).args(args);
+        Self::start(watchdog, name, port, limit)
     }
 }
 
