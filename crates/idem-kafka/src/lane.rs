@@ -68,18 +68,11 @@ impl LaneState {
     /// Sleeps for `delay`; false when the lane ended first.
     pub(crate) async fn sleep(&self, delay: Duration, stop: &watch::Receiver<bool>) -> bool {
         let mut stopping = stop.clone();
-        let woken = self.wake.notified();
-        tokio::pin!(woken);
-        woken.as_mut().enable();
-        if self.ended(stop) {
-            return false;
-        }
-        let slept = tokio::select! {
-            () = tokio::time::sleep(delay) => true,
-            () = woken => false,
+        tokio::select! {
+            () = tokio::time::sleep(delay) => !self.ended(stop),
+            () = self.revoked() => false,
             _ = stopping.wait_for(|stopping| *stopping) => false,
-        };
-        slept && !self.ended(stop)
+        }
     }
 
     /// Counts a record handed to the lane, and pauses the partition once

@@ -429,7 +429,8 @@ impl<S: Store, C: Codec> KafkaConsumerBuilder<S, C> {
                 dead_letters,
                 max_buffered: self.max_buffered,
                 order: self.order,
-                ahead: self.ahead,
+                // Claims made ahead serve only one-at-a-time lanes.
+                ahead: self.ahead.filter(|_| self.order == PartitionOrder::Offsets),
             }),
         })
     }
@@ -443,12 +444,11 @@ where
     /// In offset order, claims up to `batch` of a partition's waiting
     /// records in one round trip (the store's `claim_many`) instead of one
     /// claim per record; each record still runs, completes and commits one
-    /// at a time, in order. A claim's lease is measured from the batch
-    /// claim and kept alive from its run on, so a batch must start running
-    /// within the lease: with handlers of up to *h*, keep `batch` × *h*
-    /// well under the lease (a lease that runs out before its record runs
-    /// costs that record an attempt). Ignored under
-    /// [`PartitionOrder::Keys`].
+    /// at a time, in order. A claim is renewed when its record starts; one
+    /// that waited past its lease and was taken over by another worker
+    /// meanwhile does not run here (the record is retried in place and
+    /// meets that worker's claim), so keep `batch` × the longest handler
+    /// under the lease. Ignored under [`PartitionOrder::Keys`].
     #[must_use]
     pub fn claim_ahead(mut self, batch: usize) -> Self {
         let consumer = self.consumer.clone();
@@ -747,11 +747,8 @@ async fn lane<S, C, T, E, H, Fut>(
     Fut: Future<Output = Result<T, E>> + Send + 'static,
 {
     let low_water = shared.max_buffered / 2;
-    let ahead = match (&shared.ahead, shared.order) {
-        (Some((batch, claim)), PartitionOrder::Offsets) => Some((*batch, Arc::clone(claim))),
-        _ => None,
-    };
-    let window = ahead
+    let window = shared
+        .ahead
         .as_ref()
         .map_or(shared.order.window(), |(batch, _)| *batch);
     let mut unsettled: BTreeSet<i64> = BTreeSet::new();
@@ -815,7 +812,7 @@ async fn lane<S, C, T, E, H, Fut>(
                     if queue.is_empty() || ended {
                         chains.remove(&chain);
                     } else {
-                        if let Some((batch, claim)) = &ahead {
+                        if let Some((batch, claim)) = &shared.ahead {
                             claim_waiting(queue, *batch, claim).await;
                         }
                         start(queue[0].take(), chain, &mut running);
