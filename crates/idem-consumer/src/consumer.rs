@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::task::JoinSet;
 
-use crate::key::KeyExtractor;
+use crate::key::{KeyExtractor, KeyProblem};
 use crate::metrics as m;
 use crate::window::{RedeliveryWindow, WindowError};
 use crate::Message;
@@ -403,7 +403,10 @@ impl<S: Store, C: Codec> Consumer<S, C> {
                 self.run_job(message, id, Start::Claim(fingerprint), handler)
                     .await
             }
-            Err(decision) => decision,
+            Err(problem) => {
+                tracing::warn!(consumer = %self.inner.name, %problem, "delivery has no usable key");
+                self.decide(None, dead_letter(problem.to_string()))
+            }
         }
     }
 
@@ -452,17 +455,14 @@ impl<S: Store, C: Codec> Consumer<S, C> {
             .await
     }
 
-    /// A delivery's record id and fingerprint, or the dead-letter decision
-    /// when it has no usable key.
+    /// A delivery's record id and fingerprint, or why it has no usable
+    /// key.
     fn prepare<M: Message + ?Sized>(
         &self,
         message: &M,
-    ) -> Result<(RecordId, Option<Fingerprint>), Decision> {
+    ) -> Result<(RecordId, Option<Fingerprint>), KeyProblem> {
         let inner = &*self.inner;
-        let key = inner.keys.extract(message).map_err(|problem| {
-            tracing::warn!(consumer = %inner.name, %problem, "delivery has no usable key");
-            self.decide(None, dead_letter(problem.to_string()))
-        })?;
+        let key = inner.keys.extract(message)?;
         let fingerprint = inner
             .fingerprint
             .then(|| payload_fingerprint(message.payload()));
