@@ -4,8 +4,8 @@
 //! store runs them) with the same client count. One pgbench transaction is
 //! one pair, so the ratio column is idem pairs/s over pgbench tps.
 //!
-//! Then batched claims (`claim_many`, 100 per call) against single claims,
-//! and replays through the cache tier (an in-process LRU, and Redis)
+//! Then batched claims (`claim_many`, 100 per call) against single claims
+//! and against pgbench running the same batch statement, and replays through the cache tier (an in-process LRU, and Redis)
 //! against replays answered by PostgreSQL alone.
 //!
 //! Run: `cargo bench -p idem-postgres --bench pairs [-- --secs N]`
@@ -26,7 +26,7 @@ use idem::cache::{Cached, LruCache};
 use idem::{ClaimMany, ClaimOutcome, ClaimParams, RecordId, Store};
 use idem_postgres::PgStore;
 use idem_testkit::bench::{rate, secs_arg};
-use idem_testkit::postgres::PgServer;
+use idem_testkit::postgres::{pgbench_command, PgServer};
 use idem_testkit::redis::RedisServer;
 
 const CONNECTIONS: [usize; 3] = [1, 8, 32];
@@ -35,6 +35,28 @@ const HOT_KEYS: usize = 1000;
 
 fn params() -> ClaimParams {
     ClaimParams::new(Duration::from_secs(30), Duration::from_secs(3600))
+}
+
+/// A pgbench script of one `claim_many` statement claiming `batch` fresh
+/// keys, as the store sends it.
+fn batch_script(store: &PgStore, batch: usize) -> String {
+    let each = |expr: &str| format!("ARRAY(SELECT {expr} FROM generate_series(1, {batch}) g)");
+    let mut script = String::from("\\set n random(1, 1000000000000)\n");
+    script.push_str(&pgbench_command(
+        store.claim_many_sql(),
+        &[
+            ("$1", &each("'bench'::text")),
+            (
+                "$2",
+                &each("'b' || :client_id::text || '-' || :n::text || '-' || g"),
+            ),
+            ("$3", &each("NULL::bytea")),
+            ("$4", &each("int8send(:n::bigint) || int8send(g::bigint)")),
+            ("$5", &each("30000::float8")),
+            ("$6", &each("3600000::float8")),
+        ],
+    ));
+    script
 }
 
 /// pgbench running one claim and one complete per transaction: tps.
@@ -149,11 +171,19 @@ async fn main() {
         }
     })
     .await;
-    println!("\n| connections | single claims/s | claim_many({BATCH}) claims/s | batched/single |");
-    println!("|---:|---:|---:|---:|");
+    truncate();
+    let pgbench_batched = server
+        .pgbench(&batch_script(&store, BATCH), 8, secs)
+        .expect("run pgbench")
+        * BATCH as f64;
     println!(
-        "| 8 | {single_claims:.0} | {batched:.0} | {:.1} |",
-        batched / single_claims
+        "\n| connections | single claims/s | claim_many({BATCH}) claims/s | batched/single | pgbench claims/s (same SQL) | batched/pgbench |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| 8 | {single_claims:.0} | {batched:.0} | {:.1} | {pgbench_batched:.0} | {:.2} |",
+        batched / single_claims,
+        batched / pgbench_batched
     );
 
     truncate();

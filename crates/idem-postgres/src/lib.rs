@@ -55,12 +55,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use deadpool_postgres::{Object, Pool};
-use futures_util::future::join_all;
 use idem::{
     journal_of, ClaimMany, ClaimOutcome, ClaimParams, DeleteRecord, DynStepJournal, Failure,
-    FindAbandoned, GetRecord, Lease, ListPage, ListQuery, ListRecords, PurgeExpired, Record,
-    RecordId, RecordTtl, Resolution, Resolved, Scope, StepBegin, StepEntry, StepJournal, Store,
-    StoreError, Timestamp, TokenMint,
+    FindAbandoned, GetRecord, Lease, LeaseToken, ListPage, ListQuery, ListRecords, PurgeExpired,
+    Record, RecordId, RecordTtl, Resolution, Resolved, Scope, StepBegin, StepEntry, StepJournal,
+    Store, StoreError, Timestamp, TokenMint,
 };
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{GenericClient, Statement};
@@ -226,6 +225,7 @@ impl PgStoreBuilder {
 #[derive(Debug)]
 struct Sql {
     claim: String,
+    claim_many: String,
     complete: String,
     fail: String,
     extend: String,
@@ -248,6 +248,7 @@ impl Sql {
         let r = |sql: &str| schema::render(sql, schema_name);
         Self {
             claim: r(include_str!("../sql/claim.sql")),
+            claim_many: r(include_str!("../sql/claim_many.sql")),
             complete: r(include_str!("../sql/complete.sql")),
             fail: r(include_str!("../sql/fail.sql")),
             extend: r(include_str!("../sql/extend.sql")),
@@ -311,6 +312,13 @@ impl PgStore {
     /// parameters are listed at the top of `sql/claim.sql`.
     pub fn claim_sql(&self) -> &str {
         &self.inner.sql.claim
+    }
+
+    /// The batch claim statement as this store runs it (for `pgbench`);
+    /// its parameters, one array element per claim, are listed at the top
+    /// of `sql/claim_many.sql`.
+    pub fn claim_many_sql(&self) -> &str {
+        &self.inner.sql.claim_many
     }
 
     /// The complete statement as this store runs it (for `pgbench`).
@@ -423,50 +431,71 @@ impl PgStore {
         self.timed(client.execute(&statement, params)).await
     }
 
+    /// One `claim_many` statement for the first claim of each key, keys in
+    /// byte order (the same in every batch, so two batches never wait on
+    /// each other in a cycle); then, one by one and in the order given, the
+    /// claims it could not answer and the later claims of a key that occurs
+    /// more than once. The statement commits on its own, so a claim made
+    /// after it that fails is an error for that claim alone: the claims the
+    /// statement acquired are still returned.
     async fn batch(
         &self,
         claims: &[(RecordId, ClaimParams)],
     ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
-        let mut client = self.client().await?;
-        let statement = self.prepare(&client, &self.inner.sql.claim).await?;
-        // Claims of one key run in the order given; keys run in byte order,
-        // the same in every batch, so two batches never wait on each other
-        // in a cycle.
+        let client = self.client().await?;
+        let name = |i: usize| (claims[i].0.scope().as_str(), claims[i].0.key().as_str());
         let mut order: Vec<usize> = (0..claims.len()).collect();
-        order.sort_by(|&a, &b| {
-            let (x, y) = (&claims[a].0, &claims[b].0);
-            (x.scope().as_str(), x.key().as_str()).cmp(&(y.scope().as_str(), y.key().as_str()))
-        });
-        let mut groups: Vec<Vec<usize>> = Vec::new();
-        for i in order {
-            match groups.last_mut() {
-                Some(group) if claims[group[0]].0 == claims[i].0 => group.push(i),
-                _ => groups.push(vec![i]),
+        order.sort_by(|&a, &b| name(a).cmp(&name(b)).then(a.cmp(&b)));
+        let (mut first, mut later) = (Vec::new(), Vec::new());
+        for (pos, &i) in order.iter().enumerate() {
+            match pos.checked_sub(1).map(|p| order[p]) {
+                Some(prev) if claims[prev].0 == claims[i].0 => later.push(i),
+                _ => first.push(i),
             }
         }
-        let tx = self.timed(client.transaction()).await?;
-        let answers = join_all(groups.iter().map(|group| {
-            let (tx, statement) = (&tx, &statement);
-            async move {
-                let mut out = Vec::with_capacity(group.len());
-                for &i in group {
-                    let (id, params) = &claims[i];
-                    out.push((i, self.claim_on(&**tx, statement, id, params).await));
-                }
-                out
-            }
-        }))
-        .await;
+        let tokens: Vec<LeaseToken> = first.iter().map(|_| self.inner.tokens.next()).collect();
+        let scopes: Vec<&str> = first.iter().map(|&i| name(i).0).collect();
+        let keys: Vec<&str> = first.iter().map(|&i| name(i).1).collect();
+        let fingerprints: Vec<Option<&[u8]>> = first
+            .iter()
+            .map(|&i| claims[i].1.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
+            .collect();
+        let token_bytes: Vec<[u8; 16]> = tokens.iter().map(|&t| token_bytes(t)).collect();
+        let token_refs: Vec<&[u8]> = token_bytes.iter().map(|t| &t[..]).collect();
+        let leases: Vec<f64> = first.iter().map(|&i| ms(claims[i].1.lease)).collect();
+        let keeps: Vec<f64> = first.iter().map(|&i| ms(claims[i].1.retention)).collect();
+        let statement = self.prepare(&client, &self.inner.sql.claim_many).await?;
+        let rows = self
+            .timed(client.query(
+                &statement,
+                &[&scopes, &keys, &fingerprints, &token_refs, &leases, &keeps],
+            ))
+            .await?;
         let mut results: Vec<Option<Result<ClaimOutcome, StoreError>>> =
             (0..claims.len()).map(|_| None).collect();
-        for (i, result) in answers.into_iter().flatten() {
-            match result {
-                // The transaction is aborted: nothing of the batch holds.
-                Err(e) if !matches!(e, StoreError::Corrupt { .. }) => return Err(e),
-                result => results[i] = Some(result),
+        for answer in &rows {
+            let slot = answer
+                .try_get::<_, i64>("n")
+                .ok()
+                .and_then(|n| usize::try_from(n).ok()?.checked_sub(1))
+                .filter(|&slot| slot < first.len())
+                .ok_or_else(|| {
+                    StoreError::Backend("claim_many answered an unknown claim".into())
+                })?;
+            let (i, token) = (first[slot], tokens[slot]);
+            let (id, params) = &claims[i];
+            results[i] =
+                row::claim_outcome(Some(answer), id, token, params.fingerprint).transpose();
+        }
+        for &i in first.iter().chain(&later) {
+            if results[i].is_none() {
+                let (id, params) = &claims[i];
+                results[i] = Some(match self.prepare(&client, &self.inner.sql.claim).await {
+                    Ok(single) => self.claim_on(&**client, &single, id, params).await,
+                    Err(e) => Err(e),
+                });
             }
         }
-        self.timed(tx.commit()).await?;
         Ok(results
             .into_iter()
             .map(|r| r.unwrap_or(Err(StoreError::Backend("claim missing from batch".into()))))

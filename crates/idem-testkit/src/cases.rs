@@ -602,6 +602,169 @@ pub async fn batch_claims<S: ConformanceStore>(f: &Fixture<S>) {
     }
 }
 
+/// Inside a batch every claim rule holds as for a single claim: an expired
+/// lease is taken over, a released record is reclaimed, a record past its
+/// retention starts anew, and finished or differently fingerprinted
+/// records answer as they would alone.
+pub async fn batch_claims_follow_every_claim_rule<S: ConformanceStore>(f: &Fixture<S>) {
+    let scope = f.scope("s");
+    let a = params(f).fingerprint(Fingerprint::of_bytes(b"a"));
+    let b = params(f).fingerprint(Fingerprint::of_bytes(b"b"));
+    let [stale, released, expired, done, failed, mismatch, fresh] = [
+        "stale", "released", "expired", "done", "failed", "mismatch", "fresh",
+    ]
+    .map(|k| id(&scope, k));
+    let stale_lease = acquire(f, &stale, &a).await;
+    let lease = acquire(f, &released, &a).await;
+    f.store.release(&lease).await.expect("release");
+    let lease = acquire(f, &expired, &a).await;
+    let expired_fence = lease.fence;
+    f.store
+        .complete(&lease, Bytes::from_static(b"old"), f.lease)
+        .await
+        .expect("complete");
+    for (target, response) in [(&done, "done"), (&mismatch, "kept")] {
+        let lease = acquire(f, target, &a).await;
+        f.store
+            .complete(&lease, Bytes::from(response), LONG)
+            .await
+            .expect("complete");
+    }
+    let lease = acquire(f, &failed, &a).await;
+    let refused = Failure::new(FailureClass::Terminal, "card refused");
+    f.store
+        .fail(&lease, refused.clone(), LONG)
+        .await
+        .expect("fail");
+    f.advance(f.lease).await;
+
+    let batch = vec![
+        (fresh.clone(), a.clone()),
+        (stale.clone(), a.clone()),
+        (released.clone(), a.clone()),
+        (expired.clone(), b.clone()),
+        (done.clone(), a.clone()),
+        (failed.clone(), a.clone()),
+        (mismatch.clone(), b.clone()),
+    ];
+    let results = f.store.claim_many(&batch).await.expect("batch");
+    let outcomes: Vec<ClaimOutcome> = results
+        .into_iter()
+        .map(|r| r.expect("each claim succeeds"))
+        .collect();
+    let lease_of = |i: usize| match &outcomes[i] {
+        ClaimOutcome::Acquired(lease) => lease.clone(),
+        other => panic!("claim of {} should acquire, got {other:?}", batch[i].0),
+    };
+    let fresh_lease = lease_of(0);
+    assert_eq!((fresh_lease.attempt, fresh_lease.takeover), (1, false));
+    let takeover = lease_of(1);
+    assert!(
+        takeover.takeover,
+        "an expired lease in a batch is taken over"
+    );
+    assert_eq!(takeover.attempt, 2);
+    assert!(takeover.fence > stale_lease.fence, "the fence rises");
+    assert_ne!(takeover.token, stale_lease.token);
+    let reclaimed = lease_of(2);
+    assert_eq!((reclaimed.attempt, reclaimed.takeover), (2, false));
+    let anew = lease_of(3);
+    assert_eq!(
+        anew.attempt, 1,
+        "a record past its retention starts anew, whatever its old fingerprint"
+    );
+    assert!(anew.fence > expired_fence, "the fence rises across expiry");
+    assert_eq!(
+        outcomes[4],
+        ClaimOutcome::Completed(Bytes::from_static(b"done"))
+    );
+    assert_eq!(outcomes[5], ClaimOutcome::Failed(refused));
+    assert_eq!(outcomes[6], ClaimOutcome::Mismatch);
+    assert_lease_lost(
+        f.store
+            .complete(&stale_lease, Bytes::from_static(b"late"), LONG)
+            .await,
+        "complete by the holder a batch took over from",
+    );
+    let record = f.store.get(&expired).await.expect("get").expect("present");
+    assert_eq!(record.fingerprint, b.fingerprint);
+}
+
+/// Batches and single claims racing over the same keys: every key is
+/// acquired exactly once, whatever order each batch lists them in.
+pub async fn concurrent_batches_on_overlapping_keys<S: ConformanceStore>(f: &Fixture<S>) {
+    const KEYS: usize = 120;
+    const TASKS: usize = 8;
+    let scope = f.scope("s");
+    let ids: Arc<Vec<RecordId>> =
+        Arc::new((0..KEYS).map(|i| id(&scope, &format!("k{i}"))).collect());
+    let p = ClaimParams::new(Duration::from_secs(60), LONG);
+    let barrier = Arc::new(Barrier::new(2 * TASKS));
+    let task = || {
+        (
+            Arc::clone(&f.store),
+            Arc::clone(&ids),
+            p.clone(),
+            Arc::clone(&barrier),
+        )
+    };
+    let mut tasks = Vec::new();
+    for t in 0..TASKS {
+        let (store, ids, p, barrier) = task();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let mut won = Vec::new();
+            // Batches of 40, each listing its keys in a rotated (odd tasks:
+            // reversed) order, one key twice.
+            for chunk in 0..KEYS / 40 {
+                let mut indexes: Vec<usize> =
+                    (0..40).map(|i| (chunk * 40 + i + t * 13) % KEYS).collect();
+                if t % 2 == 1 {
+                    indexes.reverse();
+                }
+                indexes.push(indexes[0]);
+                let batch: Vec<(RecordId, ClaimParams)> = indexes
+                    .iter()
+                    .map(|&i| (ids[i].clone(), p.clone()))
+                    .collect();
+                let results = store.claim_many(&batch).await.expect("batch");
+                for (&index, result) in indexes.iter().zip(results) {
+                    if let ClaimOutcome::Acquired(_) = result.expect("claim succeeds") {
+                        won.push(index);
+                    }
+                }
+            }
+            won
+        }));
+        let (store, ids, p, barrier) = task();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let mut won = Vec::new();
+            for i in 0..KEYS {
+                let index = (i + t * 29) % KEYS;
+                if let ClaimOutcome::Acquired(_) =
+                    store.claim(&ids[index], &p).await.expect("claim succeeds")
+                {
+                    won.push(index);
+                }
+            }
+            won
+        }));
+    }
+    let mut per_key: HashMap<usize, usize> = HashMap::new();
+    for task in tasks {
+        for index in task.await.expect("task") {
+            *per_key.entry(index).or_default() += 1;
+        }
+    }
+    let doubled: Vec<_> = per_key.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        doubled.is_empty(),
+        "keys acquired more than once: {doubled:?}"
+    );
+    assert_eq!(per_key.len(), KEYS, "every key must be acquired");
+}
+
 /// Purge removes expired records and nothing else, in bounded batches.
 pub async fn purge_removes_only_expired<S: ConformanceStore>(f: &Fixture<S>) {
     let scope = f.scope("s");

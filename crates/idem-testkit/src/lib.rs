@@ -170,6 +170,8 @@ macro_rules! conformance_suite {
             concurrent_claimers_on_expired_and_released_records,
             concurrent_claimers_on_many_keys,
             batch_claims,
+            batch_claims_follow_every_claim_rule,
+            concurrent_batches_on_overlapping_keys,
             purge_removes_only_expired,
             delete_force_releases,
             list_by_state_and_scope,
