@@ -1,10 +1,12 @@
 //! URLs, the connection pool, and how PostgreSQL errors map onto
 //! [`StoreError`].
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
 use idem::StoreError;
+use tokio_postgres::config::SslMode;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::NoTls;
 
@@ -18,12 +20,50 @@ pub(crate) struct ParsedUrl {
     pub(crate) pool_size: Option<usize>,
     pub(crate) connect_timeout: Option<Duration>,
     pub(crate) response_timeout: Option<Duration>,
+    pub(crate) tls: Tls,
+}
+
+/// libpq's `sslmode` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TlsMode {
+    /// Plain TCP.
+    Disable,
+    /// TLS if the server offers it (certificate not checked), else plain.
+    Prefer,
+    /// TLS, certificate not checked (checked as `VerifyCa` when a root
+    /// certificate is given).
+    Require,
+    /// TLS, the chain must lead to a trusted root.
+    VerifyCa,
+    /// TLS, trusted chain and the host name in the certificate.
+    VerifyFull,
+}
+
+/// How connections are made: `sslmode` and `sslrootcert`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Tls {
+    pub(crate) mode: TlsMode,
+    pub(crate) root_cert: Option<PathBuf>,
+}
+
+impl TlsMode {
+    fn parse(value: &str) -> Option<Self> {
+        Some(match value {
+            "disable" => Self::Disable,
+            "prefer" => Self::Prefer,
+            "require" => Self::Require,
+            "verify-ca" => Self::VerifyCa,
+            "verify-full" => Self::VerifyFull,
+            _ => return None,
+        })
+    }
 }
 
 /// Parses `postgres://` / `postgresql://` URLs. idem reads `schema`,
-/// `pool_size`, `connect_timeout` and `response_timeout` (`500ms`, `2s`);
-/// every other parameter (`sslmode`, `application_name`, …) goes to
-/// tokio-postgres, which rejects the ones it does not know.
+/// `pool_size`, `connect_timeout`, `response_timeout` (`500ms`, `2s`),
+/// `sslmode` and `sslrootcert`; every other parameter (`application_name`,
+/// `options`, …) goes to tokio-postgres, which rejects the ones it does
+/// not know.
 pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
     let invalid = |reason: String| ConnectError::InvalidUrl {
         url: idem::url::redact(url),
@@ -46,6 +86,10 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
         pool_size: None,
         connect_timeout: None,
         response_timeout: None,
+        tls: Tls {
+            mode: TlsMode::Prefer,
+            root_cert: None,
+        },
     };
     let mut passed_on = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -64,13 +108,28 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
             "response_timeout" => {
                 parsed.response_timeout = Some(idem::url::parse_duration(value).map_err(invalid)?);
             }
-            "sslmode" if value != "disable" && value != "prefer" => {
-                return Err(invalid(format!(
-                    "sslmode={value} needs TLS, which this build of idem-postgres does not have; \
-                     use sslmode=disable on a trusted network"
-                )))
+            "sslmode" => {
+                parsed.tls.mode = TlsMode::parse(value).ok_or_else(|| {
+                    invalid(format!(
+                        "sslmode={value:?} is not one of disable, prefer, require, verify-ca, verify-full"
+                    ))
+                })?;
+            }
+            "sslrootcert" if !value.is_empty() => {
+                parsed.tls.root_cert = Some(PathBuf::from(percent_decode(value)));
             }
             _ => passed_on.push(pair),
+        }
+    }
+    if !cfg!(feature = "tls") {
+        let needs_tls = parsed.tls.root_cert.is_some()
+            || !matches!(parsed.tls.mode, TlsMode::Disable | TlsMode::Prefer);
+        if needs_tls {
+            return Err(invalid(
+                "sslmode=require/verify-ca/verify-full and sslrootcert need TLS: \
+                 build idem-postgres with its `tls` feature"
+                    .into(),
+            ));
         }
     }
     let rebuilt = if passed_on.is_empty() {
@@ -81,7 +140,37 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
     parsed.config = rebuilt
         .parse()
         .map_err(|e: tokio_postgres::Error| invalid(e.to_string()))?;
+    parsed.config.ssl_mode(match parsed.tls.mode {
+        TlsMode::Disable => SslMode::Disable,
+        TlsMode::Prefer => SslMode::Prefer,
+        TlsMode::Require | TlsMode::VerifyCa | TlsMode::VerifyFull => SslMode::Require,
+    });
     Ok(parsed)
+}
+
+/// `%XX` escapes decoded (a path in a URL parameter); anything that is not
+/// a valid escape is kept as it is.
+fn percent_decode(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// A pool of connections made from `config`. Connections that the server
@@ -89,18 +178,24 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
 /// the pool heals itself once the server is back.
 pub(crate) fn pool(
     mut config: tokio_postgres::Config,
+    tls: &Tls,
     size: usize,
     connect: Duration,
     response: Duration,
 ) -> Result<Pool, String> {
     config.connect_timeout(connect);
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
+    let manager_config = ManagerConfig {
+        recycling_method: RecyclingMethod::Fast,
+    };
+    let manager = match tls.mode {
+        TlsMode::Disable => Manager::from_config(config, NoTls, manager_config),
+        #[cfg(feature = "tls")]
+        _ => Manager::from_config(config, crate::tls::connector(tls)?, manager_config),
+        // Without the feature only `prefer` gets here (parse_url refuses
+        // the rest), and with no TLS to offer it is a plain connection.
+        #[cfg(not(feature = "tls"))]
+        _ => Manager::from_config(config, NoTls, manager_config),
+    };
     Pool::builder(manager)
         .max_size(size)
         .runtime(Runtime::Tokio1)
@@ -183,6 +278,40 @@ mod tests {
         assert_eq!(p.config.get_dbname(), Some("orders"));
         assert_eq!(p.config.get_user(), Some("app"));
         assert_eq!(p.config.get_application_name(), Some("svc"));
+        assert_eq!(p.tls.mode, TlsMode::Prefer, "libpq's default");
+    }
+
+    #[test]
+    fn ssl_parameters_are_read_by_idem() {
+        let p = parse_url("postgres://h/db?sslmode=disable").expect("valid");
+        assert_eq!(p.tls.mode, TlsMode::Disable);
+        assert_eq!(p.config.get_ssl_mode(), SslMode::Disable);
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn verify_modes_and_root_certificates_are_read() {
+        let url = "postgres://h/db?sslmode=verify-full&sslrootcert=/etc/ca%20dir/root.crt";
+        let p = parse_url(url).expect("valid");
+        assert_eq!(p.tls.mode, TlsMode::VerifyFull);
+        assert_eq!(p.config.get_ssl_mode(), SslMode::Require);
+        assert_eq!(
+            p.tls.root_cert.as_deref(),
+            Some(std::path::Path::new("/etc/ca dir/root.crt"))
+        );
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn verify_modes_need_the_tls_feature() {
+        for url in [
+            "postgres://h/db?sslmode=require",
+            "postgres://h/db?sslmode=verify-full",
+            "postgres://h/db?sslrootcert=/ca.crt",
+        ] {
+            let err = parse_url(url).expect_err(url).to_string();
+            assert!(err.contains("`tls` feature"), "{url}: {err}");
+        }
     }
 
     #[test]
@@ -194,7 +323,7 @@ mod tests {
                 "postgres://u:pw@h/db?connect_timeout=soon",
                 "not a duration",
             ),
-            ("postgres://u:pw@h/db?sslmode=verify-full", "needs TLS"),
+            ("postgres://u:pw@h/db?sslmode=allow", "not one of"),
             ("postgres://u:pw@h/db?no_such_option=1", "no_such_option"),
             ("127.0.0.1:5432", "expected postgres://"),
         ] {

@@ -36,9 +36,29 @@
 //! `postgres://[user[:password]@]host[:port]/database[?params]`
 //! (or `postgresql://`). idem reads `schema` (default `public`),
 //! `pool_size` (default [`DEFAULT_POOL_SIZE`]), `connect_timeout` and
-//! `response_timeout` (`500ms`, `2s`); every other parameter
-//! (`application_name`, `options`, `sslmode=disable`, …) goes to
+//! `response_timeout` (`500ms`, `2s`), `sslmode` and `sslrootcert`; every
+//! other parameter (`application_name`, `options`, …) goes to
 //! tokio-postgres. Passwords never appear in error messages.
+//!
+//! ## TLS (the `tls` feature)
+//!
+//! `sslmode` means what it means to libpq, so a URL that works with `psql`
+//! works here:
+//!
+//! | `sslmode` | encrypted | server certificate checked |
+//! |---|---|---|
+//! | `disable` | no | - |
+//! | `prefer` (default) | if the server offers TLS | no |
+//! | `require` | yes | no; with `sslrootcert`, as `verify-ca` |
+//! | `verify-ca` | yes | chain to a trusted root |
+//! | `verify-full` | yes | chain to a trusted root, and the host name |
+//!
+//! Only `verify-full` stops an active attacker in between; use it. The
+//! trusted roots are the PEM file `sslrootcert=PATH` names (`%20` and the
+//! like decoded), or the platform's. Without the feature, `disable` and
+//! `prefer` (which then stays plain) are the only modes; any other is
+//! refused with an error saying so. Client certificates (`sslcert`,
+//! `sslkey`) are not supported.
 //!
 //! ## Tables
 //!
@@ -68,6 +88,8 @@ mod conn;
 pub mod inbox;
 mod row;
 mod schema;
+#[cfg(feature = "tls")]
+mod tls;
 
 use conn::{pg_error, pool_error};
 use row::{ms, token_bytes};
@@ -137,6 +159,7 @@ pub enum ConnectError {
 pub struct PgStoreBuilder {
     url: String,
     config: tokio_postgres::Config,
+    tls: conn::Tls,
     schema: String,
     pool_size: usize,
     connect_timeout: Duration,
@@ -187,6 +210,7 @@ impl PgStoreBuilder {
         let url = redact_url(&self.url);
         let pool = conn::pool(
             self.config,
+            &self.tls,
             self.pool_size,
             self.connect_timeout,
             self.response_timeout,
@@ -295,6 +319,7 @@ impl PgStore {
         Ok(PgStoreBuilder {
             url: url.to_owned(),
             config: parsed.config,
+            tls: parsed.tls,
             schema: parsed.schema.unwrap_or_else(|| DEFAULT_SCHEMA.to_owned()),
             pool_size: parsed.pool_size.unwrap_or(DEFAULT_POOL_SIZE),
             connect_timeout: parsed.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),

@@ -3,97 +3,22 @@
 
 #![cfg(feature = "tls")]
 
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
 use idem::{ClaimOutcome, ClaimParams, RecordId, Store};
 use idem_redis::{ConnectError, RedisStore};
 use idem_testkit::redis::{free_port, RedisServer};
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run openssl (apt-get install -y openssl)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A CA and a server certificate for 127.0.0.1 signed by it.
-fn certificates(dir: &Path) {
-    let days = ["-days", "2"];
-    openssl(
-        dir,
-        &[
-            &["req", "-x509", "-newkey", "rsa:2048", "-nodes"][..],
-            &[
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.crt",
-                "-subj",
-                "/CN=idem test CA",
-            ],
-            &days,
-        ]
-        .concat(),
-    );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=127.0.0.1",
-        ],
-    );
-    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").expect("write san.ext");
-    openssl(
-        dir,
-        &[
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "server.csr",
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-            ][..],
-            &[
-                "-CAcreateserial",
-                "-out",
-                "server.crt",
-                "-extfile",
-                "san.ext",
-            ],
-            &days,
-        ]
-        .concat(),
-    );
-}
+use idem_testkit::tls::certificates;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rediss_with_a_private_ca_works_and_an_untrusted_server_is_refused() {
     let dir = tempfile::tempdir().expect("dir");
-    certificates(dir.path());
+    let certs = certificates(dir.path()).expect("make certificates");
     let tls_port = free_port().expect("port");
-    let file = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+    let file = |path: &std::path::Path| path.to_string_lossy().into_owned();
     let tls_port_arg = tls_port.to_string();
-    let (cert, key, ca) = (file("server.crt"), file("server.key"), file("ca.crt"));
+    let (cert, key, ca) = (file(&certs.cert), file(&certs.key), file(&certs.ca));
     let _server = RedisServer::start_with(
         free_port().expect("port"),
         &[

@@ -41,6 +41,7 @@ pub mod rabbitmq;
 pub mod redis;
 pub mod scenario;
 mod server;
+pub mod tls;
 
 pub use server::{free_port, ServerError};
 

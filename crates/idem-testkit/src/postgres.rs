@@ -11,14 +11,17 @@
 //! as root, the server runs as the `postgres` user (PostgreSQL refuses to
 //! run as root).
 
+use std::fs::Permissions;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::server::{failed, free_port, ServerError};
+use crate::tls::Certificates;
 
 /// The watchdog: `$1` is the data directory, the rest is the `postgres`
 /// command line. A first line of `keep` on stdin keeps the data directory
@@ -32,6 +35,7 @@ pub struct PgServer {
     port: u16,
     dir: PathBuf,
     owner: Option<(u32, u32)>,
+    settings: Vec<String>,
     process: Option<(Child, ChildStdin)>,
 }
 
@@ -39,6 +43,45 @@ impl PgServer {
     /// Runs `initdb` (trust authentication, superuser `postgres`) and
     /// starts the server on a free loopback port, without a Unix socket.
     pub fn start() -> Result<Self, ServerError> {
+        let mut server = Self::init()?;
+        server.start_again()?;
+        Ok(server)
+    }
+
+    /// Like [`start`](Self::start), serving TLS (`ssl=on`; clients choose
+    /// with `sslmode`) with the server certificate and key of `certs`,
+    /// copied into the data directory for the server's user.
+    pub fn start_tls(certs: &Certificates) -> Result<Self, ServerError> {
+        let mut server = Self::init()?;
+        for (from, name) in [(&certs.cert, "server.crt"), (&certs.key, "server.key")] {
+            let to = server.dir.join(name);
+            std::fs::copy(from, &to)
+                .and_then(|_| std::fs::set_permissions(&to, Permissions::from_mode(0o600)))
+                .map_err(|e| {
+                    failed(format!(
+                        "copying {} to {}: {e}",
+                        from.display(),
+                        to.display()
+                    ))
+                })?;
+            if let Some((uid, gid)) = server.owner {
+                std::os::unix::fs::chown(&to, Some(uid), Some(gid))
+                    .map_err(|e| failed(format!("chown {}: {e}", to.display())))?;
+            }
+        }
+        server.settings = [
+            "ssl=on",
+            "ssl_cert_file=server.crt",
+            "ssl_key_file=server.key",
+        ]
+        .map(String::from)
+        .to_vec();
+        server.start_again()?;
+        Ok(server)
+    }
+
+    /// `initdb` into a new temporary directory; not started.
+    fn init() -> Result<Self, ServerError> {
         let bin = bin_dir()?;
         let dir = tempfile::Builder::new()
             .prefix("idem-pg-")
@@ -69,15 +112,14 @@ impl PgServer {
                 String::from_utf8_lossy(&out.stderr)
             )));
         }
-        let mut server = Self {
+        Ok(Self {
             bin,
             port: free_port()?,
             dir,
             owner,
+            settings: Vec::new(),
             process: None,
-        };
-        server.start_again()?;
-        Ok(server)
+        })
     }
 
     /// The port it listens on.
@@ -203,6 +245,7 @@ impl PgServer {
             .args(["-c", "listen_addresses=127.0.0.1"])
             .args(["-c", "unix_socket_directories="])
             .args(["-c", "max_connections=300"])
+            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
