@@ -34,17 +34,20 @@
 //! ([`InboxError::is_retryable`]), and running the transaction again finds
 //! the duplicate.
 //!
+#![cfg_attr(feature = "sqlx", doc = include_str!("../docs/inbox_sqlx.md"))]
 #![doc = include_str!("../docs/natural.md")]
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, GenericClient, Transaction};
+use tokio_postgres::{Client, Transaction};
 
 use idem::{Fingerprint, RecordId};
 
 use crate::row::ms;
 use crate::schema;
+use run::{DbError, Param};
 
 pub use idem::InboxOutcome;
 
@@ -69,20 +72,34 @@ pub enum InboxError {
     /// Any other PostgreSQL error; see [`is_retryable`](Self::is_retryable).
     #[error("PostgreSQL error in the inbox")]
     Postgres(#[source] tokio_postgres::Error),
+    /// Any other error from sqlx; see [`is_retryable`](Self::is_retryable).
+    #[cfg(feature = "sqlx")]
+    #[error("sqlx error in the inbox")]
+    Sqlx(#[source] sqlx::Error),
 }
 
 impl InboxError {
     /// Whether running the whole transaction again may succeed: a
     /// serialization failure, a deadlock, or a lost connection.
     pub fn is_retryable(&self) -> bool {
+        let retryable_state = |code: &str| {
+            code == SqlState::T_R_SERIALIZATION_FAILURE.code()
+                || code == SqlState::T_R_DEADLOCK_DETECTED.code()
+                || code.starts_with("08")
+        };
         match self {
             InboxError::Postgres(e) => match e.code() {
-                Some(state) => {
-                    *state == SqlState::T_R_SERIALIZATION_FAILURE
-                        || *state == SqlState::T_R_DEADLOCK_DETECTED
-                        || state.code().starts_with("08")
-                }
+                Some(state) => retryable_state(state.code()),
                 None => e.is_closed(),
+            },
+            #[cfg(feature = "sqlx")]
+            InboxError::Sqlx(e) => match e {
+                sqlx::Error::Database(db) => db.code().is_some_and(|c| retryable_state(&c)),
+                sqlx::Error::Io(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed => true,
+                _ => false,
             },
             _ => false,
         }
@@ -100,11 +117,11 @@ pub struct Inbox {
 /// The inbox's statements, with the schema filled in.
 #[derive(Debug, Clone)]
 struct InboxSql {
-    insert: String,
-    renew: String,
-    read: String,
-    respond: String,
-    purge: String,
+    insert: Arc<str>,
+    renew: Arc<str>,
+    read: Arc<str>,
+    respond: Arc<str>,
+    purge: Arc<str>,
 }
 
 impl Inbox {
@@ -125,7 +142,7 @@ impl Inbox {
             schema::valid_schema(schema),
             "invalid schema name {schema:?}: use 1 to 63 characters of a-z 0-9 _"
         );
-        let r = |sql: &str| schema::render(sql, schema);
+        let r = |sql: &str| Arc::from(schema::render(sql, schema));
         Self {
             schema: schema.to_owned(),
             retention,
@@ -144,56 +161,61 @@ impl Inbox {
     pub async fn setup(&self, client: &mut Client) -> Result<(), InboxError> {
         schema::apply(client, &self.schema)
             .await
-            .map_err(|e| self.error(e))?;
+            .map_err(|e| self.error(DbError::Postgres(e)))?;
         Ok(())
     }
 
-    fn error(&self, e: tokio_postgres::Error) -> InboxError {
-        if e.code() == Some(&SqlState::UNDEFINED_TABLE) {
-            InboxError::NotSetUp {
+    fn error(&self, e: DbError) -> InboxError {
+        if e.code().as_deref() == Some(SqlState::UNDEFINED_TABLE.code()) {
+            return InboxError::NotSetUp {
                 table: format!("{}.idem_inbox", self.schema),
-            }
-        } else {
-            InboxError::Postgres(e)
+            };
+        }
+        match e {
+            DbError::Postgres(e) => InboxError::Postgres(e),
+            #[cfg(feature = "sqlx")]
+            DbError::Sqlx(e) => InboxError::Sqlx(e),
         }
     }
 
     /// Records `id` as processed by this transaction if it is new (absent
     /// or past its retention). Call it first in the transaction: a
     /// concurrent duplicate then waits here until this transaction ends.
+    ///
+    /// `tx` is a transaction: see [`InboxTransaction`].
     pub async fn claim(
         &self,
-        tx: &Transaction<'_>,
+        mut tx: impl InboxTransaction,
         id: &RecordId,
         fingerprint: Option<Fingerprint>,
     ) -> Result<InboxOutcome, InboxError> {
         let fp = fingerprint.map(|f| f.as_bytes().to_vec());
-        let (scope, key, keep) = (id.scope().as_str(), id.key().as_str(), ms(self.retention));
+        let (scope, key) = (id.scope().as_str(), id.key().as_str());
+        let params = [
+            Param::Text(scope),
+            Param::Text(key),
+            Param::Bytes(fp.as_deref()),
+            Param::Float(ms(self.retention)),
+        ];
         loop {
             for sql in [&self.sql.insert, &self.sql.renew] {
-                let rows = tx
-                    .query(sql.as_str(), &[&scope, &key, &fp, &keep])
-                    .await
-                    .map_err(|e| self.error(e))?;
-                if !rows.is_empty() {
+                let written = tx.execute(sql, &params).await.map_err(|e| self.error(e))?;
+                if written > 0 {
                     return Ok(InboxOutcome::New);
                 }
             }
-            let Some(row) = tx
-                .query_opt(self.sql.read.as_str(), &[&scope, &key])
+            let Some((stored, response)) = tx
+                .read(&self.sql.read, &params[..2])
                 .await
                 .map_err(|e| self.error(e))?
             else {
                 // Purged or expired between the statements: try again.
                 continue;
             };
-            let stored: Option<Vec<u8>> = row.try_get(0).map_err(InboxError::Postgres)?;
             if stored != fp {
                 return Ok(InboxOutcome::Mismatch);
             }
-            return Ok(InboxOutcome::Duplicate {
-                response: row.try_get(1).map_err(InboxError::Postgres)?,
-            });
+            return Ok(InboxOutcome::Duplicate { response });
         }
     }
 
@@ -201,15 +223,17 @@ impl Inbox {
     /// the claim. A response already stored is never overwritten.
     pub async fn set_response(
         &self,
-        tx: &Transaction<'_>,
+        mut tx: impl InboxTransaction,
         id: &RecordId,
         response: &[u8],
     ) -> Result<(), InboxError> {
+        let params = [
+            Param::Text(id.scope().as_str()),
+            Param::Text(id.key().as_str()),
+            Param::Bytes(Some(response)),
+        ];
         let updated = tx
-            .execute(
-                self.sql.respond.as_str(),
-                &[&id.scope().as_str(), &id.key().as_str(), &response],
-            )
+            .execute(&self.sql.respond, &params)
             .await
             .map_err(|e| self.error(e))?;
         if updated == 0 {
@@ -221,15 +245,245 @@ impl Inbox {
     /// Deletes at most `limit` rows past their retention, skipping rows
     /// other transactions hold; returns how many. Run it outside business
     /// transactions, again while it returns `limit`.
+    ///
+    /// `client` is a connection: see [`InboxExecutor`] (with sqlx,
+    /// `&mut *pool.acquire().await?`).
     pub async fn purge_expired(
         &self,
-        client: &impl GenericClient,
+        mut client: impl InboxExecutor,
         limit: usize,
     ) -> Result<u64, InboxError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         client
-            .execute(self.sql.purge.as_str(), &[&limit])
+            .execute(&self.sql.purge, &[Param::Int(limit)])
             .await
             .map_err(|e| self.error(e))
+    }
+}
+
+/// What the inbox's claim and response run in: a transaction, so the dedup
+/// row commits or rolls back with the business writes. Implemented for
+/// `&tokio_postgres::Transaction<'_>`, `&deadpool_postgres::Transaction<'_>`
+/// and, with the `sqlx` feature, `&mut sqlx::Transaction<'_, sqlx::Postgres>`.
+/// Sealed.
+pub trait InboxTransaction: run::Run {}
+
+/// What [`Inbox::purge_expired`] runs on: a `&` tokio-postgres `Client` or
+/// `Transaction`, a `&` deadpool-postgres `Object` or `Transaction` and,
+/// with the `sqlx` feature, `&mut sqlx::PgConnection`. Sealed.
+pub trait InboxExecutor: run::Run {}
+
+impl InboxTransaction for &Transaction<'_> {}
+impl InboxTransaction for &deadpool_postgres::Transaction<'_> {}
+impl InboxExecutor for &Client {}
+impl InboxExecutor for &Transaction<'_> {}
+impl InboxExecutor for &deadpool_postgres::Object {}
+impl InboxExecutor for &deadpool_postgres::Transaction<'_> {}
+
+mod run {
+    use std::future::Future;
+
+    use tokio_postgres::types::ToSql;
+    use tokio_postgres::GenericClient;
+
+    /// A statement parameter, bound the same way by either driver.
+    #[derive(Debug, Clone, Copy)]
+    pub enum Param<'a> {
+        Text(&'a str),
+        Bytes(Option<&'a [u8]>),
+        Float(f64),
+        Int(i64),
+    }
+
+    /// An error from either driver, before it becomes an [`InboxError`].
+    #[derive(Debug)]
+    pub enum DbError {
+        Postgres(tokio_postgres::Error),
+        #[cfg(feature = "sqlx")]
+        Sqlx(sqlx::Error),
+    }
+
+    impl DbError {
+        /// The SQLSTATE, when the server sent one.
+        pub fn code(&self) -> Option<String> {
+            match self {
+                DbError::Postgres(e) => e.code().map(|c| c.code().to_owned()),
+                #[cfg(feature = "sqlx")]
+                DbError::Sqlx(e) => e
+                    .as_database_error()
+                    .and_then(|d| d.code())
+                    .map(|c| c.into_owned()),
+            }
+        }
+    }
+
+    /// A live row's stored fingerprint and response, if there is one.
+    pub(super) type Stored = Option<(Option<Vec<u8>>, Option<Vec<u8>>)>;
+
+    /// The two statement shapes the inbox runs. Private, so the public
+    /// traits built on it are sealed.
+    pub trait Run: Send {
+        /// Runs `sql`; how many rows it wrote.
+        fn execute(
+            &mut self,
+            sql: &std::sync::Arc<str>,
+            params: &[Param<'_>],
+        ) -> impl Future<Output = Result<u64, DbError>> + Send;
+
+        /// Runs `sql`; its first row's two `bytea` columns.
+        fn read(
+            &mut self,
+            sql: &std::sync::Arc<str>,
+            params: &[Param<'_>],
+        ) -> impl Future<Output = Result<Stored, DbError>> + Send;
+    }
+
+    fn pg<'a>(params: &'a [Param<'a>]) -> Vec<&'a (dyn ToSql + Sync)> {
+        params
+            .iter()
+            .map(|p| -> &(dyn ToSql + Sync) {
+                match p {
+                    Param::Text(v) => v,
+                    Param::Bytes(v) => v,
+                    Param::Float(v) => v,
+                    Param::Int(v) => v,
+                }
+            })
+            .collect()
+    }
+
+    async fn pg_execute(
+        client: &(impl GenericClient + Sync),
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<u64, DbError> {
+        client
+            .execute(sql, &pg(params))
+            .await
+            .map_err(DbError::Postgres)
+    }
+
+    async fn pg_read(
+        client: &(impl GenericClient + Sync),
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Stored, DbError> {
+        let Some(row) = client
+            .query_opt(sql, &pg(params))
+            .await
+            .map_err(DbError::Postgres)?
+        else {
+            return Ok(None);
+        };
+        Ok(Some((
+            row.try_get(0).map_err(DbError::Postgres)?,
+            row.try_get(1).map_err(DbError::Postgres)?,
+        )))
+    }
+
+    /// `Run` for types that are, or dereference to, a tokio-postgres
+    /// client or transaction (`$pg`).
+    macro_rules! run_on_tokio_postgres {
+        ($($ty:ty => $pg:ty),* $(,)?) => {$(
+            impl Run for &$ty {
+                async fn execute(
+                    &mut self,
+                    sql: &std::sync::Arc<str>,
+                    params: &[Param<'_>],
+                ) -> Result<u64, DbError> {
+                    let client: &$pg = self;
+                    pg_execute(client, sql, params).await
+                }
+
+                async fn read(
+                    &mut self,
+                    sql: &std::sync::Arc<str>,
+                    params: &[Param<'_>],
+                ) -> Result<Stored, DbError> {
+                    let client: &$pg = self;
+                    pg_read(client, sql, params).await
+                }
+            }
+        )*};
+    }
+
+    run_on_tokio_postgres!(
+        tokio_postgres::Client => tokio_postgres::Client,
+        tokio_postgres::Transaction<'_> => tokio_postgres::Transaction<'_>,
+        deadpool_postgres::Object => tokio_postgres::Client,
+        deadpool_postgres::Transaction<'_> => tokio_postgres::Transaction<'_>,
+    );
+
+    #[cfg(feature = "sqlx")]
+    mod sqlx_run {
+        use std::sync::Arc;
+
+        use sqlx::postgres::{PgArguments, PgConnection, PgRow};
+        use sqlx::query::Query;
+        use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
+
+        use super::super::{InboxExecutor, InboxTransaction};
+        use super::{DbError, Param, Run, Stored};
+
+        fn bound<'q>(sql: &Arc<str>, params: &[Param<'q>]) -> Query<'q, Postgres, PgArguments> {
+            params.iter().fold(
+                sqlx::query(AssertSqlSafe(Arc::clone(sql))),
+                |q, p| match *p {
+                    Param::Text(v) => q.bind(v),
+                    Param::Bytes(v) => q.bind(v),
+                    Param::Float(v) => q.bind(v),
+                    Param::Int(v) => q.bind(v),
+                },
+            )
+        }
+
+        fn columns(row: Option<PgRow>) -> Result<Stored, DbError> {
+            row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+                .transpose()
+                .map_err(DbError::Sqlx)
+        }
+
+        impl Run for &mut PgConnection {
+            async fn execute(
+                &mut self,
+                sql: &Arc<str>,
+                params: &[Param<'_>],
+            ) -> Result<u64, DbError> {
+                let done = bound(sql, params).execute(&mut **self).await;
+                done.map(|d| d.rows_affected()).map_err(DbError::Sqlx)
+            }
+
+            async fn read(
+                &mut self,
+                sql: &Arc<str>,
+                params: &[Param<'_>],
+            ) -> Result<Stored, DbError> {
+                let row = bound(sql, params).fetch_optional(&mut **self).await;
+                columns(row.map_err(DbError::Sqlx)?)
+            }
+        }
+
+        impl Run for &mut Transaction<'_, Postgres> {
+            async fn execute(
+                &mut self,
+                sql: &Arc<str>,
+                params: &[Param<'_>],
+            ) -> Result<u64, DbError> {
+                let mut connection: &mut PgConnection = self;
+                connection.execute(sql, params).await
+            }
+
+            async fn read(
+                &mut self,
+                sql: &Arc<str>,
+                params: &[Param<'_>],
+            ) -> Result<Stored, DbError> {
+                let mut connection: &mut PgConnection = self;
+                connection.read(sql, params).await
+            }
+        }
+
+        impl InboxTransaction for &mut Transaction<'_, Postgres> {}
+        impl InboxExecutor for &mut PgConnection {}
     }
 }
