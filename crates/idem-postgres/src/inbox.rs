@@ -50,6 +50,7 @@ use crate::schema;
 use run::{DbError, Param};
 
 pub use idem::InboxOutcome;
+pub use partition::PARTITIONS_AHEAD;
 
 /// Why an inbox operation failed. Roll the transaction back.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +63,22 @@ pub enum InboxError {
         /// The table looked for.
         table: String,
     },
+    /// A partitioned inbox has no partition for now: run
+    /// [`Inbox::maintain`] (it makes partitions ahead of time) first.
+    #[error("{table} has no partition for the current time: run Inbox::maintain")]
+    NoPartition {
+        /// The partitioned table.
+        table: String,
+    },
+    /// A partitioned inbox claim in a transaction that is not `READ
+    /// COMMITTED`: after waiting for a duplicate, its snapshot could miss
+    /// the row the duplicate committed.
+    #[error("the partitioned inbox needs READ COMMITTED transactions, not REPEATABLE READ or SERIALIZABLE")]
+    Isolation,
+    /// [`Inbox::maintain`] on an inbox that is not partitioned: use
+    /// [`Inbox::purge_expired`].
+    #[error("maintain is for partitioned inboxes; this one is a plain table: use purge_expired")]
+    NotPartitioned,
     /// [`Inbox::set_response`] for a key this transaction has not claimed,
     /// or whose response is already set (the first is never overwritten).
     #[error("set_response for {id}: no live claim without a response")]
@@ -111,17 +128,35 @@ impl InboxError {
 pub struct Inbox {
     schema: String,
     retention: Duration,
+    /// Partition width in seconds, for the partitioned layout.
+    partition_secs: Option<u64>,
     sql: InboxSql,
 }
 
 /// The inbox's statements, with the schema filled in.
 #[derive(Debug, Clone)]
 struct InboxSql {
-    insert: Arc<str>,
-    renew: Arc<str>,
+    /// Run first, if any; it must return one row.
+    lock: Option<Arc<str>>,
+    /// Run in order until one writes a row: the claim is then new.
+    claim: Vec<Arc<str>>,
     read: Arc<str>,
     respond: Arc<str>,
     purge: Arc<str>,
+}
+
+/// What [`Inbox::maintain`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Maintenance {
+    /// The partitions it made (they did not exist yet).
+    pub created: Vec<String>,
+    /// The partitions it detached and dropped: their ranges ended at least
+    /// the retention ago and all their rows had expired.
+    pub dropped: Vec<String>,
+    /// Another session was maintaining this inbox, so this call did
+    /// nothing.
+    pub busy: bool,
 }
 
 impl Inbox {
@@ -146,9 +181,13 @@ impl Inbox {
         Self {
             schema: schema.to_owned(),
             retention,
+            partition_secs: None,
             sql: InboxSql {
-                insert: r(include_str!("../sql/inbox_claim.sql")),
-                renew: r(include_str!("../sql/inbox_renew.sql")),
+                lock: None,
+                claim: vec![
+                    r(include_str!("../sql/inbox_claim.sql")),
+                    r(include_str!("../sql/inbox_renew.sql")),
+                ],
                 read: r(include_str!("../sql/inbox_read.sql")),
                 respond: r(include_str!("../sql/inbox_respond.sql")),
                 purge: r(include_str!("../sql/inbox_purge.sql")),
@@ -156,19 +195,81 @@ impl Inbox {
         }
     }
 
+    /// The time-partitioned layout: rows go to `<schema>.idem_inbox_p`,
+    /// range-partitioned by creation time into partitions `width` wide
+    /// (whole seconds, at least one). [`maintain`](Self::maintain) makes
+    /// partitions ahead of time and drops a partition once its range ended
+    /// at least the retention ago and all its rows have expired: dropping
+    /// it is the purge, with no row-by-row delete and no vacuum debt.
+    ///
+    /// PostgreSQL cannot keep `(scope, key)` unique across partitions, so
+    /// each claim first takes a transaction advisory lock on its key (a
+    /// duplicate waits there, as it waits on the primary key in the plain
+    /// layout) and then looks for a live row in every partition, one index
+    /// probe each. Claims need `READ COMMITTED` (the default) and refuse
+    /// any other level with [`InboxError::Isolation`]. The two layouts are
+    /// separate tables: switching is a new inbox, not a migration.
+    pub fn partitioned(mut self, width: Duration) -> Self {
+        let secs = width.as_secs() + u64::from(width.subsec_nanos() > 0);
+        let r = |sql: &str| Arc::from(schema::render(sql, &self.schema));
+        self.sql = InboxSql {
+            lock: Some(r(include_str!("../sql/inbox_p_lock.sql"))),
+            claim: vec![r(include_str!("../sql/inbox_p_claim.sql"))],
+            read: r(include_str!("../sql/inbox_p_read.sql")),
+            respond: r(include_str!("../sql/inbox_p_respond.sql")),
+            purge: r(include_str!("../sql/inbox_p_purge.sql")),
+        };
+        self.partition_secs = Some(secs.max(1));
+        self
+    }
+
+    fn table(&self) -> String {
+        let name = match self.partition_secs {
+            Some(_) => "idem_inbox_p",
+            None => "idem_inbox",
+        };
+        format!("{}.{name}", self.schema)
+    }
+
     /// Applies idem's migrations (the store's and the inbox's tables) in
-    /// this inbox's schema.
+    /// this inbox's schema; for a partitioned inbox, also makes its first
+    /// partitions ([`maintain`](Self::maintain)).
     pub async fn setup(&self, client: &mut Client) -> Result<(), InboxError> {
         schema::apply(client, &self.schema)
             .await
             .map_err(|e| self.error(DbError::Postgres(e)))?;
+        if self.partition_secs.is_some() {
+            self.maintain(client).await?;
+        }
         Ok(())
     }
 
+    /// For a partitioned inbox: makes the partitions for the current time
+    /// and the next [`PARTITIONS_AHEAD`] widths that do not exist yet, and
+    /// detaches (`CONCURRENTLY`, so business transactions are not blocked)
+    /// and drops every partition whose range ended at least the retention
+    /// ago and whose rows have all expired. Run it at least once per partition width, on a
+    /// connection outside any transaction; concurrent calls are safe (one
+    /// works, the others return at once with [`Maintenance::busy`]).
+    pub async fn maintain(&self, client: &Client) -> Result<Maintenance, InboxError> {
+        let width = self.partition_secs.ok_or(InboxError::NotPartitioned)?;
+        partition::maintain(client, &self.schema, width, self.retention)
+            .await
+            .map_err(|e| self.error(DbError::Postgres(e)))
+    }
+
     fn error(&self, e: DbError) -> InboxError {
-        if e.code().as_deref() == Some(SqlState::UNDEFINED_TABLE.code()) {
+        let code = e.code();
+        if code.as_deref() == Some(SqlState::UNDEFINED_TABLE.code()) {
             return InboxError::NotSetUp {
-                table: format!("{}.idem_inbox", self.schema),
+                table: self.table(),
+            };
+        }
+        if self.partition_secs.is_some()
+            && code.as_deref() == Some(SqlState::CHECK_VIOLATION.code())
+        {
+            return InboxError::NoPartition {
+                table: self.table(),
             };
         }
         match e {
@@ -197,8 +298,17 @@ impl Inbox {
             Param::Bytes(fp.as_deref()),
             Param::Float(ms(self.retention)),
         ];
+        if let Some(lock) = &self.sql.lock {
+            let taken = tx
+                .execute(lock, &params[..2])
+                .await
+                .map_err(|e| self.error(e))?;
+            if taken != 1 {
+                return Err(InboxError::Isolation);
+            }
+        }
         loop {
-            for sql in [&self.sql.insert, &self.sql.renew] {
+            for sql in &self.sql.claim {
                 let written = tx.execute(sql, &params).await.map_err(|e| self.error(e))?;
                 if written > 0 {
                     return Ok(InboxOutcome::New);
@@ -280,210 +390,5 @@ impl InboxExecutor for &Transaction<'_> {}
 impl InboxExecutor for &deadpool_postgres::Object {}
 impl InboxExecutor for &deadpool_postgres::Transaction<'_> {}
 
-mod run {
-    use std::future::Future;
-
-    use tokio_postgres::types::ToSql;
-    use tokio_postgres::GenericClient;
-
-    /// A statement parameter, bound the same way by either driver.
-    #[derive(Debug, Clone, Copy)]
-    pub enum Param<'a> {
-        Text(&'a str),
-        Bytes(Option<&'a [u8]>),
-        Float(f64),
-        Int(i64),
-    }
-
-    /// An error from either driver, before it becomes an [`InboxError`].
-    #[derive(Debug)]
-    pub enum DbError {
-        Postgres(tokio_postgres::Error),
-        #[cfg(feature = "sqlx")]
-        Sqlx(sqlx::Error),
-    }
-
-    impl DbError {
-        /// The SQLSTATE, when the server sent one.
-        pub fn code(&self) -> Option<String> {
-            match self {
-                DbError::Postgres(e) => e.code().map(|c| c.code().to_owned()),
-                #[cfg(feature = "sqlx")]
-                DbError::Sqlx(e) => e
-                    .as_database_error()
-                    .and_then(|d| d.code())
-                    .map(|c| c.into_owned()),
-            }
-        }
-    }
-
-    /// A live row's stored fingerprint and response, if there is one.
-    pub(super) type Stored = Option<(Option<Vec<u8>>, Option<Vec<u8>>)>;
-
-    /// The two statement shapes the inbox runs. Private, so the public
-    /// traits built on it are sealed.
-    pub trait Run: Send {
-        /// Runs `sql`; how many rows it wrote.
-        fn execute(
-            &mut self,
-            sql: &std::sync::Arc<str>,
-            params: &[Param<'_>],
-        ) -> impl Future<Output = Result<u64, DbError>> + Send;
-
-        /// Runs `sql`; its first row's two `bytea` columns.
-        fn read(
-            &mut self,
-            sql: &std::sync::Arc<str>,
-            params: &[Param<'_>],
-        ) -> impl Future<Output = Result<Stored, DbError>> + Send;
-    }
-
-    fn pg<'a>(params: &'a [Param<'a>]) -> Vec<&'a (dyn ToSql + Sync)> {
-        params
-            .iter()
-            .map(|p| -> &(dyn ToSql + Sync) {
-                match p {
-                    Param::Text(v) => v,
-                    Param::Bytes(v) => v,
-                    Param::Float(v) => v,
-                    Param::Int(v) => v,
-                }
-            })
-            .collect()
-    }
-
-    async fn pg_execute(
-        client: &(impl GenericClient + Sync),
-        sql: &str,
-        params: &[Param<'_>],
-    ) -> Result<u64, DbError> {
-        client
-            .execute(sql, &pg(params))
-            .await
-            .map_err(DbError::Postgres)
-    }
-
-    async fn pg_read(
-        client: &(impl GenericClient + Sync),
-        sql: &str,
-        params: &[Param<'_>],
-    ) -> Result<Stored, DbError> {
-        let Some(row) = client
-            .query_opt(sql, &pg(params))
-            .await
-            .map_err(DbError::Postgres)?
-        else {
-            return Ok(None);
-        };
-        Ok(Some((
-            row.try_get(0).map_err(DbError::Postgres)?,
-            row.try_get(1).map_err(DbError::Postgres)?,
-        )))
-    }
-
-    /// `Run` for types that are, or dereference to, a tokio-postgres
-    /// client or transaction (`$pg`).
-    macro_rules! run_on_tokio_postgres {
-        ($($ty:ty => $pg:ty),* $(,)?) => {$(
-            impl Run for &$ty {
-                async fn execute(
-                    &mut self,
-                    sql: &std::sync::Arc<str>,
-                    params: &[Param<'_>],
-                ) -> Result<u64, DbError> {
-                    let client: &$pg = self;
-                    pg_execute(client, sql, params).await
-                }
-
-                async fn read(
-                    &mut self,
-                    sql: &std::sync::Arc<str>,
-                    params: &[Param<'_>],
-                ) -> Result<Stored, DbError> {
-                    let client: &$pg = self;
-                    pg_read(client, sql, params).await
-                }
-            }
-        )*};
-    }
-
-    run_on_tokio_postgres!(
-        tokio_postgres::Client => tokio_postgres::Client,
-        tokio_postgres::Transaction<'_> => tokio_postgres::Transaction<'_>,
-        deadpool_postgres::Object => tokio_postgres::Client,
-        deadpool_postgres::Transaction<'_> => tokio_postgres::Transaction<'_>,
-    );
-
-    #[cfg(feature = "sqlx")]
-    mod sqlx_run {
-        use std::sync::Arc;
-
-        use sqlx::postgres::{PgArguments, PgConnection, PgRow};
-        use sqlx::query::Query;
-        use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
-
-        use super::super::{InboxExecutor, InboxTransaction};
-        use super::{DbError, Param, Run, Stored};
-
-        fn bound<'q>(sql: &Arc<str>, params: &[Param<'q>]) -> Query<'q, Postgres, PgArguments> {
-            params.iter().fold(
-                sqlx::query(AssertSqlSafe(Arc::clone(sql))),
-                |q, p| match *p {
-                    Param::Text(v) => q.bind(v),
-                    Param::Bytes(v) => q.bind(v),
-                    Param::Float(v) => q.bind(v),
-                    Param::Int(v) => q.bind(v),
-                },
-            )
-        }
-
-        fn columns(row: Option<PgRow>) -> Result<Stored, DbError> {
-            row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-                .transpose()
-                .map_err(DbError::Sqlx)
-        }
-
-        impl Run for &mut PgConnection {
-            async fn execute(
-                &mut self,
-                sql: &Arc<str>,
-                params: &[Param<'_>],
-            ) -> Result<u64, DbError> {
-                let done = bound(sql, params).execute(&mut **self).await;
-                done.map(|d| d.rows_affected()).map_err(DbError::Sqlx)
-            }
-
-            async fn read(
-                &mut self,
-                sql: &Arc<str>,
-                params: &[Param<'_>],
-            ) -> Result<Stored, DbError> {
-                let row = bound(sql, params).fetch_optional(&mut **self).await;
-                columns(row.map_err(DbError::Sqlx)?)
-            }
-        }
-
-        impl Run for &mut Transaction<'_, Postgres> {
-            async fn execute(
-                &mut self,
-                sql: &Arc<str>,
-                params: &[Param<'_>],
-            ) -> Result<u64, DbError> {
-                let mut connection: &mut PgConnection = self;
-                connection.execute(sql, params).await
-            }
-
-            async fn read(
-                &mut self,
-                sql: &Arc<str>,
-                params: &[Param<'_>],
-            ) -> Result<Stored, DbError> {
-                let mut connection: &mut PgConnection = self;
-                connection.read(sql, params).await
-            }
-        }
-
-        impl InboxTransaction for &mut Transaction<'_, Postgres> {}
-        impl InboxExecutor for &mut PgConnection {}
-    }
-}
+mod partition;
+mod run;

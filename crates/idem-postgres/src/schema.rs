@@ -36,6 +36,11 @@ const FILES: &[(i32, &str, &str)] = &[
         "0004_abandoned",
         include_str!("../migrations/0004_abandoned.sql"),
     ),
+    (
+        5,
+        "0005_inbox_partitioned",
+        include_str!("../migrations/0005_inbox_partitioned.sql"),
+    ),
 ];
 
 /// Whether `name` can be used as a schema unquoted: 1 to 63 characters of
@@ -139,7 +144,7 @@ mod tests {
     fn migrations_are_in_order_and_fill_the_schema() {
         let all = migrations("billing");
         let versions: Vec<i32> = all.iter().map(|m| m.version).collect();
-        assert_eq!(versions, [1, 2, 3, 4]);
+        assert_eq!(versions, [1, 2, 3, 4, 5]);
         assert!(all.iter().all(|m| !m.sql.contains("{schema}")));
         assert!(all[0].sql.contains("billing.idem_records"));
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::{Fingerprint, RecordId};
-use idem_postgres::inbox::{Inbox, InboxError, InboxOutcome};
+use idem_postgres::inbox::{Inbox, InboxError, InboxOutcome, PARTITIONS_AHEAD};
 use tokio_postgres::{Client, IsolationLevel, NoTls};
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -24,8 +24,13 @@ async fn client() -> Client {
 /// A fresh schema with the inbox and an `accounts` table holding one
 /// account with balance 0.
 async fn setup(retention: Duration) -> (Inbox, String) {
+    setup_with(|schema| Inbox::in_schema(schema, retention)).await
+}
+
+/// [`setup`] for the inbox `make` returns for the new schema.
+async fn setup_with(make: impl FnOnce(&str) -> Inbox) -> (Inbox, String) {
     let schema = format!("inbox_{:016x}", rand::random::<u64>());
-    let inbox = Inbox::in_schema(&schema, retention);
+    let inbox = make(&schema);
     let mut c = client().await;
     inbox.setup(&mut c).await.expect("setup");
     c.batch_execute(&format!(
@@ -72,7 +77,16 @@ async fn deliver(inbox: &Inbox, schema: &str, id: &RecordId) -> Result<InboxOutc
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn thirty_two_concurrent_deliveries_credit_once() {
-    let (inbox, schema) = setup(DAY).await;
+    thirty_two_deliveries(setup(DAY).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thirty_two_concurrent_deliveries_credit_once_when_partitioned() {
+    let partitioned = |schema: &str| Inbox::in_schema(schema, DAY).partitioned(DAY);
+    thirty_two_deliveries(setup_with(partitioned).await).await;
+}
+
+async fn thirty_two_deliveries((inbox, schema): (Inbox, String)) {
     let (inbox, schema) = (Arc::new(inbox), Arc::new(schema));
     let id = RecordId::parse("payments", "msg-1").expect("id");
     let barrier = Arc::new(tokio::sync::Barrier::new(32));
@@ -256,4 +270,109 @@ async fn a_missing_table_and_serializable_duplicates_give_typed_errors() {
         .await
         .expect_err("serialization failure");
     assert!(err.is_retryable(), "{err:?}");
+}
+
+async fn count(c: &Client, sql: &str) -> i64 {
+    c.query_one(sql, &[]).await.expect("count").get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_are_made_ahead_and_dropped_once_their_rows_expired() {
+    let second = Duration::from_secs(1);
+    let (inbox, schema) =
+        setup_with(|schema| Inbox::in_schema(schema, second).partitioned(second)).await;
+    let partitions = format!(
+        "SELECT count(*) FROM pg_inherits WHERE inhparent = '{schema}.idem_inbox_p'::regclass"
+    );
+    let mut c = client().await;
+    assert!(
+        count(&c, &partitions).await > PARTITIONS_AHEAD,
+        "setup made the current partition and the ones ahead"
+    );
+    let id = RecordId::parse("payments", "msg-6").expect("id");
+    let tx = c.transaction().await.expect("begin");
+    assert_eq!(
+        inbox.claim(&tx, &id, None).await.expect("claim"),
+        InboxOutcome::New
+    );
+    assert!(
+        matches!(
+            inbox.claim(&tx, &id, None).await.expect("claim again"),
+            InboxOutcome::Duplicate { .. }
+        ),
+        "the row is live within its own transaction"
+    );
+    tx.commit().await.expect("commit");
+
+    // Past its retention the row reads as absent: the key is new again,
+    // in a later partition, while the expired row still sits in its own.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    inbox.maintain(&c).await.expect("maintain");
+    let tx = c.transaction().await.expect("begin");
+    assert_eq!(
+        inbox
+            .claim(&tx, &id, None)
+            .await
+            .expect("claim after expiry"),
+        InboxOutcome::New
+    );
+    tx.commit().await.expect("commit");
+    let rows = format!("SELECT count(*) FROM {schema}.idem_inbox_p");
+    assert_eq!(count(&c, &rows).await, 2, "the expired row is still stored");
+
+    // Once the first partition's range ended a retention ago, maintain
+    // drops it; the live row's partition stays.
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    let done = inbox.maintain(&c).await.expect("maintain");
+    assert!(!done.busy);
+    assert!(!done.dropped.is_empty(), "{done:?}");
+    assert!(!done.created.is_empty(), "new partitions ahead: {done:?}");
+    assert!(
+        count(&c, &rows).await <= 1,
+        "the expired row went with its partition"
+    );
+    for name in &done.dropped {
+        let exists = format!("SELECT count(*) FROM pg_class WHERE relname = '{name}'");
+        assert_eq!(count(&c, &exists).await, 0, "{name} was dropped");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_partitioned_layout_refuses_what_it_cannot_keep_safe() {
+    let partitioned = |schema: &str| Inbox::in_schema(schema, DAY).partitioned(DAY);
+    let (inbox, schema) = setup_with(partitioned).await;
+    let id = RecordId::parse("payments", "msg-7").expect("id");
+    let mut c = client().await;
+    let tx = c
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .start()
+        .await
+        .expect("begin repeatable read");
+    let err = inbox
+        .claim(&tx, &id, None)
+        .await
+        .expect_err("not read committed");
+    assert!(matches!(err, InboxError::Isolation), "{err:?}");
+    drop(tx);
+
+    // Tables made, but no partition yet (a plain inbox's setup).
+    let (_, other) = setup(DAY).await;
+    let unmaintained = Inbox::in_schema(&other, DAY).partitioned(DAY);
+    let tx = c.transaction().await.expect("begin");
+    let err = unmaintained
+        .claim(&tx, &id, None)
+        .await
+        .expect_err("no partition");
+    assert!(
+        matches!(&err, InboxError::NoPartition { table } if *table == format!("{other}.idem_inbox_p")),
+        "{err:?}"
+    );
+    drop(tx);
+
+    let plain = Inbox::in_schema(&schema, DAY);
+    assert!(matches!(
+        plain.maintain(&c).await,
+        Err(InboxError::NotPartitioned)
+    ));
 }

@@ -265,3 +265,44 @@ async fn sqlx_fingerprints_purge_and_typed_errors() {
     assert!(matches!(err, InboxError::Sqlx(_)), "{err:?}");
     assert!(err.is_retryable(), "{err:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_partitioned_layout_works_through_sqlx() {
+    let pool = pool().await;
+    let (_, schema) = setup(&pool).await;
+    let inbox = Arc::new(Inbox::in_schema(&schema, DAY).partitioned(DAY));
+    let (client, connection) = tokio_postgres::connect(&common::url(), NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    let made = inbox.maintain(&client).await.expect("maintain");
+    assert!(!made.created.is_empty(), "{made:?}");
+
+    let id = RecordId::parse("payments", "msg-5").expect("id");
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (pool, inbox, schema, id) =
+                (pool.clone(), inbox.clone(), schema.clone(), id.clone());
+            tokio::spawn(async move { deliver_sqlx(&pool, &inbox, &schema, &id).await })
+        })
+        .collect();
+    let mut new = 0;
+    for task in tasks {
+        if task.await.expect("task").expect("deliver") == InboxOutcome::New {
+            new += 1;
+        }
+    }
+    assert_eq!(new, 1);
+    assert_eq!(balance(&pool, &schema).await, 100);
+
+    let mut connection = pool.acquire().await.expect("connection");
+    let mut tx = connection
+        .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .await
+        .expect("begin repeatable read");
+    let err = inbox
+        .claim(&mut tx, &id, None)
+        .await
+        .expect_err("not read committed");
+    assert!(matches!(err, InboxError::Isolation), "{err:?}");
+}
