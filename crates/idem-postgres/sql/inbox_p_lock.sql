@@ -4,5 +4,5 @@
 -- not READ COMMITTED, where the next statement's snapshot could miss a row
 -- committed while it waited.
 SELECT 1
-FROM (SELECT pg_advisory_xact_lock(hashtextextended('idem-inbox:{schema}:' || $1 || chr(10) || $2, 0))) AS taken
+FROM (SELECT pg_advisory_xact_lock(hashtextextended('idem-inbox/{schema}/' || $1 || chr(10) || $2, 0))) AS taken
 WHERE current_setting('transaction_isolation') = 'read committed'

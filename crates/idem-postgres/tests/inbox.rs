@@ -75,6 +75,31 @@ async fn deliver(inbox: &Inbox, schema: &str, id: &RecordId) -> Result<InboxOutc
     Ok(outcome)
 }
 
+/// The same delivery on a deadpool-postgres pooled connection, whose
+/// statements the inbox prepares once per connection.
+async fn deliver_pooled(
+    pool: &deadpool_postgres::Pool,
+    inbox: &Inbox,
+    schema: &str,
+    id: &RecordId,
+) -> Result<InboxOutcome, InboxError> {
+    let mut c = pool.get().await.expect("pooled connection");
+    let tx = c.transaction().await.map_err(InboxError::Postgres)?;
+    let outcome = inbox.claim(&tx, id, None).await?;
+    if outcome == InboxOutcome::New {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        tx.execute(
+            &format!("UPDATE {schema}.accounts SET balance = balance + 100 WHERE id = 7"),
+            &[],
+        )
+        .await
+        .map_err(InboxError::Postgres)?;
+        inbox.set_response(&tx, id, b"credited").await?;
+    }
+    tx.commit().await.map_err(InboxError::Postgres)?;
+    Ok(outcome)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn thirty_two_concurrent_deliveries_credit_once() {
     thirty_two_deliveries(setup(DAY).await).await;
@@ -89,14 +114,30 @@ async fn thirty_two_concurrent_deliveries_credit_once_when_partitioned() {
 async fn thirty_two_deliveries((inbox, schema): (Inbox, String)) {
     let (inbox, schema) = (Arc::new(inbox), Arc::new(schema));
     let id = RecordId::parse("payments", "msg-1").expect("id");
+    let config: tokio_postgres::Config = common::url().parse().expect("url");
+    let pool = deadpool_postgres::Pool::builder(deadpool_postgres::Manager::new(config, NoTls))
+        .max_size(16)
+        .build()
+        .expect("pool");
     let barrier = Arc::new(tokio::sync::Barrier::new(32));
+    // Half on their own connections, half on pooled ones.
     let tasks: Vec<_> = (0..32)
-        .map(|_| {
-            let (inbox, schema, id, barrier) =
-                (inbox.clone(), schema.clone(), id.clone(), barrier.clone());
+        .map(|i| {
+            let (inbox, schema, id, barrier, pool) = (
+                inbox.clone(),
+                schema.clone(),
+                id.clone(),
+                barrier.clone(),
+                pool.clone(),
+            );
             tokio::spawn(async move {
                 barrier.wait().await;
-                deliver(&inbox, &schema, &id).await.expect("deliver")
+                if i % 2 == 0 {
+                    deliver(&inbox, &schema, &id).await
+                } else {
+                    deliver_pooled(&pool, &inbox, &schema, &id).await
+                }
+                .expect("deliver")
             })
         })
         .collect();
@@ -306,8 +347,8 @@ async fn partitions_are_made_ahead_and_dropped_once_their_rows_expired() {
 
     // Past its retention the row reads as absent: the key is new again,
     // in a later partition, while the expired row still sits in its own.
+    // (No maintenance yet: setup made partitions for the next seconds.)
     tokio::time::sleep(Duration::from_millis(1300)).await;
-    inbox.maintain(&c).await.expect("maintain");
     let tx = c.transaction().await.expect("begin");
     assert_eq!(
         inbox

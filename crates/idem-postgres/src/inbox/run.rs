@@ -3,8 +3,7 @@
 
 use std::future::Future;
 
-use tokio_postgres::types::ToSql;
-use tokio_postgres::GenericClient;
+use tokio_postgres::types::{ToSql, Type};
 
 /// A statement parameter, bound the same way by either driver.
 #[derive(Debug, Clone, Copy)]
@@ -58,61 +57,58 @@ pub trait Run: Send {
     ) -> impl Future<Output = Result<Stored, DbError>> + Send;
 }
 
-fn pg<'a>(params: &'a [Param<'a>]) -> Vec<&'a (dyn ToSql + Sync)> {
-    params
-        .iter()
-        .map(|p| -> &(dyn ToSql + Sync) {
-            match p {
-                Param::Text(v) => v,
-                Param::Bytes(v) => v,
-                Param::Float(v) => v,
-                Param::Int(v) => v,
-            }
-        })
-        .collect()
+impl Param<'_> {
+    fn value(&self) -> &(dyn ToSql + Sync) {
+        match self {
+            Param::Text(v) => v,
+            Param::Bytes(v) => v,
+            Param::Float(v) => v,
+            Param::Int(v) => v,
+        }
+    }
+
+    fn pg_type(&self) -> Type {
+        match self {
+            Param::Text(_) => Type::TEXT,
+            Param::Bytes(_) => Type::BYTEA,
+            Param::Float(_) => Type::FLOAT8,
+            Param::Int(_) => Type::INT8,
+        }
+    }
 }
 
-async fn pg_execute(
-    client: &(impl GenericClient + Sync),
-    sql: &str,
-    params: &[Param<'_>],
-) -> Result<u64, DbError> {
-    client
-        .execute(sql, &pg(params))
-        .await
+/// The parameters with their types, for tokio-postgres' `*_typed` calls:
+/// each statement is then one round trip (no prepare and close around it).
+fn typed<'a>(params: &'a [Param<'a>]) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
+    params.iter().map(|p| (p.value(), p.pg_type())).collect()
+}
+
+/// The parameters for a prepared statement, which knows their types.
+fn untyped<'a>(params: &'a [Param<'a>]) -> Vec<&'a (dyn ToSql + Sync)> {
+    params.iter().map(Param::value).collect()
+}
+
+/// The two `bytea` columns of `row`, if there is one.
+fn stored(row: Option<tokio_postgres::Row>) -> Result<Stored, DbError> {
+    row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .transpose()
         .map_err(DbError::Postgres)
 }
 
-async fn pg_read(
-    client: &(impl GenericClient + Sync),
-    sql: &str,
-    params: &[Param<'_>],
-) -> Result<Stored, DbError> {
-    let Some(row) = client
-        .query_opt(sql, &pg(params))
-        .await
-        .map_err(DbError::Postgres)?
-    else {
-        return Ok(None);
-    };
-    Ok(Some((
-        row.try_get(0).map_err(DbError::Postgres)?,
-        row.try_get(1).map_err(DbError::Postgres)?,
-    )))
-}
-
-/// `Run` for types that are, or dereference to, a tokio-postgres
-/// client or transaction (`$pg`).
-macro_rules! run_on_tokio_postgres {
-    ($($ty:ty => $pg:ty),* $(,)?) => {$(
+/// `Run` for tokio-postgres' own client and transaction: each statement
+/// sent with its parameter types, in one round trip (they keep no cache of
+/// prepared statements to reuse).
+macro_rules! run_typed {
+    ($($ty:ty),* $(,)?) => {$(
         impl Run for &$ty {
             async fn execute(
                 &mut self,
                 sql: &std::sync::Arc<str>,
                 params: &[Param<'_>],
             ) -> Result<u64, DbError> {
-                let client: &$pg = self;
-                pg_execute(client, sql, params).await
+                self.execute_typed(sql, &typed(params))
+                    .await
+                    .map_err(DbError::Postgres)
             }
 
             async fn read(
@@ -120,18 +116,47 @@ macro_rules! run_on_tokio_postgres {
                 sql: &std::sync::Arc<str>,
                 params: &[Param<'_>],
             ) -> Result<Stored, DbError> {
-                let client: &$pg = self;
-                pg_read(client, sql, params).await
+                let row = self.query_typed_opt(sql, &typed(params)).await;
+                stored(row.map_err(DbError::Postgres)?)
             }
         }
     )*};
 }
 
-run_on_tokio_postgres!(
-    tokio_postgres::Client => tokio_postgres::Client,
-    tokio_postgres::Transaction<'_> => tokio_postgres::Transaction<'_>,
-    deadpool_postgres::Object => tokio_postgres::Client,
-    deadpool_postgres::Transaction<'_> => tokio_postgres::Transaction<'_>,
+/// `Run` for deadpool-postgres' pooled client and transaction: statements
+/// prepared once per connection, in the pool's statement cache.
+macro_rules! run_cached {
+    ($($ty:ty),* $(,)?) => {$(
+        impl Run for &$ty {
+            async fn execute(
+                &mut self,
+                sql: &std::sync::Arc<str>,
+                params: &[Param<'_>],
+            ) -> Result<u64, DbError> {
+                let statement = self.prepare_cached(sql).await.map_err(DbError::Postgres)?;
+                (**self)
+                    .execute(&statement, &untyped(params))
+                    .await
+                    .map_err(DbError::Postgres)
+            }
+
+            async fn read(
+                &mut self,
+                sql: &std::sync::Arc<str>,
+                params: &[Param<'_>],
+            ) -> Result<Stored, DbError> {
+                let statement = self.prepare_cached(sql).await.map_err(DbError::Postgres)?;
+                let row = (**self).query_opt(&statement, &untyped(params)).await;
+                stored(row.map_err(DbError::Postgres)?)
+            }
+        }
+    )*};
+}
+
+run_typed!(tokio_postgres::Client, tokio_postgres::Transaction<'_>);
+run_cached!(
+    deadpool_postgres::Object,
+    deadpool_postgres::Transaction<'_>
 );
 
 #[cfg(feature = "sqlx")]
