@@ -1,10 +1,11 @@
 -- claim($1 scope, $2 key, $3 fingerprint, $4 token, $5 lease ms, $6 retention ms)
 --
 -- One statement. The INSERT acquires an absent key. On a conflict the
--- existing row is locked, and the UPDATE acquires it only if it is
--- expired (a new record: attempt 1, the new fingerprint), released, or in
--- progress past its lease (a takeover), with the same fingerprint.
--- Otherwise nothing is written and the second SELECT returns the row as
+-- existing row is locked, and the UPDATE of sql/claim_rules.sql acquires
+-- it only if it is expired (a new record: attempt 1, the new
+-- fingerprint), released, or in progress past its lease (a takeover),
+-- with the same fingerprint. Otherwise nothing is written and the second
+-- SELECT returns the row as
 -- it stands, for the client to answer from (completed, failed, in
 -- progress, mismatch). The statement's snapshot may predate a row that a
 -- concurrent claim just committed; the client then runs it again.
@@ -17,24 +18,7 @@ WITH claimed AS (
         now() + $5::float8 * interval '1 millisecond', false,
         NULL, NULL, NULL, now(), now(),
         now() + greatest($5::float8, $6::float8) * interval '1 millisecond')
-    ON CONFLICT (scope, key) DO UPDATE SET
-        state = 'in_progress',
-        token = excluded.token,
-        lease_until = excluded.lease_until,
-        fence = excluded.fence,
-        response = NULL,
-        failure_class = NULL,
-        failure_message = NULL,
-        updated_at = excluded.updated_at,
-        takeover = (r.expires_at > now() AND r.state = 'in_progress'),
-        fingerprint = CASE WHEN r.expires_at <= now() THEN excluded.fingerprint ELSE r.fingerprint END,
-        attempt = CASE WHEN r.expires_at <= now() THEN 1 ELSE r.attempt + 1 END,
-        created_at = CASE WHEN r.expires_at <= now() THEN excluded.created_at ELSE r.created_at END,
-        expires_at = CASE WHEN r.expires_at <= now() THEN excluded.expires_at
-                          ELSE greatest(r.expires_at, excluded.expires_at) END
-    WHERE r.expires_at <= now()
-       OR (r.fingerprint IS NOT DISTINCT FROM excluded.fingerprint
-           AND (r.state = 'released' OR (r.state = 'in_progress' AND r.lease_until <= now())))
+{claim_rules}
     RETURNING true AS acquired, state, fingerprint, attempt, fence, takeover, lease_until,
               0::bigint AS lease_left_ms, response, failure_class, failure_message, true AS live
 )

@@ -24,24 +24,7 @@ claimed AS (
            now() + greatest(lease_ms, keep_ms) * interval '1 millisecond'
     FROM input
     ORDER BY n
-    ON CONFLICT (scope, key) DO UPDATE SET
-        state = 'in_progress',
-        token = excluded.token,
-        lease_until = excluded.lease_until,
-        fence = excluded.fence,
-        response = NULL,
-        failure_class = NULL,
-        failure_message = NULL,
-        updated_at = excluded.updated_at,
-        takeover = (r.expires_at > now() AND r.state = 'in_progress'),
-        fingerprint = CASE WHEN r.expires_at <= now() THEN excluded.fingerprint ELSE r.fingerprint END,
-        attempt = CASE WHEN r.expires_at <= now() THEN 1 ELSE r.attempt + 1 END,
-        created_at = CASE WHEN r.expires_at <= now() THEN excluded.created_at ELSE r.created_at END,
-        expires_at = CASE WHEN r.expires_at <= now() THEN excluded.expires_at
-                          ELSE greatest(r.expires_at, excluded.expires_at) END
-    WHERE r.expires_at <= now()
-       OR (r.fingerprint IS NOT DISTINCT FROM excluded.fingerprint
-           AND (r.state = 'released' OR (r.state = 'in_progress' AND r.lease_until <= now())))
+{claim_rules}
     RETURNING r.scope, r.key, state, fingerprint, attempt, fence, takeover, lease_until
 )
 SELECT i.n, true AS acquired, c.state, c.fingerprint, c.attempt, c.fence, c.takeover,

@@ -270,9 +270,17 @@ struct Sql {
 impl Sql {
     fn new(schema_name: &str) -> Self {
         let r = |sql: &str| schema::render(sql, schema_name);
+        let claim = |sql: &str| {
+            let rules = include_str!("../sql/claim_rules.sql")
+                .lines()
+                .filter(|l| !l.starts_with("--"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            r(&sql.replace("{claim_rules}", &rules))
+        };
         Self {
-            claim: r(include_str!("../sql/claim.sql")),
-            claim_many: r(include_str!("../sql/claim_many.sql")),
+            claim: claim(include_str!("../sql/claim.sql")),
+            claim_many: claim(include_str!("../sql/claim_many.sql")),
             complete: r(include_str!("../sql/complete.sql")),
             fail: r(include_str!("../sql/fail.sql")),
             extend: r(include_str!("../sql/extend.sql")),
