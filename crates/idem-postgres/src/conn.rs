@@ -28,10 +28,11 @@ pub(crate) struct ParsedUrl {
 pub(crate) enum TlsMode {
     /// Plain TCP.
     Disable,
-    /// TLS if the server offers it (certificate not checked), else plain.
+    /// TLS if the server offers it, else plain; the certificate is
+    /// checked as `VerifyCa` when a root certificate file is given.
     Prefer,
-    /// TLS, certificate not checked (checked as `VerifyCa` when a root
-    /// certificate is given).
+    /// TLS; the certificate is not checked, unless a root certificate file
+    /// is given: then as `VerifyCa`.
     Require,
     /// TLS, the chain must lead to a trusted root.
     VerifyCa,
@@ -39,11 +40,21 @@ pub(crate) enum TlsMode {
     VerifyFull,
 }
 
+/// `sslrootcert`: what the server's certificate chain must lead to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RootCert {
+    /// `sslrootcert=system`: the platform's roots (`verify-full` only).
+    System,
+    /// A PEM file of trusted certificates.
+    File(PathBuf),
+}
+
 /// How connections are made: `sslmode` and `sslrootcert`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Tls {
     pub(crate) mode: TlsMode,
-    pub(crate) root_cert: Option<PathBuf>,
+    /// `None`: none given (the platform's roots, for `verify-full` only).
+    pub(crate) root_cert: Option<RootCert>,
 }
 
 impl TlsMode {
@@ -115,11 +126,29 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
                     ))
                 })?;
             }
+            "sslrootcert" if value == "system" => parsed.tls.root_cert = Some(RootCert::System),
             "sslrootcert" if !value.is_empty() => {
-                parsed.tls.root_cert = Some(PathBuf::from(percent_decode(value)));
+                parsed.tls.root_cert = Some(RootCert::File(PathBuf::from(percent_decode(value))));
             }
             _ => passed_on.push(pair),
         }
+    }
+    // As libpq: the platform's many public roots prove nothing about which
+    // server this is unless the name is checked too.
+    match (parsed.tls.mode, &parsed.tls.root_cert) {
+        (TlsMode::VerifyCa, None | Some(RootCert::System)) => {
+            return Err(invalid(
+                "sslmode=verify-ca needs sslrootcert=PATH (a CA file): against the platform's \
+                 public roots any public certificate passes; use verify-full for those"
+                    .into(),
+            ))
+        }
+        (TlsMode::Disable | TlsMode::Prefer | TlsMode::Require, Some(RootCert::System)) => {
+            return Err(invalid(
+                "sslrootcert=system needs sslmode=verify-full".into(),
+            ))
+        }
+        _ => {}
     }
     if !cfg!(feature = "tls") {
         let needs_tls = parsed.tls.root_cert.is_some()
@@ -296,9 +325,11 @@ mod tests {
         assert_eq!(p.tls.mode, TlsMode::VerifyFull);
         assert_eq!(p.config.get_ssl_mode(), SslMode::Require);
         assert_eq!(
-            p.tls.root_cert.as_deref(),
-            Some(std::path::Path::new("/etc/ca dir/root.crt"))
+            p.tls.root_cert,
+            Some(RootCert::File("/etc/ca dir/root.crt".into()))
         );
+        let p = parse_url("postgres://h/db?sslmode=verify-full&sslrootcert=system").expect("valid");
+        assert_eq!(p.tls.root_cert, Some(RootCert::System));
     }
 
     #[cfg(not(feature = "tls"))]
@@ -324,6 +355,18 @@ mod tests {
                 "not a duration",
             ),
             ("postgres://u:pw@h/db?sslmode=allow", "not one of"),
+            (
+                "postgres://u:pw@h/db?sslmode=verify-ca",
+                "needs sslrootcert",
+            ),
+            (
+                "postgres://u:pw@h/db?sslmode=verify-ca&sslrootcert=system",
+                "needs sslrootcert",
+            ),
+            (
+                "postgres://u:pw@h/db?sslmode=require&sslrootcert=system",
+                "needs sslmode=verify-full",
+            ),
             ("postgres://u:pw@h/db?no_such_option=1", "no_such_option"),
             ("127.0.0.1:5432", "expected postgres://"),
         ] {

@@ -48,15 +48,17 @@
 //! | `sslmode` | encrypted | server certificate checked |
 //! |---|---|---|
 //! | `disable` | no | - |
-//! | `prefer` (default) | if the server offers TLS | no |
-//! | `require` | yes | no; with `sslrootcert`, as `verify-ca` |
-//! | `verify-ca` | yes | chain to a trusted root |
+//! | `prefer` (default) | if the server offers TLS | no; with an `sslrootcert` file, as `verify-ca` |
+//! | `require` | yes | no; with an `sslrootcert` file, as `verify-ca` |
+//! | `verify-ca` | yes | chain to a root in the `sslrootcert` file (required) |
 //! | `verify-full` | yes | chain to a trusted root, and the host name |
 //!
 //! Only `verify-full` stops an active attacker in between; use it. The
 //! trusted roots are the PEM file `sslrootcert=PATH` names (`%20` and the
-//! like decoded), or the platform's. Without the feature, `disable` and
-//! `prefer` (which then stays plain) are the only modes; any other is
+//! like decoded); for `verify-full` without one (or with
+//! `sslrootcert=system`), the platform's. Unlike libpq, idem does not read
+//! `~/.postgresql/root.crt`: name the file. Without the feature, `disable`
+//! and `prefer` (which then stays plain) are the only modes; any other is
 //! refused with an error saying so. Client certificates (`sslcert`,
 //! `sslkey`) are not supported.
 //!
@@ -64,8 +66,11 @@
 //!
 //! `<schema>.idem_records` (one row per record, `PRIMARY KEY (scope,
 //! key)`, an index on `expires_at`), the sequence `<schema>.idem_fence`,
-//! `<schema>.idem_inbox` for the inbox, and `<schema>.idem_migrations`
-//! recording what was applied. [`migrations`] hands the SQL to projects
+//! `<schema>.idem_steps` for journaled steps, `<schema>.idem_inbox` for
+//! the inbox, `<schema>.idem_inbox_p` (range-partitioned, partitions
+//! `idem_inbox_p_<width>_<start>`) and `<schema>.idem_inbox_p_upkeep` for
+//! the partitioned inbox, and `<schema>.idem_migrations` recording what
+//! was applied. [`migrations`] hands the SQL to projects
 //! that run their own migration tool.
 //!
 #![doc = include_str!("../docs/cleanup.md")]

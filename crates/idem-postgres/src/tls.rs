@@ -13,7 +13,7 @@ use rustls::{
 };
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::conn::{Tls, TlsMode};
+use crate::conn::{RootCert, Tls, TlsMode};
 
 /// The connector for `tls` (any mode but `disable`).
 pub(crate) fn connector(tls: &Tls) -> Result<MakeRustlsConnect, String> {
@@ -21,9 +21,10 @@ pub(crate) fn connector(tls: &Tls) -> Result<MakeRustlsConnect, String> {
     let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS set-up: {e}"))?;
-    // libpq: `require` with a root certificate given behaves as `verify-ca`.
+    // libpq: `prefer` and `require` with a root certificate file check the
+    // chain, as `verify-ca`.
     let mode = match (tls.mode, &tls.root_cert) {
-        (TlsMode::Require, Some(_)) => TlsMode::VerifyCa,
+        (TlsMode::Prefer | TlsMode::Require, Some(RootCert::File(_))) => TlsMode::VerifyCa,
         (mode, _) => mode,
     };
     let config = match mode {
@@ -52,7 +53,7 @@ pub(crate) fn connector(tls: &Tls) -> Result<MakeRustlsConnect, String> {
 fn roots(tls: &Tls) -> Result<RootCertStore, String> {
     let mut store = RootCertStore::empty();
     match &tls.root_cert {
-        Some(path) => {
+        Some(RootCert::File(path)) => {
             let shown = path.display();
             let pem = std::fs::read(path).map_err(|e| format!("sslrootcert {shown}: {e}"))?;
             for cert in CertificateDer::pem_slice_iter(&pem) {
@@ -65,7 +66,7 @@ fn roots(tls: &Tls) -> Result<RootCertStore, String> {
                 return Err(format!("sslrootcert {shown} holds no certificate"));
             }
         }
-        None => {
+        Some(RootCert::System) | None => {
             let found = rustls_native_certs::load_native_certs();
             store.add_parsable_certificates(found.certs);
             if store.is_empty() {

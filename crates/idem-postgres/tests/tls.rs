@@ -119,7 +119,11 @@ async fn each_sslmode_encrypts_and_verifies_as_libpq_does() {
     .await
     .expect("verify-ca ignores the name");
     round_trip(&any_name, "ca").await;
-    assert_eq!(encrypted(&server, "ca").1, 0, "verify-ca is encrypted");
+    let (tls, plain) = encrypted(&server, "ca");
+    assert!(
+        tls >= 1 && plain == 0,
+        "verify-ca: {tls} TLS, {plain} plain"
+    );
 
     // The platform's roots do not hold the test CA.
     let untrusted = connect(&url("127.0.0.1", "sslmode=verify-full"))
@@ -136,7 +140,8 @@ async fn each_sslmode_encrypts_and_verifies_as_libpq_does() {
         .await
         .expect("require does not check the certificate");
     round_trip(&store, "require").await;
-    assert_eq!(encrypted(&server, "req").1, 0, "require is encrypted");
+    let (tls, plain) = encrypted(&server, "req");
+    assert!(tls >= 1 && plain == 0, "require: {tls} TLS, {plain} plain");
     // ...unless a root certificate is given: then the chain is checked.
     let other_dir = tempfile::tempdir().expect("dir");
     let other = certificates(other_dir.path()).expect("another CA");
@@ -159,6 +164,18 @@ async fn each_sslmode_encrypts_and_verifies_as_libpq_does() {
     round_trip(&store, "plain").await;
     let (tls, plain) = encrypted(&server, "plain");
     assert!(tls == 0 && plain >= 1, "disable: {tls} TLS, {plain} plain");
+
+    // prefer with a root certificate file checks the chain too.
+    let prefer_wrong_ca = connect(&url(
+        "127.0.0.1",
+        &format!("sslmode=prefer&sslrootcert={}", other.ca.display()),
+    ))
+    .await
+    .expect_err("prefer with a root certificate that did not sign the server's");
+    assert!(
+        matches!(prefer_wrong_ca, ConnectError::Unavailable { .. }),
+        "{prefer_wrong_ca:?}"
+    );
 
     // A root certificate file that cannot be read is a URL problem.
     let missing = connect(&url(
