@@ -17,3 +17,12 @@ CREATE TABLE IF NOT EXISTS {schema}.idem_inbox_p (
 ) PARTITION BY RANGE (created_at);
 
 CREATE INDEX IF NOT EXISTS idem_inbox_p_expires_at ON {schema}.idem_inbox_p (expires_at);
+
+-- Who is maintaining the partitions (Inbox::maintain): one row, held as a
+-- lease, so two maintainers never work side by side (their DDL would
+-- deadlock) and one that dies or is cancelled holds nothing past `until`.
+CREATE TABLE IF NOT EXISTS {schema}.idem_inbox_p_upkeep (
+    id     boolean PRIMARY KEY DEFAULT true CHECK (id),
+    holder bytea       NOT NULL,
+    until  timestamptz NOT NULL
+);

@@ -136,7 +136,7 @@ pub struct Inbox {
 /// The inbox's statements, with the schema filled in.
 #[derive(Debug, Clone)]
 struct InboxSql {
-    /// Run first, if any; it must return one row.
+    /// Run first, if any; it must return a row.
     lock: Option<Arc<str>>,
     /// Run in order until one writes a row: the claim is then new.
     claim: Vec<Arc<str>>,
@@ -154,8 +154,7 @@ pub struct Maintenance {
     /// The partitions it detached and dropped: their ranges ended at least
     /// the retention ago and all their rows had expired.
     pub dropped: Vec<String>,
-    /// Another session was maintaining this inbox, so this call did
-    /// nothing.
+    /// Another maintainer holds the upkeep lease, so this call did nothing.
     pub busy: bool,
 }
 
@@ -197,7 +196,7 @@ impl Inbox {
 
     /// The time-partitioned layout: rows go to `<schema>.idem_inbox_p`,
     /// range-partitioned by creation time into partitions `width` wide
-    /// (whole seconds, at least one). [`maintain`](Self::maintain) makes
+    /// (whole seconds, at least one, at most ten years). [`maintain`](Self::maintain) makes
     /// partitions ahead of time and drops a partition once its range ended
     /// at least the retention ago and all its rows have expired: dropping
     /// it is the purge, with no row-by-row delete and no vacuum debt.
@@ -210,7 +209,9 @@ impl Inbox {
     /// any other level with [`InboxError::Isolation`]. The two layouts are
     /// separate tables: switching is a new inbox, not a migration.
     pub fn partitioned(mut self, width: Duration) -> Self {
-        let secs = width.as_secs() + u64::from(width.subsec_nanos() > 0);
+        let secs = width
+            .as_secs()
+            .saturating_add(u64::from(width.subsec_nanos() > 0));
         let r = |sql: &str| Arc::from(schema::render(sql, &self.schema));
         self.sql = InboxSql {
             lock: Some(r(include_str!("../sql/inbox_p_lock.sql"))),
@@ -219,7 +220,7 @@ impl Inbox {
             respond: r(include_str!("../sql/inbox_p_respond.sql")),
             purge: r(include_str!("../sql/inbox_p_purge.sql")),
         };
-        self.partition_secs = Some(secs.max(1));
+        self.partition_secs = Some(secs.clamp(1, partition::MAX_WIDTH_SECS));
         self
     }
 
@@ -244,13 +245,17 @@ impl Inbox {
         Ok(())
     }
 
-    /// For a partitioned inbox: makes the partitions for the current time
-    /// and the next [`PARTITIONS_AHEAD`] widths that do not exist yet, and
-    /// detaches (`CONCURRENTLY`, so business transactions are not blocked)
-    /// and drops every partition whose range ended at least the retention
-    /// ago and whose rows have all expired. Run it at least once per partition width, on a
-    /// connection outside any transaction; concurrent calls are safe (one
-    /// works, the others return at once with [`Maintenance::busy`]).
+    /// For a partitioned inbox: detaches (`CONCURRENTLY`, so business
+    /// transactions are not blocked) and drops every partition whose range
+    /// ended at least the retention ago and whose rows have all expired
+    /// (checked again once detached, before the drop), then makes the
+    /// partitions for the current time and the next [`PARTITIONS_AHEAD`]
+    /// widths that do not exist yet. Run it at least once per partition
+    /// width, on a connection outside any transaction. Safe to run from
+    /// several processes at once: one works, the others return at once
+    /// with [`Maintenance::busy`]. The worker holds a lease, not a lock
+    /// (ten minutes at most), so one that dies or is cancelled halfway
+    /// holds up the others for no longer than that.
     pub async fn maintain(&self, client: &Client) -> Result<Maintenance, InboxError> {
         let width = self.partition_secs.ok_or(InboxError::NotPartitioned)?;
         partition::maintain(client, &self.schema, width, self.retention)
@@ -300,10 +305,10 @@ impl Inbox {
         ];
         if let Some(lock) = &self.sql.lock {
             let taken = tx
-                .execute(lock, &params[..2])
+                .read(lock, &params[..2])
                 .await
                 .map_err(|e| self.error(e))?;
-            if taken != 1 {
+            if taken.is_none() {
                 return Err(InboxError::Isolation);
             }
         }

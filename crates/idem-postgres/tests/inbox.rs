@@ -365,7 +365,6 @@ async fn partitions_are_made_ahead_and_dropped_once_their_rows_expired() {
     // drops it; the live row's partition stays.
     tokio::time::sleep(Duration::from_millis(2200)).await;
     let done = inbox.maintain(&c).await.expect("maintain");
-    assert!(!done.busy);
     assert!(!done.dropped.is_empty(), "{done:?}");
     assert!(!done.created.is_empty(), "new partitions ahead: {done:?}");
     assert!(
@@ -373,7 +372,7 @@ async fn partitions_are_made_ahead_and_dropped_once_their_rows_expired() {
         "the expired row went with its partition"
     );
     for name in &done.dropped {
-        let exists = format!("SELECT count(*) FROM pg_class WHERE relname = '{name}'");
+        let exists = format!("SELECT count(*) FROM pg_class WHERE relname = '{name}' AND relnamespace = '{schema}'::regnamespace");
         assert_eq!(count(&c, &exists).await, 0, "{name} was dropped");
     }
 }
@@ -416,4 +415,76 @@ async fn the_partitioned_layout_refuses_what_it_cannot_keep_safe() {
         plain.maintain(&c).await,
         Err(InboxError::NotPartitioned)
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn maintainers_side_by_side_do_each_step_once() {
+    let second = Duration::from_secs(1);
+    let (inbox, schema) =
+        setup_with(|schema| Inbox::in_schema(schema, second).partitioned(second)).await;
+    let mut c = client().await;
+    for n in 0..3 {
+        let tx = c.transaction().await.expect("begin");
+        let id = RecordId::parse("payments", &format!("m{n}")).expect("id");
+        inbox.claim(&tx, &id, None).await.expect("claim");
+        tx.commit().await.expect("commit");
+    }
+    // Past the first partitions' ends plus the retention.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let runs: Vec<_> = (0..4)
+        .map(|_| {
+            let inbox = inbox.clone();
+            tokio::spawn(async move {
+                let c = client().await;
+                inbox.maintain(&c).await.expect("maintain side by side")
+            })
+        })
+        .collect();
+    let (mut created, mut dropped, mut worked) = (Vec::new(), Vec::new(), 0);
+    for run in runs {
+        let done = run.await.expect("maintainer");
+        worked += usize::from(!done.busy);
+        assert!(
+            !done.busy || (done.created.is_empty() && done.dropped.is_empty()),
+            "a busy maintainer does nothing: {done:?}"
+        );
+        created.extend(done.created);
+        dropped.extend(done.dropped);
+    }
+    assert!(worked >= 1, "one of them worked");
+    let (made, gone) = (created.len(), dropped.len());
+    created.sort();
+    created.dedup();
+    dropped.sort();
+    dropped.dedup();
+    assert_eq!(created.len(), made, "no partition reported made twice");
+    assert_eq!(dropped.len(), gone, "no partition reported dropped twice");
+    assert!(!dropped.is_empty(), "the expired partitions were dropped");
+    let rows = format!("SELECT count(*) FROM {schema}.idem_inbox_p");
+    assert_eq!(count(&c, &rows).await, 0, "their rows went with them");
+
+    // A maintainer that died holding the lease holds up the others only
+    // until the lease runs out.
+    let upkeep = |until: &str| {
+        format!(
+            "DELETE FROM {schema}.idem_inbox_p_upkeep;
+             INSERT INTO {schema}.idem_inbox_p_upkeep VALUES (true, '\\x00', {until})"
+        )
+    };
+    c.batch_execute(&upkeep("now() + interval '5 minutes'"))
+        .await
+        .expect("a live lease");
+    assert!(inbox.maintain(&c).await.expect("maintain").busy);
+    c.batch_execute(&upkeep("now() - interval '1 second'"))
+        .await
+        .expect("a lease run out");
+    assert!(!inbox.maintain(&c).await.expect("maintain").busy);
+
+    let tx = c.transaction().await.expect("begin");
+    let id = RecordId::parse("payments", "after").expect("id");
+    assert_eq!(
+        inbox.claim(&tx, &id, None).await.expect("claim after"),
+        InboxOutcome::New
+    );
+    tx.commit().await.expect("commit");
 }

@@ -1,6 +1,16 @@
 //! The partitioned layout's upkeep: partitions made ahead of time, and
 //! past ones detached and dropped once all their rows have expired.
+//!
+//! One maintainer works at a time: it holds the single row of
+//! `idem_inbox_p_upkeep` as a lease ([`UPKEEP_LEASE`]), not a lock, so one
+//! that dies or is cancelled halfway holds nothing once the lease runs
+//! out. Every step is also safe to run again: a step that fails because a
+//! maintainer whose lease ran out did it first (the partition exists, is
+//! detached or is gone) is skipped.
 
+use std::time::Duration;
+
+use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
 use super::Maintenance;
@@ -9,6 +19,13 @@ use super::Maintenance;
 /// [`Inbox::maintain`](super::Inbox::maintain) makes ahead of time: an
 /// inbox keeps working for this long with no maintenance.
 pub const PARTITIONS_AHEAD: i64 = 3;
+
+/// How long a maintainer holds the upkeep lease at most.
+pub(super) const UPKEEP_LEASE: Duration = Duration::from_secs(600);
+
+/// The widest partition: ten years, which keeps every bound well inside
+/// the range of timestamps.
+pub(super) const MAX_WIDTH_SECS: u64 = 10 * 366 * 24 * 3600;
 
 /// `idem_inbox_p_<width>_<start>`: the width and the range's start, in
 /// seconds since the epoch.
@@ -24,56 +41,12 @@ fn parse_name(name: &str) -> Option<(i64, i64)> {
     (digits(width) && digits(start)).then(|| Some((width.parse().ok()?, start.parse().ok()?)))?
 }
 
-/// Makes the partitions ahead and drops the ones done with. A partition
-/// is dropped only once `retention` has passed since its range ended, and
-/// no row in it is live: a row a long transaction (whose `now()` is its
-/// start) writes there late is then already expired, so dropping it loses
-/// nothing.
-pub(super) async fn maintain(
+/// The partitions of `parent`, with whether each is pending detach.
+async fn partitions(
     client: &Client,
-    schema: &str,
-    width: u64,
-    retention: std::time::Duration,
-) -> Result<Maintenance, tokio_postgres::Error> {
-    let lock = format!("idem-inbox-maintain:{schema}");
-    let taken: bool = client
-        .query_one(
-            "SELECT pg_try_advisory_lock(hashtextextended($1, 0))",
-            &[&lock],
-        )
-        .await?
-        .get(0);
-    if !taken {
-        return Ok(Maintenance {
-            busy: true,
-            ..Maintenance::default()
-        });
-    }
-    let width = i64::try_from(width).unwrap_or(i64::MAX);
-    let done = upkeep(client, schema, width, retention.as_secs_f64()).await;
-    let unlocked = client
-        .execute(
-            "SELECT pg_advisory_unlock(hashtextextended($1, 0))",
-            &[&lock],
-        )
-        .await;
-    let done = done?;
-    unlocked?;
-    Ok(done)
-}
-
-async fn upkeep(
-    client: &Client,
-    schema: &str,
-    width: i64,
-    retention: f64,
-) -> Result<Maintenance, tokio_postgres::Error> {
-    let now: f64 = client
-        .query_one("SELECT extract(epoch FROM now())::float8", &[])
-        .await?
-        .get(0);
-    let parent = format!("{schema}.idem_inbox_p");
-    let existing: Vec<(String, bool)> = client
+    parent: &str,
+) -> Result<Vec<(String, bool)>, tokio_postgres::Error> {
+    Ok(client
         .query(
             "SELECT c.relname::text, i.inhdetachpending
              FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
@@ -84,8 +57,128 @@ async fn upkeep(
         .await?
         .iter()
         .map(|row| (row.get(0), row.get(1)))
-        .collect();
+        .collect())
+}
+
+/// Whether `schema.name` holds a row that is live now; `None` when the
+/// table is gone (another maintainer dropped it).
+async fn holds_live_row(
+    client: &Client,
+    schema: &str,
+    name: &str,
+) -> Result<Option<bool>, tokio_postgres::Error> {
+    let sql = format!("SELECT EXISTS (SELECT 1 FROM {schema}.{name} WHERE expires_at > now())");
+    match client.query_one(&sql, &[]).await {
+        Ok(row) => Ok(Some(row.get(0))),
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Drops the partitions done with, then makes the ones ahead. A partition
+/// is dropped only once `retention` has passed since its range ended and
+/// no row in it is live, checked again once it is detached (no row can
+/// arrive after that): a row a long transaction (whose `now()` is its
+/// start) writes there late is then already expired, so dropping it loses
+/// nothing.
+pub(super) async fn maintain(
+    client: &Client,
+    schema: &str,
+    width: u64,
+    retention: Duration,
+) -> Result<Maintenance, tokio_postgres::Error> {
+    let holder = rand::random::<u128>().to_be_bytes();
+    let lease_ms = UPKEEP_LEASE.as_secs_f64() * 1000.0;
+    let taken = client
+        .query_opt(
+            &format!(
+                "INSERT INTO {schema}.idem_inbox_p_upkeep AS u (id, holder, until)
+                 VALUES (true, $1, now() + $2::float8 * interval '1 millisecond')
+                 ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, until = excluded.until
+                 WHERE u.until <= now()
+                 RETURNING true"
+            ),
+            &[&&holder[..], &lease_ms],
+        )
+        .await?;
+    if taken.is_none() {
+        return Ok(Maintenance {
+            busy: true,
+            ..Maintenance::default()
+        });
+    }
+    let done = upkeep(client, schema, width, retention).await;
+    let released = client
+        .execute(
+            &format!("DELETE FROM {schema}.idem_inbox_p_upkeep WHERE holder = $1"),
+            &[&&holder[..]],
+        )
+        .await;
+    let done = done?;
+    released?;
+    Ok(done)
+}
+
+async fn upkeep(
+    client: &Client,
+    schema: &str,
+    width: u64,
+    retention: Duration,
+) -> Result<Maintenance, tokio_postgres::Error> {
+    let width = i64::try_from(width.clamp(1, MAX_WIDTH_SECS)).unwrap_or(i64::MAX);
+    let retention = retention.as_secs_f64();
+    let now: f64 = client
+        .query_one("SELECT extract(epoch FROM now())::float8", &[])
+        .await?
+        .get(0);
+    let parent = format!("{schema}.idem_inbox_p");
+    let existing = partitions(client, &parent).await?;
     let mut done = Maintenance::default();
+
+    for (name, pending) in &existing {
+        let Some((w, start)) = parse_name(name) else {
+            continue;
+        };
+        if (start + w) as f64 + retention > now
+            || holds_live_row(client, schema, name).await? != Some(false)
+        {
+            continue;
+        }
+        // CONCURRENTLY takes no lock that blocks business transactions; a
+        // detach interrupted before is finished with FINALIZE.
+        let how = if *pending { "FINALIZE" } else { "CONCURRENTLY" };
+        let detached = client
+            .batch_execute(&format!(
+                "ALTER TABLE {parent} DETACH PARTITION {schema}.{name} {how}"
+            ))
+            .await;
+        if let Err(e) = detached {
+            // Another maintainer may be detaching or have dropped it.
+            let still = partitions(client, &parent).await?;
+            if still.iter().any(|(n, p)| n == name && !p) {
+                return Err(e);
+            }
+            continue;
+        }
+        let after = holds_live_row(client, schema, name).await?;
+        if after.is_none() {
+            continue;
+        }
+        if after == Some(true) {
+            client
+                .batch_execute(&format!(
+                    "ALTER TABLE {parent} ATTACH PARTITION {schema}.{name}
+                     FOR VALUES FROM (to_timestamp({start})) TO (to_timestamp({end}))",
+                    end = start + w
+                ))
+                .await?;
+            continue;
+        }
+        client
+            .batch_execute(&format!("DROP TABLE IF EXISTS {schema}.{name}"))
+            .await?;
+        done.dropped.push(name.clone());
+    }
 
     // Truncation toward zero is flooring here: time is past the epoch.
     #[allow(clippy::cast_possible_truncation)]
@@ -96,45 +189,23 @@ async fn upkeep(
         if existing.iter().any(|(n, _)| *n == name) {
             continue;
         }
-        client
+        let made = client
             .batch_execute(&format!(
                 "CREATE TABLE IF NOT EXISTS {schema}.{name} PARTITION OF {parent}
                  FOR VALUES FROM (to_timestamp({start})) TO (to_timestamp({end}))",
                 end = start + width
             ))
-            .await?;
-        done.created.push(name);
-    }
-
-    for (name, pending) in &existing {
-        let Some((w, start)) = parse_name(name) else {
-            continue;
-        };
-        if (start + w) as f64 + retention > now {
-            continue;
+            .await;
+        match made {
+            Ok(()) => done.created.push(name),
+            // Another maintainer made it in the meantime.
+            Err(_)
+                if partitions(client, &parent)
+                    .await?
+                    .iter()
+                    .any(|(n, _)| *n == name) => {}
+            Err(e) => return Err(e),
         }
-        let live: bool = client
-            .query_one(
-                &format!("SELECT EXISTS (SELECT 1 FROM {schema}.{name} WHERE expires_at > now())"),
-                &[],
-            )
-            .await?
-            .get(0);
-        if live {
-            continue;
-        }
-        // CONCURRENTLY takes no lock that blocks business transactions;
-        // a detach interrupted before is finished with FINALIZE.
-        let how = if *pending { "FINALIZE" } else { "CONCURRENTLY" };
-        client
-            .batch_execute(&format!(
-                "ALTER TABLE {parent} DETACH PARTITION {schema}.{name} {how}"
-            ))
-            .await?;
-        client
-            .batch_execute(&format!("DROP TABLE {schema}.{name}"))
-            .await?;
-        done.dropped.push(name.clone());
     }
     Ok(done)
 }
