@@ -196,10 +196,11 @@ impl Inbox {
 
     /// The time-partitioned layout: rows go to `<schema>.idem_inbox_p`,
     /// range-partitioned by creation time into partitions `width` wide
-    /// (whole seconds, at least one, at most ten years). [`maintain`](Self::maintain) makes
-    /// partitions ahead of time and drops a partition once its range ended
-    /// at least the retention ago and all its rows have expired: dropping
-    /// it is the purge, with no row-by-row delete and no vacuum debt.
+    /// (whole seconds, at least one, at most ten years).
+    /// [`maintain`](Self::maintain) makes partitions ahead of time and drops
+    /// a partition once its range ended at least the retention ago and all
+    /// its rows have expired: dropping it is the purge, with no row-by-row
+    /// delete and no vacuum debt.
     ///
     /// PostgreSQL cannot keep `(scope, key)` unique across partitions, so
     /// each claim first takes a transaction advisory lock on its key (a
