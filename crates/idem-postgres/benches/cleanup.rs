@@ -125,29 +125,21 @@ fn pgbench_claims(server: &PgServer, schema: &str, partitioned: bool, secs: f64)
         ("$4", "3600000"),
     ];
     let respond = [("$1", "'bench'"), ("$2", key), ("$3", "'\\x6f6b'::bytea")];
-    let mut script = String::from("\\set n random(1, 1000000000000)\nBEGIN;\n");
-    if partitioned {
-        script.push_str(&pgbench_command(
-            &render(include_str!("../sql/inbox_p_lock.sql")),
-            &claim[..2],
-        ));
-        script.push_str(&pgbench_command(
-            &render(include_str!("../sql/inbox_p_claim.sql")),
-            &claim,
-        ));
-        script.push_str(&pgbench_command(
-            &render(include_str!("../sql/inbox_p_respond.sql")),
-            &respond,
-        ));
+    let statements: &[(&str, &[(&str, &str)])] = if partitioned {
+        &[
+            (include_str!("../sql/inbox_p_lock.sql"), &claim[..2]),
+            (include_str!("../sql/inbox_p_claim.sql"), &claim),
+            (include_str!("../sql/inbox_p_respond.sql"), &respond),
+        ]
     } else {
-        script.push_str(&pgbench_command(
-            &render(include_str!("../sql/inbox_claim.sql")),
-            &claim,
-        ));
-        script.push_str(&pgbench_command(
-            &render(include_str!("../sql/inbox_respond.sql")),
-            &respond,
-        ));
+        &[
+            (include_str!("../sql/inbox_claim.sql"), &claim),
+            (include_str!("../sql/inbox_respond.sql"), &respond),
+        ]
+    };
+    let mut script = String::from("\\set n random(1, 1000000000000)\nBEGIN;\n");
+    for (sql, params) in statements {
+        script.push_str(&pgbench_command(&render(sql), params));
     }
     script.push_str("COMMIT;\n");
     server.pgbench(&script, CALLERS, secs).expect("run pgbench")

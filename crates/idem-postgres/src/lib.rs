@@ -498,8 +498,8 @@ impl PgStore {
             .iter()
             .map(|&i| claims[i].1.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
             .collect();
-        let token_bytes: Vec<[u8; 16]> = tokens.iter().map(|&t| token_bytes(t)).collect();
-        let token_refs: Vec<&[u8]> = token_bytes.iter().map(|t| &t[..]).collect();
+        let raw_tokens: Vec<[u8; 16]> = tokens.iter().map(|&t| token_bytes(t)).collect();
+        let token_refs: Vec<&[u8]> = raw_tokens.iter().map(|t| &t[..]).collect();
         let leases: Vec<f64> = first.iter().map(|&i| ms(claims[i].1.lease)).collect();
         let keeps: Vec<f64> = first.iter().map(|&i| ms(claims[i].1.retention)).collect();
         let statement = self.prepare(&client, &self.inner.sql.claim_many).await?;

@@ -33,6 +33,14 @@ fn partition_name(width: i64, start: i64) -> String {
     format!("idem_inbox_p_{width}_{start}")
 }
 
+/// The range of the partition starting at `start`, `width` seconds wide.
+fn bounds(start: i64, width: i64) -> String {
+    format!(
+        "FOR VALUES FROM (to_timestamp({start})) TO (to_timestamp({}))",
+        start + width
+    )
+}
+
 /// The width and start of a partition named by [`partition_name`]; `None`
 /// for any other table (left alone).
 fn parse_name(name: &str) -> Option<(i64, i64)> {
@@ -125,7 +133,8 @@ async fn upkeep(
     width: u64,
     retention: Duration,
 ) -> Result<Maintenance, tokio_postgres::Error> {
-    let width = i64::try_from(width.clamp(1, MAX_WIDTH_SECS)).unwrap_or(i64::MAX);
+    // At most MAX_WIDTH_SECS (Inbox::partitioned clamps it).
+    let width = i64::try_from(width).unwrap_or(i64::MAX);
     let retention = retention.as_secs_f64();
     let now: f64 = client
         .query_one("SELECT extract(epoch FROM now())::float8", &[])
@@ -160,19 +169,18 @@ async fn upkeep(
             }
             continue;
         }
-        let after = holds_live_row(client, schema, name).await?;
-        if after.is_none() {
-            continue;
-        }
-        if after == Some(true) {
-            client
-                .batch_execute(&format!(
-                    "ALTER TABLE {parent} ATTACH PARTITION {schema}.{name}
-                     FOR VALUES FROM (to_timestamp({start})) TO (to_timestamp({end}))",
-                    end = start + w
-                ))
-                .await?;
-            continue;
+        match holds_live_row(client, schema, name).await? {
+            None => continue,
+            Some(true) => {
+                client
+                    .batch_execute(&format!(
+                        "ALTER TABLE {parent} ATTACH PARTITION {schema}.{name} {}",
+                        bounds(start, w)
+                    ))
+                    .await?;
+                continue;
+            }
+            Some(false) => {}
         }
         client
             .batch_execute(&format!("DROP TABLE IF EXISTS {schema}.{name}"))
@@ -191,9 +199,8 @@ async fn upkeep(
         }
         let made = client
             .batch_execute(&format!(
-                "CREATE TABLE IF NOT EXISTS {schema}.{name} PARTITION OF {parent}
-                 FOR VALUES FROM (to_timestamp({start})) TO (to_timestamp({end}))",
-                end = start + width
+                "CREATE TABLE IF NOT EXISTS {schema}.{name} PARTITION OF {parent} {}",
+                bounds(start, width)
             ))
             .await;
         match made {
