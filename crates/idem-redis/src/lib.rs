@@ -70,12 +70,14 @@ use idem::{
 use redis::{RedisResult, Value};
 use sha2::{Digest, Sha256};
 
+mod batch;
 mod cache;
 mod conn;
 mod record;
 mod scripts;
 mod slots;
 
+use batch::{Batcher, Call, Op};
 use conn::{store_error, Conn, Options, Target};
 use scripts::Scripts;
 
@@ -133,6 +135,7 @@ pub struct RedisStoreBuilder {
     options: Options,
     tls_ca_file: Option<String>,
     grace: Duration,
+    batching: bool,
 }
 
 impl RedisStoreBuilder {
@@ -160,6 +163,18 @@ impl RedisStoreBuilder {
     /// ([`DEFAULT_GRACE`]; at least one second).
     pub fn grace(mut self, grace: Duration) -> Self {
         self.grace = grace.max(Duration::from_secs(1));
+        self
+    }
+
+    /// Whether claims and holder writes that callers make at the same time
+    /// go to a single server together, as one script call (default: yes).
+    /// Each stays atomic on its own; a lone call is sent at once. Under
+    /// load this is what lets the store keep up with a busy consumer: one
+    /// round trip and one script run for many calls instead of one each.
+    /// A Cluster spreads records over slots and runs one script per call
+    /// either way.
+    pub fn batching(mut self, on: bool) -> Self {
+        self.batching = on;
         self
     }
 
@@ -195,16 +210,22 @@ impl RedisStoreBuilder {
                 url: conn::redact(&self.url),
                 source,
             })?;
-        if let Conn::Standalone(_) = conn {
-            warn_if_evicting(&conn).await;
-        }
+        let batcher = match &conn {
+            Conn::Standalone(server) => {
+                warn_if_evicting(&conn).await;
+                self.batching
+                    .then(|| Batcher::new(server.clone(), scripts::batch()))
+            }
+            Conn::Cluster(_) => None,
+        };
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 conn,
                 namespace: self.namespace,
-                grace_ms: self.grace.as_millis().to_string(),
+                grace_ms: Bytes::from(self.grace.as_millis().to_string()),
                 tokens: TokenMint::new(),
                 scripts: Scripts::new(),
+                batcher,
             }),
         })
     }
@@ -245,9 +266,12 @@ pub struct RedisStore {
 struct Inner {
     conn: Conn,
     namespace: String,
-    grace_ms: String,
+    grace_ms: Bytes,
     tokens: TokenMint,
     scripts: Scripts,
+    /// Sends the primitives in batches (a single server, unless turned
+    /// off).
+    batcher: Option<Arc<Batcher>>,
 }
 
 impl RedisStore {
@@ -273,6 +297,7 @@ impl RedisStore {
             },
             tls_ca_file: parsed.tls_ca_file,
             grace: DEFAULT_GRACE,
+            batching: true,
         })
     }
 
@@ -329,38 +354,60 @@ impl RedisStore {
         id: &RecordId,
         params: &ClaimParams,
     ) -> Result<ClaimOutcome, StoreError> {
-        let key = self.record_key(id);
         let token = self.fresh_token();
-        let args = self.claim_args(id, token, params);
-        let reply = self
-            .inner
-            .scripts
-            .claim
-            .run(&self.inner.conn, &key, &args.as_slices())
-            .await
-            .map_err(store_error)?;
+        let reply = self.primitive(self.claim_call(id, token, params)).await?;
         record::claim_outcome(id, token, reply)
     }
 
-    fn claim_args<'a>(
-        &'a self,
-        id: &'a RecordId,
-        token: LeaseToken,
-        params: &ClaimParams,
-    ) -> ClaimArgs<'a> {
-        ClaimArgs {
-            token: token.to_hex(),
-            fingerprint: params.fingerprint.map(|f| f.to_hex()).unwrap_or_default(),
-            lease: params.lease.as_millis().to_string(),
-            retention: params.retention.as_millis().to_string(),
-            scope: id.scope().as_str(),
-            key: id.key().as_str(),
-            grace: &self.inner.grace_ms,
+    /// The claim of `id` with `token`, as the claim script takes it.
+    fn claim_call(&self, id: &RecordId, token: LeaseToken, params: &ClaimParams) -> Call {
+        let text = |s: String| Bytes::from(s);
+        Call {
+            op: Op::Claim,
+            key: self.record_key(id),
+            args: vec![
+                text(token.to_hex()),
+                text(params.fingerprint.map(|f| f.to_hex()).unwrap_or_default()),
+                text(params.lease.as_millis().to_string()),
+                text(params.retention.as_millis().to_string()),
+                Bytes::copy_from_slice(id.scope().as_str().as_bytes()),
+                Bytes::copy_from_slice(id.key().as_str().as_bytes()),
+                self.inner.grace_ms.clone(),
+            ],
         }
     }
 
-    /// Runs a holder's write script; `Ok(reply)` when the token held.
-    async fn write(
+    /// Runs one primitive: in the next batch on a single server, or as a
+    /// script call of its own (a Cluster, or batching turned off).
+    async fn primitive(&self, call: Call) -> Result<Value, StoreError> {
+        if let Some(batcher) = &self.inner.batcher {
+            return batcher.call(call).await;
+        }
+        let args: Vec<&[u8]> = call.args.iter().map(|a| a.as_ref()).collect();
+        self.inner
+            .scripts
+            .primitive(call.op)
+            .run(&self.inner.conn, &call.key, &args)
+            .await
+            .map_err(store_error)
+    }
+
+    /// Runs a holder's write; `Ok(reply)` when the token held.
+    async fn write(&self, op: Op, lease: &Lease, args: Vec<Bytes>) -> Result<Value, StoreError> {
+        let mut all = Vec::with_capacity(args.len() + 1);
+        all.push(Bytes::from(lease.token.to_hex()));
+        all.extend(args);
+        self.primitive(Call {
+            op,
+            key: self.record_key(&lease.id),
+            args: all,
+        })
+        .await
+    }
+
+    /// Runs a step-journal script, whose first argument is the holder's
+    /// token.
+    async fn journal_write(
         &self,
         script: &scripts::Script,
         lease: &Lease,
@@ -504,8 +551,9 @@ impl RedisStore {
     /// every master). Optional: a server that lacks a script gets it on
     /// first use.
     pub async fn load_scripts(&self) -> Result<(), StoreError> {
+        let batch = self.inner.batcher.as_ref().map(|b| b.script());
         for node in self.servers().await? {
-            for script in self.inner.scripts.all() {
+            for script in self.inner.scripts.all().into_iter().chain(batch) {
                 self.inner
                     .conn
                     .query_node(script.load(), node.clone())
@@ -518,34 +566,10 @@ impl RedisStore {
 }
 
 /// A copy of a store error for each call of a failed batch.
-fn copy_error(error: &StoreError) -> StoreError {
+pub(crate) fn copy_error(error: &StoreError) -> StoreError {
     match error {
         StoreError::Unavailable(e) => StoreError::Unavailable(e.to_string().into()),
         other => StoreError::Backend(other.to_string().into()),
-    }
-}
-
-struct ClaimArgs<'a> {
-    token: String,
-    fingerprint: String,
-    lease: String,
-    retention: String,
-    scope: &'a str,
-    key: &'a str,
-    grace: &'a str,
-}
-
-impl<'a> ClaimArgs<'a> {
-    fn as_slices(&'a self) -> [&'a [u8]; 7] {
-        [
-            self.token.as_bytes(),
-            self.fingerprint.as_bytes(),
-            self.lease.as_bytes(),
-            self.retention.as_bytes(),
-            self.scope.as_bytes(),
-            self.key.as_bytes(),
-            self.grace.as_bytes(),
-        ]
     }
 }
 
@@ -634,18 +658,8 @@ impl Store for RedisStore {
         response: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let retention = retention.as_millis().to_string();
-        let reply = self
-            .write(
-                &self.inner.scripts.complete,
-                lease,
-                &[
-                    &response,
-                    retention.as_bytes(),
-                    self.inner.grace_ms.as_bytes(),
-                ],
-            )
-            .await?;
+        let args = vec![response, millis(retention), self.inner.grace_ms.clone()];
+        let reply = self.write(Op::Complete, lease, args).await?;
         written(&lease.id, reply)
     }
 
@@ -655,31 +669,19 @@ impl Store for RedisStore {
         failure: Failure,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let retention = retention.as_millis().to_string();
-        let reply = self
-            .write(
-                &self.inner.scripts.fail,
-                lease,
-                &[
-                    failure.class.as_str().as_bytes(),
-                    failure.message.as_bytes(),
-                    retention.as_bytes(),
-                    self.inner.grace_ms.as_bytes(),
-                ],
-            )
-            .await?;
+        let args = vec![
+            Bytes::from_static(failure.class.as_str().as_bytes()),
+            Bytes::from(failure.message),
+            millis(retention),
+            self.inner.grace_ms.clone(),
+        ];
+        let reply = self.write(Op::Fail, lease, args).await?;
         written(&lease.id, reply)
     }
 
     async fn extend(&self, lease: &Lease, duration: Duration) -> Result<Timestamp, StoreError> {
-        let duration = duration.as_millis().to_string();
-        let reply = self
-            .write(
-                &self.inner.scripts.extend,
-                lease,
-                &[duration.as_bytes(), self.inner.grace_ms.as_bytes()],
-            )
-            .await?;
+        let args = vec![millis(duration), self.inner.grace_ms.clone()];
+        let reply = self.write(Op::Extend, lease, args).await?;
         match reply {
             Value::Int(n) if n < 0 => Err(StoreError::LeaseLost),
             Value::Int(n) => Ok(Timestamp::from_millis(n.unsigned_abs())),
@@ -691,7 +693,7 @@ impl Store for RedisStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        let reply = self.write(&self.inner.scripts.release, lease, &[]).await?;
+        let reply = self.write(Op::Release, lease, Vec::new()).await?;
         written(&lease.id, reply)
     }
 
@@ -712,6 +714,11 @@ impl Store for RedisStore {
     }
 }
 
+/// A duration in milliseconds, as the scripts take it.
+fn millis(d: Duration) -> Bytes {
+    Bytes::from(d.as_millis().to_string())
+}
+
 /// A holder's write replied 1 (written) or 0 (lease lost).
 fn written(id: &RecordId, reply: Value) -> Result<(), StoreError> {
     match reply {
@@ -728,7 +735,7 @@ impl StepJournal for RedisStore {
     async fn begin_step(&self, lease: &Lease, step: &str) -> Result<StepBegin, StoreError> {
         let attempt = lease.attempt.to_string();
         let reply = self
-            .write(
+            .journal_write(
                 &self.inner.scripts.step_begin,
                 lease,
                 &[step.as_bytes(), attempt.as_bytes()],
@@ -744,7 +751,7 @@ impl StepJournal for RedisStore {
         result: Bytes,
     ) -> Result<(), StoreError> {
         let reply = self
-            .write(
+            .journal_write(
                 &self.inner.scripts.step_finish,
                 lease,
                 &[step.as_bytes(), &result],
@@ -808,7 +815,7 @@ impl DeleteRecord for RedisStore {
             .inner
             .scripts
             .delete
-            .run(&self.inner.conn, &key, &[self.inner.grace_ms.as_bytes()])
+            .run(&self.inner.conn, &key, &[&self.inner.grace_ms])
             .await
             .map_err(store_error)?;
         Ok(matches!(reply, Value::Int(1)))
@@ -882,16 +889,21 @@ impl ClaimMany for RedisStore {
         claims: &[(RecordId, ClaimParams)],
     ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
         let tokens: Vec<LeaseToken> = claims.iter().map(|_| self.fresh_token()).collect();
-        let calls: Vec<(String, Vec<Vec<u8>>)> = claims
+        let calls: Vec<Call> = claims
             .iter()
             .zip(&tokens)
-            .map(|((id, params), token)| {
-                let args = self.claim_args(id, *token, params);
-                let args = args.as_slices().iter().map(|a| a.to_vec()).collect();
-                (self.record_key(id), args)
-            })
+            .map(|((id, params), token)| self.claim_call(id, *token, params))
             .collect();
-        let replies = self.run_each(&self.inner.scripts.claim, &calls).await;
+        let replies = match &self.inner.batcher {
+            Some(batcher) => batcher.call_all(calls).await,
+            None => {
+                let calls: Vec<(String, Vec<Vec<u8>>)> = calls
+                    .into_iter()
+                    .map(|c| (c.key, c.args.iter().map(|a| a.to_vec()).collect()))
+                    .collect();
+                self.run_each(&self.inner.scripts.claim, &calls).await
+            }
+        };
         Ok(claims
             .iter()
             .zip(tokens)

@@ -3,10 +3,17 @@
 //! `EVAL` (which also caches the script) when a server does not know the
 //! script yet — after a restart, a failover, or on a Cluster node that
 //! just received a slot.
+//!
+//! The five primitives of the store contract (`claim`, `complete`, `fail`,
+//! `extend`, `release`) are each a Lua function in its own file. A
+//! primitive's script calls its function once; the batch script
+//! (`lua/batch.lua`) holds all five and calls them for many records in
+//! one go. Both run the same function, so a rule lives in one place.
 
 use redis::{Cmd, RedisResult, ServerErrorKind, Value};
 
-use crate::conn::Conn;
+use crate::batch::Op;
+use crate::conn::{Conn, Server};
 
 /// One script: its full text and SHA-1.
 #[derive(Debug)]
@@ -15,10 +22,39 @@ pub(crate) struct Script {
     sha: String,
 }
 
+macro_rules! lua {
+    ($file:literal) => {
+        include_str!(concat!("../lua/", $file))
+    };
+}
+
 macro_rules! script {
     ($file:literal) => {
-        Script::new(include_str!(concat!("../lua/", $file)))
+        Script::new(lua!($file))
     };
+}
+
+/// The primitives' functions, each defined by its own file.
+const PRIMITIVES: [&str; 5] = [
+    lua!("claim.lua"),
+    lua!("complete.lua"),
+    lua!("fail.lua"),
+    lua!("extend.lua"),
+    lua!("release.lua"),
+];
+
+/// The script of one primitive: its function, called once with the
+/// script's key and arguments.
+fn primitive(function: &str, name: &str) -> Script {
+    Script::new(&format!(
+        "{function}\nreturn {name}(KEYS[1], unpack(ARGV))\n"
+    ))
+}
+
+/// The batch script: every primitive's function, and the loop that calls
+/// them for each record of a batch.
+pub(crate) fn batch() -> Script {
+    Script::new(&format!("{}\n{}", PRIMITIVES.join("\n"), lua!("batch.lua")))
 }
 
 impl Script {
@@ -30,17 +66,12 @@ impl Script {
 
     /// The `EVALSHA` command for `key` with `args`.
     pub(crate) fn evalsha(&self, key: &str, args: &[&[u8]]) -> Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&self.sha).arg(1).arg(key);
-        for arg in args {
-            cmd.arg(*arg);
-        }
-        cmd
+        self.command("EVALSHA", &self.sha, &[key], args)
     }
 
-    fn eval(&self, key: &str, args: &[&[u8]]) -> Cmd {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(&self.body).arg(1).arg(key);
+    fn command(&self, name: &str, script: &str, keys: &[&str], args: &[&[u8]]) -> Cmd {
+        let mut cmd = redis::cmd(name);
+        cmd.arg(script).arg(keys.len()).arg(keys);
         for arg in args {
             cmd.arg(*arg);
         }
@@ -50,7 +81,28 @@ impl Script {
     /// Runs the script on `key`'s server.
     pub(crate) async fn run(&self, conn: &Conn, key: &str, args: &[&[u8]]) -> RedisResult<Value> {
         match conn.query_key(&self.evalsha(key, args), key).await {
-            Err(e) if is_noscript(&e) => conn.query_key(&self.eval(key, args), key).await,
+            Err(e) if is_noscript(&e) => {
+                let eval = self.command("EVAL", &self.body, &[key], args);
+                conn.query_key(&eval, key).await
+            }
+            other => other,
+        }
+    }
+
+    /// Runs the script with many `keys` on one server.
+    pub(crate) async fn run_many(
+        &self,
+        server: &Server,
+        keys: &[&str],
+        args: &[&[u8]],
+    ) -> RedisResult<Value> {
+        let evalsha = self.command("EVALSHA", &self.sha, keys, args);
+        match server.query(&evalsha).await {
+            Err(e) if is_noscript(&e) => {
+                server
+                    .query(&self.command("EVAL", &self.body, keys, args))
+                    .await
+            }
             other => other,
         }
     }
@@ -88,11 +140,11 @@ pub(crate) struct Scripts {
 impl Scripts {
     pub(crate) fn new() -> Self {
         Self {
-            claim: script!("claim.lua"),
-            complete: script!("complete.lua"),
-            fail: script!("fail.lua"),
-            extend: script!("extend.lua"),
-            release: script!("release.lua"),
+            claim: primitive(PRIMITIVES[0], "claim"),
+            complete: primitive(PRIMITIVES[1], "complete"),
+            fail: primitive(PRIMITIVES[2], "fail"),
+            extend: primitive(PRIMITIVES[3], "extend"),
+            release: primitive(PRIMITIVES[4], "release"),
             get: script!("get.lua"),
             delete: script!("delete.lua"),
             purge: script!("purge.lua"),
@@ -119,6 +171,17 @@ impl Scripts {
             &self.steps,
             &self.resolve,
         ]
+    }
+
+    /// The script of `op`, as its own call.
+    pub(crate) fn primitive(&self, op: Op) -> &Script {
+        match op {
+            Op::Claim => &self.claim,
+            Op::Complete => &self.complete,
+            Op::Fail => &self.fail,
+            Op::Extend => &self.extend,
+            Op::Release => &self.release,
+        }
     }
 
     /// The SHA-1 of the claim script, for `redis-benchmark EVALSHA`.

@@ -1,0 +1,31 @@
+-- batch(KEYS: the record of each operation, in order; ARGV: for each
+-- operation its code, then its arguments): claims and holder writes that
+-- callers made at the same time, run one after another as their own
+-- scripts would run them. The reply has one entry per operation: what its
+-- own script replies, or {'!', message} if it raised an error, in which
+-- case the operations after it still run.
+local ops = {
+  c = {claim, 7},
+  d = {complete, 4},
+  f = {fail, 5},
+  x = {extend, 3},
+  r = {release, 1},
+}
+local out = {}
+local at = 1
+for i = 1, #KEYS do
+  local op = ops[ARGV[at]]
+  if not op then
+    return redis.error_reply('batch: unknown operation ' .. tostring(ARGV[at]) .. ' at ' .. at)
+  end
+  local ok, reply = pcall(op[1], KEYS[i], unpack(ARGV, at + 1, at + op[2]))
+  if not ok then
+    if type(reply) == 'table' then
+      reply = reply.err
+    end
+    reply = {'!', tostring(reply)}
+  end
+  out[i] = reply
+  at = at + 1 + op[2]
+end
+return out

@@ -1,0 +1,204 @@
+//! Calls made at the same time go to a single server together (one script
+//! call for many), each still atomic and answered on its own. Every test
+//! starts its own redis-server so that its script calls can be counted.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use idem::{ClaimMany, ClaimOutcome, ClaimParams, RecordId, Store, StoreError};
+use idem_redis::RedisStore;
+use idem_testkit::redis::RedisServer;
+
+fn params() -> ClaimParams {
+    ClaimParams::new(Duration::from_secs(30), Duration::from_secs(3600))
+}
+
+fn id(key: &str) -> RecordId {
+    RecordId::parse("batching", key).expect("valid id")
+}
+
+async fn store(server: &RedisServer, batching: bool) -> RedisStore {
+    RedisStore::builder(&server.url())
+        .expect("valid URL")
+        .batching(batching)
+        .connect()
+        .await
+        .expect("connect")
+}
+
+/// Script calls the server ran (`EVALSHA` and `EVAL`), from
+/// `INFO commandstats`.
+fn script_calls(server: &RedisServer) -> u64 {
+    let info = server.cli("INFO commandstats").expect("info");
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+fn acquired(outcome: &Result<ClaimOutcome, StoreError>) -> bool {
+    matches!(outcome, Ok(ClaimOutcome::Acquired(_)))
+}
+
+/// 200 claims made at once (on one thread, so all are queued before any is
+/// sent) take a handful of script calls with batching and 200 without, and
+/// the completes that follow do the same. Each claim is answered on its
+/// own either way.
+#[tokio::test(flavor = "current_thread")]
+async fn calls_made_together_share_script_calls() {
+    for (batching, most) in [(true, 4), (false, 200)] {
+        let server = RedisServer::start().expect("redis-server");
+        let store = store(&server, batching).await;
+        store.load_scripts().await.expect("load");
+        let before = script_calls(&server);
+        let ids: Vec<RecordId> = (0..200).map(|i| id(&format!("k{i}"))).collect();
+        let params = params();
+        let claims = join_all(ids.iter().map(|id| store.claim(id, &params))).await;
+        let claimed = script_calls(&server) - before;
+        assert!(
+            claims.iter().all(acquired),
+            "batching {batching}: {claims:?}"
+        );
+        assert!(
+            claimed <= most && (batching || claimed == 200),
+            "batching {batching}: 200 claims took {claimed} script calls"
+        );
+        let leases: Vec<_> = claims
+            .into_iter()
+            .map(|c| match c {
+                Ok(ClaimOutcome::Acquired(lease)) => lease,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let before = script_calls(&server);
+        let done = join_all(
+            leases
+                .iter()
+                .map(|l| store.complete(l, "ok".into(), Duration::from_secs(3600))),
+        )
+        .await;
+        assert!(done.iter().all(Result::is_ok), "{done:?}");
+        let completed = script_calls(&server) - before;
+        assert!(
+            completed <= most,
+            "batching {batching}: 200 completes took {completed} script calls"
+        );
+        let replays = join_all(ids.iter().map(|id| store.claim(id, &params))).await;
+        assert!(
+            replays
+                .iter()
+                .all(|r| matches!(r, Ok(ClaimOutcome::Completed(b)) if b == "ok")),
+            "{replays:?}"
+        );
+    }
+}
+
+/// A record the script cannot read (a key of another type) fails its own
+/// call; the calls batched with it are answered as if it were not there,
+/// and the odd key is left as it was.
+#[tokio::test(flavor = "current_thread")]
+async fn an_error_in_one_call_fails_that_call_alone() {
+    let server = RedisServer::start().expect("redis-server");
+    let store = store(&server, true).await;
+    let bad = id("not-a-hash");
+    let key = store.record_key(&bad);
+    server.cli(&format!("SET {key} a-string")).expect("set");
+    let mut ids: Vec<RecordId> = (0..30).map(|i| id(&format!("k{i}"))).collect();
+    ids.insert(15, bad);
+    let before = script_calls(&server);
+    let params = params();
+    let claims = join_all(ids.iter().map(|id| store.claim(id, &params))).await;
+    assert!(
+        script_calls(&server) - before <= 4,
+        "the claims were not batched"
+    );
+    for (i, claim) in claims.iter().enumerate() {
+        if i == 15 {
+            assert!(matches!(claim, Err(StoreError::Backend(_))), "{claim:?}");
+        } else {
+            assert!(acquired(claim), "claim {i}: {claim:?}");
+        }
+    }
+    assert_eq!(
+        server.cli(&format!("GET {key}")).expect("get").trim(),
+        "a-string"
+    );
+}
+
+/// A batch of claims longer than one script call's share goes in several,
+/// one after another, so a key that occurs twice is still claimed in the
+/// order given: first acquired, then in progress.
+#[tokio::test(flavor = "current_thread")]
+async fn a_long_batch_keeps_its_order() {
+    let server = RedisServer::start().expect("redis-server");
+    let store = store(&server, true).await;
+    let mut claims: Vec<(RecordId, ClaimParams)> =
+        (0..300).map(|i| (id(&format!("k{i}")), params())).collect();
+    claims[250] = (id("k10"), params());
+    let outcomes = store.claim_many(&claims).await.expect("batch");
+    assert_eq!(outcomes.len(), 300);
+    for (i, outcome) in outcomes.iter().enumerate() {
+        if i == 250 {
+            assert!(
+                matches!(outcome, Ok(ClaimOutcome::InProgress { .. })),
+                "{outcome:?}"
+            );
+        } else {
+            assert!(acquired(outcome), "claim {i}: {outcome:?}");
+        }
+    }
+}
+
+/// Polls a future once and drops it.
+struct PollOnce<F>(Pin<Box<F>>);
+
+impl<F: Future> Future for PollOnce<F> {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let _ = self.0.as_mut().poll(cx);
+        Poll::Ready(())
+    }
+}
+
+/// Callers that give up on their call (their futures dropped once queued)
+/// take nothing with them: the calls batched with theirs are answered,
+/// and the store goes on working. A dropped claim that was already queued
+/// still runs, as one whose answer a crash lost would: its lease simply
+/// runs out.
+#[tokio::test(flavor = "current_thread")]
+async fn callers_that_give_up_leave_the_batch_whole() {
+    let server = RedisServer::start().expect("redis-server");
+    let store = store(&server, true).await;
+    let ids: Vec<RecordId> = (0..40).map(|i| id(&format!("k{i}"))).collect();
+    let params = params();
+    let mut kept = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let claim = Box::pin(store.claim(id, &params));
+        if i % 2 == 0 {
+            PollOnce(claim).await;
+        } else {
+            kept.push(claim);
+        }
+    }
+    let answered = join_all(kept).await;
+    assert!(answered.iter().all(acquired), "{answered:?}");
+    let later = store.claim(&id("after"), &params).await;
+    assert!(acquired(&later), "{later:?}");
+    for (i, id) in ids.iter().enumerate().filter(|(i, _)| i % 2 == 0) {
+        let again = store.claim(id, &params).await;
+        assert!(
+            matches!(again, Ok(ClaimOutcome::InProgress { .. })),
+            "claim {i}: {again:?}"
+        );
+    }
+}
