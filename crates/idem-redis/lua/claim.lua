@@ -7,50 +7,50 @@ local function claim(key, token, fp, lease, retention, scope, name, grace)
   lease = tonumber(lease)
   retention = math.max(tonumber(retention), lease)
   grace = tonumber(grace)
-  local r = redis.call('HMGET', key, 'st', 'fp', 'at', 'fe', 'ex', 'lu', 'rs', 'fc', 'fm')
+  local r = load(key)
   local lease_until = now + lease
 
   -- Fences rise per key: past the stored one while the record (or its
   -- tombstone) exists, and past the server clock in microseconds otherwise.
   local fence = now_us
-  if r[4] then
-    fence = math.max(fence, tonumber(r[4]) + 1)
+  if r then
+    fence = math.max(fence, r.fe + 1)
   end
 
-  if not r[1] or tonumber(r[5]) <= now then
+  if not r or r.ex <= now then
     local ex = now + retention
-    if r[5] then
+    if r then
       -- An expired record or a tombstone: start from an empty hash.
       redis.call('DEL', key)
     end
-    redis.call('HSET', key, 's', scope, 'k', name, 'st', 'p', 'fp', fp,
-      'at', 1, 'fe', int(fence), 'ca', int(now), 'ua', int(now), 'ex', int(ex),
-      'tk', token, 'lu', int(lease_until))
+    save(key, {st = 'p', at = 1, fe = fence, ca = now, ua = now, ex = ex,
+      lu = lease_until, tk = token, fp = fp, fc = '', fm = '', s = scope, k = name})
     keep_until(key, ex, grace)
     return {'A', fence, 1, 0, lease_until}
   end
 
-  if r[2] ~= fp then
+  if r.fp ~= fp then
     return {'M'}
   end
-  local st = r[1]
+  local st = r.st
   if st == 'c' then
-    return {'C', r[7]}
+    return {'C', redis.call('HGET', key, 'rs')}
   elseif st == 'f' then
-    return {'F', r[8], r[9]}
-  elseif st == 'p' and tonumber(r[6]) > now then
-    return {'P', tonumber(r[6]) - now}
+    return {'F', r.fc, r.fm}
+  elseif st == 'p' and r.lu > now then
+    return {'P', r.lu - now}
+  elseif st == 'x' then
+    damaged(key, 'a tombstone that has not expired')
   end
 
   local takeover = 0
   if st == 'p' then
     takeover = 1
   end
-  local attempt = tonumber(r[3]) + 1
-  local ex = math.max(tonumber(r[5]), now + retention)
-  redis.call('HDEL', key, 'fc', 'fm')
-  redis.call('HSET', key, 'st', 'p', 'at', attempt, 'fe', int(fence), 'ua', int(now),
-    'ex', int(ex), 'tk', token, 'lu', int(lease_until))
-  keep_until(key, ex, grace)
-  return {'A', fence, attempt, takeover, lease_until}
+  r.st, r.at, r.fe, r.ua, r.lu, r.tk = 'p', r.at + 1, fence, now, lease_until, token
+  r.ex = math.max(r.ex, now + retention)
+  r.fc, r.fm = '', ''
+  save(key, r)
+  keep_until(key, r.ex, grace)
+  return {'A', fence, r.at, takeover, lease_until}
 end

@@ -3,15 +3,16 @@
 -- its fence until Redis drops it `grace` ms later. 1 if a live record was
 -- there, else 0.
 local key = KEYS[1]
-local r = redis.call('HMGET', key, 'ex', 'fe')
-if not r[1] then
+local r = load(key)
+if not r then
   return 0
 end
 local live = 0
-if tonumber(r[1]) > now then
+if r.ex > now then
   live = 1
 end
 redis.call('DEL', key)
-redis.call('HSET', key, 'fe', r[2], 'ex', int(now))
+save(key, {st = 'x', at = 0, fe = r.fe, ca = now, ua = now, ex = now, lu = 0,
+  tk = '', fp = '', fc = '', fm = '', s = '', k = ''})
 keep_until(key, now, tonumber(ARGV[1]))
 return live

@@ -5,9 +5,10 @@ local function extend(key, token, lease, grace)
   if not r then
     return -1
   end
-  local lease_until = math.max(now + tonumber(lease), tonumber(r[4]))
-  local ex = math.max(tonumber(r[3]), lease_until)
-  redis.call('HSET', key, 'lu', int(lease_until), 'ex', int(ex), 'ua', int(now))
-  keep_until(key, ex, tonumber(grace))
-  return lease_until
+  r.lu = math.max(now + tonumber(lease), r.lu)
+  r.ex = math.max(r.ex, r.lu)
+  r.ua = now
+  save(key, r)
+  keep_until(key, r.ex, tonumber(grace))
+  return r.lu
 end

@@ -2,16 +2,17 @@
 -- failure releases the record, terminal and unknown ones are kept and
 -- replayed. 1 if written, 0 if the lease was lost.
 local function fail(key, token, class, message, retention, grace)
-  if not held(key, token) then
+  local r = held(key, token)
+  if not r then
     return 0
   end
-  local st = 'f'
+  r.st = 'f'
   if class == 'retryable' then
-    st = 'r'
+    r.st = 'r'
   end
-  local ex = now + tonumber(retention)
-  redis.call('HDEL', key, 'tk', 'lu')
-  redis.call('HSET', key, 'st', st, 'fc', class, 'fm', message, 'ua', int(now), 'ex', int(ex))
-  keep_until(key, ex, tonumber(grace))
+  r.fc, r.fm, r.ua, r.ex = class, message, now, now + tonumber(retention)
+  r.lu, r.tk = 0, ''
+  save(key, r)
+  keep_until(key, r.ex, tonumber(grace))
   return 1
 end

@@ -1,26 +1,30 @@
 -- get(KEYS[1] record, ARGV[1] optional filter): the record's fields as a
--- flat name/value list (the step journal's 'j:' fields left out), or an
--- empty list when it is absent or past its retention deadline. With the
--- filter 'abandoned', also empty unless the record is in progress with a
--- lease that has run out (what the completer re-drives).
+-- flat name/value list (the step journal left out), or an empty list when
+-- it is absent or past its retention deadline. With the filter
+-- 'abandoned', also empty unless the record is in progress with a lease
+-- that has run out (what the completer re-drives).
 local key = KEYS[1]
-local ex = redis.call('HGET', key, 'ex')
-if not ex or tonumber(ex) <= now then
+local r = load(key)
+if not r or r.ex <= now then
   return {}
 end
-if ARGV[1] == 'abandoned' then
-  local st = redis.call('HMGET', key, 'st', 'lu')
-  if st[1] ~= 'p' or tonumber(st[2]) > now then
-    return {}
-  end
+if ARGV[1] == 'abandoned' and (r.st ~= 'p' or r.lu > now) then
+  return {}
 end
-local names = {'s', 'k', 'st', 'fp', 'at', 'fe', 'ca', 'ua', 'ex', 'tk', 'lu', 'rs', 'fc', 'fm'}
-local values = redis.call('HMGET', key, unpack(names))
-local out = {}
-for i, name in ipairs(names) do
-  if values[i] then
-    out[#out + 1] = name
-    out[#out + 1] = values[i]
-  end
+local out = {'s', r.s, 'k', r.k, 'st', r.st, 'fp', r.fp, 'at', int(r.at),
+  'fe', int(r.fe), 'ca', int(r.ca), 'ua', int(r.ua), 'ex', int(r.ex)}
+local function add(name, value)
+  out[#out + 1] = name
+  out[#out + 1] = value
+end
+if r.st == 'p' then
+  add('tk', r.tk)
+  add('lu', int(r.lu))
+elseif r.st == 'c' then
+  add('rs', redis.call('HGET', key, 'rs') or '')
+end
+if r.fc ~= '' then
+  add('fc', r.fc)
+  add('fm', r.fm)
 end
 return out

@@ -2,8 +2,8 @@
 -- deadline and the server clock has passed its fence (so a later claim's
 -- fence, taken from the clock, is still higher). 1 if deleted, else 0.
 local key = KEYS[1]
-local r = redis.call('HMGET', key, 'ex', 'fe')
-if not r[1] or tonumber(r[1]) > now or tonumber(r[2]) >= now_us then
+local r = load(key)
+if not r or r.ex > now or r.fe >= now_us then
   return 0
 end
 redis.call('DEL', key)

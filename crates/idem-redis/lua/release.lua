@@ -1,10 +1,11 @@
 -- release(record; token): 1 if released, 0 if the lease was lost. The
 -- retention deadline is unchanged.
 local function release(key, token)
-  if not held(key, token) then
+  local r = held(key, token)
+  if not r then
     return 0
   end
-  redis.call('HDEL', key, 'tk', 'lu', 'fc', 'fm')
-  redis.call('HSET', key, 'st', 'r', 'ua', int(now))
+  r.st, r.ua, r.lu, r.tk, r.fc, r.fm = 'r', now, 0, '', '', ''
+  save(key, r)
   return 1
 end

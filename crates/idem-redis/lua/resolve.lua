@@ -3,8 +3,8 @@
 -- doubt, journals the finding and releases the record. Replies 'R'
 -- released, 'P' not parked, 'S' step not in doubt.
 local key = KEYS[1]
-local r = redis.call('HMGET', key, 'st', 'fc', 'ex')
-if r[1] ~= 'f' or r[2] ~= 'unknown' or not r[3] or tonumber(r[3]) <= now then
+local r = load(key)
+if not r or r.st ~= 'f' or r.fc ~= 'unknown' or r.ex <= now then
   return 'P'
 end
 local field = 'j:' .. ARGV[1]
@@ -17,6 +17,6 @@ if ARGV[2] == 'a' then
 else
   redis.call('HDEL', key, field)
 end
-redis.call('HDEL', key, 'fc', 'fm')
-redis.call('HSET', key, 'st', 'r', 'ua', int(now))
+r.st, r.ua, r.fc, r.fm = 'r', now, '', ''
+save(key, r)
 return 'R'

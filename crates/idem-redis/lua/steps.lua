@@ -2,8 +2,8 @@
 -- value ('s' .. attempt, or 'd' .. result), or an empty list when the
 -- record is absent or past its retention deadline.
 local key = KEYS[1]
-local ex = redis.call('HGET', key, 'ex')
-if not ex or tonumber(ex) <= now then
+local r = load(key)
+if not r or r.ex <= now then
   return {}
 end
 local all = redis.call('HGETALL', key)

@@ -355,7 +355,10 @@ impl RedisStore {
         params: &ClaimParams,
     ) -> Result<ClaimOutcome, StoreError> {
         let token = self.fresh_token();
-        let reply = self.primitive(self.claim_call(id, token, params)).await?;
+        let reply = self
+            .primitive(self.claim_call(id, token, params))
+            .await
+            .map_err(|e| damaged(id, e))?;
         record::claim_outcome(id, token, reply)
     }
 
@@ -403,6 +406,7 @@ impl RedisStore {
             args: all,
         })
         .await
+        .map_err(|e| damaged(&lease.id, e))
     }
 
     /// Runs a step-journal script, whose first argument is the holder's
@@ -421,7 +425,7 @@ impl RedisStore {
         script
             .run(&self.inner.conn, &key, &all)
             .await
-            .map_err(store_error)
+            .map_err(|e| damaged(&lease.id, store_error(e)))
     }
 
     /// Every key of this namespace (and scope, if given), one scan page at
@@ -485,7 +489,7 @@ impl RedisStore {
                     let (key, args) = &calls[i];
                     let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
                     let result = script.run(&self.inner.conn, key, &args).await;
-                    out.push((i, result.map_err(store_error)));
+                    out.push((i, result.map_err(|e| damaged(key, store_error(e)))));
                 }
                 out
             });
@@ -539,9 +543,9 @@ impl RedisStore {
                     script
                         .run(&self.inner.conn, key, &args)
                         .await
-                        .map_err(store_error)
+                        .map_err(|e| damaged(key, store_error(e)))
                 }
-                other => other.map_err(store_error),
+                other => other.map_err(|e| damaged(key, store_error(e))),
             });
         }
         out
@@ -703,14 +707,35 @@ impl Store for RedisStore {
     async fn wait_for_change(&self, id: &RecordId, timeout: Duration) {
         let key = self.record_key(id);
         idem::poll_while(timeout, || async {
-            let state = self
+            let record = self
                 .inner
                 .conn
-                .query_key(redis::cmd("HGET").arg(&key).arg("st"), &key)
+                .query_key(redis::cmd("HGET").arg(&key).arg("m"), &key)
                 .await;
-            matches!(&state, Ok(Value::BulkString(st)) if st == b"p")
+            // The packed record starts with its state (`lua/prelude.lua`).
+            matches!(&record, Ok(Value::BulkString(m)) if m.first() == Some(&b'p'))
         })
         .await;
+    }
+}
+
+/// A script's refusal of a record it cannot read (an error starting
+/// `DAMAGED`, see `lua/prelude.lua`) as [`StoreError::Corrupt`] naming
+/// `id`; any other error as it is. The record is left untouched.
+fn damaged(id: &(impl std::fmt::Display + ?Sized), error: StoreError) -> StoreError {
+    const MARK: &str = "DAMAGED";
+    let StoreError::Backend(source) = &error else {
+        return error;
+    };
+    let text = source.to_string();
+    match text.find(MARK) {
+        Some(at) => StoreError::Corrupt {
+            id: id.to_string(),
+            reason: text[at + MARK.len()..]
+                .trim_start_matches([':', ' '])
+                .to_owned(),
+        },
+        None => error,
     }
 }
 
@@ -768,7 +793,7 @@ impl StepJournal for RedisStore {
             .steps
             .run(&self.inner.conn, &key, &[])
             .await
-            .map_err(store_error)?;
+            .map_err(|e| damaged(id, store_error(e)))?;
         record::steps(id, reply)
     }
 
@@ -789,7 +814,7 @@ impl StepJournal for RedisStore {
             .resolve
             .run(&self.inner.conn, &key, &[step.as_bytes(), kind, &result])
             .await
-            .map_err(store_error)?;
+            .map_err(|e| damaged(id, store_error(e)))?;
         record::resolved(id, reply)
     }
 }
@@ -803,7 +828,7 @@ impl GetRecord for RedisStore {
             .get
             .run(&self.inner.conn, &key, &[])
             .await
-            .map_err(store_error)?;
+            .map_err(|e| damaged(id, store_error(e)))?;
         Ok(record::record(Some(id), reply)?.map(|(_, r)| r))
     }
 }
@@ -817,7 +842,7 @@ impl DeleteRecord for RedisStore {
             .delete
             .run(&self.inner.conn, &key, &[&self.inner.grace_ms])
             .await
-            .map_err(store_error)?;
+            .map_err(|e| damaged(id, store_error(e)))?;
         Ok(matches!(reply, Value::Int(1)))
     }
 }
@@ -908,7 +933,9 @@ impl ClaimMany for RedisStore {
             .iter()
             .zip(tokens)
             .zip(replies)
-            .map(|(((id, _), token), reply)| record::claim_outcome(id, token, reply?))
+            .map(|(((id, _), token), reply)| {
+                record::claim_outcome(id, token, reply.map_err(|e| damaged(id, e))?)
+            })
             .collect())
     }
 }

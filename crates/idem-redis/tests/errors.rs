@@ -58,26 +58,75 @@ async fn a_key_of_another_type_is_a_backend_error_and_is_left_alone() {
     );
 }
 
-#[tokio::test]
-async fn a_damaged_record_reads_as_corrupt_naming_it() {
-    let store = store().await;
-    let id = RecordId::parse("errors", "damaged").expect("valid");
-    let key = store.record_key(&id);
-    server()
-        .cli(&format!(
-            "HSET {key} s errors k damaged st q at 1 fe 1 ca 1 ua 1 ex 99999999999999"
-        ))
-        .expect("hset");
-    match store.get(&id).await {
-        Err(StoreError::Corrupt { id: named, reason }) => {
-            assert_eq!(named, id.to_string());
-            assert!(reason.contains("state"), "{reason}");
-        }
-        other => panic!("expected Corrupt, got {other:?}"),
-    }
-    let listed = store
-        .list(&ListQuery::new(10))
+/// Writes `m` as the packed fields of `key` (see `lua/prelude.lua`).
+async fn write_fields(key: &str, m: &[u8]) {
+    let client = redis::Client::open(server().url()).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
         .await
-        .expect_err("a list that meets a damaged record says so");
-    assert!(matches!(listed, StoreError::Corrupt { .. }), "{listed:?}");
+        .expect("connect");
+    let _: i64 = redis::cmd("HSET")
+        .arg(key)
+        .arg("m")
+        .arg(m)
+        .query_async(&mut conn)
+        .await
+        .expect("hset");
+}
+
+/// The packed fields of a record in state `st`, otherwise well formed.
+fn packed(st: u8) -> Vec<u8> {
+    let mut m = vec![st];
+    m.extend(1u32.to_be_bytes());
+    for n in [1.0f64, 1.0, 1.0, 99_999_999_999_999.0, 0.0] {
+        m.extend(n.to_be_bytes());
+    }
+    m.extend([0, 0, 0]);
+    m.extend(0u32.to_be_bytes());
+    for text in ["errors", "damaged"] {
+        m.extend(u32::try_from(text.len()).expect("short").to_be_bytes());
+        m.extend(text.as_bytes());
+    }
+    m
+}
+
+#[tokio::test]
+async fn a_damaged_record_reads_as_corrupt_naming_it_and_is_left_alone() {
+    for (m, reason) in [
+        (packed(b'q'), "unknown state"),
+        (b"q-not-packed".to_vec(), "do not unpack"),
+    ] {
+        let store = store().await;
+        let id = RecordId::parse("errors", "damaged").expect("valid");
+        let key = store.record_key(&id);
+        write_fields(&key, &m).await;
+        match store.get(&id).await {
+            Err(StoreError::Corrupt {
+                id: named,
+                reason: why,
+            }) => {
+                assert_eq!(named, id.to_string());
+                assert!(why.contains(reason), "{why}");
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+        let claim = store.claim(&id, &params()).await;
+        assert!(
+            matches!(&claim, Err(StoreError::Corrupt { id: named, .. }) if *named == id.to_string()),
+            "{claim:?}"
+        );
+        let listed = store
+            .list(&ListQuery::new(10))
+            .await
+            .expect_err("a list that meets a damaged record says so");
+        assert!(matches!(listed, StoreError::Corrupt { .. }), "{listed:?}");
+        let fields = server().cli(&format!("HLEN {key}")).expect("hlen");
+        assert_eq!(fields.trim(), "1", "the damaged record was rewritten");
+        let stored = server().cli(&format!("HSTRLEN {key} m")).expect("hstrlen");
+        assert_eq!(
+            stored.trim(),
+            m.len().to_string(),
+            "the damaged record was rewritten"
+        );
+    }
 }
