@@ -728,17 +728,23 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         F: FnOnce(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.instrumented(id, async {
-            let params = self.claim_params(fingerprint);
-            match self.acquire(id, &params, self.config.fail_open).await {
-                Ok(Claimed::Held { lease, sent }) => {
-                    self.execute(&lease, sent, &params, handler).await
+        // Boxed: the run's state is several kilobytes, and every future
+        // that holds it (a task, a consumer's delivery) would otherwise
+        // copy all of it each time it is moved.
+        self.instrumented(
+            id,
+            Box::pin(async {
+                let params = self.claim_params(fingerprint);
+                match self.acquire(id, &params, self.config.fail_open).await {
+                    Ok(Claimed::Held { lease, sent }) => {
+                        self.execute(&lease, sent, &params, handler).await
+                    }
+                    Ok(Claimed::Unguarded) => self.unguarded(id, handler).await,
+                    Ok(Claimed::Answered(outcome)) => self.answer(outcome),
+                    Err(error) => Err(RunError::Store(error)),
                 }
-                Ok(Claimed::Unguarded) => self.unguarded(id, handler).await,
-                Ok(Claimed::Answered(outcome)) => self.answer(outcome),
-                Err(error) => Err(RunError::Store(error)),
-            }
-        })
+            }),
+        )
         .await
     }
 
@@ -749,18 +755,22 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         id: &RecordId,
         work: impl Future<Output = Result<Outcome<T>, RunError<E>>>,
     ) -> Result<Outcome<T>, RunError<E>> {
-        let key = if self.config.log_keys {
-            id.key().to_string()
-        } else {
-            id.log_hash()
-        };
         let span = tracing::info_span!(
             "idem.run",
             scope = %id.scope(),
-            key = %key,
+            key = tracing::field::Empty,
             attempt = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
+        // The key's hash is only worked out for a span that is recorded.
+        if !span.is_disabled() {
+            let key = if self.config.log_keys {
+                id.key().to_string()
+            } else {
+                id.log_hash()
+            };
+            span.record("key", key.as_str());
+        }
         let result = work.instrument(span.clone()).await;
         span.record("outcome", outcome_label(&result));
         result
@@ -1324,37 +1334,41 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             claim,
             sent,
         } = ahead;
-        self.instrumented(&id, async {
-            match claim {
-                Ok(ClaimOutcome::Acquired(lease)) => {
-                    // A claim made a while ago is renewed before the
-                    // handler starts: the renewal proves nobody took it
-                    // over meanwhile, however long it waited.
-                    let sent = if sent.elapsed() >= self.config.heartbeat {
-                        let renewed = Instant::now();
-                        match m::timed(m::OP_EXTEND, self.store.extend(&lease, params.lease)).await
-                        {
-                            Ok(_) => renewed,
-                            Err(StoreError::LeaseLost) => {
-                                m::count(m::LEASE_LOST, &[("at", "start")]);
-                                return Err(RunError::LeaseLost);
+        self.instrumented(
+            &id,
+            Box::pin(async {
+                match claim {
+                    Ok(ClaimOutcome::Acquired(lease)) => {
+                        // A claim made a while ago is renewed before the
+                        // handler starts: the renewal proves nobody took it
+                        // over meanwhile, however long it waited.
+                        let sent = if sent.elapsed() >= self.config.heartbeat {
+                            let renewed = Instant::now();
+                            match m::timed(m::OP_EXTEND, self.store.extend(&lease, params.lease))
+                                .await
+                            {
+                                Ok(_) => renewed,
+                                Err(StoreError::LeaseLost) => {
+                                    m::count(m::LEASE_LOST, &[("at", "start")]);
+                                    return Err(RunError::LeaseLost);
+                                }
+                                Err(error) => return Err(RunError::Store(error)),
                             }
-                            Err(error) => return Err(RunError::Store(error)),
-                        }
-                    } else {
-                        sent
-                    };
-                    self.execute(&lease, sent, &params, handler).await
+                        } else {
+                            sent
+                        };
+                        self.execute(&lease, sent, &params, handler).await
+                    }
+                    Ok(outcome) => self.answer(outcome),
+                    Err(error @ StoreError::Unavailable(_)) if self.config.fail_open => {
+                        tracing::warn!(%error, "store unreachable; running unguarded (fail-open)");
+                        m::count(m::FAIL_OPEN, &[]);
+                        self.unguarded(&id, handler).await
+                    }
+                    Err(error) => Err(RunError::Store(error)),
                 }
-                Ok(outcome) => self.answer(outcome),
-                Err(error @ StoreError::Unavailable(_)) if self.config.fail_open => {
-                    tracing::warn!(%error, "store unreachable; running unguarded (fail-open)");
-                    m::count(m::FAIL_OPEN, &[]);
-                    self.unguarded(&id, handler).await
-                }
-                Err(error) => Err(RunError::Store(error)),
-            }
-        })
+            }),
+        )
         .await
     }
 }
