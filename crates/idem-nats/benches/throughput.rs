@@ -25,7 +25,7 @@ use idem::{Idempotency, Scope};
 use idem_consumer::Consumer;
 use idem_nats::NatsConsumer;
 use idem_redis::RedisStore;
-use idem_testkit::bench::{count_arg, median};
+use idem_testkit::bench::{count_arg, median, CpuMeter, CpuPerMessage};
 use idem_testkit::nats::NatsServer;
 use idem_testkit::redis::RedisServer;
 
@@ -151,11 +151,13 @@ async fn main() {
         "JetStream consumer throughput, {messages} messages per drain, median of {rounds} rounds"
     );
     println!(
-        "| concurrency | plain async-nats loop (msg/s) | through idem + Redis (msg/s) | ratio |"
+        "| concurrency | plain async-nats loop (msg/s) | through idem + Redis (msg/s) | ratio \
+         | plain: CPU us/msg client / Redis / rest | idem: CPU us/msg client / Redis / rest |"
     );
-    println!("|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---|---|");
     for concurrency in CONCURRENCY {
         let (mut plain, mut guarded) = (Vec::new(), Vec::new());
+        let (mut plain_cpu, mut guarded_cpu) = (CpuPerMessage::default(), CpuPerMessage::default());
         for _ in 0..rounds {
             let name = format!("BENCH_{:08x}", rand::random::<u32>());
             js.create_stream(stream::Config {
@@ -167,7 +169,10 @@ async fn main() {
             .await
             .expect("stream");
             fill(&js, &format!("{name}.plain"), messages).await;
+            let (meter, redis_before) = (CpuMeter::start(), redis.cpu().expect("INFO cpu"));
             plain.push(raw(&js, &name, concurrency, messages).await);
+            let redis_used = redis.cpu().expect("INFO cpu").saturating_sub(redis_before);
+            plain_cpu.add(messages, meter.stop(), redis_used);
             fill(&js, &format!("{name}.idem"), messages).await;
             let store = RedisStore::builder(&redis.url())
                 .expect("url")
@@ -175,11 +180,19 @@ async fn main() {
                 .connect()
                 .await
                 .expect("redis");
+            let (meter, redis_before) = (CpuMeter::start(), redis.cpu().expect("INFO cpu"));
             guarded.push(through_idem(&url, &name, store, concurrency, messages).await);
+            let redis_used = redis.cpu().expect("INFO cpu").saturating_sub(redis_before);
+            guarded_cpu.add(messages, meter.stop(), redis_used);
             let _ = js.delete_stream(&name).await;
             let _ = js.delete_stream(format!("{name}_DEAD")).await;
         }
         let (p, g) = (median(plain), median(guarded));
-        println!("| {concurrency} | {p:.0} | {g:.0} | {:.2} |", g / p);
+        println!(
+            "| {concurrency} | {p:.0} | {g:.0} | {:.2} | {} | {} |",
+            g / p,
+            plain_cpu.cell(),
+            guarded_cpu.cell()
+        );
     }
 }

@@ -21,7 +21,7 @@ use idem::{Idempotency, Scope};
 use idem_consumer::Consumer;
 use idem_rabbitmq::RabbitConsumer;
 use idem_redis::RedisStore;
-use idem_testkit::bench::{count_arg, median};
+use idem_testkit::bench::{count_arg, median, CpuMeter, CpuPerMessage};
 use idem_testkit::rabbitmq::RabbitServer;
 use idem_testkit::redis::RedisServer;
 use lapin::options::{
@@ -152,10 +152,14 @@ async fn main() {
     println!(
         "RabbitMQ consumer throughput, {messages} messages per drain, median of {rounds} rounds"
     );
-    println!("| prefetch | plain lapin loop (msg/s) | through idem + Redis (msg/s) | ratio |");
-    println!("|---:|---:|---:|---:|");
+    println!(
+        "| prefetch | plain lapin loop (msg/s) | through idem + Redis (msg/s) | ratio \
+         | plain: CPU us/msg client / Redis / rest | idem: CPU us/msg client / Redis / rest |"
+    );
+    println!("|---:|---:|---:|---:|---|---|");
     for prefetch in PREFETCH {
         let (mut plain, mut guarded) = (Vec::new(), Vec::new());
+        let (mut plain_cpu, mut guarded_cpu) = (CpuPerMessage::default(), CpuPerMessage::default());
         for round in 0..rounds {
             let queue = format!("idem-bench-{:08x}", rand::random::<u32>());
             let store = RedisStore::builder(&redis.url())
@@ -178,9 +182,15 @@ async fn main() {
             .expect("declare")
             .queues();
             fill(&channel, &queue, round * 2, messages).await;
+            let (meter, redis_before) = (CpuMeter::start(), redis.cpu().expect("INFO cpu"));
             plain.push(raw(url, &queue, prefetch, messages).await);
+            let redis_used = redis.cpu().expect("INFO cpu").saturating_sub(redis_before);
+            plain_cpu.add(messages, meter.stop(), redis_used);
             fill(&channel, &queue, round * 2 + 1, messages).await;
+            let (meter, redis_before) = (CpuMeter::start(), redis.cpu().expect("INFO cpu"));
             guarded.push(through_idem(url, &queue, store, prefetch, messages).await);
+            let redis_used = redis.cpu().expect("INFO cpu").saturating_sub(redis_before);
+            guarded_cpu.add(messages, meter.stop(), redis_used);
             for name in topology {
                 let _ = channel
                     .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
@@ -188,6 +198,11 @@ async fn main() {
             }
         }
         let (p, g) = (median(plain), median(guarded));
-        println!("| {prefetch} | {p:.0} | {g:.0} | {:.2} |", g / p);
+        println!(
+            "| {prefetch} | {p:.0} | {g:.0} | {:.2} | {} | {} |",
+            g / p,
+            plain_cpu.cell(),
+            guarded_cpu.cell()
+        );
     }
 }

@@ -67,3 +67,136 @@ pub fn median(mut results: Vec<f64>) -> f64 {
     results.sort_by(f64::total_cmp);
     results[results.len() / 2]
 }
+
+/// CPU time spent during a benchmark phase, read from Linux's `/proc`:
+/// what the whole machine and this process used. Benchmarks here share
+/// two cores between the client, the broker and the store, so where the
+/// CPU went says more about a rate than the rate alone.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuMeter {
+    started: Instant,
+    machine: (u64, u64),
+    process: u64,
+}
+
+/// What [`CpuMeter::stop`] measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CpuUse {
+    /// Wall-clock time of the phase.
+    pub wall: Duration,
+    /// CPU time the whole machine was busy (all processes, all cores).
+    pub machine: Duration,
+    /// CPU time of this process (the benchmark's client).
+    pub process: Duration,
+    /// How many cores the machine has.
+    pub cores: usize,
+}
+
+impl CpuUse {
+    /// The share of the machine's cores that were busy, 0 to 1.
+    pub fn busy(&self) -> f64 {
+        self.machine.as_secs_f64() / (self.wall.as_secs_f64() * self.cores as f64)
+    }
+}
+
+/// Linux's clock ticks per second for `/proc` times (`USER_HZ`).
+const TICKS: f64 = 100.0;
+
+impl CpuMeter {
+    /// Starts measuring.
+    pub fn start() -> Self {
+        Self {
+            started: Instant::now(),
+            machine: machine_ticks(),
+            process: process_ticks(),
+        }
+    }
+
+    /// What was used since [`start`](Self::start). Reads as zero where
+    /// `/proc` is not there.
+    pub fn stop(&self) -> CpuUse {
+        let (busy, _) = machine_ticks();
+        let ticks = |n: u64| Duration::from_secs_f64(n as f64 / TICKS);
+        CpuUse {
+            wall: self.started.elapsed(),
+            machine: ticks(busy.saturating_sub(self.machine.0)),
+            process: ticks(process_ticks().saturating_sub(self.process)),
+            cores: std::thread::available_parallelism().map_or(1, usize::from),
+        }
+    }
+}
+
+/// The machine's busy and total ticks, from the first line of
+/// `/proc/stat` (idle and iowait count as not busy).
+fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    let total: u64 = ticks.iter().sum();
+    let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
+/// This process's user and system ticks, from `/proc/self/stat`.
+fn process_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at the
+    // state, field 3; utime and stime are fields 14 and 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    fields.iter().sum()
+}
+
+/// CPU per message of a consumer benchmark's phase, summed over its
+/// rounds: the client (this process), the store's server, and everything
+/// else that ran (the broker, mostly).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CpuPerMessage {
+    messages: u64,
+    machine: Duration,
+    client: Duration,
+    store: Duration,
+    busy: f64,
+    rounds: u32,
+}
+
+impl CpuPerMessage {
+    /// Adds a round of `messages` that used `cpu`, `store` of it in the
+    /// store's server.
+    pub fn add(&mut self, messages: usize, cpu: CpuUse, store: Duration) {
+        self.messages += messages as u64;
+        self.machine += cpu.machine;
+        self.client += cpu.process;
+        self.store += store;
+        self.busy += cpu.busy();
+        self.rounds += 1;
+    }
+
+    fn micros(&self, d: Duration) -> f64 {
+        d.as_secs_f64() * 1e6 / self.messages.max(1) as f64
+    }
+
+    /// `client / store / rest` in microseconds per message, and how busy
+    /// the machine was, for a table cell.
+    pub fn cell(&self) -> String {
+        let rest = self.machine.saturating_sub(self.client + self.store);
+        format!(
+            "{:.0} / {:.0} / {:.0} ({:.0} % busy)",
+            self.micros(self.client),
+            self.micros(self.store),
+            self.micros(rest),
+            100.0 * self.busy / f64::from(self.rounds.max(1))
+        )
+    }
+}

@@ -132,6 +132,22 @@ impl RedisServer {
     pub fn cli(&self, command: &str) -> Result<String, ServerError> {
         cli(self.port, command)
     }
+
+    /// The CPU time the server has used since it started (its own user
+    /// and system time from `INFO cpu`), for benchmarks that say where
+    /// the time went.
+    pub fn cpu(&self) -> Result<Duration, ServerError> {
+        let info = self.cli("INFO cpu")?;
+        let seconds: f64 = info
+            .lines()
+            .filter_map(|l| {
+                l.strip_prefix("used_cpu_sys:")
+                    .or_else(|| l.strip_prefix("used_cpu_user:"))
+            })
+            .filter_map(|v| v.trim().parse::<f64>().ok())
+            .sum();
+        Ok(Duration::from_secs_f64(seconds))
+    }
 }
 
 impl Drop for RedisServer {
