@@ -3,6 +3,9 @@
 //! `redis-benchmark` calling the claim script with `EVALSHA` at the same
 //! client count. A pair is two script calls, so the ceiling is half the
 //! `redis-benchmark` rate; the ratio column is pairs/s over that ceiling.
+//! On one server the pairs run twice: as the store runs them by default
+//! (calls made at the same time share a batch script call) and with
+//! batching turned off (one script call each, as on a Cluster).
 //! Batched claims (`claim_many`, 100 per call) are compared with single
 //! claims, and with `redis-benchmark -P 100` (the same script, pipelined).
 //!
@@ -116,6 +119,29 @@ fn redis_benchmark(
         .unwrap_or_else(|| panic!("no rate in {line}"))
 }
 
+/// Claim+complete pairs per second on fresh keys, `callers` at a time.
+async fn pairs_of(store: RedisStore, callers: usize, secs: f64) -> f64 {
+    rate(callers, secs, move |c, i| {
+        let s = store.clone();
+        async move {
+            let id = RecordId::parse("bench", &format!("p{c}-{i}")).expect("valid");
+            let ClaimOutcome::Acquired(lease) = s.claim(&id, &params()).await.expect("claim")
+            else {
+                panic!("fresh keys are acquired")
+            };
+            s.complete(
+                &lease,
+                Bytes::from_static(b"{\"ok\":true}"),
+                Duration::from_secs(3600),
+            )
+            .await
+            .expect("complete");
+            1
+        }
+    })
+    .await
+}
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -127,6 +153,12 @@ async fn main() {
         Servers::One(RedisServer::start().expect("start redis-server"))
     };
     let store = RedisStore::connect(&servers.url()).await.expect("connect");
+    let unbatched = RedisStore::builder(&servers.url())
+        .expect("url")
+        .batching(false)
+        .connect()
+        .await
+        .expect("connect");
     store.load_scripts().await.expect("load scripts");
     let sha = store.claim_script_sha().to_owned();
     let what = if cluster {
@@ -136,32 +168,21 @@ async fn main() {
     };
     println!("# idem-redis pairs, {what}, {secs} s per point\n");
     println!(
-        "| callers | idem pairs/s | redis-benchmark EVALSHA claims/s | ceiling pairs/s | ratio |"
+        "| callers | idem pairs/s | batching off | redis-benchmark EVALSHA claims/s \
+         | ceiling pairs/s | ratio | ratio, batching off |"
     );
-    println!("|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     let mut single_claims = Vec::new();
     for callers in CALLERS {
         servers.flush();
-        let s = store.clone();
-        let pairs = rate(callers, secs, move |c, i| {
-            let s = s.clone();
-            async move {
-                let id = RecordId::parse("bench", &format!("p{c}-{i}")).expect("valid");
-                let ClaimOutcome::Acquired(lease) = s.claim(&id, &params()).await.expect("claim")
-                else {
-                    panic!("fresh keys are acquired")
-                };
-                s.complete(
-                    &lease,
-                    Bytes::from_static(b"{\"ok\":true}"),
-                    Duration::from_secs(3600),
-                )
-                .await
-                .expect("complete");
-                1
-            }
-        })
-        .await;
+        let pairs = pairs_of(store.clone(), callers, secs).await;
+        let unbatched = if cluster {
+            // A Cluster runs one script call per primitive either way.
+            pairs
+        } else {
+            servers.flush();
+            pairs_of(unbatched.clone(), callers, secs).await
+        };
         servers.flush();
         let s = store.clone();
         let claims = rate(callers, secs, move |c, i| {
@@ -177,9 +198,10 @@ async fn main() {
         servers.flush();
         let ceiling = redis_benchmark(&servers, &sha, callers, 1, secs) / 2.0;
         println!(
-            "| {callers} | {pairs:.0} | {:.0} | {ceiling:.0} | {:.2} |",
+            "| {callers} | {pairs:.0} | {unbatched:.0} | {:.0} | {ceiling:.0} | {:.2} | {:.2} |",
             ceiling * 2.0,
-            pairs / ceiling
+            pairs / ceiling,
+            unbatched / ceiling
         );
     }
     println!("\n| callers | single claims/s | claim_many({BATCH}) claims/s | batched/single | redis-benchmark -P {BATCH} claims/s | batched/ceiling |");
