@@ -1,14 +1,19 @@
-//! Messages per second through `NatsConsumer` (Redis store, a handler that
-//! does nothing) against the same JetStream consumer drained by a plain
+//! Messages per second through `NatsConsumer` (a handler that does
+//! nothing) against the same JetStream consumer drained by a plain
 //! async-nats loop that only acks, in the same run: the overhead of the
-//! middleware at the server's own throughput on this machine.
+//! middleware at the server's own throughput on this machine. The
+//! middleware runs twice: with the in-process memory store (the consumer
+//! layer's own cost, no store I/O) and with the Redis store. Each row also
+//! says where the CPU went, per message: this process (the client),
+//! redis-server (`INFO cpu`) and the rest of the machine (nats-server,
+//! mostly).
 //!
 //! Run: `cargo bench -p idem-nats --bench throughput [-- --messages N --rounds R]`
 //!
 //! Starts its own nats-server (JetStream, file store) and redis-server.
-//! Each round fills a fresh stream with N messages, then drains it once
-//! with each consumer (a durable pull consumer each, explicit acks); both
-//! take the same batches and process messages concurrently.
+//! Each round fills a fresh stream with N messages per consumer, then
+//! drains it once with each (a durable pull consumer each, explicit acks);
+//! all take the same batches and process messages concurrently.
 
 #![allow(clippy::print_stdout)] // a benchmark reports on stdout
 
@@ -21,11 +26,11 @@ use async_nats::jetstream::consumer::AckPolicy;
 use async_nats::jetstream::{self, stream, Context};
 use async_nats::HeaderMap;
 use futures_util::StreamExt;
-use idem::{Idempotency, Scope};
+use idem::{Idempotency, MemoryStore, Scope, Store};
 use idem_consumer::Consumer;
 use idem_nats::NatsConsumer;
 use idem_redis::RedisStore;
-use idem_testkit::bench::{count_arg, median, CpuMeter, CpuPerMessage};
+use idem_testkit::bench::{count_arg, Phase};
 use idem_testkit::nats::NatsServer;
 use idem_testkit::redis::RedisServer;
 
@@ -105,18 +110,21 @@ async fn raw(js: &Context, stream: &str, concurrency: usize, messages: usize) ->
     messages as f64 / start.elapsed().as_secs_f64()
 }
 
-async fn through_idem(
+/// Drains the messages on `<stream>.<subject>` through the middleware, as
+/// the durable consumer `subject`.
+async fn through_idem<S: Store>(
     url: &str,
     stream: &str,
-    store: RedisStore,
+    subject: &str,
+    store: S,
     concurrency: usize,
     messages: usize,
 ) -> f64 {
     let idem = Idempotency::builder(store).build().expect("config");
     let consumer = Consumer::builder(idem, Scope::new("bench").expect("scope")).build();
-    let nats = NatsConsumer::builder(url, stream, "idem", consumer)
+    let nats = NatsConsumer::builder(url, stream, subject, consumer)
         .concurrency(concurrency)
-        .filter_subject(format!("{stream}.idem"))
+        .filter_subject(format!("{stream}.{subject}"))
         .connect()
         .await
         .expect("connect");
@@ -151,13 +159,15 @@ async fn main() {
         "JetStream consumer throughput, {messages} messages per drain, median of {rounds} rounds"
     );
     println!(
-        "| concurrency | plain async-nats loop (msg/s) | through idem + Redis (msg/s) | ratio \
-         | plain: CPU us/msg client / Redis / rest | idem: CPU us/msg client / Redis / rest |"
+        "| concurrency | plain async-nats loop (msg/s) | through idem, memory store (msg/s) \
+         | ratio | through idem + Redis (msg/s) | ratio | CPU us/msg, client / Redis / rest: \
+         plain | memory | Redis |"
     );
-    println!("|---:|---:|---:|---:|---|---|");
+    println!("|---:|---:|---:|---:|---:|---:|---|---|---|");
+    let redis_cpu = || redis.cpu().expect("INFO cpu");
     for concurrency in CONCURRENCY {
-        let (mut plain, mut guarded) = (Vec::new(), Vec::new());
-        let (mut plain_cpu, mut guarded_cpu) = (CpuPerMessage::default(), CpuPerMessage::default());
+        let (mut plain, mut memory, mut guarded) =
+            (Phase::default(), Phase::default(), Phase::default());
         for _ in 0..rounds {
             let name = format!("BENCH_{:08x}", rand::random::<u32>());
             js.create_stream(stream::Config {
@@ -169,30 +179,38 @@ async fn main() {
             .await
             .expect("stream");
             fill(&js, &format!("{name}.plain"), messages).await;
-            let (meter, redis_before) = (CpuMeter::start(), redis.cpu().expect("INFO cpu"));
-            plain.push(raw(&js, &name, concurrency, messages).await);
-            let redis_used = redis.cpu().expect("INFO cpu").saturating_sub(redis_before);
-            plain_cpu.add(messages, meter.stop(), redis_used);
-            fill(&js, &format!("{name}.idem"), messages).await;
+            let drain = raw(&js, &name, concurrency, messages);
+            plain.measure(messages, redis_cpu, drain).await;
+            fill(&js, &format!("{name}.memory"), messages).await;
+            let drain = through_idem(
+                &url,
+                &name,
+                "memory",
+                MemoryStore::new(),
+                concurrency,
+                messages,
+            );
+            memory.measure(messages, redis_cpu, drain).await;
+            fill(&js, &format!("{name}.redis"), messages).await;
             let store = RedisStore::builder(&redis.url())
                 .expect("url")
                 .namespace(name.clone())
                 .connect()
                 .await
                 .expect("redis");
-            let (meter, redis_before) = (CpuMeter::start(), redis.cpu().expect("INFO cpu"));
-            guarded.push(through_idem(&url, &name, store, concurrency, messages).await);
-            let redis_used = redis.cpu().expect("INFO cpu").saturating_sub(redis_before);
-            guarded_cpu.add(messages, meter.stop(), redis_used);
+            let drain = through_idem(&url, &name, "redis", store, concurrency, messages);
+            guarded.measure(messages, redis_cpu, drain).await;
             let _ = js.delete_stream(&name).await;
             let _ = js.delete_stream(format!("{name}_DEAD")).await;
         }
-        let (p, g) = (median(plain), median(guarded));
+        let (p, m, g) = (plain.rate(), memory.rate(), guarded.rate());
         println!(
-            "| {concurrency} | {p:.0} | {g:.0} | {:.2} | {} | {} |",
+            "| {concurrency} | {p:.0} | {m:.0} | {:.2} | {g:.0} | {:.2} | {} | {} | {} |",
+            m / p,
             g / p,
-            plain_cpu.cell(),
-            guarded_cpu.cell()
+            plain.cpu(),
+            memory.cpu(),
+            guarded.cpu()
         );
     }
 }

@@ -1,14 +1,19 @@
-//! Messages per second through `RabbitConsumer` (Redis store, a handler
-//! that does nothing) against the same broker consumed by a plain lapin
-//! loop that only acks, in the same run: the overhead of the middleware at
-//! the broker's own throughput on this machine.
+//! Messages per second through `RabbitConsumer` (a handler that does
+//! nothing) against the same broker consumed by a plain lapin loop that
+//! only acks, in the same run: the overhead of the middleware at the
+//! broker's own throughput on this machine. The middleware runs twice:
+//! with the in-process memory store (the consumer layer's own cost, no
+//! store I/O) and with the Redis store.
 //!
 //! Run: `cargo bench -p idem-rabbitmq --bench throughput [-- --messages N --rounds R]`
 //!
 //! Uses the machine's RabbitMQ on 127.0.0.1:5672 if there is one (else
 //! starts its own) and starts its own redis-server. Each round fills a
 //! fresh queue with N messages, then drains it once with each consumer;
-//! both use the same prefetch and process deliveries concurrently.
+//! all use the same prefetch and process deliveries concurrently. Each
+//! row also says where the CPU went, per message: this process (the
+//! client), redis-server (`INFO cpu`) and the rest of the machine (the
+//! broker, mostly).
 
 #![allow(clippy::print_stdout)] // a benchmark reports on stdout
 
@@ -17,11 +22,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use idem::{Idempotency, Scope};
+use idem::{Idempotency, MemoryStore, Scope, Store};
 use idem_consumer::Consumer;
 use idem_rabbitmq::RabbitConsumer;
 use idem_redis::RedisStore;
-use idem_testkit::bench::{count_arg, median, CpuMeter, CpuPerMessage};
+use idem_testkit::bench::{count_arg, Phase};
 use idem_testkit::rabbitmq::RabbitServer;
 use idem_testkit::redis::RedisServer;
 use lapin::options::{
@@ -99,10 +104,10 @@ async fn raw(url: &str, queue: &str, prefetch: u16, messages: usize) -> f64 {
     rate
 }
 
-async fn through_idem(
+async fn through_idem<S: Store>(
     url: &str,
     queue: &str,
-    store: RedisStore,
+    store: S,
     prefetch: u16,
     messages: usize,
 ) -> f64 {
@@ -153,13 +158,15 @@ async fn main() {
         "RabbitMQ consumer throughput, {messages} messages per drain, median of {rounds} rounds"
     );
     println!(
-        "| prefetch | plain lapin loop (msg/s) | through idem + Redis (msg/s) | ratio \
-         | plain: CPU us/msg client / Redis / rest | idem: CPU us/msg client / Redis / rest |"
+        "| prefetch | plain lapin loop (msg/s) | through idem, memory store (msg/s) | ratio \
+         | through idem + Redis (msg/s) | ratio | CPU us/msg, client / Redis / rest: plain \
+         | memory | Redis |"
     );
-    println!("|---:|---:|---:|---:|---|---|");
+    println!("|---:|---:|---:|---:|---:|---:|---|---|---|");
+    let redis_cpu = || redis.cpu().expect("INFO cpu");
     for prefetch in PREFETCH {
-        let (mut plain, mut guarded) = (Vec::new(), Vec::new());
-        let (mut plain_cpu, mut guarded_cpu) = (CpuPerMessage::default(), CpuPerMessage::default());
+        let (mut plain, mut memory, mut guarded) =
+            (Phase::default(), Phase::default(), Phase::default());
         for round in 0..rounds {
             let queue = format!("idem-bench-{:08x}", rand::random::<u32>());
             let store = RedisStore::builder(&redis.url())
@@ -168,7 +175,7 @@ async fn main() {
                 .connect()
                 .await
                 .expect("redis");
-            // The middleware declares the queue, so both consumers drain
+            // The middleware declares the queue, so every consumer drains
             // the same kind of queue.
             let declare = Idempotency::builder(store.clone()).build().expect("config");
             let topology = RabbitConsumer::builder(
@@ -181,28 +188,29 @@ async fn main() {
             .await
             .expect("declare")
             .queues();
-            fill(&channel, &queue, round * 2, messages).await;
-            let (meter, redis_before) = (CpuMeter::start(), redis.cpu().expect("INFO cpu"));
-            plain.push(raw(url, &queue, prefetch, messages).await);
-            let redis_used = redis.cpu().expect("INFO cpu").saturating_sub(redis_before);
-            plain_cpu.add(messages, meter.stop(), redis_used);
-            fill(&channel, &queue, round * 2 + 1, messages).await;
-            let (meter, redis_before) = (CpuMeter::start(), redis.cpu().expect("INFO cpu"));
-            guarded.push(through_idem(url, &queue, store, prefetch, messages).await);
-            let redis_used = redis.cpu().expect("INFO cpu").saturating_sub(redis_before);
-            guarded_cpu.add(messages, meter.stop(), redis_used);
+            fill(&channel, &queue, round * 3, messages).await;
+            let drain = raw(url, &queue, prefetch, messages);
+            plain.measure(messages, redis_cpu, drain).await;
+            fill(&channel, &queue, round * 3 + 1, messages).await;
+            let drain = through_idem(url, &queue, MemoryStore::new(), prefetch, messages);
+            memory.measure(messages, redis_cpu, drain).await;
+            fill(&channel, &queue, round * 3 + 2, messages).await;
+            let drain = through_idem(url, &queue, store, prefetch, messages);
+            guarded.measure(messages, redis_cpu, drain).await;
             for name in topology {
                 let _ = channel
                     .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
                     .await;
             }
         }
-        let (p, g) = (median(plain), median(guarded));
+        let (p, m, g) = (plain.rate(), memory.rate(), guarded.rate());
         println!(
-            "| {prefetch} | {p:.0} | {g:.0} | {:.2} | {} | {} |",
+            "| {prefetch} | {p:.0} | {m:.0} | {:.2} | {g:.0} | {:.2} | {} | {} | {} |",
+            m / p,
             g / p,
-            plain_cpu.cell(),
-            guarded_cpu.cell()
+            plain.cpu(),
+            memory.cpu(),
+            guarded.cpu()
         );
     }
 }

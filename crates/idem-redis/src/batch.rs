@@ -2,18 +2,20 @@
 //! same time go to Redis together, as one call of the batch script
 //! (`lua/batch.lua`), instead of one script call each.
 //!
-//! The first call finds no batch on its way and starts one at once, so a
-//! lone caller waits for nothing; calls made while batches are out (at
-//! most [`SENDERS`]) wait in a queue and go together as the next one. Under load a batch carries
-//! whatever arrived during one round trip, so the server runs one script
-//! and the client makes one request for many calls: that is where the
-//! time went when every message of a busy consumer cost two script calls.
+//! A call that finds nothing queued and a slot free runs at once, on its
+//! own, from the caller's task, so a lone caller waits for nothing and
+//! pays no hop; calls made while [`SENDERS`] calls or batches are out wait
+//! in a queue and go together as the next batch.
+//! Under load a batch carries whatever arrived during a round trip, so the
+//! server runs one script and the client makes one request for many
+//! calls, where a busy consumer used to pay two script calls a message.
 //!
-//! Each call is still atomic on its own, and they run in the order they
-//! were queued (two calls on one key keep their order). A call that raises
-//! an error in the script fails alone; the rest of its batch runs. A batch
-//! that gets no answer fails every call in it with the same error, as each
-//! single call would have failed.
+//! Each call is still atomic on its own. Calls submitted together (the
+//! claims of one `claim_many`) go in one batch and run in their order;
+//! calls of different callers are concurrent, as they are without
+//! batching. A call that raises an error in the script fails alone; the
+//! rest of its batch runs. A batch that gets no answer fails every call in
+//! it with the same error, as each single call would have failed.
 //!
 //! Batches are sent by a task of their own, so a caller that gives up
 //! (its future dropped) takes nothing with it but its own answer.
@@ -32,9 +34,9 @@ use crate::scripts::Script;
 
 /// The most calls one batch carries.
 const MAX_CALLS: usize = 128;
-/// How many batches may be out at once. With one, calls made while a
-/// batch is out wait for its whole round trip; with two, the next batch
-/// goes while the server still runs the first. Measured on two cores with
+/// How many calls or batches may be out at once. With one, calls made
+/// while a batch is out wait for its whole round trip; with two, the next
+/// batch goes while the server still runs the first. Measured on two cores with
 /// 64 callers: one gave 27,000–35,000 claim+complete pairs per second,
 /// two 40,000–43,000 with less client CPU per pair, more no better.
 const SENDERS: usize = 2;
@@ -131,8 +133,32 @@ impl Batcher {
         &self.script
     }
 
-    /// Runs `call` in the next batch and returns its script's reply.
-    pub(crate) async fn call(self: &Arc<Self>, call: Call) -> Result<Value, StoreError> {
+    /// Runs `call` and returns its script's reply. A call that finds the
+    /// queue empty and a batch slot free runs at once from the caller's
+    /// own task as `single` (its primitive's script), holding the slot
+    /// while it is out: a lone caller pays nothing for batching. Otherwise
+    /// it waits in the queue for the next batch.
+    pub(crate) async fn call(
+        self: &Arc<Self>,
+        call: Call,
+        single: &Script,
+    ) -> Result<Value, StoreError> {
+        let direct = {
+            let mut queue = self.queue.lock();
+            let free = queue.calls.is_empty() && queue.sending < SENDERS;
+            if free {
+                queue.sending += 1;
+            }
+            free
+        };
+        if direct {
+            let _slot = Slot { batcher: self };
+            let args: Vec<&[u8]> = call.args.iter().map(|a| a.as_ref()).collect();
+            return single
+                .run_on(&self.server, &call.key, &args)
+                .await
+                .map_err(store_error);
+        }
         let mut replies = self.submit(vec![call]);
         match replies.pop() {
             Some(reply) => answer(reply).await,
@@ -195,9 +221,27 @@ impl Batcher {
             start
         };
         if start {
-            tokio::spawn(Arc::clone(self).send_all());
+            self.start_sending();
         }
         receivers
+    }
+
+    /// Starts a sending task, which holds a slot already counted in
+    /// `sending`. Outside a runtime (a caller dropped as its runtime shut
+    /// down) there is none to run it, and the queued calls fail at once
+    /// instead of waiting for good.
+    fn start_sending(self: &Arc<Self>) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(Arc::clone(self).send_all())),
+            Err(_) => {
+                let stranded = {
+                    let mut queue = self.queue.lock();
+                    queue.sending -= 1;
+                    std::mem::take(&mut queue.calls)
+                };
+                drop(stranded);
+            }
+        }
     }
 
     /// Sends what is queued, a batch at a time, until the queue is empty
@@ -279,6 +323,30 @@ fn take_batch(calls: &mut Vec<Queued>) -> Vec<Queued> {
     } else {
         let rest = calls.split_off(n);
         std::mem::replace(calls, rest)
+    }
+}
+
+/// A batch slot held by a call running on its own. Giving it back starts
+/// a sending task if calls queued up meanwhile, whether the call finished
+/// or its caller gave up.
+struct Slot<'a> {
+    batcher: &'a Arc<Batcher>,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let start = {
+            let mut queue = self.batcher.queue.lock();
+            let start = !queue.calls.is_empty();
+            if !start {
+                queue.sending -= 1;
+            }
+            start
+        };
+        // The slot passes to a sending task, which takes what queued up.
+        if start {
+            self.batcher.start_sending();
+        }
     }
 }
 

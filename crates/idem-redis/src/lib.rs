@@ -5,10 +5,21 @@
 //! script on the server:
 //!
 //! - **Atomic and fenced.** `claim`, `complete`, `fail`, `extend` and
-//!   `release` are each one script (`lua/*.lua` in this crate). Writes
-//!   check the holder's token inside the script, so a worker whose lease
-//!   ran out can never overwrite the new holder's record, and nothing is
-//!   read by the client and then written back.
+//!   `release` are each one Lua function run on the server (`lua/*.lua` in
+//!   this crate). Writes check the holder's token inside the script, so a
+//!   worker whose lease ran out can never overwrite the new holder's
+//!   record, and nothing is read by the client and then written back.
+//! - **Batched under load.** On a single server, calls made at the same
+//!   time go together as one call of the batch script (group commit): the
+//!   first call goes at once, those that arrive while it is out share the
+//!   next. Each is still atomic and answered on its own; an error in one
+//!   fails that call alone. A busy consumer pays one round trip and one
+//!   script run for many messages instead of two each.
+//!   [`RedisStoreBuilder::batching`] turns it off.
+//! - **Compact records.** A record is one hash: its fields packed into one
+//!   hash field, the response in another, the step journal beside them, so
+//!   a claim reads one field and writes one. A record that cannot be read
+//!   is reported as [`StoreError::Corrupt`] and left as it is.
 //! - **The server's clock.** Scripts read Redis `TIME`; no decision
 //!   depends on client clocks agreeing.
 //! - **Expiry at read time.** A record past its retention deadline is
@@ -383,13 +394,12 @@ impl RedisStore {
     /// Runs one primitive: in the next batch on a single server, or as a
     /// script call of its own (a Cluster, or batching turned off).
     async fn primitive(&self, call: Call) -> Result<Value, StoreError> {
+        let single = self.inner.scripts.primitive(call.op);
         if let Some(batcher) = &self.inner.batcher {
-            return batcher.call(call).await;
+            return batcher.call(call, single).await;
         }
         let args: Vec<&[u8]> = call.args.iter().map(|a| a.as_ref()).collect();
-        self.inner
-            .scripts
-            .primitive(call.op)
+        single
             .run(&self.inner.conn, &call.key, &args)
             .await
             .map_err(store_error)

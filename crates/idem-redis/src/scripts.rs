@@ -89,6 +89,16 @@ impl Script {
         }
     }
 
+    /// Runs the script on `key` on one server.
+    pub(crate) async fn run_on(
+        &self,
+        server: &Server,
+        key: &str,
+        args: &[&[u8]],
+    ) -> RedisResult<Value> {
+        self.run_many(server, &[key], args).await
+    }
+
     /// Runs the script with many `keys` on one server.
     pub(crate) async fn run_many(
         &self,

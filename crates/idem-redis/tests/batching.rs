@@ -2,12 +2,10 @@
 //! call for many), each still atomic and answered on its own. Every test
 //! starts its own redis-server so that its script calls can be counted.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use futures_util::FutureExt;
 use idem::{ClaimMany, ClaimOutcome, ClaimParams, RecordId, Store, StoreError};
 use idem_redis::RedisStore;
 use idem_testkit::redis::RedisServer;
@@ -50,10 +48,10 @@ fn acquired(outcome: &Result<ClaimOutcome, StoreError>) -> bool {
     matches!(outcome, Ok(ClaimOutcome::Acquired(_)))
 }
 
-/// 200 claims made at once (on one thread, so all are queued before any is
-/// sent) take a handful of script calls with batching and 200 without, and
-/// the completes that follow do the same. Each claim is answered on its
-/// own either way.
+/// 200 claims made at once (on one thread, so all but the first two, which
+/// run on their own, are queued before any is sent) take a handful of
+/// script calls with batching and 200 without, and the completes that
+/// follow do the same. Each claim is answered on its own either way.
 #[tokio::test(flavor = "current_thread")]
 async fn calls_made_together_share_script_calls() {
     for (batching, most) in [(true, 4), (false, 200)] {
@@ -110,6 +108,7 @@ async fn calls_made_together_share_script_calls() {
 async fn an_error_in_one_call_fails_that_call_alone() {
     let server = RedisServer::start().expect("redis-server");
     let store = store(&server, true).await;
+    store.load_scripts().await.expect("load");
     let bad = id("not-a-hash");
     let key = store.record_key(&bad);
     server.cli(&format!("SET {key} a-string")).expect("set");
@@ -159,17 +158,6 @@ async fn a_long_batch_keeps_its_order() {
     }
 }
 
-/// Polls a future once and drops it.
-struct PollOnce<F>(Pin<Box<F>>);
-
-impl<F: Future> Future for PollOnce<F> {
-    type Output = ();
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let _ = self.0.as_mut().poll(cx);
-        Poll::Ready(())
-    }
-}
-
 /// Callers that give up on their call (their futures dropped once queued)
 /// take nothing with them: the calls batched with theirs are answered,
 /// and the store goes on working. A dropped claim that was already queued
@@ -181,24 +169,31 @@ async fn callers_that_give_up_leave_the_batch_whole() {
     let store = store(&server, true).await;
     let ids: Vec<RecordId> = (0..40).map(|i| id(&format!("k{i}"))).collect();
     let params = params();
-    let mut kept = Vec::new();
-    for (i, id) in ids.iter().enumerate() {
-        let claim = Box::pin(store.claim(id, &params));
-        if i % 2 == 0 {
-            PollOnce(claim).await;
-        } else {
-            kept.push(claim);
-        }
+    // Every claim is polled once, so all are on their way (the first two
+    // on their own, the rest queued), then the callers of the even ones
+    // give up.
+    let mut claims: Vec<_> = ids
+        .iter()
+        .map(|id| Box::pin(store.claim(id, &params)))
+        .collect();
+    for claim in &mut claims {
+        assert!(claim.as_mut().now_or_never().is_none());
     }
+    let kept: Vec<_> = claims
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, claim)| (i % 2 == 1).then_some(claim))
+        .collect();
     let answered = join_all(kept).await;
     assert!(answered.iter().all(acquired), "{answered:?}");
     let later = store.claim(&id("after"), &params).await;
     assert!(acquired(&later), "{later:?}");
     for (i, id) in ids.iter().enumerate().filter(|(i, _)| i % 2 == 0) {
         let again = store.claim(id, &params).await;
-        assert!(
-            matches!(again, Ok(ClaimOutcome::InProgress { .. })),
-            "claim {i}: {again:?}"
-        );
+        // The first call found nothing going on and ran on its own from
+        // its caller, who gave up on it; it may or may not have reached
+        // the server. The others were queued, so their batch ran them.
+        let ran = matches!(again, Ok(ClaimOutcome::InProgress { .. }));
+        assert!(ran || (i == 0 && acquired(&again)), "claim {i}: {again:?}");
     }
 }

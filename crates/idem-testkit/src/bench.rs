@@ -200,3 +200,38 @@ impl CpuPerMessage {
         )
     }
 }
+
+/// One way a consumer benchmark drains its queue, over its rounds: the
+/// rate of each round and the CPU it used.
+#[derive(Debug, Default)]
+pub struct Phase {
+    rates: Vec<f64>,
+    cpu: CpuPerMessage,
+}
+
+impl Phase {
+    /// Runs `drain` (which drains `messages` and returns its rate) and
+    /// records its rate and CPU; `store_cpu` reads the store server's CPU
+    /// time so far.
+    pub async fn measure(
+        &mut self,
+        messages: usize,
+        store_cpu: impl Fn() -> Duration,
+        drain: impl Future<Output = f64>,
+    ) {
+        let (meter, store_before) = (CpuMeter::start(), store_cpu());
+        self.rates.push(drain.await);
+        let store = store_cpu().saturating_sub(store_before);
+        self.cpu.add(messages, meter.stop(), store);
+    }
+
+    /// The median rate of the rounds.
+    pub fn rate(&self) -> f64 {
+        median(self.rates.clone())
+    }
+
+    /// CPU per message, for a table cell.
+    pub fn cpu(&self) -> String {
+        self.cpu.cell()
+    }
+}
