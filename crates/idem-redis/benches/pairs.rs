@@ -5,7 +5,9 @@
 //! `redis-benchmark` rate; the ratio column is pairs/s over that ceiling.
 //! On one server the pairs run twice: as the store runs them by default
 //! (calls made at the same time share a batch script call) and with
-//! batching turned off (one script call each, as on a Cluster).
+//! batching turned off (one script call each, as on a Cluster). Each
+//! says what the client (this process) and the Redis server (`INFO cpu`)
+//! spent per pair.
 //! Batched claims (`claim_many`, 100 per call) are compared with single
 //! claims, and with `redis-benchmark -P 100` (the same script, pipelined).
 //!
@@ -22,7 +24,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use idem::{ClaimMany, ClaimOutcome, ClaimParams, RecordId, Store};
 use idem_redis::RedisStore;
-use idem_testkit::bench::{rate, secs_arg};
+use idem_testkit::bench::{rate, secs_arg, CpuMeter};
 use idem_testkit::redis::{RedisCluster, RedisServer};
 
 const CALLERS: [usize; 3] = [1, 16, 64];
@@ -46,6 +48,15 @@ impl Servers {
             Servers::One(s) => s.port(),
             Servers::Cluster(c) => c.nodes()[0].port(),
         }
+    }
+
+    /// CPU time the server processes have used so far (`INFO cpu`).
+    fn cpu(&self) -> Duration {
+        let nodes: Vec<&RedisServer> = match self {
+            Servers::One(s) => vec![s],
+            Servers::Cluster(c) => c.nodes().iter().collect(),
+        };
+        nodes.iter().map(|n| n.cpu().expect("INFO cpu")).sum()
     }
 
     fn flush(&self) {
@@ -119,9 +130,18 @@ fn redis_benchmark(
         .unwrap_or_else(|| panic!("no rate in {line}"))
 }
 
-/// Claim+complete pairs per second on fresh keys, `callers` at a time.
-async fn pairs_of(store: RedisStore, callers: usize, secs: f64) -> f64 {
-    rate(callers, secs, move |c, i| {
+/// Claim+complete pairs per second on fresh keys, `callers` at a time,
+/// and the CPU per pair in microseconds of this process (the client) and
+/// of the servers.
+async fn pairs_of(
+    servers: &Servers,
+    store: RedisStore,
+    callers: usize,
+    secs: f64,
+) -> (f64, f64, f64) {
+    let before = servers.cpu();
+    let meter = CpuMeter::start();
+    let per_second = rate(callers, secs, move |c, i| {
         let s = store.clone();
         async move {
             let id = RecordId::parse("bench", &format!("p{c}-{i}")).expect("valid");
@@ -139,7 +159,12 @@ async fn pairs_of(store: RedisStore, callers: usize, secs: f64) -> f64 {
             1
         }
     })
-    .await
+    .await;
+    let used = meter.stop();
+    let pairs = per_second * used.wall.as_secs_f64();
+    let server = servers.cpu().saturating_sub(before);
+    let micros = |d: Duration| d.as_secs_f64() * 1e6 / pairs;
+    (per_second, micros(used.process), micros(server))
 }
 
 #[tokio::main]
@@ -169,19 +194,20 @@ async fn main() {
     println!("# idem-redis pairs, {what}, {secs} s per point\n");
     println!(
         "| callers | idem pairs/s | batching off | redis-benchmark EVALSHA claims/s \
-         | ceiling pairs/s | ratio | ratio, batching off |"
+         | ceiling pairs/s | ratio | ratio, batching off | CPU us/pair client / Redis \
+         | batching off |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---|---|");
     let mut single_claims = Vec::new();
     for callers in CALLERS {
         servers.flush();
-        let pairs = pairs_of(store.clone(), callers, secs).await;
-        let unbatched = if cluster {
+        let (pairs, client, server) = pairs_of(&servers, store.clone(), callers, secs).await;
+        let (unbatched, unbatched_client, unbatched_server) = if cluster {
             // A Cluster runs one script call per primitive either way.
-            pairs
+            (pairs, client, server)
         } else {
             servers.flush();
-            pairs_of(unbatched.clone(), callers, secs).await
+            pairs_of(&servers, unbatched.clone(), callers, secs).await
         };
         servers.flush();
         let s = store.clone();
@@ -198,7 +224,8 @@ async fn main() {
         servers.flush();
         let ceiling = redis_benchmark(&servers, &sha, callers, 1, secs) / 2.0;
         println!(
-            "| {callers} | {pairs:.0} | {unbatched:.0} | {:.0} | {ceiling:.0} | {:.2} | {:.2} |",
+            "| {callers} | {pairs:.0} | {unbatched:.0} | {:.0} | {ceiling:.0} | {:.2} | {:.2} \
+             | {client:.0} / {server:.0} | {unbatched_client:.0} / {unbatched_server:.0} |",
             ceiling * 2.0,
             pairs / ceiling,
             unbatched / ceiling
