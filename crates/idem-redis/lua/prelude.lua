@@ -40,6 +40,12 @@ end
 local function load(key)
   local m = redis.call('HGET', key, 'm')
   if not m then
+    -- Every write sets 'm', so a hash without it was not written by this
+    -- idem (the field-per-value layout of earlier builds, say). Taking it
+    -- for no record would restart its fence and run a finished key again.
+    if redis.call('EXISTS', key) == 1 then
+      damaged(key, "it has no packed record (field 'm')")
+    end
     return nil
   end
   local ok, st, at, fe, ca, ua, ex, lu, tk, fp, fc, fm, s, k = pcall(struct.unpack, RECORD, m)

@@ -19,7 +19,10 @@
 //! - **Compact records.** A record is one hash: its fields packed into one
 //!   hash field, the response in another, the step journal beside them, so
 //!   a claim reads one field and writes one. A record that cannot be read
-//!   is reported as [`StoreError::Corrupt`] and left as it is.
+//!   is reported as [`StoreError::Corrupt`] and left as it is; so is a
+//!   hash without the packed field, such as one written by a build before
+//!   this layout (one hash field per value), which must be drained or
+//!   deleted before upgrading.
 //! - **The server's clock.** Scripts read Redis `TIME`; no decision
 //!   depends on client clocks agreeing.
 //! - **Expiry at read time.** A record past its retention deadline is

@@ -58,8 +58,9 @@ async fn a_key_of_another_type_is_a_backend_error_and_is_left_alone() {
     );
 }
 
-/// Writes `m` as the packed fields of `key` (see `lua/prelude.lua`).
-async fn write_fields(key: &str, m: &[u8]) {
+/// Writes `value` as the hash field `field` of `key` (a record's packed
+/// fields are its field `m`, see `lua/prelude.lua`).
+async fn write_field(key: &str, field: &str, value: &[u8]) {
     let client = redis::Client::open(server().url()).expect("url");
     let mut conn = client
         .get_multiplexed_async_connection()
@@ -67,8 +68,8 @@ async fn write_fields(key: &str, m: &[u8]) {
         .expect("connect");
     let _: i64 = redis::cmd("HSET")
         .arg(key)
-        .arg("m")
-        .arg(m)
+        .arg(field)
+        .arg(value)
         .query_async(&mut conn)
         .await
         .expect("hset");
@@ -92,14 +93,16 @@ fn packed(st: u8) -> Vec<u8> {
 
 #[tokio::test]
 async fn a_damaged_record_reads_as_corrupt_naming_it_and_is_left_alone() {
-    for (m, reason) in [
-        (packed(b'q'), "unknown state"),
-        (b"q-not-packed".to_vec(), "do not unpack"),
+    for (field, m, reason) in [
+        ("m", packed(b'q'), "unknown state"),
+        ("m", b"q-not-packed".to_vec(), "do not unpack"),
+        // The field-per-value layout of builds before the packed record.
+        ("st", b"c".to_vec(), "no packed record"),
     ] {
         let store = store().await;
         let id = RecordId::parse("errors", "damaged").expect("valid");
         let key = store.record_key(&id);
-        write_fields(&key, &m).await;
+        write_field(&key, field, &m).await;
         match store.get(&id).await {
             Err(StoreError::Corrupt {
                 id: named,
@@ -122,7 +125,9 @@ async fn a_damaged_record_reads_as_corrupt_naming_it_and_is_left_alone() {
         assert!(matches!(listed, StoreError::Corrupt { .. }), "{listed:?}");
         let fields = server().cli(&format!("HLEN {key}")).expect("hlen");
         assert_eq!(fields.trim(), "1", "the damaged record was rewritten");
-        let stored = server().cli(&format!("HSTRLEN {key} m")).expect("hstrlen");
+        let stored = server()
+            .cli(&format!("HSTRLEN {key} {field}"))
+            .expect("hstrlen");
         assert_eq!(
             stored.trim(),
             m.len().to_string(),
