@@ -728,33 +728,29 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         F: FnOnce(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        // Boxed: the run's state is several kilobytes, and every future
-        // that holds it (a task, a consumer's delivery) would otherwise
-        // copy all of it each time it is moved.
-        self.instrumented(
-            id,
-            Box::pin(async {
-                let params = self.claim_params(fingerprint);
-                match self.acquire(id, &params, self.config.fail_open).await {
-                    Ok(Claimed::Held { lease, sent }) => {
-                        self.execute(&lease, sent, &params, handler).await
-                    }
-                    Ok(Claimed::Unguarded) => self.unguarded(id, handler).await,
-                    Ok(Claimed::Answered(outcome)) => self.answer(outcome),
-                    Err(error) => Err(RunError::Store(error)),
+        self.instrumented(id, async {
+            let params = self.claim_params(fingerprint);
+            match self.acquire(id, &params, self.config.fail_open).await {
+                Ok(Claimed::Held { lease, sent }) => {
+                    self.execute(&lease, sent, &params, handler).await
                 }
-            }),
-        )
+                Ok(Claimed::Unguarded) => self.unguarded(id, handler).await,
+                Ok(Claimed::Answered(outcome)) => self.answer(outcome),
+                Err(error) => Err(RunError::Store(error)),
+            }
+        })
         .await
     }
 
     /// Runs `work` (one run of `id`) in the `idem.run` span, recording its
-    /// outcome there.
-    pub(crate) async fn instrumented<T, E>(
+    /// outcome there. `work` is boxed first: a run's state is several
+    /// kilobytes, and every future that holds it (a task, a consumer's
+    /// delivery) would otherwise copy all of it each time it is moved.
+    pub(crate) fn instrumented<'a, T, E>(
         &self,
         id: &RecordId,
-        work: impl Future<Output = Result<Outcome<T>, RunError<E>>>,
-    ) -> Result<Outcome<T>, RunError<E>> {
+        work: impl Future<Output = Result<Outcome<T>, RunError<E>>> + 'a,
+    ) -> impl Future<Output = Result<Outcome<T>, RunError<E>>> + 'a {
         let span = tracing::info_span!(
             "idem.run",
             scope = %id.scope(),
@@ -771,9 +767,12 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             };
             span.record("key", key.as_str());
         }
-        let result = work.instrument(span.clone()).await;
-        span.record("outcome", outcome_label(&result));
-        result
+        let work = Box::pin(work);
+        async move {
+            let result = work.instrument(span.clone()).await;
+            span.record("outcome", outcome_label(&result));
+            result
+        }
     }
 
     /// What this executor claims with.
@@ -1334,41 +1333,37 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             claim,
             sent,
         } = ahead;
-        self.instrumented(
-            &id,
-            Box::pin(async {
-                match claim {
-                    Ok(ClaimOutcome::Acquired(lease)) => {
-                        // A claim made a while ago is renewed before the
-                        // handler starts: the renewal proves nobody took it
-                        // over meanwhile, however long it waited.
-                        let sent = if sent.elapsed() >= self.config.heartbeat {
-                            let renewed = Instant::now();
-                            match m::timed(m::OP_EXTEND, self.store.extend(&lease, params.lease))
-                                .await
-                            {
-                                Ok(_) => renewed,
-                                Err(StoreError::LeaseLost) => {
-                                    m::count(m::LEASE_LOST, &[("at", "start")]);
-                                    return Err(RunError::LeaseLost);
-                                }
-                                Err(error) => return Err(RunError::Store(error)),
+        self.instrumented(&id, async {
+            match claim {
+                Ok(ClaimOutcome::Acquired(lease)) => {
+                    // A claim made a while ago is renewed before the
+                    // handler starts: the renewal proves nobody took it
+                    // over meanwhile, however long it waited.
+                    let sent = if sent.elapsed() >= self.config.heartbeat {
+                        let renewed = Instant::now();
+                        match m::timed(m::OP_EXTEND, self.store.extend(&lease, params.lease)).await
+                        {
+                            Ok(_) => renewed,
+                            Err(StoreError::LeaseLost) => {
+                                m::count(m::LEASE_LOST, &[("at", "start")]);
+                                return Err(RunError::LeaseLost);
                             }
-                        } else {
-                            sent
-                        };
-                        self.execute(&lease, sent, &params, handler).await
-                    }
-                    Ok(outcome) => self.answer(outcome),
-                    Err(error @ StoreError::Unavailable(_)) if self.config.fail_open => {
-                        tracing::warn!(%error, "store unreachable; running unguarded (fail-open)");
-                        m::count(m::FAIL_OPEN, &[]);
-                        self.unguarded(&id, handler).await
-                    }
-                    Err(error) => Err(RunError::Store(error)),
+                            Err(error) => return Err(RunError::Store(error)),
+                        }
+                    } else {
+                        sent
+                    };
+                    self.execute(&lease, sent, &params, handler).await
                 }
-            }),
-        )
+                Ok(outcome) => self.answer(outcome),
+                Err(error @ StoreError::Unavailable(_)) if self.config.fail_open => {
+                    tracing::warn!(%error, "store unreachable; running unguarded (fail-open)");
+                    m::count(m::FAIL_OPEN, &[]);
+                    self.unguarded(&id, handler).await
+                }
+                Err(error) => Err(RunError::Store(error)),
+            }
+        })
         .await
     }
 }
