@@ -56,6 +56,9 @@ pub(crate) enum Op {
 }
 
 impl Op {
+    /// Every primitive, in the order the batch script defines them.
+    pub(crate) const ALL: [Op; 5] = [Op::Claim, Op::Complete, Op::Fail, Op::Extend, Op::Release];
+
     fn code(self) -> &'static [u8] {
         match self {
             Op::Claim => b"c",
@@ -87,6 +90,11 @@ pub(crate) struct Call {
 impl Call {
     fn bytes(&self) -> usize {
         self.key.len() + self.args.iter().map(Bytes::len).sum::<usize>()
+    }
+
+    /// The arguments as a script call takes them.
+    pub(crate) fn arg_slices(&self) -> Vec<&[u8]> {
+        self.args.iter().map(Bytes::as_ref).collect()
     }
 }
 
@@ -153,9 +161,8 @@ impl Batcher {
         };
         if direct {
             let _slot = Slot { batcher: self };
-            let args: Vec<&[u8]> = call.args.iter().map(|a| a.as_ref()).collect();
             return single
-                .run_on(&self.server, &call.key, &args)
+                .run_on(&self.server, &call.key, &call.arg_slices())
                 .await
                 .map_err(store_error);
         }
@@ -233,15 +240,20 @@ impl Batcher {
     fn start_sending(self: &Arc<Self>) {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn(Arc::clone(self).send_all())),
-            Err(_) => {
-                let stranded = {
-                    let mut queue = self.queue.lock();
-                    queue.sending -= 1;
-                    std::mem::take(&mut queue.calls)
-                };
-                drop(stranded);
-            }
+            Err(_) => self.give_up_sending(),
         }
+    }
+
+    /// Gives back a sending slot that will send nothing more, failing the
+    /// calls queued for it (their callers get [`dropped`]). The calls are
+    /// dropped outside the lock.
+    fn give_up_sending(&self) {
+        let stranded = {
+            let mut queue = self.queue.lock();
+            queue.sending -= 1;
+            std::mem::take(&mut queue.calls)
+        };
+        drop(stranded);
     }
 
     /// Sends what is queued, a batch at a time, until the queue is empty
@@ -271,7 +283,7 @@ impl Batcher {
         let mut args: Vec<&[u8]> = Vec::with_capacity(batch.len() * 8);
         for queued in &batch {
             args.push(queued.call.op.code());
-            args.extend(queued.call.args.iter().map(|a| a.as_ref()));
+            args.extend(queued.call.arg_slices());
         }
         let reply = self
             .script
@@ -360,15 +372,9 @@ struct Sending<'a> {
 
 impl Drop for Sending<'_> {
     fn drop(&mut self) {
-        if self.done {
-            return;
+        if !self.done {
+            self.batcher.give_up_sending();
         }
-        let stranded = {
-            let mut queue = self.batcher.queue.lock();
-            queue.sending -= 1;
-            std::mem::take(&mut queue.calls)
-        };
-        drop(stranded);
     }
 }
 

@@ -401,9 +401,8 @@ impl RedisStore {
         if let Some(batcher) = &self.inner.batcher {
             return batcher.call(call, single).await;
         }
-        let args: Vec<&[u8]> = call.args.iter().map(|a| a.as_ref()).collect();
         single
-            .run(&self.inner.conn, &call.key, &args)
+            .run(&self.inner.conn, &call.key, &call.arg_slices())
             .await
             .map_err(store_error)
     }

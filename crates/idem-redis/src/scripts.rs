@@ -34,27 +34,29 @@ macro_rules! script {
     };
 }
 
-/// The primitives' functions, each defined by its own file.
-const PRIMITIVES: [&str; 5] = [
-    lua!("claim.lua"),
-    lua!("complete.lua"),
-    lua!("fail.lua"),
-    lua!("extend.lua"),
-    lua!("release.lua"),
-];
+/// A primitive's Lua function: its name, and the file that defines it.
+fn function(op: Op) -> (&'static str, &'static str) {
+    match op {
+        Op::Claim => ("claim", lua!("claim.lua")),
+        Op::Complete => ("complete", lua!("complete.lua")),
+        Op::Fail => ("fail", lua!("fail.lua")),
+        Op::Extend => ("extend", lua!("extend.lua")),
+        Op::Release => ("release", lua!("release.lua")),
+    }
+}
 
 /// The script of one primitive: its function, called once with the
 /// script's key and arguments.
-fn primitive(function: &str, name: &str) -> Script {
-    Script::new(&format!(
-        "{function}\nreturn {name}(KEYS[1], unpack(ARGV))\n"
-    ))
+fn primitive(op: Op) -> Script {
+    let (name, source) = function(op);
+    Script::new(&format!("{source}\nreturn {name}(KEYS[1], unpack(ARGV))\n"))
 }
 
 /// The batch script: every primitive's function, and the loop that calls
 /// them for each record of a batch.
 pub(crate) fn batch() -> Script {
-    Script::new(&format!("{}\n{}", PRIMITIVES.join("\n"), lua!("batch.lua")))
+    let functions: Vec<&str> = Op::ALL.iter().map(|&op| function(op).1).collect();
+    Script::new(&format!("{}\n{}", functions.join("\n"), lua!("batch.lua")))
 }
 
 impl Script {
@@ -150,11 +152,11 @@ pub(crate) struct Scripts {
 impl Scripts {
     pub(crate) fn new() -> Self {
         Self {
-            claim: primitive(PRIMITIVES[0], "claim"),
-            complete: primitive(PRIMITIVES[1], "complete"),
-            fail: primitive(PRIMITIVES[2], "fail"),
-            extend: primitive(PRIMITIVES[3], "extend"),
-            release: primitive(PRIMITIVES[4], "release"),
+            claim: primitive(Op::Claim),
+            complete: primitive(Op::Complete),
+            fail: primitive(Op::Fail),
+            extend: primitive(Op::Extend),
+            release: primitive(Op::Release),
             get: script!("get.lua"),
             delete: script!("delete.lua"),
             purge: script!("purge.lua"),
