@@ -481,7 +481,8 @@ impl RedisStore {
     /// connection pipelines them), and the calls of one group one after
     /// another, each routed on its own so that ASK and MOVED answers are
     /// followed. Calls on the same key share a slot, so they run in the
-    /// order given, as single calls would.
+    /// order given, as single calls would. Errors come as the server gave
+    /// them: the caller knows what to name a damaged record by.
     async fn run_each(
         &self,
         script: &scripts::Script,
@@ -501,7 +502,7 @@ impl RedisStore {
                     let (key, args) = &calls[i];
                     let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
                     let result = script.run(&self.inner.conn, key, &args).await;
-                    out.push((i, result.map_err(|e| damaged(key, store_error(e)))));
+                    out.push((i, result.map_err(store_error)));
                 }
                 out
             });
@@ -555,9 +556,9 @@ impl RedisStore {
                     script
                         .run(&self.inner.conn, key, &args)
                         .await
-                        .map_err(|e| damaged(key, store_error(e)))
+                        .map_err(store_error)
                 }
-                other => other.map_err(|e| damaged(key, store_error(e))),
+                other => other.map_err(store_error),
             });
         }
         out
@@ -642,8 +643,10 @@ impl FindAbandoned for RedisStore {
                 .into_iter()
                 .map(|k| (k, vec![b"abandoned".to_vec()]))
                 .collect();
-            for reply in self.run_each(&self.inner.scripts.get, &calls).await {
-                if let Some((id, record)) = record::record(None, reply?)? {
+            let replies = self.run_each(&self.inner.scripts.get, &calls).await;
+            for ((key, _), reply) in calls.iter().zip(replies) {
+                let reply = reply.map_err(|e| damaged(key, e))?;
+                if let Some((id, record)) = record::record(None, reply)? {
                     if id.scope() == scope {
                         found.push((id, record));
                     }
@@ -869,8 +872,10 @@ impl ListRecords for RedisStore {
         while let Some(keys) = scan.next(&self.inner.conn).await? {
             let calls: Vec<(String, Vec<Vec<u8>>)> =
                 keys.into_iter().map(|k| (k, Vec::new())).collect();
-            for reply in self.run_each(&self.inner.scripts.get, &calls).await {
-                let Some((id, record)) = record::record(None, reply?)? else {
+            let replies = self.run_each(&self.inner.scripts.get, &calls).await;
+            for ((key, _), reply) in calls.iter().zip(replies) {
+                let reply = reply.map_err(|e| damaged(key, e))?;
+                let Some((id, record)) = record::record(None, reply)? else {
                     continue;
                 };
                 let wanted = query.scope.as_ref().is_none_or(|s| id.scope() == s)
@@ -905,8 +910,9 @@ impl PurgeExpired for RedisStore {
                 rest = tail;
                 let calls: Vec<(String, Vec<Vec<u8>>)> =
                     chunk.iter().map(|k| (k.clone(), Vec::new())).collect();
-                for reply in self.run_each(&self.inner.scripts.purge, &calls).await {
-                    if matches!(reply?, Value::Int(1)) {
+                let replies = self.run_each(&self.inner.scripts.purge, &calls).await;
+                for ((key, _), reply) in calls.iter().zip(replies) {
+                    if matches!(reply.map_err(|e| damaged(key, e))?, Value::Int(1)) {
                         purged += 1;
                     }
                 }

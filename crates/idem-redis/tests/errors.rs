@@ -6,7 +6,9 @@ use std::time::Duration;
 mod common;
 
 use common::server;
-use idem::{ClaimParams, GetRecord, ListQuery, ListRecords, RecordId, Store, StoreError};
+use idem::{
+    ClaimMany, ClaimParams, GetRecord, ListQuery, ListRecords, RecordId, Store, StoreError,
+};
 use idem_redis::{ConnectError, RedisStore};
 
 async fn store() -> RedisStore {
@@ -99,7 +101,16 @@ async fn a_damaged_record_reads_as_corrupt_naming_it_and_is_left_alone() {
         // The field-per-value layout of builds before the packed record.
         ("st", b"c".to_vec(), "no packed record"),
     ] {
-        let store = store().await;
+        let namespace = format!("err-{:016x}", rand::random::<u64>());
+        let connect = |batching: bool| {
+            RedisStore::builder(&server().url())
+                .expect("valid URL")
+                .namespace(namespace.clone())
+                .batching(batching)
+                .connect()
+        };
+        let store = connect(true).await.expect("connect");
+        let unbatched = connect(false).await.expect("connect");
         let id = RecordId::parse("errors", "damaged").expect("valid");
         let key = store.record_key(&id);
         write_field(&key, field, &m).await;
@@ -118,6 +129,16 @@ async fn a_damaged_record_reads_as_corrupt_naming_it_and_is_left_alone() {
             matches!(&claim, Err(StoreError::Corrupt { id: named, .. }) if *named == id.to_string()),
             "{claim:?}"
         );
+        for store in [&store, &unbatched] {
+            let many = store
+                .claim_many(&[(id.clone(), params())])
+                .await
+                .expect("a batch");
+            assert!(
+                matches!(&many[..], [Err(StoreError::Corrupt { id: named, .. })] if *named == id.to_string()),
+                "{many:?}"
+            );
+        }
         let listed = store
             .list(&ListQuery::new(10))
             .await
