@@ -50,21 +50,23 @@ impl Servers {
         }
     }
 
-    /// CPU time the server processes have used so far (`INFO cpu`).
-    fn cpu(&self) -> Duration {
-        let nodes: Vec<&RedisServer> = match self {
+    fn nodes(&self) -> Vec<&RedisServer> {
+        match self {
             Servers::One(s) => vec![s],
             Servers::Cluster(c) => c.nodes().iter().collect(),
-        };
-        nodes.iter().map(|n| n.cpu().expect("INFO cpu")).sum()
+        }
+    }
+
+    /// CPU time the server processes have used so far (`INFO cpu`).
+    fn cpu(&self) -> Duration {
+        self.nodes()
+            .iter()
+            .map(|n| n.cpu().expect("INFO cpu"))
+            .sum()
     }
 
     fn flush(&self) {
-        let nodes: Vec<&RedisServer> = match self {
-            Servers::One(s) => vec![s],
-            Servers::Cluster(c) => c.nodes().iter().collect(),
-        };
-        for node in nodes {
+        for node in self.nodes() {
             node.cli("FLUSHALL").expect("flush");
         }
     }

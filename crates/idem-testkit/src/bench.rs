@@ -75,7 +75,7 @@ pub fn median(mut results: Vec<f64>) -> f64 {
 #[derive(Debug, Clone, Copy)]
 pub struct CpuMeter {
     started: Instant,
-    machine: (u64, u64),
+    machine: u64,
     process: u64,
 }
 
@@ -107,7 +107,7 @@ impl CpuMeter {
     pub fn start() -> Self {
         Self {
             started: Instant::now(),
-            machine: machine_ticks(),
+            machine: machine_busy_ticks(),
             process: process_ticks(),
         }
     }
@@ -115,20 +115,20 @@ impl CpuMeter {
     /// What was used since [`start`](Self::start). Reads as zero where
     /// `/proc` is not there.
     pub fn stop(&self) -> CpuUse {
-        let (busy, _) = machine_ticks();
+        let busy = machine_busy_ticks();
         let ticks = |n: u64| Duration::from_secs_f64(n as f64 / TICKS);
         CpuUse {
             wall: self.started.elapsed(),
-            machine: ticks(busy.saturating_sub(self.machine.0)),
+            machine: ticks(busy.saturating_sub(self.machine)),
             process: ticks(process_ticks().saturating_sub(self.process)),
             cores: std::thread::available_parallelism().map_or(1, usize::from),
         }
     }
 }
 
-/// The machine's busy and total ticks, from the first line of
-/// `/proc/stat` (idle and iowait count as not busy).
-fn machine_ticks() -> (u64, u64) {
+/// The machine's busy ticks, from the first line of `/proc/stat` (idle
+/// and iowait count as not busy).
+fn machine_busy_ticks() -> u64 {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let ticks: Vec<u64> = stat
         .lines()
@@ -140,7 +140,7 @@ fn machine_ticks() -> (u64, u64) {
         .collect();
     let total: u64 = ticks.iter().sum();
     let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
-    (total - idle, total)
+    total - idle
 }
 
 /// This process's user and system ticks, from `/proc/self/stat`.
