@@ -48,14 +48,21 @@
 mod body;
 mod header;
 mod layer;
+mod marker;
 mod problem;
+mod rejection;
+mod request;
+mod service;
 mod stored;
 
 pub use body::IdemBody;
 pub use header::{parse_key, KeyHeaderError};
 pub use layer::{
     default_stored, FingerprintHook, FingerprintRule, IdempotencyLayer, IdempotencyLayerBuilder,
-    IdempotencyService, OutcomeUnknown, LIFETIME_HEADER, REPLAYED_HEADER,
 };
+pub use marker::{NotExecuted, OutcomeUnknown};
 pub use problem::types as problem_types;
+pub use rejection::Rejection;
+pub use request::{LIFETIME_HEADER, REPLAYED_HEADER};
+pub use service::IdempotencyService;
 pub use stored::{strip_hop_by_hop, Binary, StoredResponse};

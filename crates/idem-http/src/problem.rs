@@ -12,6 +12,8 @@ pub mod types {
     pub const KEY_MISSING: &str = "https://idem.dev/problems/key-missing";
     /// The key header is malformed.
     pub const KEY_MALFORMED: &str = "https://idem.dev/problems/key-malformed";
+    /// The key is a UUIDv7 older than the key lifetime.
+    pub const KEY_TOO_OLD: &str = "https://idem.dev/problems/key-too-old";
     /// A request with this key is still running.
     pub const IN_PROGRESS: &str = "https://idem.dev/problems/in-progress";
     /// The key was used with a different request.

@@ -72,6 +72,19 @@ impl StoredResponse {
         }
     }
 
+    /// At least as many bytes as a response with these headers and a body
+    /// of `body_len` bytes takes once stored (before compression), so a
+    /// response can be checked against the store's limit before it is
+    /// encoded.
+    pub fn size_bound(headers: &HeaderMap, body_len: usize) -> usize {
+        // Each length is a varint of at most 10 bytes.
+        let headers: usize = headers
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len() + 20)
+            .sum();
+        32 + headers + body_len
+    }
+
     /// The response again. A stored part that no longer parses (a record
     /// written by something else) is an error, not a guess.
     pub fn to_response(&self) -> Result<Response<Bytes>, String> {

@@ -1,0 +1,516 @@
+//! One covered request, from its head to the answer: the key, the body and
+//! its fingerprint, the scope (all in the client's connection), then the
+//! run itself (in a task of its own, see [`Settings::run`]) and the
+//! mapping of its outcome onto a response.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::request::Parts;
+use http::{header, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, Limited};
+use idem::derive::{uuid_v7_age, KeyAge};
+use idem::{
+    BoxError, FailureClass, Fingerprint, Idempotency, Key, KeyRules, Outcome, RecordId, RunError,
+    Scope, Store, Timestamp,
+};
+use tokio_util::task::TaskTracker;
+use tower_service::Service;
+
+use crate::body::IdemBody;
+use crate::header::parse_key;
+use crate::layer::{FingerprintRule, Hook};
+use crate::marker::{is_not_executed, OutcomeUnknown};
+use crate::rejection::Rejection;
+use crate::stored::{Binary, StoredResponse};
+
+/// The header replays carry.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+/// The header every covered response carries: how long, in seconds, a key
+/// is remembered after its request completes.
+pub const LIFETIME_HEADER: &str = "idempotency-key-lifetime";
+
+/// How far in the future a UUIDv7 key's time may be (producers' clocks
+/// differ).
+const UUID_SKEW: Duration = Duration::from_secs(5);
+
+/// A layer's settings, shared by its services and their runs.
+pub(crate) struct Settings<S> {
+    pub(crate) idem: Idempotency<S, Binary>,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) header: HeaderName,
+    pub(crate) required: bool,
+    pub(crate) key_rules: KeyRules,
+    pub(crate) tenant: Option<Hook<Option<String>>>,
+    pub(crate) route: Option<Hook<String>>,
+    pub(crate) fingerprint: FingerprintRule,
+    pub(crate) stored: Arc<dyn Fn(StatusCode) -> bool + Send + Sync>,
+    pub(crate) max_request_bytes: usize,
+    pub(crate) max_response_bytes: usize,
+    /// The most a stored response (head and body, encoded) may take.
+    pub(crate) max_stored_bytes: usize,
+    pub(crate) retention: Duration,
+    pub(crate) lifetime: HeaderValue,
+    pub(crate) forward_takeovers: bool,
+    pub(crate) reject_old_uuid_v7: bool,
+    /// The runs going on now, detached from their connections.
+    pub(crate) runs: TaskTracker,
+}
+
+/// Why a response was not stored (the executor records it as a failure:
+/// retryable releases the key; terminal and unknown close it).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Unstored {
+    #[error("the request may have reached the upstream, but its response was lost")]
+    Unknown,
+    #[error("the upstream answered {status}, but the response broke off: {error}")]
+    BrokeOff { status: StatusCode, error: String },
+    #[error("status {0} is not stored; the key was released")]
+    Status(StatusCode),
+    #[error("response over the {limit}-byte limit for stored responses (head and body)")]
+    TooLarge { limit: usize },
+    #[error("the inner service failed before acting on the request: {0}")]
+    NotExecuted(String),
+    #[error("the inner service failed, after the request was passed to it: {0}")]
+    Failed(String),
+    #[error(
+        "attempt {attempt} found the key's earlier attempt stopped without an outcome (its \
+         lease ran out: the process serving it died or was cut off mid-request)"
+    )]
+    Takeover { attempt: u32 },
+}
+
+impl Unstored {
+    /// How the executor records it.
+    pub(crate) fn class(&self) -> FailureClass {
+        match self {
+            Self::TooLarge { .. } => FailureClass::Terminal,
+            Self::Unknown | Self::BrokeOff { .. } | Self::Failed(_) | Self::Takeover { .. } => {
+                FailureClass::Unknown
+            }
+            Self::Status(_) | Self::NotExecuted(_) => FailureClass::Retryable,
+        }
+    }
+}
+
+/// A covered request, read and checked, ready to run.
+pub(crate) struct Prepared<B> {
+    id: RecordId,
+    fingerprint: Option<Fingerprint>,
+    request: Request<B>,
+}
+
+impl<S: Store> Settings<S> {
+    /// Whether `method` is covered.
+    pub(crate) fn covers(&self, method: &Method) -> bool {
+        self.methods.contains(method)
+    }
+
+    /// Reads and checks a covered request: `Ok(None)` when it has no key
+    /// and none is required (it passes through), `Err` with the answer
+    /// when it is refused. Nothing is claimed yet, so this may be cut off
+    /// with the connection.
+    pub(crate) async fn prepare<B>(
+        &self,
+        request: Request<B>,
+    ) -> Result<Result<Prepared<B>, Request<B>>, Response<IdemBody>>
+    where
+        B: Body<Data = Bytes> + From<Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let (parts, body) = request.into_parts();
+        let key = match self.key(&parts) {
+            Ok(Some(key)) => key,
+            Ok(None) => return Ok(Err(Request::from_parts(parts, body))),
+            Err(rejection) => return Err(self.reject(rejection)),
+        };
+        let prepared = async {
+            self.check_age(&key)?;
+            let body = self.read_body(&parts, body).await?;
+            let fingerprint = self.fingerprint(&parts, &body)?;
+            Ok::<_, Rejection>((body, fingerprint))
+        };
+        let (body, fingerprint) = prepared.await.map_err(|r| self.reject(r))?;
+        Ok(Ok(Prepared {
+            id: RecordId::new(self.scope(&parts), key),
+            fingerprint,
+            request: Request::from_parts(parts, B::from(body)),
+        }))
+    }
+
+    /// Runs a prepared request through the executor: claim, the inner
+    /// service under the lease's heartbeat, the response stored or the key
+    /// released. This is the part that runs detached from the connection.
+    pub(crate) async fn run<I, B, RB>(
+        &self,
+        prepared: Prepared<B>,
+        mut inner: I,
+    ) -> Response<IdemBody>
+    where
+        I: Service<Request<B>, Response = Response<RB>>,
+        I::Error: Into<BoxError>,
+        B: Send + 'static,
+        RB: Body<Data = Bytes> + Send + 'static,
+        RB::Error: Into<BoxError>,
+    {
+        let Prepared {
+            id,
+            fingerprint,
+            mut request,
+        } = prepared;
+        // A response that is not stored goes back to its own client as it
+        // came; it waits here while the executor records the failure.
+        let unstored: Mutex<Option<Response<IdemBody>>> = Mutex::new(None);
+        let keep = |response: Response<IdemBody>| {
+            *unstored.lock().unwrap_or_else(PoisonError::into_inner) = Some(response);
+        };
+        let executed = AtomicBool::new(false);
+        let result = self
+            .idem
+            .run(&id, fingerprint, |ctx| async {
+                if ctx.is_takeover() && !self.forward_takeovers {
+                    return Err(Unstored::Takeover {
+                        attempt: ctx.attempt(),
+                    });
+                }
+                request.extensions_mut().insert(ctx);
+                executed.store(true, Ordering::Relaxed);
+                let response = match inner.call(request).await {
+                    Ok(response) => response,
+                    Err(error) => {
+                        let error: BoxError = error.into();
+                        return Err(if is_not_executed(&*error) {
+                            Unstored::NotExecuted(error.to_string())
+                        } else {
+                            Unstored::Failed(error.to_string())
+                        });
+                    }
+                };
+                let (head, body) = response.into_parts();
+                if head.extensions.get::<OutcomeUnknown>().is_some() {
+                    keep(Response::from_parts(head, IdemBody::new(body)));
+                    return Err(Unstored::Unknown);
+                }
+                if !(self.stored)(head.status) {
+                    let status = head.status;
+                    keep(Response::from_parts(head, IdemBody::new(body)));
+                    return Err(Unstored::Status(status));
+                }
+                let too_large = Unstored::TooLarge {
+                    limit: self.max_response_bytes,
+                };
+                match read_up_to(Box::pin(body), self.max_response_bytes).await {
+                    Read::All(bytes)
+                        if StoredResponse::size_bound(&head.headers, bytes.len())
+                            > self.max_stored_bytes =>
+                    {
+                        // The body fits but the head does not: the client
+                        // that caused it still gets its response.
+                        keep(Response::from_parts(head, IdemBody::full(bytes)));
+                        Err(too_large)
+                    }
+                    Read::All(bytes) => Ok(StoredResponse::new(head.status, head.headers, bytes)),
+                    Read::Over { prefix, rest } => {
+                        keep(Response::from_parts(head, IdemBody::chain(prefix, rest)));
+                        Err(too_large)
+                    }
+                    Read::Failed(error) => Err(Unstored::BrokeOff {
+                        status: head.status,
+                        error: error.to_string(),
+                    }),
+                }
+            })
+            .await;
+        let kept = unstored
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.finish(self.answer(result, kept, executed.load(Ordering::Relaxed)))
+    }
+
+    /// Adds the lifetime header to a covered response.
+    pub(crate) fn finish(&self, mut response: Response<IdemBody>) -> Response<IdemBody> {
+        response
+            .headers_mut()
+            .insert(LIFETIME_HEADER, self.lifetime.clone());
+        response
+    }
+
+    /// A rejection as a covered response.
+    pub(crate) fn reject(&self, rejection: Rejection) -> Response<IdemBody> {
+        self.finish(rejection.into_response().map(IdemBody::full))
+    }
+
+    fn answer(
+        &self,
+        result: Result<Outcome<StoredResponse>, RunError<Unstored>>,
+        kept: Option<Response<IdemBody>>,
+        executed: bool,
+    ) -> Response<IdemBody> {
+        let replayed = matches!(result, Ok(Outcome::Replayed { .. }));
+        let rejection = match result {
+            Ok(outcome) => {
+                return match outcome.into_value().to_response() {
+                    Ok(mut response) => {
+                        if replayed {
+                            response
+                                .headers_mut()
+                                .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+                        }
+                        response.map(IdemBody::full)
+                    }
+                    Err(reason) => Rejection::StoredUnreadable { reason }
+                        .into_response()
+                        .map(IdemBody::full),
+                };
+            }
+            Err(RunError::Handler { error, .. }) => match (error, kept) {
+                (
+                    Unstored::Status(_) | Unstored::TooLarge { .. } | Unstored::Unknown,
+                    Some(response),
+                ) => return response,
+                (error @ Unstored::Takeover { .. }, _) => Rejection::OutcomeUnknown {
+                    detail: error.to_string(),
+                },
+                (error, _) if error.class() == FailureClass::Unknown => Rejection::LostResponse {
+                    detail: error.to_string(),
+                },
+                (error, _) => Rejection::Upstream {
+                    detail: error.to_string(),
+                },
+            },
+            Err(RunError::InProgress { retry_after }) => Rejection::InProgress { retry_after },
+            Err(RunError::Mismatch) => Rejection::Mismatch,
+            Err(RunError::Failed(failure)) if failure.is_parked() => Rejection::OutcomeUnknown {
+                detail: failure.message,
+            },
+            Err(RunError::Failed(failure)) => Rejection::NotStored {
+                detail: failure.message,
+            },
+            Err(RunError::Store(error)) => Rejection::StoreUnavailable {
+                error: error_chain(&error),
+                executed,
+            },
+            Err(RunError::LeaseLost) => Rejection::LeaseLost,
+            Err(RunError::Decode { reason }) => Rejection::StoredUnreadable { reason },
+            Err(error) => Rejection::NotStored {
+                detail: error.to_string(),
+            },
+        };
+        rejection.into_response().map(IdemBody::full)
+    }
+
+    /// The request's key. `Ok(None)`: no key and none required, so the
+    /// request passes through.
+    fn key(&self, parts: &Parts) -> Result<Option<Key>, Rejection> {
+        let mut values = parts.headers.get_all(&self.header).iter();
+        let (Some(value), None) = (values.next(), values.next()) else {
+            let count = parts.headers.get_all(&self.header).iter().count();
+            return match count {
+                0 if !self.required => Ok(None),
+                0 => Err(Rejection::KeyMissing {
+                    header: self.header.clone(),
+                }),
+                count => Err(Rejection::KeyMalformed {
+                    detail: format!(
+                        "the {} header appears {count} times (rule: exactly once)",
+                        self.header
+                    ),
+                }),
+            };
+        };
+        parse_key(self.header.as_str(), value, &self.key_rules)
+            .map(Some)
+            .map_err(|e| Rejection::KeyMalformed {
+                detail: e.to_string(),
+            })
+    }
+
+    /// Refuses a UUIDv7 key older than the retention, when configured.
+    fn check_age(&self, key: &Key) -> Result<(), Rejection> {
+        if !self.reject_old_uuid_v7 {
+            return Ok(());
+        }
+        match uuid_v7_age(key.as_str(), Timestamp::now(), self.retention, UUID_SKEW) {
+            Ok(KeyAge::OlderThanRetention { age, retention }) => {
+                Err(Rejection::KeyTooOld { age, retention })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    async fn read_body<B>(&self, parts: &Parts, body: B) -> Result<Bytes, Rejection>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let limit = self.max_request_bytes;
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if let Some(declared) = declared.filter(|&n| n > limit as u64) {
+            return Err(Rejection::BodyTooLarge {
+                size: declared.to_string(),
+                limit,
+            });
+        }
+        match Limited::new(body, limit).collect().await {
+            Ok(collected) => Ok(collected.to_bytes()),
+            Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+                Err(Rejection::BodyTooLarge {
+                    size: format!("more than {limit}"),
+                    limit,
+                })
+            }
+            Err(error) => Err(Rejection::BadBody {
+                detail: format!(
+                    "the request body could not be read: {error}. The key was not used"
+                ),
+            }),
+        }
+    }
+
+    fn fingerprint(&self, parts: &Parts, body: &[u8]) -> Result<Option<Fingerprint>, Rejection> {
+        let bad_body = |detail: String| Rejection::BadBody { detail };
+        // Selected fields identify the request without its query string.
+        let mut target = parts
+            .uri
+            .path_and_query()
+            .map_or(parts.uri.path(), |pq| pq.as_str());
+        let body_digest = match &self.fingerprint {
+            FingerprintRule::Off => return Ok(None),
+            FingerprintRule::Custom(hook) => {
+                return hook(parts, body).map(Some).map_err(bad_body);
+            }
+            FingerprintRule::Request => {
+                if is_json(parts) {
+                    Fingerprint::of_json(body).unwrap_or_else(|_| Fingerprint::of_bytes(body))
+                } else {
+                    Fingerprint::of_bytes(body)
+                }
+            }
+            FingerprintRule::JsonFields(fields) => {
+                target = parts.uri.path();
+                Fingerprint::of_json_fields(body, fields).map_err(|e| {
+                    bad_body(format!(
+                        "the fingerprint uses JSON fields of the body, but the body cannot be \
+                         read as JSON: {e}"
+                    ))
+                })?
+            }
+        };
+        let mut framed = Vec::with_capacity(target.len() + 48);
+        framed.extend_from_slice(parts.method.as_str().as_bytes());
+        framed.push(0);
+        framed.extend_from_slice(target.as_bytes());
+        framed.push(0);
+        framed.extend_from_slice(body_digest.as_bytes());
+        Ok(Some(Fingerprint::of_bytes(&framed)))
+    }
+
+    /// `http METHOD ROUTE[ tenant:HASH]`; a route too long for a scope is
+    /// replaced by its hash.
+    fn scope(&self, parts: &Parts) -> Scope {
+        let route = match &self.route {
+            Some(hook) => hook(parts),
+            None => default_route(parts),
+        };
+        let tenant = self.tenant.as_ref().map(|hook| {
+            hook(parts).map_or_else(
+                || "anonymous".to_owned(),
+                |t| Fingerprint::of_bytes(t.as_bytes()).to_hex()[..32].to_owned(),
+            )
+        });
+        let build = |route: &str| {
+            let mut scope = format!("http {} {route}", parts.method);
+            if let Some(tenant) = &tenant {
+                scope.push_str(" tenant:");
+                scope.push_str(tenant);
+            }
+            Scope::new(&scope)
+        };
+        build(&route).unwrap_or_else(|_| {
+            let hashed = format!(
+                "sha256:{}",
+                Fingerprint::of_bytes(route.as_bytes()).to_hex()
+            );
+            build(&hashed).expect("a hashed route always makes a valid scope")
+        })
+    }
+}
+
+/// An error with its sources, as one line.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
+
+fn is_json(parts: &Parts) -> bool {
+    parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|mime| {
+            let mime = mime.trim().to_ascii_lowercase();
+            mime == "application/json" || mime.ends_with("+json")
+        })
+        .unwrap_or(false)
+}
+
+#[cfg(feature = "axum")]
+fn default_route(parts: &Parts) -> String {
+    parts
+        .extensions
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| parts.uri.path().to_owned(), |m| m.as_str().to_owned())
+}
+
+#[cfg(not(feature = "axum"))]
+fn default_route(parts: &Parts) -> String {
+    parts.uri.path().to_owned()
+}
+
+enum Read<B> {
+    All(Bytes),
+    Over { prefix: Bytes, rest: B },
+    Failed(BoxError),
+}
+
+/// Reads `body` whole if it is at most `limit` bytes; otherwise stops
+/// past the limit and hands back what was read and the rest.
+async fn read_up_to<B>(mut body: B, limit: usize) -> Read<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => {
+                if let Ok(data) = frame.into_data() {
+                    buf.extend_from_slice(&data);
+                    if buf.len() > limit {
+                        return Read::Over {
+                            prefix: buf.freeze(),
+                            rest: body,
+                        };
+                    }
+                }
+            }
+            Err(error) => return Read::Failed(error.into()),
+        }
+    }
+    Read::All(buf.freeze())
+}

@@ -1,0 +1,120 @@
+//! The service [`IdempotencyLayer`](crate::IdempotencyLayer) wraps around an
+//! inner service.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use idem::{BoxError, Store};
+use tower_service::Service;
+
+use crate::body::IdemBody;
+use crate::rejection::Rejection;
+use crate::request::Settings;
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// The service made by [`IdempotencyLayer`](crate::IdempotencyLayer).
+///
+/// Covered requests with a key run in a task of their own: the future this
+/// service returns only waits for that task, so dropping it (the client
+/// went away) does not stop the run. The inner service receives the run's
+/// [`idem::Context`] in the request's extensions.
+pub struct IdempotencyService<S, I> {
+    settings: Arc<Settings<S>>,
+    inner: I,
+}
+
+impl<S, I> IdempotencyService<S, I> {
+    pub(crate) fn new(settings: Arc<Settings<S>>, inner: I) -> Self {
+        Self { settings, inner }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &I {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut I {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming this one.
+    pub fn into_inner(self) -> I {
+        self.inner
+    }
+}
+
+impl<S, I: Clone> Clone for IdempotencyService<S, I> {
+    fn clone(&self) -> Self {
+        Self {
+            settings: Arc::clone(&self.settings),
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<S, I: std::fmt::Debug> std::fmt::Debug for IdempotencyService<S, I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyService")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, I, B, RB> Service<Request<B>> for IdempotencyService<S, I>
+where
+    S: Store,
+    I: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
+    I::Future: Send,
+    I::Error: Into<BoxError> + Send,
+    B: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    RB: Body<Data = Bytes> + Send + 'static,
+    RB::Error: Into<BoxError>,
+{
+    type Response = Response<IdemBody>;
+    type Error = I::Error;
+    type Future = BoxFuture<Result<Response<IdemBody>, I::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        // The clone that was driven to readiness serves this request.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let settings = Arc::clone(&self.settings);
+        Box::pin(async move {
+            if !settings.covers(request.method()) {
+                return Ok(inner.call(request).await?.map(IdemBody::new));
+            }
+            let prepared = match settings.prepare(request).await {
+                Ok(Ok(prepared)) => prepared,
+                Ok(Err(unkeyed)) => return Ok(inner.call(unkeyed).await?.map(IdemBody::new)),
+                Err(refused) => return Ok(refused),
+            };
+            // From the claim on, the run is its own task: a client that
+            // disconnects drops only this future, not the work.
+            let run = {
+                let settings = Arc::clone(&settings);
+                settings
+                    .runs
+                    .clone()
+                    .spawn(async move { settings.run(prepared, inner).await })
+            };
+            Ok(match run.await {
+                Ok(response) => response,
+                Err(error) => settings.reject(Rejection::Internal {
+                    detail: format!("the run stopped: {error}"),
+                }),
+            })
+        })
+    }
+}

@@ -1,0 +1,411 @@
+//! The service on its own (`tower::ServiceExt::oneshot`), over the
+//! in-memory store with a manual clock: what it does when the earlier
+//! attempt of a key died, when the inner service fails, when a response's
+//! head is too large to store, when the store fails after the request ran,
+//! and what the inner service is told about its run.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use idem::{
+    ClaimOutcome, ClaimParams, Failure, Lease, ManualClock, MemoryStore, RecordId, Store,
+    StoreError, Timestamp,
+};
+use idem_http::{IdempotencyLayer, NotExecuted};
+use tower::util::BoxCloneService;
+use tower::{service_fn, BoxError, Layer, ServiceExt};
+
+type Body = Full<Bytes>;
+
+fn post(key: &str) -> Request<Body> {
+    Request::post("/charges")
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(br#"{"amount":1250}"#)))
+        .expect("request")
+}
+
+async fn problem_type(response: Response<idem_http::IdemBody>) -> String {
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&body).expect("problem json");
+    json["type"].as_str().expect("type").to_owned()
+}
+
+type Inner = BoxCloneService<Request<Body>, Response<Body>, Infallible>;
+
+/// Counts its calls; answers 201 saying what it was told of its run.
+fn counting(calls: &Arc<AtomicU32>) -> Inner {
+    let calls = Arc::clone(calls);
+    BoxCloneService::new(service_fn(move |request: Request<Body>| {
+        let calls = Arc::clone(&calls);
+        async move {
+            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            let ctx = request.extensions().get::<idem::Context>().cloned();
+            let body = format!(
+                "charge {n} fence {:?} takeover {:?}",
+                ctx.as_ref().and_then(idem::Context::fence),
+                ctx.as_ref().map(idem::Context::is_takeover)
+            );
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .status(201)
+                    .body(Full::new(Bytes::from(body)))
+                    .expect("response"),
+            )
+        }
+    }))
+}
+
+/// A request whose process dies mid-run: served in a runtime of its own,
+/// which is then shut down with the request still inside the inner
+/// service (its heartbeat and everything with it stop, as in a crash).
+fn die_mid_request(layer: &IdempotencyLayer<MemoryStore<ManualClock>>, key: &str) {
+    let layer = layer.clone();
+    let key = key.to_owned();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let (reached, inside) = tokio::sync::oneshot::channel::<()>();
+            let reached = Arc::new(std::sync::Mutex::new(Some(reached)));
+            let hangs = service_fn(move |_: Request<Body>| {
+                if let Some(tx) = reached.lock().expect("lock").take() {
+                    let _ = tx.send(());
+                }
+                std::future::pending::<Result<Response<Body>, Infallible>>()
+            });
+            tokio::spawn(layer.layer(hangs).oneshot(post(&key)));
+            inside.await.expect("the request reached the inner service");
+        });
+        runtime.shutdown_background();
+    })
+    .join()
+    .expect("the doomed runtime");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_is_in_doubt_by_default_and_never_passed_on() {
+    let clock = ManualClock::default();
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let layer = IdempotencyLayer::builder(store).build().expect("layer");
+    die_mid_request(&layer, "order-1");
+    // The dead run's lease (30 s) runs out.
+    clock.advance(Duration::from_secs(31));
+
+    let calls = Arc::new(AtomicU32::new(0));
+    for _ in 0..2 {
+        let response = layer
+            .layer(counting(&calls))
+            .oneshot(post("order-1"))
+            .await
+            .expect("answered");
+        assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(problem_type(response).await.ends_with("/outcome-unknown"));
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "a request whose earlier attempt may have run is not passed on again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_is_passed_on_when_asked_and_the_handler_is_told() {
+    let clock = ManualClock::default();
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let layer = IdempotencyLayer::builder(store)
+        .forward_takeovers(true)
+        .build()
+        .expect("layer");
+    die_mid_request(&layer, "order-2");
+    clock.advance(Duration::from_secs(31));
+
+    let calls = Arc::new(AtomicU32::new(0));
+    let response = layer
+        .layer(counting(&calls))
+        .oneshot(post("order-2"))
+        .await
+        .expect("answered");
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    assert_eq!(
+        body, "charge 1 fence Some(2) takeover Some(true)",
+        "the second holder runs with a larger fence and knows it took over"
+    );
+    let replay = layer
+        .layer(counting(&calls))
+        .oneshot(post("order-2"))
+        .await
+        .expect("answered");
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inner_service_sees_its_run() {
+    let layer = IdempotencyLayer::builder(MemoryStore::new())
+        .build()
+        .expect("layer");
+    let calls = Arc::new(AtomicU32::new(0));
+    let response = layer
+        .layer(counting(&calls))
+        .oneshot(post("order-3"))
+        .await
+        .expect("answered");
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    assert_eq!(body, "charge 1 fence Some(1) takeover Some(false)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inner_error_is_in_doubt_unless_marked_not_executed() {
+    let layer = IdempotencyLayer::builder(MemoryStore::new())
+        .build()
+        .expect("layer");
+    let calls = Arc::new(AtomicU32::new(0));
+    let failing = |marked: bool| {
+        let calls = Arc::clone(&calls);
+        service_fn(move |_: Request<Body>| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let error = std::io::Error::other("timed out waiting for the database");
+                Err::<Response<Body>, BoxError>(if marked {
+                    NotExecuted::new(error).into()
+                } else {
+                    error.into()
+                })
+            }
+        })
+    };
+
+    // Unmarked: it may have acted; the key is kept and never runs again.
+    for expected in ["/outcome-unknown", "/outcome-unknown"] {
+        let response = layer
+            .layer(failing(false))
+            .oneshot(post("order-4"))
+            .await
+            .expect("answered");
+        assert!(response.status() == 502 || response.status() == 422);
+        assert!(problem_type(response).await.ends_with(expected));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "never called twice");
+
+    // Marked NotExecuted: the key is released and the retry runs.
+    for _ in 0..2 {
+        let response = layer
+            .layer(failing(true))
+            .oneshot(post("order-5"))
+            .await
+            .expect("answered");
+        assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+        assert!(problem_type(response)
+            .await
+            .ends_with("/upstream-unavailable"));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_too_large_to_store_still_reaches_its_client() {
+    let layer = IdempotencyLayer::builder(MemoryStore::new())
+        .max_response_bytes(1024)
+        .build()
+        .expect("layer");
+    let calls = Arc::new(AtomicU32::new(0));
+    let big_head = {
+        let calls = Arc::clone(&calls);
+        service_fn(move |_: Request<Body>| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                Ok::<_, Infallible>(
+                    Response::builder()
+                        .status(201)
+                        .header("x-trace", "t".repeat(70 * 1024))
+                        .body(Full::new(Bytes::from_static(b"created")))
+                        .expect("response"),
+                )
+            }
+        })
+    };
+    let first = layer
+        .layer(big_head.clone())
+        .oneshot(post("order-6"))
+        .await
+        .expect("answered");
+    assert_eq!(first.status(), StatusCode::CREATED, "its own response");
+    assert_eq!(first.headers()["x-trace"].len(), 70 * 1024);
+    let body = first.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(body, "created");
+    let again = layer
+        .layer(big_head)
+        .oneshot(post("order-6"))
+        .await
+        .expect("answered");
+    assert_eq!(again.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(problem_type(again).await.ends_with("/response-not-stored"));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// The memory store, refusing every `complete` as unreachable: the store
+/// fails after the request ran (a unit test of the layer's answer; the
+/// stores themselves are proven against real servers elsewhere).
+#[derive(Clone)]
+struct FailsToComplete(MemoryStore);
+
+impl Store for FailsToComplete {
+    async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
+        self.0.claim(id, params).await
+    }
+
+    async fn complete(&self, _: &Lease, _: Bytes, _: Duration) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+
+    async fn fail(
+        &self,
+        lease: &Lease,
+        failure: Failure,
+        keep: Duration,
+    ) -> Result<(), StoreError> {
+        self.0.fail(lease, failure, keep).await
+    }
+
+    async fn extend(&self, lease: &Lease, d: Duration) -> Result<Timestamp, StoreError> {
+        self.0.extend(lease, d).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.0.release(lease).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_fails_after_the_run_says_the_request_ran() {
+    let layer = IdempotencyLayer::builder(FailsToComplete(MemoryStore::new()))
+        .lease(Duration::from_millis(300))
+        .build()
+        .expect("layer");
+    let calls = Arc::new(AtomicU32::new(0));
+    let response = layer
+        .layer(counting(&calls))
+        .oneshot(post("order-7"))
+        .await
+        .expect("answered");
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&body).expect("json");
+    let detail = json["detail"].as_str().expect("detail");
+    assert!(detail.contains("was executed"), "{detail}");
+    assert!(!detail.contains("nothing was executed"), "{detail}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_uuid_v7_key_is_refused_when_asked() {
+    let calls = Arc::new(AtomicU32::new(0));
+    // Minted 2020-01-01, long past a 24 h retention.
+    let old = "016f5e66-e800-7000-8000-000000000000";
+    let fresh = uuid_v7_now();
+    let checking = IdempotencyLayer::builder(MemoryStore::new())
+        .reject_old_uuid_v7(true)
+        .build()
+        .expect("layer");
+    let response = checking
+        .layer(counting(&calls))
+        .oneshot(post(old))
+        .await
+        .expect("answered");
+    assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(problem_type(response).await.ends_with("/key-too-old"));
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    for key in [fresh.as_str(), "not-a-uuid"] {
+        let response = checking
+            .layer(counting(&calls))
+            .oneshot(post(key))
+            .await
+            .expect("answered");
+        assert_eq!(response.status(), StatusCode::CREATED, "{key}");
+    }
+    // Off by default.
+    let plain = IdempotencyLayer::builder(MemoryStore::new())
+        .build()
+        .expect("layer");
+    let response = plain
+        .layer(counting(&calls))
+        .oneshot(post(old))
+        .await
+        .expect("answered");
+    assert_eq!(response.status(), StatusCode::CREATED);
+}
+
+fn uuid_v7_now() -> String {
+    let ms = Timestamp::now().as_millis();
+    let hex = format!("{ms:012x}");
+    format!("{}-{}-7000-8000-000000000000", &hex[..8], &hex[8..])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tenant_is_the_verified_principal_not_the_token() {
+    #[derive(Clone)]
+    struct Account(u64);
+    let layer = IdempotencyLayer::builder(MemoryStore::new())
+        .tenant_principal(|a: &Account| a.0.to_string())
+        .build()
+        .expect("layer");
+    let calls = Arc::new(AtomicU32::new(0));
+    let as_account = |account: u64, token: &str| {
+        let mut request = post("order-8");
+        request.extensions_mut().insert(Account(account));
+        request
+            .headers_mut()
+            .insert("authorization", token.parse().expect("header"));
+        request
+    };
+    // A retry with a refreshed token is the same tenant: replayed.
+    let first = layer
+        .layer(counting(&calls))
+        .oneshot(as_account(7, "Bearer old"))
+        .await
+        .expect("answered");
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let retry = layer
+        .layer(counting(&calls))
+        .oneshot(as_account(7, "Bearer refreshed"))
+        .await
+        .expect("answered");
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    // Another account with the same key is another record.
+    let other = layer
+        .layer(counting(&calls))
+        .oneshot(as_account(8, "Bearer old"))
+        .await
+        .expect("answered");
+    assert!(other.headers().get("idempotent-replayed").is_none());
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
