@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 pub mod admin;
 pub mod bench;
+mod deadline;
 pub mod proxy;
 pub mod store;
 
@@ -197,6 +198,17 @@ pub struct ProxyArgs {
     /// (never sent twice); `idem release` it after checking the upstream.
     #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT")]
     pub upstream_timeout: Option<String>,
+    /// When a key's earlier request stopped without an outcome (a gateway
+    /// died mid-request), forward it again instead of answering 422
+    /// outcome-unknown [default: false]. Only for upstreams that
+    /// deduplicate on the forwarded Idempotency-Key themselves.
+    #[arg(long, env = "IDEM_FORWARD_TAKEOVERS")]
+    pub forward_takeovers: Option<bool>,
+    /// Refuse keys that are UUIDv7s older than the retention with 422
+    /// key-too-old: a retry that late cannot be told from a new request
+    /// [default: false].
+    #[arg(long, env = "IDEM_REJECT_OLD_UUID_V7")]
+    pub reject_old_uuid_v7: Option<bool>,
 }
 
 macro_rules! fill {
@@ -217,7 +229,7 @@ impl ProxyArgs {
             .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
         fill!(self, file; listen, upstream, admin_listen, store, methods, header, require_key,
               tenant_header, retention, lease, max_request_bytes, max_response_bytes, fail_open,
-              upstream_timeout);
+              upstream_timeout, forward_takeovers, reject_old_uuid_v7);
         Ok(self)
     }
 
@@ -269,6 +281,8 @@ impl ProxyArgs {
                 "--upstream-timeout",
                 self.upstream_timeout.as_deref().unwrap_or("60s"),
             )?,
+            forward_takeovers: self.forward_takeovers.unwrap_or(false),
+            reject_old_uuid_v7: self.reject_old_uuid_v7.unwrap_or(false),
         })
     }
 }

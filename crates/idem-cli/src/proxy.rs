@@ -18,6 +18,7 @@ use idem_http::{strip_hop_by_hop, IdempotencyLayer, OutcomeUnknown};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
+use crate::deadline::Deadline;
 use crate::store::AnyStore;
 
 /// What the gateway does; see `idem proxy --help` for each setting.
@@ -43,11 +44,18 @@ pub struct ProxyConfig {
     pub max_response_bytes: usize,
     /// Pass requests through when the store is unreachable.
     pub fail_open: bool,
-    /// How long the upstream may take to answer before a 502. The request
-    /// was sent, so the key is kept with an unknown outcome (see
-    /// [`OutcomeUnknown`]); connecting is limited to half of it (at most
-    /// 5 s), and a failed connect releases the key.
+    /// How long the upstream may take to answer, head and body, before a
+    /// 502. The request was sent, so the key is kept with an unknown
+    /// outcome (see [`OutcomeUnknown`]); connecting is limited to half of
+    /// it (at most 5 s), and a failed connect releases the key.
     pub upstream_timeout: Duration,
+    /// Forward a request whose key's earlier attempt stopped without an
+    /// outcome (the gateway died mid-request) again, instead of answering
+    /// 422 `outcome-unknown`: for upstreams that deduplicate on the
+    /// forwarded `Idempotency-Key` themselves.
+    pub forward_takeovers: bool,
+    /// Refuse UUIDv7 keys older than the retention (422 `key-too-old`).
+    pub reject_old_uuid_v7: bool,
 }
 
 #[derive(Clone)]
@@ -117,10 +125,13 @@ async fn forward(State(upstream): State<Arc<Upstream>>, request: Request) -> Res
     let sent = upstream
         .client
         .request(http::Request::from_parts(parts, body));
-    match tokio::time::timeout(upstream.timeout, sent).await {
+    // One limit for the whole answer: a body that stalls is cut off too.
+    let deadline = tokio::time::Instant::now() + upstream.timeout;
+    match tokio::time::timeout_at(deadline, sent).await {
         Ok(Ok(response)) => {
             let (mut parts, body) = response.into_parts();
             strip_hop_by_hop(&mut parts.headers);
+            let body = Deadline::new(body, deadline, upstream.timeout);
             Response::from_parts(parts, Body::new(body))
         }
         Ok(Err(e)) if e.is_connect() => bad_gateway(format!(
@@ -139,9 +150,8 @@ async fn forward(State(upstream): State<Arc<Upstream>>, request: Request) -> Res
     }
 }
 
-/// The gateway's router: every request forwarded to the upstream, covered
-/// ones through the idempotency layer.
-pub fn router(store: AnyStore, config: &ProxyConfig) -> anyhow::Result<Router> {
+/// The gateway's idempotency layer.
+pub fn layer(store: AnyStore, config: &ProxyConfig) -> anyhow::Result<IdempotencyLayer<AnyStore>> {
     let mut layer = IdempotencyLayer::builder(store)
         .methods(config.methods.clone())
         .header(config.header.clone())
@@ -150,11 +160,18 @@ pub fn router(store: AnyStore, config: &ProxyConfig) -> anyhow::Result<Router> {
         .lease(config.lease)
         .max_request_bytes(config.max_request_bytes)
         .max_response_bytes(config.max_response_bytes)
-        .fail_open(config.fail_open);
+        .fail_open(config.fail_open)
+        .forward_takeovers(config.forward_takeovers)
+        .reject_old_uuid_v7(config.reject_old_uuid_v7);
     if let Some(tenant) = &config.tenant_header {
         layer = layer.tenant_header(tenant.clone());
     }
-    let layer = layer.build()?;
+    Ok(layer.build()?)
+}
+
+/// The gateway's router: every request forwarded to the upstream, covered
+/// ones through `layer`.
+pub fn router(layer: IdempotencyLayer<AnyStore>, config: &ProxyConfig) -> Router {
     // Connecting gets its own, shorter limit, so an upstream that is down
     // is told apart (nothing sent: the key is released) from one that took
     // the request and never answered (the key is kept).
@@ -168,10 +185,10 @@ pub fn router(store: AnyStore, config: &ProxyConfig) -> anyhow::Result<Router> {
         origin: config.upstream.to_string().trim_end_matches('/').to_owned(),
         timeout: config.upstream_timeout,
     });
-    Ok(Router::new()
+    Router::new()
         .fallback(forward)
         .with_state(upstream)
-        .layer(layer))
+        .layer(layer)
 }
 
 /// The admin listener's router: `/metrics` (Prometheus text) and
@@ -207,7 +224,8 @@ pub fn admin_router(metrics: Option<PrometheusHandle>) -> Router {
 
 /// Serves the gateway on `listener` (and the admin routes on `admin`, if
 /// given) until `shutdown` resolves; then stops accepting, lets in-flight
-/// requests finish (their keys completed or released) and returns.
+/// requests finish (their keys completed or released), including those
+/// whose clients went away, and returns.
 pub async fn serve(
     store: AnyStore,
     config: &ProxyConfig,
@@ -215,7 +233,8 @@ pub async fn serve(
     admin: Option<(TcpListener, Option<PrometheusHandle>)>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let app = router(store.clone(), config)?;
+    let layer = layer(store.clone(), config)?;
+    let app = router(layer.clone(), config);
     let _purger = store.spawn_purger();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let admin_task = admin.map(|(listener, metrics)| {
@@ -235,6 +254,15 @@ pub async fn serve(
             let _ = stop_tx.send(true);
         })
         .await;
+    // Requests whose clients disconnected are not connections any more;
+    // their runs still finish before the process exits.
+    if layer.running() > 0 {
+        tracing::info!(
+            running = layer.running(),
+            "waiting for requests whose clients went away"
+        );
+    }
+    layer.drain().await;
     if let Some(task) = admin_task {
         task.await??;
     }

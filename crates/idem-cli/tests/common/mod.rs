@@ -1,0 +1,274 @@
+//! What the gateway tests share: a real upstream that counts its
+//! executions, misbehaving upstreams on raw sockets, the gateway on a real
+//! listener, and a client.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{self, get};
+use axum::Router;
+use idem_cli::proxy::{self, ProxyConfig};
+use idem_cli::store::AnyStore;
+use idem_sqlite::SqliteStore;
+use reqwest::header::HeaderValue;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// Executions per upstream path.
+#[derive(Clone, Default)]
+pub struct Upstream {
+    pub runs: Arc<Mutex<HashMap<String, u64>>>,
+}
+
+impl Upstream {
+    pub fn bump(&self, path: &str) -> u64 {
+        let mut runs = self.runs.lock().expect("lock");
+        let n = runs.entry(path.to_owned()).or_default();
+        *n += 1;
+        *n
+    }
+
+    pub fn runs(&self, path: &str) -> u64 {
+        self.runs
+            .lock()
+            .expect("lock")
+            .get(path)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+pub async fn charge(State(up): State<Upstream>, headers: HeaderMap, body: Bytes) -> Response {
+    let n = up.bump("/charge");
+    if let Some(ms) = headers
+        .get("x-delay-ms")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+    {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    let auth = headers
+        .get("authorization")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let mut response = (
+        StatusCode::CREATED,
+        [("content-type", "application/json")],
+        format!(
+            r#"{{"charge":{n},"for":{},"body_len":{}}}"#,
+            serde_json::json!(auth),
+            body.len()
+        ),
+    )
+        .into_response();
+    let h = response.headers_mut();
+    h.append("set-cookie", HeaderValue::from_static("a=1"));
+    h.append("set-cookie", HeaderValue::from_static("b=2"));
+    h.insert("x-charge", HeaderValue::from(n));
+    response
+}
+
+pub async fn binary(State(up): State<Upstream>) -> Response {
+    up.bump("/binary");
+    let body: Vec<u8> = (0..=255u8).chain((0..=255u8).rev()).collect();
+    (
+        StatusCode::ACCEPTED,
+        [("content-type", "application/octet-stream")],
+        body,
+    )
+        .into_response()
+}
+
+pub async fn flaky(State(up): State<Upstream>) -> Response {
+    match up.bump("/flaky") {
+        1 => (StatusCode::SERVICE_UNAVAILABLE, "upstream busy").into_response(),
+        n => (StatusCode::CREATED, format!("done on run {n}")).into_response(),
+    }
+}
+
+pub async fn status(State(up): State<Upstream>, Path(code): Path<u16>) -> Response {
+    let n = up.bump(&format!("/status/{code}"));
+    (
+        StatusCode::from_u16(code).expect("status"),
+        format!("status {code}, run {n}"),
+    )
+        .into_response()
+}
+
+pub async fn big(State(up): State<Upstream>) -> Response {
+    up.bump("/big");
+    vec![b'x'; 4096].into_response()
+}
+
+pub async fn read(State(up): State<Upstream>) -> Response {
+    format!("read {}", up.bump("/read")).into_response()
+}
+
+pub async fn start_upstream_on(listener: TcpListener) -> Upstream {
+    let up = Upstream::default();
+    let app = Router::new()
+        .route("/charge", routing::post(charge))
+        .route("/binary", routing::post(binary))
+        .route("/flaky", routing::post(flaky))
+        .route("/status/{code}", routing::post(status))
+        .route("/big", routing::post(big))
+        .route("/read", get(read))
+        .with_state(up.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    up
+}
+
+pub async fn start_upstream() -> (Upstream, SocketAddr) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    (start_upstream_on(listener).await, addr)
+}
+
+pub fn config(upstream: SocketAddr) -> ProxyConfig {
+    ProxyConfig {
+        upstream: format!("http://{upstream}").parse().expect("uri"),
+        methods: vec![http::Method::POST, http::Method::PATCH],
+        header: http::HeaderName::from_static("idempotency-key"),
+        require_key: false,
+        tenant_header: None,
+        retention: Duration::from_secs(3600),
+        lease: Duration::from_secs(30),
+        max_request_bytes: 1 << 20,
+        max_response_bytes: 1 << 20,
+        fail_open: false,
+        upstream_timeout: Duration::from_secs(10),
+        forward_takeovers: false,
+        reject_old_uuid_v7: false,
+    }
+}
+
+/// A running gateway; dropping `stop` (or sending on it) shuts it down.
+pub struct Gateway {
+    pub url: String,
+    stop: Option<oneshot::Sender<()>>,
+    done: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Gateway {
+    pub async fn start(store: AnyStore, config: ProxyConfig) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let done = tokio::spawn(async move {
+            proxy::serve(store, &config, listener, None, async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        Self {
+            url,
+            stop: Some(stop),
+            done,
+        }
+    }
+
+    pub async fn shutdown(mut self) {
+        drop(self.stop.take());
+        (&mut self.done)
+            .await
+            .expect("gateway task")
+            .expect("gateway served");
+    }
+}
+
+pub fn sqlite(dir: &tempfile::TempDir) -> AnyStore {
+    AnyStore::Sqlite(
+        SqliteStore::builder(dir.path().join("idem.db"))
+            .busy_timeout(Duration::from_millis(200))
+            .open()
+            .expect("open"),
+    )
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client")
+}
+
+pub async fn post(url: &str, key: Option<&str>) -> reqwest::Response {
+    let mut request = client()
+        .post(url)
+        .header("content-type", "application/json")
+        .body(r#"{"amount":100}"#);
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    request.send().await.expect("request sent")
+}
+
+pub async fn problem(response: reqwest::Response, status: u16, kind: &str) -> String {
+    assert_eq!(response.status().as_u16(), status);
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+    let body: serde_json::Value = response.json().await.expect("problem json");
+    assert_eq!(body["status"], status);
+    assert!(
+        body["type"].as_str().expect("type").ends_with(kind),
+        "{body}"
+    );
+    body["detail"].as_str().expect("detail").to_owned()
+}
+
+/// An upstream on a raw socket: it counts each request it reads in full,
+/// then misbehaves as `answer` says (closes at once, or sends a head and
+/// part of the body and closes, or never answers).
+pub async fn broken_upstream(answer: &'static [u8]) -> (Arc<AtomicU64>, SocketAddr) {
+    misbehaving_upstream(answer, false).await
+}
+
+/// As [`broken_upstream`]; with `hold_open` the connection stays open
+/// (silent) for 30 s after the answer instead of closing.
+pub async fn misbehaving_upstream(
+    answer: &'static [u8],
+    hold_open: bool,
+) -> (Arc<AtomicU64>, SocketAddr) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let seen = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&seen);
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let counter = Arc::clone(&counter);
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 4096];
+                // The test client's body is `{"amount":100}`.
+                while !request.ends_with(br#"{"amount":100}"#) {
+                    match socket.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                counter.fetch_add(1, Ordering::SeqCst);
+                if answer.is_empty() {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+                let _ = socket.write_all(answer).await;
+                if hold_open {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+            });
+        }
+    });
+    (seen, addr)
+}
