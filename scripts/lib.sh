@@ -105,3 +105,9 @@ ensure_tansu() {
     fi
     "$venv/bin/tansu" --version >/dev/null
 }
+
+# The HTTP edge is tested with an off-the-shelf API SDK that has its own
+# retry policy: the official Stripe Python SDK, pointed at the gateway.
+ensure_stripe_sdk() {
+    ensure_pip_tool stripe "stripe==16.1.0"
+}
