@@ -91,3 +91,92 @@ async fn per_route_layers_and_route_template_scopes() {
         assert_eq!(runs.load(Ordering::SeqCst), 4);
     }
 }
+
+/// A handler behind the layer is not cut off when its client disconnects:
+/// it finishes, its response is stored, and the retry gets it. It reads
+/// its run's context (fence, takeover) from the request's extensions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_finishes_when_its_client_disconnects() {
+    use axum::Extension;
+    use tokio::io::AsyncWriteExt;
+
+    let dir = tempfile::tempdir().expect("dir");
+    let store = SqliteStore::open(dir.path().join("idem.db")).expect("open");
+    let runs = Arc::new(AtomicU64::new(0));
+    // A short lease: a handler cut off with the connection would be taken
+    // over, and run again, by a retry a second later.
+    let layer = IdempotencyLayer::builder(store)
+        .lease(std::time::Duration::from_secs(1))
+        .build()
+        .expect("layer");
+    let app =
+        Router::new()
+            .route(
+                "/charges",
+                post(
+                    |State(runs): State<Arc<AtomicU64>>,
+                     Extension(run): Extension<idem::Context>| async move {
+                        let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                        format!(
+                            "charge {n} fence {:?} takeover {}",
+                            run.fence(),
+                            run.is_takeover()
+                        )
+                    },
+                )
+                .route_layer(layer.clone()),
+            )
+            .with_state(Arc::clone(&runs));
+    let url = serve(app).await;
+
+    let addr = url.trim_start_matches("http://").to_owned();
+    let mut socket = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    socket
+        .write_all(
+            format!(
+                "POST /charges HTTP/1.1\r\nhost: {addr}\r\nidempotency-key: gone\r\n\
+                 content-length: 0\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .expect("sent");
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    drop(socket);
+
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let retry = loop {
+        let response = client
+            .post(format!("{url}/charges"))
+            .header("idempotency-key", "gone")
+            .send()
+            .await
+            .expect("sent");
+        if response.status() != 409 {
+            break response;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(
+        retry.text().await.expect("body"),
+        "charge 1 fence Some(1) takeover false"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    let late = client
+        .post(format!("{url}/charges"))
+        .header("idempotency-key", "gone")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(late.headers()["idempotent-replayed"], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    layer.drain().await;
+    assert_eq!(layer.running(), 0);
+}
