@@ -209,6 +209,15 @@ pub struct ProxyArgs {
     /// [default: false].
     #[arg(long, env = "IDEM_REJECT_OLD_UUID_V7")]
     pub reject_old_uuid_v7: Option<bool>,
+    /// The longest a duplicate of a running request that asks
+    /// `Prefer: wait=N` is held for its outcome; 0 ignores the preference
+    /// [default: 10s].
+    #[arg(long, env = "IDEM_MAX_WAIT")]
+    pub max_wait: Option<String>,
+    /// How long a duplicate of a running request is held for its outcome
+    /// when it does not ask [default: 0, answer 409 at once].
+    #[arg(long, env = "IDEM_DEFAULT_WAIT")]
+    pub default_wait: Option<String>,
 }
 
 macro_rules! fill {
@@ -229,7 +238,7 @@ impl ProxyArgs {
             .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
         fill!(self, file; listen, upstream, admin_listen, store, methods, header, require_key,
               tenant_header, retention, lease, max_request_bytes, max_response_bytes, fail_open,
-              upstream_timeout, forward_takeovers, reject_old_uuid_v7);
+              upstream_timeout, forward_takeovers, reject_old_uuid_v7, max_wait, default_wait);
         Ok(self)
     }
 
@@ -283,6 +292,11 @@ impl ProxyArgs {
             )?,
             forward_takeovers: self.forward_takeovers.unwrap_or(false),
             reject_old_uuid_v7: self.reject_old_uuid_v7.unwrap_or(false),
+            max_wait: wait("--max-wait", self.max_wait.as_deref().unwrap_or("10s"))?,
+            default_wait: wait(
+                "--default-wait",
+                self.default_wait.as_deref().unwrap_or("0"),
+            )?,
         })
     }
 }
@@ -307,6 +321,14 @@ pub fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
     };
     anyhow::ensure!(!d.is_zero(), "{flag}: must be more than zero");
     Ok(d)
+}
+
+/// A wait: a duration, or `0` for none.
+fn wait(flag: &str, text: &str) -> anyhow::Result<Duration> {
+    if text.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    duration(flag, text)
 }
 
 fn record_id(scope: &str, key: &str) -> anyhow::Result<RecordId> {

@@ -56,6 +56,12 @@ pub struct ProxyConfig {
     pub forward_takeovers: bool,
     /// Refuse UUIDv7 keys older than the retention (422 `key-too-old`).
     pub reject_old_uuid_v7: bool,
+    /// The longest a duplicate asking `Prefer: wait=N` is held for the
+    /// running request's outcome.
+    pub max_wait: Duration,
+    /// How long a duplicate without `Prefer: wait` is held (zero: 409 at
+    /// once).
+    pub default_wait: Duration,
 }
 
 #[derive(Clone)]
@@ -162,7 +168,9 @@ pub fn layer(store: AnyStore, config: &ProxyConfig) -> anyhow::Result<Idempotenc
         .max_response_bytes(config.max_response_bytes)
         .fail_open(config.fail_open)
         .forward_takeovers(config.forward_takeovers)
-        .reject_old_uuid_v7(config.reject_old_uuid_v7);
+        .reject_old_uuid_v7(config.reject_old_uuid_v7)
+        .max_wait(config.max_wait)
+        .default_wait(config.default_wait);
     if let Some(tenant) = &config.tenant_header {
         layer = layer.tenant_header(tenant.clone());
     }

@@ -511,3 +511,41 @@ async fn two_gateways_execute_once(url: &str) {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// A duplicate asking `Prefer: wait=N` is held until the first request's
+/// response is stored, then gets it; without the preference, 409 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_that_prefers_to_wait_gets_the_stored_response() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (up, addr) = start_upstream().await;
+    let gw = Gateway::start(sqlite(&dir), config(addr)).await;
+    let url = format!("{}/charge", gw.url);
+    let send = |prefer: Option<&'static str>, delay: &'static str| {
+        let mut request = client()
+            .post(&url)
+            .header("idempotency-key", "waited")
+            .header("content-type", "application/json")
+            .header("x-delay-ms", delay)
+            .body(r#"{"amount":100}"#);
+        if let Some(prefer) = prefer {
+            request = request.header("prefer", prefer);
+        }
+        request.send()
+    };
+    let first = tokio::spawn(send(None, "700"));
+    while up.runs("/charge") == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(send(None, "0").await.expect("sent").status(), 409);
+    let waited = send(Some("wait=5"), "0").await.expect("sent");
+    assert_eq!(waited.status(), 201);
+    assert_eq!(waited.headers()["idempotent-replayed"], "true");
+    assert_eq!(waited.headers()["preference-applied"], "wait=5");
+    let first = first.await.expect("task").expect("sent");
+    assert_eq!(
+        waited.text().await.expect("body"),
+        first.text().await.expect("body")
+    );
+    assert_eq!(up.runs("/charge"), 1);
+    gw.shutdown().await;
+}

@@ -78,6 +78,8 @@ pub struct IdempotencyLayerBuilder<S> {
     fail_open: bool,
     forward_takeovers: bool,
     reject_old_uuid_v7: bool,
+    max_wait: Duration,
+    default_wait: Duration,
 }
 
 impl<S: Store> IdempotencyLayerBuilder<S> {
@@ -235,6 +237,25 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
         self
     }
 
+    /// The longest a duplicate of a running request is held for its
+    /// outcome when it asks with `Prefer: wait=N` (RFC 7240; default 10 s).
+    /// It gets the stored response as soon as it is there (woken by the
+    /// store's notification where it has one), or 409 when the wait ends;
+    /// `Preference-Applied: wait=N` says how long it was allowed. Zero
+    /// ignores the preference.
+    pub fn max_wait(mut self, max: Duration) -> Self {
+        self.max_wait = max;
+        self
+    }
+
+    /// How long a duplicate of a running request waits for its outcome
+    /// when it does not say (no `Prefer: wait`); default zero: 409 at once.
+    /// Capped by [`max_wait`](Self::max_wait).
+    pub fn default_wait(mut self, wait: Duration) -> Self {
+        self.default_wait = wait;
+        self
+    }
+
     /// Refuse keys that are UUIDv7s minted longer ago than the retention
     /// (default `false`). Such a key may be a late retry of a request whose
     /// record has already expired, which cannot be told from a new request,
@@ -283,6 +304,8 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
                 lifetime: HeaderValue::from(self.retention.as_secs()),
                 forward_takeovers: self.forward_takeovers,
                 reject_old_uuid_v7: self.reject_old_uuid_v7,
+                max_wait: self.max_wait,
+                default_wait: self.default_wait.min(self.max_wait),
                 runs: TaskTracker::new(),
             }),
         })
@@ -363,6 +386,8 @@ impl<S: Store> IdempotencyLayer<S> {
             fail_open: false,
             forward_takeovers: false,
             reject_old_uuid_v7: false,
+            max_wait: Duration::from_secs(10),
+            default_wait: Duration::ZERO,
         }
     }
 }

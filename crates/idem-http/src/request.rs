@@ -34,6 +34,9 @@ pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 /// is remembered after its request completes.
 pub const LIFETIME_HEADER: &str = "idempotency-key-lifetime";
 
+/// RFC 7240's answer to `Prefer`.
+const PREFERENCE_APPLIED: HeaderName = HeaderName::from_static("preference-applied");
+
 /// How far in the future a UUIDv7 key's time may be (producers' clocks
 /// differ).
 const UUID_SKEW: Duration = Duration::from_secs(5);
@@ -57,6 +60,8 @@ pub(crate) struct Settings<S> {
     pub(crate) lifetime: HeaderValue,
     pub(crate) forward_takeovers: bool,
     pub(crate) reject_old_uuid_v7: bool,
+    pub(crate) max_wait: Duration,
+    pub(crate) default_wait: Duration,
     /// The runs going on now, detached from their connections.
     pub(crate) runs: TaskTracker,
 }
@@ -102,6 +107,10 @@ pub(crate) struct Prepared<B> {
     id: RecordId,
     fingerprint: Option<Fingerprint>,
     request: Request<B>,
+    /// How long to wait for a running duplicate's outcome.
+    wait: Duration,
+    /// Whether the wait was asked for with `Prefer: wait`.
+    preferred: bool,
 }
 
 impl<S: Store> Settings<S> {
@@ -135,9 +144,12 @@ impl<S: Store> Settings<S> {
             Ok::<_, Rejection>((body, fingerprint))
         };
         let (body, fingerprint) = prepared.await.map_err(|r| self.reject(r))?;
+        let preferred = preferred_wait(&parts.headers);
         Ok(Ok(Prepared {
             id: RecordId::new(self.scope(&parts), key),
             fingerprint,
+            wait: preferred.unwrap_or(self.default_wait).min(self.max_wait),
+            preferred: preferred.is_some(),
             request: Request::from_parts(parts, B::from(body)),
         }))
     }
@@ -161,6 +173,8 @@ impl<S: Store> Settings<S> {
             id,
             fingerprint,
             mut request,
+            wait,
+            preferred,
         } = prepared;
         // A response that is not stored goes back to its own client as it
         // came; it waits here while the executor records the failure.
@@ -171,7 +185,7 @@ impl<S: Store> Settings<S> {
         let executed = AtomicBool::new(false);
         let result = self
             .idem
-            .run(&id, fingerprint, |ctx| async {
+            .run_waiting(&id, fingerprint, Some(wait), |ctx| async {
                 if ctx.is_takeover() && !self.forward_takeovers {
                     return Err(Unstored::Takeover {
                         attempt: ctx.attempt(),
@@ -228,7 +242,14 @@ impl<S: Store> Settings<S> {
         let kept = unstored
             .into_inner()
             .unwrap_or_else(PoisonError::into_inner);
-        self.finish(self.answer(result, kept, executed.load(Ordering::Relaxed)))
+        let mut response = self.finish(self.answer(result, kept, executed.load(Ordering::Relaxed)));
+        if preferred {
+            let applied = format!("wait={}", wait.as_secs());
+            if let Ok(applied) = HeaderValue::from_str(&applied) {
+                response.headers_mut().insert(PREFERENCE_APPLIED, applied);
+            }
+        }
+        response
     }
 
     /// Adds the lifetime header to a covered response.
@@ -442,6 +463,26 @@ impl<S: Store> Settings<S> {
             build(&hashed).expect("a hashed route always makes a valid scope")
         })
     }
+}
+
+/// The `wait` preference of a request's `Prefer` headers (RFC 7240 §4.3:
+/// `wait=N`, N in seconds), if any. Other preferences, and a `wait` whose
+/// value is not a number, are ignored.
+fn preferred_wait(headers: &http::HeaderMap) -> Option<Duration> {
+    headers
+        .get_all("prefer")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .find_map(|preference| {
+            let token = preference.split(';').next()?;
+            let (name, value) = token.split_once('=')?;
+            if !name.trim().eq_ignore_ascii_case("wait") {
+                return None;
+            }
+            let value = value.trim().trim_matches('"');
+            value.parse::<u64>().ok().map(Duration::from_secs)
+        })
 }
 
 /// An error with its sources, as one line.

@@ -409,3 +409,95 @@ async fn the_tenant_is_the_verified_principal_not_the_token() {
     assert!(other.headers().get("idempotent-replayed").is_none());
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+/// Answers 201 after `delay`, counting its calls.
+fn slow(calls: &Arc<AtomicU32>, delay: Duration) -> Inner {
+    let calls = Arc::clone(calls);
+    BoxCloneService::new(service_fn(move |_: Request<Body>| {
+        let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            tokio::time::sleep(delay).await;
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .status(201)
+                    .body(Full::new(Bytes::from(format!("charge {n}"))))
+                    .expect("response"),
+            )
+        }
+    }))
+}
+
+fn prefer(key: &str, preference: &str) -> Request<Body> {
+    let mut request = post(key);
+    request
+        .headers_mut()
+        .insert("prefer", preference.parse().expect("header"));
+    request
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_that_prefers_to_wait_gets_the_outcome_when_it_is_stored() {
+    let layer = IdempotencyLayer::builder(MemoryStore::new())
+        .max_wait(Duration::from_secs(3))
+        .build()
+        .expect("layer");
+    let calls = Arc::new(AtomicU32::new(0));
+    let first = tokio::spawn(
+        layer
+            .layer(slow(&calls, Duration::from_millis(600)))
+            .oneshot(post("order-9")),
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // Without a preference: 409 at once.
+    let started = std::time::Instant::now();
+    let busy = layer
+        .layer(slow(&calls, Duration::ZERO))
+        .oneshot(post("order-9"))
+        .await
+        .expect("answered");
+    assert_eq!(busy.status(), StatusCode::CONFLICT);
+    assert!(started.elapsed() < Duration::from_millis(300));
+
+    // `Prefer: wait=100` (capped at 3 s): held until the response is
+    // stored, then replayed, well before its wait would end.
+    let started = std::time::Instant::now();
+    let waited = layer
+        .layer(slow(&calls, Duration::ZERO))
+        .oneshot(prefer("order-9", "respond-async, wait=100"))
+        .await
+        .expect("answered");
+    let took = started.elapsed();
+    assert_eq!(waited.status(), StatusCode::CREATED);
+    assert_eq!(waited.headers()["idempotent-replayed"], "true");
+    assert_eq!(waited.headers()["preference-applied"], "wait=3");
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    let body = waited.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(body, "charge 1");
+    assert_eq!(
+        first.await.expect("task").expect("answered").status(),
+        StatusCode::CREATED
+    );
+
+    // A wait shorter than the run: 409 when it ends.
+    let _long = tokio::spawn(
+        layer
+            .layer(slow(&calls, Duration::from_secs(3)))
+            .oneshot(post("order-10")),
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    let gave_up = layer
+        .layer(slow(&calls, Duration::ZERO))
+        .oneshot(prefer("order-10", "wait=1"))
+        .await
+        .expect("answered");
+    assert_eq!(gave_up.status(), StatusCode::CONFLICT);
+    assert_eq!(gave_up.headers()["preference-applied"], "wait=1");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_millis(2500),
+        "{took:?}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}

@@ -164,7 +164,10 @@ where
             let bytes = encode_input(&input, idem.max_journaled_bytes())
                 .map_err(|reason| RunError::Input { reason })?;
             let params = idem.claim_params(Some(Fingerprint::of_bytes(&bytes)));
-            match idem.acquire(&id, &params, idem.fails_open()).await {
+            match idem
+                .acquire(&id, &params, idem.fails_open(), idem.waits_for_in_flight())
+                .await
+            {
                 Ok(Claimed::Held { lease, sent }) => {
                     self.journal_input(&lease, bytes).await?;
                     idem.execute(&lease, sent, &params, |ctx| (inner.handler)(input, ctx))

@@ -728,9 +728,33 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         F: FnOnce(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        self.run_waiting(id, fingerprint, self.config.wait_for_in_flight, handler)
+            .await
+    }
+
+    /// [`run`](Self::run), waiting up to `wait` (instead of the configured
+    /// [`wait_for_in_flight`](IdempotencyBuilder::wait_for_in_flight)) for
+    /// the outcome of a duplicate that is in progress elsewhere: woken by
+    /// the store's notification where it has one, then claimed again; still
+    /// in progress when `wait` runs out is [`RunError::InProgress`]. `None`
+    /// or zero does not wait. Used for per-request waits such as HTTP's
+    /// `Prefer: wait=N`.
+    pub async fn run_waiting<T, E, F, Fut>(
+        &self,
+        id: &RecordId,
+        fingerprint: Option<Fingerprint>,
+        wait: Option<Duration>,
+        handler: F,
+    ) -> Result<Outcome<T>, RunError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        E: StdError + Send + Sync + 'static,
+        F: FnOnce(Context) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
         self.instrumented(id, async {
             let params = self.claim_params(fingerprint);
-            match self.acquire(id, &params, self.config.fail_open).await {
+            match self.acquire(id, &params, self.config.fail_open, wait).await {
                 Ok(Claimed::Held { lease, sent }) => {
                     self.execute(&lease, sent, &params, handler).await
                 }
@@ -790,6 +814,11 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         self.config.max_response_bytes
     }
 
+    /// How long runs wait for an in-flight duplicate by default.
+    pub(crate) fn waits_for_in_flight(&self) -> Option<Duration> {
+        self.config.wait_for_in_flight
+    }
+
     /// Whether runs go ahead unguarded when the store is unreachable.
     pub(crate) fn fails_open(&self) -> bool {
         self.config.fail_open
@@ -800,18 +829,16 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         self.config.journal.as_ref()
     }
 
-    /// Claims `id`, waiting for an in-flight duplicate if configured. A
+    /// Claims `id`, waiting up to `wait` for an in-flight duplicate. A
     /// store error with `fail_open` set is [`Claimed::Unguarded`].
     pub(crate) async fn acquire(
         &self,
         id: &RecordId,
         params: &ClaimParams,
         fail_open: bool,
+        wait: Option<Duration>,
     ) -> Result<Claimed, StoreError> {
-        let wait_until = self
-            .config
-            .wait_for_in_flight
-            .map(|w| deadline(Instant::now(), w));
+        let wait_until = wait.map(|w| deadline(Instant::now(), w));
         loop {
             let outcome = match self.claim_once(id, params).await {
                 Ok(Claimed::Answered(outcome)) => outcome,
