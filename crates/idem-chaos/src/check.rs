@@ -96,26 +96,7 @@ impl Report {
                 row
             })
             .collect();
-        let widths: Vec<usize> = header
-            .iter()
-            .enumerate()
-            .map(|(i, h)| rows.iter().map(|r| r[i].len()).fold(h.len(), usize::max))
-            .collect();
-        let line = |cells: Vec<&str>| {
-            let padded: Vec<String> = cells
-                .iter()
-                .zip(&widths)
-                .map(|(c, w)| format!("{c:>w$}"))
-                .collect();
-            format!("| {} |\n", padded.join(" | "))
-        };
-        let mut out = line(header.clone());
-        let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
-        out.push_str(&line(rule.iter().map(String::as_str).collect()));
-        for row in &rows {
-            out.push_str(&line(row.iter().map(String::as_str).collect()));
-        }
-        out
+        markdown_table(&header, &rows)
     }
 
     /// The violations, one per line (at most `limit`, then a count).
@@ -258,6 +239,30 @@ pub(crate) fn check_inbox_key(
     if !inbox_responded {
         flag("no inbox record with a response".into());
     }
+}
+
+/// A Markdown table with right-aligned, padded columns.
+pub(crate) fn markdown_table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let widths: Vec<usize> = header
+        .iter()
+        .enumerate()
+        .map(|(i, h)| rows.iter().map(|r| r[i].len()).fold(h.len(), usize::max))
+        .collect();
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:>w$}"))
+            .collect();
+        format!("| {} |\n", padded.join(" | "))
+    };
+    let mut out = line(header.to_vec());
+    let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+    out.push_str(&line(rule.iter().map(String::as_str).collect()));
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
 }
 
 #[cfg(test)]

@@ -32,9 +32,18 @@
 //!   accepted holder's write, stale holders' writes were refused; no live
 //!   lease is left.
 //!
+//! - **`http-sqlite`, `http-redis`**, the gateway (see [`http`]): client
+//!   processes retrying as API SDKs do through the fault proxy to an
+//!   `idem proxy` process that is SIGKILLed and restarted, in front of an
+//!   upstream with a ledger. Every key executed at most once, every 2xx is
+//!   that execution's response, no key left in progress, an unknown
+//!   outcome only where the gateway died mid-request or the upstream broke
+//!   its answer.
+//!
 //! `scripts/chaos` runs the long version; `tests/short.rs` a short one.
 
 mod check;
+pub mod http;
 mod run;
 pub mod worker;
 
@@ -54,11 +63,21 @@ pub enum Target {
     PgLease,
     /// The lease executor on the Redis store.
     RedisLease,
+    /// The HTTP gateway (`idem proxy`) on the embedded SQLite store.
+    HttpSqlite,
+    /// The HTTP gateway on Redis.
+    HttpRedis,
 }
 
 impl Target {
     /// Every target.
-    pub const ALL: [Target; 3] = [Target::PgInbox, Target::PgLease, Target::RedisLease];
+    pub const ALL: [Target; 5] = [
+        Target::PgInbox,
+        Target::PgLease,
+        Target::RedisLease,
+        Target::HttpSqlite,
+        Target::HttpRedis,
+    ];
 
     /// Its name on the command line and in reports.
     pub fn name(self) -> &'static str {
@@ -66,6 +85,8 @@ impl Target {
             Target::PgInbox => "pg-inbox",
             Target::PgLease => "pg-lease",
             Target::RedisLease => "redis-lease",
+            Target::HttpSqlite => "http-sqlite",
+            Target::HttpRedis => "http-redis",
         }
     }
 
@@ -74,9 +95,15 @@ impl Target {
         Self::ALL.into_iter().find(|t| t.name() == name)
     }
 
-    /// Whether the idem store is PostgreSQL (else Redis).
+    /// Whether the idem store is PostgreSQL.
     pub fn on_postgres(self) -> bool {
-        !matches!(self, Target::RedisLease)
+        matches!(self, Target::PgInbox | Target::PgLease)
+    }
+
+    /// Whether this is a run of the HTTP gateway ([`http::run`]) rather
+    /// than of workers behind a broker ([`run`]).
+    pub fn is_http(self) -> bool {
+        matches!(self, Target::HttpSqlite | Target::HttpRedis)
     }
 }
 
@@ -165,6 +192,9 @@ pub struct Plan {
     pub redis_append_only: bool,
     /// The `idem-chaos` binary, started in worker mode.
     pub worker_bin: PathBuf,
+    /// More `idem proxy` arguments for the gateway of an HTTP run (none by
+    /// default).
+    pub gateway_args: Vec<String>,
 }
 
 impl Plan {
@@ -186,6 +216,7 @@ impl Plan {
             settle_limit: Duration::from_secs(60),
             redis_append_only: true,
             worker_bin: worker_bin.into(),
+            gateway_args: Vec::new(),
         }
     }
 }

@@ -1,20 +1,23 @@
 //! `idem-chaos`: fault-injection runs against real stores, with a checker.
 //!
 //! ```text
-//! idem-chaos run [--target pg-inbox|pg-lease|redis-lease|all] [--seed N] [--keys N]
+//! idem-chaos run [--target pg-inbox|pg-lease|redis-lease|http-sqlite|http-redis|all]
+//!                [--seed N] [--keys N]
 //!                [--duplicates SHARE] [--workers K] [--duration 60s] [--fault-every 300ms]
 //!                [--faults kill,stop,restart,latency,blackhole,reset,cut]
 //! ```
 //!
-//! It prints a summary table per target and exits with status 1 if any
-//! run found a violation. `idem-chaos worker` is the worker mode the runs
-//! start; it is not meant to be run by hand.
+//! It prints a summary table (one for the worker targets, one for the
+//! HTTP targets) and exits with status 1 if any run found a violation.
+//! `idem-chaos worker`, `http-client` and `gateway` are the modes the runs
+//! start their processes in; they are not meant to be run by hand.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use idem_chaos::http::HttpReport;
 use idem_chaos::{FaultKind, Plan, Report, Target};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -35,11 +38,22 @@ enum Cmd {
     /// Worker mode, started by `run` (reads deliveries on stdin).
     #[command(hide = true)]
     Worker,
+    /// HTTP client mode, started by `run` (reads requests on stdin).
+    #[command(hide = true)]
+    HttpClient,
+    /// Gateway mode, started by `run`: the `idem` binary's own command
+    /// line (`gateway proxy --listen …`).
+    #[command(hide = true)]
+    Gateway {
+        /// The `idem` arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// pg-inbox, pg-lease, redis-lease, or all.
+    /// pg-inbox, pg-lease, redis-lease, http-sqlite, http-redis, or all.
     #[arg(long, default_value = "all")]
     target: String,
     /// Seeds the workload and the faults.
@@ -51,7 +65,7 @@ struct RunArgs {
     /// The share of deliveries that are duplicates (0 to 0.95).
     #[arg(long, default_value_t = 0.33)]
     duplicates: f64,
-    /// Worker processes.
+    /// Worker processes (HTTP targets: client processes).
     #[arg(long, default_value_t = 4)]
     workers: usize,
     /// Deliveries each worker works on at once.
@@ -85,6 +99,15 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Cmd::Worker => runtime.block_on(idem_chaos::worker::main()).map(|()| true),
+        Cmd::HttpClient => runtime
+            .block_on(idem_chaos::http::client::main())
+            .map(|()| true),
+        Cmd::Gateway { args } => {
+            idem_cli::Cli::try_parse_from(std::iter::once("idem".to_owned()).chain(args))
+                .map_err(anyhow::Error::from)
+                .and_then(|cli| runtime.block_on(idem_cli::run(cli)))
+                .map(|()| true)
+        }
         Cmd::Run(args) => runtime.block_on(run(args)),
     };
     match result {
@@ -104,7 +127,8 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
     } else {
         vec![Target::parse(&args.target).with_context(|| {
             format!(
-                "unknown target {:?} (pg-inbox, pg-lease, redis-lease, all)",
+                "unknown target {:?} (pg-inbox, pg-lease, redis-lease, http-sqlite, http-redis, \
+                 all)",
                 args.target
             )
         })?]
@@ -119,6 +143,7 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
     };
     let bin = std::env::current_exe().context("finding this binary")?;
     let mut reports = Vec::new();
+    let mut http_reports = Vec::new();
     for target in targets {
         let plan = Plan {
             seed: args.seed,
@@ -134,18 +159,28 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
         };
         let bar = ProgressBar::new(1);
         bar.set_style(
-            ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} acked {msg}")
+            ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} answered {msg}")
                 .context("progress template")?,
         );
         bar.set_prefix(target.name());
-        let report = idem_chaos::run(&plan, |p| {
+        let show = |p: idem_chaos::Progress| {
             bar.set_length(p.deliveries as u64);
             bar.set_position(p.acked as u64);
             let phase = if p.faulting { "faulting" } else { "settling" };
             bar.set_message(format!("{} faults, {phase}", p.faults));
-        })
-        .await
-        .with_context(|| format!("running {}", target.name()))?;
+        };
+        if target.is_http() {
+            let report = idem_chaos::http::run(&plan, show)
+                .await
+                .with_context(|| format!("running {}", target.name()))?;
+            bar.finish_and_clear();
+            eprint!("{}", report.violation_lines(20));
+            http_reports.push(report);
+            continue;
+        }
+        let report = idem_chaos::run(&plan, show)
+            .await
+            .with_context(|| format!("running {}", target.name()))?;
         bar.finish_and_clear();
         eprint!("{}", report.violation_lines(20));
         if !report.violations.is_empty() {
@@ -157,8 +192,18 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
         }
         reports.push(report);
     }
-    let table = Report::table(&reports);
-    std::io::Write::write_all(&mut std::io::stdout(), table.as_bytes())
+    let mut tables = String::new();
+    if !reports.is_empty() {
+        tables.push_str(&Report::table(&reports));
+    }
+    if !http_reports.is_empty() {
+        if !tables.is_empty() {
+            tables.push('\n');
+        }
+        tables.push_str(&HttpReport::table(&http_reports));
+    }
+    std::io::Write::write_all(&mut std::io::stdout(), tables.as_bytes())
         .context("writing the table")?;
-    Ok(reports.iter().all(|r| r.violations.is_empty()))
+    Ok(reports.iter().all(|r| r.violations.is_empty())
+        && http_reports.iter().all(|r| r.violations.is_empty()))
 }

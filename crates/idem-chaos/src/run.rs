@@ -103,6 +103,9 @@ pub async fn run(plan: &Plan, progress: impl Fn(Progress)) -> Result<Report, Cha
 
 fn validate(plan: &Plan) -> Result<(), ChaosError> {
     let bad = |why: &str| Err(ChaosError::Plan(why.to_owned()));
+    if plan.target.is_http() {
+        return bad("HTTP targets are run by idem_chaos::http::run");
+    }
     if plan.keys == 0 || plan.workers == 0 || plan.inflight == 0 {
         return bad("keys, workers and inflight must be at least 1");
     }
@@ -971,6 +974,7 @@ async fn collect_evidence(
                 });
             }
         }
+        Target::HttpSqlite | Target::HttpRedis => {}
     }
     report.violations.append(&mut violations);
     Ok(())

@@ -238,6 +238,9 @@ impl Worker {
                 pool: pool(&config.store_url, config.inflight)?,
                 inbox: Inbox::new(Duration::from_secs(3600)),
             })),
+            Target::HttpSqlite | Target::HttpRedis => {
+                anyhow::bail!("{} has no workers", config.target.name())
+            }
         })
     }
 

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use idem_chaos::http::{self, HttpReport};
 use idem_chaos::{FaultKind, Plan, Report, Target};
 
 async fn short_run(target: Target) -> Report {
@@ -83,6 +84,77 @@ async fn a_store_that_forgets_is_caught() {
             .iter()
             .any(|v| v.what.contains("completions were acknowledged")),
         "a restart that loses acknowledged completions must be reported: {:?}",
+        report.violations
+    );
+}
+
+async fn short_http_run(target: Target) -> HttpReport {
+    let plan = Plan {
+        seed: 11,
+        duration: Duration::from_secs(7),
+        fault_every: Duration::from_millis(250),
+        ..Plan::new(target, env!("CARGO_BIN_EXE_idem-chaos"))
+    };
+    let report = http::run(&plan, |_| {})
+        .await
+        .expect("the run itself works");
+    eprint!("{}", HttpReport::table(std::slice::from_ref(&report)));
+    assert!(
+        report.violations.is_empty(),
+        "violations:\n{}",
+        report.violation_lines(50)
+    );
+    for kind in http::FAULTS {
+        assert!(
+            report.faults_of(kind) >= 1,
+            "no {} fault was injected: {:?}",
+            kind.name(),
+            report.faults
+        );
+    }
+    assert!(report.timeouts > 0, "some clients timed out mid-request");
+    assert!(report.executions <= report.keys as u64);
+    assert!(
+        report.answered_ok > report.keys as u64,
+        "duplicates got replays"
+    );
+    report
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_on_sqlite_executes_each_key_at_most_once_under_faults() {
+    short_http_run(Target::HttpSqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_on_redis_executes_each_key_at_most_once_under_faults() {
+    short_http_run(Target::HttpRedis).await;
+}
+
+/// The HTTP checker can fail: a gateway told to forward takeovers sends a
+/// killed gateway's requests to the upstream again, and the upstream's
+/// ledger shows keys executed twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_that_sends_requests_again_is_caught() {
+    let plan = Plan {
+        seed: 3,
+        keys: 200,
+        duration: Duration::from_secs(6),
+        fault_every: Duration::from_millis(500),
+        faults: vec![FaultKind::Kill],
+        gateway_args: vec!["--forward-takeovers".into(), "true".into()],
+        ..Plan::new(Target::HttpSqlite, env!("CARGO_BIN_EXE_idem-chaos"))
+    };
+    let report = http::run(&plan, |_| {})
+        .await
+        .expect("the run itself works");
+    assert!(report.faults_of(FaultKind::Kill) >= 2);
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.what.contains("the upstream executed it 2 times")),
+        "a key sent to the upstream twice must be reported: {:?}",
         report.violations
     );
 }

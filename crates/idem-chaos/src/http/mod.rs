@@ -1,0 +1,740 @@
+//! HTTP runs: the gateway where users meet it, under faults.
+//!
+//! K client **processes** send a workload of N keys (a share of the
+//! requests duplicates, some concurrent, some much later) through the fault
+//! proxy to an `idem proxy` **process** (this crate's binary in gateway
+//! mode, which runs the `idem` binary's own code), in front of an upstream
+//! that applies each request's effect at once, appends it to an fsynced
+//! ledger, and answers after a seeded delay. Clients retry with the same
+//! key as API SDKs do (see [`client`]).
+//!
+//! Faults, seeded:
+//!
+//! - in the workload: client timeouts shorter than the upstream (the
+//!   client gives up on the connection mid-request and retries), upstream
+//!   answers slower than the gateway's upstream timeout, and upstream
+//!   answers broken off midway;
+//! - `kill`: the gateway SIGKILLed (by PID) with requests in flight, and
+//!   started again on the same port after 0.1–0.5 s;
+//! - `latency`, `blackhole`, `reset`, `cut` at the proxy between clients
+//!   and gateway (answers delayed, held, connections reset, answers cut
+//!   off midway).
+//!
+//! After the fault phase every key gets one more request (after a lease,
+//! so claims left by a dead gateway have run out), and the checker proves
+//! for every key: the upstream executed it at most once; every client
+//! that got a 2xx got that one execution's response; it ended completed,
+//! or failed with an unknown outcome only where the gateway died while it
+//! was in progress or the upstream broke its answer on purpose; and no
+//! record is left in progress.
+
+mod check;
+pub mod client;
+mod upstream;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use idem::{GetRecord, Key, ListQuery, ListRecords, RecordId, Scope, StateKind};
+use idem_cli::store::{AnyStore, StoreUrl};
+use idem_testkit::proxy::FaultProxy;
+use idem_testkit::redis::RedisServer;
+use idem_testkit::{free_port, ServerError};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::mpsc;
+
+pub use check::HttpReport;
+
+use crate::check::Violation;
+use crate::run::{ChaosError, Progress};
+use crate::{FaultKind, Plan, Target};
+use check::Answer;
+use upstream::Upstream;
+
+/// The faults an HTTP run injects (workload faults are always on).
+pub const FAULTS: [FaultKind; 5] = [
+    FaultKind::Kill,
+    FaultKind::Latency,
+    FaultKind::Blackhole,
+    FaultKind::Reset,
+    FaultKind::Cut,
+];
+
+/// The scope the gateway gives the run's requests.
+const SCOPE: &str = "http POST /charges";
+/// How long the gateway lets the upstream take.
+const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(1);
+
+fn harness(what: impl std::fmt::Display) -> ChaosError {
+    ChaosError::Harness(what.to_string())
+}
+
+fn server(what: &'static str) -> impl FnOnce(ServerError) -> ChaosError {
+    move |source| ChaosError::Server { what, source }
+}
+
+/// Runs `plan` (an HTTP target) and checks it.
+pub async fn run(plan: &Plan, progress: impl Fn(Progress)) -> Result<HttpReport, ChaosError> {
+    if !plan.target.is_http() {
+        return Err(ChaosError::Plan(format!(
+            "{} is not an HTTP target",
+            plan.target.name()
+        )));
+    }
+    let dir = std::env::temp_dir().join(format!(
+        "idem-chaos-http-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).map_err(harness)?;
+    let (redis, store_url) = match plan.target {
+        Target::HttpRedis => {
+            let redis = tokio::task::spawn_blocking(|| {
+                RedisServer::start_with(
+                    free_port()?,
+                    &["--appendonly", "yes", "--appendfsync", "always"],
+                )
+            })
+            .await
+            .map_err(harness)?
+            .map_err(server("Redis"))?;
+            let url = redis.url();
+            (Some(redis), url)
+        }
+        _ => (None, format!("sqlite:{}", dir.join("idem.db").display())),
+    };
+    let upstream = Upstream::start(&dir.join("upstream.log")).await?;
+    let port = free_port().map_err(server("gateway port"))?;
+    let proxy = FaultProxy::start(([127, 0, 0, 1], port).into())
+        .await
+        .map_err(server("fault proxy"))?;
+    let mut run = Run::new(plan, dir.clone(), &store_url, port, upstream.clone());
+    let outcome = run.drive(plan, &proxy, &progress).await;
+    run.stop().await;
+    let mut report = outcome?;
+    run.check(&store_url, &upstream, &mut report).await?;
+    drop(redis);
+    if report.violations.is_empty() {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        report.violations.push(Violation {
+            key: None,
+            what: format!("ledger and logs kept in {}", dir.display()),
+        });
+    }
+    Ok(report)
+}
+
+/// One request of the workload.
+struct Job {
+    key: usize,
+    timeout_ms: u64,
+    delay_ms: u64,
+    fault: &'static str,
+    client: Option<usize>,
+    answered: bool,
+}
+
+struct ClientProc {
+    child: Child,
+    stdin: ChildStdin,
+    outstanding: HashSet<usize>,
+}
+
+struct GatewayProc {
+    child: Child,
+    pid: Pid,
+}
+
+/// The processes of a run, the workload and what came back.
+struct Run {
+    bin: PathBuf,
+    dir: PathBuf,
+    store_url: String,
+    port: u16,
+    lease: Duration,
+    gateway_args: Vec<String>,
+    upstream: Upstream,
+    gateway: Option<GatewayProc>,
+    gateways_started: u64,
+    restart_at: Option<Instant>,
+    clients: Vec<ClientProc>,
+    events: mpsc::UnboundedReceiver<(usize, Option<String>)>,
+    events_tx: mpsc::UnboundedSender<(usize, Option<String>)>,
+    keys: Vec<String>,
+    jobs: Vec<Job>,
+    pending: Vec<usize>,
+    published: usize,
+    answered: usize,
+    answers: Vec<Answer>,
+    /// Keys in progress in the store right after a gateway was killed.
+    in_doubt: BTreeSet<String>,
+    report: HttpReport,
+}
+
+impl Run {
+    fn new(plan: &Plan, dir: PathBuf, store_url: &str, port: u16, upstream: Upstream) -> Self {
+        let mut rng = StdRng::seed_from_u64(plan.seed);
+        let keys: Vec<String> = (0..plan.keys).map(|i| format!("k{i:06}")).collect();
+        let extra = ((plan.keys as f64) * plan.duplicates / (1.0 - plan.duplicates)).round();
+        let extra = extra as usize;
+        let mut order: Vec<usize> = (0..plan.keys).collect();
+        order.extend((0..extra).map(|_| rng.random_range(0..plan.keys)));
+        order.shuffle(&mut rng);
+        let jobs = order
+            .into_iter()
+            .map(|key| {
+                // A third of the clients time out before the upstream
+                // answers; a few answers come later than the gateway
+                // waits, or break off midway.
+                let timeout_ms = if rng.random_bool(0.35) {
+                    rng.random_range(100..400)
+                } else {
+                    3_000
+                };
+                let roll = rng.random_range(0..100);
+                let (delay_ms, fault) = match roll {
+                    0..4 => (1_300, "slow"),
+                    4..8 => (rng.random_range(20..300), "reset"),
+                    _ => (rng.random_range(20..600), "none"),
+                };
+                Job {
+                    key,
+                    timeout_ms,
+                    delay_ms,
+                    fault,
+                    client: None,
+                    answered: false,
+                }
+            })
+            .collect::<Vec<_>>();
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let report = HttpReport {
+            target: plan.target,
+            seed: plan.seed,
+            keys: plan.keys,
+            requests: jobs.len() + plan.keys,
+            duplicates: extra,
+            attempts: 0,
+            timeouts: 0,
+            executions: 0,
+            answered_ok: 0,
+            answered_unknown: 0,
+            gave_up: 0,
+            unknown_keys: 0,
+            faults: BTreeMap::new(),
+            elapsed: Duration::ZERO,
+            violations: Vec::new(),
+        };
+        Self {
+            bin: plan.worker_bin.clone(),
+            dir,
+            store_url: store_url.to_owned(),
+            port,
+            lease: plan.lease,
+            gateway_args: plan.gateway_args.clone(),
+            upstream,
+            gateway: None,
+            gateways_started: 0,
+            restart_at: None,
+            clients: Vec::new(),
+            events,
+            events_tx,
+            keys,
+            jobs,
+            pending: Vec::new(),
+            published: 0,
+            answered: 0,
+            answers: Vec::new(),
+            in_doubt: BTreeSet::new(),
+            report,
+        }
+    }
+
+    fn gateway_port(&self) -> u16 {
+        self.port
+    }
+
+    /// Starts a gateway process and waits until it accepts connections.
+    async fn start_gateway(&mut self) -> Result<(), ChaosError> {
+        let n = self.gateways_started;
+        self.gateways_started += 1;
+        let log = self.dir.join(format!("gateway-{n}.err"));
+        let stderr = File::create(&log).map_err(harness)?;
+        let upstream = format!("http://{}", self.upstream.addr());
+        let listen = format!("127.0.0.1:{}", self.gateway_port());
+        let lease = format!("{}ms", self.lease.as_millis());
+        let timeout = format!("{}ms", UPSTREAM_TIMEOUT.as_millis());
+        let child = Command::new(&self.bin)
+            .arg("gateway")
+            .args(["proxy", "--listen", &listen, "--upstream", &upstream])
+            .args(["--store", &self.store_url, "--admin-listen", "off"])
+            .args(["--lease", &lease, "--upstream-timeout", &timeout])
+            .args(["--retention", "1h"])
+            .args(&self.gateway_args)
+            .env("IDEM_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| harness(format!("starting the gateway: {e}")))?;
+        let pid = child
+            .id()
+            .and_then(|p| i32::try_from(p).ok())
+            .filter(|p| *p > 0)
+            .ok_or_else(|| harness("a gateway without a PID"))?;
+        self.gateway = Some(GatewayProc {
+            child,
+            pid: Pid::from_raw(pid),
+        });
+        let started = Instant::now();
+        while tokio::net::TcpStream::connect(&listen).await.is_err() {
+            if let Some(gateway) = self.gateway.as_mut() {
+                if let Ok(Some(status)) = gateway.child.try_wait() {
+                    return Err(harness(format!(
+                        "the gateway exited at start ({status}); see {}",
+                        log.display()
+                    )));
+                }
+            }
+            if started.elapsed() > Duration::from_secs(20) {
+                return Err(harness("the gateway did not start listening within 20 s"));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+
+    /// SIGKILLs the gateway and notes which keys it left in progress.
+    async fn kill_gateway(&mut self, store: &AnyStore) -> Result<(), ChaosError> {
+        if let Some(mut gateway) = self.gateway.take() {
+            let _ = gateway.child.kill().await;
+        }
+        let scope = Scope::new(SCOPE).map_err(harness)?;
+        let mut query = ListQuery::new(1_000_000);
+        query.state = Some(StateKind::InProgress);
+        query.scope = Some(scope);
+        let page = store.list(&query).await.map_err(harness)?;
+        self.in_doubt
+            .extend(page.records.into_iter().map(|(id, _)| id.key().to_string()));
+        Ok(())
+    }
+
+    fn spawn_clients(&mut self, count: usize, gateway: &str) -> Result<(), ChaosError> {
+        for slot in 0..count {
+            let log = self.dir.join(format!("client-{slot}.err"));
+            let stderr = File::create(&log).map_err(harness)?;
+            let mut child = Command::new(&self.bin)
+                .arg("http-client")
+                .env(client::GATEWAY_ENV, gateway)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(stderr)
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| harness(format!("starting a client: {e}")))?;
+            let stdin = child.stdin.take().ok_or_else(|| harness("no stdin pipe"))?;
+            let stdout = child
+                .stdout
+                .take()
+                .ok_or_else(|| harness("no stdout pipe"))?;
+            let events = self.events_tx.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stdout).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let _ = events.send((slot, Some(line)));
+                }
+                let _ = events.send((slot, None));
+            });
+            self.clients.push(ClientProc {
+                child,
+                stdin,
+                outstanding: HashSet::new(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Takes a client's answer line.
+    fn take(&mut self, slot: usize, line: Option<String>) {
+        let Some(line) = line else {
+            self.report.violations.push(Violation {
+                key: None,
+                what: format!("client {slot} exited on its own"),
+            });
+            return;
+        };
+        let parts: Vec<&str> = line.split(' ').collect();
+        let [tag, job, attempts, timeouts, status, exec, problem] = parts[..] else {
+            return;
+        };
+        let (Ok(job), Ok(attempts), Ok(timeouts), Ok(status)) = (
+            job.parse::<usize>(),
+            attempts.parse::<u64>(),
+            timeouts.parse::<u64>(),
+            status.parse::<u16>(),
+        ) else {
+            return;
+        };
+        if tag != "R" {
+            return;
+        }
+        if let Some(client) = self.clients.get_mut(slot) {
+            client.outstanding.remove(&job);
+        }
+        let key = if job < self.jobs.len() {
+            if std::mem::replace(&mut self.jobs[job].answered, true) {
+                return;
+            }
+            self.keys[self.jobs[job].key].clone()
+        } else {
+            self.keys[job - self.jobs.len()].clone()
+        };
+        self.answered += 1;
+        self.report.attempts += attempts;
+        self.report.timeouts += timeouts;
+        match status {
+            0 => self.report.gave_up += 1,
+            200..=299 => self.report.answered_ok += 1,
+            _ => {}
+        }
+        let problem = (problem != "-").then(|| problem.to_owned());
+        if problem.as_deref() == Some("outcome-unknown") {
+            self.report.answered_unknown += 1;
+        }
+        self.answers.push(Answer {
+            key,
+            status,
+            exec: exec.parse().ok(),
+            problem,
+        });
+    }
+
+    /// Sends ready jobs to clients with room.
+    async fn dispatch(&mut self, inflight: usize) {
+        while let Some(&job) = self.pending.first() {
+            let Some(slot) = (0..self.clients.len())
+                .filter(|&s| self.clients[s].outstanding.len() < inflight)
+                .min_by_key(|&s| self.clients[s].outstanding.len())
+            else {
+                return;
+            };
+            self.pending.remove(0);
+            let line = if job < self.jobs.len() {
+                let j = &mut self.jobs[job];
+                j.client = Some(slot);
+                format!(
+                    "J {job} {} {} {} {}\n",
+                    self.keys[j.key], j.timeout_ms, j.delay_ms, j.fault
+                )
+            } else {
+                // The settling request of one key: patient, no fault.
+                format!("J {job} {} 5000 0 none\n", self.keys[job - self.jobs.len()])
+            };
+            let client = &mut self.clients[slot];
+            client.outstanding.insert(job);
+            let _ = client.stdin.write_all(line.as_bytes()).await;
+        }
+    }
+
+    async fn drive(
+        &mut self,
+        plan: &Plan,
+        proxy: &FaultProxy,
+        progress: &impl Fn(Progress),
+    ) -> Result<HttpReport, ChaosError> {
+        self.start_gateway().await?;
+        let store = self
+            .store_url
+            .parse::<StoreUrl>()
+            .map_err(harness)?
+            .open()
+            .await
+            .map_err(harness)?;
+        self.spawn_clients(plan.workers, &format!("http://{}", proxy.addr()))?;
+        let kinds: Vec<FaultKind> = plan
+            .faults
+            .iter()
+            .copied()
+            .filter(|k| FAULTS.contains(k))
+            .collect();
+        let mut injector = Injector::new(plan, kinds);
+        let start = Instant::now();
+        let fault_end = start + plan.duration;
+        let total = self.jobs.len();
+        let mut tick = tokio::time::interval(Duration::from_millis(5));
+        let mut shown = start;
+        let mut settling_from: Option<Instant> = None;
+        loop {
+            tokio::select! {
+                Some((slot, line)) = self.events.recv() => self.take(slot, line),
+                _ = tick.tick() => {}
+            }
+            let now = Instant::now();
+            let due = if now >= fault_end {
+                total
+            } else {
+                let share = now.duration_since(start).as_secs_f64() / plan.duration.as_secs_f64();
+                ((total as f64) * share) as usize
+            };
+            while self.published < due.min(total) {
+                self.pending.push(self.published);
+                self.published += 1;
+            }
+            self.watch_gateway().await?;
+            if now < fault_end {
+                injector.step(now, self, &store, proxy).await?;
+            } else {
+                injector.heal(proxy);
+            }
+            if self
+                .restart_at
+                .is_some_and(|at| now >= at || now >= fault_end)
+            {
+                self.restart_at = None;
+                self.start_gateway().await?;
+            }
+            self.dispatch(plan.inflight).await;
+            if now.duration_since(shown) > Duration::from_millis(250) {
+                shown = now;
+                progress(Progress {
+                    acked: self.answered,
+                    deliveries: total + self.keys.len(),
+                    faults: injector.counts.values().sum(),
+                    faulting: now < fault_end,
+                });
+            }
+            // Every workload request answered: after a lease, so claims a
+            // dead gateway left have run out, every key gets one more.
+            if now >= fault_end && self.answered == total && self.gateway.is_some() {
+                match settling_from {
+                    None => settling_from = Some(now + self.lease + Duration::from_millis(300)),
+                    Some(at) if now >= at && self.published == total => {
+                        self.pending.extend(total..total + self.keys.len());
+                        self.published += self.keys.len();
+                    }
+                    _ => {}
+                }
+            }
+            if self.answered == total + self.keys.len() {
+                break;
+            }
+            if now >= fault_end + plan.settle_limit {
+                self.report.violations.push(Violation {
+                    key: None,
+                    what: format!(
+                        "{} of {} requests never answered within {:?} of the faults ending",
+                        total + self.keys.len() - self.answered,
+                        total + self.keys.len(),
+                        plan.settle_limit
+                    ),
+                });
+                break;
+            }
+        }
+        let mut report = self.report.clone();
+        report.elapsed = start.elapsed();
+        report.faults = injector.counts;
+        Ok(report)
+    }
+
+    /// A gateway that exited without being killed is a violation; it is
+    /// started again.
+    async fn watch_gateway(&mut self) -> Result<(), ChaosError> {
+        let exited = match self.gateway.as_mut() {
+            Some(gateway) => gateway.child.try_wait().map_err(harness)?,
+            None => None,
+        };
+        if let Some(status) = exited {
+            self.gateway = None;
+            self.report.violations.push(Violation {
+                key: None,
+                what: format!("the gateway exited on its own ({status})"),
+            });
+            self.start_gateway().await?;
+        }
+        Ok(())
+    }
+
+    /// Stops the gateway as an operator would (SIGTERM: it finishes what
+    /// is in flight) and the clients.
+    async fn stop(&mut self) {
+        if let Some(mut gateway) = self.gateway.take() {
+            let _ = kill(gateway.pid, Signal::SIGTERM);
+            let stopped = tokio::time::timeout(Duration::from_secs(15), gateway.child.wait()).await;
+            if !matches!(stopped, Ok(Ok(status)) if status.success()) {
+                self.report.violations.push(Violation {
+                    key: None,
+                    what: format!("the gateway did not stop cleanly on SIGTERM: {stopped:?}"),
+                });
+                let _ = gateway.child.kill().await;
+            }
+        }
+        for mut client in self.clients.drain(..) {
+            let _ = client.child.kill().await;
+        }
+    }
+
+    /// Reads the store and the ledger and checks every key.
+    async fn check(
+        &mut self,
+        store_url: &str,
+        upstream: &Upstream,
+        report: &mut HttpReport,
+    ) -> Result<(), ChaosError> {
+        report.violations.append(&mut self.report.violations);
+        let store = store_url
+            .parse::<StoreUrl>()
+            .map_err(harness)?
+            .open()
+            .await
+            .map_err(harness)?;
+        let executions = upstream.executions();
+        report.executions = executions.values().map(|e| e.len() as u64).sum();
+        let broken: HashSet<String> = upstream.broken().into_iter().collect();
+        let mut answers: HashMap<&str, Vec<&Answer>> = HashMap::new();
+        for answer in &self.answers {
+            answers.entry(answer.key.as_str()).or_default().push(answer);
+        }
+        let scope = Scope::new(SCOPE).map_err(harness)?;
+        for key in &self.keys {
+            let id = RecordId::new(scope.clone(), Key::new(key).map_err(harness)?);
+            let record = store.get(&id).await.map_err(harness)?;
+            if let Some(idem::State::Failed { failure }) = record.as_ref().map(|r| &r.state) {
+                if failure.class == idem::FailureClass::Unknown {
+                    report.unknown_keys += 1;
+                }
+            }
+            check::check_key(
+                key,
+                executions.get(key).map_or(&[][..], Vec::as_slice),
+                answers.get(key.as_str()).map_or(&[][..], Vec::as_slice),
+                record.as_ref(),
+                self.in_doubt.contains(key) || broken.contains(key),
+                &mut report.violations,
+            );
+        }
+        let stray: Vec<&String> = executions
+            .keys()
+            .filter(|k| !check::answered_keys(&self.answers).contains(k.as_str()))
+            .collect();
+        if !stray.is_empty() {
+            report.violations.push(Violation {
+                key: None,
+                what: format!("executions of keys no client sent: {stray:?}"),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Injects seeded faults and lifts the timed ones.
+struct Injector {
+    rng: StdRng,
+    kinds: Vec<FaultKind>,
+    deck: Vec<FaultKind>,
+    next: Instant,
+    mean: Duration,
+    counts: BTreeMap<FaultKind, u64>,
+    timed: Vec<(Instant, FaultKind)>,
+}
+
+impl Injector {
+    fn new(plan: &Plan, kinds: Vec<FaultKind>) -> Self {
+        let mut rng = StdRng::seed_from_u64(plan.seed ^ 0x6874_7470);
+        let next = Instant::now() + plan.fault_every.mul_f64(rng.random_range(0.5..1.5));
+        Self {
+            rng,
+            kinds,
+            deck: Vec::new(),
+            next,
+            mean: plan.fault_every,
+            counts: BTreeMap::new(),
+            timed: Vec::new(),
+        }
+    }
+
+    fn millis(&mut self, range: std::ops::Range<u64>) -> Duration {
+        Duration::from_millis(self.rng.random_range(range))
+    }
+
+    async fn step(
+        &mut self,
+        now: Instant,
+        run: &mut Run,
+        store: &AnyStore,
+        proxy: &FaultProxy,
+    ) -> Result<(), ChaosError> {
+        let (over, left): (Vec<_>, Vec<_>) = self.timed.iter().partition(|(end, _)| now >= *end);
+        self.timed = left;
+        for (_, kind) in over {
+            match kind {
+                FaultKind::Latency => proxy.set_delay(Duration::ZERO),
+                FaultKind::Blackhole => proxy.set_blackhole(false),
+                FaultKind::Cut => proxy.set_cut_after(None),
+                _ => {}
+            }
+        }
+        if now < self.next || self.kinds.is_empty() {
+            return Ok(());
+        }
+        self.next = now + self.mean.mul_f64(self.rng.random_range(0.5..1.5));
+        if self.deck.is_empty() {
+            self.deck = self.kinds.clone();
+            self.deck.shuffle(&mut self.rng);
+        }
+        let Some(kind) = self.deck.pop() else {
+            return Ok(());
+        };
+        let down = self.millis(100..500);
+        let applied = match kind {
+            FaultKind::Kill if run.gateway.is_some() => {
+                run.kill_gateway(store).await?;
+                run.restart_at = Some(Instant::now() + down);
+                true
+            }
+            FaultKind::Latency => {
+                let (delay, end) = (self.millis(5..60), self.millis(300..1500));
+                proxy.set_delay(delay);
+                self.timed.push((now + end, kind));
+                true
+            }
+            FaultKind::Blackhole => {
+                let end = self.millis(300..1500);
+                proxy.set_blackhole(true);
+                self.timed.push((now + end, kind));
+                true
+            }
+            FaultKind::Reset => {
+                proxy.reset_all();
+                true
+            }
+            FaultKind::Cut => {
+                let (bytes, end) = (self.rng.random_range(1..200), self.millis(100..500));
+                proxy.set_cut_after(Some(bytes));
+                self.timed.push((now + end, kind));
+                true
+            }
+            _ => false,
+        };
+        if applied {
+            *self.counts.entry(kind).or_insert(0) += 1;
+        }
+        Ok(())
+    }
+
+    fn heal(&mut self, proxy: &FaultProxy) {
+        self.timed.clear();
+        proxy.heal();
+    }
+}
