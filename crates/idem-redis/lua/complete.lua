@@ -9,5 +9,6 @@ local function complete(key, token, response, retention, grace)
   r.lu, r.tk, r.fc, r.fm = 0, '', '', ''
   save(key, r, 'rs', response)
   keep_until(key, r.ex, tonumber(grace))
+  ended(key)
   return 1
 end

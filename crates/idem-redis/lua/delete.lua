@@ -15,4 +15,5 @@ redis.call('DEL', key)
 save(key, {st = 'x', at = 0, fe = r.fe, ca = now, ua = now, ex = now, lu = 0,
   tk = '', fp = '', fc = '', fm = '', s = '', k = ''})
 keep_until(key, now, tonumber(ARGV[1]))
+ended(key)
 return live

@@ -14,5 +14,6 @@ local function fail(key, token, class, message, retention, grace)
   r.lu, r.tk = 0, ''
   save(key, r)
   keep_until(key, r.ex, tonumber(grace))
+  ended(key)
   return 1
 end

@@ -74,6 +74,13 @@ local function keep_until(key, ex, grace)
   redis.call('PEXPIREAT', key, int(ex + grace))
 end
 
+-- Tells waiters (src/notify.rs) that the record at `key` has left "in
+-- progress": a publish on its own channel, which carries its hash tag.
+-- Cheap with nobody subscribed.
+local function ended(key)
+  redis.call('PUBLISH', key .. ':done', '')
+end
+
 -- The record, or nil when it does not carry `token` in a live lease
 -- (taken over, finished, deleted, expired).
 local function held(key, token)

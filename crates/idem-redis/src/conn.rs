@@ -379,9 +379,9 @@ impl Server {
     }
 }
 
-/// A self-reconnecting connection to the server at `url`.
-async fn manager(url: &str, options: &Options) -> RedisResult<ConnectionManager> {
-    let client = match &options.tls_roots {
+/// A client for the server at `url`, with TLS roots if given.
+pub(crate) fn client(url: &str, options: &Options) -> RedisResult<redis::Client> {
+    match &options.tls_roots {
         #[cfg(feature = "tls")]
         Some(roots) => redis::Client::build_with_tls(
             url,
@@ -389,9 +389,14 @@ async fn manager(url: &str, options: &Options) -> RedisResult<ConnectionManager>
                 client_tls: None,
                 root_cert: Some(roots.clone()),
             },
-        )?,
-        _ => redis::Client::open(url)?,
-    };
+        ),
+        _ => redis::Client::open(url),
+    }
+}
+
+/// A self-reconnecting connection to the server at `url`.
+async fn manager(url: &str, options: &Options) -> RedisResult<ConnectionManager> {
+    let client = client(url, options)?;
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(options.connect))
         .set_response_timeout(Some(options.response))
@@ -496,7 +501,7 @@ impl Conn {
     }
 }
 
-fn timeout_error(what: &str) -> RedisError {
+pub(crate) fn timeout_error(what: &str) -> RedisError {
     RedisError::from(std::io::Error::new(
         std::io::ErrorKind::TimedOut,
         format!("timed out {what}"),

@@ -35,6 +35,13 @@
 //!   made by the client (a random per-store instance id and a counter) and
 //!   fences rise per key from the record itself, or from the server clock
 //!   in microseconds once the record is gone.
+//! - **Waiters are woken, not polling.** A duplicate that waits for an
+//!   in-flight run (`wait_for_in_flight`, HTTP `Prefer: wait`) subscribes
+//!   to its record's channel, which the scripts that end a claim publish
+//!   on (`<record key>:done`, carrying the hash tag, so it works on a
+//!   Cluster too). One pub/sub connection per store, opened on first wait;
+//!   a read each second stays underneath as a safety net, and without
+//!   pub/sub the wait polls.
 //! - **Fails fast.** Connect and response timeouts are bounded, so a dead
 //!   server is a [`StoreError::Unavailable`] within about a second, and the
 //!   connection recovers on its own when the server returns.
@@ -87,12 +94,14 @@ use sha2::{Digest, Sha256};
 mod batch;
 mod cache;
 mod conn;
+mod notify;
 mod record;
 mod scripts;
 mod slots;
 
 use batch::{Batcher, Call, Op};
 use conn::{store_error, Conn, Options, Target};
+use notify::Notifier;
 use scripts::Scripts;
 
 pub use cache::RedisReplayCache;
@@ -224,6 +233,11 @@ impl RedisStoreBuilder {
                 url: conn::redact(&self.url),
                 source,
             })?;
+        let notify_at = match &self.target {
+            Target::Standalone(url) => url.clone(),
+            Target::Cluster { nodes, .. } => nodes.first().cloned().unwrap_or_default(),
+        };
+        let notifier = Notifier::new(notify_at, self.options.clone());
         let batcher = match &conn {
             Conn::Standalone(server) => {
                 warn_if_evicting(&conn).await;
@@ -240,6 +254,7 @@ impl RedisStoreBuilder {
                 tokens: TokenMint::new(),
                 scripts: Scripts::new(),
                 batcher,
+                notifier,
             }),
         })
     }
@@ -286,6 +301,8 @@ struct Inner {
     /// Sends the primitives in batches (a single server, unless turned
     /// off).
     batcher: Option<Arc<Batcher>>,
+    /// Wakes callers waiting for a record's outcome.
+    notifier: Notifier,
 }
 
 impl RedisStore {
@@ -716,21 +733,24 @@ impl Store for RedisStore {
         written(&lease.id, reply)
     }
 
-    /// Polls the record's state with a backoff (5 ms doubling to 200 ms)
-    /// until it is no longer in progress, or `timeout` passes. The caller
-    /// claims again either way; the claim decides.
+    /// Waits for the record's end to be published (see [`notify`]) or
+    /// `timeout`; returns at once if the record is not in progress. The
+    /// caller claims again either way; the claim decides.
     async fn wait_for_change(&self, id: &RecordId, timeout: Duration) {
         let key = self.record_key(id);
-        idem::poll_while(timeout, || async {
-            let record = self
-                .inner
-                .conn
-                .query_key(redis::cmd("HGET").arg(&key).arg("m"), &key)
-                .await;
-            // The packed record starts with its state (`lua/prelude.lua`).
-            matches!(&record, Ok(Value::BulkString(m)) if m.first() == Some(&b'p'))
-        })
-        .await;
+        let channel = notify::channel(&key);
+        self.inner
+            .notifier
+            .wait(channel, timeout, || async {
+                let record = self
+                    .inner
+                    .conn
+                    .query_key(redis::cmd("HGET").arg(&key).arg("m"), &key)
+                    .await;
+                // The packed record starts with its state (`lua/prelude.lua`).
+                matches!(&record, Ok(Value::BulkString(m)) if m.first() == Some(&b'p'))
+            })
+            .await;
     }
 }
 

@@ -102,3 +102,84 @@ async fn a_waiting_duplicate_gets_the_outcome_when_it_lands() {
         Ok(Outcome::Executed { .. })
     ));
 }
+
+/// The waiter is woken by the record's own publish, not by polling: on
+/// servers of its own, a waiter that waits 1.5 s for a run reads the
+/// record a handful of times (a poll with a 5 ms to 200 ms backoff reads
+/// it about a dozen times), and gets the outcome within moments of its
+/// landing.
+async fn woken_by_the_publish(url: &str, servers: &[idem_testkit::redis::RedisServer]) {
+    let store = RedisStore::connect(url).await.expect("connect");
+    let idem = Idempotency::builder(store)
+        .wait_for_in_flight(Duration::from_secs(10))
+        .build()
+        .expect("executor");
+    let id = RecordId::parse("orders", "published").expect("valid");
+    let (started, start) = tokio::sync::oneshot::channel();
+    let landed = Arc::new(parking_lot::Mutex::new(None));
+    let slow = {
+        let (idem, id, landed) = (idem.clone(), id.clone(), Arc::clone(&landed));
+        tokio::spawn(async move {
+            let outcome = idem
+                .run(&id, None, |_| async move {
+                    let _ = started.send(());
+                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                    Ok::<_, std::io::Error>("done".to_owned())
+                })
+                .await;
+            *landed.lock() = Some(std::time::Instant::now());
+            outcome
+        })
+    };
+    start.await.expect("handler started");
+    for server in servers {
+        server.cli("CONFIG RESETSTAT").expect("reset stats");
+    }
+    let outcome = idem
+        .run(&id, None, |_| async {
+            Ok::<_, std::io::Error>("twice".to_owned())
+        })
+        .await
+        .expect("outcome");
+    let woke = std::time::Instant::now();
+    assert!(matches!(outcome, Outcome::Replayed { ref value } if value == "done"));
+    slow.await.expect("task").expect("executed");
+    let landed = landed.lock().expect("landed");
+    assert!(
+        woke.saturating_duration_since(landed) < Duration::from_millis(150),
+        "woken {:?} after the outcome landed",
+        woke.saturating_duration_since(landed)
+    );
+    let stats: Vec<String> = servers
+        .iter()
+        .map(|s| s.cli("INFO commandstats").expect("stats"))
+        .collect();
+    let calls = |command: &str| -> u64 {
+        stats
+            .iter()
+            .flat_map(|s| s.lines())
+            .filter_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    // Each script reads the record once too; the rest are the waiter's.
+    let reads = calls("hget") - calls("evalsha") - calls("eval");
+    assert!(
+        reads <= 4,
+        "the waiter read the record {reads} times while waiting: {stats:?}"
+    );
+    assert_eq!(calls("subscribe"), 1, "{stats:?}");
+    assert_eq!(calls("publish"), 1, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_duplicate_is_woken_by_the_publish_not_by_polling() {
+    let server = idem_testkit::redis::RedisServer::start().expect("redis-server");
+    woken_by_the_publish(&server.url(), std::slice::from_ref(&server)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_too() {
+    let cluster = idem_testkit::redis::RedisCluster::start().expect("a Redis Cluster");
+    woken_by_the_publish(&cluster.url(), cluster.nodes()).await;
+}
