@@ -2,20 +2,25 @@
 //!
 //! [`IdempotencyLayer`] gives covered requests (POST and PATCH by default)
 //! the semantics of the IETF draft "The Idempotency-Key HTTP Header Field"
-//! as pinned down in idem's design (§8):
+//! as pinned down in idem's design (§8); each refusal is a typed
+//! [`Rejection`]:
 //!
 //! | situation | response |
 //! |---|---|
 //! | method not covered | passed through untouched |
 //! | key missing, key required | 400 problem+json |
 //! | key malformed | 400 problem+json naming the rule |
+//! | UUIDv7 key older than the retention ([`reject_old_uuid_v7`](IdempotencyLayerBuilder::reject_old_uuid_v7)) | 422 `key-too-old` |
 //! | same key, request still running | 409 problem+json + `Retry-After` |
+//! | same, with `Prefer: wait=N` | held up to N s ([`max_wait`](IdempotencyLayerBuilder::max_wait)) for the outcome, then the replay or 409; `Preference-Applied` |
 //! | same key, different request (fingerprint) | 422 problem+json |
 //! | same key, completed | stored status, headers and body + `Idempotent-Replayed: true` |
-//! | store unreachable (fail-closed) | 503 problem+json + `Retry-After` |
+//! | client disconnects or times out mid-request | the request runs to completion; its response is stored for the retry |
+//! | the key's earlier attempt stopped without an outcome (its process died) | 422 `outcome-unknown`, key kept; or passed on again with [`forward_takeovers`](IdempotencyLayerBuilder::forward_takeovers) |
+//! | store unreachable (fail-closed) | 503 problem+json + `Retry-After`, saying whether the request ran |
 //! | request body over the limit | 413 problem+json, key not used |
-//! | inner service / upstream failed | 502 problem+json, key released |
-//! | request may have reached the upstream, response lost ([`OutcomeUnknown`], a body that broke off) | 502 problem+json, key kept as unknown; later requests 422 |
+//! | inner service failed before acting ([`NotExecuted`]), or answered 5xx | 502 / its response; key released |
+//! | request may have reached the upstream, response lost ([`OutcomeUnknown`], a body that broke off, any other inner error) | 502 problem+json, key kept as unknown; later requests 422 |
 //!
 //! Exactly one request per key runs at a time and at most one completes:
 //! concurrent duplicates get 409, later ones the stored response. 2xx and
@@ -23,25 +28,58 @@
 //! releases the key so the client can retry. Every covered response says
 //! how long keys are kept in `Idempotency-Key-Lifetime` (seconds).
 //!
+//! **Run to completion.** Once a covered request's key is claimed, the rest
+//! (the inner service, reading and storing its response, the lease's
+//! heartbeat) runs in a task of its own: a client that disconnects does not
+//! cut the inner service off. Call [`IdempotencyLayer::drain`] after your
+//! server's graceful shutdown so such work finishes before the process
+//! exits.
+//!
+//! **The handler's context.** The inner service receives the run's
+//! [`idem::Context`] as a request extension: its fence (to fence its own
+//! writes), its attempt, whether it took over from an attempt that died, and
+//! the lease-lost signal.
+//!
 //! Scopes are `METHOD route` plus, when configured, a hashed tenant, so no
-//! client can replay another client's response. Stored responses keep
+//! client can replay another client's response. Take the tenant from the
+//! verified principal ([`tenant_principal`](IdempotencyLayerBuilder::tenant_principal)),
+//! not from a token that changes when it is refreshed. Stored responses keep
 //! repeated headers and drop hop-by-hop ones; trailers are not stored.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use axum::{routing::post, Router};
+//! use axum::{routing::post, Extension, Router};
 //! use idem_http::IdempotencyLayer;
+//!
+//! /// Set by your authentication layer once it has verified the caller.
+//! #[derive(Clone)]
+//! struct Account {
+//!     id: u64,
+//! }
+//!
+//! async fn charge(Extension(run): Extension<idem::Context>) -> String {
+//!     // Pass the fence to writes that can refuse an older holder's.
+//!     let fence = run.fence().unwrap_or(0);
+//!     if run.is_takeover() {
+//!         // Only with forward_takeovers(true): an earlier attempt died
+//!         // and may have partly run; check before acting again.
+//!     }
+//!     format!("charged under fence {fence}")
+//! }
 //!
 //! let store = idem_sqlite::SqliteStore::open("idem.db")?;
 //! let layer = IdempotencyLayer::builder(store)
 //!     .required(true)
-//!     .tenant_header(http::header::AUTHORIZATION)
+//!     .tenant_principal(|account: &Account| account.id.to_string())
 //!     .build()?;
 //! let app: Router = Router::new()
-//!     .route("/charges", post(|| async { "charged" }))
-//!     .layer(layer);
+//!     .route("/charges", post(charge))
+//!     .layer(layer.clone());
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
-//! axum::serve(listener, app).await?;
+//! axum::serve(listener, app)
+//!     .with_graceful_shutdown(async { let _ = tokio::signal::ctrl_c().await; })
+//!     .await?;
+//! layer.drain().await;
 //! # Ok(()) }
 //! ```
 
