@@ -337,20 +337,35 @@ impl<C: Clock> SqliteStore<C> {
         f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
     ) -> Result<T, StoreError> {
         tokio::task::coop::consume_budget().await;
+        let conn = self.reader()?;
+        let result = f(&conn);
+        self.inner.readers.lock().push(conn);
+        result.map_err(|e| writer::store_error(&e))
+    }
+
+    /// A reader from the pool, or a new one; give it back with
+    /// `self.inner.readers.lock().push(conn)`.
+    fn reader(&self) -> Result<Connection, StoreError> {
         let pooled = self.inner.readers.lock().pop();
-        let conn = match pooled {
-            Some(conn) => conn,
+        match pooled {
+            Some(conn) => Ok(conn),
             None => schema::connect(
                 &self.inner.path,
                 self.inner.durability,
                 self.inner.busy,
                 Role::Reader,
             )
-            .map_err(|e| StoreError::Unavailable(Box::new(e)))?,
-        };
-        let result = f(&conn);
-        self.inner.readers.lock().push(conn);
-        result.map_err(|e| writer::store_error(&e))
+            .map_err(|e| StoreError::Unavailable(Box::new(e))),
+        }
+    }
+
+    /// Whether `id` is in progress, as `conn` reads it now.
+    fn busy(&self, conn: &Connection, id: &RecordId) -> bool {
+        let now = self.inner.clock.now();
+        matches!(
+            row::load(conn, id),
+            Ok(Some((_, Ok(Record { state: idem::State::InProgress { .. }, expires_at, .. })))) if now < expires_at
+        )
     }
 
     /// Starts a background task (on the current tokio runtime) that purges
@@ -429,22 +444,50 @@ impl<C: Clock> Store for SqliteStore<C> {
         self.write(lease, Write::Release).await.map(drop)
     }
 
+    /// Woken by every commit of this store's writer. Commits by other
+    /// processes (or other stores on the file) are seen through the file's
+    /// change counter (`PRAGMA data_version` on a reader of the wait's
+    /// own): it is read with a backoff from 5 to 100 ms, and the record
+    /// only when it moved. The notification is registered before looking,
+    /// so a commit between the caller's claim and this call is not missed.
     async fn wait_for_change(&self, id: &RecordId, timeout: Duration) {
-        // Woken by every commit of this process's writer; changes made by
-        // other processes are seen when the timeout ends. Registered before
-        // looking, so a commit between the caller's claim and this call is
-        // not missed.
+        const FIRST: Duration = Duration::from_millis(5);
+        const MAX: Duration = Duration::from_millis(100);
+        let deadline = tokio::time::Instant::now() + timeout;
         let notified = self.inner.changed.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let now = self.inner.clock.now();
-        let busy = matches!(
-            self.read(|conn| row::load(conn, id)).await,
-            Ok(Some((_, Ok(Record { state: idem::State::InProgress { .. }, expires_at, .. })))) if now < expires_at
-        );
-        if busy {
+        let Ok(conn) = self.reader() else {
             let _ = tokio::time::timeout(timeout, notified).await;
+            return;
+        };
+        let version = |conn: &Connection| {
+            conn.query_row("PRAGMA data_version", [], |r| r.get::<_, i64>(0))
+                .ok()
+        };
+        let mut seen = version(&conn);
+        let mut delay = FIRST;
+        if self.busy(&conn, id) {
+            loop {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                tokio::select! {
+                    () = &mut notified => break,
+                    () = tokio::time::sleep(delay.min(left)) => {}
+                }
+                delay = (delay * 2).min(MAX);
+                let now = version(&conn);
+                if now != seen {
+                    seen = now;
+                    if !self.busy(&conn, id) {
+                        break;
+                    }
+                }
+            }
         }
+        self.inner.readers.lock().push(conn);
     }
 }
 
