@@ -65,6 +65,22 @@ pub enum KeyProblem {
         /// The parser's complaint.
         reason: String,
     },
+    /// The key is a UUIDv7 minted longer ago than the retention (see
+    /// [`KeyExtractor::reject_old_uuid_v7`]): its record may have expired
+    /// already, so a redelivery this late cannot be told from a new
+    /// message.
+    #[error(
+        "idempotency key is a UUIDv7 minted {}s ago, longer than records are kept ({}s): a \
+         delivery this late may be a duplicate whose record has expired, so it is not run",
+        age.as_secs(),
+        retention.as_secs()
+    )]
+    TooOld {
+        /// The key's age, by the time in it.
+        age: std::time::Duration,
+        /// The retention it exceeds.
+        retention: std::time::Duration,
+    },
     /// A JSON pointer pointed at something other than a string or integer.
     #[error("{source_name} is {found}, not a string or an integer")]
     WrongType {
@@ -92,6 +108,7 @@ pub struct KeyExtractor {
     sources: Vec<KeySource>,
     missing: MissingKey,
     rules: KeyRules,
+    max_uuid_age: Option<std::time::Duration>,
 }
 
 impl KeyExtractor {
@@ -101,6 +118,7 @@ impl KeyExtractor {
             sources: vec![source],
             missing: MissingKey::default(),
             rules: KeyRules::default(),
+            max_uuid_age: None,
         }
     }
 
@@ -152,13 +170,24 @@ impl KeyExtractor {
         self
     }
 
+    /// Dead-letter deliveries whose key is a UUIDv7 minted longer ago
+    /// than `retention` (pass the executor's retention): their record may
+    /// already have expired, so running them could run a message twice.
+    /// Keys that are not UUIDv7s are not affected; the age is read against
+    /// this machine's clock, with 5 s of slack for keys from the future.
+    #[must_use]
+    pub fn reject_old_uuid_v7(mut self, retention: std::time::Duration) -> Self {
+        self.max_uuid_age = Some(retention);
+        self
+    }
+
     /// The key of `message`, or why it has none. The payload is parsed as
     /// JSON at most once, and only when a source needs it.
     pub fn extract<M: Message + ?Sized>(&self, message: &M) -> Result<Key, KeyProblem> {
         let mut json = LazyJson::new(message.payload());
         for source in &self.sources {
             if let Some(key) = self.read(source, message, &mut json)? {
-                return Ok(key);
+                return self.check_age(key);
             }
         }
         match self.missing {
@@ -171,6 +200,19 @@ impl KeyExtractor {
                     .collect::<Vec<_>>()
                     .join(", "),
             }),
+        }
+    }
+
+    fn check_age(&self, key: Key) -> Result<Key, KeyProblem> {
+        let Some(retention) = self.max_uuid_age else {
+            return Ok(key);
+        };
+        let skew = std::time::Duration::from_secs(5);
+        match derive::uuid_v7_age(key.as_str(), idem::Timestamp::now(), retention, skew) {
+            Ok(derive::KeyAge::OlderThanRetention { age, retention }) => {
+                Err(KeyProblem::TooOld { age, retention })
+            }
+            _ => Ok(key),
         }
     }
 

@@ -264,6 +264,38 @@ async fn a_configured_content_hash_keys_keyless_deliveries() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+#[tokio::test]
+async fn a_uuid_v7_key_older_than_the_retention_is_dead_lettered_when_asked() {
+    let idem = Idempotency::builder(MemoryStore::new())
+        .build()
+        .expect("config");
+    let retention = idem.retention();
+    let consumer = Consumer::builder(idem, Scope::new("late").expect("scope"))
+        .keys(KeyExtractor::header("Idempotency-Key").reject_old_uuid_v7(retention))
+        .build();
+    let runs = AtomicU32::new(0);
+    // Minted 2020-01-01: far older than the 24 h retention.
+    let old = keyed("016f5e66-e800-7000-8000-000000000000", "{}");
+    let decision = consumer
+        .process(old, |_| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, Io>(()) }
+        })
+        .await;
+    let reason = dead_letter_reason(&decision.disposition);
+    assert!(reason.contains("UUIDv7 minted"), "{reason}");
+    assert!(reason.contains("longer than records are kept"), "{reason}");
+    // A key that is not a UUIDv7 runs as usual.
+    let decision = consumer
+        .process(keyed("order-9", "{}"), |_| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, Io>(()) }
+        })
+        .await;
+    assert_eq!(decision.disposition, Disposition::Ack(Acked::Executed));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
 /// A store whose server is down: a stand-in for this mapping only; real
 /// outages are exercised against real servers in the store crates.
 struct DownStore;
