@@ -93,7 +93,10 @@ async fn fifty_concurrent_duplicates_execute_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_status_row() {
+async fn problems_and_uncovered_methods_come_through_the_proxy() {
+    // Each row of the status table is tested beside the service
+    // (crates/idem-http/tests/status.rs); here, that the gateway forwards
+    // what is not covered and answers what is, through a real client.
     let dir = tempfile::tempdir().expect("dir");
     let (up, addr) = start_upstream().await;
     let mut cfg = config(addr);
@@ -102,7 +105,6 @@ async fn every_status_row() {
     let gw = Gateway::start(sqlite(&dir), cfg).await;
     let url = format!("{}/charge", gw.url);
 
-    // Not covered: passed through, every time.
     for _ in 0..2 {
         let r = client()
             .get(format!("{}/read", gw.url))
@@ -120,71 +122,6 @@ async fn every_status_row() {
         detail.contains("requires an idempotency-key header"),
         "{detail}"
     );
-
-    let long = "k".repeat(256);
-    let detail = problem(post(&url, Some(&long)).await, 400, "key-malformed").await;
-    assert!(detail.contains("at most 255"), "{detail}");
-    let detail = problem(post(&url, Some("\"a b\"")).await, 400, "key-malformed").await;
-    assert!(detail.contains("0x20"), "{detail}");
-    let detail = problem(post(&url, Some("\"open")).await, 400, "key-malformed").await;
-    assert!(detail.contains("no closing quote"), "{detail}");
-    let twice = client()
-        .post(&url)
-        .header("idempotency-key", "a")
-        .header("idempotency-key", "b")
-        .send()
-        .await
-        .expect("sent");
-    let detail = problem(twice, 400, "key-malformed").await;
-    assert!(detail.contains("2 times"), "{detail}");
-
-    // In progress: 409 with Retry-After while the first is running.
-    let slow = {
-        let url = url.clone();
-        tokio::spawn(async move {
-            client()
-                .post(&url)
-                .header("idempotency-key", "slow")
-                .header("content-type", "application/json")
-                .header("x-delay-ms", "500")
-                .body(r#"{"amount":100}"#)
-                .send()
-                .await
-                .expect("sent")
-                .status()
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let busy = post(&url, Some("slow")).await;
-    let retry_after = busy.headers().get("retry-after").cloned();
-    problem(busy, 409, "in-progress").await;
-    assert!(retry_after.is_some());
-    assert_eq!(slow.await.expect("task"), 201);
-
-    // Same key, different body: 422, and nothing ran.
-    let before = up.runs("/charge");
-    let other = client()
-        .post(&url)
-        .header("idempotency-key", "slow")
-        .body(r#"{"amount":999}"#)
-        .send()
-        .await
-        .expect("sent");
-    problem(other, 422, "fingerprint-mismatch").await;
-    // The same JSON with other whitespace and key order is the same request.
-    let same = client()
-        .post(&url)
-        .header("idempotency-key", "slow")
-        .header("content-type", "application/json")
-        .body(r#"{ "amount" : 100 }"#)
-        .send()
-        .await
-        .expect("sent");
-    assert_eq!(same.status(), 201);
-    assert_eq!(same.headers()["idempotent-replayed"], "true");
-    assert_eq!(up.runs("/charge"), before);
-
-    // Over the body limit: 413, and the key is still unused.
     let huge = client()
         .post(&url)
         .header("idempotency-key", "big-body")
@@ -195,7 +132,7 @@ async fn every_status_row() {
     let detail = problem(huge, 413, "body-too-large").await;
     assert!(detail.contains("limit is 1024"), "{detail}");
     assert_eq!(post(&url, Some("big-body")).await.status(), 201);
-    assert_eq!(up.runs("/charge"), before + 1);
+    assert_eq!(up.runs("/charge"), 1);
     gw.shutdown().await;
 }
 
