@@ -101,14 +101,7 @@ impl Report {
 
     /// The violations, one per line (at most `limit`, then a count).
     pub fn violation_lines(&self, limit: usize) -> String {
-        let mut out = String::new();
-        for v in self.violations.iter().take(limit) {
-            let _ = writeln!(out, "  {}: {v}", self.target.name());
-        }
-        if self.violations.len() > limit {
-            let _ = writeln!(out, "  … and {} more", self.violations.len() - limit);
-        }
-        out
+        violation_lines(self.target, &self.violations, limit)
     }
 }
 
@@ -239,6 +232,19 @@ pub(crate) fn check_inbox_key(
     if !inbox_responded {
         flag("no inbox record with a response".into());
     }
+}
+
+/// `violations` of a run of `target`, one per line (at most `limit`, then
+/// a count).
+pub(crate) fn violation_lines(target: Target, violations: &[Violation], limit: usize) -> String {
+    let mut out = String::new();
+    for v in violations.iter().take(limit) {
+        let _ = writeln!(out, "  {}: {v}", target.name());
+    }
+    if violations.len() > limit {
+        let _ = writeln!(out, "  … and {} more", violations.len() - limit);
+    }
+    out
 }
 
 /// A Markdown table with right-aligned, padded columns.

@@ -43,6 +43,7 @@
 //! `scripts/chaos` runs the long version; `tests/short.rs` a short one.
 
 mod check;
+mod faults;
 pub mod http;
 mod run;
 pub mod worker;

@@ -25,6 +25,7 @@ use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 
 use crate::check::{self, Downstream, Report, Violation};
+use crate::faults::{ProxyFaults, Schedule};
 use crate::worker::{WorkerConfig, SCOPE};
 use crate::{FaultKind, Plan, Target};
 
@@ -717,7 +718,7 @@ impl Broker {
                 progress(Progress {
                     acked: self.acked,
                     deliveries: total,
-                    faults: injector.counts.values().sum(),
+                    faults: injector.schedule.total(),
                     faulting: now < fault_end,
                 });
             }
@@ -749,7 +750,7 @@ impl Broker {
         }
         let mut report = self.report.clone();
         report.elapsed = start.elapsed();
-        report.faults = injector.counts;
+        report.faults = injector.schedule.counts;
         report.violations.append(&mut self.crashes);
         if self.unguarded > 0 {
             report.violations.push(Violation {
@@ -775,38 +776,23 @@ impl Broker {
 
 /// Injects seeded faults and lifts the timed ones.
 struct Injector {
-    rng: StdRng,
-    kinds: Vec<FaultKind>,
-    /// The kinds still to come in this round: each round injects every
-    /// kind once, in a seeded order, so even a short run sees them all.
-    deck: Vec<FaultKind>,
-    next: Instant,
-    mean: Duration,
+    schedule: Schedule,
+    proxy_faults: ProxyFaults,
     lease: Duration,
-    counts: BTreeMap<FaultKind, u64>,
-    /// Proxy faults in force, and when each ends.
-    timed: Vec<(Instant, FaultKind)>,
 }
 
 impl Injector {
     fn new(plan: &Plan, start: Instant) -> Self {
-        // Its own stream, so the workload's shape does not move the faults.
-        let mut rng = StdRng::seed_from_u64(plan.seed ^ 0x6661_756c_7473);
-        let first = start + plan.fault_every.mul_f64(rng.random_range(0.5..1.5));
         Self {
-            rng,
-            kinds: plan.faults.clone(),
-            deck: Vec::new(),
-            next: first,
-            mean: plan.fault_every,
+            schedule: Schedule::new(
+                plan.seed ^ 0x6661_756c_7473,
+                plan.faults.clone(),
+                plan.fault_every,
+                start,
+            ),
+            proxy_faults: ProxyFaults::new(1..64),
             lease: plan.lease,
-            counts: BTreeMap::new(),
-            timed: Vec::new(),
         }
-    }
-
-    fn millis(&mut self, range: std::ops::Range<u64>) -> Duration {
-        Duration::from_millis(self.rng.random_range(range))
     }
 
     async fn step(
@@ -817,30 +803,13 @@ impl Injector {
         proxy: &FaultProxy,
         restart: &mut Option<tokio::task::JoinHandle<Result<(), ServerError>>>,
     ) -> Result<(), ChaosError> {
-        let (over, left): (Vec<_>, Vec<_>) = self.timed.iter().partition(|(end, _)| now >= *end);
-        self.timed = left;
-        for (_, kind) in over {
-            match kind {
-                FaultKind::Latency => proxy.set_delay(Duration::ZERO),
-                FaultKind::Blackhole => proxy.set_blackhole(false),
-                FaultKind::Cut => proxy.set_cut_after(None),
-                _ => {}
-            }
-        }
-        if now < self.next || self.kinds.is_empty() {
-            return Ok(());
-        }
-        self.next = now + self.mean.mul_f64(self.rng.random_range(0.5..1.5));
-        if self.deck.is_empty() {
-            self.deck = self.kinds.clone();
-            self.deck.shuffle(&mut self.rng);
-        }
-        let Some(kind) = self.deck.pop() else {
+        self.proxy_faults.lift_due(now, proxy);
+        let Some(kind) = self.schedule.due(now) else {
             return Ok(());
         };
         // Drawn whether or not the fault can be injected, so the stream of
         // random numbers does not depend on timing.
-        let pick = self.rng.random_range(0..usize::MAX);
+        let pick = self.schedule.rng.random_range(0..usize::MAX);
         let applied = match kind {
             FaultKind::Kill | FaultKind::Stop => {
                 let slots = broker.busy_slots();
@@ -850,7 +819,7 @@ impl Injector {
                         true
                     }
                     Some(&slot) => {
-                        let stop = self.lease.mul_f64(self.rng.random_range(1.5..3.0));
+                        let stop = self.lease.mul_f64(self.schedule.rng.random_range(1.5..3.0));
                         broker.signal(slot, Signal::SIGSTOP);
                         if let Some(w) = broker.workers[slot].as_mut() {
                             w.stopped_until = Some(now + stop);
@@ -861,7 +830,7 @@ impl Injector {
                 }
             }
             FaultKind::StoreRestart => {
-                let down = self.millis(100..800);
+                let down = self.schedule.millis(100..800);
                 if restart.is_none() {
                     *restart = Some(servers.restart_store(down));
                     true
@@ -869,38 +838,18 @@ impl Injector {
                     false
                 }
             }
-            FaultKind::Latency => {
-                let (delay, end) = (self.millis(5..60), self.millis(300..1500));
-                proxy.set_delay(delay);
-                self.timed.push((now + end, kind));
-                true
-            }
-            FaultKind::Blackhole => {
-                let end = self.millis(300..1500);
-                proxy.set_blackhole(true);
-                self.timed.push((now + end, kind));
-                true
-            }
-            FaultKind::Reset => {
-                proxy.reset_all();
-                true
-            }
-            FaultKind::Cut => {
-                let (bytes, end) = (self.rng.random_range(1..64), self.millis(100..500));
-                proxy.set_cut_after(Some(bytes));
-                self.timed.push((now + end, kind));
-                true
-            }
+            proxied => self
+                .proxy_faults
+                .apply(proxied, now, &mut self.schedule, proxy),
         };
         if applied {
-            *self.counts.entry(kind).or_insert(0) += 1;
+            self.schedule.injected(kind);
         }
         Ok(())
     }
 
     fn heal(&mut self, proxy: &FaultProxy) {
-        self.timed.clear();
-        proxy.heal();
+        self.proxy_faults.heal(proxy);
     }
 }
 

@@ -8,15 +8,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use idem::{
-    Backoff, ClaimOutcome, ClaimParams, Clock, Failure, Idempotency, Lease, MemoryStore, RecordId,
-    Scope, Store, StoreError, Terminal, Timestamp,
-};
+use idem::{Backoff, Clock, Idempotency, MemoryStore, Scope, Store, Terminal, Timestamp};
 use idem_consumer::{
     Acked, Consumer, Disposition, KeyExtractor, Message, MissingKey, OwnedMessage,
     RedeliveryWindow, RetryCause, WindowError,
 };
+use idem_testkit::DownStore;
 
 type Io = std::io::Error;
 
@@ -294,32 +291,6 @@ async fn a_uuid_v7_key_older_than_the_retention_is_dead_lettered_when_asked() {
         .await;
     assert_eq!(decision.disposition, Disposition::Ack(Acked::Executed));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-}
-
-/// A store whose server is down: a stand-in for this mapping only; real
-/// outages are exercised against real servers in the store crates.
-struct DownStore;
-
-fn down() -> StoreError {
-    StoreError::Unavailable("connection refused".into())
-}
-
-impl Store for DownStore {
-    async fn claim(&self, _: &RecordId, _: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
-        Err(down())
-    }
-    async fn complete(&self, _: &Lease, _: Bytes, _: Duration) -> Result<(), StoreError> {
-        Err(down())
-    }
-    async fn fail(&self, _: &Lease, _: Failure, _: Duration) -> Result<(), StoreError> {
-        Err(down())
-    }
-    async fn extend(&self, _: &Lease, _: Duration) -> Result<Timestamp, StoreError> {
-        Err(down())
-    }
-    async fn release(&self, _: &Lease) -> Result<(), StoreError> {
-        Err(down())
-    }
 }
 
 #[tokio::test]

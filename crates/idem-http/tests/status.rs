@@ -10,12 +10,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use idem::{ClaimOutcome, ClaimParams, Failure, Lease, MemoryStore, RecordId, Store, StoreError};
+use idem::{MemoryStore, Store};
 use idem_http::{IdemBody, IdempotencyLayer};
+use idem_testkit::DownStore;
 use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, ServiceExt};
 
-type Body = Full<Bytes>;
+mod common;
+
+use common::{problem, Body};
 type Inner = BoxCloneService<Request<Body>, Response<Body>, Infallible>;
 
 /// Answers `POST /charges` with 201 after the delay in `x-delay-ms`,
@@ -79,28 +82,6 @@ async fn call<S: Store>(
         .oneshot(request)
         .await
         .expect("answered")
-}
-
-/// The problem's `detail`, after checking its status and type.
-async fn problem(response: Response<IdemBody>, status: u16, kind: &str) -> String {
-    assert_eq!(response.status().as_u16(), status);
-    assert_eq!(
-        response.headers()["content-type"],
-        "application/problem+json"
-    );
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    let json: serde_json::Value = serde_json::from_slice(&body).expect("problem json");
-    assert_eq!(json["status"], status);
-    assert!(
-        json["type"].as_str().expect("type").ends_with(kind),
-        "{json}"
-    );
-    json["detail"].as_str().expect("detail").to_owned()
 }
 
 fn layer() -> IdempotencyLayer<MemoryStore> {
@@ -250,43 +231,16 @@ async fn a_5xx_or_retryable_4xx_is_passed_on_and_releases_the_key() {
     assert_eq!(calls.load(Ordering::SeqCst), 7);
 }
 
-/// A store whose server is down (a stand-in for this mapping; real
-/// outages are proven against real servers in the store crates).
-#[derive(Clone)]
-struct Down;
-
-fn down() -> StoreError {
-    StoreError::Unavailable("connection refused".into())
-}
-
-impl Store for Down {
-    async fn claim(&self, _: &RecordId, _: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
-        Err(down())
-    }
-    async fn complete(&self, _: &Lease, _: Bytes, _: Duration) -> Result<(), StoreError> {
-        Err(down())
-    }
-    async fn fail(&self, _: &Lease, _: Failure, _: Duration) -> Result<(), StoreError> {
-        Err(down())
-    }
-    async fn extend(&self, _: &Lease, _: Duration) -> Result<idem::Timestamp, StoreError> {
-        Err(down())
-    }
-    async fn release(&self, _: &Lease) -> Result<(), StoreError> {
-        Err(down())
-    }
-}
-
 #[tokio::test]
 async fn a_store_that_cannot_be_reached_is_503_fail_closed_or_passed_through_fail_open() {
     let calls = Arc::new(AtomicU32::new(0));
-    let closed = IdempotencyLayer::builder(Down).build().expect("layer");
+    let closed = IdempotencyLayer::builder(DownStore).build().expect("layer");
     let response = call(&closed, &calls, charge(Some("k"))).await;
     assert_eq!(response.headers()["retry-after"], "1");
     let detail = problem(response, 503, "store-unavailable").await;
     assert!(detail.contains("nothing was executed"), "{detail}");
     assert_eq!(calls.load(Ordering::SeqCst), 0);
-    let open = IdempotencyLayer::builder(Down)
+    let open = IdempotencyLayer::builder(DownStore)
         .fail_open(true)
         .build()
         .expect("layer");

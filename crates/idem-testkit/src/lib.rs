@@ -31,6 +31,7 @@ use idem::{
 
 pub mod bench;
 pub mod cases;
+mod down;
 pub mod kafka;
 pub mod ledger;
 pub mod moto;
@@ -43,6 +44,7 @@ pub mod scenario;
 mod server;
 pub mod tls;
 
+pub use down::DownStore;
 pub use server::{free_port, ServerError};
 
 /// Everything the suite needs: all primitives and capabilities.

@@ -16,6 +16,7 @@ use idem::{
     Idempotency, Lease, MemoryStore, Outcome, RecordId, RunError, State, Store, StoreError,
     Terminal, Timestamp,
 };
+use idem_testkit::DownStore;
 
 /// A store clock that follows tokio's (pausable) clock.
 #[derive(Clone)]
@@ -474,32 +475,6 @@ async fn mismatched_fingerprints_and_wrong_types_are_typed_errors() {
     }
 }
 
-/// A store whose server is down. A stand-in only for this executor logic;
-/// real outages are exercised against real servers in the store crates.
-struct DownStore;
-
-fn down() -> StoreError {
-    StoreError::Unavailable("connection refused".into())
-}
-
-impl Store for DownStore {
-    async fn claim(&self, _: &RecordId, _: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
-        Err(down())
-    }
-    async fn complete(&self, _: &Lease, _: Bytes, _: Duration) -> Result<(), StoreError> {
-        Err(down())
-    }
-    async fn fail(&self, _: &Lease, _: Failure, _: Duration) -> Result<(), StoreError> {
-        Err(down())
-    }
-    async fn extend(&self, _: &Lease, _: Duration) -> Result<Timestamp, StoreError> {
-        Err(down())
-    }
-    async fn release(&self, _: &Lease) -> Result<(), StoreError> {
-        Err(down())
-    }
-}
-
 #[tokio::test]
 async fn fail_closed_by_default_fail_open_when_asked() {
     let runs = AtomicU32::new(0);
@@ -706,7 +681,7 @@ impl Store for Faulty {
             && self.completes.fetch_add(1, Ordering::SeqCst) == 0
         {
             result?;
-            return Err(down());
+            return Err(StoreError::Unavailable("connection refused".into()));
         }
         result
     }

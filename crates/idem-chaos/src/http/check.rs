@@ -2,12 +2,11 @@
 //! answers and the gateway's store must agree on, and the report.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use idem::{FailureClass, Record, State};
 
-use crate::check::{markdown_table, Violation};
+use crate::check::{markdown_table, violation_lines, Violation};
 use crate::{FaultKind, Target};
 
 /// The final answer a client got for one request (after its retries).
@@ -99,14 +98,7 @@ impl HttpReport {
 
     /// The violations, one per line (at most `limit`, then a count).
     pub fn violation_lines(&self, limit: usize) -> String {
-        let mut out = String::new();
-        for v in self.violations.iter().take(limit) {
-            let _ = writeln!(out, "  {}: {v}", self.target.name());
-        }
-        if self.violations.len() > limit {
-            let _ = writeln!(out, "  … and {} more", self.violations.len() - limit);
-        }
-        out
+        violation_lines(self.target, &self.violations, limit)
     }
 }
 

@@ -55,6 +55,7 @@ use tokio::sync::mpsc;
 pub use check::HttpReport;
 
 use crate::check::Violation;
+use crate::faults::{ProxyFaults, Schedule};
 use crate::run::{ChaosError, Progress};
 use crate::{FaultKind, Plan, Target};
 use check::Answer;
@@ -510,7 +511,7 @@ impl Run {
                 progress(Progress {
                     acked: self.answered,
                     deliveries: total + self.keys.len(),
-                    faults: injector.counts.values().sum(),
+                    faults: injector.schedule.total(),
                     faulting: now < fault_end,
                 });
             }
@@ -542,9 +543,11 @@ impl Run {
                 break;
             }
         }
+        // Violations found so far stay in `self.report` until the check.
         let mut report = self.report.clone();
+        report.violations.clear();
         report.elapsed = start.elapsed();
-        report.faults = injector.counts;
+        report.faults = injector.schedule.counts;
         Ok(report)
     }
 
@@ -640,32 +643,22 @@ impl Run {
 
 /// Injects seeded faults and lifts the timed ones.
 struct Injector {
-    rng: StdRng,
-    kinds: Vec<FaultKind>,
-    deck: Vec<FaultKind>,
-    next: Instant,
-    mean: Duration,
-    counts: BTreeMap<FaultKind, u64>,
-    timed: Vec<(Instant, FaultKind)>,
+    schedule: Schedule,
+    proxy_faults: ProxyFaults,
 }
 
 impl Injector {
     fn new(plan: &Plan, kinds: Vec<FaultKind>) -> Self {
-        let mut rng = StdRng::seed_from_u64(plan.seed ^ 0x6874_7470);
-        let next = Instant::now() + plan.fault_every.mul_f64(rng.random_range(0.5..1.5));
         Self {
-            rng,
-            kinds,
-            deck: Vec::new(),
-            next,
-            mean: plan.fault_every,
-            counts: BTreeMap::new(),
-            timed: Vec::new(),
+            schedule: Schedule::new(
+                plan.seed ^ 0x6874_7470,
+                kinds,
+                plan.fault_every,
+                Instant::now(),
+            ),
+            // Up to 200 bytes: some cuts fall in the head, some in the body.
+            proxy_faults: ProxyFaults::new(1..200),
         }
-    }
-
-    fn millis(&mut self, range: std::ops::Range<u64>) -> Duration {
-        Duration::from_millis(self.rng.random_range(range))
     }
 
     async fn step(
@@ -675,66 +668,29 @@ impl Injector {
         store: &AnyStore,
         proxy: &FaultProxy,
     ) -> Result<(), ChaosError> {
-        let (over, left): (Vec<_>, Vec<_>) = self.timed.iter().partition(|(end, _)| now >= *end);
-        self.timed = left;
-        for (_, kind) in over {
-            match kind {
-                FaultKind::Latency => proxy.set_delay(Duration::ZERO),
-                FaultKind::Blackhole => proxy.set_blackhole(false),
-                FaultKind::Cut => proxy.set_cut_after(None),
-                _ => {}
-            }
-        }
-        if now < self.next || self.kinds.is_empty() {
-            return Ok(());
-        }
-        self.next = now + self.mean.mul_f64(self.rng.random_range(0.5..1.5));
-        if self.deck.is_empty() {
-            self.deck = self.kinds.clone();
-            self.deck.shuffle(&mut self.rng);
-        }
-        let Some(kind) = self.deck.pop() else {
+        self.proxy_faults.lift_due(now, proxy);
+        let Some(kind) = self.schedule.due(now) else {
             return Ok(());
         };
-        let down = self.millis(100..500);
+        let down = self.schedule.millis(100..500);
         let applied = match kind {
             FaultKind::Kill if run.gateway.is_some() => {
                 run.kill_gateway(store).await?;
                 run.restart_at = Some(Instant::now() + down);
                 true
             }
-            FaultKind::Latency => {
-                let (delay, end) = (self.millis(5..60), self.millis(300..1500));
-                proxy.set_delay(delay);
-                self.timed.push((now + end, kind));
-                true
-            }
-            FaultKind::Blackhole => {
-                let end = self.millis(300..1500);
-                proxy.set_blackhole(true);
-                self.timed.push((now + end, kind));
-                true
-            }
-            FaultKind::Reset => {
-                proxy.reset_all();
-                true
-            }
-            FaultKind::Cut => {
-                let (bytes, end) = (self.rng.random_range(1..200), self.millis(100..500));
-                proxy.set_cut_after(Some(bytes));
-                self.timed.push((now + end, kind));
-                true
-            }
-            _ => false,
+            FaultKind::Kill => false,
+            proxied => self
+                .proxy_faults
+                .apply(proxied, now, &mut self.schedule, proxy),
         };
         if applied {
-            *self.counts.entry(kind).or_insert(0) += 1;
+            self.schedule.injected(kind);
         }
         Ok(())
     }
 
     fn heal(&mut self, proxy: &FaultProxy) {
-        self.timed.clear();
-        proxy.heal();
+        self.proxy_faults.heal(proxy);
     }
 }
