@@ -90,17 +90,17 @@ mod marker;
 mod problem;
 mod rejection;
 mod request;
+mod rules;
 mod service;
 mod stored;
 
 pub use body::IdemBody;
 pub use header::{parse_key, KeyHeaderError};
-pub use layer::{
-    default_stored, FingerprintHook, FingerprintRule, IdempotencyLayer, IdempotencyLayerBuilder,
-};
+pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder};
 pub use marker::{NotExecuted, OutcomeUnknown};
 pub use problem::types as problem_types;
 pub use rejection::Rejection;
 pub use request::{LIFETIME_HEADER, REPLAYED_HEADER};
+pub use rules::{default_stored, FingerprintHook, FingerprintRule};
 pub use service::IdempotencyService;
 pub use stored::{strip_hop_by_hop, Binary, StoredResponse};

@@ -22,9 +22,9 @@ use tower_service::Service;
 
 use crate::body::IdemBody;
 use crate::header::parse_key;
-use crate::layer::{FingerprintRule, Hook};
 use crate::marker::{is_not_executed, OutcomeUnknown};
 use crate::rejection::Rejection;
+use crate::rules::{FingerprintRule, Hook};
 use crate::stored::{Binary, StoredResponse};
 
 /// The header replays carry.
