@@ -733,7 +733,7 @@ impl Store for RedisStore {
         written(&lease.id, reply)
     }
 
-    /// Waits for the record's end to be published (see [`notify`]) or
+    /// Waits for the record's end to be published (see the crate docs) or
     /// `timeout`; returns at once if the record is not in progress. The
     /// caller claims again either way; the claim decides.
     async fn wait_for_change(&self, id: &RecordId, timeout: Duration) {
