@@ -243,7 +243,8 @@ impl<S: Store> Settings<S> {
             .into_inner()
             .unwrap_or_else(PoisonError::into_inner);
         let mut response = self.finish(self.answer(result, kept, executed.load(Ordering::Relaxed)));
-        if preferred {
+        // Said only when a wait was asked for and allowed (RFC 7240 §3).
+        if preferred && !wait.is_zero() {
             let applied = format!("wait={}", wait.as_secs());
             if let Ok(applied) = HeaderValue::from_str(&applied) {
                 response.headers_mut().insert(PREFERENCE_APPLIED, applied);
