@@ -104,9 +104,9 @@ async fn a_handler_finishes_when_its_client_disconnects() {
     let store = SqliteStore::open(dir.path().join("idem.db")).expect("open");
     let runs = Arc::new(AtomicU64::new(0));
     // A short lease: a handler cut off with the connection would be taken
-    // over, and run again, by a retry a second later.
+    // over, and run again, by a retry two seconds later.
     let layer = IdempotencyLayer::builder(store)
-        .lease(std::time::Duration::from_secs(1))
+        .lease(std::time::Duration::from_secs(2))
         .build()
         .expect("layer");
     let app =
@@ -168,7 +168,7 @@ async fn a_handler_finishes_when_its_client_disconnects() {
         retry.text().await.expect("body"),
         "charge 1 fence Some(1) takeover false"
     );
-    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(2200)).await;
     let late = client
         .post(format!("{url}/charges"))
         .header("idempotency-key", "gone")
