@@ -44,6 +44,49 @@ impl MotoServer {
             .map_err(|e| failed(e.clone()))
     }
 
+    /// The serial server every test of this binary uses (see
+    /// [`start_serial`](Self::start_serial)); started on first use.
+    pub fn shared_serial() -> Result<&'static MotoServer, ServerError> {
+        static SHARED: OnceLock<Result<MotoServer, String>> = OnceLock::new();
+        SHARED
+            .get_or_init(|| Self::start_serial().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| failed(e.clone()))
+    }
+
+    /// Starts a server that answers one request at a time. `moto_server`
+    /// serves requests on threads and does not lock an item between a
+    /// condition's check and its write, so under concurrent conditional
+    /// writes it can let two succeed where DynamoDB lets one: tests of
+    /// concurrent claims need this one. (Not for SQS: a long poll would
+    /// hold every other request up.)
+    pub fn start_serial() -> Result<Self, ServerError> {
+        const SERIAL: &str = "import os, sys\n\
+from werkzeug.serving import run_simple\n\
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app\n\
+os.environ.setdefault('MOTO_PORT', sys.argv[2])\n\
+run_simple(sys.argv[1], int(sys.argv[2]), DomainDispatcherApplication(create_backend_app), threaded=False, request_handler=MotoRequestHandler)\n";
+        let program = program().ok_or(ServerError::NotInstalled("moto_server"))?;
+        // The Python beside moto_server (its virtual environment's).
+        let python = program
+            .parent()
+            .map(|bin| bin.join("python"))
+            .filter(|p| p.is_file())
+            .unwrap_or_else(|| PathBuf::from("python3"));
+        let port = free_port()?;
+        let process = Watched::program(
+            &python,
+            ["-c", SERIAL, "127.0.0.1", &port.to_string()],
+            "moto_server (serial)",
+            port,
+            Duration::from_secs(30),
+        )?;
+        Ok(Self {
+            port,
+            _process: process,
+        })
+    }
+
     /// Starts a server on a free loopback port.
     pub fn start() -> Result<Self, ServerError> {
         let program = program().ok_or(ServerError::NotInstalled("moto_server"))?;

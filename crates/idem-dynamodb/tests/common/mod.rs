@@ -6,9 +6,10 @@ use aws_sdk_dynamodb::Client;
 use idem_dynamodb::{client_for, create_table, DynamoStore};
 use idem_testkit::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
 
-/// The shared server, started on first use.
+/// The shared server, started on first use; serial, so that concurrent
+/// conditional writes are atomic as in DynamoDB.
 pub fn server() -> &'static MotoServer {
-    MotoServer::shared().expect(
+    MotoServer::shared_serial().expect(
         "moto_server must be installed (scripts/test installs it into ~/.cache/idem/tools/moto)",
     )
 }
