@@ -33,6 +33,19 @@ pub fn program() -> Option<PathBuf> {
     tool("IDEM_MOTO_SERVER", "moto_server", "moto/bin/moto_server")
 }
 
+/// The Python that has moto: `IDEM_MOTO_PYTHON`, then the virtual
+/// environment `scripts/test` makes, then the one beside a `moto_server`
+/// given by path.
+fn python() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("IDEM_MOTO_PYTHON") {
+        return Some(PathBuf::from(path));
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let cached = home.map(|h| h.join(".cache/idem/tools/moto/bin/python"));
+    let beside = program().and_then(|p| p.parent().map(|bin| bin.join("python")));
+    [cached, beside].into_iter().flatten().find(|p| p.is_file())
+}
+
 impl MotoServer {
     /// The server every test of this binary uses; started on first use.
     /// Tests isolate themselves by unique table and queue names.
@@ -66,13 +79,7 @@ from werkzeug.serving import run_simple\n\
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app\n\
 os.environ.setdefault('MOTO_PORT', sys.argv[2])\n\
 run_simple(sys.argv[1], int(sys.argv[2]), DomainDispatcherApplication(create_backend_app), threaded=False, request_handler=MotoRequestHandler)\n";
-        let program = program().ok_or(ServerError::NotInstalled("moto_server"))?;
-        // The Python beside moto_server (its virtual environment's).
-        let python = program
-            .parent()
-            .map(|bin| bin.join("python"))
-            .filter(|p| p.is_file())
-            .unwrap_or_else(|| PathBuf::from("python3"));
+        let python = python().ok_or(ServerError::NotInstalled("moto (a Python with it)"))?;
         let port = free_port()?;
         let process = Watched::program(
             &python,
