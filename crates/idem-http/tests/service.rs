@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use idem::{
     ClaimOutcome, ClaimParams, Failure, Lease, ManualClock, MemoryStore, RecordId, Store,
     StoreError, Timestamp,
@@ -22,7 +22,7 @@ use tower::{service_fn, BoxError, Layer, ServiceExt};
 
 mod common;
 
-use common::{problem, Body};
+use common::{body, problem, Body};
 
 fn post(key: &str) -> Request<Body> {
     Request::post("/charges")
@@ -129,12 +129,7 @@ async fn a_takeover_is_passed_on_when_asked_and_the_handler_is_told() {
         .await
         .expect("answered");
     assert_eq!(response.status(), StatusCode::CREATED);
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
+    let body = body(response).await;
     assert_eq!(
         body, "charge 1 fence Some(2) takeover Some(true)",
         "the second holder runs with a larger fence and knows it took over"
@@ -159,12 +154,7 @@ async fn the_inner_service_sees_its_run() {
         .oneshot(post("order-3"))
         .await
         .expect("answered");
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
+    let body = body(response).await;
     assert_eq!(body, "charge 1 fence Some(1) takeover Some(false)");
 }
 
@@ -242,7 +232,7 @@ async fn a_head_too_large_to_store_still_reaches_its_client() {
         .expect("answered");
     assert_eq!(first.status(), StatusCode::CREATED, "its own response");
     assert_eq!(first.headers()["x-trace"].len(), 70 * 1024);
-    let body = first.into_body().collect().await.expect("body").to_bytes();
+    let body = body(first).await;
     assert_eq!(body, "created");
     let again = layer
         .layer(big_head)
@@ -299,12 +289,7 @@ async fn a_store_that_fails_after_the_run_says_the_request_ran() {
         .await
         .expect("answered");
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
+    let body = body(response).await;
     let json: serde_json::Value = serde_json::from_slice(&body).expect("json");
     let detail = json["detail"].as_str().expect("detail");
     assert!(detail.contains("was executed"), "{detail}");
@@ -457,7 +442,7 @@ async fn a_duplicate_that_prefers_to_wait_gets_the_outcome_when_it_is_stored() {
     assert_eq!(waited.headers()["idempotent-replayed"], "true");
     assert_eq!(waited.headers()["preference-applied"], "wait=3");
     assert!(took < Duration::from_millis(1500), "{took:?}");
-    let body = waited.into_body().collect().await.expect("body").to_bytes();
+    let body = body(waited).await;
     assert_eq!(body, "charge 1");
     assert_eq!(
         first.await.expect("task").expect("answered").status(),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use idem::{MemoryStore, Store};
 use idem_http::{IdemBody, IdempotencyLayer};
 use idem_testkit::DownStore;
@@ -18,7 +18,7 @@ use tower::{service_fn, Layer, ServiceExt};
 
 mod common;
 
-use common::{problem, Body};
+use common::{body, problem, Body};
 type Inner = BoxCloneService<Request<Body>, Response<Body>, Infallible>;
 
 /// Answers `POST /charges` with 201 after the delay in `x-delay-ms`,
@@ -160,10 +160,7 @@ async fn a_running_key_is_409_with_retry_after_then_replayed_byte_for_byte() {
         replay.headers().get("connection").is_none(),
         "hop-by-hop dropped"
     );
-    let (a, b) = (
-        first.into_body().collect().await.expect("body").to_bytes(),
-        replay.into_body().collect().await.expect("body").to_bytes(),
-    );
+    let (a, b) = (body(first).await, body(replay).await);
     assert_eq!(a, b);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }

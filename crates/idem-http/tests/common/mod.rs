@@ -8,6 +8,16 @@ use idem_http::IdemBody;
 /// The request and response body of the tests' inner services.
 pub(crate) type Body = Full<Bytes>;
 
+/// The whole body of a response.
+pub(crate) async fn body(response: Response<IdemBody>) -> Bytes {
+    response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes()
+}
+
 /// The problem's `detail`, after checking its status, its content type and
 /// that its type ends with `kind`.
 pub(crate) async fn problem(response: Response<IdemBody>, status: u16, kind: &str) -> String {
@@ -16,12 +26,7 @@ pub(crate) async fn problem(response: Response<IdemBody>, status: u16, kind: &st
         response.headers()["content-type"],
         "application/problem+json"
     );
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
+    let body = body(response).await;
     let json: serde_json::Value = serde_json::from_slice(&body).expect("problem json");
     assert_eq!(json["status"], status);
     assert!(
