@@ -6,7 +6,7 @@
 //! It runs under an `sh` watchdog holding a pipe from the test process:
 //! when the test process exits, the watchdog kills the server by PID.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -46,25 +46,29 @@ fn python() -> Option<PathBuf> {
     [cached, beside].into_iter().flatten().find(|p| p.is_file())
 }
 
+/// The server in `cell`, started by `start` on first use.
+fn once(
+    cell: &'static OnceLock<Result<MotoServer, String>>,
+    start: fn() -> Result<MotoServer, ServerError>,
+) -> Result<&'static MotoServer, ServerError> {
+    cell.get_or_init(|| start().map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| failed(e.clone()))
+}
+
 impl MotoServer {
     /// The server every test of this binary uses; started on first use.
     /// Tests isolate themselves by unique table and queue names.
     pub fn shared() -> Result<&'static MotoServer, ServerError> {
         static SHARED: OnceLock<Result<MotoServer, String>> = OnceLock::new();
-        SHARED
-            .get_or_init(|| Self::start().map_err(|e| e.to_string()))
-            .as_ref()
-            .map_err(|e| failed(e.clone()))
+        once(&SHARED, Self::start)
     }
 
     /// The serial server every test of this binary uses (see
     /// [`start_serial`](Self::start_serial)); started on first use.
     pub fn shared_serial() -> Result<&'static MotoServer, ServerError> {
         static SHARED: OnceLock<Result<MotoServer, String>> = OnceLock::new();
-        SHARED
-            .get_or_init(|| Self::start_serial().map_err(|e| e.to_string()))
-            .as_ref()
-            .map_err(|e| failed(e.clone()))
+        once(&SHARED, Self::start_serial)
     }
 
     /// Starts a server that answers one request at a time. `moto_server`
@@ -74,37 +78,32 @@ impl MotoServer {
     /// concurrent claims need this one. (Not for SQS: a long poll would
     /// hold every other request up.)
     pub fn start_serial() -> Result<Self, ServerError> {
-        const SERIAL: &str = "import os, sys\n\
-from werkzeug.serving import run_simple\n\
-from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app\n\
-os.environ.setdefault('MOTO_PORT', sys.argv[2])\n\
-run_simple(sys.argv[1], int(sys.argv[2]), DomainDispatcherApplication(create_backend_app), threaded=False, request_handler=MotoRequestHandler)\n";
         let python = python().ok_or(ServerError::NotInstalled("moto (a Python with it)"))?;
         let port = free_port()?;
-        let process = Watched::program(
-            &python,
-            ["-c", SERIAL, "127.0.0.1", &port.to_string()],
-            "moto_server (serial)",
-            port,
-            Duration::from_secs(30),
-        )?;
-        Ok(Self {
-            port,
-            _process: process,
-        })
+        let args = [
+            "-c",
+            include_str!("moto_serial.py"),
+            "127.0.0.1",
+            &port.to_string(),
+        ];
+        Self::watch(&python, &args, port, "moto_server (serial)")
     }
 
     /// Starts a server on a free loopback port.
     pub fn start() -> Result<Self, ServerError> {
         let program = program().ok_or(ServerError::NotInstalled("moto_server"))?;
         let port = free_port()?;
-        let process = Watched::program(
+        Self::watch(
             &program,
-            ["-H", "127.0.0.1", "-p", &port.to_string()],
-            "moto_server",
+            &["-H", "127.0.0.1", "-p", &port.to_string()],
             port,
-            Duration::from_secs(30),
-        )?;
+            "moto_server",
+        )
+    }
+
+    /// Runs `program` with `args` and waits until it listens on `port`.
+    fn watch(program: &Path, args: &[&str], port: u16, name: &str) -> Result<Self, ServerError> {
+        let process = Watched::program(program, args, name, port, Duration::from_secs(30))?;
         Ok(Self {
             port,
             _process: process,
