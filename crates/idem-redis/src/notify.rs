@@ -224,13 +224,19 @@ impl Drop for Registered<'_> {
         if !subscribed {
             return;
         }
-        if let Ok(sink) = self.notifier.sink.try_lock() {
-            if let Some(mut sink) = sink.clone() {
-                let channel = self.channel.to_owned();
-                tokio::spawn(async move {
-                    let _ = sink.unsubscribe(channel).await;
-                });
-            }
+        // A waiter dropped outside a runtime (or while another subscribes)
+        // leaves the channel subscribed: harmless, its messages find no one.
+        let (Ok(runtime), Ok(sink)) = (
+            tokio::runtime::Handle::try_current(),
+            self.notifier.sink.try_lock(),
+        ) else {
+            return;
+        };
+        if let Some(mut sink) = sink.clone() {
+            let channel = self.channel.to_owned();
+            runtime.spawn(async move {
+                let _ = sink.unsubscribe(channel).await;
+            });
         }
     }
 }
