@@ -1,7 +1,7 @@
 //! The checker of an HTTP run: what the upstream's ledger, the clients'
 //! answers and the gateway's store must agree on, and the report.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use idem::{FailureClass, Record, State};
@@ -162,11 +162,6 @@ fn state_name(state: &State) -> String {
         State::Failed { failure } => format!("failed ({}: {})", failure.class, failure.message),
         State::Released { .. } => "released".to_owned(),
     }
-}
-
-/// Every key the answers name.
-pub(crate) fn answered_keys(answers: &[Answer]) -> BTreeSet<&str> {
-    answers.iter().map(|a| a.key.as_str()).collect()
 }
 
 #[cfg(test)]

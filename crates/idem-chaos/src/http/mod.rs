@@ -32,7 +32,7 @@ mod check;
 pub mod client;
 mod upstream;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -173,7 +173,7 @@ struct Run {
     events_tx: mpsc::UnboundedSender<(usize, Option<String>)>,
     keys: Vec<String>,
     jobs: Vec<Job>,
-    pending: Vec<usize>,
+    pending: VecDeque<usize>,
     published: usize,
     answered: usize,
     answers: Vec<Answer>,
@@ -252,7 +252,7 @@ impl Run {
             events_tx,
             keys,
             jobs,
-            pending: Vec::new(),
+            pending: VecDeque::new(),
             published: 0,
             answered: 0,
             answers: Vec::new(),
@@ -423,14 +423,14 @@ impl Run {
 
     /// Sends ready jobs to clients with room.
     async fn dispatch(&mut self, inflight: usize) {
-        while let Some(&job) = self.pending.first() {
+        while let Some(&job) = self.pending.front() {
             let Some(slot) = (0..self.clients.len())
                 .filter(|&s| self.clients[s].outstanding.len() < inflight)
                 .min_by_key(|&s| self.clients[s].outstanding.len())
             else {
                 return;
             };
-            self.pending.remove(0);
+            self.pending.pop_front();
             let line = if job < self.jobs.len() {
                 let j = &mut self.jobs[job];
                 j.client = Some(slot);
@@ -489,7 +489,7 @@ impl Run {
                 ((total as f64) * share) as usize
             };
             while self.published < due.min(total) {
-                self.pending.push(self.published);
+                self.pending.push_back(self.published);
                 self.published += 1;
             }
             self.watch_gateway().await?;
@@ -629,7 +629,7 @@ impl Run {
         }
         let stray: Vec<&String> = executions
             .keys()
-            .filter(|k| !check::answered_keys(&self.answers).contains(k.as_str()))
+            .filter(|k| !answers.contains_key(k.as_str()))
             .collect();
         if !stray.is_empty() {
             report.violations.push(Violation {
