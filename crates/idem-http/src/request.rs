@@ -102,6 +102,16 @@ impl Unstored {
     }
 }
 
+/// Where [`Settings::prepare`] leaves a covered request.
+pub(crate) enum Step<B> {
+    /// Keyed and checked: to be run.
+    Run(Prepared<B>),
+    /// No key, and none required: passed to the inner service unguarded.
+    PassThrough(Request<B>),
+    /// Refused; the answer.
+    Refused(Response<IdemBody>),
+}
+
 /// A covered request, read and checked, ready to run.
 pub(crate) struct Prepared<B> {
     id: RecordId,
@@ -119,14 +129,9 @@ impl<S: Store> Settings<S> {
         self.methods.contains(method)
     }
 
-    /// Reads and checks a covered request: `Ok(None)` when it has no key
-    /// and none is required (it passes through), `Err` with the answer
-    /// when it is refused. Nothing is claimed yet, so this may be cut off
-    /// with the connection.
-    pub(crate) async fn prepare<B>(
-        &self,
-        request: Request<B>,
-    ) -> Result<Result<Prepared<B>, Request<B>>, Response<IdemBody>>
+    /// Reads and checks a covered request. Nothing is claimed yet, so this
+    /// may be cut off with the connection.
+    pub(crate) async fn prepare<B>(&self, request: Request<B>) -> Step<B>
     where
         B: Body<Data = Bytes> + From<Bytes>,
         B::Error: Into<BoxError>,
@@ -134,8 +139,8 @@ impl<S: Store> Settings<S> {
         let (parts, body) = request.into_parts();
         let key = match self.key(&parts) {
             Ok(Some(key)) => key,
-            Ok(None) => return Ok(Err(Request::from_parts(parts, body))),
-            Err(rejection) => return Err(self.reject(rejection)),
+            Ok(None) => return Step::PassThrough(Request::from_parts(parts, body)),
+            Err(rejection) => return Step::Refused(self.reject(rejection)),
         };
         let prepared = async {
             self.check_age(&key)?;
@@ -143,15 +148,18 @@ impl<S: Store> Settings<S> {
             let fingerprint = self.fingerprint(&parts, &body)?;
             Ok::<_, Rejection>((body, fingerprint))
         };
-        let (body, fingerprint) = prepared.await.map_err(|r| self.reject(r))?;
+        let (body, fingerprint) = match prepared.await {
+            Ok(prepared) => prepared,
+            Err(rejection) => return Step::Refused(self.reject(rejection)),
+        };
         let preferred = preferred_wait(&parts.headers);
-        Ok(Ok(Prepared {
+        Step::Run(Prepared {
             id: RecordId::new(self.scope(&parts), key),
             fingerprint,
             wait: preferred.unwrap_or(self.default_wait).min(self.max_wait),
             preferred: preferred.is_some(),
             request: Request::from_parts(parts, B::from(body)),
-        }))
+        })
     }
 
     /// Runs a prepared request through the executor: claim, the inner

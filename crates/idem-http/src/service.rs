@@ -14,7 +14,7 @@ use tower_service::Service;
 
 use crate::body::IdemBody;
 use crate::rejection::Rejection;
-use crate::request::Settings;
+use crate::request::{Settings, Step};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -96,9 +96,11 @@ where
                 return Ok(inner.call(request).await?.map(IdemBody::new));
             }
             let prepared = match settings.prepare(request).await {
-                Ok(Ok(prepared)) => prepared,
-                Ok(Err(unkeyed)) => return Ok(inner.call(unkeyed).await?.map(IdemBody::new)),
-                Err(refused) => return Ok(refused),
+                Step::Run(prepared) => prepared,
+                Step::PassThrough(unkeyed) => {
+                    return Ok(inner.call(unkeyed).await?.map(IdemBody::new));
+                }
+                Step::Refused(answer) => return Ok(answer),
             };
             // From the claim on, the run is its own task: a client that
             // disconnects drops only this future, not the work.
