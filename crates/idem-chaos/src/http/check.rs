@@ -9,6 +9,15 @@ use idem::{FailureClass, Record, State};
 use crate::check::{markdown_table, violation_lines, Violation};
 use crate::{FaultKind, Target};
 
+/// The faults an HTTP run injects (workload faults are always on).
+pub const FAULTS: [FaultKind; 5] = [
+    FaultKind::Kill,
+    FaultKind::Latency,
+    FaultKind::Blackhole,
+    FaultKind::Reset,
+    FaultKind::Cut,
+];
+
 /// The final answer a client got for one request (after its retries).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Answer {
@@ -69,7 +78,7 @@ impl HttpReport {
             "target", "seed", "keys", "requests", "dups", "attempts", "timeouts", "exec", "2xx",
             "unknown", "gave up",
         ];
-        header.extend(super::FAULTS.iter().map(|k| k.name()));
+        header.extend(FAULTS.iter().map(|k| k.name()));
         header.extend(["secs", "violations"]);
         let rows: Vec<Vec<String>> = reports
             .iter()
@@ -87,7 +96,7 @@ impl HttpReport {
                     r.unknown_keys.to_string(),
                     r.gave_up.to_string(),
                 ];
-                row.extend(super::FAULTS.iter().map(|k| r.faults_of(*k).to_string()));
+                row.extend(FAULTS.iter().map(|k| r.faults_of(*k).to_string()));
                 row.push(format!("{:.1}", r.elapsed.as_secs_f64()));
                 row.push(r.violations.len().to_string());
                 row

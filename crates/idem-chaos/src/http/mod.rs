@@ -52,7 +52,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 
-pub use check::HttpReport;
+pub use check::{HttpReport, FAULTS};
 
 use crate::check::Violation;
 use crate::faults::{ProxyFaults, Schedule};
@@ -60,15 +60,6 @@ use crate::run::{ChaosError, Progress};
 use crate::{FaultKind, Plan, Target};
 use check::Answer;
 use upstream::Upstream;
-
-/// The faults an HTTP run injects (workload faults are always on).
-pub const FAULTS: [FaultKind; 5] = [
-    FaultKind::Kill,
-    FaultKind::Latency,
-    FaultKind::Blackhole,
-    FaultKind::Reset,
-    FaultKind::Cut,
-];
 
 /// The scope the gateway gives the run's requests.
 const SCOPE: &str = "http POST /charges";
