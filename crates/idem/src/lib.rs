@@ -81,6 +81,7 @@ mod record;
 pub mod step;
 mod store;
 pub mod url;
+pub mod wake;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use codec::{Codec, Json};
