@@ -41,6 +41,11 @@ const FILES: &[(i32, &str, &str)] = &[
         "0005_inbox_partitioned",
         include_str!("../migrations/0005_inbox_partitioned.sql"),
     ),
+    (
+        6,
+        "0006_waiters",
+        include_str!("../migrations/0006_waiters.sql"),
+    ),
 ];
 
 /// Whether `name` can be used as a schema unquoted: 1 to 63 characters of
@@ -144,7 +149,7 @@ mod tests {
     fn migrations_are_in_order_and_fill_the_schema() {
         let all = migrations("billing");
         let versions: Vec<i32> = all.iter().map(|m| m.version).collect();
-        assert_eq!(versions, [1, 2, 3, 4, 5]);
+        assert_eq!(versions, [1, 2, 3, 4, 5, 6]);
         assert!(all.iter().all(|m| !m.sql.contains("{schema}")));
         assert!(all[0].sql.contains("billing.idem_records"));
     }
