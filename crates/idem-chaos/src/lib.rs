@@ -32,7 +32,7 @@
 //!   accepted holder's write, stale holders' writes were refused; no live
 //!   lease is left.
 //!
-//! - **`http-sqlite`, `http-redis`**, the gateway (see [`http`]): client
+//! - **`http-sqlite`, `http-redis`, `http-postgres`**, the gateway (see [`http`]): client
 //!   processes retrying as API SDKs do through the fault proxy to an
 //!   `idem proxy` process that is SIGKILLed and restarted, in front of an
 //!   upstream with a ledger. Every key executed at most once, every 2xx is
@@ -68,16 +68,19 @@ pub enum Target {
     HttpSqlite,
     /// The HTTP gateway on Redis.
     HttpRedis,
+    /// The HTTP gateway on PostgreSQL.
+    HttpPostgres,
 }
 
 impl Target {
     /// Every target.
-    pub const ALL: [Target; 5] = [
+    pub const ALL: [Target; 6] = [
         Target::PgInbox,
         Target::PgLease,
         Target::RedisLease,
         Target::HttpSqlite,
         Target::HttpRedis,
+        Target::HttpPostgres,
     ];
 
     /// Its name on the command line and in reports.
@@ -88,6 +91,7 @@ impl Target {
             Target::RedisLease => "redis-lease",
             Target::HttpSqlite => "http-sqlite",
             Target::HttpRedis => "http-redis",
+            Target::HttpPostgres => "http-postgres",
         }
     }
 
@@ -96,7 +100,7 @@ impl Target {
         Self::ALL.into_iter().find(|t| t.name() == name)
     }
 
-    /// Whether the idem store is PostgreSQL.
+    /// Whether this is a run of workers whose idem store is PostgreSQL.
     pub fn on_postgres(self) -> bool {
         matches!(self, Target::PgInbox | Target::PgLease)
     }
@@ -104,7 +108,10 @@ impl Target {
     /// Whether this is a run of the HTTP gateway ([`http::run`]) rather
     /// than of workers behind a broker ([`run`]).
     pub fn is_http(self) -> bool {
-        matches!(self, Target::HttpSqlite | Target::HttpRedis)
+        matches!(
+            self,
+            Target::HttpSqlite | Target::HttpRedis | Target::HttpPostgres
+        )
     }
 }
 

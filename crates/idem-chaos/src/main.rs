@@ -1,7 +1,7 @@
 //! `idem-chaos`: fault-injection runs against real stores, with a checker.
 //!
 //! ```text
-//! idem-chaos run [--target pg-inbox|pg-lease|redis-lease|http-sqlite|http-redis|all]
+//! idem-chaos run [--target pg-inbox|pg-lease|redis-lease|http-sqlite|http-redis|http-postgres|all]
 //!                [--seed N] [--keys N]
 //!                [--duplicates SHARE] [--workers K] [--duration 60s] [--fault-every 300ms]
 //!                [--faults kill,stop,restart,latency,blackhole,reset,cut]
@@ -53,7 +53,8 @@ enum Cmd {
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// pg-inbox, pg-lease, redis-lease, http-sqlite, http-redis, or all.
+    /// pg-inbox, pg-lease, redis-lease, http-sqlite, http-redis,
+    /// http-postgres, or all.
     #[arg(long, default_value = "all")]
     target: String,
     /// Seeds the workload and the faults.
@@ -126,10 +127,11 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
         Target::ALL.to_vec()
     } else {
         vec![Target::parse(&args.target).with_context(|| {
+            let names: Vec<&str> = Target::ALL.iter().map(|t| t.name()).collect();
             format!(
-                "unknown target {:?} (pg-inbox, pg-lease, redis-lease, http-sqlite, http-redis, \
-                 all)",
-                args.target
+                "unknown target {:?} ({}, all)",
+                args.target,
+                names.join(", ")
             )
         })?]
     };

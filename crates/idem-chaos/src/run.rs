@@ -923,7 +923,7 @@ async fn collect_evidence(
                 });
             }
         }
-        Target::HttpSqlite | Target::HttpRedis => {}
+        Target::HttpSqlite | Target::HttpRedis | Target::HttpPostgres => {}
     }
     report.violations.append(&mut violations);
     Ok(())

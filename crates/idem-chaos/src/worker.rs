@@ -238,7 +238,7 @@ impl Worker {
                 pool: pool(&config.store_url, config.inflight)?,
                 inbox: Inbox::new(Duration::from_secs(3600)),
             })),
-            Target::HttpSqlite | Target::HttpRedis => {
+            Target::HttpSqlite | Target::HttpRedis | Target::HttpPostgres => {
                 anyhow::bail!("{} has no workers", config.target.name())
             }
         })

@@ -131,6 +131,11 @@ async fn the_gateway_on_redis_executes_each_key_at_most_once_under_faults() {
     short_http_run(Target::HttpRedis).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_on_postgres_executes_each_key_at_most_once_under_faults() {
+    short_http_run(Target::HttpPostgres).await;
+}
+
 /// The HTTP checker can fail: a gateway told to forward takeovers sends a
 /// killed gateway's requests to the upstream again, and the upstream's
 /// ledger shows keys executed twice.

@@ -6,9 +6,10 @@
 //!
 //! The protocol is one line per message:
 //!
-//! - in: `J <job> <key> <timeout_ms> <delay_ms> <none|reset>`: the
-//!   request's own timeout (each attempt), and what the upstream is asked
-//!   to do (take `delay_ms`, then answer or break its answer off);
+//! - in: `J <job> <key> <timeout_ms> <delay_ms> <none|reset> <wait_s>`:
+//!   the request's own timeout (each attempt), what the upstream is asked
+//!   to do (take `delay_ms`, then answer or break its answer off), and
+//!   the `Prefer: wait=` to send (none when 0);
 //! - out: `R <job> <attempts> <timeouts> <status> <exec|-> <problem|->`:
 //!   the final answer (status 0 when the client gave up), the execution
 //!   number in a 2xx body, the problem type's last segment otherwise.
@@ -35,6 +36,7 @@ struct Job {
     timeout: Duration,
     delay_ms: u64,
     fault: String,
+    wait_s: u64,
 }
 
 fn parse(line: &str) -> Option<Job> {
@@ -48,6 +50,7 @@ fn parse(line: &str) -> Option<Job> {
         timeout: Duration::from_millis(parts.next()?.parse().ok()?),
         delay_ms: parts.next()?.parse().ok()?,
         fault: parts.next()?.to_owned(),
+        wait_s: parts.next()?.parse().ok()?,
     })
 }
 
@@ -113,8 +116,11 @@ async fn send(client: &reqwest::Client, url: &str, job: &Job) -> Answer {
     };
     loop {
         answer.attempts += 1;
-        let sent = client
-            .post(url)
+        let mut request = client.post(url);
+        if job.wait_s > 0 {
+            request = request.header("prefer", format!("wait={}", job.wait_s));
+        }
+        let sent = request
             .timeout(job.timeout)
             .header("idempotency-key", &job.key)
             .header("content-type", "application/json")

@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 
 use idem::{GetRecord, Key, ListQuery, ListRecords, RecordId, Scope, StateKind};
 use idem_cli::store::{AnyStore, StoreUrl};
+use idem_testkit::postgres::PgServer;
 use idem_testkit::proxy::FaultProxy;
 use idem_testkit::redis::RedisServer;
 use idem_testkit::{free_port, ServerError};
@@ -88,22 +89,7 @@ pub async fn run(plan: &Plan, progress: impl Fn(Progress)) -> Result<HttpReport,
         rand::random::<u32>()
     ));
     std::fs::create_dir_all(&dir).map_err(harness)?;
-    let (redis, store_url) = match plan.target {
-        Target::HttpRedis => {
-            let redis = tokio::task::spawn_blocking(|| {
-                RedisServer::start_with(
-                    free_port()?,
-                    &["--appendonly", "yes", "--appendfsync", "always"],
-                )
-            })
-            .await
-            .map_err(harness)?
-            .map_err(server("Redis"))?;
-            let url = redis.url();
-            (Some(redis), url)
-        }
-        _ => (None, format!("sqlite:{}", dir.join("idem.db").display())),
-    };
+    let (store_server, store_url) = store_server(plan.target, &dir).await?;
     let upstream = Upstream::start(&dir.join("upstream.log")).await?;
     let port = free_port().map_err(server("gateway port"))?;
     let proxy = FaultProxy::start(([127, 0, 0, 1], port).into())
@@ -114,7 +100,7 @@ pub async fn run(plan: &Plan, progress: impl Fn(Progress)) -> Result<HttpReport,
     run.stop().await;
     let mut report = outcome?;
     run.check(&store_url, &upstream, &mut report).await?;
-    drop(redis);
+    drop(store_server);
     if report.violations.is_empty() {
         let _ = std::fs::remove_dir_all(&dir);
     } else {
@@ -126,12 +112,47 @@ pub async fn run(plan: &Plan, progress: impl Fn(Progress)) -> Result<HttpReport,
     Ok(report)
 }
 
+/// The server a target's store needs (none for SQLite): held for the
+/// run, stopped when dropped.
+type StoreServer = Box<dyn std::any::Any + Send>;
+
+/// Starts the store `target` runs on; its server and URL.
+async fn store_server(
+    target: Target,
+    dir: &std::path::Path,
+) -> Result<(Option<StoreServer>, String), ChaosError> {
+    let started = match target {
+        Target::HttpRedis => tokio::task::spawn_blocking(|| {
+            let redis = RedisServer::start_with(
+                free_port()?,
+                &["--appendonly", "yes", "--appendfsync", "always"],
+            )?;
+            let url = redis.url();
+            Ok((Box::new(redis) as StoreServer, url))
+        }),
+        Target::HttpPostgres => tokio::task::spawn_blocking(|| {
+            let pg = PgServer::start()?;
+            let db = pg.create_database("chaos_http")?;
+            let url = format!("{}?schema=chaos", pg.url(&db));
+            Ok((Box::new(pg) as StoreServer, url))
+        }),
+        _ => return Ok((None, format!("sqlite:{}", dir.join("idem.db").display()))),
+    };
+    let (server_of, url) = started
+        .await
+        .map_err(harness)?
+        .map_err(server("the store's server"))?;
+    Ok((Some(server_of), url))
+}
+
 /// One request of the workload.
 struct Job {
     key: usize,
     timeout_ms: u64,
     delay_ms: u64,
     fault: &'static str,
+    /// `Prefer: wait=` this many seconds, if not 0.
+    wait_s: u64,
     client: Option<usize>,
     answered: bool,
 }
@@ -199,11 +220,14 @@ impl Run {
                     4..8 => (rng.random_range(20..300), "reset"),
                     _ => (rng.random_range(20..600), "none"),
                 };
+                // A third ask to be held while a duplicate runs.
+                let wait_s = if rng.random_bool(0.3) { 2 } else { 0 };
                 Job {
                     key,
                     timeout_ms,
                     delay_ms,
                     fault,
+                    wait_s,
                     client: None,
                     answered: false,
                 }
@@ -426,12 +450,15 @@ impl Run {
                 let j = &mut self.jobs[job];
                 j.client = Some(slot);
                 format!(
-                    "J {job} {} {} {} {}\n",
-                    self.keys[j.key], j.timeout_ms, j.delay_ms, j.fault
+                    "J {job} {} {} {} {} {}\n",
+                    self.keys[j.key], j.timeout_ms, j.delay_ms, j.fault, j.wait_s
                 )
             } else {
                 // The settling request of one key: patient, no fault.
-                format!("J {job} {} 5000 0 none\n", self.keys[job - self.jobs.len()])
+                format!(
+                    "J {job} {} 5000 0 none 0\n",
+                    self.keys[job - self.jobs.len()]
+                )
             };
             let client = &mut self.clients[slot];
             client.outstanding.insert(job);
