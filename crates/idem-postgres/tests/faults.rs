@@ -127,3 +127,83 @@ async fn connecting_to_nothing_gives_a_typed_error_without_the_password() {
     assert!(matches!(err, ConnectError::Unavailable { .. }), "{err:?}");
     assert!(!err.to_string().contains("secret"), "{err}");
 }
+
+/// A duplicate waiting through a crash: the end of the listening
+/// connection wakes it (it does not sleep out its wait), and its next wait
+/// listens again on a new connection, so the outcome that lands after the
+/// restart wakes it at once, not at the next safety-net read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_listens_again_after_a_crash() {
+    let mut server = PgServer::start().expect("start postgres");
+    let connect = || async {
+        PgStore::builder(&server.url("postgres"))
+            .expect("url")
+            .schema("waits")
+            .pool_size(2)
+            .connect_timeout(Duration::from_millis(500))
+            .connect()
+            .await
+            .expect("connect")
+    };
+    let (running, waiting) = (connect().await, Arc::new(connect().await));
+    let id = RecordId::parse("orders", "through-a-crash").expect("id");
+    let ClaimOutcome::Acquired(lease) = running
+        .claim(&id, &ClaimParams::new(LEASE, KEEP))
+        .await
+        .expect("claim")
+    else {
+        panic!("a fresh key is acquired");
+    };
+    let wait = |timeout| {
+        let (waiting, id) = (Arc::clone(&waiting), id.clone());
+        tokio::spawn(async move {
+            waiting.wait_for_change(&id, timeout).await;
+            Instant::now()
+        })
+    };
+    let first = wait(Duration::from_secs(60));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let crashed_at = Instant::now();
+    let server = tokio::task::spawn_blocking(move || {
+        server.crash();
+        server.start_again().expect("restart");
+        server
+    })
+    .await
+    .expect("restart task");
+    let woken = first.await.expect("first wait");
+    assert!(
+        woken.saturating_duration_since(crashed_at) < Duration::from_secs(10),
+        "the connection's end woke the wait"
+    );
+
+    let second = wait(Duration::from_secs(60));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!second.is_finished(), "still in progress: the wait goes on");
+    let listening = server
+        .psql(
+            "postgres",
+            "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN idem_done'",
+        )
+        .expect("psql");
+    assert_eq!(listening, "1", "the waiting store listens again");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let landed = loop {
+        match running.complete(&lease, Bytes::from("shipped"), KEEP).await {
+            Ok(()) => break Instant::now(),
+            Err(StoreError::Unavailable(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("complete after the restart: {e:?}"),
+        }
+    };
+    let late = second
+        .await
+        .expect("second wait")
+        .saturating_duration_since(landed);
+    assert!(
+        late < Duration::from_millis(300),
+        "woken {late:?} after the outcome landed (the safety net reads each second)"
+    );
+    drop(server);
+}
