@@ -311,14 +311,31 @@ pub fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
     let n: u64 = number
         .parse()
         .map_err(|_| anyhow::anyhow!("{flag}: {text:?} is not a duration like 30s, 15m or 24h"))?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" | "" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n * 60),
-        "h" => Duration::from_secs(n * 3600),
-        "d" => Duration::from_secs(n * 86_400),
+    let (per_unit, in_seconds) = match unit {
+        "ms" => (1, false),
+        "s" | "" => (1, true),
+        "m" => (60, true),
+        "h" => (3600, true),
+        "d" => (86_400, true),
         _ => anyhow::bail!("{flag}: unit {unit:?} in {text:?} is not one of ms, s, m, h, d"),
     };
+    let longest = idem::LONGEST_HELD;
+    let d = n
+        .checked_mul(per_unit)
+        .map(|n| {
+            if in_seconds {
+                Duration::from_secs(n)
+            } else {
+                Duration::from_millis(n)
+            }
+        })
+        .filter(|d| *d <= longest)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "{flag}: {text:?} is longer than idem keeps anything ({}d, a century)",
+                longest.as_secs() / 86_400
+            )
+        })?;
     anyhow::ensure!(!d.is_zero(), "{flag}: must be more than zero");
     Ok(d)
 }
@@ -501,5 +518,40 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = ctrl_c.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_a_unit_and_refuse_what_idem_cannot_keep() {
+        assert_eq!(
+            duration("--lease", "30s").ok(),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            duration("--lease", "250ms").ok(),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(
+            duration("--retention", "36500d").ok(),
+            Some(idem::LONGEST_HELD)
+        );
+        for (text, needle) in [
+            // 5124095576030432 h is just over u64::MAX seconds: it used to
+            // wrap to about an hour in a release build.
+            ("5124095576030432h", "longer than idem keeps"),
+            ("36501d", "longer than idem keeps"),
+            ("18446744073709551615m", "longer than idem keeps"),
+            ("99999999999999999999s", "is not a duration"),
+            ("0s", "more than zero"),
+            ("2w", "not one of"),
+        ] {
+            let error = duration("--retention", text).expect_err(text).to_string();
+            assert!(error.contains(needle), "{text}: {error}");
+            assert!(error.starts_with("--retention"), "{text}: {error}");
+        }
     }
 }

@@ -16,9 +16,10 @@ pub(crate) fn timestamp(t: SystemTime) -> Timestamp {
     Timestamp::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
 }
 
-/// A duration as the `float8` milliseconds the statements take.
+/// A duration as the `float8` milliseconds the statements take, at most
+/// [`idem::LONGEST_HELD`] (`Duration::MAX` overflows an interval).
 pub(crate) fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
+    idem::held(d).as_secs_f64() * 1000.0
 }
 
 pub(crate) fn token_bytes(token: LeaseToken) -> [u8; 16] {

@@ -402,8 +402,8 @@ impl RedisStore {
             args: vec![
                 text(token.to_hex()),
                 text(params.fingerprint.map(|f| f.to_hex()).unwrap_or_default()),
-                text(params.lease.as_millis().to_string()),
-                text(params.retention.as_millis().to_string()),
+                millis(params.lease),
+                millis(params.retention),
                 Bytes::copy_from_slice(id.scope().as_str().as_bytes()),
                 Bytes::copy_from_slice(id.key().as_str().as_bytes()),
                 self.inner.grace_ms.clone(),
@@ -774,9 +774,11 @@ fn damaged(id: &(impl std::fmt::Display + ?Sized), error: StoreError) -> StoreEr
     }
 }
 
-/// A duration in milliseconds, as the scripts take it.
+/// A duration in milliseconds, as the scripts take it: at most
+/// [`idem::LONGEST_HELD`], since a later time overflows the scripts'
+/// integer formatting and `PEXPIREAT` (a negative time deletes the key).
 fn millis(d: Duration) -> Bytes {
-    Bytes::from(d.as_millis().to_string())
+    Bytes::from(idem::held(d).as_millis().to_string())
 }
 
 /// A holder's write replied 1 (written) or 0 (lease lost).

@@ -105,6 +105,60 @@ pub async fn claim_complete_replay<S: ConformanceStore>(f: &Fixture<S>) {
     );
 }
 
+/// The longest lease and retention the API accepts (`Duration::MAX`,
+/// "forever") are held as such: the claim stands (a second claim finds it
+/// in progress, not acquired again), the lease extends, and the completed
+/// or failed record is replayed and outlives any purge.
+pub async fn the_longest_durations_are_held<S: ConformanceStore>(f: &Fixture<S>) {
+    let forever = Duration::MAX;
+    let p = ClaimParams::new(forever, forever);
+    let scope = f.scope("s");
+    let (done, failed) = (id(&scope, "kept"), id(&scope, "refused"));
+    let lease = acquire(f, &done, &p).await;
+    for step in ["claimed", "extended"] {
+        match claim(f, &done, &p).await {
+            ClaimOutcome::InProgress { .. } => {}
+            other => panic!("{step} for ever, a second claim must find it in progress: {other:?}"),
+        }
+        if step == "claimed" {
+            f.store
+                .extend(&lease, forever)
+                .await
+                .expect("a lease extends for ever");
+        }
+    }
+    f.store
+        .complete(&lease, Bytes::from_static(b"kept"), forever)
+        .await
+        .expect("the holder of a forever lease completes");
+    let other = acquire(f, &failed, &p).await;
+    f.store
+        .fail(
+            &other,
+            Failure::new(FailureClass::Terminal, "declined"),
+            forever,
+        )
+        .await
+        .expect("the holder of a forever lease fails");
+    f.advance(Duration::from_millis(10)).await;
+    f.store.purge_expired(1000).await.expect("purge");
+    assert_eq!(
+        claim(f, &done, &p).await,
+        ClaimOutcome::Completed(Bytes::from_static(b"kept"))
+    );
+    assert!(
+        matches!(claim(f, &failed, &p).await, ClaimOutcome::Failed(ref failure) if failure.message == "declined"),
+        "a failure kept for ever is replayed"
+    );
+    let record = f.store.get(&done).await.expect("get").expect("kept");
+    let century = Duration::from_secs(50 * 365 * 24 * 3600);
+    assert!(
+        record.expires_at >= record.updated_at.saturating_add(century),
+        "kept for ever, not {:?} after its completion",
+        record.expires_at.as_millis() - record.updated_at.as_millis()
+    );
+}
+
 /// A live record binds its key to its fingerprint in every state.
 pub async fn mismatch_is_refused_in_every_live_state<S: ConformanceStore>(f: &Fixture<S>) {
     let scope = f.scope("s");

@@ -159,6 +159,7 @@ macro_rules! conformance_suite {
         $crate::__conformance_cases!(
             $fixture;
             claim_complete_replay,
+            the_longest_durations_are_held,
             mismatch_is_refused_in_every_live_state,
             live_lease_reports_retry_after,
             expired_lease_is_taken_over,

@@ -10,6 +10,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// The longest lease or retention a store keeps: a century. Every store
+/// takes any duration up to `Duration::MAX` ("forever"), and keeps a
+/// longer one for this long, since some cannot write a later time
+/// (PostgreSQL's intervals and Redis's script numbers overflow). No record
+/// outlives it in practice.
+pub const LONGEST_HELD: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// What a store keeps for a lease or retention of `d`: `d`, at most
+/// [`LONGEST_HELD`].
+pub fn held(d: Duration) -> Duration {
+    d.min(LONGEST_HELD)
+}
+
 /// A point in time, in milliseconds since the Unix epoch.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Timestamp(u64);

@@ -27,11 +27,11 @@ use crate::store::{BoxError, ClaimMany, DynStepJournal, Store, StoreError};
 /// How long to suggest waiting after a store error before trying again.
 pub const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// `from + d`, or a century from `from` if that overflows: configuration
-/// may say `Duration::MAX` to mean "forever".
+/// `from + d`, or [`LONGEST_HELD`](crate::LONGEST_HELD) from `from` if
+/// that overflows: configuration may say `Duration::MAX` to mean "forever".
 fn deadline(from: Instant, d: Duration) -> Instant {
-    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-    from.checked_add(d).unwrap_or_else(|| from + CENTURY)
+    from.checked_add(d)
+        .unwrap_or_else(|| from + crate::clock::LONGEST_HELD)
 }
 
 /// Decides whether a handler's error is worth retrying.

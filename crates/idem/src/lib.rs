@@ -83,7 +83,7 @@ mod store;
 pub mod url;
 pub mod wake;
 
-pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use clock::{held, Clock, ManualClock, SystemClock, Timestamp, LONGEST_HELD};
 pub use codec::{Codec, Json};
 pub use executor::{
     default_classifier, Backoff, ClaimedAhead, Classifier, ConfigError, Context, Heartbeats,
