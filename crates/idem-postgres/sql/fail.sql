@@ -3,6 +3,6 @@
 UPDATE {schema}.idem_records SET
     state = CASE WHEN $4::text = 'retryable' THEN 'released' ELSE 'failed' END,
     failure_class = $4, failure_message = $5, token = NULL, lease_until = NULL,
-    takeover = false, waited = false, updated_at = now(),
+    takeover = false, updated_at = now(),
     expires_at = now() + $6::float8 * interval '1 millisecond'
 WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND token = $3 AND expires_at > now()

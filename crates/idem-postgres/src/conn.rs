@@ -20,6 +20,7 @@ pub(crate) struct ParsedUrl {
     pub(crate) pool_size: Option<usize>,
     pub(crate) connect_timeout: Option<Duration>,
     pub(crate) response_timeout: Option<Duration>,
+    pub(crate) listen: Option<bool>,
     pub(crate) tls: Tls,
 }
 
@@ -72,7 +73,7 @@ impl TlsMode {
 
 /// Parses `postgres://` / `postgresql://` URLs. idem reads `schema`,
 /// `pool_size`, `connect_timeout`, `response_timeout` (`500ms`, `2s`),
-/// `sslmode` and `sslrootcert`; every other parameter (`application_name`,
+/// `listen` (`true`, `false`), `sslmode` and `sslrootcert`; every other parameter (`application_name`,
 /// `options`, …) goes to tokio-postgres, which rejects the ones it does
 /// not know.
 pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
@@ -97,6 +98,7 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
         pool_size: None,
         connect_timeout: None,
         response_timeout: None,
+        listen: None,
         tls: Tls {
             mode: TlsMode::Prefer,
             root_cert: None,
@@ -118,6 +120,13 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
             }
             "response_timeout" => {
                 parsed.response_timeout = Some(idem::url::parse_duration(value).map_err(invalid)?);
+            }
+            "listen" => {
+                parsed.listen = Some(match value {
+                    "true" => true,
+                    "false" => false,
+                    _ => return Err(invalid(format!("listen={value:?} is not true or false"))),
+                });
             }
             "sslmode" => {
                 parsed.tls.mode = TlsMode::parse(value).ok_or_else(|| {
@@ -297,13 +306,14 @@ mod tests {
     #[test]
     fn idem_parameters_are_taken_out_and_the_rest_passed_on() {
         let p = parse_url(
-            "postgres://app:pw@127.0.0.1:6543/orders?schema=idem&pool_size=8&connect_timeout=250ms&application_name=svc&response_timeout=3s",
+            "postgres://app:pw@127.0.0.1:6543/orders?schema=idem&pool_size=8&connect_timeout=250ms&application_name=svc&response_timeout=3s&listen=false",
         )
         .expect("valid");
         assert_eq!(p.schema.as_deref(), Some("idem"));
         assert_eq!(p.pool_size, Some(8));
         assert_eq!(p.connect_timeout, Some(Duration::from_millis(250)));
         assert_eq!(p.response_timeout, Some(Duration::from_secs(3)));
+        assert_eq!(p.listen, Some(false));
         assert_eq!(p.config.get_dbname(), Some("orders"));
         assert_eq!(p.config.get_user(), Some("app"));
         assert_eq!(p.config.get_application_name(), Some("svc"));
@@ -355,6 +365,7 @@ mod tests {
                 "not a duration",
             ),
             ("postgres://u:pw@h/db?sslmode=allow", "not one of"),
+            ("postgres://u:pw@h/db?listen=no", "not true or false"),
             (
                 "postgres://u:pw@h/db?sslmode=verify-ca",
                 "needs sslrootcert",

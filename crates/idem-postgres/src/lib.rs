@@ -45,16 +45,29 @@
 //! and send nothing: a NOTIFY holds a lock shared by the whole server from
 //! its commit until the commit's WAL is flushed, so announcing every end
 //! would serialize the store's commits (a third fewer pairs per second at
-//! 8 connections, see `BENCHMARKS.md`). A read each second stays underneath as a safety net;
-//! where listening is not possible (through PgBouncer in transaction mode
-//! announcements do not arrive), that read is what wakes the wait.
+//! 8 connections, see `BENCHMARKS.md`). A read each second stays
+//! underneath as a safety net (a connection lost mid-wait wakes its waits
+//! at once, and the next wait listens on a new one).
+//!
+//! Two things to know when operating it:
+//!
+//! - **PgBouncer in transaction mode** passes `LISTEN` but not the
+//!   announcements, so waits would only be woken by the safety net each
+//!   second: connect with `listen=false` there, and waits poll (5 ms
+//!   doubling to 200 ms) as they do on DynamoDB.
+//! - **The notification queue** (8 GB by default) is shared by the server;
+//!   a listener that stops reading (a process hung with its connection
+//!   open) holds it back, and once it is full, writes that NOTIFY fail at
+//!   commit: here, the ending writes of waited records. Watch
+//!   `pg_notification_queue_usage()` as you would replication lag.
 //!
 //! ## URLs
 //!
 //! `postgres://[user[:password]@]host[:port]/database[?params]`
 //! (or `postgresql://`). idem reads `schema` (default `public`),
 //! `pool_size` (default [`DEFAULT_POOL_SIZE`]), `connect_timeout` and
-//! `response_timeout` (`500ms`, `2s`), `sslmode` and `sslrootcert`; every
+//! `response_timeout` (`500ms`, `2s`), `listen` (default `true`; see
+//! [Waiting duplicates](#waiting-duplicates)), `sslmode` and `sslrootcert`; every
 //! other parameter (`application_name`, `options`, …) goes to
 //! tokio-postgres. Passwords never appear in error messages.
 //!
@@ -189,6 +202,7 @@ pub struct PgStoreBuilder {
     pool_size: usize,
     connect_timeout: Duration,
     response_timeout: Duration,
+    listen: bool,
     setup: bool,
 }
 
@@ -218,6 +232,16 @@ impl PgStoreBuilder {
         self
     }
 
+    /// Whether waiting duplicates are woken by LISTEN/NOTIFY on a
+    /// connection of the store's own (default `true`; the URL's `listen`).
+    /// Turn it off where notifications cannot arrive, as through PgBouncer
+    /// in transaction mode: waits then poll (5 ms doubling to 200 ms)
+    /// instead of relying on the safety net's read each second.
+    pub fn listen(mut self, listen: bool) -> Self {
+        self.listen = listen;
+        self
+    }
+
     /// Whether [`connect`](Self::connect) applies the migrations it has not
     /// seen yet (default `true`). Turn it off when the tables are created
     /// by your own migration tool from [`migrations`].
@@ -236,6 +260,7 @@ impl PgStoreBuilder {
         let listener = notify::Listener::new(
             self.config.clone(),
             self.tls.clone(),
+            self.listen,
             self.connect_timeout,
             self.response_timeout,
         );
@@ -367,6 +392,7 @@ impl PgStore {
             pool_size: parsed.pool_size.unwrap_or(DEFAULT_POOL_SIZE),
             connect_timeout: parsed.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
             response_timeout: parsed.response_timeout.unwrap_or(DEFAULT_RESPONSE_TIMEOUT),
+            listen: parsed.listen.unwrap_or(true),
             setup: true,
         })
     }
@@ -753,9 +779,11 @@ impl Store for PgStore {
     /// `timeout`; returns at once if the record is not in progress. The
     /// caller claims again either way; the claim decides.
     async fn wait_for_change(&self, id: &RecordId, timeout: Duration) {
+        let deadline = tokio::time::Instant::now() + idem::held(timeout);
+        let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
         let listener = &self.inner.listener;
-        if !listener.listening().await {
-            return idem::poll_while(timeout, || self.in_progress(id)).await;
+        if !listener.listening(timeout).await {
+            return idem::poll_while(left(), || self.in_progress(id)).await;
         }
         let payload = match self
             .query(
@@ -770,16 +798,16 @@ impl Store for PgStore {
                 None => return,
                 Some(Err(error)) => {
                     tracing::debug!(%error, "unreadable wait payload; waiting by polling");
-                    return idem::poll_while(timeout, || self.in_progress(id)).await;
+                    return idem::poll_while(left(), || self.in_progress(id)).await;
                 }
             },
             Err(error) => {
                 tracing::debug!(%error, "could not mark the record waited; waiting by polling");
-                return idem::poll_while(timeout, || self.in_progress(id)).await;
+                return idem::poll_while(left(), || self.in_progress(id)).await;
             }
         };
         let waiter = listener.waiters().enter(payload);
-        waiter.wait(timeout, || self.in_progress(id)).await;
+        waiter.wait(left(), || self.in_progress(id)).await;
     }
 }
 

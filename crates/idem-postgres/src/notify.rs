@@ -11,7 +11,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use idem::wake::Waiters;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -24,39 +24,81 @@ pub(crate) const CHANNEL: &str = "idem_done";
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// After a failed attempt to listen, how long waits poll instead of trying
+/// again (a server out of connections is not asked once per wait).
+const RETRY_LISTENING_AFTER: Duration = Duration::from_secs(5);
+
 /// The listening connection of one store, and its waits.
-#[derive(Debug)]
 pub(crate) struct Listener {
     config: tokio_postgres::Config,
     tls: Tls,
+    /// `false` when the URL says `listen=false`: every wait polls.
+    enabled: bool,
     /// For connecting and for the `LISTEN`.
     timeout: Duration,
     waiters: Arc<Waiters>,
-    connection: tokio::sync::Mutex<Option<Listening>>,
+    connection: parking_lot::Mutex<Connected>,
+    /// Held while one wait connects; the others wait for it.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+/// What the last attempt to listen left.
+#[derive(Default)]
+enum Connected {
+    #[default]
+    Never,
+    Open(Listening),
+    FailedAt(Instant),
 }
 
 /// An open listening connection: dropping the client closes it.
-#[derive(Debug)]
 struct Listening {
-    _client: Client,
+    client: Client,
     open: Arc<AtomicBool>,
 }
 
+impl Listening {
+    fn is_open(&self) -> bool {
+        self.open.load(Ordering::Acquire) && !self.client.is_closed()
+    }
+}
+
+// By hand: the configuration holds the password.
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("enabled", &self.enabled)
+            .field("waiters", &self.waiters)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Listener {
-    /// A listener that connects with `config` and `tls` when first asked.
+    /// A listener that connects with `config` and `tls` when first asked
+    /// (never, unless `enabled`). Its connection sends TCP keepalives, so
+    /// one that died without a word (a failover, a dropped NAT entry) is
+    /// noticed within about a minute rather than hours.
     pub(crate) fn new(
         mut config: tokio_postgres::Config,
         tls: Tls,
+        enabled: bool,
         connect: Duration,
         response: Duration,
     ) -> Self {
-        config.connect_timeout(connect);
+        config
+            .connect_timeout(connect)
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(30))
+            .keepalives_interval(Duration::from_secs(5))
+            .keepalives_retries(3);
         Self {
             config,
             tls,
+            enabled,
             timeout: connect + response,
             waiters: Arc::default(),
-            connection: tokio::sync::Mutex::new(None),
+            connection: parking_lot::Mutex::default(),
+            connecting: tokio::sync::Mutex::default(),
         }
     }
 
@@ -66,29 +108,50 @@ impl Listener {
     }
 
     /// Whether announcements reach this store: connects and listens first
-    /// if no connection is open. `false` if that failed.
-    pub(crate) async fn listening(&self) -> bool {
-        let mut connection = self.connection.lock().await;
-        if connection
-            .as_ref()
-            .is_some_and(|c| c.open.load(Ordering::Acquire))
-        {
-            return true;
+    /// if no connection is open, within `budget` (a wait that finds
+    /// another connecting waits for that one). `false` (the wait polls) if
+    /// listening is turned off, failed less than [`RETRY_LISTENING_AFTER`]
+    /// ago, or fails now.
+    pub(crate) async fn listening(&self, budget: Duration) -> bool {
+        if !self.enabled {
+            return false;
         }
-        *connection = None;
-        match tokio::time::timeout(self.timeout, self.connect()).await {
-            Ok(Ok(listening)) => {
-                *connection = Some(listening);
-                true
-            }
+        if let Some(known) = self.known() {
+            return known;
+        }
+        let budget = self.timeout.min(budget);
+        let Ok(_connecting) = tokio::time::timeout(budget, self.connecting.lock()).await else {
+            return false;
+        };
+        // Another wait may have connected, or failed, meanwhile.
+        if let Some(known) = self.known() {
+            return known;
+        }
+        let connected = match tokio::time::timeout(budget, self.connect()).await {
+            Ok(Ok(listening)) => Connected::Open(listening),
             Ok(Err(error)) => {
                 tracing::debug!(%error, "no listening connection; waiting by polling");
-                false
+                Connected::FailedAt(Instant::now())
             }
+            // Cut short by this wait's own budget: the next wait tries again.
+            Err(_) if budget < self.timeout => Connected::Never,
             Err(_) => {
                 tracing::debug!("listening connection timed out; waiting by polling");
-                false
+                Connected::FailedAt(Instant::now())
             }
+        };
+        let open = matches!(connected, Connected::Open(_));
+        *self.connection.lock() = connected;
+        open
+    }
+
+    /// Whether announcements reach this store, if that is known without
+    /// connecting: an open connection, or a recent failure.
+    fn known(&self) -> Option<bool> {
+        match &*self.connection.lock() {
+            Connected::Open(listening) if listening.is_open() => Some(true),
+            Connected::FailedAt(at) if at.elapsed() < RETRY_LISTENING_AFTER => Some(false),
+            _ => None,
         }
     }
 
@@ -140,9 +203,6 @@ impl Listener {
             waiters.wake_all();
         });
         client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
-        Ok(Listening {
-            _client: client,
-            open,
-        })
+        Ok(Listening { client, open })
     }
 }

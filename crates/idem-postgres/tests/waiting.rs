@@ -208,3 +208,81 @@ async fn a_delete_wakes_the_waiters_of_the_record() {
     );
     landed.abort();
 }
+
+/// With `listen=false` (PgBouncer in transaction mode) a store opens no
+/// listening connection, and its waits poll: the duplicate still gets the
+/// outcome within the poll's 200 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_listening_waits_poll() {
+    let store = common::store("nolisten").await;
+    let name = format!("nolisten_{:08x}", rand::random::<u32>());
+    let polling = PgStore::builder(&format!(
+        "{}?listen=false&application_name={name}",
+        common::url()
+    ))
+    .expect("valid URL")
+    .schema(store.schema())
+    .connect()
+    .await
+    .expect("connect");
+    let running = Idempotency::builder(store).build().expect("executor");
+    let id = RecordId::parse("orders", "polled").expect("valid");
+    let (start, landed) = slow_run(&running, &id, Duration::from_millis(600));
+    start.await.expect("handler started");
+    polling.wait_for_change(&id, Duration::from_secs(10)).await;
+    let late = Instant::now().saturating_duration_since(landed.await.expect("run"));
+    assert!(late < Duration::from_millis(250), "woken {late:?} late");
+    let (server, db) = common::server();
+    let listening = server
+        .psql(
+            db,
+            &format!(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = '{name}' AND query LIKE 'LISTEN%'"
+            ),
+        )
+        .expect("psql");
+    assert_eq!(listening, "0", "no listening connection");
+}
+
+/// A schema without migration 0006 (a team that applies migrations with
+/// its own tool and has not run the new one yet) still completes, fails
+/// and releases: the ending writes do not depend on it, and waits poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_without_the_waiters_migration_still_completes() {
+    let store = common::store("unmigrated").await;
+    // Connected before the migration is undone: connecting applies it.
+    let other = elsewhere(&store).await;
+    let (server, db) = common::server();
+    server
+        .psql(
+            db,
+            &format!(
+                "ALTER TABLE {0}.idem_records DROP COLUMN waited CASCADE; \
+                 DELETE FROM {0}.idem_migrations WHERE version = 6",
+                store.schema()
+            ),
+        )
+        .expect("undo migration 6");
+    let running = Idempotency::builder(store.clone())
+        .build()
+        .expect("executor");
+    let waiting = Idempotency::builder(other)
+        .wait_for_in_flight(Duration::from_secs(10))
+        .build()
+        .expect("executor");
+    let id = RecordId::parse("orders", "old-schema").expect("valid");
+    let (start, landed) = slow_run(&running, &id, Duration::from_millis(300));
+    start.await.expect("handler started");
+    let outcome = waiting
+        .run(&id, None, |_| async {
+            Ok::<_, std::io::Error>("twice".to_owned())
+        })
+        .await
+        .expect("outcome");
+    assert!(
+        matches!(outcome, Outcome::Replayed { ref value } if value == "shipped"),
+        "{outcome:?}"
+    );
+    landed.await.expect("the run completed");
+}
