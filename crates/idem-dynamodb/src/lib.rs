@@ -978,7 +978,9 @@ impl StepJournal for DynamoStore {
                 match before {
                     // Our own mark: the SDK retried this request after its answer was lost.
                     Step::Started { nonce: mark, .. } if mark == nonce => Ok(StepBegin::Fresh),
-                    Step::Started { attempt, .. } => Ok(StepBegin::InDoubt { attempt }),
+                    Step::Started { attempt, .. } => {
+                        Ok(idem::machine::step_begun(attempt, lease.attempt))
+                    }
                     Step::Done(result) => Ok(StepBegin::Done(result)),
                 }
             }

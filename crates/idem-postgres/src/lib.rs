@@ -612,7 +612,7 @@ impl StepJournal for PgStore {
                 ],
             )
             .await?;
-        row::step_begin(&lease.id, rows.first())
+        row::step_begin(&lease.id, lease.attempt, rows.first())
     }
 
     async fn finish_step(

@@ -195,8 +195,12 @@ fn started(id: &RecordId, attempt: i32) -> Result<StepState, StoreError> {
         .map_err(|_| corrupt(id, format!("step attempt {attempt} out of range")))
 }
 
-/// The step_begin statement's row.
-pub(crate) fn step_begin(id: &RecordId, row: Option<&Row>) -> Result<StepBegin, StoreError> {
+/// The step_begin statement's row, for the holder of attempt `own`.
+pub(crate) fn step_begin(
+    id: &RecordId,
+    own: u32,
+    row: Option<&Row>,
+) -> Result<StepBegin, StoreError> {
     let row = row.ok_or_else(|| corrupt(id, "step_begin returned no row"))?;
     let read = |e: tokio_postgres::Error| corrupt(id, format!("step_begin row: {e}"));
     let held: bool = row.try_get(0).map_err(read)?;
@@ -207,10 +211,11 @@ pub(crate) fn step_begin(id: &RecordId, row: Option<&Row>) -> Result<StepBegin, 
     }
     Ok(match (result, attempt) {
         (Some(result), _) => StepBegin::Done(Bytes::from(result)),
-        (None, Some(attempt)) => StepBegin::InDoubt {
-            attempt: u32::try_from(attempt)
+        (None, Some(attempt)) => idem::machine::step_begun(
+            u32::try_from(attempt)
                 .map_err(|_| corrupt(id, format!("step attempt {attempt} out of range")))?,
-        },
+            own,
+        ),
         (None, None) => StepBegin::Fresh,
     })
 }

@@ -803,7 +803,7 @@ impl StepJournal for RedisStore {
                 &[step.as_bytes(), attempt.as_bytes()],
             )
             .await?;
-        record::step_begin(&lease.id, reply)
+        record::step_begin(&lease.id, lease.attempt, reply)
     }
 
     async fn finish_step(

@@ -217,8 +217,8 @@ pub(crate) fn record(
     Ok(Some((id, record)))
 }
 
-/// The begin_step script's reply.
-pub(crate) fn step_begin(id: &RecordId, reply: Value) -> Result<StepBegin, StoreError> {
+/// The begin_step script's reply, for the holder of attempt `own`.
+pub(crate) fn step_begin(id: &RecordId, own: u32, reply: Value) -> Result<StepBegin, StoreError> {
     let Value::Array(items) = reply else {
         return Err(corrupt(id, format!("begin_step replied {reply:?}")));
     };
@@ -227,11 +227,12 @@ pub(crate) fn step_begin(id: &RecordId, reply: Value) -> Result<StepBegin, Store
     match (tag.as_slice(), items.len()) {
         (b"L", 1) => Err(StoreError::LeaseLost),
         (b"N", 1) => Ok(StepBegin::Fresh),
-        (b"I", 2) => Ok(StepBegin::InDoubt {
-            attempt: int(&items[1])
+        (b"I", 2) => Ok(idem::machine::step_begun(
+            int(&items[1])
                 .and_then(|n| u32::try_from(n).ok())
                 .ok_or_else(shape)?,
-        }),
+            own,
+        )),
         (b"D", 2) => Ok(StepBegin::Done(Bytes::from(
             items.into_iter().nth(1).and_then(bytes).unwrap_or_default(),
         ))),

@@ -1091,7 +1091,9 @@ async fn begin<S: ConformanceStore>(f: &Fixture<S>, lease: &Lease, step: &str) -
 /// A step is marked started before it runs and journaled when it
 /// finishes; a finished step is replayed to later attempts (byte for
 /// byte), and a step left started is reported in doubt with the attempt
-/// that started it.
+/// that started it — to a later attempt only: the same attempt beginning
+/// it again is retrying a `begin_step` whose answer was lost, and the
+/// step has not run (DESIGN §7).
 pub async fn steps_are_journaled_and_replayed<S: ConformanceStore>(f: &Fixture<S>) {
     let id = id(&f.scope("s"), "k");
     let p = params(f);
@@ -1113,6 +1115,11 @@ pub async fn steps_are_journaled_and_replayed<S: ConformanceStore>(f: &Fixture<S
         .await
         .expect("finish_step");
     assert_eq!(begin(f, &first, "notify").await, StepBegin::Fresh);
+    assert_eq!(
+        begin(f, &first, "notify").await,
+        StepBegin::Fresh,
+        "the attempt's own mark, begun again after a lost answer, is not in doubt"
+    );
     f.store.release(&first).await.expect("release");
 
     let second = acquire(f, &id, &p).await;

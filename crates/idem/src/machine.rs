@@ -240,10 +240,21 @@ pub fn decide_step_begin(
     let started = Some(StepState::Started { attempt });
     match existing {
         None => (started, StepBegin::Fresh),
-        Some(StepState::Started { attempt: earlier }) => {
-            (started, StepBegin::InDoubt { attempt: *earlier })
-        }
+        Some(StepState::Started { attempt: earlier }) => (started, step_begun(*earlier, attempt)),
         Some(StepState::Done { result }) => (None, StepBegin::Done(result.clone())),
+    }
+}
+
+/// What a step's unfinished mark made by attempt `earlier` means to the
+/// holder of attempt `attempt`: another attempt's mark is a step in doubt;
+/// the same attempt's mark is its own earlier `begin_step`, whose answer
+/// was lost and which it is retrying, and since the work runs only after
+/// that answer, the step has not run (DESIGN §7): it is fresh.
+pub fn step_begun(earlier: u32, attempt: u32) -> StepBegin {
+    if earlier == attempt {
+        StepBegin::Fresh
+    } else {
+        StepBegin::InDoubt { attempt: earlier }
     }
 }
 

@@ -376,7 +376,8 @@ pub enum StepBegin {
     /// by this lease's attempt, and its work may run.
     Fresh,
     /// An earlier attempt marked the step started and never finished it:
-    /// its outcome is unknown. The step is now marked started by this
+    /// its outcome is unknown. (A mark of this lease's own attempt is its
+    /// own `begin_step` retried after a lost answer: that is `Fresh`.) The step is now marked started by this
     /// lease's attempt; the step's policy decides what happens.
     InDoubt {
         /// The attempt that left it started.

@@ -421,3 +421,107 @@ async fn a_store_without_a_journal_refuses_steps() {
     );
     assert_eq!(ran.load(Ordering::SeqCst), 0);
 }
+
+/// The memory store, except that the first `begin_step` is applied and its
+/// answer lost (the caller sees `Unavailable` and retries).
+#[derive(Clone, Default)]
+struct LostBeginAnswer {
+    store: MemoryStore,
+    lost: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Store for LostBeginAnswer {
+    async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
+        self.store.claim(id, params).await
+    }
+    async fn complete(
+        &self,
+        lease: &Lease,
+        response: Bytes,
+        keep: Duration,
+    ) -> Result<(), StoreError> {
+        self.store.complete(lease, response, keep).await
+    }
+    async fn fail(
+        &self,
+        lease: &Lease,
+        failure: Failure,
+        keep: Duration,
+    ) -> Result<(), StoreError> {
+        self.store.fail(lease, failure, keep).await
+    }
+    async fn extend(&self, lease: &Lease, duration: Duration) -> Result<Timestamp, StoreError> {
+        self.store.extend(lease, duration).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.store.release(lease).await
+    }
+    fn step_journal(&self) -> Option<Arc<dyn idem::DynStepJournal>> {
+        Some(idem::journal_of(self.clone()))
+    }
+}
+
+impl StepJournal for LostBeginAnswer {
+    async fn begin_step(&self, lease: &Lease, step: &str) -> Result<StepBegin, StoreError> {
+        let begun = self.store.begin_step(lease, step).await?;
+        if !self.lost.swap(true, Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("the answer was lost".into()));
+        }
+        Ok(begun)
+    }
+    async fn finish_step(
+        &self,
+        lease: &Lease,
+        step: &str,
+        result: Bytes,
+    ) -> Result<(), StoreError> {
+        self.store.finish_step(lease, step, result).await
+    }
+    async fn steps(&self, id: &RecordId) -> Result<Vec<idem::StepEntry>, StoreError> {
+        self.store.steps(id).await
+    }
+    async fn resolve_step(
+        &self,
+        id: &RecordId,
+        step: &str,
+        resolution: Resolution,
+    ) -> Result<Resolved, StoreError> {
+        self.store.resolve_step(id, step, resolution).await
+    }
+}
+
+/// A `begin_step` whose answer is lost is retried; the retry finds the
+/// attempt's own mark, which is not a step in doubt: under `Skip` the step
+/// still runs (once) and its result is journaled, instead of being
+/// recorded as skipped with its effect lost.
+#[tokio::test]
+async fn a_lost_begin_step_answer_does_not_put_the_step_in_doubt() {
+    let store = LostBeginAnswer::default();
+    let idem = Idempotency::builder(store.clone()).build().expect("config");
+    let ran = AtomicU32::new(0);
+    let ran = &ran;
+    let outcome = idem
+        .run(&id("lost-answer"), None, |ctx| async move {
+            let charged = ctx
+                .step("charge", Skip, |_| async {
+                    ran.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Io>("ch_1".to_owned())
+                })
+                .await?;
+            Ok::<_, HandlerError>(charged)
+        })
+        .await
+        .expect("executed");
+    assert_eq!(ran.load(Ordering::SeqCst), 1, "the step ran once");
+    assert!(
+        matches!(outcome, idem::Outcome::Executed { value: Some(ref id), .. } if id == "ch_1"),
+        "{outcome:?}"
+    );
+    let steps = store.store.steps(&id("lost-answer")).await.expect("steps");
+    assert_eq!(
+        steps.first().map(|s| &s.state),
+        Some(&idem::StepState::Done {
+            result: Bytes::from_static(b"\"ch_1\"")
+        })
+    );
+}
