@@ -27,13 +27,21 @@ pub(crate) fn channel(record_key: &str) -> String {
 }
 
 /// The waiters of one store.
-#[derive(Debug)]
 pub(crate) struct Notifier {
     url: String,
     options: Options,
     waiters: Arc<Waiters>,
     /// The pub/sub connection's sending half, once connected.
     sink: tokio::sync::Mutex<Option<PubSubSink>>,
+}
+
+// By hand: the URL may hold a password and the options TLS roots.
+impl std::fmt::Debug for Notifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Notifier")
+            .field("waiters", &self.waiters)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Notifier {
@@ -154,5 +162,23 @@ impl Drop for Subscription<'_> {
                 let _ = sink.unsubscribe(channel).await;
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_shows_no_password() {
+        let options = Options {
+            connect: Duration::from_secs(1),
+            response: Duration::from_secs(1),
+            tls_roots: Some(b"-----BEGIN CERTIFICATE-----".to_vec()),
+        };
+        let notifier = Notifier::new("redis://:hunter2@127.0.0.1:6379".into(), options);
+        let shown = format!("{notifier:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(!shown.contains("CERTIFICATE"), "{shown}");
     }
 }
