@@ -234,13 +234,17 @@ impl Batcher {
     }
 
     /// Starts a sending task, which holds a slot already counted in
-    /// `sending`. Outside a runtime (a caller dropped as its runtime shut
-    /// down) there is none to run it, and the queued calls fail at once
-    /// instead of waiting for good.
+    /// `sending`. The slot is owned by the task's future from the start, so
+    /// a task that never runs (spawned on a runtime that is shutting down,
+    /// which drops it) gives the slot back and fails the queued calls, as
+    /// does a call made outside any runtime: they never wait for good.
     fn start_sending(self: &Arc<Self>) {
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(Arc::clone(self).send_all())),
-            Err(_) => self.give_up_sending(),
+        let sending = Sending {
+            batcher: Arc::clone(self),
+            done: false,
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            drop(runtime.spawn(sending.send_all()));
         }
     }
 
@@ -254,27 +258,6 @@ impl Batcher {
             std::mem::take(&mut queue.calls)
         };
         drop(stranded);
-    }
-
-    /// Sends what is queued, a batch at a time, until the queue is empty
-    /// (one of at most [`SENDERS`] tasks doing so).
-    async fn send_all(self: Arc<Self>) {
-        let mut sending = Sending {
-            batcher: &self,
-            done: false,
-        };
-        loop {
-            let batch = {
-                let mut queue = self.queue.lock();
-                if queue.calls.is_empty() {
-                    queue.sending -= 1;
-                    sending.done = true;
-                    return;
-                }
-                take_batch(&mut queue.calls)
-            };
-            self.send(batch).await;
-        }
     }
 
     /// One batch: one script call, its replies handed out in order.
@@ -362,15 +345,35 @@ impl Drop for Slot<'_> {
     }
 }
 
-/// Marks the batcher idle when its sending task ends for any reason. A
-/// task that ends early (its runtime shut down) fails whatever is still
-/// queued instead of leaving it waiting for good.
-struct Sending<'a> {
-    batcher: &'a Batcher,
+/// A sending slot: marks the batcher idle when its sending task ends for
+/// any reason. A task that ends early, or never runs (its runtime shut
+/// down), fails whatever is still queued instead of leaving it waiting for
+/// good.
+struct Sending {
+    batcher: Arc<Batcher>,
     done: bool,
 }
 
-impl Drop for Sending<'_> {
+impl Sending {
+    /// Sends what is queued, a batch at a time, until the queue is empty
+    /// (one of at most [`SENDERS`] tasks doing so).
+    async fn send_all(mut self) {
+        loop {
+            let batch = {
+                let mut queue = self.batcher.queue.lock();
+                if queue.calls.is_empty() {
+                    queue.sending -= 1;
+                    self.done = true;
+                    return;
+                }
+                take_batch(&mut queue.calls)
+            };
+            self.batcher.send(batch).await;
+        }
+    }
+}
+
+impl Drop for Sending {
     fn drop(&mut self) {
         if !self.done {
             self.batcher.give_up_sending();
@@ -409,5 +412,51 @@ fn describe(value: &Value) -> String {
     match value {
         Value::Array(items) => format!("{} entries", items.len()),
         other => format!("{other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::conn::Options;
+
+    /// A call queued from a runtime that has shut down (a caller dropped
+    /// as its runtime goes away) starts a sending task there that never
+    /// runs: the call fails at once instead of waiting for good.
+    #[test]
+    fn calls_queued_on_a_runtime_that_shut_down_fail_instead_of_waiting() {
+        let redis = idem_testkit::redis::RedisServer::start().expect("redis-server");
+        let options = Options {
+            connect: Duration::from_secs(2),
+            response: Duration::from_secs(2),
+            tls_roots: None,
+        };
+        let old = tokio::runtime::Runtime::new().expect("runtime");
+        let server = old
+            .block_on(Server::connect(&redis.url(), &options))
+            .expect("connect");
+        let handle = old.handle().clone();
+        drop(old);
+        let batcher = Batcher::new(server, crate::scripts::batch());
+        let call = Call {
+            op: Op::Release,
+            key: "{k}".to_owned(),
+            args: vec![Bytes::from_static(b"00")],
+        };
+        let mut replies = {
+            let _entered = handle.enter();
+            batcher.submit(vec![call])
+        };
+        let reply = replies.pop().expect("one reply");
+        let fresh = tokio::runtime::Runtime::new().expect("runtime");
+        let answered = fresh
+            .block_on(async { tokio::time::timeout(Duration::from_secs(5), answer(reply)).await });
+        assert!(
+            matches!(answered, Ok(Err(StoreError::Unavailable(_)))),
+            "{answered:?}"
+        );
+        assert_eq!(batcher.queue.lock().sending, 0, "the slot is given back");
     }
 }
