@@ -4,7 +4,7 @@ use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -74,8 +74,14 @@ pub enum RetryCause {
     /// The handler ran but its lease was taken over before it could store
     /// its outcome; the redelivery replays whatever the new holder stores.
     LeaseLost,
-    /// The store could not be reached (fail-closed: nothing ran).
+    /// The store could not be reached before the handler ran
+    /// (fail-closed: nothing ran).
     Store(String),
+    /// The handler ran, but the store could not be reached to keep its
+    /// outcome. The claim stays until its lease runs out; the redelivery
+    /// then replays the outcome if it was kept after all, or takes over
+    /// (the handler's effects should be fenced or journaled for that).
+    Unstored(String),
     /// The handler panicked. Its claim is left to run out, as a crash
     /// would leave it; the redelivery takes over after the lease, and a
     /// message that keeps panicking becomes terminal after the attempts.
@@ -90,7 +96,13 @@ impl fmt::Display for RetryCause {
                 write!(f, "attempt {attempt} failed: {error}")
             }
             RetryCause::LeaseLost => f.write_str("lease lost before the outcome was stored"),
-            RetryCause::Store(error) => write!(f, "idempotency store unavailable: {error}"),
+            RetryCause::Store(error) => {
+                write!(f, "idempotency store unavailable, nothing ran: {error}")
+            }
+            RetryCause::Unstored(error) => write!(
+                f,
+                "the handler ran, but the idempotency store could not keep its outcome: {error}"
+            ),
             RetryCause::Panicked(message) => write!(f, "handler panicked: {message}"),
         }
     }
@@ -488,7 +500,9 @@ impl<S: Store, C: Codec> Consumer<S, C> {
         let inner = &*self.inner;
         let key = id.key().clone();
         let name = Arc::clone(&inner.name);
+        let ran = AtomicBool::new(false);
         let work = |ctx: Context| {
+            ran.store(true, Ordering::Relaxed);
             let job = Job {
                 id: id.clone(),
                 message: Arc::clone(&message),
@@ -527,7 +541,7 @@ impl<S: Store, C: Codec> Consumer<S, C> {
             Ok(Ok(Outcome::Executed { .. })) => Disposition::Ack(Acked::Executed),
             Ok(Ok(Outcome::Replayed { .. })) => Disposition::Ack(Acked::Replayed),
             Ok(Ok(Outcome::Unguarded { .. })) => Disposition::Ack(Acked::Unguarded),
-            Ok(Err(error)) => self.on_error(error),
+            Ok(Err(error)) => self.on_error(error, ran.load(Ordering::Relaxed)),
             Err(panic) => {
                 let message = panic
                     .downcast_ref::<&str>()
@@ -597,7 +611,9 @@ impl<S: Store, C: Codec> Consumer<S, C> {
         stopped
     }
 
-    fn on_error<E: StdError + 'static>(&self, error: RunError<E>) -> Disposition {
+    /// The disposition for a run that ended in `error`; `ran` says whether
+    /// the handler was called.
+    fn on_error<E: StdError + 'static>(&self, error: RunError<E>, ran: bool) -> Disposition {
         match error {
             RunError::InProgress { retry_after } => Disposition::Retry {
                 after: self.clamp(retry_after),
@@ -641,7 +657,11 @@ impl<S: Store, C: Codec> Consumer<S, C> {
             },
             RunError::Store(error) => Disposition::Retry {
                 after: self.clamp(idem::STORE_RETRY_AFTER),
-                cause: RetryCause::Store(chain(&error)),
+                cause: if ran {
+                    RetryCause::Unstored(chain(&error))
+                } else {
+                    RetryCause::Store(chain(&error))
+                },
             },
             RunError::Decode { reason } => {
                 // The record says the work completed; only its stored result

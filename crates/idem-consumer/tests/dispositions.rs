@@ -305,12 +305,86 @@ async fn a_store_outage_is_retried_fail_closed() {
         .await;
     match decision.disposition {
         Disposition::Retry {
-            cause: RetryCause::Store(error),
+            cause: cause @ RetryCause::Store(_),
             ..
-        } => assert!(error.contains("connection refused"), "{error}"),
+        } => {
+            let text = cause.to_string();
+            assert!(text.contains("connection refused"), "{text}");
+            assert!(text.contains("nothing ran"), "{text}");
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(runs.load(Ordering::SeqCst), 0, "fail-closed: nothing ran");
+}
+
+/// A store that takes claims but is gone by the time an outcome is to be
+/// kept: a stand-in for an outage that starts while the handler runs.
+#[derive(Debug, Clone, Default)]
+struct GoneAfterClaim(MemoryStore);
+
+impl Store for GoneAfterClaim {
+    async fn claim(
+        &self,
+        id: &idem::RecordId,
+        params: &idem::ClaimParams,
+    ) -> Result<idem::ClaimOutcome, idem::StoreError> {
+        self.0.claim(id, params).await
+    }
+
+    async fn complete(
+        &self,
+        _: &idem::Lease,
+        _: bytes::Bytes,
+        _: Duration,
+    ) -> Result<(), idem::StoreError> {
+        Err(idem::StoreError::Unavailable("connection reset".into()))
+    }
+
+    async fn fail(
+        &self,
+        _: &idem::Lease,
+        _: idem::Failure,
+        _: Duration,
+    ) -> Result<(), idem::StoreError> {
+        Err(idem::StoreError::Unavailable("connection reset".into()))
+    }
+
+    async fn extend(
+        &self,
+        lease: &idem::Lease,
+        duration: Duration,
+    ) -> Result<Timestamp, idem::StoreError> {
+        self.0.extend(lease, duration).await
+    }
+
+    async fn release(&self, _: &idem::Lease) -> Result<(), idem::StoreError> {
+        Err(idem::StoreError::Unavailable("connection reset".into()))
+    }
+}
+
+#[tokio::test]
+async fn an_outcome_the_store_could_not_keep_says_the_handler_ran() {
+    let consumer = consumer(GoneAfterClaim::default());
+    let runs = AtomicU32::new(0);
+    let decision = consumer
+        .process(keyed("o-7b", "{}"), |_| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, Io>(()) }
+        })
+        .await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    match decision.disposition {
+        Disposition::Retry {
+            cause: cause @ RetryCause::Unstored(_),
+            ..
+        } => {
+            let text = cause.to_string();
+            assert!(text.contains("the handler ran"), "{text}");
+            assert!(text.contains("connection reset"), "{text}");
+            assert!(!text.contains("nothing ran"), "{text}");
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[tokio::test]
