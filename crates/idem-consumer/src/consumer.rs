@@ -628,12 +628,12 @@ impl<S: Store, C: Codec> Consumer<S, C> {
                 after: self.clamp(retry_after.unwrap_or_default()),
                 cause: RetryCause::Failed {
                     attempt,
-                    error: chain(&error),
+                    error: idem::error_chain(&error),
                 },
             },
             RunError::Handler { error, attempt, .. } => dead_letter(format!(
                 "handler failed terminally on attempt {attempt}: {}",
-                chain(&error)
+                idem::error_chain(&error)
             )),
             RunError::Parked(failure) => dead_letter(format!(
                 "{}; resolve it with `idem resolve`, then redeliver this message to resume",
@@ -658,9 +658,9 @@ impl<S: Store, C: Codec> Consumer<S, C> {
             RunError::Store(error) => Disposition::Retry {
                 after: self.clamp(idem::STORE_RETRY_AFTER),
                 cause: if ran {
-                    RetryCause::Unstored(chain(&error))
+                    RetryCause::Unstored(idem::error_chain(&error))
                 } else {
-                    RetryCause::Store(chain(&error))
+                    RetryCause::Store(idem::error_chain(&error))
                 },
             },
             RunError::Decode { reason } => {
@@ -674,7 +674,7 @@ impl<S: Store, C: Codec> Consumer<S, C> {
                 );
                 Disposition::Ack(Acked::Replayed)
             }
-            other => dead_letter(chain(&other)),
+            other => dead_letter(idem::error_chain(&other)),
         }
     }
 
@@ -721,19 +721,4 @@ fn dead_letter(reason: String) -> Disposition {
 /// otherwise.
 fn payload_fingerprint(payload: &[u8]) -> Fingerprint {
     Fingerprint::of_json(payload).unwrap_or_else(|_| Fingerprint::of_bytes(payload))
-}
-
-/// An error and its sources, `a: b: c`.
-fn chain(error: &dyn StdError) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let next = cause.to_string();
-        if !text.ends_with(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
-        }
-        source = cause.source();
-    }
-    text
 }

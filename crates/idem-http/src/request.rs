@@ -321,7 +321,7 @@ impl<S: Store> Settings<S> {
                 detail: failure.message,
             },
             Err(RunError::Store(error)) => Rejection::StoreUnavailable {
-                error: error_chain(&error),
+                error: idem::error_chain(&error),
                 executed,
             },
             Err(RunError::LeaseLost) => Rejection::LeaseLost,
@@ -492,18 +492,6 @@ fn preferred_wait(headers: &http::HeaderMap) -> Option<Duration> {
             let value = value.trim().trim_matches('"');
             value.parse::<u64>().ok().map(Duration::from_secs)
         })
-}
-
-/// An error with its sources, as one line.
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    text
 }
 
 fn is_json(parts: &Parts) -> bool {

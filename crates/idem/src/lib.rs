@@ -64,6 +64,7 @@
 //! holds the conformance suite every store passes.
 
 pub mod cache;
+mod chain;
 mod clock;
 #[doc = include_str!("../docs/contract.md")]
 pub mod contract {}
@@ -83,6 +84,7 @@ mod store;
 pub mod url;
 pub mod wake;
 
+pub use chain::error_chain;
 pub use clock::{held, Clock, ManualClock, SystemClock, Timestamp, LONGEST_HELD};
 pub use codec::{Codec, Json};
 pub use executor::{
