@@ -24,6 +24,24 @@ use crate::record::{ClaimOutcome, ClaimParams, Failure, FailureClass, Lease};
 use crate::step::StepRun;
 use crate::store::{BoxError, ClaimMany, DynStepJournal, Store, StoreError};
 
+/// Failure messages are cut to this many bytes when the store refuses the
+/// whole message.
+const SHORT_FAILURE: usize = 256;
+
+/// `message`, cut at a character boundary to fit [`SHORT_FAILURE`] with a
+/// mark that it was cut.
+fn cut_short(message: &str) -> String {
+    const MARK: &str = " [cut short]";
+    if message.len() <= SHORT_FAILURE - MARK.len() {
+        return message.to_owned();
+    }
+    let mut end = SHORT_FAILURE - MARK.len();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{MARK}", &message[..end])
+}
+
 /// How long to suggest waiting after a store error before trying again.
 pub const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -1148,7 +1166,22 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                 );
                 Err(RunError::LeaseLost)
             }
-            Err(error) => Err(RunError::Store(error)),
+            Err(error @ StoreError::Unavailable(_)) => Err(RunError::Store(error)),
+            Err(refused) => {
+                // The store answered and said no (too large, invalid,
+                // corrupt): left in progress, the claim would be taken
+                // over and the handler run again (DESIGN §5.5).
+                tracing::error!(error = %refused, "the store refused the response; recording a terminal failure");
+                let failure = Failure::new(
+                    FailureClass::Terminal,
+                    format!(
+                        "the handler ran, but the store refused its response: {}",
+                        crate::error_chain(&refused)
+                    ),
+                );
+                self.record_failure(lease, failure).await;
+                Err(RunError::Store(refused))
+            }
         }
     }
 
@@ -1176,17 +1209,30 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         }
     }
 
-    /// Records a failure; if that cannot be done, the lease simply runs out
-    /// and a later attempt decides again.
+    /// Records a failure; if the store refuses it (a message too large for
+    /// it, say), records it again with the message cut short. If that
+    /// cannot be done either, the lease simply runs out and a later
+    /// attempt decides again.
     async fn record_failure(&self, lease: &Lease, failure: Failure) {
         let retention = self.config.failure_retention;
-        let (recorded, _) = self
-            .with_store_retries(
-                lease,
-                || self.store.fail(lease, failure.clone(), retention),
-                m::OP_FAIL,
-            )
-            .await;
+        let fail = |failure: Failure| async move {
+            let (recorded, _) = self
+                .with_store_retries(
+                    lease,
+                    || self.store.fail(lease, failure.clone(), retention),
+                    m::OP_FAIL,
+                )
+                .await;
+            recorded
+        };
+        let short = Failure::new(failure.class, cut_short(&failure.message));
+        let was_cut = short.message != failure.message;
+        let recorded = match fail(failure).await {
+            Err(StoreError::Backend(_) | StoreError::Corrupt { .. }) if was_cut => {
+                fail(short).await
+            }
+            other => other,
+        };
         if let Err(error) = recorded {
             if matches!(error, StoreError::LeaseLost) {
                 m::count(m::LEASE_LOST, &[("at", "fail")]);

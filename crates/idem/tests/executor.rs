@@ -641,6 +641,21 @@ enum Fault {
     CompleteAnswerLost,
     /// `claim` reports a corrupt record.
     CorruptClaim,
+    /// `complete` is refused (as DynamoDB refuses an item over 400 KB),
+    /// and so is a `fail` whose message passes 300 bytes.
+    RefusesLargeWrites,
+}
+
+/// What [`Fault::RefusesLargeWrites`] says, long enough that a failure
+/// quoting it passes the limit.
+fn too_large() -> StoreError {
+    StoreError::Backend(
+        format!(
+            "ValidationException: item size too large ({})",
+            "x".repeat(400)
+        )
+        .into(),
+    )
 }
 
 #[derive(Clone)]
@@ -676,6 +691,9 @@ impl Store for Faulty {
         response: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
+        if self.fault == Fault::RefusesLargeWrites {
+            return Err(too_large());
+        }
         let result = self.inner.complete(lease, response, retention).await;
         if self.fault == Fault::CompleteAnswerLost
             && self.completes.fetch_add(1, Ordering::SeqCst) == 0
@@ -691,6 +709,9 @@ impl Store for Faulty {
         failure: Failure,
         retention: Duration,
     ) -> Result<(), StoreError> {
+        if self.fault == Fault::RefusesLargeWrites && failure.message.len() > 300 {
+            return Err(too_large());
+        }
         self.inner.fail(lease, failure, retention).await
     }
     async fn extend(&self, lease: &Lease, d: Duration) -> Result<Timestamp, StoreError> {
@@ -748,6 +769,51 @@ async fn a_lost_answer_to_a_complete_that_landed_is_still_executed() {
         .await
         .expect("replay");
     assert_eq!(replay, Outcome::Replayed { value: 9 });
+}
+
+/// A response the store refuses (it answered, and said no) is not left as
+/// a live claim to be taken over and run again: the record ends failed
+/// with the reason (cut short, as the store refuses the whole of it too),
+/// and later runs replay that failure (DESIGN §5.5).
+#[tokio::test(start_paused = true)]
+async fn a_response_the_store_refuses_ends_the_record_failed_and_never_runs_again() {
+    let lease = Duration::from_secs(3);
+    let idem = Idempotency::builder(Faulty::new(Fault::RefusesLargeWrites))
+        .lease(lease)
+        .build()
+        .expect("config");
+    let runs = AtomicU32::new(0);
+    let key = id("refused");
+    let run = || {
+        idem.run(&key, None, |_| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, Io>("receipt".to_owned()) }
+        })
+    };
+    let first = run().await;
+    assert!(
+        matches!(first, Err(RunError::Store(StoreError::Backend(_)))),
+        "{first:?}"
+    );
+    tokio::time::advance(lease * 2).await;
+    let later = run().await;
+    match later {
+        Err(RunError::Failed(failure)) => {
+            assert_eq!(failure.class, FailureClass::Terminal);
+            assert!(
+                failure.message.contains("refused its response"),
+                "{}",
+                failure.message
+            );
+            assert!(
+                failure.message.ends_with("[cut short]"),
+                "{}",
+                failure.message
+            );
+        }
+        other => panic!("the refusal is replayed, got {other:?}"),
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
 }
 
 #[tokio::test]
