@@ -28,7 +28,10 @@
 //! * **Fences** rise per key: past the stored one, and past the clock in
 //!   microseconds for a key with no item. An expired item, and a deleted
 //!   one (a tombstone), keeps its fence until DynamoDB removes it, `grace`
-//!   after its retention.
+//!   after its retention, or [`PurgeExpired`] does, once its fence is older
+//!   than `grace` by the purging clock. So clocks that disagree by less
+//!   than `grace` (an hour by default) cannot make a fence fall; clocks
+//!   further apart can, for a key claimed again after its item is gone.
 //! * **Size.** Responses longer than 1 KiB are stored zstd-compressed when
 //!   that is shorter; an item that would still pass DynamoDB's 400 KB limit
 //!   is refused with [`ItemTooLarge`] before anything is sent.
@@ -795,12 +798,19 @@ fn state_code(state: idem::StateKind) -> &'static str {
 
 impl PurgeExpired for DynamoStore {
     /// Deletes expired items (tombstones included), each on the condition
-    /// that it is still expired at the version seen. Successive calls walk
-    /// the table from where the last one stopped; a call that reaches the
-    /// end starts the next walk over. DynamoDB's TTL does the same work for
-    /// free, later.
+    /// that it is still expired at the version seen, and that its fence is
+    /// older than `grace` by this clock: a later claim takes its fence from
+    /// its own clock, which must then still be past the fence even if it
+    /// runs behind this one (by less than `grace`), as for DynamoDB's TTL.
+    /// Successive calls walk the table from where the last one stopped; a
+    /// call that reaches the end starts the next walk over. DynamoDB's TTL
+    /// does the same work for free, later.
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
         let now = self.now();
+        let floor = now
+            .saturating_sub(self.inner.settings.grace)
+            .as_millis()
+            .saturating_mul(1000);
         let mut purged = 0;
         let mut from = self.inner.purge_from.lock().take();
         while purged < limit {
@@ -810,9 +820,10 @@ impl PurgeExpired for DynamoStore {
                 .scan()
                 .table_name(&self.inner.table)
                 .consistent_read(true)
-                .filter_expression("ex <= :now")
+                .filter_expression("ex <= :now AND fe < :floor")
                 .projection_expression("pk, v")
                 .expression_attribute_values(":now", n(now.as_millis()))
+                .expression_attribute_values(":floor", n(floor))
                 .set_exclusive_start_key(
                     from.take()
                         .map(|pk| HashMap::from([("pk".to_owned(), s(pk))])),
@@ -838,9 +849,10 @@ impl PurgeExpired for DynamoStore {
                     .delete_item()
                     .table_name(&self.inner.table)
                     .key("pk", s(pk.clone()))
-                    .condition_expression("v = :v AND ex <= :now")
+                    .condition_expression("v = :v AND ex <= :now AND fe < :floor")
                     .expression_attribute_values(":v", AttributeValue::N(v.clone()))
                     .expression_attribute_values(":now", n(now.as_millis()))
+                    .expression_attribute_values(":floor", n(floor))
                     .send()
                     .await;
                 match deleted {

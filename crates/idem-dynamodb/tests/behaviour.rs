@@ -11,8 +11,8 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodb::Client;
 use bytes::Bytes;
 use idem::{
-    ClaimOutcome, ClaimParams, GetRecord, Idempotency, ManualClock, Outcome, RecordId, RunError,
-    State, Store, StoreError,
+    ClaimOutcome, ClaimParams, GetRecord, Idempotency, ManualClock, Outcome, PurgeExpired,
+    RecordId, RunError, State, Store, StoreError, Timestamp,
 };
 use idem_dynamodb::{client_for, DynamoStore, ItemTooLarge};
 use idem_testkit::moto::{ACCESS_KEY, REGION, SECRET_KEY};
@@ -346,5 +346,59 @@ async fn the_executor_runs_each_key_once_under_concurrent_duplicates() {
         ran.load(std::sync::atomic::Ordering::SeqCst),
         10,
         "160 runs over 10 keys execute exactly 10 times"
+    );
+}
+
+/// Fences rise per key across a purge even when the clocks of the
+/// processes disagree: an expired item is purged only once its fence is
+/// older than the grace, so a claim from a clock up to the grace behind
+/// still finds the fence, or takes one from a clock past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_do_not_fall_after_a_purge_by_a_clock_ahead() {
+    let (client, table) = common::table("purge-fence").await;
+    let ahead = ManualClock::new(Timestamp::from_millis(1_000_000_000));
+    let behind = ManualClock::new(Timestamp::from_millis(1_000_000_000 - 10_000));
+    let purger = DynamoStore::new(client.clone(), table.clone()).with_clock(ahead.clone());
+    let claimer = DynamoStore::new(client, table).with_clock(behind.clone());
+    let id = id("purged");
+    let p = ClaimParams::new(Duration::from_secs(1), Duration::from_secs(1));
+    let first = acquire(&purger, &id, &p).await;
+    purger
+        .complete(&first, Bytes::from_static(b"done"), Duration::from_secs(1))
+        .await
+        .expect("complete");
+    ahead.advance(Duration::from_secs(5));
+    behind.advance(Duration::from_secs(5));
+    assert_eq!(
+        purger.purge_expired(100).await.expect("purge"),
+        0,
+        "the fence is newer than the grace: the item stays"
+    );
+    assert_eq!(
+        claimer.claim(&id, &p).await.expect("claim"),
+        ClaimOutcome::Completed(Bytes::from_static(b"done")),
+        "to a clock 10 s behind, the record is still live"
+    );
+    behind.advance(Duration::from_secs(10));
+    let second = acquire(&claimer, &id, &p).await;
+    assert!(
+        second.fence > first.fence,
+        "a clock behind claims after the purge: fence {} after {}",
+        second.fence,
+        first.fence
+    );
+    claimer
+        .complete(
+            &second,
+            Bytes::from_static(b"again"),
+            Duration::from_secs(1),
+        )
+        .await
+        .expect("complete");
+    ahead.advance(idem_dynamodb::DEFAULT_GRACE + Duration::from_secs(10));
+    assert_eq!(
+        purger.purge_expired(100).await.expect("purge"),
+        1,
+        "past the grace, the item goes"
     );
 }
