@@ -31,36 +31,6 @@
 //! # Ok(()) }
 //! ```
 //!
-//! ## Waiting duplicates
-//!
-//! A duplicate that waits for an in-flight run (`wait_for_in_flight`, HTTP
-//! `Prefer: wait`) is woken by LISTEN/NOTIFY, not by polling. The store's
-//! first wait opens one connection of its own that `LISTEN`s on
-//! `idem_done`; each wait marks its record `waited` (one `UPDATE` of the
-//! in-progress row, which also orders it against a write ending the record
-//! at the same moment), and a trigger on the write that ends a waited
-//! record (complete, fail, release, delete) sends `NOTIFY idem_done` with
-//! the schema and a SHA-256 of the record's id. Records nobody waits on
-//! never reach the trigger function (its `WHEN` clause is checked first)
-//! and send nothing: a NOTIFY holds a lock shared by the whole server from
-//! its commit until the commit's WAL is flushed, so announcing every end
-//! would serialize the store's commits (a third fewer pairs per second at
-//! 8 connections, see `BENCHMARKS.md`). A read each second stays
-//! underneath as a safety net (a connection lost mid-wait wakes its waits
-//! at once, and the next wait listens on a new one).
-//!
-//! Two things to know when operating it:
-//!
-//! - **PgBouncer in transaction mode** passes `LISTEN` but not the
-//!   announcements, so waits would only be woken by the safety net each
-//!   second: connect with `listen=false` there, and waits poll (5 ms
-//!   doubling to 200 ms) as they do on DynamoDB.
-//! - **The notification queue** (8 GB by default) is shared by the server;
-//!   a listener that stops reading (a process hung with its connection
-//!   open) holds it back, and once it is full, writes that NOTIFY fail at
-//!   commit: here, the ending writes of waited records. Watch
-//!   `pg_notification_queue_usage()` as you would replication lag.
-//!
 //! ## URLs
 //!
 //! `postgres://[user[:password]@]host[:port]/database[?params]`
@@ -106,6 +76,7 @@
 //! that run their own migration tool.
 //!
 #![doc = include_str!("../docs/cleanup.md")]
+#![doc = include_str!("../docs/waiting.md")]
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -779,50 +750,7 @@ impl Store for PgStore {
     /// `timeout`; returns at once if the record is not in progress. The
     /// caller claims again either way; the claim decides.
     async fn wait_for_change(&self, id: &RecordId, timeout: Duration) {
-        let deadline = tokio::time::Instant::now() + idem::held(timeout);
-        let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
-        let listener = &self.inner.listener;
-        if !listener.listening(timeout).await {
-            return idem::poll_while(left(), || self.in_progress(id)).await;
-        }
-        let payload = match self
-            .query(
-                &self.inner.sql.wait,
-                &[&id.scope().as_str(), &id.key().as_str()],
-            )
-            .await
-        {
-            Ok(rows) => match rows.first().map(|row| row.try_get::<_, String>(0)) {
-                Some(Ok(payload)) => payload,
-                // Not in progress: nothing to wait for.
-                None => return,
-                Some(Err(error)) => {
-                    tracing::debug!(%error, "unreadable wait payload; waiting by polling");
-                    return idem::poll_while(left(), || self.in_progress(id)).await;
-                }
-            },
-            Err(error) => {
-                tracing::debug!(%error, "could not mark the record waited; waiting by polling");
-                return idem::poll_while(left(), || self.in_progress(id)).await;
-            }
-        };
-        let waiter = listener.waiters().enter(payload);
-        waiter.wait(left(), || self.in_progress(id)).await;
-    }
-}
-
-impl PgStore {
-    /// Whether `id` is in progress; `false` when that cannot be read (the
-    /// caller claims again and finds out).
-    async fn in_progress(&self, id: &RecordId) -> bool {
-        let state = self
-            .query(
-                &self.inner.sql.state,
-                &[&id.scope().as_str(), &id.key().as_str()],
-            )
-            .await;
-        matches!(&state, Ok(rows) if rows.first()
-            .is_some_and(|row| row.try_get::<_, &str>(0).is_ok_and(|s| s == "in_progress")))
+        self.wait_announced(id, timeout).await;
     }
 }
 
