@@ -16,7 +16,10 @@
 //! - a store restart (PostgreSQL immediate shutdown with crash recovery,
 //!   Redis SIGKILL with an fsync-always append-only file);
 //! - network faults at the proxy: latency, a blackhole (a partition that
-//!   heals), a reset of every connection, responses cut off midway.
+//!   heals), a reset of every connection, responses cut off midway;
+//! - a worker's wall clock jumping forward or back by more than a lease,
+//!   where the store reads the worker's clock (SQLite; PostgreSQL and
+//!   Redis decide on the server's clock, so no worker clock reaches them).
 //!
 //! When the broker has every delivery acknowledged, a [checker](Report)
 //! compares the workers' ledger, the downstream table and the store. The
@@ -24,13 +27,17 @@
 //!
 //! - **`pg-inbox`**, the transactional inbox: the effect row commits with
 //!   the inbox record, so every key has exactly one effect.
-//! - **`pg-lease`, `redis-lease`**, the lease executor: a handler can run
-//!   again after a crash, so effects are fenced writes. Every key is
-//!   completed, by the holder with the highest fence that ever started it;
-//!   at most one completion per key is acknowledged, and it is the one
-//!   stored (none lost to a restart); the downstream row holds the
-//!   accepted holder's write, stale holders' writes were refused; no live
-//!   lease is left.
+//! - **`pg-lease`, `redis-lease`, `sqlite-lease`**, the lease executor: a
+//!   handler can run again after a crash, so effects are fenced writes.
+//!   Every key is completed, by the holder with the highest fence that
+//!   ever started it; at most one completion per key is acknowledged, and
+//!   it is the one stored (none lost to a restart); the downstream row
+//!   holds the accepted holder's write, stale holders' writes were
+//!   refused; no live lease is left. SQLite has no server: the workers
+//!   share one file, its "restart" is every worker SIGKILLed at once (mid
+//!   commit, with writes from all of them in flight), and the proxy's
+//!   network faults hit the workers' connections to the downstream
+//!   database instead.
 //!
 //! - **`http-sqlite`, `http-redis`, `http-postgres`**, the gateway (see [`http`]): client
 //!   processes retrying as API SDKs do through the fault proxy to an
@@ -64,6 +71,9 @@ pub enum Target {
     PgLease,
     /// The lease executor on the Redis store.
     RedisLease,
+    /// The lease executor on one SQLite file shared by the worker
+    /// processes.
+    SqliteLease,
     /// The HTTP gateway (`idem proxy`) on the embedded SQLite store.
     HttpSqlite,
     /// The HTTP gateway on Redis.
@@ -74,10 +84,11 @@ pub enum Target {
 
 impl Target {
     /// Every target.
-    pub const ALL: [Target; 6] = [
+    pub const ALL: [Target; 7] = [
         Target::PgInbox,
         Target::PgLease,
         Target::RedisLease,
+        Target::SqliteLease,
         Target::HttpSqlite,
         Target::HttpRedis,
         Target::HttpPostgres,
@@ -89,6 +100,7 @@ impl Target {
             Target::PgInbox => "pg-inbox",
             Target::PgLease => "pg-lease",
             Target::RedisLease => "redis-lease",
+            Target::SqliteLease => "sqlite-lease",
             Target::HttpSqlite => "http-sqlite",
             Target::HttpRedis => "http-redis",
             Target::HttpPostgres => "http-postgres",
@@ -98,6 +110,24 @@ impl Target {
     /// The target called `name`.
     pub fn parse(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|t| t.name() == name)
+    }
+
+    /// Whether the store decides leases on the worker's own wall clock
+    /// (rather than the server's), so a clock fault reaches it.
+    pub fn reads_worker_clock(self) -> bool {
+        self == Target::SqliteLease
+    }
+
+    /// The faults a run of this target injects by default: every kind
+    /// that reaches it.
+    pub fn faults(self) -> Vec<FaultKind> {
+        if self.is_http() {
+            return http::FAULTS.to_vec();
+        }
+        FaultKind::ALL
+            .into_iter()
+            .filter(|k| *k != FaultKind::Clock || self.reads_worker_clock())
+            .collect()
     }
 
     /// Whether this is a run of workers whose idem store is PostgreSQL.
@@ -122,7 +152,8 @@ pub enum FaultKind {
     Kill,
     /// SIGSTOP a worker for 1.5 to 3 leases, then SIGCONT it.
     Stop,
-    /// Crash the store and start it again.
+    /// Crash the store and start it again (SQLite: SIGKILL every process
+    /// that has the file open).
     StoreRestart,
     /// Delay every chunk through the proxy.
     Latency,
@@ -132,11 +163,14 @@ pub enum FaultKind {
     Reset,
     /// Cut responses off midway for a while.
     Cut,
+    /// Jump a worker's wall clock 1.5 to 3 leases forward or back (it
+    /// stays there until the next jump or the worker's end).
+    Clock,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 7] = [
+    pub const ALL: [FaultKind; 8] = [
         FaultKind::Kill,
         FaultKind::Stop,
         FaultKind::StoreRestart,
@@ -144,6 +178,7 @@ impl FaultKind {
         FaultKind::Blackhole,
         FaultKind::Reset,
         FaultKind::Cut,
+        FaultKind::Clock,
     ];
 
     /// Its name in reports and on the command line.
@@ -156,6 +191,7 @@ impl FaultKind {
             FaultKind::Blackhole => "blackhole",
             FaultKind::Reset => "reset",
             FaultKind::Cut => "cut",
+            FaultKind::Clock => "clock",
         }
     }
 
@@ -189,7 +225,7 @@ pub struct Plan {
     pub duration: Duration,
     /// The mean time between faults.
     pub fault_every: Duration,
-    /// Which faults to inject.
+    /// Which faults to inject (by default [`Target::faults`]).
     pub faults: Vec<FaultKind>,
     /// How long the run may take to settle after the fault phase before
     /// undelivered keys count as lost.
@@ -220,7 +256,7 @@ impl Plan {
             lease: Duration::from_secs(1),
             duration: Duration::from_secs(8),
             fault_every: Duration::from_millis(400),
-            faults: FaultKind::ALL.to_vec(),
+            faults: target.faults(),
             settle_limit: Duration::from_secs(60),
             redis_append_only: true,
             worker_bin: worker_bin.into(),

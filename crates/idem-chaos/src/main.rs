@@ -1,10 +1,10 @@
 //! `idem-chaos`: fault-injection runs against real stores, with a checker.
 //!
 //! ```text
-//! idem-chaos run [--target pg-inbox|pg-lease|redis-lease|http-sqlite|http-redis|http-postgres|all]
+//! idem-chaos run [--target pg-inbox|pg-lease|redis-lease|sqlite-lease|http-sqlite|http-redis|http-postgres|all]
 //!                [--seed N] [--keys N]
 //!                [--duplicates SHARE] [--workers K] [--duration 60s] [--fault-every 300ms]
-//!                [--faults kill,stop,restart,latency,blackhole,reset,cut]
+//!                [--faults kill,stop,restart,latency,blackhole,reset,cut,clock]
 //! ```
 //!
 //! It prints a summary table (one for the worker targets, one for the
@@ -53,8 +53,8 @@ enum Cmd {
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// pg-inbox, pg-lease, redis-lease, http-sqlite, http-redis,
-    /// http-postgres, or all.
+    /// pg-inbox, pg-lease, redis-lease, sqlite-lease, http-sqlite,
+    /// http-redis, http-postgres, or all.
     #[arg(long, default_value = "all")]
     target: String,
     /// Seeds the workload and the faults.
@@ -81,7 +81,8 @@ struct RunArgs {
     /// The mean time between faults.
     #[arg(long, default_value = "400ms", value_parser = idem::url::parse_duration)]
     fault_every: Duration,
-    /// Which faults, comma-separated (default: all).
+    /// Which faults, comma-separated (default: every kind that reaches
+    /// the target).
     #[arg(long, value_delimiter = ',')]
     faults: Vec<String>,
 }
@@ -135,14 +136,11 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
             )
         })?]
     };
-    let faults = if args.faults.is_empty() {
-        FaultKind::ALL.to_vec()
-    } else {
-        args.faults
-            .iter()
-            .map(|f| FaultKind::parse(f).with_context(|| format!("unknown fault {f:?}")))
-            .collect::<anyhow::Result<_>>()?
-    };
+    let chosen: Vec<FaultKind> = args
+        .faults
+        .iter()
+        .map(|f| FaultKind::parse(f).with_context(|| format!("unknown fault {f:?}")))
+        .collect::<anyhow::Result<_>>()?;
     let bin = std::env::current_exe().context("finding this binary")?;
     let mut reports = Vec::new();
     let mut http_reports = Vec::new();
@@ -156,7 +154,11 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
             lease: args.lease,
             duration: args.duration,
             fault_every: args.fault_every,
-            faults: faults.clone(),
+            faults: if chosen.is_empty() {
+                target.faults()
+            } else {
+                chosen.clone()
+            },
             ..Plan::new(target, &bin)
         };
         let bar = ProgressBar::new(1);

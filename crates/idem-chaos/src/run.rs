@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use idem::{GetRecord, Key, ListQuery, ListRecords, Record, RecordId, Scope, StateKind};
 use idem_postgres::PgStore;
 use idem_redis::RedisStore;
+use idem_sqlite::SqliteStore;
 use idem_testkit::postgres::PgServer;
 use idem_testkit::proxy::FaultProxy;
 use idem_testkit::redis::RedisServer;
@@ -71,17 +72,26 @@ pub struct Progress {
 pub async fn run(plan: &Plan, progress: impl Fn(Progress)) -> Result<Report, ChaosError> {
     validate(plan)?;
     let servers = Servers::start(plan.target, plan.redis_append_only).await?;
-    let proxy = FaultProxy::start(servers.store_addr())
+    let proxy = FaultProxy::start(servers.proxied_addr())
         .await
         .map_err(|source| ChaosError::Server {
             what: "fault proxy",
             source,
         })?;
     let dir = tempfile_dir()?;
+    if plan.target == Target::SqliteLease {
+        // Created and migrated before the workers open it.
+        let file = sqlite_file(&dir);
+        tokio::task::spawn_blocking(move || SqliteStore::open(file).map(drop))
+            .await
+            .map_err(harness)?
+            .map_err(|e| harness(format!("creating the SQLite store: {e}")))?;
+    }
+    let (store_url, downstream_url) = servers.worker_urls(proxy.addr().port(), &dir);
     let config = WorkerConfig {
         target: plan.target,
-        store_url: servers.store_url(proxy.addr().port()),
-        downstream_url: servers.pg_url(),
+        store_url,
+        downstream_url,
         lease: plan.lease,
         inflight: plan.inflight,
         ledger_dir: dir.clone(),
@@ -214,21 +224,25 @@ impl Servers {
         format!("postgres://postgres@127.0.0.1:{}/{}", self.pg_port, self.db)
     }
 
-    fn store_addr(&self) -> std::net::SocketAddr {
-        let port = if self.target.on_postgres() {
-            self.pg_port
-        } else {
+    /// What the fault proxy stands in front of: the store's server, or
+    /// for SQLite, which has none, the downstream database.
+    fn proxied_addr(&self) -> std::net::SocketAddr {
+        let port = if self.target == Target::RedisLease {
             self.redis_port
+        } else {
+            self.pg_port
         };
         std::net::SocketAddr::from(([127, 0, 0, 1], port))
     }
 
-    /// The store's URL through the proxy on `port`.
-    fn store_url(&self, port: u16) -> String {
-        if self.target.on_postgres() {
-            format!("postgres://postgres@127.0.0.1:{port}/{}", self.db)
-        } else {
-            format!("redis://127.0.0.1:{port}")
+    /// The store's and the downstream database's URLs for the workers,
+    /// with the fault proxy on `port` and the run's files in `dir`.
+    fn worker_urls(&self, port: u16, dir: &Path) -> (String, String) {
+        let proxied_pg = format!("postgres://postgres@127.0.0.1:{port}/{}", self.db);
+        match self.target {
+            Target::RedisLease => (format!("redis://127.0.0.1:{port}"), self.pg_url()),
+            Target::SqliteLease => (sqlite_file(dir).to_string_lossy().into_owned(), proxied_pg),
+            _ => (proxied_pg, self.pg_url()),
         }
     }
 
@@ -471,6 +485,27 @@ impl Broker {
         }
     }
 
+    /// SIGKILLs every worker at once (through `Child::start_kill`), waits
+    /// for them all and starts replacements: the crash of a store that
+    /// lives in its clients' processes.
+    async fn kill_all(&mut self, now: Instant) -> Result<(), ChaosError> {
+        let mut dead = Vec::new();
+        for slot in 0..self.workers.len() {
+            self.requeue_all(slot, now);
+            if let Some(mut worker) = self.workers[slot].take() {
+                let _ = worker.child.start_kill();
+                dead.push(worker.child);
+            }
+        }
+        for mut child in dead {
+            let _ = child.wait().await;
+        }
+        for slot in 0..self.workers.len() {
+            self.spawn(slot)?;
+        }
+        Ok(())
+    }
+
     /// SIGKILLs the worker in `slot` (by PID, through `Child::kill`) and
     /// starts a replacement.
     async fn kill(&mut self, slot: usize, now: Instant) -> Result<(), ChaosError> {
@@ -479,6 +514,14 @@ impl Broker {
             let _ = worker.child.kill().await;
         }
         self.spawn(slot)
+    }
+
+    /// Writes `line` to the worker in `slot` (a dead one's pipe fails; its
+    /// end is noticed elsewhere).
+    async fn tell(&mut self, slot: usize, line: &str) {
+        if let Some(worker) = self.workers[slot].as_mut() {
+            let _ = worker.stdin.write_all(line.as_bytes()).await;
+        }
     }
 
     fn signal(&self, slot: usize, signal: Signal) {
@@ -829,6 +872,28 @@ impl Injector {
                     None => false,
                 }
             }
+            FaultKind::Clock if broker.config.target.reads_worker_clock() => {
+                let slots = broker.busy_slots();
+                match slots.get(pick % slots.len().max(1)) {
+                    Some(&slot) => {
+                        let jump = self.lease.mul_f64(self.schedule.rng.random_range(1.5..3.0));
+                        let ms = i64::try_from(jump.as_millis()).unwrap_or(i64::MAX);
+                        let ms = if self.schedule.rng.random_bool(0.5) {
+                            ms
+                        } else {
+                            -ms
+                        };
+                        broker.tell(slot, &format!("C {ms}\n")).await;
+                        true
+                    }
+                    None => false,
+                }
+            }
+            FaultKind::Clock => false,
+            FaultKind::StoreRestart if broker.config.target == Target::SqliteLease => {
+                broker.kill_all(now).await?;
+                true
+            }
             FaultKind::StoreRestart => {
                 let down = self.schedule.millis(100..800);
                 if restart.is_none() {
@@ -877,7 +942,7 @@ async fn collect_evidence(
                 check::check_inbox_key(key, n, responded.contains_key(key), &mut violations);
             }
         }
-        Target::PgLease | Target::RedisLease => {
+        Target::PgLease | Target::RedisLease | Target::SqliteLease => {
             let mut text = String::new();
             for entry in std::fs::read_dir(dir).map_err(harness)? {
                 let path = entry.map_err(harness)?.path();
@@ -894,18 +959,25 @@ async fn collect_evidence(
                     .into_iter()
                     .map(|(k, fence)| (k, Downstream { fence }))
                     .collect();
-            let (records, live) = if plan.target == Target::PgLease {
-                let store = PgStore::builder(&servers.pg_url())
-                    .map_err(harness)?
-                    .setup(false)
-                    .connect()
-                    .await
-                    .map_err(harness)?;
-                read_records(&store, &broker.keys).await?
-            } else {
-                let url = format!("redis://127.0.0.1:{}", servers.redis_port);
-                let store = RedisStore::connect(&url).await.map_err(harness)?;
-                read_records(&store, &broker.keys).await?
+            let (records, live) = match plan.target {
+                Target::PgLease => {
+                    let store = PgStore::builder(&servers.pg_url())
+                        .map_err(harness)?
+                        .setup(false)
+                        .connect()
+                        .await
+                        .map_err(harness)?;
+                    read_records(&store, &broker.keys).await?
+                }
+                Target::SqliteLease => {
+                    let store = SqliteStore::open(sqlite_file(dir)).map_err(harness)?;
+                    read_records(&store, &broker.keys).await?
+                }
+                _ => {
+                    let url = format!("redis://127.0.0.1:{}", servers.redis_port);
+                    let store = RedisStore::connect(&url).await.map_err(harness)?;
+                    read_records(&store, &broker.keys).await?
+                }
             };
             for key in &broker.keys {
                 check::check_lease_key(
@@ -927,6 +999,11 @@ async fn collect_evidence(
     }
     report.violations.append(&mut violations);
     Ok(())
+}
+
+/// The SQLite store file of a run whose files are in `dir`.
+fn sqlite_file(dir: &Path) -> PathBuf {
+    dir.join("idem.db")
 }
 
 /// `key|number` lines from psql.

@@ -4,7 +4,9 @@
 //!
 //! The protocol is one line per message:
 //!
-//! - in: `D <delivery> <attempt> <key>`;
+//! - in: `D <delivery> <attempt> <key>`, or `C <ms>`: from now on the
+//!   worker's wall clock (the one its store reads, where it reads one)
+//!   runs `ms` milliseconds (signed) off the system's;
 //! - out: `A <delivery> <attempt> executed|replayed` (acknowledge) or
 //!   `N <delivery> <attempt> <retry_ms> <reason>` (redeliver later).
 //!
@@ -20,18 +22,20 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::num::NonZeroU32;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::Context as _;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use idem::{
-    Backoff, Context, Idempotency, InboxOutcome, Key, Outcome, RecordId, RunError, Scope, Store,
+    Backoff, Clock, Context, Idempotency, InboxOutcome, Key, Outcome, RecordId, RunError, Scope,
+    Store, Timestamp,
 };
 use idem_postgres::inbox::Inbox;
 use idem_postgres::PgStore;
 use idem_redis::RedisStore;
+use idem_sqlite::SqliteStore;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 use tokio_postgres::NoTls;
@@ -50,9 +54,10 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(1);
 pub struct WorkerConfig {
     /// Which store and mode.
     pub target: Target,
-    /// The store's URL (through the fault proxy).
+    /// The store's URL (through the fault proxy), or SQLite's file.
     pub store_url: String,
-    /// The database holding the downstream table (lease modes), direct.
+    /// The database holding the downstream table (lease modes): direct,
+    /// or through the fault proxy where the store has no server.
     pub downstream_url: String,
     /// The lease.
     pub lease: Duration,
@@ -181,9 +186,17 @@ pub async fn main() -> anyhow::Result<()> {
             }
         }
     });
-    let worker = Worker::connect(&config, ledger).await?;
+    let clock = JumpingClock::default();
+    let worker = Worker::connect(&config, ledger, clock.clone()).await?;
     let mut stdin = BufReader::new(tokio::io::stdin()).lines();
     while let Some(line) = stdin.next_line().await.context("reading stdin")? {
+        if let Some(ms) = line.strip_prefix("C ") {
+            clock.jump_to(
+                ms.parse()
+                    .with_context(|| format!("not a clock jump: {line:?}"))?,
+            );
+            continue;
+        }
         let Some(delivery) = Delivery::parse(&line) else {
             anyhow::bail!("not a delivery: {line:?}");
         };
@@ -199,6 +212,29 @@ pub async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The wall clock a worker's store reads: the system's, off by a signed
+/// number of milliseconds the run sets (a clock fault).
+#[derive(Debug, Clone, Default)]
+struct JumpingClock(Arc<AtomicI64>);
+
+impl JumpingClock {
+    fn jump_to(&self, offset_ms: i64) {
+        self.0.store(offset_ms, Ordering::Relaxed);
+    }
+}
+
+impl Clock for JumpingClock {
+    fn now(&self) -> Timestamp {
+        let offset = self.0.load(Ordering::Relaxed);
+        let by = Duration::from_millis(offset.unsigned_abs());
+        if offset >= 0 {
+            Timestamp::now().saturating_add(by)
+        } else {
+            Timestamp::now().saturating_sub(by)
+        }
+    }
+}
+
 /// A worker's connections.
 #[derive(Clone)]
 enum Worker {
@@ -207,7 +243,11 @@ enum Worker {
 }
 
 impl Worker {
-    async fn connect(config: &WorkerConfig, ledger: LedgerFile) -> anyhow::Result<Self> {
+    async fn connect(
+        config: &WorkerConfig,
+        ledger: LedgerFile,
+        clock: JumpingClock,
+    ) -> anyhow::Result<Self> {
         let lease_store = |idem| {
             anyhow::Ok(Worker::Lease(Arc::new(LeaseWorker {
                 idem,
@@ -234,6 +274,14 @@ impl Worker {
                 let store = retry_redis(config).await?;
                 lease_store(Guard::Redis(executor(store, config.lease)?))?
             }
+            Target::SqliteLease => {
+                let store = SqliteStore::builder(&config.store_url)
+                    .clock(clock)
+                    .busy_timeout(CALL_TIMEOUT)
+                    .open()
+                    .with_context(|| format!("opening {}", config.store_url))?;
+                lease_store(Guard::Sqlite(executor(store, config.lease)?))?
+            }
             Target::PgInbox => Worker::Inbox(Arc::new(InboxWorker {
                 pool: pool(&config.store_url, config.inflight)?,
                 inbox: Inbox::new(Duration::from_secs(3600)),
@@ -249,6 +297,7 @@ impl Worker {
             Worker::Lease(w) => match &w.idem {
                 Guard::Pg(idem) => w.process(idem, delivery).await,
                 Guard::Redis(idem) => w.process(idem, delivery).await,
+                Guard::Sqlite(idem) => w.process(idem, delivery).await,
             },
             Worker::Inbox(w) => w.process(delivery).await,
         }
@@ -346,6 +395,7 @@ where
 enum Guard {
     Pg(Idempotency<PgStore>),
     Redis(Idempotency<RedisStore>),
+    Sqlite(Idempotency<SqliteStore<JumpingClock>>),
 }
 
 struct LeaseWorker {

@@ -32,6 +32,13 @@
 //! - **Tokens and fences** come from a sequence kept in the file, so they
 //!   are unique and rising for the life of the file, across processes and
 //!   restarts.
+//! - **Clocks:** leases are decided on the wall clock of the process that
+//!   writes. A clock that jumps (or processes whose clocks disagree) makes
+//!   leases end early or late — a takeover sooner than the lease, or a
+//!   crashed worker's key waiting longer — but never lets a stale holder's
+//!   completion through: that is decided by token and fence, not by time
+//!   (`RELIABILITY.md`, `sqlite-lease` with clock jumps of up to three
+//!   leases).
 //! - **Threads:** concurrent writes are batched by one writer thread per
 //!   store. A write with nothing else in flight, on a multi-threaded tokio
 //!   runtime, commits on the caller's thread instead (saving two thread
