@@ -1,6 +1,6 @@
 //! Journaled steps: side effects that cannot be rolled back (a card
 //! charge, an email, a call to a partner), made resumable inside one
-//! handler with [`Context::step`].
+//! handler with [`Context::step`](crate::Context::step).
 //!
 //! A handler that charges a card, reserves stock and sends an email and
 //! crashes after the second must, on retry, neither repeat the first two
@@ -64,15 +64,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use parking_lot::Mutex;
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::executor::Context;
 use crate::key::RecordId;
-use crate::record::{Lease, StepBegin};
 use crate::store::{DynStepJournal, StoreError};
 
 /// The longest step name, in bytes.
@@ -250,11 +245,11 @@ pub enum StepError<E> {
 /// What a step's work is given.
 #[derive(Debug, Clone)]
 pub struct StepCtx {
-    key: String,
-    name: String,
-    attempt: u32,
-    fence: Option<u64>,
-    in_doubt: bool,
+    pub(crate) key: String,
+    pub(crate) name: String,
+    pub(crate) attempt: u32,
+    pub(crate) fence: Option<u64>,
+    pub(crate) in_doubt: bool,
 }
 
 impl StepCtx {
@@ -329,13 +324,13 @@ pub fn check_step_name(name: &str) -> Result<(), &'static str> {
     }
 }
 
-/// The steps of one run, shared by the clones of its [`Context`].
+/// The steps of one run, shared by the clones of its [`Context`](crate::Context).
 pub(crate) struct StepRun {
-    id: RecordId,
-    journal: Option<Arc<dyn DynStepJournal>>,
-    max_result_bytes: usize,
-    begun: Mutex<HashSet<String>>,
-    parked: Mutex<Option<String>>,
+    pub(crate) id: RecordId,
+    pub(crate) journal: Option<Arc<dyn DynStepJournal>>,
+    pub(crate) max_result_bytes: usize,
+    pub(crate) begun: Mutex<HashSet<String>>,
+    pub(crate) parked: Mutex<Option<String>>,
 }
 
 impl fmt::Debug for StepRun {
@@ -388,165 +383,4 @@ where
             other => return other,
         }
     }
-}
-
-impl Context {
-    /// Runs `work` as the journaled step `name` of this record; see the
-    /// [module docs](crate::step).
-    ///
-    /// - A step that finished on an earlier attempt returns its journaled
-    ///   result and `work` does not run.
-    /// - Otherwise the step is marked started, `work` runs with a
-    ///   [`StepCtx`] carrying the step's downstream key, and an `Ok` result
-    ///   is journaled (as JSON) before it is returned.
-    /// - A step in doubt follows `policy`: [`Retry`], [`Skip`] or [`Park`].
-    ///
-    /// Names must be unique within a handler and stable across releases
-    /// of your code: the journal is keyed by them. When the run is
-    /// unguarded (fail-open, store down) `work` simply runs.
-    pub async fn step<P, T, E, F, Fut>(
-        &self,
-        name: &str,
-        _policy: P,
-        work: F,
-    ) -> Result<P::Output<T>, StepError<E>>
-    where
-        P: InDoubt,
-        T: Serialize + DeserializeOwned,
-        F: FnOnce(StepCtx) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-    {
-        let step = || name.to_owned();
-        check_step_name(name).map_err(|problem| StepError::InvalidName {
-            name: name.to_owned(),
-            problem,
-        })?;
-        if !self.steps.begun.lock().insert(name.to_owned()) {
-            return Err(StepError::DuplicateName { step: step() });
-        }
-        let Some(lease) = self.lease() else {
-            // Unguarded: nothing to journal under.
-            let ctx = StepCtx {
-                key: downstream_key(&self.steps.id, name),
-                name: step(),
-                attempt: 0,
-                fence: None,
-                in_doubt: false,
-            };
-            let value = work(ctx).await.map_err(|error| StepError::Failed {
-                step: step(),
-                error,
-            })?;
-            return Ok(P::ran(value));
-        };
-        let Some(journal) = self.steps.journal.as_deref() else {
-            return Err(StepError::Unsupported { step: step() });
-        };
-        if self.is_lease_lost() {
-            return Err(StepError::LeaseLost { step: step() });
-        }
-        let begun = with_retries(|| journal.begin_step(lease, name))
-            .await
-            .map_err(|e| store_error(name, e))?;
-        let in_doubt = match begun {
-            StepBegin::Done(result) => return replay::<P, T, E>(name, &result),
-            StepBegin::Fresh => false,
-            StepBegin::InDoubt { attempt } => {
-                crate::metrics::count(crate::metrics::STEPS_IN_DOUBT, &[("policy", P::NAME)]);
-                tracing::warn!(
-                    step = name,
-                    started_by = attempt,
-                    policy = P::NAME,
-                    "step in doubt: an earlier attempt started it and never finished"
-                );
-                if let Some(skipped) = P::skipped::<T>() {
-                    self.finish(journal, lease, name, Bytes::new()).await?;
-                    return Ok(skipped);
-                }
-                if P::PARKS {
-                    *self.steps.parked.lock() = Some(format!(
-                        "step {name:?} is in doubt (started by attempt {attempt}, never finished)"
-                    ));
-                    return Err(StepError::Parked {
-                        step: step(),
-                        attempt,
-                    });
-                }
-                true
-            }
-        };
-        let ctx = StepCtx {
-            key: downstream_key(&lease.id, name),
-            name: step(),
-            attempt: lease.attempt,
-            fence: Some(lease.fence),
-            in_doubt,
-        };
-        let value = work(ctx).await.map_err(|error| StepError::Failed {
-            step: step(),
-            error,
-        })?;
-        let encoded = serde_json::to_vec(&value).map_err(|e| StepError::Encode {
-            step: step(),
-            reason: e.to_string(),
-        })?;
-        let limit = self.steps.max_result_bytes;
-        if encoded.len() > limit {
-            return Err(StepError::Encode {
-                step: step(),
-                reason: format!("{} bytes exceeds the limit of {limit} bytes", encoded.len()),
-            });
-        }
-        self.finish(journal, lease, name, Bytes::from(encoded))
-            .await?;
-        crate::metrics::count(crate::metrics::STEPS, &[("result", "executed")]);
-        Ok(P::ran(value))
-    }
-
-    async fn finish<E>(
-        &self,
-        journal: &dyn DynStepJournal,
-        lease: &Lease,
-        name: &str,
-        result: Bytes,
-    ) -> Result<(), StepError<E>> {
-        with_retries(|| journal.finish_step(lease, name, result.clone()))
-            .await
-            .map_err(|e| store_error(name, e))
-    }
-}
-
-fn store_error<E>(step: &str, error: StoreError) -> StepError<E> {
-    match error {
-        StoreError::LeaseLost => StepError::LeaseLost {
-            step: step.to_owned(),
-        },
-        source => StepError::Store {
-            step: step.to_owned(),
-            source,
-        },
-    }
-}
-
-/// A finished step's journaled result, as the policy's output.
-fn replay<P: InDoubt, T: DeserializeOwned, E>(
-    name: &str,
-    result: &[u8],
-) -> Result<P::Output<T>, StepError<E>> {
-    crate::metrics::count(crate::metrics::STEPS, &[("result", "replayed")]);
-    if result.is_empty() {
-        return P::skipped::<T>().ok_or_else(|| StepError::Decode {
-            step: name.to_owned(),
-            reason: format!(
-                "an earlier attempt skipped it in doubt, and its policy is now {}",
-                P::NAME
-            ),
-        });
-    }
-    serde_json::from_slice(result)
-        .map(P::ran)
-        .map_err(|e| StepError::Decode {
-            step: name.to_owned(),
-            reason: e.to_string(),
-        })
 }

@@ -1,0 +1,258 @@
+//! Configuring an executor: [`IdempotencyBuilder`] and what it refuses.
+
+use std::error::Error as StdError;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{default_classifier, Backoff, Classifier, Config, Idempotency};
+use crate::codec::{Codec, Json};
+use crate::record::FailureClass;
+use crate::store::Store;
+
+/// A configuration the executor refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The lease was zero.
+    #[error("lease must be longer than zero")]
+    ZeroLease,
+    /// The heartbeat would not beat before the lease runs out.
+    #[error("heartbeat interval {heartbeat:?} must be shorter than the lease {lease:?}")]
+    HeartbeatTooSlow {
+        /// The interval given.
+        heartbeat: Duration,
+        /// The lease.
+        lease: Duration,
+    },
+    /// Records would be dropped while their lease is still live.
+    #[error("retention {retention:?} must be at least the lease {lease:?}")]
+    RetentionShorterThanLease {
+        /// The retention given.
+        retention: Duration,
+        /// The lease.
+        lease: Duration,
+    },
+    /// A [`Durable`](crate::durable::Durable) handler needs a store that
+    /// keeps a step journal (its input is journaled there).
+    #[error("durable handlers need a store with a step journal; this store keeps none")]
+    NoStepJournal,
+}
+
+/// Builds an [`Idempotency`]; see its docs for the defaults.
+pub struct IdempotencyBuilder<S, C = Json> {
+    store: S,
+    codec: C,
+    lease: Duration,
+    heartbeat: Option<Duration>,
+    retention: Duration,
+    failure_retention: Option<Duration>,
+    max_attempts: NonZeroU32,
+    backoff: Backoff,
+    compress_above: usize,
+    max_response_bytes: usize,
+    wait_for_in_flight: Option<Duration>,
+    fail_open: bool,
+    classifier: Classifier,
+    log_keys: bool,
+}
+
+impl<S: Store, C: Codec> IdempotencyBuilder<S, C> {
+    /// How long a claim lasts without a heartbeat (default 30 s). A worker
+    /// that dies is taken over this long after its last heartbeat.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How often the lease is extended while the handler runs (default a
+    /// third of the lease).
+    pub fn heartbeat(mut self, every: Duration) -> Self {
+        self.heartbeat = Some(every);
+        self
+    }
+
+    /// How long completed records (and abandoned claims) are kept and
+    /// replayed (default 24 h). Must exceed any redelivery window. Any
+    /// duration up to `Duration::MAX` ("forever") works on every store;
+    /// stores keep at most [`LONGEST_HELD`](crate::LONGEST_HELD), a
+    /// century.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// How long terminal failures are kept and replayed (default: the
+    /// retention).
+    pub fn failure_retention(mut self, retention: Duration) -> Self {
+        self.failure_retention = Some(retention);
+        self
+    }
+
+    /// After this many attempts a retryable failure is recorded as
+    /// terminal (default 5): a poison message stops being retried.
+    pub fn max_attempts(mut self, attempts: NonZeroU32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// The backoff suggested after retryable failures.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Responses longer than this (encoded, in bytes) are stored
+    /// zstd-compressed (default 1024).
+    pub fn compress_above(mut self, bytes: usize) -> Self {
+        self.compress_above = bytes;
+        self
+    }
+
+    /// The largest encoded response that may be stored (default 1 MiB).
+    /// A larger one is recorded as a terminal failure and reported as
+    /// [`RunError::ResponseTooLarge`](crate::RunError::ResponseTooLarge): the handler's effect happened, so it
+    /// must not run again.
+    pub fn max_response_bytes(mut self, bytes: usize) -> Self {
+        self.max_response_bytes = bytes;
+        self
+    }
+
+    /// When the key is in progress elsewhere, wait up to `max` for that
+    /// outcome (notified by the store where it can) instead of returning
+    /// [`RunError::InProgress`](crate::RunError::InProgress) at once.
+    pub fn wait_for_in_flight(mut self, max: Duration) -> Self {
+        self.wait_for_in_flight = Some(max);
+        self
+    }
+
+    /// Run the handler without protection when the store cannot be
+    /// reached (default `false`: fail closed, the handler does not run).
+    pub fn fail_open(mut self, fail_open: bool) -> Self {
+        self.fail_open = fail_open;
+        self
+    }
+
+    /// Classifies handler errors (default [`default_classifier`]).
+    pub fn classify(
+        mut self,
+        classifier: impl Fn(&(dyn StdError + 'static)) -> FailureClass + Send + Sync + 'static,
+    ) -> Self {
+        self.classifier = Arc::new(classifier);
+        self
+    }
+
+    /// Log keys verbatim instead of as a short hash (default `false`).
+    pub fn log_keys(mut self, log_keys: bool) -> Self {
+        self.log_keys = log_keys;
+        self
+    }
+
+    /// Encodes responses with `codec` instead of JSON.
+    pub fn codec<C2: Codec>(self, codec: C2) -> IdempotencyBuilder<S, C2> {
+        IdempotencyBuilder {
+            store: self.store,
+            codec,
+            lease: self.lease,
+            heartbeat: self.heartbeat,
+            retention: self.retention,
+            failure_retention: self.failure_retention,
+            max_attempts: self.max_attempts,
+            backoff: self.backoff,
+            compress_above: self.compress_above,
+            max_response_bytes: self.max_response_bytes,
+            wait_for_in_flight: self.wait_for_in_flight,
+            fail_open: self.fail_open,
+            classifier: self.classifier,
+            log_keys: self.log_keys,
+        }
+    }
+
+    /// Checks the configuration and builds the executor.
+    pub fn build(self) -> Result<Idempotency<S, C>, ConfigError> {
+        if self.lease.is_zero() {
+            return Err(ConfigError::ZeroLease);
+        }
+        let heartbeat = self.heartbeat.unwrap_or(self.lease / 3);
+        if heartbeat.is_zero() || heartbeat >= self.lease {
+            return Err(ConfigError::HeartbeatTooSlow {
+                heartbeat,
+                lease: self.lease,
+            });
+        }
+        let failure_retention = self.failure_retention.unwrap_or(self.retention);
+        for retention in [self.retention, failure_retention] {
+            if retention < self.lease {
+                return Err(ConfigError::RetentionShorterThanLease {
+                    retention,
+                    lease: self.lease,
+                });
+            }
+        }
+        let journal = self.store.step_journal();
+        Ok(Idempotency {
+            store: self.store,
+            codec: self.codec,
+            config: Arc::new(Config {
+                journal,
+                lease: self.lease,
+                heartbeat,
+                retention: self.retention,
+                failure_retention,
+                max_attempts: self.max_attempts,
+                backoff: self.backoff,
+                compress_above: self.compress_above,
+                max_response_bytes: self.max_response_bytes,
+                wait_for_in_flight: self.wait_for_in_flight,
+                fail_open: self.fail_open,
+                classifier: self.classifier,
+                log_keys: self.log_keys,
+            }),
+        })
+    }
+}
+
+impl<S: Store> Idempotency<S, Json> {
+    /// Starts configuring an executor over `store`.
+    pub fn builder(store: S) -> IdempotencyBuilder<S, Json> {
+        IdempotencyBuilder {
+            store,
+            codec: Json,
+            lease: Duration::from_secs(30),
+            heartbeat: None,
+            retention: Duration::from_secs(24 * 3600),
+            failure_retention: None,
+            max_attempts: NonZeroU32::new(5).expect("5 is not zero"),
+            backoff: Backoff::default(),
+            compress_above: 1024,
+            max_response_bytes: 1 << 20,
+            wait_for_in_flight: None,
+            fail_open: false,
+            classifier: Arc::new(default_classifier),
+            log_keys: false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_bad_configuration() {
+        let store = crate::MemoryStore::new();
+        let err = |b: IdempotencyBuilder<crate::MemoryStore>| b.build().err();
+        assert_eq!(
+            err(Idempotency::builder(store.clone()).lease(Duration::ZERO)),
+            Some(ConfigError::ZeroLease)
+        );
+        assert!(matches!(
+            err(Idempotency::builder(store.clone()).heartbeat(Duration::from_secs(30))),
+            Some(ConfigError::HeartbeatTooSlow { .. })
+        ));
+        assert!(matches!(
+            err(Idempotency::builder(store).retention(Duration::from_secs(1))),
+            Some(ConfigError::RetentionShorterThanLease { .. })
+        ));
+    }
+}

@@ -1,0 +1,141 @@
+//! Claiming a key, waiting for an in-flight duplicate, and answering a
+//! claim that did not acquire.
+
+use std::error::Error as StdError;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{deadline, Context, Idempotency, Outcome, RunError};
+use crate::codec::Codec;
+use crate::key::RecordId;
+use crate::metrics as m;
+use crate::record::{ClaimOutcome, ClaimParams, Lease};
+use crate::step::StepRun;
+use crate::store::{Store, StoreError};
+
+/// Where a claim left a run.
+pub(crate) enum Claimed {
+    /// Acquired: the lease, and when its claim was sent.
+    Held {
+        /// The lease.
+        lease: Lease,
+        /// When the claim was sent (the lease is measured from here).
+        sent: Instant,
+    },
+    /// The store is unreachable and the executor fails open.
+    Unguarded,
+    /// Not acquired: see [`Idempotency::answer`].
+    Answered(ClaimOutcome),
+}
+
+impl<S: Store, C: Codec> Idempotency<S, C> {
+    /// Claims `id`, waiting up to `wait` for an in-flight duplicate. A
+    /// store error with `fail_open` set is [`Claimed::Unguarded`].
+    pub(crate) async fn acquire(
+        &self,
+        id: &RecordId,
+        params: &ClaimParams,
+        fail_open: bool,
+        wait: Option<Duration>,
+    ) -> Result<Claimed, StoreError> {
+        let wait_until = wait.map(|w| deadline(Instant::now(), w));
+        loop {
+            let outcome = match self.claim_once(id, params).await {
+                Ok(Claimed::Answered(outcome)) => outcome,
+                Err(error @ StoreError::Unavailable(_)) if fail_open => {
+                    tracing::warn!(%error, "store unreachable; running unguarded (fail-open)");
+                    m::count(m::FAIL_OPEN, &[]);
+                    return Ok(Claimed::Unguarded);
+                }
+                other => return other,
+            };
+            match outcome {
+                ClaimOutcome::InProgress { retry_after } => {
+                    let remaining = wait_until.map_or(Duration::ZERO, |until| {
+                        until.saturating_duration_since(Instant::now())
+                    });
+                    if remaining.is_zero() {
+                        return Ok(Claimed::Answered(outcome));
+                    }
+                    self.store
+                        .wait_for_change(id, retry_after.min(remaining))
+                        .await;
+                }
+                other => return Ok(Claimed::Answered(other)),
+            }
+        }
+    }
+
+    /// One claim of `id`: held, or the store's answer.
+    pub(crate) async fn claim_once(
+        &self,
+        id: &RecordId,
+        params: &ClaimParams,
+    ) -> Result<Claimed, StoreError> {
+        let sent = Instant::now();
+        let outcome = m::timed(m::OP_CLAIM, self.store.claim(id, params)).await?;
+        m::count(m::CLAIMS, &[("outcome", outcome.label())]);
+        Ok(match outcome {
+            ClaimOutcome::Acquired(lease) => Claimed::Held { lease, sent },
+            other => Claimed::Answered(other),
+        })
+    }
+
+    /// What a claim that did not acquire means to the caller.
+    pub(crate) fn answer<T: DeserializeOwned, E>(
+        &self,
+        outcome: ClaimOutcome,
+    ) -> Result<Outcome<T>, RunError<E>> {
+        match outcome {
+            ClaimOutcome::Acquired(_) => unreachable!("an acquired claim is held, not answered"),
+            ClaimOutcome::Completed(stored) => {
+                m::count(m::REPLAYS, &[]);
+                self.decode(&stored)
+                    .map(|value| Outcome::Replayed { value })
+            }
+            ClaimOutcome::Failed(failure) => {
+                m::count(m::REPLAYS, &[]);
+                Err(RunError::Failed(failure))
+            }
+            ClaimOutcome::Mismatch => {
+                m::count(m::MISMATCHES, &[]);
+                Err(RunError::Mismatch)
+            }
+            ClaimOutcome::InProgress { retry_after } => Err(RunError::InProgress { retry_after }),
+        }
+    }
+
+    /// Runs `handler` with no claim (fail-open, the store unreachable).
+    pub(crate) async fn unguarded<T, E, F, Fut>(
+        &self,
+        id: &RecordId,
+        handler: F,
+    ) -> Result<Outcome<T>, RunError<E>>
+    where
+        E: StdError + Send + Sync + 'static,
+        F: FnOnce(Context) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let (_tx, lost) = watch::channel(false);
+        let (_beat_tx, beats) = watch::channel(0);
+        let value = handler(Context {
+            lease: None,
+            lost,
+            beats,
+            steps: Arc::new(StepRun::new(id.clone(), None, 0)),
+        })
+        .await
+        .map_err(|error| RunError::Handler {
+            class: (self.config.classifier)(&error),
+            error,
+            attempt: 0,
+            retry_after: None,
+        })?;
+        Ok(Outcome::Unguarded { value })
+    }
+}

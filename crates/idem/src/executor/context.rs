@@ -1,0 +1,276 @@
+//! What a handler is told about its run and can do in it: [`Context`],
+//! its [`Heartbeats`], and its journaled steps ([`Context::step`]; the
+//! step types live in [`crate::step`]).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::machine::LeaseLost;
+use crate::record::{Lease, StepBegin};
+use crate::step::{
+    check_step_name, downstream_key, with_retries, InDoubt, StepCtx, StepError, StepRun,
+};
+use crate::store::{DynStepJournal, StoreError};
+
+/// What a handler is told about its run.
+#[derive(Debug, Clone)]
+pub struct Context {
+    pub(super) lease: Option<Lease>,
+    pub(super) lost: watch::Receiver<bool>,
+    pub(super) beats: watch::Receiver<u64>,
+    pub(crate) steps: Arc<StepRun>,
+}
+
+impl Context {
+    /// The lease held, or `None` when running unguarded (fail-open).
+    pub fn lease(&self) -> Option<&Lease> {
+        self.lease.as_ref()
+    }
+
+    /// This run's fencing number, to pass to downstream writes that can
+    /// reject an older holder's writes. `None` when unguarded.
+    pub fn fence(&self) -> Option<u64> {
+        self.lease.as_ref().map(|l| l.fence)
+    }
+
+    /// Which attempt this is (1 for the first; 0 when unguarded).
+    pub fn attempt(&self) -> u32 {
+        self.lease.as_ref().map_or(0, |l| l.attempt)
+    }
+
+    /// Whether this run took over from a worker whose lease expired: an
+    /// earlier attempt may have partly run.
+    pub fn is_takeover(&self) -> bool {
+        self.lease.as_ref().is_some_and(|l| l.takeover)
+    }
+
+    /// Whether the lease is known to be lost (taken over, or not
+    /// confirmed by a heartbeat before it ran out).
+    pub fn is_lease_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+
+    /// Check this before an irreversible step: `Err` once the lease is
+    /// known to be lost, when another worker may be running the same work.
+    pub fn ensure_lease(&self) -> Result<(), LeaseLost> {
+        if self.is_lease_lost() {
+            Err(LeaseLost)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Resolves when the lease is lost (never, if it is not).
+    pub async fn lease_lost(&self) {
+        let mut lost = self.lost.clone();
+        if lost.wait_for(|l| *l).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// A stream of the heartbeat's confirmed extensions: each call to
+    /// [`Heartbeats::next`] resolves after the store next confirms that
+    /// this run's lease was extended. It never resolves once the lease is
+    /// lost, or when running unguarded.
+    ///
+    /// Brokers use this to tell their own redelivery timer that the work
+    /// is still alive (JetStream in-progress acks, SQS visibility), so the
+    /// broker keeps the message for exactly as long as the claim is held.
+    pub fn heartbeats(&self) -> Heartbeats {
+        let mut beats = self.beats.clone();
+        beats.mark_unchanged();
+        Heartbeats {
+            beats,
+            lost: self.lost.clone(),
+        }
+    }
+}
+
+/// Confirmed lease extensions of one run; see [`Context::heartbeats`].
+#[derive(Debug)]
+pub struct Heartbeats {
+    beats: watch::Receiver<u64>,
+    lost: watch::Receiver<bool>,
+}
+
+impl Heartbeats {
+    /// Resolves after the next confirmed extension while the lease is
+    /// held; pending forever once it is lost or the run has ended.
+    pub async fn next(&mut self) {
+        loop {
+            if self.beats.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            if !*self.lost.borrow() {
+                return;
+            }
+        }
+    }
+}
+
+impl Context {
+    /// Runs `work` as the journaled step `name` of this record; see the
+    /// [module docs](crate::step).
+    ///
+    /// - A step that finished on an earlier attempt returns its journaled
+    ///   result and `work` does not run.
+    /// - Otherwise the step is marked started, `work` runs with a
+    ///   [`StepCtx`] carrying the step's downstream key, and an `Ok` result
+    ///   is journaled (as JSON) before it is returned.
+    /// - A step in doubt follows `policy`: [`Retry`](crate::step::Retry),
+    ///   [`Skip`](crate::step::Skip) or [`Park`](crate::step::Park).
+    ///
+    /// Names must be unique within a handler and stable across releases
+    /// of your code: the journal is keyed by them. When the run is
+    /// unguarded (fail-open, store down) `work` simply runs.
+    pub async fn step<P, T, E, F, Fut>(
+        &self,
+        name: &str,
+        _policy: P,
+        work: F,
+    ) -> Result<P::Output<T>, StepError<E>>
+    where
+        P: InDoubt,
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(StepCtx) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let step = || name.to_owned();
+        check_step_name(name).map_err(|problem| StepError::InvalidName {
+            name: name.to_owned(),
+            problem,
+        })?;
+        if !self.steps.begun.lock().insert(name.to_owned()) {
+            return Err(StepError::DuplicateName { step: step() });
+        }
+        let Some(lease) = self.lease() else {
+            // Unguarded: nothing to journal under.
+            let ctx = StepCtx {
+                key: downstream_key(&self.steps.id, name),
+                name: step(),
+                attempt: 0,
+                fence: None,
+                in_doubt: false,
+            };
+            let value = work(ctx).await.map_err(|error| StepError::Failed {
+                step: step(),
+                error,
+            })?;
+            return Ok(P::ran(value));
+        };
+        let Some(journal) = self.steps.journal.as_deref() else {
+            return Err(StepError::Unsupported { step: step() });
+        };
+        if self.is_lease_lost() {
+            return Err(StepError::LeaseLost { step: step() });
+        }
+        let begun = with_retries(|| journal.begin_step(lease, name))
+            .await
+            .map_err(|e| store_error(name, e))?;
+        let in_doubt = match begun {
+            StepBegin::Done(result) => return replay::<P, T, E>(name, &result),
+            StepBegin::Fresh => false,
+            StepBegin::InDoubt { attempt } => {
+                crate::metrics::count(crate::metrics::STEPS_IN_DOUBT, &[("policy", P::NAME)]);
+                tracing::warn!(
+                    step = name,
+                    started_by = attempt,
+                    policy = P::NAME,
+                    "step in doubt: an earlier attempt started it and never finished"
+                );
+                if let Some(skipped) = P::skipped::<T>() {
+                    self.finish(journal, lease, name, Bytes::new()).await?;
+                    return Ok(skipped);
+                }
+                if P::PARKS {
+                    *self.steps.parked.lock() = Some(format!(
+                        "step {name:?} is in doubt (started by attempt {attempt}, never finished)"
+                    ));
+                    return Err(StepError::Parked {
+                        step: step(),
+                        attempt,
+                    });
+                }
+                true
+            }
+        };
+        let ctx = StepCtx {
+            key: downstream_key(&lease.id, name),
+            name: step(),
+            attempt: lease.attempt,
+            fence: Some(lease.fence),
+            in_doubt,
+        };
+        let value = work(ctx).await.map_err(|error| StepError::Failed {
+            step: step(),
+            error,
+        })?;
+        let encoded = serde_json::to_vec(&value).map_err(|e| StepError::Encode {
+            step: step(),
+            reason: e.to_string(),
+        })?;
+        let limit = self.steps.max_result_bytes;
+        if encoded.len() > limit {
+            return Err(StepError::Encode {
+                step: step(),
+                reason: format!("{} bytes exceeds the limit of {limit} bytes", encoded.len()),
+            });
+        }
+        self.finish(journal, lease, name, Bytes::from(encoded))
+            .await?;
+        crate::metrics::count(crate::metrics::STEPS, &[("result", "executed")]);
+        Ok(P::ran(value))
+    }
+
+    async fn finish<E>(
+        &self,
+        journal: &dyn DynStepJournal,
+        lease: &Lease,
+        name: &str,
+        result: Bytes,
+    ) -> Result<(), StepError<E>> {
+        with_retries(|| journal.finish_step(lease, name, result.clone()))
+            .await
+            .map_err(|e| store_error(name, e))
+    }
+}
+
+fn store_error<E>(step: &str, error: StoreError) -> StepError<E> {
+    match error {
+        StoreError::LeaseLost => StepError::LeaseLost {
+            step: step.to_owned(),
+        },
+        source => StepError::Store {
+            step: step.to_owned(),
+            source,
+        },
+    }
+}
+
+/// A finished step's journaled result, as the policy's output.
+fn replay<P: InDoubt, T: DeserializeOwned, E>(
+    name: &str,
+    result: &[u8],
+) -> Result<P::Output<T>, StepError<E>> {
+    crate::metrics::count(crate::metrics::STEPS, &[("result", "replayed")]);
+    if result.is_empty() {
+        return P::skipped::<T>().ok_or_else(|| StepError::Decode {
+            step: name.to_owned(),
+            reason: format!(
+                "an earlier attempt skipped it in doubt, and its policy is now {}",
+                P::NAME
+            ),
+        });
+    }
+    serde_json::from_slice(result)
+        .map(P::ran)
+        .map_err(|e| StepError::Decode {
+            step: name.to_owned(),
+            reason: e.to_string(),
+        })
+}

@@ -1,0 +1,238 @@
+//! Ending a run: storing its response or failure (retrying while the
+//! store is briefly away), or parking it.
+
+use std::error::Error as StdError;
+use std::future::Future;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::{deadline, Idempotency, Outcome, RunError};
+use crate::codec::{self, Codec};
+use crate::metrics as m;
+use crate::record::{ClaimOutcome, ClaimParams, Failure, FailureClass, Lease};
+use crate::store::{Store, StoreError};
+
+/// Failure messages are cut to this many bytes when the store refuses the
+/// whole message.
+const SHORT_FAILURE: usize = 256;
+
+/// `message`, cut at a character boundary to fit [`SHORT_FAILURE`] with a
+/// mark that it was cut.
+fn cut_short(message: &str) -> String {
+    const MARK: &str = " [cut short]";
+    if message.len() <= SHORT_FAILURE - MARK.len() {
+        return message.to_owned();
+    }
+    let mut end = SHORT_FAILURE - MARK.len();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{MARK}", &message[..end])
+}
+
+impl<S: Store, C: Codec> Idempotency<S, C> {
+    /// Ends a run whose [`Park`](crate::step::Park) step was in doubt: the
+    /// record is kept as failed with an unknown outcome until an operator
+    /// resolves it, whatever the handler returned.
+    pub(super) async fn park<E>(&self, lease: &Lease, why: String) -> RunError<E> {
+        m::count(m::PARKED, &[]);
+        m::count(m::EXECUTIONS, &[("result", FailureClass::Unknown.as_str())]);
+        tracing::warn!(attempt = lease.attempt, %why, "parking the record for reconciliation");
+        let failure = Failure::new(FailureClass::Unknown, why);
+        self.record_failure(lease, failure.clone()).await;
+        RunError::Parked(failure)
+    }
+
+    pub(super) async fn store_success<T: Serialize, E>(
+        &self,
+        lease: &Lease,
+        params: &ClaimParams,
+        value: T,
+    ) -> Result<Outcome<T>, RunError<E>> {
+        let encoded = match self.codec.encode(&value) {
+            Ok(encoded) => encoded,
+            Err(error) => {
+                let failure = Failure::new(
+                    FailureClass::Terminal,
+                    format!("response could not be encoded: {error}"),
+                );
+                self.record_failure(lease, failure).await;
+                return Err(RunError::Encode(error));
+            }
+        };
+        let limit = self.config.max_response_bytes;
+        if encoded.len() > limit {
+            let size = encoded.len();
+            let failure = Failure::new(
+                FailureClass::Terminal,
+                format!("response of {size} bytes exceeds the limit of {limit} bytes"),
+            );
+            self.record_failure(lease, failure).await;
+            return Err(RunError::ResponseTooLarge { size, limit });
+        }
+        let sealed = codec::seal(encoded, self.config.compress_above);
+        let retention = self.config.retention;
+        let (stored, uncertain) = self
+            .with_store_retries(
+                lease,
+                || self.store.complete(lease, sealed.clone(), retention),
+                m::OP_COMPLETE,
+            )
+            .await;
+        let stored = match stored {
+            // An earlier try may have been applied before the store became
+            // unreachable: then the record holds exactly these bytes.
+            Err(StoreError::LeaseLost)
+                if uncertain && self.stored_already(lease, params, &sealed).await =>
+            {
+                Ok(())
+            }
+            other => other,
+        };
+        match stored {
+            Ok(()) => {
+                m::count(m::EXECUTIONS, &[("result", "ok")]);
+                Ok(Outcome::Executed {
+                    value,
+                    attempt: lease.attempt,
+                    takeover: lease.takeover,
+                })
+            }
+            Err(StoreError::LeaseLost) => {
+                m::count(m::LEASE_LOST, &[("at", "complete")]);
+                tracing::warn!(
+                    "handler finished after its lease was taken over; its outcome was not stored"
+                );
+                Err(RunError::LeaseLost)
+            }
+            Err(error @ StoreError::Unavailable(_)) => Err(RunError::Store(error)),
+            Err(refused) => {
+                // The store answered and said no (too large, invalid,
+                // corrupt): left in progress, the claim would be taken
+                // over and the handler run again (DESIGN §5.5).
+                tracing::error!(error = %refused, "the store refused the response; recording a terminal failure");
+                let failure = Failure::new(
+                    FailureClass::Terminal,
+                    format!(
+                        "the handler ran, but the store refused its response: {}",
+                        crate::error_chain(&refused)
+                    ),
+                );
+                self.record_failure(lease, failure).await;
+                Err(RunError::Store(refused))
+            }
+        }
+    }
+
+    pub(super) async fn store_failure<E: StdError + Send + Sync + 'static>(
+        &self,
+        lease: &Lease,
+        error: E,
+    ) -> RunError<E> {
+        let mut class = (self.config.classifier)(&error);
+        let mut message = error.to_string();
+        let max = self.config.max_attempts.get();
+        if class == FailureClass::Retryable && lease.attempt >= max {
+            class = FailureClass::Terminal;
+            message = format!("attempts exhausted ({} of {max}): {message}", lease.attempt);
+        }
+        m::count(m::EXECUTIONS, &[("result", class.as_str())]);
+        self.record_failure(lease, Failure::new(class, message))
+            .await;
+        RunError::Handler {
+            error,
+            class,
+            attempt: lease.attempt,
+            retry_after: (class == FailureClass::Retryable)
+                .then(|| self.config.backoff.delay(lease.attempt)),
+        }
+    }
+
+    /// Records a failure; if the store refuses it (a message too large for
+    /// it, say), records it again with the message cut short. If that
+    /// cannot be done either, the lease simply runs out and a later
+    /// attempt decides again.
+    pub(super) async fn record_failure(&self, lease: &Lease, failure: Failure) {
+        let retention = self.config.failure_retention;
+        let fail = |failure: Failure| async move {
+            let (recorded, _) = self
+                .with_store_retries(
+                    lease,
+                    || self.store.fail(lease, failure.clone(), retention),
+                    m::OP_FAIL,
+                )
+                .await;
+            recorded
+        };
+        let short = Failure::new(failure.class, cut_short(&failure.message));
+        let was_cut = short.message != failure.message;
+        let recorded = match fail(failure).await {
+            Err(StoreError::Backend(_) | StoreError::Corrupt { .. }) if was_cut => {
+                fail(short).await
+            }
+            other => other,
+        };
+        if let Err(error) = recorded {
+            if matches!(error, StoreError::LeaseLost) {
+                m::count(m::LEASE_LOST, &[("at", "fail")]);
+            }
+            tracing::warn!(%error, "could not record the failure");
+        }
+    }
+
+    /// Retries a write a few times while the store is unavailable and the
+    /// lease may still be held, so a blip does not turn a finished run into
+    /// a re-run. Also says whether any try ended unavailable (and so may
+    /// have been applied without an answer).
+    async fn with_store_retries<Fut>(
+        &self,
+        lease: &Lease,
+        mut op: impl FnMut() -> Fut,
+        label: &'static str,
+    ) -> (Result<(), StoreError>, bool)
+    where
+        Fut: Future<Output = Result<(), StoreError>>,
+    {
+        let mut delay = Duration::from_millis(20);
+        let give_up = deadline(Instant::now(), self.config.lease);
+        let mut uncertain = false;
+        loop {
+            match m::timed(label, op()).await {
+                Err(StoreError::Unavailable(error))
+                    if deadline(Instant::now(), delay) < give_up =>
+                {
+                    uncertain = true;
+                    tracing::warn!(%error, attempt = lease.attempt, "store unavailable while recording the outcome; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(self.config.lease / 4);
+                }
+                other => return (other, uncertain),
+            }
+        }
+    }
+
+    /// Whether the record already holds `sealed` as its completed response
+    /// (read with a claim, which answers with the stored outcome). A claim
+    /// that acquires instead is given straight back.
+    async fn stored_already(&self, lease: &Lease, params: &ClaimParams, sealed: &[u8]) -> bool {
+        match self.store.claim(&lease.id, params).await {
+            Ok(ClaimOutcome::Completed(stored)) => stored == sealed,
+            Ok(ClaimOutcome::Acquired(other)) => {
+                let _ = self.store.release(&other).await;
+                false
+            }
+            _ => false,
+        }
+    }
+
+    pub(super) fn decode<T: DeserializeOwned, E>(&self, stored: &[u8]) -> Result<T, RunError<E>> {
+        let bytes = codec::open(stored, self.config.max_response_bytes)
+            .map_err(|reason| RunError::Decode { reason })?;
+        self.codec.decode(&bytes).map_err(|e| RunError::Decode {
+            reason: e.to_string(),
+        })
+    }
+}
