@@ -33,8 +33,13 @@
 //!   than `grace` (an hour by default) cannot make a fence fall; clocks
 //!   further apart can, for a key claimed again after its item is gone.
 //! * **Size.** Responses longer than 1 KiB are stored zstd-compressed when
-//!   that is shorter; an item that would still pass DynamoDB's 400 KB limit
-//!   is refused with [`ItemTooLarge`] before anything is sent.
+//!   that is shorter; a response that would still pass DynamoDB's 400 KB
+//!   limit is refused with [`ItemTooLarge`] before anything is sent. The
+//!   step journal shares the record's item and is not read before a
+//!   write, so a response that fits alone but not beside large step
+//!   results is refused by DynamoDB itself (a `ValidationException`).
+//!   Either way the executor records the run as failed with the reason,
+//!   and it is replayed as such: the handler does not run again.
 //!
 //! The table needs only a string partition key `pk`; [`create_table`]
 //! makes one (on-demand capacity, TTL on the `sweep_at` attribute). The item
@@ -586,8 +591,13 @@ impl Store for DynamoStore {
         let size = value.as_b().map_or(0, |b| b.as_ref().len()) + RECORD_OVERHEAD;
         Self::check_size(&lease.id, size)?;
         let ex = now.saturating_add(retention);
+        // The response is set first. The step journal shares the item, so
+        // DynamoDB can still refuse the write as too large; its UpdateItem
+        // is atomic, but moto (the tests' DynamoDB) applies an update's
+        // actions one by one and keeps those before the one that
+        // overflowed, which would leave "completed" without a response.
         let update = format!(
-            "SET st = :c, {attr} = :r, ex = :ex, sweep_at = :ttl, ua = :now, wn = :wn, v = v + :one \
+            "SET {attr} = :r, st = :c, ex = :ex, sweep_at = :ttl, ua = :now, wn = :wn, v = v + :one \
              REMOVE tk, lu, fc, fm"
         );
         let values = HashMap::from([

@@ -10,9 +10,10 @@ use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodb::Client;
 use bytes::Bytes;
+use idem::step::Retry;
 use idem::{
-    ClaimOutcome, ClaimParams, GetRecord, Idempotency, ManualClock, Outcome, PurgeExpired,
-    RecordId, RunError, State, Store, StoreError, Timestamp,
+    ClaimOutcome, ClaimParams, Context, FailureClass, GetRecord, Idempotency, ManualClock, Outcome,
+    PurgeExpired, RecordId, RunError, State, Store, StoreError, Timestamp,
 };
 use idem_dynamodb::{client_for, DynamoStore, ItemTooLarge};
 use idem_testkit::moto::{ACCESS_KEY, REGION, SECRET_KEY};
@@ -299,6 +300,80 @@ async fn a_damaged_item_is_reported_corrupt_and_left_alone() {
         "{err:?}"
     );
     assert_eq!(raw_item(&store, &id).await, item, "nothing was overwritten");
+}
+
+/// `n` random letters and digits: text that compresses little.
+fn noise_text(n: usize) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    (0..n)
+        .map(|_| char::from(ALPHABET[rand::random_range(0..ALPHABET.len())]))
+        .collect()
+}
+
+/// The step journal lives in the record's item. A response that fits the
+/// 400 KB limit alone, but not next to a 350 KB step result, passes the
+/// store's own size check and is refused by DynamoDB. The run must end
+/// failed with the reason and be replayed as such: left in progress, it
+/// would be taken over after its lease and the handler (and its effects)
+/// run again (issue 26, item 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_too_large_beside_its_step_journal_ends_failed_and_never_runs_again() {
+    let store = common::store("journal-size").await;
+    let idem = Idempotency::builder(store.clone())
+        .lease(Duration::from_secs(1))
+        .build()
+        .expect("executor");
+    let id = id("journal");
+    let runs = std::sync::atomic::AtomicU32::new(0);
+    let run = || {
+        idem.run(&id, None, |ctx: Context| {
+            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                let quote: String = ctx
+                    .step("quote", Retry, |_| async {
+                        Ok::<_, std::io::Error>(noise_text(350_000))
+                    })
+                    .await
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                Ok::<_, std::io::Error>(format!("{}{}", &quote[..10], noise_text(250_000)))
+            }
+        })
+    };
+
+    let first = run().await;
+    let Err(RunError::Store(StoreError::Backend(refusal))) = &first else {
+        panic!(
+            "expected DynamoDB's refusal, got {:?}",
+            first.map(|_| "a value")
+        )
+    };
+    let why = idem::error_chain(refusal.as_ref());
+    assert!(why.contains("maximum allowed size"), "{why}");
+    let record = store.get(&id).await.expect("get").expect("present");
+    let State::Failed { failure } = &record.state else {
+        panic!("expected the record failed, got {:?}", record.state)
+    };
+    assert_eq!(failure.class, FailureClass::Terminal);
+    assert!(
+        failure.message.contains("store refused its response")
+            && failure.message.contains("maximum allowed size"),
+        "{}",
+        failure.message
+    );
+
+    // Past the lease: a record left in progress would be taken over now.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let again = run().await;
+    assert!(
+        matches!(&again, Err(RunError::Failed(f)) if f == failure),
+        "the failure is replayed: {:?}",
+        again.map(|_| "a value")
+    );
+    assert_eq!(
+        runs.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the handler ran once"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
