@@ -83,7 +83,8 @@ pub enum Rejection {
         detail: String,
     },
     /// 422: a request with this key ran but its response could not be
-    /// stored (too large); it will not run again under this key.
+    /// stored (over the size limit, or refused by the store); it will not
+    /// run again under this key, and retries get this answer too.
     NotStored {
         /// Why.
         detail: String,

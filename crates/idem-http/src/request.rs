@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Limited};
 use idem::derive::{uuid_v7_age, KeyAge};
 use idem::{
     BoxError, FailureClass, Fingerprint, Idempotency, Key, KeyRules, Outcome, RecordId, RunError,
-    Scope, Store, Timestamp,
+    Scope, Store, StoreError, Timestamp,
 };
 use tokio_util::task::TaskTracker;
 use tower_service::Service;
@@ -320,6 +320,16 @@ impl<S: Store> Settings<S> {
             Err(RunError::Failed(failure)) => Rejection::NotStored {
                 detail: failure.message,
             },
+            // The store answered and refused the response (too large for
+            // it, invalid): the run was recorded failed, so this is the
+            // answer every retry gets too (DESIGN §5.5).
+            Err(RunError::Store(error))
+                if executed && !matches!(error, StoreError::Unavailable(_)) =>
+            {
+                Rejection::NotStored {
+                    detail: format!("the store refused it: {}", idem::error_chain(&error)),
+                }
+            }
             Err(RunError::Store(error)) => Rejection::StoreUnavailable {
                 error: idem::error_chain(&error),
                 executed,

@@ -243,11 +243,22 @@ async fn a_head_too_large_to_store_still_reaches_its_client() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
-/// The memory store, refusing every `complete` as unreachable: the store
-/// fails after the request ran (a unit test of the layer's answer; the
-/// stores themselves are proven against real servers elsewhere).
+/// The memory store, answering every `complete` with the error its
+/// function makes: the store fails after the request ran (a unit test of
+/// the layer's answer; the stores themselves are proven against real
+/// servers elsewhere).
 #[derive(Clone)]
-struct FailsToComplete(MemoryStore);
+struct FailsToComplete(MemoryStore, fn() -> StoreError);
+
+fn unreachable_store() -> StoreError {
+    StoreError::Unavailable("connection refused".into())
+}
+
+fn refusing_store() -> StoreError {
+    StoreError::Backend(
+        "ValidationException: Item size has exceeded the maximum allowed size".into(),
+    )
+}
 
 impl Store for FailsToComplete {
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
@@ -255,7 +266,7 @@ impl Store for FailsToComplete {
     }
 
     async fn complete(&self, _: &Lease, _: Bytes, _: Duration) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("connection refused".into()))
+        Err((self.1)())
     }
 
     async fn fail(
@@ -278,7 +289,7 @@ impl Store for FailsToComplete {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_fails_after_the_run_says_the_request_ran() {
-    let layer = IdempotencyLayer::builder(FailsToComplete(MemoryStore::new()))
+    let layer = IdempotencyLayer::builder(FailsToComplete(MemoryStore::new(), unreachable_store))
         .lease(Duration::from_millis(300))
         .build()
         .expect("layer");
@@ -295,6 +306,38 @@ async fn a_store_that_fails_after_the_run_says_the_request_ran() {
     assert!(detail.contains("was executed"), "{detail}");
     assert!(!detail.contains("nothing was executed"), "{detail}");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// A store that answers and refuses the response (too large for it,
+/// invalid) ends the run failed: the first answer is the one every retry
+/// gets, a 422 saying the request ran and its response could not be
+/// stored, not a 503 inviting a retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_the_store_refuses_is_422_now_and_on_every_retry() {
+    let layer = IdempotencyLayer::builder(FailsToComplete(MemoryStore::new(), refusing_store))
+        .lease(Duration::from_millis(300))
+        .build()
+        .expect("layer");
+    let calls = Arc::new(AtomicU32::new(0));
+    let service = layer.layer(counting(&calls));
+    let first = service
+        .clone()
+        .oneshot(post("order-8"))
+        .await
+        .expect("answered");
+    assert!(
+        first.headers().get("retry-after").is_none(),
+        "a retry gets the same answer, so none is invited"
+    );
+    let detail = problem(first, 422, "/response-not-stored").await;
+    assert!(
+        detail.contains("was executed") && detail.contains("maximum allowed size"),
+        "{detail}"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let again = service.oneshot(post("order-8")).await.expect("answered");
+    problem(again, 422, "/response-not-stored").await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "it ran once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
