@@ -157,6 +157,10 @@ macro_rules! each {
 }
 
 impl Store for AnyStore {
+    async fn peek(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
+        GetRecord::get(self, id).await
+    }
+
     fn step_journal(&self) -> Option<std::sync::Arc<dyn idem::DynStepJournal>> {
         each!(self, s => s.step_journal())
     }

@@ -534,6 +534,10 @@ where
 }
 
 impl Store for DynamoStore {
+    async fn peek(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
+        GetRecord::get(self, id).await
+    }
+
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
         let now = self.now();
         let fresh = self.fresh(now);

@@ -659,6 +659,10 @@ fn lease_written(changed: u64) -> Result<(), StoreError> {
 }
 
 impl Store for PgStore {
+    async fn peek(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
+        GetRecord::get(self, id).await
+    }
+
     fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
         Some(journal_of(self.clone()))
     }

@@ -680,6 +680,10 @@ impl FindAbandoned for RedisStore {
 }
 
 impl Store for RedisStore {
+    async fn peek(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
+        GetRecord::get(self, id).await
+    }
+
     fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
         Some(journal_of(self.clone()))
     }

@@ -385,6 +385,10 @@ impl<C: Clock> SqliteStore<C> {
 }
 
 impl<C: Clock> Store for SqliteStore<C> {
+    async fn peek(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
+        GetRecord::get(self, id).await
+    }
+
     fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
         Some(journal_of(self.clone()))
     }

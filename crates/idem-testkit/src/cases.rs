@@ -431,6 +431,69 @@ pub async fn expiry_is_honoured_at_read_time<S: ConformanceStore>(f: &Fixture<S>
     }
 }
 
+/// `peek` reads a record as `get` does and never claims or creates one:
+/// an absent or expired key stays unclaimed (the next claim is a new
+/// record that takes any fingerprint), and a live claim is not taken over.
+pub async fn peek_reads_without_claiming<S: ConformanceStore>(f: &Fixture<S>) {
+    let scope = f.scope("s");
+    let a = ClaimParams::new(f.lease, f.lease).fingerprint(Fingerprint::of_bytes(b"a"));
+    let b = ClaimParams::new(f.lease, f.lease).fingerprint(Fingerprint::of_bytes(b"b"));
+    let absent = id(&scope, "absent");
+    assert_eq!(f.store.peek(&absent).await.expect("peek"), None);
+    assert_eq!(
+        f.store.get(&absent).await.expect("get"),
+        None,
+        "peek made no record"
+    );
+
+    let live = id(&scope, "live");
+    let lease = acquire(f, &live, &a).await;
+    let seen = f.store.peek(&live).await.expect("peek");
+    assert_eq!(
+        seen,
+        f.store.get(&live).await.expect("get"),
+        "peek reads as get"
+    );
+    assert!(
+        matches!(seen.map(|r| r.state), Some(State::InProgress { token, .. }) if token == lease.token),
+        "peek shows the live claim"
+    );
+    assert!(
+        matches!(claim(f, &live, &a).await, ClaimOutcome::InProgress { .. }),
+        "peek took nothing over"
+    );
+
+    let done = id(&scope, "done");
+    let held = acquire(f, &done, &a).await;
+    f.store
+        .complete(&held, Bytes::from_static(b"kept"), f.lease)
+        .await
+        .expect("complete");
+    let seen = f.store.peek(&done).await.expect("peek").expect("present");
+    assert_eq!(
+        seen.state,
+        State::Completed {
+            response: Bytes::from_static(b"kept")
+        }
+    );
+
+    f.advance(f.lease).await;
+    for key in ["absent", "done"] {
+        let id = id(&scope, key);
+        assert_eq!(
+            f.store.peek(&id).await.expect("peek"),
+            None,
+            "{key} is gone"
+        );
+        let fresh = acquire(f, &id, &b).await;
+        assert_eq!(
+            (fresh.attempt, fresh.takeover),
+            (1, false),
+            "after peeks, {key} is claimed as new with any fingerprint"
+        );
+    }
+}
+
 /// A released record is acquired again with the attempt count carried on.
 pub async fn released_record_is_reclaimed<S: ConformanceStore>(f: &Fixture<S>) {
     let id = id(&f.scope("s"), "k");

@@ -167,6 +167,7 @@ macro_rules! conformance_suite {
             finished_records_reject_every_write,
             tokens_are_never_reused,
             expiry_is_honoured_at_read_time,
+            peek_reads_without_claiming,
             released_record_is_reclaimed,
             failures_are_classified,
             extend_keeps_the_lease,

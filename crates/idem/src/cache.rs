@@ -367,6 +367,14 @@ impl<S: RecordTtl, R: ReplayCache> Store for Cached<S, R> {
         self.store.wait_for_change(id, timeout)
     }
 
+    /// The inner store's record, never the cache's copy.
+    fn peek(
+        &self,
+        id: &RecordId,
+    ) -> impl Future<Output = Result<Option<crate::Record>, StoreError>> + Send {
+        self.store.peek(id)
+    }
+
     /// Steps are written by lease holders only, never cached: the inner
     /// store's journal.
     fn step_journal(&self) -> Option<std::sync::Arc<dyn crate::store::DynStepJournal>> {

@@ -65,7 +65,7 @@ use crate::executor::{Claimed, ConfigError, Context, Idempotency, Outcome, RunEr
 use crate::fingerprint::Fingerprint;
 use crate::key::{Key, RecordId, Scope};
 use crate::metrics as m;
-use crate::record::{Lease, StepBegin};
+use crate::record::{Lease, Record, StepBegin};
 use crate::step::with_retries;
 use crate::store::{BoxFuture, DynStepJournal, FindAbandoned, Store, StoreError};
 
@@ -170,7 +170,7 @@ where
             {
                 Ok(Claimed::Held { lease, sent }) => {
                     self.journal_input(&lease, bytes).await?;
-                    idem.execute(&lease, sent, &params, |ctx| (inner.handler)(input, ctx))
+                    idem.execute(&lease, sent, |ctx| (inner.handler)(input, ctx))
                         .await
                 }
                 Ok(Claimed::Unguarded) => {
@@ -206,14 +206,31 @@ where
         }
     }
 
-    /// Takes over one abandoned record and runs it again with its
-    /// journaled input.
-    async fn redrive(&self, id: RecordId, fingerprint: Option<Fingerprint>) -> Redriven {
+    /// Takes over one abandoned record, as `listed`, and runs it again with
+    /// its journaled input. A record that changed since it was listed
+    /// (released by a retryable failure or an operator, finished, deleted,
+    /// or its holder alive after all) is left to its next delivery.
+    async fn redrive(&self, id: RecordId, listed: Record) -> Redriven {
         let inner = &*self.inner;
         let idem = &inner.idem;
-        let params = idem.claim_params(fingerprint);
+        // A listing can be old by the time its record's turn comes: a
+        // claim would take a released record (ignoring its backoff) or make
+        // a new one for a key that is gone, so look first. A store that
+        // cannot look leaves it to the claim, as before.
+        match idem.store().peek(&id).await {
+            Ok(Some(now)) if now.state == listed.state => {}
+            Ok(_) => return Redriven::Skipped,
+            Err(_) => {}
+        }
+        let params = idem.claim_params(listed.fingerprint);
         let (lease, sent) = match idem.claim_once(&id, &params).await {
-            Ok(Claimed::Held { lease, sent }) => (lease, sent),
+            Ok(Claimed::Held { lease, sent }) if lease.takeover => (lease, sent),
+            Ok(Claimed::Held { lease, .. }) => {
+                // Released or gone between the look and the claim.
+                tracing::info!(scope = %id.scope(), key = %id.log_hash(), "completer found the record changed at its claim; giving it back");
+                let _ = idem.store().release(&lease).await;
+                return Redriven::Skipped;
+            }
             // Someone else took it over or finished it first.
             Ok(_) => return Redriven::Skipped,
             Err(error) => {
@@ -239,7 +256,7 @@ where
         let result = idem
             .instrumented(
                 &id,
-                idem.execute(&lease, sent, &params, |ctx| (inner.handler)(input, ctx)),
+                idem.execute(&lease, sent, |ctx| (inner.handler)(input, ctx)),
             )
             .await;
         match result {
@@ -386,7 +403,7 @@ where
                     }
                 }
                 let me = self.clone();
-                running.spawn(async move { me.redrive(id, record.fingerprint).await });
+                running.spawn(async move { me.redrive(id, record).await });
             }
             while let Some(done) = running.join_next().await {
                 sweep.add(joined(done));

@@ -371,6 +371,10 @@ impl Shard {
 }
 
 impl<C: Clock> Store for MemoryStore<C> {
+    async fn peek(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
+        GetRecord::get(self, id).await
+    }
+
     fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
         Some(journal_of(self.clone()))
     }

@@ -111,6 +111,24 @@ pub trait Store: Send + Sync + 'static {
         tokio::time::sleep(timeout)
     }
 
+    /// The record of `id` as it is now, or `None` if absent or expired,
+    /// read without claiming or changing anything. The executor uses it to
+    /// learn whether a write whose answer was lost had landed, and the
+    /// completer to check that a record it listed is still abandoned:
+    /// a claim there could create a record for a key that is gone, bound
+    /// to a request's fingerprint. Stores that implement [`GetRecord`]
+    /// answer with [`GetRecord::get`]; the default says the store cannot
+    /// (callers then treat the record as unknown).
+    fn peek(
+        &self,
+        id: &RecordId,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
+        let _ = id;
+        std::future::ready(Err(StoreError::Backend(
+            "this store cannot read a record without claiming it".into(),
+        )))
+    }
+
     /// This store's step journal, for [`Context::step`](crate::Context::step):
     /// stores that implement [`StepJournal`] return
     /// `Some(journal_of(self.clone()))`. The default, `None`, makes every
@@ -412,6 +430,12 @@ impl<S: Store> Store for Arc<S> {
     }
     fn wait_for_change(&self, id: &RecordId, timeout: Duration) -> impl Future<Output = ()> + Send {
         (**self).wait_for_change(id, timeout)
+    }
+    fn peek(
+        &self,
+        id: &RecordId,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
+        (**self).peek(id)
     }
     fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
         (**self).step_journal()

@@ -174,6 +174,101 @@ async fn a_run_cut_off_mid_handler_is_finished_by_a_sweep_without_repeating_its_
     assert_eq!(completer.sweep().await.found, 0, "nothing left to do");
 }
 
+/// A listing is old by the time a record's turn comes. A record released
+/// meanwhile (here a delivery took it over and failed, to be retried after
+/// its backoff) is left to its next delivery: the completer does not run
+/// it again (issue 26, item 5).
+#[tokio::test]
+async fn a_record_released_after_the_listing_is_not_redriven() {
+    let (clock, store, idem) = setup();
+    let runs: Arc<Mutex<Vec<(u32, u32)>>> = Arc::default();
+    let held: Arc<Mutex<Option<u32>>> = Arc::default();
+    let (at_gate, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let durable = {
+        let (runs, held) = (Arc::clone(&runs), Arc::clone(&held));
+        let (at_gate, gate) = (Arc::clone(&at_gate), Arc::clone(&gate));
+        idem.durable(
+            Scope::new("orders").expect("valid"),
+            move |order: Order, ctx: Context| {
+                let (runs, held) = (Arc::clone(&runs), Arc::clone(&held));
+                let (at_gate, gate) = (Arc::clone(&at_gate), Arc::clone(&gate));
+                async move {
+                    let attempt = ctx.attempt();
+                    runs.lock().push((order.id, attempt));
+                    if attempt == 1 {
+                        // The first workers are cut off here.
+                        std::future::pending::<()>().await;
+                    }
+                    let first_redrive = held.lock().get_or_insert(order.id) == &order.id;
+                    if !first_redrive {
+                        return Err(Io::other("declined for now; retry later"));
+                    }
+                    at_gate.notify_one();
+                    gate.notified().await;
+                    Ok::<_, Io>(format!("shipped {}", order.id))
+                }
+            },
+        )
+        .expect("the memory store keeps a journal")
+    };
+    let order = |id| Order { id, amount: 1 };
+    for n in [1, 2] {
+        let durable = durable.clone();
+        let started =
+            tokio::spawn(async move { durable.run(&key(&format!("o-{n}")), order(n)).await });
+        while !runs.lock().contains(&(n, 1)) {
+            tokio::task::yield_now().await;
+        }
+        started.abort();
+    }
+    clock.advance(LEASE);
+
+    // One record at a time: the second waits, listed, while the first runs.
+    let completer = Completer::new().register(&durable).concurrency(1);
+    let sweep = tokio::spawn(async move { completer.sweep().await });
+    at_gate.notified().await;
+    let first = held.lock().expect("a re-drive is running");
+    let other = 3 - first;
+    let delivered = durable.run(&key(&format!("o-{other}")), order(other)).await;
+    assert!(
+        matches!(
+            delivered,
+            Err(RunError::Handler {
+                class: FailureClass::Retryable,
+                ..
+            })
+        ),
+        "{delivered:?}"
+    );
+    let released = store
+        .get(&id(&format!("o-{other}")))
+        .await
+        .expect("get")
+        .expect("present");
+    assert!(
+        matches!(released.state, State::Released { .. }),
+        "{released:?}"
+    );
+    gate.notify_one();
+    let swept = sweep.await.expect("sweep");
+
+    assert_eq!((swept.found, swept.completed), (2, 1), "{swept:?}");
+    assert!(
+        !runs.lock().contains(&(other, 3)),
+        "the released record was run again by the completer: {:?}",
+        runs.lock()
+    );
+    let still = store
+        .get(&id(&format!("o-{other}")))
+        .await
+        .expect("get")
+        .expect("present");
+    assert!(
+        matches!(still.state, State::Released { .. }),
+        "left to its next delivery: {still:?}"
+    );
+}
+
 #[tokio::test]
 async fn the_input_is_journaled_under_a_reserved_name_and_binds_the_key() {
     let (_clock, store, idem) = setup();

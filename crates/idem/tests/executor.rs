@@ -644,6 +644,10 @@ enum Fault {
     /// `complete` is refused (as DynamoDB refuses an item over 400 KB),
     /// and so is a `fail` whose message passes 300 bytes.
     RefusesLargeWrites,
+    /// The first `complete` finds the store unreachable, and while it is
+    /// the record is deleted (an operator, or its retention ran out): the
+    /// next try is refused as the lease lost.
+    GoneDuringComplete,
 }
 
 /// What [`Fault::RefusesLargeWrites`] says, long enough that a failure
@@ -694,6 +698,12 @@ impl Store for Faulty {
         if self.fault == Fault::RefusesLargeWrites {
             return Err(too_large());
         }
+        if self.fault == Fault::GoneDuringComplete
+            && self.completes.fetch_add(1, Ordering::SeqCst) == 0
+        {
+            self.inner.delete(&lease.id).await?;
+            return Err(StoreError::Unavailable("connection refused".into()));
+        }
         let result = self.inner.complete(lease, response, retention).await;
         if self.fault == Fault::CompleteAnswerLost
             && self.completes.fetch_add(1, Ordering::SeqCst) == 0
@@ -722,6 +732,9 @@ impl Store for Faulty {
     }
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         self.inner.release(lease).await
+    }
+    async fn peek(&self, id: &RecordId) -> Result<Option<idem::Record>, StoreError> {
+        self.inner.get(id).await
     }
 }
 
@@ -769,6 +782,40 @@ async fn a_lost_answer_to_a_complete_that_landed_is_still_executed() {
         .await
         .expect("replay");
     assert_eq!(replay, Outcome::Replayed { value: 9 });
+}
+
+/// Whether a `complete` whose answer was lost had landed is read, not
+/// claimed: a key deleted meanwhile is not brought back as a record bound
+/// to this request's fingerprint, which would refuse a new request with
+/// another body as a mismatch for a whole retention (issue 26, item 5).
+#[tokio::test(start_paused = true)]
+async fn checking_a_lost_complete_does_not_bring_a_deleted_key_back() {
+    let store = Faulty::new(Fault::GoneDuringComplete);
+    let idem = Idempotency::builder(store.clone()).build().expect("config");
+    let key = id("gone");
+    let first = Fingerprint::of_bytes(b"first body");
+    let ran = idem
+        .run(&key, Some(first), |_| async { Ok::<_, Io>(1u8) })
+        .await;
+    assert!(matches!(ran, Err(RunError::LeaseLost)), "{ran:?}");
+    assert_eq!(
+        store.inner.get(&key).await.expect("get"),
+        None,
+        "checking made no record"
+    );
+    let other = Fingerprint::of_bytes(b"another body");
+    let next = idem
+        .run(&key, Some(other), |_| async { Ok::<_, Io>(2u8) })
+        .await
+        .expect("a new request with the key runs");
+    assert_eq!(
+        next,
+        Outcome::Executed {
+            value: 2,
+            attempt: 1,
+            takeover: false
+        }
+    );
 }
 
 /// A response the store refuses (it answered, and said no) is not left as

@@ -127,7 +127,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                     } else {
                         sent
                     };
-                    self.execute(&lease, sent, &params, handler).await
+                    self.execute(&lease, sent, handler).await
                 }
                 Ok(outcome) => self.answer(outcome),
                 Err(error @ StoreError::Unavailable(_)) if self.config.fail_open => {

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::{deadline, Idempotency, Outcome, RunError};
 use crate::codec::{self, Codec};
 use crate::metrics as m;
-use crate::record::{ClaimOutcome, ClaimParams, Failure, FailureClass, Lease};
+use crate::record::{Failure, FailureClass, Lease, State};
 use crate::store::{Store, StoreError};
 
 /// Failure messages are cut to this many bytes when the store refuses the
@@ -49,7 +49,6 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     pub(super) async fn store_success<T: Serialize, E>(
         &self,
         lease: &Lease,
-        params: &ClaimParams,
         value: T,
     ) -> Result<Outcome<T>, RunError<E>> {
         let encoded = match self.codec.encode(&value) {
@@ -86,7 +85,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             // An earlier try may have been applied before the store became
             // unreachable: then the record holds exactly these bytes.
             Err(StoreError::LeaseLost)
-                if uncertain && self.stored_already(lease, params, &sealed).await =>
+                if uncertain && self.stored_already(lease, &sealed).await =>
             {
                 Ok(())
             }
@@ -214,15 +213,15 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         }
     }
 
-    /// Whether the record already holds `sealed` as its completed response
-    /// (read with a claim, which answers with the stored outcome). A claim
-    /// that acquires instead is given straight back.
-    async fn stored_already(&self, lease: &Lease, params: &ClaimParams, sealed: &[u8]) -> bool {
-        match self.store.claim(&lease.id, params).await {
-            Ok(ClaimOutcome::Completed(stored)) => stored == sealed,
-            Ok(ClaimOutcome::Acquired(other)) => {
-                let _ = self.store.release(&other).await;
-                false
+    /// Whether the record already holds `sealed` as its completed response.
+    /// Read with [`Store::peek`], never with a claim: a claim of a key
+    /// deleted or expired meanwhile would create a record, bound to this
+    /// request's fingerprint, that refuses a new request as a mismatch for
+    /// a whole retention.
+    async fn stored_already(&self, lease: &Lease, sealed: &[u8]) -> bool {
+        match self.store.peek(&lease.id).await {
+            Ok(Some(record)) => {
+                matches!(record.state, State::Completed { response } if response == sealed)
             }
             _ => false,
         }

@@ -199,9 +199,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         self.instrumented(id, async {
             let params = self.claim_params(fingerprint);
             match self.acquire(id, &params, self.config.fail_open, wait).await {
-                Ok(Claimed::Held { lease, sent }) => {
-                    self.execute(&lease, sent, &params, handler).await
-                }
+                Ok(Claimed::Held { lease, sent }) => self.execute(&lease, sent, handler).await,
                 Ok(Claimed::Unguarded) => self.unguarded(id, handler).await,
                 Ok(Claimed::Answered(outcome)) => self.answer(outcome),
                 Err(error) => Err(RunError::Store(error)),
@@ -279,7 +277,6 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         &self,
         lease: &Lease,
         sent: Instant,
-        params: &ClaimParams,
         handler: F,
     ) -> Result<Outcome<T>, RunError<E>>
     where
@@ -341,7 +338,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             return Err(self.park(lease, why).await);
         }
         match result {
-            Ok(value) => self.store_success(lease, params, value).await,
+            Ok(value) => self.store_success(lease, value).await,
             Err(error) => Err(self.store_failure(lease, error).await),
         }
     }
