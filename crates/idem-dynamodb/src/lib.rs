@@ -736,9 +736,13 @@ impl GetRecord for DynamoStore {
 }
 
 impl RecordTtl for DynamoStore {
-    async fn ttl(&self, id: &RecordId) -> Result<Option<Duration>, StoreError> {
+    async fn ttl(&self, id: &RecordId, response: &[u8]) -> Result<Option<Duration>, StoreError> {
         let now = self.now();
-        Ok(self.live(id).await?.map(|s| s.record.expires_at.since(now)))
+        Ok(self
+            .live(id)
+            .await?
+            .filter(|s| s.record.state.completed_with(response))
+            .map(|s| s.record.expires_at.since(now)))
     }
 }
 

@@ -89,6 +89,7 @@ use idem::{
     Record, RecordId, RecordTtl, Resolution, Resolved, Scope, StepBegin, StepEntry, StepJournal,
     Store, StoreError, Timestamp, TokenMint,
 };
+use sha2::{Digest, Sha256};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{GenericClient, Statement};
 
@@ -773,11 +774,13 @@ impl GetRecord for PgStore {
 }
 
 impl RecordTtl for PgStore {
-    async fn ttl(&self, id: &RecordId) -> Result<Option<Duration>, StoreError> {
+    async fn ttl(&self, id: &RecordId, response: &[u8]) -> Result<Option<Duration>, StoreError> {
+        // The response's digest, not the response: 32 bytes on the wire.
+        let digest = Sha256::digest(response).to_vec();
         let rows = self
             .query(
                 &self.inner.sql.ttl,
-                &[&id.scope().as_str(), &id.key().as_str()],
+                &[&id.scope().as_str(), &id.key().as_str(), &digest],
             )
             .await?;
         Ok(rows

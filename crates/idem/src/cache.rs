@@ -12,7 +12,9 @@
 //!   record says the record has left ([`RecordTtl`], by the store's own
 //!   clock), less the time that question took and a safety margin, and at
 //!   most [`CachedBuilder::max_ttl`]. No clocks are compared across
-//!   machines.
+//!   machines. The question names the response just read: a record
+//!   deleted and claimed again in between (a new run) has no time left for
+//!   it, and nothing is cached.
 //! - **Fingerprints still bind.** A cached replay is served only to a
 //!   claim with the same fingerprint; any other claim goes to the system
 //!   of record, which answers `Mismatch`.
@@ -295,7 +297,9 @@ impl<S: RecordTtl, R: ReplayCache> Cached<S, R> {
     /// Caches a completed replay for the time the store says it has left.
     async fn fill(&self, id: &RecordId, fingerprint: Option<Fingerprint>, response: &Bytes) {
         let asked = Instant::now();
-        let left = match self.store.ttl(id).await {
+        // Tied to the response: a record deleted and claimed again since
+        // it was read answers `None`, and is not cached.
+        let left = match self.store.ttl(id, response).await {
             Ok(Some(left)) => left,
             Ok(None) => return,
             Err(e) => {
@@ -432,8 +436,9 @@ impl<S: RecordTtl, R: ReplayCache> RecordTtl for Cached<S, R> {
     fn ttl(
         &self,
         id: &RecordId,
+        response: &[u8],
     ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send {
-        self.store.ttl(id)
+        self.store.ttl(id, response)
     }
 }
 

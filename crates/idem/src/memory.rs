@@ -457,9 +457,13 @@ impl<C: Clock> GetRecord for MemoryStore<C> {
 }
 
 impl<C: Clock> RecordTtl for MemoryStore<C> {
-    async fn ttl(&self, id: &RecordId) -> Result<Option<Duration>, StoreError> {
+    async fn ttl(&self, id: &RecordId, response: &[u8]) -> Result<Option<Duration>, StoreError> {
         let now = self.now();
-        Ok(self.get(id).await?.map(|r| r.expires_at.since(now)))
+        Ok(self
+            .get(id)
+            .await?
+            .filter(|r| r.state.completed_with(response))
+            .map(|r| r.expires_at.since(now)))
     }
 }
 

@@ -220,6 +220,11 @@ impl State {
             State::Released { .. } => StateKind::Released,
         }
     }
+
+    /// Whether this is a completion with exactly `response`.
+    pub fn completed_with(&self, response: &[u8]) -> bool {
+        matches!(self, State::Completed { response: stored } if stored == response)
+    }
 }
 
 /// Everything a store keeps for one `(scope, key)`.

@@ -280,15 +280,20 @@ pub trait FindAbandoned: Store {
     ) -> impl Future<Output = Result<Vec<(RecordId, Record)>, StoreError>> + Send;
 }
 
-/// How long a record stays live, measured by the store's own clock: what
-/// a cache in front of the store ([`Cached`](crate::cache::Cached)) needs
-/// so that it never serves a record past its expiry.
+/// How long a completed record stays live, measured by the store's own
+/// clock: what a cache in front of the store
+/// ([`Cached`](crate::cache::Cached)) needs so that it never serves a
+/// record past its expiry.
 pub trait RecordTtl: Store {
-    /// The time left before `id` expires, or `None` if it is absent or
-    /// expired.
+    /// The time left before `id` expires, if it is completed with exactly
+    /// `response`; `None` if it is absent, expired, or holds anything else.
+    /// Read in one step with the record, so that a record deleted and
+    /// claimed again since `response` was read (a new run, in progress) is
+    /// never cached under the new record's life.
     fn ttl(
         &self,
         id: &RecordId,
+        response: &[u8],
     ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send;
 }
 

@@ -8,7 +8,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use idem::cache::{Cached, LruCache, ReplayCache};
 use idem::{
-    ClaimOutcome, ClaimParams, DeleteRecord, Fingerprint, ManualClock, MemoryStore, RecordId, Store,
+    ClaimOutcome, ClaimParams, DeleteRecord, Failure, Fingerprint, Lease, ManualClock, MemoryStore,
+    RecordId, RecordTtl, Store, StoreError, Timestamp,
 };
 use idem_testkit::Fixture;
 
@@ -100,6 +101,72 @@ async fn an_expired_record_is_never_served() {
             ClaimOutcome::Acquired(_)
         ),
         "past its retention the record is absent, cache or not"
+    );
+}
+
+/// The memory store, with another process deleting a record and claiming
+/// it again (a new run) just before the cache asks how long it has left.
+struct DeletedDuringFill(MemoryStore<ManualClock>);
+
+impl Store for DeletedDuringFill {
+    async fn claim(&self, id: &RecordId, p: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
+        self.0.claim(id, p).await
+    }
+    async fn complete(&self, l: &Lease, r: Bytes, keep: Duration) -> Result<(), StoreError> {
+        self.0.complete(l, r, keep).await
+    }
+    async fn fail(&self, l: &Lease, f: Failure, keep: Duration) -> Result<(), StoreError> {
+        self.0.fail(l, f, keep).await
+    }
+    async fn extend(&self, l: &Lease, d: Duration) -> Result<Timestamp, StoreError> {
+        self.0.extend(l, d).await
+    }
+    async fn release(&self, l: &Lease) -> Result<(), StoreError> {
+        self.0.release(l).await
+    }
+}
+
+impl RecordTtl for DeletedDuringFill {
+    async fn ttl(&self, id: &RecordId, response: &[u8]) -> Result<Option<Duration>, StoreError> {
+        self.0.delete(id).await?;
+        self.0.claim(id, &ClaimParams::new(LEASE, KEEP)).await?;
+        self.0.ttl(id, response).await
+    }
+}
+
+/// The cache asks for the time left of the completion it read, not of
+/// whatever the key holds by then: a record deleted and claimed again in
+/// between is not cached, so the new run's duplicates are not answered
+/// with the old response (issue 26, item 6).
+#[tokio::test]
+async fn a_record_deleted_and_claimed_again_during_the_fill_is_not_cached() {
+    let clock = ManualClock::default();
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let tier = Cached::new(
+        DeletedDuringFill(store.clone()),
+        LruCache::with_clock(1000, clock.clone()),
+    );
+    let id = RecordId::parse("s", "k5").expect("id");
+    let p = ClaimParams::new(LEASE, KEEP);
+    let ClaimOutcome::Acquired(lease) = store.claim(&id, &p).await.expect("claim") else {
+        panic!("acquire");
+    };
+    store
+        .complete(&lease, Bytes::from_static(b"old"), KEEP)
+        .await
+        .expect("complete");
+    assert_eq!(
+        tier.claim(&id, &p).await.expect("claim"),
+        ClaimOutcome::Completed(Bytes::from_static(b"old")),
+        "read before the delete"
+    );
+    assert!(tier.cache().is_empty(), "the old response was cached");
+    assert!(
+        matches!(
+            tier.claim(&id, &p).await.expect("claim"),
+            ClaimOutcome::InProgress { .. }
+        ),
+        "the new run is in progress"
     );
 }
 

@@ -10,3 +10,8 @@ async fn fixture(case: &'static str) -> Fixture<MemoryStore<ManualClock>> {
 }
 
 idem_testkit::conformance_suite!(fixture);
+
+#[tokio::test]
+async fn record_ttl_follows_the_response() {
+    idem_testkit::cases::record_ttl_follows_the_response(&fixture("ttl").await).await;
+}

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::{deadline, Idempotency, Outcome, RunError};
 use crate::codec::{self, Codec};
 use crate::metrics as m;
-use crate::record::{Failure, FailureClass, Lease, State};
+use crate::record::{Failure, FailureClass, Lease};
 use crate::store::{Store, StoreError};
 
 /// Failure messages are cut to this many bytes when the store refuses the
@@ -220,9 +220,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     /// a whole retention.
     async fn stored_already(&self, lease: &Lease, sealed: &[u8]) -> bool {
         match self.store.peek(&lease.id).await {
-            Ok(Some(record)) => {
-                matches!(record.state, State::Completed { response } if response == sealed)
-            }
+            Ok(Some(record)) => record.state.completed_with(sealed),
             _ => false,
         }
     }
