@@ -38,6 +38,12 @@
 //!   commit, with writes from all of them in flight), and the proxy's
 //!   network faults hit the workers' connections to the downstream
 //!   database instead.
+//! - **`dynamodb-lease`**, the lease executor on DynamoDB (moto, one
+//!   request at a time as DynamoDB's conditional writes need): DynamoDB's
+//!   conditions compare times from the client's clock, so each worker runs
+//!   with its own clock skew (up to half a lease either way) besides the
+//!   clock jumps. Not restarted: moto keeps everything in memory, and a
+//!   restart would lose every record, which DynamoDB never does.
 //!
 //! - **`http-sqlite`, `http-redis`, `http-postgres`**, the gateway (see [`http`]): client
 //!   processes retrying as API SDKs do through the fault proxy to an
@@ -74,6 +80,8 @@ pub enum Target {
     /// The lease executor on one SQLite file shared by the worker
     /// processes.
     SqliteLease,
+    /// The lease executor on DynamoDB (moto), workers' clocks skewed.
+    DynamoLease,
     /// The HTTP gateway (`idem proxy`) on the embedded SQLite store.
     HttpSqlite,
     /// The HTTP gateway on Redis.
@@ -84,11 +92,12 @@ pub enum Target {
 
 impl Target {
     /// Every target.
-    pub const ALL: [Target; 7] = [
+    pub const ALL: [Target; 8] = [
         Target::PgInbox,
         Target::PgLease,
         Target::RedisLease,
         Target::SqliteLease,
+        Target::DynamoLease,
         Target::HttpSqlite,
         Target::HttpRedis,
         Target::HttpPostgres,
@@ -101,6 +110,7 @@ impl Target {
             Target::PgLease => "pg-lease",
             Target::RedisLease => "redis-lease",
             Target::SqliteLease => "sqlite-lease",
+            Target::DynamoLease => "dynamodb-lease",
             Target::HttpSqlite => "http-sqlite",
             Target::HttpRedis => "http-redis",
             Target::HttpPostgres => "http-postgres",
@@ -115,7 +125,14 @@ impl Target {
     /// Whether the store decides leases on the worker's own wall clock
     /// (rather than the server's), so a clock fault reaches it.
     pub fn reads_worker_clock(self) -> bool {
-        self == Target::SqliteLease
+        matches!(self, Target::SqliteLease | Target::DynamoLease)
+    }
+
+    /// Whether each worker starts with a clock skewed from the others' (up
+    /// to half a lease either way): stores whose writes are conditioned
+    /// on times from several clients' clocks.
+    pub fn skews_worker_clocks(self) -> bool {
+        self == Target::DynamoLease
     }
 
     /// The faults a run of this target injects by default: every kind
@@ -127,6 +144,8 @@ impl Target {
         FaultKind::ALL
             .into_iter()
             .filter(|k| *k != FaultKind::Clock || self.reads_worker_clock())
+            // moto keeps its tables in memory only.
+            .filter(|k| *k != FaultKind::StoreRestart || self != Target::DynamoLease)
             .collect()
     }
 

@@ -1,7 +1,7 @@
 //! `idem-chaos`: fault-injection runs against real stores, with a checker.
 //!
 //! ```text
-//! idem-chaos run [--target pg-inbox|pg-lease|redis-lease|sqlite-lease|http-sqlite|http-redis|http-postgres|all]
+//! idem-chaos run [--target pg-inbox|pg-lease|redis-lease|sqlite-lease|dynamodb-lease|http-sqlite|http-redis|http-postgres|all]
 //!                [--seed N] [--keys N]
 //!                [--duplicates SHARE] [--workers K] [--duration 60s] [--fault-every 300ms]
 //!                [--faults kill,stop,restart,latency,blackhole,reset,cut,clock]
@@ -51,10 +51,13 @@ enum Cmd {
     },
 }
 
+/// A flag given twice takes its last value, so `scripts/chaos` can pass
+/// its defaults first and the caller's flags after them.
 #[derive(clap::Args)]
+#[command(args_override_self = true)]
 struct RunArgs {
-    /// pg-inbox, pg-lease, redis-lease, sqlite-lease, http-sqlite,
-    /// http-redis, http-postgres, or all.
+    /// pg-inbox, pg-lease, redis-lease, sqlite-lease, dynamodb-lease,
+    /// http-sqlite, http-redis, http-postgres, or all.
     #[arg(long, default_value = "all")]
     target: String,
     /// Seeds the workload and the faults.

@@ -9,9 +9,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use idem::{GetRecord, Key, ListQuery, ListRecords, Record, RecordId, Scope, StateKind};
+use idem_dynamodb::{client_for, create_table, DynamoStore};
 use idem_postgres::PgStore;
 use idem_redis::RedisStore;
 use idem_sqlite::SqliteStore;
+use idem_testkit::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
 use idem_testkit::postgres::PgServer;
 use idem_testkit::proxy::FaultProxy;
 use idem_testkit::redis::RedisServer;
@@ -149,7 +151,7 @@ fn tempfile_dir() -> Result<PathBuf, ChaosError> {
 }
 
 /// The servers of a run: PostgreSQL always (the downstream table lives
-/// there), Redis for the Redis target.
+/// there), Redis for the Redis target, moto for DynamoDB.
 struct Servers {
     target: Target,
     pg: Arc<Mutex<PgServer>>,
@@ -157,7 +159,11 @@ struct Servers {
     db: String,
     redis: Option<Arc<Mutex<RedisServer>>>,
     redis_port: u16,
+    moto: Option<MotoServer>,
 }
+
+/// The DynamoDB table of a run.
+const TABLE: &str = "idem-chaos";
 
 impl Servers {
     async fn start(target: Target, append_only: bool) -> Result<Self, ChaosError> {
@@ -203,6 +209,23 @@ impl Servers {
         } else {
             (None, 0)
         };
+        let moto = if target == Target::DynamoLease {
+            let moto = tokio::task::spawn_blocking(MotoServer::start_serial)
+                .await
+                .map_err(harness)?
+                .map_err(|source| ChaosError::Server {
+                    what: "moto (DynamoDB)",
+                    source,
+                })?;
+            let client = client_for(Some(&moto.url()), REGION, ACCESS_KEY, SECRET_KEY, None)
+                .map_err(harness)?;
+            create_table(&client, TABLE)
+                .await
+                .map_err(|e| harness(format!("creating the DynamoDB table: {e}")))?;
+            Some(moto)
+        } else {
+            None
+        };
         let servers = Self {
             target,
             pg: Arc::new(Mutex::new(pg)),
@@ -210,6 +233,7 @@ impl Servers {
             db,
             redis,
             redis_port,
+            moto,
         };
         if target.on_postgres() {
             // Applies the store's and the inbox's migrations.
@@ -227,10 +251,10 @@ impl Servers {
     /// What the fault proxy stands in front of: the store's server, or
     /// for SQLite, which has none, the downstream database.
     fn proxied_addr(&self) -> std::net::SocketAddr {
-        let port = if self.target == Target::RedisLease {
-            self.redis_port
-        } else {
-            self.pg_port
+        let port = match (&self.moto, self.target) {
+            (Some(moto), _) => moto.port(),
+            (None, Target::RedisLease) => self.redis_port,
+            (None, _) => self.pg_port,
         };
         std::net::SocketAddr::from(([127, 0, 0, 1], port))
     }
@@ -242,6 +266,7 @@ impl Servers {
         match self.target {
             Target::RedisLease => (format!("redis://127.0.0.1:{port}"), self.pg_url()),
             Target::SqliteLease => (sqlite_file(dir).to_string_lossy().into_owned(), proxied_pg),
+            Target::DynamoLease => (format!("http://127.0.0.1:{port}#{TABLE}"), self.pg_url()),
             _ => (proxied_pg, self.pg_url()),
         }
     }
@@ -426,9 +451,18 @@ impl Broker {
         self.next_generation += 1;
         let log = self.dir.join(format!("worker-{slot}-{generation}.err"));
         let stderr = File::create(&log).map_err(|e| harness(format!("{}: {e}", log.display())))?;
+        // Where clients' clocks decide, each worker's disagrees with the
+        // others' by up to half a lease.
+        let half = i64::try_from(self.config.lease.as_millis() / 2).unwrap_or(i64::MAX);
+        let skew = if self.config.target.skews_worker_clocks() {
+            self.rng.random_range(-half..=half)
+        } else {
+            0
+        };
         let mut child = Command::new(&self.worker_bin)
             .arg("worker")
             .envs(self.config.to_env())
+            .env(crate::worker::SKEW_ENV, skew.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(stderr)
@@ -785,6 +819,29 @@ impl Broker {
                         missing.iter().take(10).collect::<Vec<_>>()
                     ),
                 });
+                for (id, d) in self
+                    .deliveries
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, d)| !d.acked)
+                    .take(5)
+                {
+                    let whereabouts = match d.holder {
+                        Some((slot, since)) => format!(
+                            "held by worker {slot} for {:.1}s",
+                            now.duration_since(since).as_secs_f64()
+                        ),
+                        None if self.pending.iter().any(|(_, p)| *p == id) => "queued".to_owned(),
+                        None => "neither held nor queued".to_owned(),
+                    };
+                    self.report.violations.push(Violation {
+                        key: Some(self.keys[d.key].clone()),
+                        what: format!(
+                            "delivery {id} unacknowledged: handed out {} times, {whereabouts}",
+                            d.attempt
+                        ),
+                    });
+                }
                 break;
             }
         }
@@ -942,7 +999,7 @@ async fn collect_evidence(
                 check::check_inbox_key(key, n, responded.contains_key(key), &mut violations);
             }
         }
-        Target::PgLease | Target::RedisLease | Target::SqliteLease => {
+        Target::PgLease | Target::RedisLease | Target::SqliteLease | Target::DynamoLease => {
             let mut text = String::new();
             for entry in std::fs::read_dir(dir).map_err(harness)? {
                 let path = entry.map_err(harness)?.path();
@@ -972,6 +1029,12 @@ async fn collect_evidence(
                 Target::SqliteLease => {
                     let store = SqliteStore::open(sqlite_file(dir)).map_err(harness)?;
                     read_records(&store, &broker.keys).await?
+                }
+                Target::DynamoLease => {
+                    let url = servers.moto.as_ref().map(MotoServer::url);
+                    let client = client_for(url.as_deref(), REGION, ACCESS_KEY, SECRET_KEY, None)
+                        .map_err(harness)?;
+                    read_records(&DynamoStore::new(client, TABLE), &broker.keys).await?
                 }
                 _ => {
                     let url = format!("redis://127.0.0.1:{}", servers.redis_port);

@@ -27,15 +27,18 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use idem::{
     Backoff, Clock, Context, Idempotency, InboxOutcome, Key, Outcome, RecordId, RunError, Scope,
     Store, Timestamp,
 };
+use idem_dynamodb::{client_for, DynamoStore};
 use idem_postgres::inbox::Inbox;
 use idem_postgres::PgStore;
 use idem_redis::RedisStore;
 use idem_sqlite::SqliteStore;
+use idem_testkit::moto::{ACCESS_KEY, REGION, SECRET_KEY};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 use tokio_postgres::NoTls;
@@ -44,6 +47,10 @@ use crate::Target;
 
 /// The scope every run's keys live in.
 pub const SCOPE: &str = "chaos";
+
+/// The environment variable with a worker's starting clock skew, in signed
+/// milliseconds.
+pub const SKEW_ENV: &str = "IDEM_CHAOS_SKEW_MS";
 
 /// How long a store or database call may take before the worker gives up
 /// on it (the delivery is then redelivered).
@@ -187,6 +194,12 @@ pub async fn main() -> anyhow::Result<()> {
         }
     });
     let clock = JumpingClock::default();
+    if let Ok(skew) = std::env::var(SKEW_ENV) {
+        clock.jump_to(
+            skew.parse()
+                .with_context(|| format!("{SKEW_ENV}={skew:?}"))?,
+        );
+    }
     let worker = Worker::connect(&config, ledger, clock.clone()).await?;
     let mut stdin = BufReader::new(tokio::io::stdin()).lines();
     while let Some(line) = stdin.next_line().await.context("reading stdin")? {
@@ -282,6 +295,28 @@ impl Worker {
                     .with_context(|| format!("opening {}", config.store_url))?;
                 lease_store(Guard::Sqlite(executor(store, config.lease)?))?
             }
+            Target::DynamoLease => {
+                let (endpoint, table) = config
+                    .store_url
+                    .split_once('#')
+                    .context("the DynamoDB URL is ENDPOINT#TABLE")?;
+                let client = client_for(Some(endpoint), REGION, ACCESS_KEY, SECRET_KEY, None)?;
+                // The store's calls give up as the others' do, so a
+                // blackhole fails them in time to redeliver.
+                let timeouts = TimeoutConfig::builder()
+                    .connect_timeout(CALL_TIMEOUT)
+                    .operation_attempt_timeout(CALL_TIMEOUT)
+                    .operation_timeout(CALL_TIMEOUT * 2)
+                    .build();
+                let sdk = client
+                    .config()
+                    .to_builder()
+                    .timeout_config(timeouts)
+                    .build();
+                let store = DynamoStore::new(aws_sdk_dynamodb::Client::from_conf(sdk), table)
+                    .with_clock(clock);
+                lease_store(Guard::Dynamo(executor(store, config.lease)?))?
+            }
             Target::PgInbox => Worker::Inbox(Arc::new(InboxWorker {
                 pool: pool(&config.store_url, config.inflight)?,
                 inbox: Inbox::new(Duration::from_secs(3600)),
@@ -298,6 +333,7 @@ impl Worker {
                 Guard::Pg(idem) => w.process(idem, delivery).await,
                 Guard::Redis(idem) => w.process(idem, delivery).await,
                 Guard::Sqlite(idem) => w.process(idem, delivery).await,
+                Guard::Dynamo(idem) => w.process(idem, delivery).await,
             },
             Worker::Inbox(w) => w.process(delivery).await,
         }
@@ -396,6 +432,7 @@ enum Guard {
     Pg(Idempotency<PgStore>),
     Redis(Idempotency<RedisStore>),
     Sqlite(Idempotency<SqliteStore<JumpingClock>>),
+    Dynamo(Idempotency<DynamoStore>),
 }
 
 struct LeaseWorker {

@@ -67,6 +67,14 @@ async fn sqlite_lease_completes_every_key_once_under_faults() {
     assert!(report.executions >= report.keys as u64);
 }
 
+/// DynamoDB (moto), each worker's clock skewed from the others' and
+/// jumping: fencing holds whatever the clocks say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamodb_lease_completes_every_key_once_under_faults_and_skewed_clocks() {
+    let report = short_run(Target::DynamoLease).await;
+    assert!(report.executions >= report.keys as u64);
+}
+
 /// The checker can fail: a Redis without an append-only file loses every
 /// record when it restarts, so keys completed before a restart run again
 /// and their second completion is acknowledged too.

@@ -24,7 +24,16 @@
 //! * **Time.** DynamoDB has no clock that a condition can read, so `:now`
 //!   comes from the store's [`Clock`] ([`SystemClock`] by default, so
 //!   clients' clocks must agree to well within a lease; NTP does that).
-//!   Tests inject a [`ManualClock`](idem::ManualClock).
+//!   Tests inject a [`ManualClock`](idem::ManualClock). What clocks that
+//!   disagree by more than that do: a client ahead sees a live lease as
+//!   run out and takes the record over while its holder still works, and a
+//!   client behind writes leases that the others see as run out already;
+//!   either way a handler can run twice at once. Neither lets two
+//!   completions be accepted or a stale holder write: every holder write
+//!   is conditioned on the token, and fences rise with the stored one. Use
+//!   the fence for downstream writes (`RELIABILITY.md`, `dynamodb-lease`:
+//!   skews of up to half a lease between workers and jumps of up to three
+//!   leases, 0 violations).
 //! * **Fences** rise per key: past the stored one, and past the clock in
 //!   microseconds for a key with no item. An expired item, and a deleted
 //!   one (a tombstone), keeps its fence until DynamoDB removes it, `grace`
