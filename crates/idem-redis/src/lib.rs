@@ -94,6 +94,9 @@ use sha2::{Digest, Sha256};
 mod batch;
 mod cache;
 mod conn;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod notify;
 mod record;
 mod scripts;
