@@ -1,6 +1,7 @@
 //! The `idem` binary as a library: the gateway ([`proxy`]), the admin
-//! commands ([`admin`]) and the load generator ([`bench`]), and the command
-//! line that drives them ([`Cli`]). `main` only parses and calls [`run`].
+//! commands ([`admin`]) and the load generator ([`bench`](mod@bench)),
+//! and the command line that drives them ([`Cli`]). `main` only parses
+//! and calls [`run`].
 
 use std::path::PathBuf;
 use std::time::Duration;
