@@ -13,6 +13,7 @@ use idem_consumer::{
     Acked, Consumer, Disposition, KeyExtractor, Message, MissingKey, OwnedMessage,
     RedeliveryWindow, RetryCause, WindowError,
 };
+use idem_testkit::double::{Double, Hooks};
 use idem_testkit::DownStore;
 
 type Io = std::io::Error;
@@ -320,51 +321,41 @@ async fn a_store_outage_is_retried_fail_closed() {
 /// A store that takes claims but is gone by the time an outcome is to be
 /// kept: a stand-in for an outage that starts while the handler runs.
 #[derive(Debug, Clone, Default)]
-struct GoneAfterClaim(MemoryStore);
+struct GoneAfterClaim;
 
-impl Store for GoneAfterClaim {
-    async fn claim(
-        &self,
-        id: &idem::RecordId,
-        params: &idem::ClaimParams,
-    ) -> Result<idem::ClaimOutcome, idem::StoreError> {
-        self.0.claim(id, params).await
-    }
+fn gone() -> idem::StoreError {
+    idem::StoreError::Unavailable("connection reset".into())
+}
 
+impl Hooks<MemoryStore> for GoneAfterClaim {
     async fn complete(
         &self,
+        _: &MemoryStore,
         _: &idem::Lease,
         _: bytes::Bytes,
         _: Duration,
     ) -> Result<(), idem::StoreError> {
-        Err(idem::StoreError::Unavailable("connection reset".into()))
+        Err(gone())
     }
 
     async fn fail(
         &self,
+        _: &MemoryStore,
         _: &idem::Lease,
         _: idem::Failure,
         _: Duration,
     ) -> Result<(), idem::StoreError> {
-        Err(idem::StoreError::Unavailable("connection reset".into()))
+        Err(gone())
     }
 
-    async fn extend(
-        &self,
-        lease: &idem::Lease,
-        duration: Duration,
-    ) -> Result<Timestamp, idem::StoreError> {
-        self.0.extend(lease, duration).await
-    }
-
-    async fn release(&self, _: &idem::Lease) -> Result<(), idem::StoreError> {
-        Err(idem::StoreError::Unavailable("connection reset".into()))
+    async fn release(&self, _: &MemoryStore, _: &idem::Lease) -> Result<(), idem::StoreError> {
+        Err(gone())
     }
 }
 
 #[tokio::test]
 async fn an_outcome_the_store_could_not_keep_says_the_handler_ran() {
-    let consumer = consumer(GoneAfterClaim::default());
+    let consumer = consumer(Double::new(MemoryStore::new(), GoneAfterClaim));
     let runs = AtomicU32::new(0);
     let decision = consumer
         .process(keyed("o-7b", "{}"), |_| {

@@ -12,11 +12,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
-use idem::{
-    ClaimOutcome, ClaimParams, Failure, Lease, ManualClock, MemoryStore, RecordId, Store,
-    StoreError, Timestamp,
-};
+use idem::{Lease, ManualClock, MemoryStore, StoreError, Timestamp};
 use idem_http::{IdempotencyLayer, NotExecuted};
+use idem_testkit::double::{Double, Hooks};
 use tower::util::BoxCloneService;
 use tower::{service_fn, BoxError, Layer, ServiceExt};
 
@@ -243,12 +241,28 @@ async fn a_head_too_large_to_store_still_reaches_its_client() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
-/// The memory store, answering every `complete` with the error its
-/// function makes: the store fails after the request ran (a unit test of
-/// the layer's answer; the stores themselves are proven against real
-/// servers elsewhere).
+/// Every `complete` answered with the error its function makes, over the
+/// memory store: the store fails after the request ran (a unit test of the
+/// layer's answer; the stores themselves are proven against real servers
+/// elsewhere).
 #[derive(Clone)]
-struct FailsToComplete(MemoryStore, fn() -> StoreError);
+struct FailsToComplete(fn() -> StoreError);
+
+impl Hooks<MemoryStore> for FailsToComplete {
+    async fn complete(
+        &self,
+        _: &MemoryStore,
+        _: &Lease,
+        _: Bytes,
+        _: Duration,
+    ) -> Result<(), StoreError> {
+        Err((self.0)())
+    }
+}
+
+fn failing_to_complete(error: fn() -> StoreError) -> Double<MemoryStore, FailsToComplete> {
+    Double::new(MemoryStore::new(), FailsToComplete(error))
+}
 
 fn unreachable_store() -> StoreError {
     StoreError::Unavailable("connection refused".into())
@@ -260,36 +274,9 @@ fn refusing_store() -> StoreError {
     )
 }
 
-impl Store for FailsToComplete {
-    async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
-        self.0.claim(id, params).await
-    }
-
-    async fn complete(&self, _: &Lease, _: Bytes, _: Duration) -> Result<(), StoreError> {
-        Err((self.1)())
-    }
-
-    async fn fail(
-        &self,
-        lease: &Lease,
-        failure: Failure,
-        keep: Duration,
-    ) -> Result<(), StoreError> {
-        self.0.fail(lease, failure, keep).await
-    }
-
-    async fn extend(&self, lease: &Lease, d: Duration) -> Result<Timestamp, StoreError> {
-        self.0.extend(lease, d).await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.0.release(lease).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_fails_after_the_run_says_the_request_ran() {
-    let layer = IdempotencyLayer::builder(FailsToComplete(MemoryStore::new(), unreachable_store))
+    let layer = IdempotencyLayer::builder(failing_to_complete(unreachable_store))
         .lease(Duration::from_millis(300))
         .build()
         .expect("layer");
@@ -314,7 +301,7 @@ async fn a_store_that_fails_after_the_run_says_the_request_ran() {
 /// stored, not a 503 inviting a retry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_the_store_refuses_is_422_now_and_on_every_retry() {
-    let layer = IdempotencyLayer::builder(FailsToComplete(MemoryStore::new(), refusing_store))
+    let layer = IdempotencyLayer::builder(failing_to_complete(refusing_store))
         .lease(Duration::from_millis(300))
         .build()
         .expect("layer");

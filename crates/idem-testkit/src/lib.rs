@@ -31,6 +31,7 @@ use idem::{
 
 pub mod bench;
 pub mod cases;
+pub mod double;
 mod down;
 pub mod kafka;
 pub mod ledger;

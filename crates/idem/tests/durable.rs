@@ -15,9 +15,10 @@ use idem::durable::{Completer, Durable, Sweep, INPUT_STEP};
 use idem::step::{Park, Retry, StepError};
 use idem::{
     ClaimOutcome, ClaimParams, ConfigError, Context, FailureClass, Fingerprint, GetRecord,
-    Idempotency, Key, Lease, ManualClock, MemoryStore, Outcome, RecordId, RunError, Scope, State,
-    StepJournal, Store, StoreError, Timestamp,
+    Idempotency, Key, ManualClock, MemoryStore, Outcome, RecordId, RunError, Scope, State,
+    StepJournal, Store, Timestamp,
 };
+use idem_testkit::double::{Double, NoJournal};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
@@ -543,7 +544,7 @@ async fn bad_inputs_and_stores_without_a_journal_are_refused() {
         "nothing was claimed"
     );
 
-    let bare = Idempotency::builder(NoJournal(MemoryStore::new()))
+    let bare = Idempotency::builder(Double::new(MemoryStore::new(), NoJournal))
         .build()
         .expect("config");
     let refused = bare
@@ -562,36 +563,4 @@ fn step_names_cannot_take_the_reserved_prefix() {
         .expect_err("reserved")
         .contains("reserved"));
     assert!(idem::step::check_step_name("a$b").is_ok());
-}
-
-/// A store that keeps no step journal.
-#[derive(Clone)]
-struct NoJournal(MemoryStore);
-
-impl Store for NoJournal {
-    async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
-        self.0.claim(id, params).await
-    }
-    async fn complete(
-        &self,
-        lease: &Lease,
-        response: bytes::Bytes,
-        retention: Duration,
-    ) -> Result<(), StoreError> {
-        self.0.complete(lease, response, retention).await
-    }
-    async fn fail(
-        &self,
-        lease: &Lease,
-        failure: idem::Failure,
-        retention: Duration,
-    ) -> Result<(), StoreError> {
-        self.0.fail(lease, failure, retention).await
-    }
-    async fn extend(&self, lease: &Lease, duration: Duration) -> Result<Timestamp, StoreError> {
-        self.0.extend(lease, duration).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.0.release(lease).await
-    }
 }

@@ -16,6 +16,7 @@ use idem::{
     Idempotency, Lease, MemoryStore, Outcome, RecordId, RunError, State, Store, StoreError,
     Terminal, Timestamp,
 };
+use idem_testkit::double::{Double, Hooks};
 use idem_testkit::DownStore;
 
 /// A store clock that follows tokio's (pausable) clock.
@@ -664,33 +665,43 @@ fn too_large() -> StoreError {
 
 #[derive(Clone)]
 struct Faulty {
-    inner: MemoryStore<TokioClock>,
     fault: Fault,
     completes: Arc<AtomicU32>,
 }
 
+type Mem = MemoryStore<TokioClock>;
+
 impl Faulty {
-    fn new(fault: Fault) -> Self {
-        Self {
-            inner: paused_store(),
-            fault,
-            completes: Arc::default(),
-        }
+    /// The paused memory store with `fault` in front of it.
+    fn new(fault: Fault) -> Double<Mem, Faulty> {
+        Double::new(
+            paused_store(),
+            Faulty {
+                fault,
+                completes: Arc::default(),
+            },
+        )
     }
 }
 
-impl Store for Faulty {
-    async fn claim(&self, id: &RecordId, p: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
+impl Hooks<Mem> for Faulty {
+    async fn claim(
+        &self,
+        inner: &Mem,
+        id: &RecordId,
+        p: &ClaimParams,
+    ) -> Result<ClaimOutcome, StoreError> {
         if self.fault == Fault::CorruptClaim {
             return Err(StoreError::Corrupt {
                 id: id.to_string(),
                 reason: "bad bytes".into(),
             });
         }
-        self.inner.claim(id, p).await
+        inner.claim(id, p).await
     }
     async fn complete(
         &self,
+        inner: &Mem,
         lease: &Lease,
         response: Bytes,
         retention: Duration,
@@ -701,10 +712,10 @@ impl Store for Faulty {
         if self.fault == Fault::GoneDuringComplete
             && self.completes.fetch_add(1, Ordering::SeqCst) == 0
         {
-            self.inner.delete(&lease.id).await?;
+            inner.delete(&lease.id).await?;
             return Err(StoreError::Unavailable("connection refused".into()));
         }
-        let result = self.inner.complete(lease, response, retention).await;
+        let result = inner.complete(lease, response, retention).await;
         if self.fault == Fault::CompleteAnswerLost
             && self.completes.fetch_add(1, Ordering::SeqCst) == 0
         {
@@ -715,6 +726,7 @@ impl Store for Faulty {
     }
     async fn fail(
         &self,
+        inner: &Mem,
         lease: &Lease,
         failure: Failure,
         retention: Duration,
@@ -722,19 +734,18 @@ impl Store for Faulty {
         if self.fault == Fault::RefusesLargeWrites && failure.message.len() > 300 {
             return Err(too_large());
         }
-        self.inner.fail(lease, failure, retention).await
+        inner.fail(lease, failure, retention).await
     }
-    async fn extend(&self, lease: &Lease, d: Duration) -> Result<Timestamp, StoreError> {
+    async fn extend(
+        &self,
+        inner: &Mem,
+        lease: &Lease,
+        d: Duration,
+    ) -> Result<Timestamp, StoreError> {
         if self.fault == Fault::HangingExtend {
             std::future::pending::<()>().await;
         }
-        self.inner.extend(lease, d).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.inner.release(lease).await
-    }
-    async fn peek(&self, id: &RecordId) -> Result<Option<idem::Record>, StoreError> {
-        self.inner.get(id).await
+        inner.extend(lease, d).await
     }
 }
 

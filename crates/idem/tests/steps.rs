@@ -13,6 +13,7 @@ use idem::{
     ClaimOutcome, ClaimParams, Failure, FailureClass, Idempotency, Lease, ManualClock, MemoryStore,
     RecordId, Resolution, Resolved, RunError, StepBegin, StepJournal, Store, StoreError, Timestamp,
 };
+use idem_testkit::double::{Double, NoJournal};
 
 type Io = std::io::Error;
 
@@ -349,52 +350,9 @@ async fn a_holder_whose_lease_was_taken_over_cannot_journal() {
     );
 }
 
-/// A store that keeps no journal: every step is refused before it runs.
-#[derive(Clone)]
-struct NoJournal(Arc<MemoryStore>);
-
-impl Store for NoJournal {
-    fn claim(
-        &self,
-        id: &RecordId,
-        params: &ClaimParams,
-    ) -> impl std::future::Future<Output = Result<ClaimOutcome, StoreError>> + Send {
-        self.0.claim(id, params)
-    }
-    fn complete(
-        &self,
-        lease: &Lease,
-        response: Bytes,
-        retention: Duration,
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
-        self.0.complete(lease, response, retention)
-    }
-    fn fail(
-        &self,
-        lease: &Lease,
-        failure: Failure,
-        retention: Duration,
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
-        self.0.fail(lease, failure, retention)
-    }
-    fn extend(
-        &self,
-        lease: &Lease,
-        duration: Duration,
-    ) -> impl std::future::Future<Output = Result<Timestamp, StoreError>> + Send {
-        self.0.extend(lease, duration)
-    }
-    fn release(
-        &self,
-        lease: &Lease,
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
-        self.0.release(lease)
-    }
-}
-
 #[tokio::test]
 async fn a_store_without_a_journal_refuses_steps() {
-    let idem = Idempotency::builder(NoJournal(Arc::new(MemoryStore::new())))
+    let idem = Idempotency::builder(Double::new(MemoryStore::new(), NoJournal))
         .build()
         .expect("config");
     let ran = AtomicU32::new(0);

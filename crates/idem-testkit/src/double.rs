@@ -1,0 +1,167 @@
+//! Store doubles for tests of the logic above a store (the executor, the
+//! HTTP layer, consumers): a real store underneath, and [`Hooks`] that
+//! answer the calls a test wants to change. Every call a hook does not
+//! override goes to the real store, so a double is a few lines about what
+//! it changes, not a page of forwarding. Stores themselves are proven
+//! against real servers, never through a double.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem::{
+    ClaimOutcome, ClaimParams, DynStepJournal, Failure, Lease, Record, RecordId, Store, StoreError,
+    Timestamp,
+};
+
+/// What a [`Double`] changes. Each method gets the real store and, unless
+/// overridden, answers as it does.
+pub trait Hooks<S: Store>: Send + Sync + 'static {
+    /// [`Store::claim`].
+    fn claim(
+        &self,
+        inner: &S,
+        id: &RecordId,
+        params: &ClaimParams,
+    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send {
+        inner.claim(id, params)
+    }
+
+    /// [`Store::complete`].
+    fn complete(
+        &self,
+        inner: &S,
+        lease: &Lease,
+        response: Bytes,
+        retention: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        inner.complete(lease, response, retention)
+    }
+
+    /// [`Store::fail`].
+    fn fail(
+        &self,
+        inner: &S,
+        lease: &Lease,
+        failure: Failure,
+        retention: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        inner.fail(lease, failure, retention)
+    }
+
+    /// [`Store::extend`].
+    fn extend(
+        &self,
+        inner: &S,
+        lease: &Lease,
+        duration: Duration,
+    ) -> impl Future<Output = Result<Timestamp, StoreError>> + Send {
+        inner.extend(lease, duration)
+    }
+
+    /// [`Store::release`].
+    fn release(
+        &self,
+        inner: &S,
+        lease: &Lease,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        inner.release(lease)
+    }
+
+    /// [`Store::peek`].
+    fn peek(
+        &self,
+        inner: &S,
+        id: &RecordId,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
+        inner.peek(id)
+    }
+
+    /// [`Store::step_journal`].
+    fn step_journal(&self, inner: &S) -> Option<Arc<dyn DynStepJournal>> {
+        inner.step_journal()
+    }
+}
+
+/// The real store `inner`, with `hooks` in front of it.
+#[derive(Debug, Clone, Default)]
+pub struct Double<S, H> {
+    /// The real store, for the test to read what was written.
+    pub inner: S,
+    /// What the double changes, with any state of its own.
+    pub hooks: H,
+}
+
+impl<S: Store, H: Hooks<S>> Double<S, H> {
+    /// `inner` with `hooks` in front.
+    pub fn new(inner: S, hooks: H) -> Self {
+        Self { inner, hooks }
+    }
+}
+
+impl<S: Store, H: Hooks<S>> Store for Double<S, H> {
+    fn claim(
+        &self,
+        id: &RecordId,
+        params: &ClaimParams,
+    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send {
+        self.hooks.claim(&self.inner, id, params)
+    }
+
+    fn complete(
+        &self,
+        lease: &Lease,
+        response: Bytes,
+        retention: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.hooks.complete(&self.inner, lease, response, retention)
+    }
+
+    fn fail(
+        &self,
+        lease: &Lease,
+        failure: Failure,
+        retention: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.hooks.fail(&self.inner, lease, failure, retention)
+    }
+
+    fn extend(
+        &self,
+        lease: &Lease,
+        duration: Duration,
+    ) -> impl Future<Output = Result<Timestamp, StoreError>> + Send {
+        self.hooks.extend(&self.inner, lease, duration)
+    }
+
+    fn release(&self, lease: &Lease) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.hooks.release(&self.inner, lease)
+    }
+
+    fn wait_for_change(&self, id: &RecordId, timeout: Duration) -> impl Future<Output = ()> + Send {
+        self.inner.wait_for_change(id, timeout)
+    }
+
+    fn peek(
+        &self,
+        id: &RecordId,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
+        self.hooks.peek(&self.inner, id)
+    }
+
+    fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
+        self.hooks.step_journal(&self.inner)
+    }
+}
+
+/// A store that keeps no step journal: every step is refused before it
+/// runs ([`StepError::Unsupported`](idem::step::StepError::Unsupported)).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoJournal;
+
+impl<S: Store> Hooks<S> for NoJournal {
+    fn step_journal(&self, _: &S) -> Option<Arc<dyn DynStepJournal>> {
+        None
+    }
+}
