@@ -56,9 +56,11 @@
 //! `scripts/chaos` runs the long version; `tests/short.rs` a short one.
 
 mod check;
+mod evidence;
 mod faults;
 pub mod http;
 mod run;
+mod servers;
 pub mod worker;
 
 use std::path::PathBuf;

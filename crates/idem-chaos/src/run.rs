@@ -1,23 +1,17 @@
-//! A run: servers, the fault proxy, worker processes, the broker that
-//! feeds them, the fault injector, and the evidence for the checker.
+//! A run: the fault proxy, worker processes, the broker that feeds them
+//! and the fault injector, between starting the servers
+//! ([`crate::servers`]) and gathering the evidence for the checker
+//! ([`crate::evidence`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use idem::{GetRecord, Key, ListQuery, ListRecords, Record, RecordId, Scope, StateKind};
-use idem_dynamodb::{client_for, create_table, DynamoStore};
-use idem_postgres::PgStore;
-use idem_redis::RedisStore;
 use idem_sqlite::SqliteStore;
-use idem_testkit::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
-use idem_testkit::postgres::PgServer;
 use idem_testkit::proxy::FaultProxy;
-use idem_testkit::redis::RedisServer;
-use idem_testkit::{free_port, ServerError};
+use idem_testkit::ServerError;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use rand::rngs::StdRng;
@@ -27,9 +21,11 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 
-use crate::check::{self, Downstream, Report, Violation};
+use crate::check::{Report, Violation};
+use crate::evidence::collect_evidence;
 use crate::faults::{ProxyFaults, Schedule};
-use crate::worker::{WorkerConfig, SCOPE};
+use crate::servers::{sqlite_file, Servers};
+use crate::worker::WorkerConfig;
 use crate::{FaultKind, Plan, Target};
 
 /// Why a run could not be carried out (as opposed to a violation it found).
@@ -53,7 +49,7 @@ pub enum ChaosError {
     Harness(String),
 }
 
-fn harness(what: impl std::fmt::Display) -> ChaosError {
+pub(crate) fn harness(what: impl std::fmt::Display) -> ChaosError {
     ChaosError::Harness(what.to_string())
 }
 
@@ -102,7 +98,7 @@ pub async fn run(plan: &Plan, progress: impl Fn(Progress)) -> Result<Report, Cha
     let outcome = broker.drive(plan, &servers, &proxy, &progress).await;
     broker.stop_workers().await;
     let mut report = outcome?;
-    collect_evidence(plan, &servers, &dir, &broker, &mut report).await?;
+    collect_evidence(plan, &servers, &dir, &broker.keys, &mut report).await?;
     if report.violations.is_empty() {
         let _ = std::fs::remove_dir_all(&dir);
     } else {
@@ -148,158 +144,6 @@ fn tempfile_dir() -> Result<PathBuf, ChaosError> {
     ));
     std::fs::create_dir_all(&dir).map_err(|e| harness(format!("{}: {e}", dir.display())))?;
     Ok(dir)
-}
-
-/// The servers of a run: PostgreSQL always (the downstream table lives
-/// there), Redis for the Redis target, moto for DynamoDB.
-struct Servers {
-    target: Target,
-    pg: Arc<Mutex<PgServer>>,
-    pg_port: u16,
-    db: String,
-    redis: Option<Arc<Mutex<RedisServer>>>,
-    redis_port: u16,
-    moto: Option<MotoServer>,
-}
-
-/// The DynamoDB table of a run.
-const TABLE: &str = "idem-chaos";
-
-impl Servers {
-    async fn start(target: Target, append_only: bool) -> Result<Self, ChaosError> {
-        let server = |source| ChaosError::Server {
-            what: "PostgreSQL",
-            source,
-        };
-        let (pg, db) = tokio::task::spawn_blocking(move || {
-            let pg = PgServer::start()?;
-            let db = pg.create_database("chaos")?;
-            let tables = if target == Target::PgInbox {
-                "CREATE TABLE chaos_effects (id bigserial PRIMARY KEY, key text NOT NULL, \
-                 pid bigint NOT NULL)"
-            } else {
-                "CREATE TABLE chaos_downstream (key text PRIMARY KEY, fence bigint NOT NULL, \
-                 pid bigint NOT NULL, writes int NOT NULL)"
-            };
-            pg.psql(&db, tables)?;
-            Ok((pg, db))
-        })
-        .await
-        .map_err(harness)?
-        .map_err(server)?;
-        let pg_port = pg.port();
-        let (redis, redis_port) = if target == Target::RedisLease {
-            let redis = tokio::task::spawn_blocking(move || {
-                // Acknowledged writes must survive a crash of the server.
-                let durable: &[&str] = if append_only {
-                    &["--appendonly", "yes", "--appendfsync", "always"]
-                } else {
-                    &[]
-                };
-                RedisServer::start_with(free_port()?, durable)
-            })
-            .await
-            .map_err(harness)?
-            .map_err(|source| ChaosError::Server {
-                what: "Redis",
-                source,
-            })?;
-            let port = redis.port();
-            (Some(Arc::new(Mutex::new(redis))), port)
-        } else {
-            (None, 0)
-        };
-        let moto = if target == Target::DynamoLease {
-            let moto = tokio::task::spawn_blocking(MotoServer::start_serial)
-                .await
-                .map_err(harness)?
-                .map_err(|source| ChaosError::Server {
-                    what: "moto (DynamoDB)",
-                    source,
-                })?;
-            let client = client_for(Some(&moto.url()), REGION, ACCESS_KEY, SECRET_KEY, None)
-                .map_err(harness)?;
-            create_table(&client, TABLE)
-                .await
-                .map_err(|e| harness(format!("creating the DynamoDB table: {e}")))?;
-            Some(moto)
-        } else {
-            None
-        };
-        let servers = Self {
-            target,
-            pg: Arc::new(Mutex::new(pg)),
-            pg_port,
-            db,
-            redis,
-            redis_port,
-            moto,
-        };
-        if target.on_postgres() {
-            // Applies the store's and the inbox's migrations.
-            PgStore::connect(&servers.pg_url())
-                .await
-                .map_err(|e| harness(format!("setting up the PostgreSQL store: {e}")))?;
-        }
-        Ok(servers)
-    }
-
-    fn pg_url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{}", self.pg_port, self.db)
-    }
-
-    /// What the fault proxy stands in front of: the store's server, or
-    /// for SQLite, which has none, the downstream database.
-    fn proxied_addr(&self) -> std::net::SocketAddr {
-        let port = match (&self.moto, self.target) {
-            (Some(moto), _) => moto.port(),
-            (None, Target::RedisLease) => self.redis_port,
-            (None, _) => self.pg_port,
-        };
-        std::net::SocketAddr::from(([127, 0, 0, 1], port))
-    }
-
-    /// The store's and the downstream database's URLs for the workers,
-    /// with the fault proxy on `port` and the run's files in `dir`.
-    fn worker_urls(&self, port: u16, dir: &Path) -> (String, String) {
-        let proxied_pg = format!("postgres://postgres@127.0.0.1:{port}/{}", self.db);
-        match self.target {
-            Target::RedisLease => (format!("redis://127.0.0.1:{port}"), self.pg_url()),
-            Target::SqliteLease => (sqlite_file(dir).to_string_lossy().into_owned(), proxied_pg),
-            Target::DynamoLease => (format!("http://127.0.0.1:{port}#{TABLE}"), self.pg_url()),
-            _ => (proxied_pg, self.pg_url()),
-        }
-    }
-
-    /// Crashes the store, leaves it down for `down`, and starts it again.
-    fn restart_store(&self, down: Duration) -> tokio::task::JoinHandle<Result<(), ServerError>> {
-        let (pg, redis) = (Arc::clone(&self.pg), self.redis.clone());
-        tokio::task::spawn_blocking(move || match redis {
-            Some(redis) => {
-                let mut redis = redis.lock().unwrap_or_else(PoisonError::into_inner);
-                redis.stop();
-                std::thread::sleep(down);
-                redis.start_again()
-            }
-            None => {
-                let mut pg = pg.lock().unwrap_or_else(PoisonError::into_inner);
-                pg.crash();
-                std::thread::sleep(down);
-                pg.start_again()
-            }
-        })
-    }
-
-    fn psql(&self, sql: &str) -> Result<String, ChaosError> {
-        self.pg
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .psql(&self.db, sql)
-            .map_err(|source| ChaosError::Server {
-                what: "PostgreSQL",
-                source,
-            })
-    }
 }
 
 /// What a worker process said.
@@ -973,128 +817,4 @@ impl Injector {
     fn heal(&mut self, proxy: &FaultProxy) {
         self.proxy_faults.heal(proxy);
     }
-}
-
-/// Gathers the ledger, the downstream or effects table and the store's
-/// records, and runs the checker over them.
-async fn collect_evidence(
-    plan: &Plan,
-    servers: &Servers,
-    dir: &Path,
-    broker: &Broker,
-    report: &mut Report,
-) -> Result<(), ChaosError> {
-    let mut violations = Vec::new();
-    match plan.target {
-        Target::PgInbox => {
-            let effects =
-                rows(&servers.psql("SELECT key, count(*) FROM chaos_effects GROUP BY key")?);
-            let responded = rows(&servers.psql(&format!(
-                "SELECT key, 1 FROM idem_inbox WHERE scope = '{SCOPE}' AND response IS NOT NULL"
-            ))?);
-            report.executions = effects.values().sum();
-            for key in &broker.keys {
-                let n = effects.get(key).copied().unwrap_or(0);
-                let n = usize::try_from(n).unwrap_or(usize::MAX);
-                check::check_inbox_key(key, n, responded.contains_key(key), &mut violations);
-            }
-        }
-        Target::PgLease | Target::RedisLease | Target::SqliteLease | Target::DynamoLease => {
-            let mut text = String::new();
-            for entry in std::fs::read_dir(dir).map_err(harness)? {
-                let path = entry.map_err(harness)?.path();
-                if path.extension().is_some_and(|e| e == "log") {
-                    text.push_str(&std::fs::read_to_string(&path).map_err(harness)?);
-                }
-            }
-            let (ledger, stale, lost) = check::parse_ledger(&text);
-            report.stale_writes = stale;
-            report.lease_lost = lost;
-            report.executions = ledger.values().map(|k| k.starts.len() as u64).sum();
-            let downstream: HashMap<String, Downstream> =
-                rows(&servers.psql("SELECT key, fence FROM chaos_downstream")?)
-                    .into_iter()
-                    .map(|(k, fence)| (k, Downstream { fence }))
-                    .collect();
-            let (records, live) = match plan.target {
-                Target::PgLease => {
-                    let store = PgStore::builder(&servers.pg_url())
-                        .map_err(harness)?
-                        .setup(false)
-                        .connect()
-                        .await
-                        .map_err(harness)?;
-                    read_records(&store, &broker.keys).await?
-                }
-                Target::SqliteLease => {
-                    let store = SqliteStore::open(sqlite_file(dir)).map_err(harness)?;
-                    read_records(&store, &broker.keys).await?
-                }
-                Target::DynamoLease => {
-                    let url = servers.moto.as_ref().map(MotoServer::url);
-                    let client = client_for(url.as_deref(), REGION, ACCESS_KEY, SECRET_KEY, None)
-                        .map_err(harness)?;
-                    read_records(&DynamoStore::new(client, TABLE), &broker.keys).await?
-                }
-                _ => {
-                    let url = format!("redis://127.0.0.1:{}", servers.redis_port);
-                    let store = RedisStore::connect(&url).await.map_err(harness)?;
-                    read_records(&store, &broker.keys).await?
-                }
-            };
-            for key in &broker.keys {
-                check::check_lease_key(
-                    key,
-                    records.get(key),
-                    ledger.get(key),
-                    downstream.get(key).copied(),
-                    &mut violations,
-                );
-            }
-            if live > 0 {
-                violations.push(Violation {
-                    key: None,
-                    what: format!("{live} records still in progress after the run settled"),
-                });
-            }
-        }
-        Target::HttpSqlite | Target::HttpRedis | Target::HttpPostgres => {}
-    }
-    report.violations.append(&mut violations);
-    Ok(())
-}
-
-/// The SQLite store file of a run whose files are in `dir`.
-fn sqlite_file(dir: &Path) -> PathBuf {
-    dir.join("idem.db")
-}
-
-/// `key|number` lines from psql.
-fn rows(text: &str) -> HashMap<String, u64> {
-    text.lines()
-        .filter_map(|line| {
-            let (key, n) = line.split_once('|')?;
-            Some((key.to_owned(), n.trim().parse().ok()?))
-        })
-        .collect()
-}
-
-/// Every key's record, and how many records of the scope are in progress.
-async fn read_records<S: GetRecord + ListRecords>(
-    store: &S,
-    keys: &[String],
-) -> Result<(HashMap<String, Record>, usize), ChaosError> {
-    let scope = Scope::new(SCOPE).map_err(harness)?;
-    let mut records = HashMap::new();
-    for key in keys {
-        let id = RecordId::new(scope.clone(), Key::new(key).map_err(harness)?);
-        if let Some(record) = store.get(&id).await.map_err(harness)? {
-            records.insert(key.clone(), record);
-        }
-    }
-    let mut query = ListQuery::new(1000);
-    query.state = Some(StateKind::InProgress);
-    query.scope = Some(scope);
-    let page = store.list(&query).await.map_err(harness)?;
-    Ok((records, page.records.len()))
 }
