@@ -12,7 +12,7 @@ use idem_sqlite::SqliteStore;
 use idem_testkit::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
 
 use crate::check::{self, Downstream, Report, Violation};
-use crate::run::{harness, ChaosError};
+use crate::error::{harness, ChaosError};
 use crate::servers::{sqlite_file, Servers, TABLE};
 use crate::worker::SCOPE;
 use crate::{Plan, Target};

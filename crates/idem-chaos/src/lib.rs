@@ -56,6 +56,7 @@
 //! `scripts/chaos` runs the long version; `tests/short.rs` a short one.
 
 mod check;
+mod error;
 mod evidence;
 mod faults;
 pub mod http;
@@ -67,7 +68,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use check::{Report, Violation};
-pub use run::{run, ChaosError, Progress};
+pub use error::ChaosError;
+pub use run::{run, Progress};
 
 /// The store and the mode a run exercises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

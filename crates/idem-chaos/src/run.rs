@@ -22,36 +22,12 @@ use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 
 use crate::check::{Report, Violation};
+use crate::error::{harness, ChaosError};
 use crate::evidence::collect_evidence;
 use crate::faults::{ProxyFaults, Schedule};
 use crate::servers::{sqlite_file, Servers};
 use crate::worker::WorkerConfig;
 use crate::{FaultKind, Plan, Target};
-
-/// Why a run could not be carried out (as opposed to a violation it found).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ChaosError {
-    /// The plan makes no sense; the message says why.
-    #[error("invalid plan: {0}")]
-    Plan(String),
-    /// A server could not be started or set up.
-    #[error("{what}: {source}")]
-    Server {
-        /// Which.
-        what: &'static str,
-        /// Why.
-        #[source]
-        source: ServerError,
-    },
-    /// Anything else the harness itself needed failed.
-    #[error("{0}")]
-    Harness(String),
-}
-
-pub(crate) fn harness(what: impl std::fmt::Display) -> ChaosError {
-    ChaosError::Harness(what.to_string())
-}
 
 /// Where a run is, for a progress display.
 #[derive(Debug, Clone, Copy)]

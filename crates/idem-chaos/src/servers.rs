@@ -14,7 +14,7 @@ use idem_testkit::postgres::PgServer;
 use idem_testkit::redis::RedisServer;
 use idem_testkit::{free_port, ServerError};
 
-use crate::run::{harness, ChaosError};
+use crate::error::{harness, ChaosError};
 use crate::Target;
 
 /// The servers of a run: PostgreSQL always (the downstream table lives

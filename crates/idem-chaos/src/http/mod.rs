@@ -56,8 +56,9 @@ use tokio::sync::mpsc;
 pub use check::{HttpReport, FAULTS};
 
 use crate::check::Violation;
+use crate::error::{harness, ChaosError};
 use crate::faults::{ProxyFaults, Schedule};
-use crate::run::{ChaosError, Progress};
+use crate::run::Progress;
 use crate::{FaultKind, Plan, Target};
 use check::Answer;
 use upstream::Upstream;
@@ -66,10 +67,6 @@ use upstream::Upstream;
 const SCOPE: &str = "http POST /charges";
 /// How long the gateway lets the upstream take.
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(1);
-
-fn harness(what: impl std::fmt::Display) -> ChaosError {
-    ChaosError::Harness(what.to_string())
-}
 
 fn server(what: &'static str) -> impl FnOnce(ServerError) -> ChaosError {
     move |source| ChaosError::Server { what, source }

@@ -31,7 +31,7 @@ use bytes::Bytes;
 use http_body::Frame;
 use tokio::net::TcpListener;
 
-use crate::run::ChaosError;
+use crate::error::ChaosError;
 
 /// What the upstream did, in order.
 #[derive(Debug, Default)]
