@@ -432,6 +432,7 @@ mod tests {
             connect: Duration::from_secs(2),
             response: Duration::from_secs(2),
             tls_roots: None,
+            replica_acks: None,
         };
         let old = tokio::runtime::Runtime::new().expect("runtime");
         let server = old

@@ -15,6 +15,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
+use crate::replicas::ReplicaAcks;
 use crate::ConnectError;
 
 /// What a URL asks for, before connecting.
@@ -41,6 +42,10 @@ pub(crate) struct ParsedUrl {
     /// `tls_ca_file`: a PEM file of root certificates to trust instead of
     /// the platform's.
     pub(crate) tls_ca_file: Option<String>,
+    /// `replicas`: how many replicas must acknowledge each write.
+    pub(crate) replicas: Option<u32>,
+    /// `replica_timeout`: how long a write waits for them.
+    pub(crate) replica_timeout: Option<Duration>,
 }
 
 /// Parses `redis://`, `rediss://`, `redis+cluster://` and
@@ -78,6 +83,8 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
         connect_timeout: None,
         response_timeout: None,
         tls_ca_file: None,
+        replicas: None,
+        replica_timeout: None,
     };
     let mut passed_on = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -89,6 +96,14 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
             }
             "response_timeout" => {
                 parsed.response_timeout = Some(idem::url::parse_duration(value).map_err(invalid)?)
+            }
+            "replicas" => {
+                parsed.replicas = Some(value.parse().map_err(|_| {
+                    invalid(format!("replicas={value} is not a number of replicas"))
+                })?)
+            }
+            "replica_timeout" => {
+                parsed.replica_timeout = Some(idem::url::parse_duration(value).map_err(invalid)?)
             }
             "tls_ca_file" if !tls => {
                 return Err(invalid(
@@ -147,6 +162,8 @@ pub(crate) struct Options {
     pub(crate) connect: Duration,
     pub(crate) response: Duration,
     pub(crate) tls_roots: Option<Vec<u8>>,
+    /// Replica acknowledgements every command waits for, if any.
+    pub(crate) replica_acks: Option<ReplicaAcks>,
 }
 
 /// A connection to one server or to a Cluster. Cloning is cheap and
@@ -199,6 +216,9 @@ impl ClusterConn {
 
     /// Sends `cmd`, which touches `key` only, to the key's master.
     async fn query_key(self: &Arc<Self>, cmd: &Cmd, key: &str) -> RedisResult<Value> {
+        if let Some(acks) = self.options.replica_acks {
+            return acks.query_cluster(self, cmd, key).await;
+        }
         let slot = usize::from(crate::slots::slot(key.as_bytes()));
         let node = self.direct.read().as_ref().and_then(|d| {
             let index = d.owner[slot]?;
@@ -215,8 +235,34 @@ impl ClusterConn {
         self.check(cmd.query_async(&mut self.get()).await)
     }
 
+    /// The connection to the master that owns `slot`, by the slot map.
+    pub(crate) fn node_for(&self, slot: u16) -> Option<Server> {
+        let direct = self.direct.read();
+        let direct = direct.as_ref()?;
+        let index = direct.owner[usize::from(slot)]?;
+        Some(direct.nodes[usize::from(index)].1.clone())
+    }
+
+    /// A connection to the node at `addr` (`host:port`, as a redirection
+    /// names it): the slot map's, or a new one.
+    pub(crate) async fn node_at(&self, addr: &str) -> RedisResult<Server> {
+        let known = self.direct.read().as_ref().and_then(|d| {
+            d.nodes
+                .iter()
+                .find(|((host, port), _)| format!("{host}:{port}") == addr)
+                .map(|(_, server)| server.clone())
+        });
+        match known {
+            Some(server) => Ok(server),
+            None => {
+                let url = format!("{}{addr}{}", self.prefix, self.suffix);
+                Server::connect(&url, &self.options).await
+            }
+        }
+    }
+
     /// Reads the slot map again in the background (one refresh at a time).
-    fn refresh(self: &Arc<Self>) {
+    pub(crate) fn refresh(self: &Arc<Self>) {
         if self.refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -230,7 +276,7 @@ impl ClusterConn {
     }
 
     /// Reads `CLUSTER SLOTS` and connects to any master not connected yet.
-    async fn load_slots(&self) -> RedisResult<()> {
+    pub(crate) async fn load_slots(&self) -> RedisResult<()> {
         let reply = redis::cmd("CLUSTER")
             .arg("SLOTS")
             .query_async(&mut self.get())
@@ -350,9 +396,26 @@ impl Server {
         self.0.current.read().clone()
     }
 
-    /// Sends one command.
+    /// Sends one command (with a `WAIT` behind it when replica
+    /// acknowledgements are on).
     pub(crate) async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
-        self.check(cmd.query_async(&mut self.get()).await)
+        match self.0.options.replica_acks {
+            Some(acks) => acks.query(self, cmd, false).await,
+            None => self.check(cmd.query_async(&mut self.get()).await),
+        }
+    }
+
+    /// Sends `pipe` (in its ignore-errors mode) as one pipeline, with a
+    /// `WAIT` behind it when replica acknowledgements are on; returns each
+    /// command's result.
+    pub(crate) async fn query_pipe(
+        &self,
+        pipe: redis::Pipeline,
+    ) -> RedisResult<Vec<RedisResult<Value>>> {
+        match self.0.options.replica_acks {
+            Some(acks) => acks.query_pipe(self, pipe).await,
+            None => self.check(pipe.query_async(&mut self.get()).await),
+        }
     }
 
     /// Passes `result` on, replacing the connection first (in the
@@ -556,6 +619,10 @@ mod tests {
         assert_eq!(p.namespace.as_deref(), Some("orders"));
         assert_eq!(p.connect_timeout, Some(Duration::from_millis(250)));
         assert_eq!(p.response_timeout, Some(Duration::from_secs(2)));
+        let p = parse_url("redis://h:1?replicas=2&replica_timeout=300ms").expect("valid");
+        assert_eq!(p.target, Target::Standalone("redis://h:1".into()));
+        assert_eq!(p.replicas, Some(2));
+        assert_eq!(p.replica_timeout, Some(Duration::from_millis(300)));
     }
 
     #[test]
@@ -587,6 +654,7 @@ mod tests {
                 "redis://u:hunter2@h:1/?connect_timeout=soon",
                 "not a duration",
             ),
+            ("redis://h:1?replicas=all", "not a number of replicas"),
         ] {
             let err = parse_url(url).expect_err(url).to_string();
             assert!(err.contains(needle), "{url}: {err}");

@@ -71,7 +71,9 @@
 //! | `rediss+cluster://…` | a Cluster over TLS |
 //!
 //! Query parameters: `namespace` (the key prefix, default `idem`),
-//! `connect_timeout` and `response_timeout` (`500ms`, `2s`), and for TLS
+//! `connect_timeout` and `response_timeout` (`500ms`, `2s`), `replicas`
+//! and `replica_timeout` (writes wait for replicas:
+//! [`RedisStoreBuilder::replica_acks`]), and for TLS
 //! `tls_ca_file` (a PEM file of roots to trust instead of the platform's);
 //! others (such as `protocol=resp3`) go to the `redis` crate.
 //!
@@ -88,7 +90,7 @@ use idem::{
     Record, RecordId, Resolution, Resolved, Scope, State, StepBegin, StepEntry, StepJournal, Store,
     StoreError, Timestamp, TokenMint,
 };
-use redis::{RedisResult, Value};
+use redis::Value;
 use sha2::{Digest, Sha256};
 
 mod batch;
@@ -99,11 +101,13 @@ mod conn;
 pub mod fuzzing;
 mod notify;
 mod record;
+mod replicas;
 mod scripts;
 mod slots;
 
 use batch::{Batcher, Call, Op};
 use conn::{store_error, Conn, Options, Target};
+use replicas::ReplicaAcks;
 use notify::Notifier;
 use scripts::Scripts;
 
@@ -125,6 +129,10 @@ pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// drops it. The record already reads as absent; it is kept so that its
 /// fence is there to build on if the key is claimed again at once.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(60);
+/// How long a write waits for its replicas when
+/// [`replica_acks`](RedisStoreBuilder::replica_acks) is on and no timeout
+/// is given.
+pub const DEFAULT_REPLICA_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Why the store could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +146,9 @@ pub enum ConnectError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A setting cannot be used; the message says which and why.
+    #[error("invalid Redis store setting: {0}")]
+    InvalidSetting(String),
     /// The namespace is not 1 to 64 characters of `A-Z a-z 0-9 _ . : -`.
     #[error("invalid namespace {0:?}: use 1 to 64 characters of A-Z a-z 0-9 _ . : -")]
     InvalidNamespace(String),
@@ -204,6 +215,26 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Makes every write wait until `replicas` replicas acknowledge it
+    /// (Redis `WAIT`), for at most `timeout`, before it counts; the URL's
+    /// `replicas=N&replica_timeout=500ms` does the same (default timeout
+    /// [`DEFAULT_REPLICA_TIMEOUT`]). `0` replicas turns it off (the
+    /// default).
+    ///
+    /// Redis replicates asynchronously: without this, a failover can
+    /// promote a replica that lacks the last writes its master
+    /// acknowledged, and a completion idem reported is forgotten (its key
+    /// runs again). With `replicas` set to every replica of a shard, a
+    /// write idem reports is on each of them. A write short of `replicas`
+    /// in `timeout` fails as [`StoreError::Unavailable`]: it is on the
+    /// master and may yet be lost, and the executor treats it as a lost
+    /// answer. `timeout` must be shorter than the response timeout. Each
+    /// call costs the replicas' round trip on top of the master's.
+    pub fn replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.options.replica_acks = (replicas > 0).then_some(ReplicaAcks { replicas, timeout });
+        self
+    }
+
     /// Trusts these root certificates (PEM) for TLS instead of the
     /// platform's: for servers with a private CA. The URL's
     /// `tls_ca_file=PATH` does the same.
@@ -222,6 +253,15 @@ impl RedisStoreBuilder {
                 .all(|b| b.is_ascii_alphanumeric() || b"_.:-".contains(&b));
         if !valid {
             return Err(ConnectError::InvalidNamespace(self.namespace));
+        }
+        if let Some(acks) = self.options.replica_acks {
+            if acks.timeout.is_zero() || acks.timeout >= self.options.response {
+                return Err(ConnectError::InvalidSetting(format!(
+                    "the replica timeout ({:?}) must be above zero and below the response \
+                     timeout ({:?}), or every write would time out before its replicas answer",
+                    acks.timeout, self.options.response
+                )));
+            }
         }
         if let Some(path) = self.tls_ca_file.take() {
             let pem = std::fs::read(&path).map_err(|e| ConnectError::InvalidUrl {
@@ -328,6 +368,10 @@ impl RedisStore {
                 connect: parsed.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
                 response: parsed.response_timeout.unwrap_or(DEFAULT_RESPONSE_TIMEOUT),
                 tls_roots: None,
+                replica_acks: parsed.replicas.filter(|n| *n > 0).map(|replicas| ReplicaAcks {
+                    replicas,
+                    timeout: parsed.replica_timeout.unwrap_or(DEFAULT_REPLICA_TIMEOUT),
+                }),
             },
             tls_ca_file: parsed.tls_ca_file,
             grace: DEFAULT_GRACE,
@@ -552,8 +596,7 @@ impl RedisStore {
             pipe.add_command(script.evalsha(key, &args));
         }
         pipe.ignore_errors();
-        let replies: RedisResult<Vec<RedisResult<Value>>> =
-            server.check(pipe.query_async(&mut server.get()).await);
+        let replies = server.query_pipe(pipe).await;
         let replies = match replies {
             Ok(replies) if replies.len() == calls.len() => replies,
             Ok(replies) => {

@@ -175,6 +175,7 @@ mod tests {
             connect: Duration::from_secs(1),
             response: Duration::from_secs(1),
             tls_roots: Some(b"-----BEGIN CERTIFICATE-----".to_vec()),
+            replica_acks: None,
         };
         let notifier = Notifier::new("redis://:hunter2@127.0.0.1:6379".into(), options);
         let shown = format!("{notifier:?}");

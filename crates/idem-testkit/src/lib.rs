@@ -30,6 +30,7 @@ use idem::{
 };
 
 pub mod bench;
+mod cluster;
 pub mod cases;
 pub mod double;
 mod down;

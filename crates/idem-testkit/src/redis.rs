@@ -1,5 +1,6 @@
-//! Real Redis servers for tests: a standalone server or a 3-master Cluster
-//! on free loopback ports, each a child process of the test.
+//! Real Redis servers for tests: a standalone server or a Cluster
+//! ([`RedisCluster`]) on free loopback ports, each a child process of the
+//! test.
 //!
 //! Every `redis-server` runs under a small `sh` watchdog that holds the
 //! read end of a pipe from the test process: when the test process exits
@@ -8,11 +9,12 @@
 //! Nothing is killed by name or port, and no negative PID is ever used.
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub use crate::cluster::{ClusterSpec, RedisCluster};
 use crate::server::{failed, which};
 pub use crate::server::{free_port, ServerError};
 
@@ -71,6 +73,22 @@ impl RedisServer {
             drop(stdin);
             let _ = child.wait();
         }
+    }
+
+    /// Whether the server is running (not [stopped](Self::stop)).
+    pub fn is_running(&self) -> bool {
+        self.process.is_some()
+    }
+
+    /// Kills the server and empties its directory (its append-only file,
+    /// a Cluster node's `nodes.conf`): the next
+    /// [`start_again`](Self::start_again) starts a new, empty server, as
+    /// a machine replaced after a failure would.
+    pub fn wipe(&mut self) -> Result<(), ServerError> {
+        self.stop();
+        std::fs::remove_dir_all(&self.dir)
+            .and_then(|()| std::fs::create_dir_all(&self.dir))
+            .map_err(|e| failed(format!("emptying {}: {e}", self.dir.display())))
     }
 
     /// Starts the server again on the same port, with the same arguments
@@ -157,134 +175,7 @@ impl Drop for RedisServer {
     }
 }
 
-/// A Redis Cluster of three masters (no replicas) on loopback.
-#[derive(Debug)]
-pub struct RedisCluster {
-    nodes: Vec<RedisServer>,
-}
-
-impl RedisCluster {
-    /// Starts three cluster-enabled servers and joins them; returns once
-    /// every node reports `cluster_state:ok`.
-    pub fn start() -> Result<Self, ServerError> {
-        let base = free_cluster_ports()?;
-        let mut nodes = Vec::new();
-        for port in base..base + 3 {
-            nodes.push(RedisServer::start_with(
-                port,
-                &[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "2000",
-                ],
-            )?);
-        }
-        let addrs: Vec<String> = nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port()))
-            .collect();
-        let out = Command::new("redis-cli")
-            .arg("--cluster")
-            .arg("create")
-            .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|_| ServerError::NotInstalled("redis-cli"))?;
-        if !out.status.success() {
-            return Err(failed(format!(
-                "redis-cli --cluster create failed: {}",
-                String::from_utf8_lossy(&out.stdout)
-            )));
-        }
-        let cluster = Self { nodes };
-        cluster.wait_until_ok()?;
-        Ok(cluster)
-    }
-
-    /// Waits until every node reports `cluster_state:ok` and agrees on
-    /// the slots.
-    pub fn wait_until_ok(&self) -> Result<(), ServerError> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let mut ok = true;
-            for node in &self.nodes {
-                ok &= node.cli("CLUSTER INFO")?.contains("cluster_state:ok");
-            }
-            if ok {
-                let check = Command::new("redis-cli")
-                    .args([
-                        "--cluster",
-                        "check",
-                        &format!("127.0.0.1:{}", self.nodes[0].port()),
-                    ])
-                    .stdin(Stdio::null())
-                    .output()
-                    .map_err(|_| ServerError::NotInstalled("redis-cli"))?;
-                if check.status.success() {
-                    return Ok(());
-                }
-            }
-            if Instant::now() > deadline {
-                return Err(failed("the cluster did not reach cluster_state:ok in 20 s"));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`.
-    pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port()))
-            .collect();
-        format!("redis+cluster://{}", hosts.join(","))
-    }
-
-    /// The nodes.
-    pub fn nodes(&self) -> &[RedisServer] {
-        &self.nodes
-    }
-
-    /// The node id of each node, in [`nodes`](Self::nodes) order.
-    pub fn node_ids(&self) -> Result<Vec<String>, ServerError> {
-        self.nodes
-            .iter()
-            .map(|n| n.cli("CLUSTER MYID").map(|s| s.trim().to_owned()))
-            .collect()
-    }
-
-    /// Moves `slots` slots from node `from` to node `to` with
-    /// `redis-cli --cluster reshard` (MIGRATE under live traffic: clients
-    /// meet ASK and then MOVED redirections).
-    pub fn reshard(&self, from: usize, to: usize, slots: u32) -> Result<(), ServerError> {
-        let ids = self.node_ids()?;
-        let out = Command::new("redis-cli")
-            .args(["--cluster", "reshard"])
-            .arg(format!("127.0.0.1:{}", self.nodes[0].port()))
-            .args(["--cluster-from", &ids[from], "--cluster-to", &ids[to]])
-            .args(["--cluster-slots", &slots.to_string(), "--cluster-yes"])
-            .args(["--cluster-pipeline", "10"])
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|_| ServerError::NotInstalled("redis-cli"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(failed(format!(
-                "reshard failed: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )))
-        }
-    }
-}
-
-fn cli(port: u16, command: &str) -> Result<String, ServerError> {
+pub(crate) fn cli(port: u16, command: &str) -> Result<String, ServerError> {
     let out = Command::new("redis-cli")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(command.split_whitespace())
@@ -311,20 +202,4 @@ fn ping(port: u16) -> bool {
     }
     let mut buf = [0u8; 16];
     matches!(stream.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
-}
-
-/// Three consecutive free ports below 55535 whose cluster-bus twins
-/// (+10000) are free as well.
-fn free_cluster_ports() -> Result<u16, ServerError> {
-    for _ in 0..200 {
-        let base = 20_000 + rand::random::<u16>() % 30_000;
-        let free = (base..base + 3).all(|p| {
-            TcpListener::bind((Ipv4Addr::LOCALHOST, p)).is_ok()
-                && TcpListener::bind((Ipv4Addr::LOCALHOST, p + 10_000)).is_ok()
-        });
-        if free {
-            return Ok(base);
-        }
-    }
-    Err(failed("no three free consecutive ports found"))
 }

@@ -1,0 +1,176 @@
+//! Writes that wait for replicas (`replica_acks`): a completion no
+//! replica acknowledged is not reported done (its key is answered from
+//! the record once the replica has it), on one server with a replica and
+//! on a Cluster; and completions reported done survive their master's
+//! death and its replacement.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem::{Idempotency, Outcome, RecordId, RunError, StoreError};
+use idem_redis::RedisStore;
+use idem_testkit::redis::{ClusterSpec, RedisCluster, RedisServer};
+
+/// Lets the test make a replica stop answering (`DEBUG SLEEP`).
+const DEBUG: [&str; 2] = ["--enable-debug-command", "local"];
+
+/// Runs a key whose handler puts every replica to sleep for 3 s before
+/// it returns, so its completion reaches the master and no replica within
+/// the executor's retries (a 1 s lease): the run must not say done, the
+/// handler must not run again, and once the replicas wake the key
+/// replays the stored value.
+async fn unacknowledged_completion_is_not_reported(url: &str, replica_ports: Vec<u16>) {
+    let store = RedisStore::builder(url)
+        .expect("valid URL")
+        .replica_acks(1, Duration::from_millis(300))
+        .connect()
+        .await
+        .expect("connect");
+    let idem = Idempotency::builder(store)
+        .lease(Duration::from_secs(1))
+        .build()
+        .expect("executor");
+    let ran = Arc::new(AtomicUsize::new(0));
+    let run = |id: RecordId, sleep: Vec<u16>| {
+        let (idem, ran) = (idem.clone(), Arc::clone(&ran));
+        async move {
+            idem.run(&id, None, move |_| async move {
+                ran.fetch_add(1, Ordering::SeqCst);
+                for port in sleep {
+                    std::thread::spawn(move || {
+                        let _ = std::process::Command::new("redis-cli")
+                            .args(["-p", &port.to_string(), "DEBUG", "SLEEP", "3"])
+                            .output();
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                Ok::<_, std::io::Error>("shipped".to_owned())
+            })
+            .await
+        }
+    };
+    let warm = RecordId::parse("orders", "acked").expect("valid");
+    let outcome = run(warm, Vec::new()).await.expect("acknowledged by the replica");
+    assert!(matches!(outcome, Outcome::Executed { .. }));
+
+    let id = RecordId::parse("orders", "unacked").expect("valid");
+    let started = std::time::Instant::now();
+    match run(id.clone(), replica_ports).await {
+        Err(RunError::Store(StoreError::Unavailable(why))) => {
+            assert!(why.to_string().contains("replicas acknowledged"), "{why}")
+        }
+        other => panic!("a completion no replica has was reported as {other:?}"),
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 2);
+    tokio::time::sleep(Duration::from_millis(3500).saturating_sub(started.elapsed())).await;
+    let outcome = run(id, Vec::new()).await.expect("replayed");
+    assert!(
+        matches!(&outcome, Outcome::Replayed { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(outcome.value(), "shipped");
+    assert_eq!(ran.load(Ordering::SeqCst), 2, "the handler ran once per key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unacknowledged_completion_is_not_reported_on_one_server() {
+    let mut args = vec!["--repl-diskless-sync-delay", "0"];
+    args.extend(DEBUG);
+    let master = RedisServer::start_with(idem_testkit::free_port().expect("port"), &args)
+        .expect("redis-server");
+    let port = master.port().to_string();
+    let mut args = vec!["--replicaof", "127.0.0.1", &port];
+    args.extend(DEBUG);
+    let replica = RedisServer::start_with(idem_testkit::free_port().expect("port"), &args)
+        .expect("replica");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !replica
+        .cli("INFO replication")
+        .expect("info")
+        .contains("master_link_status:up")
+    {
+        assert!(std::time::Instant::now() < deadline, "the replica never synced");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    unacknowledged_completion_is_not_reported(&master.url(), vec![replica.port()]).await;
+}
+
+fn cluster_with_replicas() -> RedisCluster {
+    RedisCluster::start_with(ClusterSpec {
+        replicas: 1,
+        extra: DEBUG.iter().map(|s| (*s).to_owned()).collect(),
+        ..ClusterSpec::default()
+    })
+    .expect("a Redis Cluster with replicas")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unacknowledged_completion_is_not_reported_on_a_cluster() {
+    let cluster = cluster_with_replicas();
+    let masters = cluster.masters().expect("masters");
+    let replicas: Vec<u16> = masters
+        .iter()
+        .map(|m| {
+            let r = cluster.replica_of(*m).expect("role").expect("a replica");
+            cluster.nodes()[r].port()
+        })
+        .collect();
+    unacknowledged_completion_is_not_reported(&cluster.url(), replicas).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_survive_a_failover_and_the_dead_masters_replacement() {
+    let mut cluster = cluster_with_replicas();
+    let store = RedisStore::builder(&cluster.url())
+        .expect("valid URL")
+        .replica_acks(1, Duration::from_millis(500))
+        .connect()
+        .await
+        .expect("connect");
+    let idem = Idempotency::builder(store).build().expect("executor");
+    let ran = Arc::new(AtomicUsize::new(0));
+    let run_all = |expect_executed: bool| {
+        let (idem, ran) = (idem.clone(), Arc::clone(&ran));
+        async move {
+            for k in 0..200 {
+                let id = RecordId::parse("orders", &format!("o{k}")).expect("valid");
+                // The first call on a dead master's connection fails (as
+                // unavailable) and sends the next by the new slot map.
+                let mut tries = 0;
+                let outcome = loop {
+                    let ran = Arc::clone(&ran);
+                    let result = idem
+                        .run(&id, None, |_| async move {
+                            ran.fetch_add(1, Ordering::SeqCst);
+                            Ok::<_, std::io::Error>(k)
+                        })
+                        .await;
+                    match result {
+                        Err(RunError::Store(StoreError::Unavailable(_))) if tries < 3 => {
+                            tries += 1;
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                        other => break other.unwrap_or_else(|e| panic!("key {k}: {e:?}")),
+                    }
+                };
+                assert_eq!(*outcome.value(), k);
+                assert_eq!(matches!(outcome, Outcome::Executed { .. }), expect_executed);
+            }
+        }
+    };
+    run_all(true).await;
+    // A master without its replica answers nothing under replica
+    // acknowledgements, so each failover is followed by the dead node's
+    // replacement before the keys run again.
+    let master = cluster.masters().expect("masters")[0];
+    let promoted = tokio::task::block_in_place(|| cluster.fail_over(master)).expect("failover");
+    tokio::task::block_in_place(|| cluster.replace(master, promoted)).expect("replace");
+    run_all(false).await;
+    let promoted_again =
+        tokio::task::block_in_place(|| cluster.fail_over(promoted)).expect("second failover");
+    assert_eq!(promoted_again, master, "the replacement took over");
+    tokio::task::block_in_place(|| cluster.replace(promoted, master)).expect("replace again");
+    run_all(false).await;
+    assert_eq!(ran.load(Ordering::SeqCst), 200, "each key ran once");
+}
