@@ -41,7 +41,11 @@ pub(crate) async fn collect_evidence(
                 check::check_inbox_key(key, n, responded.contains_key(key), &mut violations);
             }
         }
-        Target::PgLease | Target::RedisLease | Target::SqliteLease | Target::DynamoLease => {
+        Target::PgLease
+        | Target::RedisLease
+        | Target::RedisClusterLease
+        | Target::SqliteLease
+        | Target::DynamoLease => {
             let mut text = String::new();
             for entry in std::fs::read_dir(dir).map_err(harness)? {
                 let path = entry.map_err(harness)?.path();
@@ -77,6 +81,12 @@ pub(crate) async fn collect_evidence(
                     let client = client_for(url.as_deref(), REGION, ACCESS_KEY, SECRET_KEY, None)
                         .map_err(harness)?;
                     read_records(&DynamoStore::new(client, TABLE), keys).await?
+                }
+                Target::RedisClusterLease => {
+                    let store = RedisStore::connect(&servers.cluster_url(false))
+                        .await
+                        .map_err(harness)?;
+                    read_records(&store, keys).await?
                 }
                 _ => {
                     let url = format!("redis://127.0.0.1:{}", servers.redis_port);

@@ -90,44 +90,47 @@ impl ProxyFaults {
     }
 
     /// Lifts the faults whose time is over.
-    pub(crate) fn lift_due(&mut self, now: Instant, proxy: &FaultProxy) {
+    pub(crate) fn lift_due(&mut self, now: Instant, proxies: &[FaultProxy]) {
         let (over, left): (Vec<_>, Vec<_>) = self.timed.iter().partition(|(end, _)| now >= *end);
         self.timed = left;
         for (_, kind) in over {
-            match kind {
-                FaultKind::Latency => proxy.set_delay(Duration::ZERO),
-                FaultKind::Blackhole => proxy.set_blackhole(false),
-                FaultKind::Cut => proxy.set_cut_after(None),
-                _ => {}
+            for proxy in proxies {
+                match kind {
+                    FaultKind::Latency => proxy.set_delay(Duration::ZERO),
+                    FaultKind::Blackhole => proxy.set_blackhole(false),
+                    FaultKind::Cut => proxy.set_cut_after(None),
+                    _ => {}
+                }
             }
         }
     }
 
-    /// Applies `kind` at the proxy, with its details drawn from
-    /// `schedule`; `false` if `kind` is not a proxy fault.
+    /// Applies `kind` at every proxy (the network between the workers and
+    /// the store), with its details drawn from `schedule`; `false` if
+    /// `kind` is not a proxy fault.
     pub(crate) fn apply(
         &mut self,
         kind: FaultKind,
         now: Instant,
         schedule: &mut Schedule,
-        proxy: &FaultProxy,
+        proxies: &[FaultProxy],
     ) -> bool {
         match kind {
             FaultKind::Latency => {
                 let (delay, end) = (schedule.millis(5..60), schedule.millis(300..1500));
-                proxy.set_delay(delay);
+                proxies.iter().for_each(|p| p.set_delay(delay));
                 self.timed.push((now + end, kind));
             }
             FaultKind::Blackhole => {
                 let end = schedule.millis(300..1500);
-                proxy.set_blackhole(true);
+                proxies.iter().for_each(|p| p.set_blackhole(true));
                 self.timed.push((now + end, kind));
             }
-            FaultKind::Reset => proxy.reset_all(),
+            FaultKind::Reset => proxies.iter().for_each(FaultProxy::reset_all),
             FaultKind::Cut => {
                 let bytes = schedule.rng.random_range(self.cut_after.clone());
                 let end = schedule.millis(100..500);
-                proxy.set_cut_after(Some(bytes));
+                proxies.iter().for_each(|p| p.set_cut_after(Some(bytes)));
                 self.timed.push((now + end, kind));
             }
             _ => return false,
@@ -136,8 +139,8 @@ impl ProxyFaults {
     }
 
     /// Lifts every fault.
-    pub(crate) fn heal(&mut self, proxy: &FaultProxy) {
+    pub(crate) fn heal(&mut self, proxies: &[FaultProxy]) {
         self.timed.clear();
-        proxy.heal();
+        proxies.iter().for_each(FaultProxy::heal);
     }
 }

@@ -38,6 +38,15 @@
 //!   commit, with writes from all of them in flight), and the proxy's
 //!   network faults hit the workers' connections to the downstream
 //!   database instead.
+//! - **`redis-cluster-lease`**, the lease executor on a Redis Cluster of
+//!   three masters with a replica each, every node behind its own fault
+//!   proxy (the nodes announce the proxies' ports, so redirections and
+//!   replication go through them too). Its "restart" is a master
+//!   SIGKILLed, its replica promoted at once and the dead node replaced
+//!   by a new, empty replica; slots also move between masters under load
+//!   ([`FaultKind::Migrate`]). Redis replicates asynchronously, so the
+//!   workers' writes wait for a replica ([`Plan::replica_acks`]); with
+//!   that off, completions lost in failovers are what the checker counts.
 //! - **`dynamodb-lease`**, the lease executor on DynamoDB (moto, one
 //!   request at a time as DynamoDB's conditional writes need): DynamoDB's
 //!   conditions compare times from the client's clock, so each worker runs
@@ -81,6 +90,9 @@ pub enum Target {
     PgLease,
     /// The lease executor on the Redis store.
     RedisLease,
+    /// The lease executor on a Redis Cluster of three masters with a
+    /// replica each, failed over and resharded under load.
+    RedisClusterLease,
     /// The lease executor on one SQLite file shared by the worker
     /// processes.
     SqliteLease,
@@ -96,10 +108,11 @@ pub enum Target {
 
 impl Target {
     /// Every target.
-    pub const ALL: [Target; 8] = [
+    pub const ALL: [Target; 9] = [
         Target::PgInbox,
         Target::PgLease,
         Target::RedisLease,
+        Target::RedisClusterLease,
         Target::SqliteLease,
         Target::DynamoLease,
         Target::HttpSqlite,
@@ -113,6 +126,7 @@ impl Target {
             Target::PgInbox => "pg-inbox",
             Target::PgLease => "pg-lease",
             Target::RedisLease => "redis-lease",
+            Target::RedisClusterLease => "redis-cluster-lease",
             Target::SqliteLease => "sqlite-lease",
             Target::DynamoLease => "dynamodb-lease",
             Target::HttpSqlite => "http-sqlite",
@@ -150,6 +164,7 @@ impl Target {
             .filter(|k| *k != FaultKind::Clock || self.reads_worker_clock())
             // moto keeps its tables in memory only.
             .filter(|k| *k != FaultKind::StoreRestart || self != Target::DynamoLease)
+            .filter(|k| *k != FaultKind::Migrate || self == Target::RedisClusterLease)
             .collect()
     }
 
@@ -176,7 +191,8 @@ pub enum FaultKind {
     /// SIGSTOP a worker for 1.5 to 3 leases, then SIGCONT it.
     Stop,
     /// Crash the store and start it again (SQLite: SIGKILL every process
-    /// that has the file open).
+    /// that has the file open; a Redis Cluster: SIGKILL a master, promote
+    /// its replica, replace the dead node with a new replica).
     StoreRestart,
     /// Delay every chunk through the proxy.
     Latency,
@@ -189,11 +205,14 @@ pub enum FaultKind {
     /// Jump a worker's wall clock 1.5 to 3 leases forward or back (it
     /// stays there until the next jump or the worker's end).
     Clock,
+    /// Move slots, with their records, from one Cluster master to
+    /// another under load (clients meet ASK, then MOVED).
+    Migrate,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 8] = [
+    pub const ALL: [FaultKind; 9] = [
         FaultKind::Kill,
         FaultKind::Stop,
         FaultKind::StoreRestart,
@@ -202,6 +221,7 @@ impl FaultKind {
         FaultKind::Reset,
         FaultKind::Cut,
         FaultKind::Clock,
+        FaultKind::Migrate,
     ];
 
     /// Its name in reports and on the command line.
@@ -215,6 +235,7 @@ impl FaultKind {
             FaultKind::Reset => "reset",
             FaultKind::Cut => "cut",
             FaultKind::Clock => "clock",
+            FaultKind::Migrate => "migrate",
         }
     }
 
@@ -257,6 +278,11 @@ pub struct Plan {
     /// default). Without it a Redis restart loses every record, which the
     /// checker must report: that is how the suite shows it can fail.
     pub redis_append_only: bool,
+    /// Whether the Cluster target's writes wait for a replica's
+    /// acknowledgement (`replicas=1`, the default). Without it a failover
+    /// can lose acknowledged completions, which the checker reports: the
+    /// measure of what the option buys.
+    pub replica_acks: bool,
     /// The `idem-chaos` binary, started in worker mode.
     pub worker_bin: PathBuf,
     /// More `idem proxy` arguments for the gateway of an HTTP run (none by
@@ -282,6 +308,7 @@ impl Plan {
             faults: target.faults(),
             settle_limit: Duration::from_secs(60),
             redis_append_only: true,
+            replica_acks: true,
             worker_bin: worker_bin.into(),
             gateway_args: Vec::new(),
         }

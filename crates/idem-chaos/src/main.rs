@@ -1,10 +1,11 @@
 //! `idem-chaos`: fault-injection runs against real stores, with a checker.
 //!
 //! ```text
-//! idem-chaos run [--target pg-inbox|pg-lease|redis-lease|sqlite-lease|dynamodb-lease|http-sqlite|http-redis|http-postgres|all]
+//! idem-chaos run [--target pg-inbox|pg-lease|redis-lease|redis-cluster-lease|sqlite-lease|dynamodb-lease|http-sqlite|http-redis|http-postgres|all]
 //!                [--seed N] [--keys N]
 //!                [--duplicates SHARE] [--workers K] [--duration 60s] [--fault-every 300ms]
-//!                [--faults kill,stop,restart,latency,blackhole,reset,cut,clock]
+//!                [--faults kill,stop,restart,latency,blackhole,reset,cut,clock,migrate]
+//!                [--no-replica-acks]
 //! ```
 //!
 //! It prints a summary table (one for the worker targets, one for the
@@ -56,8 +57,8 @@ enum Cmd {
 #[derive(clap::Args)]
 #[command(args_override_self = true)]
 struct RunArgs {
-    /// pg-inbox, pg-lease, redis-lease, sqlite-lease, dynamodb-lease,
-    /// http-sqlite, http-redis, http-postgres, or all.
+    /// pg-inbox, pg-lease, redis-lease, redis-cluster-lease, sqlite-lease,
+    /// dynamodb-lease, http-sqlite, http-redis, http-postgres, or all.
     #[arg(long, default_value = "all")]
     target: String,
     /// Seeds the workload and the faults.
@@ -88,6 +89,10 @@ struct RunArgs {
     /// the target).
     #[arg(long, value_delimiter = ',')]
     faults: Vec<String>,
+    /// Redis Cluster: writes do not wait for a replica (measures what
+    /// failovers lose without it).
+    #[arg(long)]
+    no_replica_acks: bool,
 }
 
 fn main() -> ExitCode {
@@ -162,6 +167,7 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
             } else {
                 chosen.clone()
             },
+            replica_acks: !args.no_replica_acks,
             ..Plan::new(target, &bin)
         };
         let bar = ProgressBar::new(1);

@@ -45,13 +45,7 @@ pub struct Progress {
 /// Runs `plan` and checks it; `progress` is called a few times a second.
 pub async fn run(plan: &Plan, progress: impl Fn(Progress)) -> Result<Report, ChaosError> {
     validate(plan)?;
-    let servers = Servers::start(plan.target, plan.redis_append_only).await?;
-    let proxy = FaultProxy::start(servers.proxied_addr())
-        .await
-        .map_err(|source| ChaosError::Server {
-            what: "fault proxy",
-            source,
-        })?;
+    let servers = Servers::start(plan.target, plan.redis_append_only, plan.replica_acks).await?;
     let dir = tempfile_dir()?;
     if plan.target == Target::SqliteLease {
         // Created and migrated before the workers open it.
@@ -61,7 +55,7 @@ pub async fn run(plan: &Plan, progress: impl Fn(Progress)) -> Result<Report, Cha
             .map_err(harness)?
             .map_err(|e| harness(format!("creating the SQLite store: {e}")))?;
     }
-    let (store_url, downstream_url) = servers.worker_urls(proxy.addr().port(), &dir);
+    let (store_url, downstream_url) = servers.worker_urls(&dir);
     let config = WorkerConfig {
         target: plan.target,
         store_url,
@@ -71,7 +65,7 @@ pub async fn run(plan: &Plan, progress: impl Fn(Progress)) -> Result<Report, Cha
         ledger_dir: dir.clone(),
     };
     let mut broker = Broker::new(plan, config, dir.clone());
-    let outcome = broker.drive(plan, &servers, &proxy, &progress).await;
+    let outcome = broker.drive(plan, &servers, &progress).await;
     broker.stop_workers().await;
     let mut report = outcome?;
     collect_evidence(plan, &servers, &dir, &broker.keys, &mut report).await?;
@@ -549,7 +543,6 @@ impl Broker {
         &mut self,
         plan: &Plan,
         servers: &Servers,
-        proxy: &FaultProxy,
         progress: &impl Fn(Progress),
     ) -> Result<Report, ChaosError> {
         for slot in 0..plan.workers {
@@ -585,7 +578,7 @@ impl Broker {
                         .await
                         .map_err(harness)?
                         .map_err(|source| ChaosError::Server {
-                            what: "restarting the store",
+                            what: "a store fault (restart, failover or slot move)",
                             source,
                         })?;
                 }
@@ -603,11 +596,9 @@ impl Broker {
                 }
             }
             if now < fault_end {
-                injector
-                    .step(now, self, servers, proxy, &mut restart)
-                    .await?;
+                injector.step(now, self, servers, &mut restart).await?;
             } else {
-                injector.heal(proxy);
+                injector.heal(&servers.proxies);
             }
             self.dispatch(now, plan.inflight).await;
             if now.duration_since(shown) > Duration::from_millis(250) {
@@ -720,10 +711,9 @@ impl Injector {
         now: Instant,
         broker: &mut Broker,
         servers: &Servers,
-        proxy: &FaultProxy,
         restart: &mut Option<tokio::task::JoinHandle<Result<(), ServerError>>>,
     ) -> Result<(), ChaosError> {
-        self.proxy_faults.lift_due(now, proxy);
+        self.proxy_faults.lift_due(now, &servers.proxies);
         let Some(kind) = self.schedule.due(now) else {
             return Ok(());
         };
@@ -780,9 +770,21 @@ impl Injector {
                     false
                 }
             }
+            FaultKind::Migrate => {
+                let slots = self.schedule.rng.random_range(20..200);
+                let handle = restart
+                    .is_none()
+                    .then(|| servers.migrate(slots, pick))
+                    .flatten();
+                let applied = handle.is_some();
+                if applied {
+                    *restart = handle;
+                }
+                applied
+            }
             proxied => self
                 .proxy_faults
-                .apply(proxied, now, &mut self.schedule, proxy),
+                .apply(proxied, now, &mut self.schedule, &servers.proxies),
         };
         if applied {
             self.schedule.injected(kind);
@@ -790,7 +792,7 @@ impl Injector {
         Ok(())
     }
 
-    fn heal(&mut self, proxy: &FaultProxy) {
-        self.proxy_faults.heal(proxy);
+    fn heal(&mut self, proxies: &[FaultProxy]) {
+        self.proxy_faults.heal(proxies);
     }
 }

@@ -1,7 +1,8 @@
 //! The servers of a run, started as child processes on loopback:
 //! PostgreSQL (the downstream table, and the store of the PostgreSQL
-//! targets), Redis, moto for DynamoDB; and where each target's workers
-//! find their store.
+//! targets), Redis or a Redis Cluster, moto for DynamoDB; the fault
+//! proxies in front of them; and where each target's workers find their
+//! store.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -11,14 +12,16 @@ use idem_dynamodb::{client_for, create_table};
 use idem_postgres::PgStore;
 use idem_testkit::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
 use idem_testkit::postgres::PgServer;
-use idem_testkit::redis::RedisServer;
+use idem_testkit::proxy::FaultProxy;
+use idem_testkit::redis::{ClusterSpec, RedisCluster, RedisServer};
 use idem_testkit::{free_port, ServerError};
 
 use crate::error::{harness, ChaosError};
 use crate::Target;
 
 /// The servers of a run: PostgreSQL always (the downstream table lives
-/// there), Redis for the Redis target, moto for DynamoDB.
+/// there), Redis or a Redis Cluster for the Redis targets, moto for
+/// DynamoDB; and the fault proxies between them and the workers.
 pub(crate) struct Servers {
     target: Target,
     pg: Arc<Mutex<PgServer>>,
@@ -26,14 +29,27 @@ pub(crate) struct Servers {
     db: String,
     redis: Option<Arc<Mutex<RedisServer>>>,
     pub(crate) redis_port: u16,
+    cluster: Option<Arc<Mutex<RedisCluster>>>,
     pub(crate) moto: Option<MotoServer>,
+    /// One proxy in front of the store (of each Cluster node), or for
+    /// SQLite, which has no server, of the downstream database.
+    pub(crate) proxies: Vec<FaultProxy>,
+    replica_acks: bool,
 }
+
+/// How long a Cluster write waits for its replica (below the workers'
+/// response timeout).
+const REPLICA_TIMEOUT: &str = "400ms";
 
 /// The DynamoDB table of a run.
 pub(crate) const TABLE: &str = "idem-chaos";
 
 impl Servers {
-    pub(crate) async fn start(target: Target, append_only: bool) -> Result<Self, ChaosError> {
+    pub(crate) async fn start(
+        target: Target,
+        append_only: bool,
+        replica_acks: bool,
+    ) -> Result<Self, ChaosError> {
         let server = |source| ChaosError::Server {
             what: "PostgreSQL",
             source,
@@ -93,6 +109,17 @@ impl Servers {
         } else {
             None
         };
+        let (cluster, proxies) = if target == Target::RedisClusterLease {
+            let (cluster, proxies) = start_cluster().await?;
+            (Some(Arc::new(Mutex::new(cluster))), proxies)
+        } else {
+            let port = match (&moto, target) {
+                (Some(moto), _) => moto.port(),
+                (None, Target::RedisLease) => redis_port,
+                (None, _) => pg_port,
+            };
+            (None, vec![start_proxy(port).await?])
+        };
         let servers = Self {
             target,
             pg: Arc::new(Mutex::new(pg)),
@@ -100,7 +127,10 @@ impl Servers {
             db,
             redis,
             redis_port,
+            cluster,
             moto,
+            proxies,
+            replica_acks,
         };
         if target.on_postgres() {
             // Applies the store's and the inbox's migrations.
@@ -115,27 +145,30 @@ impl Servers {
         format!("postgres://postgres@127.0.0.1:{}/{}", self.pg_port, self.db)
     }
 
-    /// What the fault proxy stands in front of: the store's server, or
-    /// for SQLite, which has none, the downstream database.
-    pub(crate) fn proxied_addr(&self) -> std::net::SocketAddr {
-        let port = match (&self.moto, self.target) {
-            (Some(moto), _) => moto.port(),
-            (None, Target::RedisLease) => self.redis_port,
-            (None, _) => self.pg_port,
-        };
-        std::net::SocketAddr::from(([127, 0, 0, 1], port))
-    }
-
     /// The store's and the downstream database's URLs for the workers,
-    /// with the fault proxy on `port` and the run's files in `dir`.
-    pub(crate) fn worker_urls(&self, port: u16, dir: &Path) -> (String, String) {
+    /// through the fault proxies, with the run's files in `dir`.
+    pub(crate) fn worker_urls(&self, dir: &Path) -> (String, String) {
+        let port = self.proxies.first().map_or(0, |p| p.addr().port());
         let proxied_pg = format!("postgres://postgres@127.0.0.1:{port}/{}", self.db);
         match self.target {
             Target::RedisLease => (format!("redis://127.0.0.1:{port}"), self.pg_url()),
+            Target::RedisClusterLease => (self.cluster_url(self.replica_acks), self.pg_url()),
             Target::SqliteLease => (sqlite_file(dir).to_string_lossy().into_owned(), proxied_pg),
             Target::DynamoLease => (format!("http://127.0.0.1:{port}#{TABLE}"), self.pg_url()),
             _ => (proxied_pg, self.pg_url()),
         }
+    }
+
+    /// The Cluster's URL (through the proxies), its writes waiting for a
+    /// replica if `acks`.
+    pub(crate) fn cluster_url(&self, acks: bool) -> String {
+        let hosts: Vec<String> = self.proxies.iter().map(|p| p.addr().to_string()).collect();
+        let acks = if acks {
+            format!("?replicas=1&replica_timeout={REPLICA_TIMEOUT}")
+        } else {
+            String::new()
+        };
+        format!("redis+cluster://{}{acks}", hosts.join(","))
     }
 
     /// Crashes the store, leaves it down for `down`, and starts it again.
@@ -143,21 +176,54 @@ impl Servers {
         &self,
         down: Duration,
     ) -> tokio::task::JoinHandle<Result<(), ServerError>> {
-        let (pg, redis) = (Arc::clone(&self.pg), self.redis.clone());
-        tokio::task::spawn_blocking(move || match redis {
-            Some(redis) => {
+        let (pg, redis, cluster) = (
+            Arc::clone(&self.pg),
+            self.redis.clone(),
+            self.cluster.clone(),
+        );
+        let pick = rand::random::<u64>();
+        tokio::task::spawn_blocking(move || match (redis, cluster) {
+            (_, Some(cluster)) => {
+                let mut cluster = cluster.lock().unwrap_or_else(PoisonError::into_inner);
+                let masters = cluster.masters()?;
+                let master = masters[pick as usize % masters.len()];
+                let promoted = cluster.fail_over(master)?;
+                std::thread::sleep(down);
+                cluster.replace(master, promoted)
+            }
+            (Some(redis), None) => {
                 let mut redis = redis.lock().unwrap_or_else(PoisonError::into_inner);
                 redis.stop();
                 std::thread::sleep(down);
                 redis.start_again()
             }
-            None => {
+            (None, None) => {
                 let mut pg = pg.lock().unwrap_or_else(PoisonError::into_inner);
                 pg.crash();
                 std::thread::sleep(down);
                 pg.start_again()
             }
         })
+    }
+
+    /// Moves `slots` slots from one Cluster master to another, picked at
+    /// random by `pick`.
+    pub(crate) fn migrate(
+        &self,
+        slots: usize,
+        pick: usize,
+    ) -> Option<tokio::task::JoinHandle<Result<(), ServerError>>> {
+        let cluster = self.cluster.clone()?;
+        Some(tokio::task::spawn_blocking(move || {
+            let cluster = cluster.lock().unwrap_or_else(PoisonError::into_inner);
+            let masters = cluster.masters()?;
+            let from = masters[pick % masters.len()];
+            let to = masters[(pick / masters.len() + 1 + pick % masters.len()) % masters.len()];
+            if from != to {
+                cluster.move_slots(from, to, slots)?;
+            }
+            Ok(())
+        }))
     }
 
     pub(crate) fn psql(&self, sql: &str) -> Result<String, ChaosError> {
@@ -170,6 +236,47 @@ impl Servers {
                 source,
             })
     }
+}
+
+/// A fault proxy in front of the loopback `port`.
+async fn start_proxy(port: u16) -> Result<FaultProxy, ChaosError> {
+    FaultProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+        .await
+        .map_err(|source| ChaosError::Server {
+            what: "fault proxy",
+            source,
+        })
+}
+
+/// A Cluster of three masters with a replica each, every node behind a
+/// fault proxy whose port it announces (clients, redirections and
+/// replication all go through the proxies; the Cluster bus does not).
+async fn start_cluster() -> Result<(RedisCluster, Vec<FaultProxy>), ChaosError> {
+    let server = |source| ChaosError::Server {
+        what: "Redis Cluster",
+        source,
+    };
+    let ports = tokio::task::spawn_blocking(|| RedisCluster::free_ports(6))
+        .await
+        .map_err(harness)?
+        .map_err(server)?;
+    let mut proxies = Vec::new();
+    for port in &ports {
+        proxies.push(start_proxy(*port).await?);
+    }
+    let announce = proxies.iter().map(|p| p.addr().port()).collect();
+    let cluster = tokio::task::spawn_blocking(move || {
+        RedisCluster::start_with(ClusterSpec {
+            replicas: 1,
+            ports,
+            announce,
+            extra: Vec::new(),
+        })
+    })
+    .await
+    .map_err(harness)?
+    .map_err(server)?;
+    Ok((cluster, proxies))
 }
 
 /// The SQLite store file of a run whose files are in `dir`.

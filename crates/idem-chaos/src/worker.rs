@@ -283,7 +283,7 @@ impl Worker {
                 .await?;
                 lease_store(Guard::Pg(executor(store, config.lease)?))?
             }
-            Target::RedisLease => {
+            Target::RedisLease | Target::RedisClusterLease => {
                 let store = retry_redis(config).await?;
                 lease_store(Guard::Redis(executor(store, config.lease)?))?
             }

@@ -59,6 +59,14 @@ async fn redis_lease_completes_every_key_once_under_faults() {
     assert!(report.executions >= report.keys as u64);
 }
 
+/// A Redis Cluster with a replica per master, failed over and resharded
+/// under load, writes waiting for the replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_lease_completes_every_key_once_through_failovers_and_migrations() {
+    let report = short_run(Target::RedisClusterLease).await;
+    assert!(report.executions >= report.keys as u64);
+}
+
 /// Worker processes sharing one SQLite file, all SIGKILLed at once as the
 /// store's crash.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

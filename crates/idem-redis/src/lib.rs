@@ -107,8 +107,8 @@ mod slots;
 
 use batch::{Batcher, Call, Op};
 use conn::{store_error, Conn, Options, Target};
-use replicas::ReplicaAcks;
 use notify::Notifier;
+use replicas::ReplicaAcks;
 use scripts::Scripts;
 
 pub use cache::RedisReplayCache;
@@ -368,10 +368,13 @@ impl RedisStore {
                 connect: parsed.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
                 response: parsed.response_timeout.unwrap_or(DEFAULT_RESPONSE_TIMEOUT),
                 tls_roots: None,
-                replica_acks: parsed.replicas.filter(|n| *n > 0).map(|replicas| ReplicaAcks {
-                    replicas,
-                    timeout: parsed.replica_timeout.unwrap_or(DEFAULT_REPLICA_TIMEOUT),
-                }),
+                replica_acks: parsed
+                    .replicas
+                    .filter(|n| *n > 0)
+                    .map(|replicas| ReplicaAcks {
+                        replicas,
+                        timeout: parsed.replica_timeout.unwrap_or(DEFAULT_REPLICA_TIMEOUT),
+                    }),
             },
             tls_ca_file: parsed.tls_ca_file,
             grace: DEFAULT_GRACE,

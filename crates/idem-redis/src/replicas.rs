@@ -35,7 +35,8 @@ pub(crate) struct ReplicaAcks {
 const ATTEMPTS: u32 = 8;
 
 impl ReplicaAcks {
-    /// The pipeline: optionally `ASKING`, then `cmd`, then `WAIT`.
+    /// The pipeline: optionally `ASKING`, then `cmd`, then `WAIT`, each
+    /// answered on its own (a redirection stays the command's error).
     fn pipe(&self, cmd: &Cmd, asking: bool) -> redis::Pipeline {
         let mut pipe = redis::pipe();
         if asking {
@@ -43,6 +44,7 @@ impl ReplicaAcks {
         }
         pipe.add_command(cmd.clone());
         pipe.add_command(self.wait_cmd());
+        pipe.ignore_errors();
         pipe
     }
 
@@ -83,10 +85,20 @@ impl ReplicaAcks {
         cmd: &Cmd,
         asking: bool,
     ) -> RedisResult<Value> {
-        let (reply, wait): (Value, Value) = server
-            .check(self.pipe(cmd, asking).query_async(&mut server.get()).await)?;
-        self.check(&wait)?;
-        Ok(reply)
+        let replies: Vec<RedisResult<Value>> =
+            server.check(self.pipe(cmd, asking).query_async(&mut server.get()).await)?;
+        let mut replies = replies.into_iter();
+        match (replies.next(), replies.next()) {
+            (Some(reply), Some(wait)) => {
+                let reply = reply?;
+                self.check(&wait?)?;
+                Ok(reply)
+            }
+            _ => Err(RedisError::from((
+                ErrorKind::Parse,
+                "a command and its WAIT got fewer than two answers",
+            ))),
+        }
     }
 
     /// Sends `pipe` (in its ignore-errors mode) to `server` with a `WAIT`

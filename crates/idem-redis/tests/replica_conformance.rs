@@ -43,7 +43,10 @@ mod one_server {
                 .cli("INFO replication")
                 .is_ok_and(|i| i.contains("master_link_status:up"))
             {
-                assert!(std::time::Instant::now() < deadline, "the replica never synced");
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the replica never synced"
+                );
                 std::thread::sleep(Duration::from_millis(50));
             }
             (master, replica)

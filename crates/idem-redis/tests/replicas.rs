@@ -51,7 +51,9 @@ async fn unacknowledged_completion_is_not_reported(url: &str, replica_ports: Vec
         }
     };
     let warm = RecordId::parse("orders", "acked").expect("valid");
-    let outcome = run(warm, Vec::new()).await.expect("acknowledged by the replica");
+    let outcome = run(warm, Vec::new())
+        .await
+        .expect("acknowledged by the replica");
     assert!(matches!(outcome, Outcome::Executed { .. }));
 
     let id = RecordId::parse("orders", "unacked").expect("valid");
@@ -65,12 +67,13 @@ async fn unacknowledged_completion_is_not_reported(url: &str, replica_ports: Vec
     assert_eq!(ran.load(Ordering::SeqCst), 2);
     tokio::time::sleep(Duration::from_millis(3500).saturating_sub(started.elapsed())).await;
     let outcome = run(id, Vec::new()).await.expect("replayed");
-    assert!(
-        matches!(&outcome, Outcome::Replayed { .. }),
-        "{outcome:?}"
-    );
+    assert!(matches!(&outcome, Outcome::Replayed { .. }), "{outcome:?}");
     assert_eq!(outcome.value(), "shipped");
-    assert_eq!(ran.load(Ordering::SeqCst), 2, "the handler ran once per key");
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        2,
+        "the handler ran once per key"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,15 +85,18 @@ async fn an_unacknowledged_completion_is_not_reported_on_one_server() {
     let port = master.port().to_string();
     let mut args = vec!["--replicaof", "127.0.0.1", &port];
     args.extend(DEBUG);
-    let replica = RedisServer::start_with(idem_testkit::free_port().expect("port"), &args)
-        .expect("replica");
+    let replica =
+        RedisServer::start_with(idem_testkit::free_port().expect("port"), &args).expect("replica");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !replica
         .cli("INFO replication")
         .expect("info")
         .contains("master_link_status:up")
     {
-        assert!(std::time::Instant::now() < deadline, "the replica never synced");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica never synced"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     unacknowledged_completion_is_not_reported(&master.url(), vec![replica.port()]).await;

@@ -146,8 +146,7 @@ impl RedisCluster {
                 return Ok(false);
             }
             let replication = node.cli("INFO replication")?;
-            if replication.contains("role:slave")
-                && !replication.contains("master_link_status:up")
+            if replication.contains("role:slave") && !replication.contains("master_link_status:up")
             {
                 return Ok(false);
             }
@@ -155,12 +154,34 @@ impl RedisCluster {
         let Some(first) = self.running().next() else {
             return Ok(false);
         };
+        if self
+            .announce
+            .iter()
+            .zip(&self.nodes)
+            .any(|(a, n)| *a != n.port())
+        {
+            // redis-cli would go through the announced ports (proxies that
+            // may be faulty): check the slots from the nodes themselves.
+            let info = first.cli("CLUSTER INFO")?;
+            return Ok(info.contains("cluster_slots_ok:16384") && self.no_open_slots()?);
+        }
         let check = Command::new("redis-cli")
             .args(["--cluster", "check", &format!("127.0.0.1:{}", first.port())])
             .stdin(Stdio::null())
             .output()
             .map_err(|_| ServerError::NotInstalled("redis-cli"))?;
         Ok(check.status.success())
+    }
+
+    /// Whether no master has a slot half-moved (`MIGRATING`/`IMPORTING`).
+    fn no_open_slots(&self) -> Result<bool, ServerError> {
+        for node in self.running() {
+            let nodes = node.cli("CLUSTER NODES")?;
+            if nodes.contains("->-") || nodes.contains("-<-") {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     fn running(&self) -> impl Iterator<Item = &RedisServer> {
@@ -340,8 +361,141 @@ impl RedisCluster {
         }
     }
 
+    /// Moves `count` of master `from`'s slots, with their keys, to master
+    /// `to`, slot by slot as `redis-cli --cluster reshard` does (clients
+    /// meet ASK, then MOVED), but talking to the nodes on their own ports
+    /// only, so faults at announced ports do not break the move. Before a
+    /// slot is handed over, `to`'s replica has its keys: a failover of
+    /// `to` right after the move loses nothing the move carried. Returns
+    /// how many keys moved.
+    pub fn move_slots(&self, from: usize, to: usize, count: usize) -> Result<usize, ServerError> {
+        let (from_id, to_id) = (
+            self.cli(from, "CLUSTER MYID")?.trim().to_owned(),
+            self.cli(to, "CLUSTER MYID")?.trim().to_owned(),
+        );
+        let slots = owned_slots(&self.cli(from, "CLUSTER NODES")?, &from_id);
+        let to_port = self.nodes[to].port().to_string();
+        let mut moved = 0;
+        for slot in slots.into_iter().take(count) {
+            let slot = slot.to_string();
+            run_cli(
+                self.nodes[to].port(),
+                &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id],
+            )?;
+            run_cli(
+                self.nodes[from].port(),
+                &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id],
+            )?;
+            loop {
+                let keys = run_cli(
+                    self.nodes[from].port(),
+                    &["CLUSTER", "GETKEYSINSLOT", &slot, "100"],
+                )?;
+                let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+                if keys.is_empty() {
+                    break;
+                }
+                let mut migrate = vec!["MIGRATE", "127.0.0.1", &to_port, "", "0", "5000", "KEYS"];
+                migrate.extend(&keys);
+                run_cli(self.nodes[from].port(), &migrate)?;
+                moved += keys.len();
+            }
+            self.wait_replicated(to)?;
+            run_cli(
+                self.nodes[to].port(),
+                &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id],
+            )?;
+            run_cli(
+                self.nodes[from].port(),
+                &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id],
+            )?;
+            for node in self.masters()? {
+                if node != from && node != to {
+                    run_cli(
+                        self.nodes[node].port(),
+                        &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id],
+                    )?;
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Waits until every replica of master `master` has what the master
+    /// has written so far.
+    fn wait_replicated(&self, master: usize) -> Result<(), ServerError> {
+        let field = |info: &str, name: &str| -> Vec<u64> {
+            info.lines()
+                .filter_map(|l| l.strip_prefix(name))
+                .filter_map(|v| {
+                    v.split(',')
+                        .find_map(|kv| kv.strip_prefix("offset="))
+                        .or(Some(v.trim()))
+                        .and_then(|n| n.trim().parse().ok())
+                })
+                .collect()
+        };
+        let info = self.cli(master, "INFO replication")?;
+        let target = field(&info, "master_repl_offset:")
+            .first()
+            .copied()
+            .unwrap_or(0);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let info = self.cli(master, "INFO replication")?;
+            let offsets: Vec<u64> = (0..4)
+                .flat_map(|i| field(&info, &format!("slave{i}:")))
+                .collect();
+            if offsets.iter().all(|o| *o >= target) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(failed(format!(
+                    "node {master}'s replica did not catch up in 20 s"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Sends one command to node `node` with `redis-cli`.
     pub fn cli(&self, node: usize, command: &str) -> Result<String, ServerError> {
         cli(self.nodes[node].port(), command)
+    }
+}
+
+/// The slots `id` owns, from a `CLUSTER NODES` listing.
+fn owned_slots(nodes: &str, id: &str) -> Vec<u16> {
+    let Some(line) = nodes.lines().find(|l| l.starts_with(id)) else {
+        return Vec::new();
+    };
+    let mut slots = Vec::new();
+    for range in line.split_whitespace().skip(8) {
+        let (first, last) = range.split_once('-').unwrap_or((range, range));
+        if let (Ok(first), Ok(last)) = (first.parse::<u16>(), last.parse::<u16>()) {
+            slots.extend(first..=last);
+        }
+    }
+    slots
+}
+
+/// Runs `redis-cli` on `port` with `args` as they are (keys may hold
+/// any character) and returns its output; a Redis error is an error.
+fn run_cli(port: u16, args: &[&str]) -> Result<String, ServerError> {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|_| ServerError::NotInstalled("redis-cli"))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if out.status.success() && !text.starts_with("ERR") && !text.starts_with("(error)") {
+        Ok(text)
+    } else {
+        Err(failed(format!(
+            "redis-cli -p {port} {}: {text}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        )))
     }
 }

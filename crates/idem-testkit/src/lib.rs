@@ -30,8 +30,8 @@ use idem::{
 };
 
 pub mod bench;
-mod cluster;
 pub mod cases;
+mod cluster;
 pub mod double;
 mod down;
 pub mod kafka;

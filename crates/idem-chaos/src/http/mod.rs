@@ -683,7 +683,7 @@ impl Injector {
         store: &AnyStore,
         proxy: &FaultProxy,
     ) -> Result<(), ChaosError> {
-        self.proxy_faults.lift_due(now, proxy);
+        self.proxy_faults.lift_due(now, std::slice::from_ref(proxy));
         let Some(kind) = self.schedule.due(now) else {
             return Ok(());
         };
@@ -695,9 +695,12 @@ impl Injector {
                 true
             }
             FaultKind::Kill => false,
-            proxied => self
-                .proxy_faults
-                .apply(proxied, now, &mut self.schedule, proxy),
+            proxied => self.proxy_faults.apply(
+                proxied,
+                now,
+                &mut self.schedule,
+                std::slice::from_ref(proxy),
+            ),
         };
         if applied {
             self.schedule.injected(kind);
@@ -706,6 +709,6 @@ impl Injector {
     }
 
     fn heal(&mut self, proxy: &FaultProxy) {
-        self.proxy_faults.heal(proxy);
+        self.proxy_faults.heal(std::slice::from_ref(proxy));
     }
 }
