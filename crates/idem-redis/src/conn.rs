@@ -1,6 +1,5 @@
-//! Where the store connects: URL parsing, the two connection kinds
-//! (one server, or a Cluster) and how their errors map to
-//! [`StoreError`].
+//! How the store connects: the two connection kinds (one server, or a
+//! Cluster) and how their errors map to [`StoreError`].
 
 use std::time::Duration;
 
@@ -16,144 +15,7 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
 use crate::replicas::ReplicaAcks;
-use crate::ConnectError;
-
-/// What a URL asks for, before connecting.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Target {
-    /// One server: the URL as the `redis` crate reads it.
-    Standalone(String),
-    /// A Cluster: one URL per seed node, and the URL of any node as
-    /// `prefix` + `host:port` + `suffix` (same scheme, user and options).
-    Cluster {
-        nodes: Vec<String>,
-        prefix: String,
-        suffix: String,
-    },
-}
-
-/// A parsed store URL: the target and idem's own query parameters.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ParsedUrl {
-    pub(crate) target: Target,
-    pub(crate) namespace: Option<String>,
-    pub(crate) connect_timeout: Option<Duration>,
-    pub(crate) response_timeout: Option<Duration>,
-    /// `tls_ca_file`: a PEM file of root certificates to trust instead of
-    /// the platform's.
-    pub(crate) tls_ca_file: Option<String>,
-    /// `replicas`: how many replicas must acknowledge each write.
-    pub(crate) replicas: Option<u32>,
-    /// `replica_timeout`: how long a write waits for them.
-    pub(crate) replica_timeout: Option<Duration>,
-}
-
-/// Parses `redis://`, `rediss://`, `redis+cluster://` and
-/// `rediss+cluster://` URLs. idem's own query parameters (`namespace`,
-/// `connect_timeout`, `response_timeout`) are taken out; the rest is left
-/// for the `redis` crate (user, password, database, `protocol=resp3`).
-pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
-    let invalid = |reason: String| ConnectError::InvalidUrl {
-        url: redact(url),
-        reason,
-    };
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| invalid("expected a scheme such as redis:// or redis+cluster://".into()))?;
-    let (cluster, tls) = match scheme {
-        "redis" => (false, false),
-        "rediss" => (false, true),
-        "redis+cluster" => (true, false),
-        "rediss+cluster" => (true, true),
-        other => {
-            return Err(invalid(format!(
-                "unknown scheme {other}:// (use redis://, rediss://, redis+cluster:// or rediss+cluster://)"
-            )))
-        }
-    };
-    if tls && !cfg!(feature = "tls") {
-        return Err(invalid(
-            "TLS (rediss://) needs idem-redis built with its `tls` feature".into(),
-        ));
-    }
-    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let mut parsed = ParsedUrl {
-        target: Target::Standalone(String::new()),
-        namespace: None,
-        connect_timeout: None,
-        response_timeout: None,
-        tls_ca_file: None,
-        replicas: None,
-        replica_timeout: None,
-    };
-    let mut passed_on = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        match name {
-            "namespace" => parsed.namespace = Some(value.to_owned()),
-            "connect_timeout" => {
-                parsed.connect_timeout = Some(idem::url::parse_duration(value).map_err(invalid)?)
-            }
-            "response_timeout" => {
-                parsed.response_timeout = Some(idem::url::parse_duration(value).map_err(invalid)?)
-            }
-            "replicas" => {
-                parsed.replicas = Some(value.parse().map_err(|_| {
-                    invalid(format!("replicas={value} is not a number of replicas"))
-                })?)
-            }
-            "replica_timeout" => {
-                parsed.replica_timeout = Some(idem::url::parse_duration(value).map_err(invalid)?)
-            }
-            "tls_ca_file" if !tls => {
-                return Err(invalid(
-                    "tls_ca_file is only for TLS URLs (rediss:// or rediss+cluster://)".into(),
-                ))
-            }
-            "tls_ca_file" => parsed.tls_ca_file = Some(value.to_owned()),
-            _ => passed_on.push(pair),
-        }
-    }
-    let query = if passed_on.is_empty() {
-        String::new()
-    } else {
-        format!("?{}", passed_on.join("&"))
-    };
-    let node_scheme = if tls { "rediss" } else { "redis" };
-    if !cluster {
-        parsed.target = Target::Standalone(format!("{node_scheme}://{rest}{query}"));
-        return Ok(parsed);
-    }
-    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-    if !path.is_empty() && path != "0" {
-        return Err(invalid(
-            "a Redis Cluster has only database 0; remove the /database part".into(),
-        ));
-    }
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((user, hosts)) => (format!("{user}@"), hosts),
-        None => (String::new(), authority),
-    };
-    let nodes: Vec<String> = hosts
-        .split(',')
-        .filter(|h| !h.is_empty())
-        .map(|h| format!("{node_scheme}://{userinfo}{h}{query}"))
-        .collect();
-    if nodes.is_empty() {
-        return Err(invalid("a cluster URL needs at least one host:port".into()));
-    }
-    parsed.target = Target::Cluster {
-        nodes,
-        prefix: format!("{node_scheme}://{userinfo}"),
-        suffix: query,
-    };
-    Ok(parsed)
-}
-
-/// The URL with any password replaced, for error messages and logs.
-pub(crate) fn redact(url: &str) -> String {
-    idem::url::redact(url)
-}
+use crate::url::Target;
 
 /// How to connect: timeouts that keep a dead server from hanging a
 /// caller, and the TLS roots to trust (PEM) if not the platform's.
@@ -217,7 +79,7 @@ impl ClusterConn {
     /// Sends `cmd`, which touches `key` only, to the key's master.
     async fn query_key(self: &Arc<Self>, cmd: &Cmd, key: &str) -> RedisResult<Value> {
         if let Some(acks) = self.options.replica_acks {
-            return acks.query_cluster(self, cmd, key).await;
+            return self.query_key_acked(&acks, cmd, key).await;
         }
         let slot = usize::from(crate::slots::slot(key.as_bytes()));
         let node = self.direct.read().as_ref().and_then(|d| {
@@ -235,8 +97,70 @@ impl ClusterConn {
         self.check(cmd.query_async(&mut self.get()).await)
     }
 
+    /// Sends `cmd`, which touches `key` only, to the node that owns `key`
+    /// with a `WAIT` behind it, following `MOVED` and `ASK` and waiting
+    /// out a Cluster that is failing over (`TRYAGAIN`, `CLUSTERDOWN`), so
+    /// that the `WAIT` goes to whichever node runs the command.
+    async fn query_key_acked(
+        self: &Arc<Self>,
+        acks: &ReplicaAcks,
+        cmd: &Cmd,
+        key: &str,
+    ) -> RedisResult<Value> {
+        let slot = crate::slots::slot(key.as_bytes());
+        let mut next: Option<(Server, bool)> = None;
+        let mut pause = Duration::from_millis(10);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let (node, asking) = match next.take() {
+                Some(node) => node,
+                None => match self.node_for(slot) {
+                    Some(node) => (node, false),
+                    None => {
+                        self.load_slots().await?;
+                        (self.node_for(slot).ok_or_else(no_owner)?, false)
+                    }
+                },
+            };
+            let error = match node.query_acked(acks, cmd, asking).await {
+                Err(error) => error,
+                ok => return ok,
+            };
+            if attempt >= REDIRECTS {
+                return Err(error);
+            }
+            match error.kind() {
+                ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask) => {
+                    let asking = error.kind() == ErrorKind::Server(ServerErrorKind::Ask);
+                    let Some((addr, _)) = error.redirect_node() else {
+                        return Err(error);
+                    };
+                    next = Some((self.node_at(addr).await?, asking));
+                    if !asking {
+                        self.refresh();
+                    }
+                }
+                ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown) => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                    let _ = self.load_slots().await;
+                }
+                _ => {
+                    // The command may have run: the caller decides. The
+                    // next call goes by a fresh slot map (a master that
+                    // died is replaced by its replica).
+                    if error.is_io_error() || error.is_connection_dropped() || error.is_timeout() {
+                        self.refresh();
+                    }
+                    return Err(error);
+                }
+            }
+        }
+    }
+
     /// The connection to the master that owns `slot`, by the slot map.
-    pub(crate) fn node_for(&self, slot: u16) -> Option<Server> {
+    fn node_for(&self, slot: u16) -> Option<Server> {
         let direct = self.direct.read();
         let direct = direct.as_ref()?;
         let index = direct.owner[usize::from(slot)]?;
@@ -245,7 +169,7 @@ impl ClusterConn {
 
     /// A connection to the node at `addr` (`host:port`, as a redirection
     /// names it): the slot map's, or a new one.
-    pub(crate) async fn node_at(&self, addr: &str) -> RedisResult<Server> {
+    async fn node_at(&self, addr: &str) -> RedisResult<Server> {
         let known = self.direct.read().as_ref().and_then(|d| {
             d.nodes
                 .iter()
@@ -262,7 +186,7 @@ impl ClusterConn {
     }
 
     /// Reads the slot map again in the background (one refresh at a time).
-    pub(crate) fn refresh(self: &Arc<Self>) {
+    fn refresh(self: &Arc<Self>) {
         if self.refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -276,7 +200,7 @@ impl ClusterConn {
     }
 
     /// Reads `CLUSTER SLOTS` and connects to any master not connected yet.
-    pub(crate) async fn load_slots(&self) -> RedisResult<()> {
+    async fn load_slots(&self) -> RedisResult<()> {
         let reply = redis::cmd("CLUSTER")
             .arg("SLOTS")
             .query_async(&mut self.get())
@@ -346,6 +270,18 @@ impl ClusterConn {
     }
 }
 
+/// How many times a command with a `WAIT` is sent again after a
+/// redirection or a Cluster that is failing over, before the caller gets
+/// the error.
+const REDIRECTS: u32 = 8;
+
+fn no_owner() -> RedisError {
+    RedisError::from((
+        ErrorKind::Server(ServerErrorKind::ClusterDown),
+        "no master serves the key's slot",
+    ))
+}
+
 /// Whether the node refused the command without running it because the
 /// key's slot is elsewhere or moving.
 fn redirected(error: &RedisError) -> bool {
@@ -400,9 +336,17 @@ impl Server {
     /// acknowledgements are on).
     pub(crate) async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
         match self.0.options.replica_acks {
-            Some(acks) => acks.query(self, cmd, false).await,
+            Some(acks) => self.query_acked(&acks, cmd, false).await,
             None => self.check(cmd.query_async(&mut self.get()).await),
         }
+    }
+
+    /// Sends `cmd` with a `WAIT` behind it (after `ASKING` if `asking`)
+    /// and returns the command's reply.
+    async fn query_acked(&self, acks: &ReplicaAcks, cmd: &Cmd, asking: bool) -> RedisResult<Value> {
+        let pipe = acks.pipe(cmd, asking);
+        let replies = self.check(pipe.query_async(&mut self.get()).await)?;
+        acks.answer(replies)
     }
 
     /// Sends `pipe` (in its ignore-errors mode) as one pipeline, with a
@@ -413,7 +357,10 @@ impl Server {
         pipe: redis::Pipeline,
     ) -> RedisResult<Vec<RedisResult<Value>>> {
         match self.0.options.replica_acks {
-            Some(acks) => acks.query_pipe(self, pipe).await,
+            Some(acks) => {
+                let pipe = acks.with_wait(pipe);
+                acks.answer_all(self.check(pipe.query_async(&mut self.get()).await)?)
+            }
             None => self.check(pipe.query_async(&mut self.get()).await),
         }
     }
@@ -601,74 +548,5 @@ pub(crate) fn store_error(error: RedisError) -> StoreError {
         StoreError::Unavailable(Box::new(error))
     } else {
         StoreError::Backend(Box::new(error))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn standalone_urls_keep_what_redis_reads_and_take_idem_parameters() {
-        let p = parse_url("redis://app:secret@127.0.0.1:6380/2?namespace=orders&connect_timeout=250ms&protocol=resp3&response_timeout=2s")
-            .expect("valid");
-        assert_eq!(
-            p.target,
-            Target::Standalone("redis://app:secret@127.0.0.1:6380/2?protocol=resp3".into())
-        );
-        assert_eq!(p.namespace.as_deref(), Some("orders"));
-        assert_eq!(p.connect_timeout, Some(Duration::from_millis(250)));
-        assert_eq!(p.response_timeout, Some(Duration::from_secs(2)));
-        let p = parse_url("redis://h:1?replicas=2&replica_timeout=300ms").expect("valid");
-        assert_eq!(p.target, Target::Standalone("redis://h:1".into()));
-        assert_eq!(p.replicas, Some(2));
-        assert_eq!(p.replica_timeout, Some(Duration::from_millis(300)));
-    }
-
-    #[test]
-    fn cluster_urls_become_one_url_per_seed_node() {
-        let p = parse_url("redis+cluster://:pw@127.0.0.1:7000,127.0.0.1:7001/?namespace=x")
-            .expect("valid");
-        assert_eq!(
-            p.target,
-            Target::Cluster {
-                nodes: vec![
-                    "redis://:pw@127.0.0.1:7000".into(),
-                    "redis://:pw@127.0.0.1:7001".into()
-                ],
-                prefix: "redis://:pw@".into(),
-                suffix: String::new(),
-            }
-        );
-        assert_eq!(p.namespace.as_deref(), Some("x"));
-    }
-
-    #[test]
-    fn bad_urls_say_what_is_wrong_without_the_password() {
-        for (url, needle) in [
-            ("127.0.0.1:6379", "expected a scheme"),
-            ("memcached://127.0.0.1", "unknown scheme"),
-            ("redis+cluster://h:1/3", "only database 0"),
-            ("redis+cluster://", "at least one host"),
-            (
-                "redis://u:hunter2@h:1/?connect_timeout=soon",
-                "not a duration",
-            ),
-            ("redis://h:1?replicas=all", "not a number of replicas"),
-        ] {
-            let err = parse_url(url).expect_err(url).to_string();
-            assert!(err.contains(needle), "{url}: {err}");
-            assert!(!err.contains("hunter2"), "{url}: password leaked in {err}");
-        }
-    }
-
-    #[test]
-    fn redact_masks_passwords_only() {
-        assert_eq!(redact("redis://u:pw@h:1/0?x=1"), "redis://u:***@h:1/0?x=1");
-        assert_eq!(redact("redis://h:1"), "redis://h:1");
-        assert_eq!(
-            redact("redis+cluster://:pw@a:1,b:2"),
-            "redis+cluster://:***@a:1,b:2"
-        );
     }
 }

@@ -104,18 +104,20 @@ mod record;
 mod replicas;
 mod scripts;
 mod slots;
+mod url;
 
 use batch::{Batcher, Call, Op};
-use conn::{store_error, Conn, Options, Target};
+use conn::{store_error, Conn, Options};
 use notify::Notifier;
 use replicas::ReplicaAcks;
 use scripts::Scripts;
+use url::Target;
 
 pub use cache::RedisReplayCache;
 
 /// `url` with any password masked, for logs and messages.
 pub fn redact_url(url: &str) -> String {
-    conn::redact(url)
+    url::redact(url)
 }
 
 /// The default key prefix.
@@ -265,7 +267,7 @@ impl RedisStoreBuilder {
         }
         if let Some(path) = self.tls_ca_file.take() {
             let pem = std::fs::read(&path).map_err(|e| ConnectError::InvalidUrl {
-                url: conn::redact(&self.url),
+                url: url::redact(&self.url),
                 reason: format!("cannot read tls_ca_file {path}: {e}"),
             })?;
             self.options.tls_roots = Some(pem);
@@ -273,7 +275,7 @@ impl RedisStoreBuilder {
         let conn = Conn::open(&self.target, &self.options)
             .await
             .map_err(|source| ConnectError::Unavailable {
-                url: conn::redact(&self.url),
+                url: url::redact(&self.url),
                 source,
             })?;
         let notify_at = match &self.target {
@@ -357,7 +359,7 @@ impl RedisStore {
 
     /// A builder for `url`, to set more than the URL says.
     pub fn builder(url: &str) -> Result<RedisStoreBuilder, ConnectError> {
-        let parsed = conn::parse_url(url)?;
+        let parsed = url::parse_url(url)?;
         Ok(RedisStoreBuilder {
             url: url.to_owned(),
             target: parsed.target,

@@ -11,17 +11,16 @@
 //! fails as unavailable: the write is on the master and may still be lost,
 //! and the executor treats it as it treats a lost answer.
 //!
-//! On a Cluster, redirections are followed here rather than by the
-//! `redis` crate's Cluster connection, so that the `WAIT` always goes to
-//! the node that ran the command (an `ASK` redirection goes as `ASKING`,
-//! the command and `WAIT` in one pipeline).
+//! This module builds those pipelines and reads their answers; the
+//! connections (`conn.rs`) send them. On a Cluster, redirections are then
+//! followed by the store rather than by the `redis` crate's Cluster
+//! connection, so that the `WAIT` always goes to the node that ran the
+//! command (an `ASK` redirection goes as `ASKING`, the command and `WAIT`
+//! in one pipeline).
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
-
-use crate::conn::{ClusterConn, Server};
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, Value};
 
 /// How many replicas must have a write, and how long to wait for them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,14 +29,10 @@ pub(crate) struct ReplicaAcks {
     pub(crate) timeout: Duration,
 }
 
-/// How many times a command is sent again after a redirection or a
-/// Cluster that is failing over, before the caller gets the error.
-const ATTEMPTS: u32 = 8;
-
 impl ReplicaAcks {
     /// The pipeline: optionally `ASKING`, then `cmd`, then `WAIT`, each
     /// answered on its own (a redirection stays the command's error).
-    fn pipe(&self, cmd: &Cmd, asking: bool) -> redis::Pipeline {
+    pub(crate) fn pipe(&self, cmd: &Cmd, asking: bool) -> redis::Pipeline {
         let mut pipe = redis::pipe();
         if asking {
             pipe.add_command(redis::cmd("ASKING")).ignore();
@@ -77,16 +72,9 @@ impl ReplicaAcks {
         ))))
     }
 
-    /// Sends `cmd` to `server` with a `WAIT` behind it (after `ASKING` if
-    /// `asking`) and returns the command's reply.
-    pub(crate) async fn query(
-        &self,
-        server: &Server,
-        cmd: &Cmd,
-        asking: bool,
-    ) -> RedisResult<Value> {
-        let replies: Vec<RedisResult<Value>> =
-            server.check(self.pipe(cmd, asking).query_async(&mut server.get()).await)?;
+    /// The command's reply from the answers to [`pipe`](Self::pipe), if
+    /// `WAIT` answered enough replicas.
+    pub(crate) fn answer(&self, replies: Vec<RedisResult<Value>>) -> RedisResult<Value> {
         let mut replies = replies.into_iter();
         match (replies.next(), replies.next()) {
             (Some(reply), Some(wait)) => {
@@ -101,89 +89,22 @@ impl ReplicaAcks {
         }
     }
 
-    /// Sends `pipe` (in its ignore-errors mode) to `server` with a `WAIT`
-    /// behind it; returns each command's result.
-    pub(crate) async fn query_pipe(
-        &self,
-        server: &Server,
-        mut pipe: redis::Pipeline,
-    ) -> RedisResult<Vec<RedisResult<Value>>> {
+    /// `pipe` (in its ignore-errors mode) with a `WAIT` behind it.
+    pub(crate) fn with_wait(&self, mut pipe: redis::Pipeline) -> redis::Pipeline {
         pipe.add_command(self.wait_cmd());
-        let mut replies: Vec<RedisResult<Value>> =
-            server.check(pipe.query_async(&mut server.get()).await)?;
+        pipe
+    }
+
+    /// Each command's result from the answers to
+    /// [`with_wait`](Self::with_wait), if `WAIT` answered enough replicas.
+    pub(crate) fn answer_all(
+        &self,
+        mut replies: Vec<RedisResult<Value>>,
+    ) -> RedisResult<Vec<RedisResult<Value>>> {
         let wait = replies
             .pop()
             .ok_or_else(|| RedisError::from((ErrorKind::Parse, "a pipeline without its WAIT")))??;
         self.check(&wait)?;
         Ok(replies)
     }
-
-    /// Sends `cmd`, which touches `key` only, to the Cluster node that
-    /// owns `key`, following `MOVED` and `ASK` and waiting out a Cluster
-    /// that is failing over (`TRYAGAIN`, `CLUSTERDOWN`), with the `WAIT`
-    /// on whichever node runs it.
-    pub(crate) async fn query_cluster(
-        &self,
-        cluster: &Arc<ClusterConn>,
-        cmd: &Cmd,
-        key: &str,
-    ) -> RedisResult<Value> {
-        let slot = crate::slots::slot(key.as_bytes());
-        let mut next: Option<(Server, bool)> = None;
-        let mut pause = Duration::from_millis(10);
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let (node, asking) = match next.take() {
-                Some(node) => node,
-                None => match cluster.node_for(slot) {
-                    Some(node) => (node, false),
-                    None => {
-                        cluster.load_slots().await?;
-                        (cluster.node_for(slot).ok_or_else(no_owner)?, false)
-                    }
-                },
-            };
-            let error = match self.query(&node, cmd, asking).await {
-                Err(error) => error,
-                ok => return ok,
-            };
-            if attempt >= ATTEMPTS {
-                return Err(error);
-            }
-            match error.kind() {
-                ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask) => {
-                    let asking = error.kind() == ErrorKind::Server(ServerErrorKind::Ask);
-                    let Some((addr, _)) = error.redirect_node() else {
-                        return Err(error);
-                    };
-                    next = Some((cluster.node_at(addr).await?, asking));
-                    if !asking {
-                        cluster.refresh();
-                    }
-                }
-                ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown) => {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_millis(500));
-                    let _ = cluster.load_slots().await;
-                }
-                _ => {
-                    // The command may have run: the caller decides. The
-                    // next call goes by a fresh slot map (a master that
-                    // died is replaced by its replica).
-                    if error.is_io_error() || error.is_connection_dropped() || error.is_timeout() {
-                        cluster.refresh();
-                    }
-                    return Err(error);
-                }
-            }
-        }
-    }
-}
-
-fn no_owner() -> RedisError {
-    RedisError::from((
-        ErrorKind::Server(ServerErrorKind::ClusterDown),
-        "no master serves the key's slot",
-    ))
 }

@@ -15,15 +15,17 @@ use idem_testkit::redis::{ClusterSpec, RedisCluster, RedisServer};
 /// Lets the test make a replica stop answering (`DEBUG SLEEP`).
 const DEBUG: [&str; 2] = ["--enable-debug-command", "local"];
 
-/// Runs a key whose handler puts every replica to sleep for 3 s before
+/// Runs a key whose handler puts every replica to sleep for 5 s before
 /// it returns, so its completion reaches the master and no replica within
-/// the executor's retries (a 1 s lease): the run must not say done, the
-/// handler must not run again, and once the replicas wake the key
-/// replays the stored value.
+/// the executor's retries (a 1 s lease, then a read-back, each waiting up
+/// to 800 ms for the replica): the run must not say done, the handler
+/// must not run again, and once the replicas wake the key replays the
+/// stored value. (The waits are long because the Clusters of the other
+/// cases start and sync on the same two cores.)
 async fn unacknowledged_completion_is_not_reported(url: &str, replica_ports: Vec<u16>) {
     let store = RedisStore::builder(url)
         .expect("valid URL")
-        .replica_acks(1, Duration::from_millis(300))
+        .replica_acks(1, Duration::from_millis(800))
         .connect()
         .await
         .expect("connect");
@@ -40,7 +42,7 @@ async fn unacknowledged_completion_is_not_reported(url: &str, replica_ports: Vec
                 for port in sleep {
                     std::thread::spawn(move || {
                         let _ = std::process::Command::new("redis-cli")
-                            .args(["-p", &port.to_string(), "DEBUG", "SLEEP", "3"])
+                            .args(["-p", &port.to_string(), "DEBUG", "SLEEP", "5"])
                             .output();
                     });
                 }
@@ -65,7 +67,7 @@ async fn unacknowledged_completion_is_not_reported(url: &str, replica_ports: Vec
         other => panic!("a completion no replica has was reported as {other:?}"),
     }
     assert_eq!(ran.load(Ordering::SeqCst), 2);
-    tokio::time::sleep(Duration::from_millis(3500).saturating_sub(started.elapsed())).await;
+    tokio::time::sleep(Duration::from_millis(5500).saturating_sub(started.elapsed())).await;
     let outcome = run(id, Vec::new()).await.expect("replayed");
     assert!(matches!(&outcome, Outcome::Replayed { .. }), "{outcome:?}");
     assert_eq!(outcome.value(), "shipped");
@@ -130,11 +132,14 @@ async fn completions_survive_a_failover_and_the_dead_masters_replacement() {
     let mut cluster = cluster_with_replicas();
     let store = RedisStore::builder(&cluster.url())
         .expect("valid URL")
-        .replica_acks(1, Duration::from_millis(500))
+        .replica_acks(1, Duration::from_secs(1))
         .connect()
         .await
         .expect("connect");
-    let idem = Idempotency::builder(store).build().expect("executor");
+    let idem = Idempotency::builder(store)
+        .lease(Duration::from_secs(2))
+        .build()
+        .expect("executor");
     let ran = Arc::new(AtomicUsize::new(0));
     let run_all = |expect_executed: bool| {
         let (idem, ran) = (idem.clone(), Arc::clone(&ran));
@@ -142,7 +147,9 @@ async fn completions_survive_a_failover_and_the_dead_masters_replacement() {
             for k in 0..200 {
                 let id = RecordId::parse("orders", &format!("o{k}")).expect("valid");
                 // The first call on a dead master's connection fails (as
-                // unavailable) and sends the next by the new slot map.
+                // unavailable) and sends the next by the new slot map; a
+                // claim whose replica was slow to answer is retried after
+                // its lease, as a caller would.
                 let mut tries = 0;
                 let outcome = loop {
                     let ran = Arc::clone(&ran);
@@ -153,9 +160,13 @@ async fn completions_survive_a_failover_and_the_dead_masters_replacement() {
                         })
                         .await;
                     match result {
-                        Err(RunError::Store(StoreError::Unavailable(_))) if tries < 3 => {
+                        Err(RunError::Store(StoreError::Unavailable(_))) if tries < 10 => {
                             tries += 1;
                             tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                        Err(RunError::InProgress { retry_after }) if tries < 10 => {
+                            tries += 1;
+                            tokio::time::sleep(retry_after).await;
                         }
                         other => break other.unwrap_or_else(|e| panic!("key {k}: {e:?}")),
                     }

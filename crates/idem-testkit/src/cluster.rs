@@ -378,43 +378,25 @@ impl RedisCluster {
         let mut moved = 0;
         for slot in slots.into_iter().take(count) {
             let slot = slot.to_string();
-            run_cli(
-                self.nodes[to].port(),
-                &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id],
-            )?;
-            run_cli(
-                self.nodes[from].port(),
-                &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id],
-            )?;
+            self.on(to, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id])?;
+            self.on(from, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id])?;
             loop {
-                let keys = run_cli(
-                    self.nodes[from].port(),
-                    &["CLUSTER", "GETKEYSINSLOT", &slot, "100"],
-                )?;
+                let keys = self.on(from, &["CLUSTER", "GETKEYSINSLOT", &slot, "100"])?;
                 let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
                 if keys.is_empty() {
                     break;
                 }
                 let mut migrate = vec!["MIGRATE", "127.0.0.1", &to_port, "", "0", "5000", "KEYS"];
                 migrate.extend(&keys);
-                run_cli(self.nodes[from].port(), &migrate)?;
+                self.on(from, &migrate)?;
                 moved += keys.len();
             }
             self.wait_replicated(to)?;
-            run_cli(
-                self.nodes[to].port(),
-                &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id],
-            )?;
-            run_cli(
-                self.nodes[from].port(),
-                &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id],
-            )?;
+            self.on(to, &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id])?;
+            self.on(from, &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id])?;
             for node in self.masters()? {
                 if node != from && node != to {
-                    run_cli(
-                        self.nodes[node].port(),
-                        &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id],
-                    )?;
+                    self.on(node, &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id])?;
                 }
             }
         }
@@ -456,6 +438,11 @@ impl RedisCluster {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// Runs `args` on node `node` with `redis-cli`, word for word.
+    fn on(&self, node: usize, args: &[&str]) -> Result<String, ServerError> {
+        run_cli(self.nodes[node].port(), args)
     }
 
     /// Sends one command to node `node` with `redis-cli`.
