@@ -46,6 +46,37 @@ async fn bad_urls_and_namespaces_are_refused_before_connecting() {
     }
 }
 
+/// A replica timeout the response timeout would cut short (every write
+/// would time out before its replicas answer) is refused when the store
+/// is built, as a zero one is; `replicas=0` turns acknowledgements off.
+#[tokio::test]
+async fn replica_timeouts_the_response_timeout_would_cut_short_are_refused() {
+    let url = server().url();
+    for (acks, why) in [
+        (
+            "replicas=1&replica_timeout=2s",
+            "2s, the default response timeout",
+        ),
+        ("replicas=1&replica_timeout=3s&response_timeout=1s", "above"),
+        ("replicas=1&replica_timeout=0ms", "zero"),
+    ] {
+        let err = RedisStore::connect(&format!("{url}?{acks}"))
+            .await
+            .expect_err(why);
+        assert!(
+            matches!(&err, ConnectError::InvalidSetting(m) if m.contains("replica timeout")),
+            "{acks}: {err:?}"
+        );
+    }
+    let err = RedisStore::connect(&format!("{url}?replicas=many"))
+        .await
+        .expect_err("not a number");
+    assert!(matches!(err, ConnectError::InvalidUrl { .. }), "{err:?}");
+    RedisStore::connect(&format!("{url}?replicas=0&replica_timeout=5s"))
+        .await
+        .expect("replicas=0 is off, whatever the timeout");
+}
+
 #[tokio::test]
 async fn a_key_of_another_type_is_a_backend_error_and_is_left_alone() {
     let store = store().await;
