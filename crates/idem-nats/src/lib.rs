@@ -18,7 +18,7 @@
 //! A dead-letter copy that JetStream does not store (no stream captures
 //! the subject, or the server is away) is not a dead-letter: the message
 //! is NAK'd with the longest retry delay instead, so it is never lost.
-//! [`NatsConsumer::connect`] creates a stream `<stream>_DEAD` for the
+//! [`NatsConsumerBuilder::connect`] creates a stream `<stream>_DEAD` for the
 //! dead-letter subject unless one already captures it.
 //!
 //! ## Start-up checks

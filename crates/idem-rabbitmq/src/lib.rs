@@ -25,7 +25,7 @@
 //!
 //! ## Topology
 //!
-//! [`RabbitConsumer::connect`] declares, all durable: `<queue>` (with
+//! [`RabbitConsumerBuilder::connect`] declares, all durable: `<queue>` (with
 //! `x-dead-letter-routing-key = <queue>.dead`, so messages that expire in
 //! it are dead-lettered rather than dropped, and `x-message-ttl` when
 //! [`message_ttl`](RabbitConsumerBuilder::message_ttl) is set), one
