@@ -9,6 +9,8 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Child;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
@@ -336,6 +338,88 @@ async fn a_fifo_queue_runs_each_order_once_past_its_own_deduplication() {
     assert_eq!(setup.remaining().await, 0, "every message was deleted");
     let dead_url = setup.queue_url.replace(".fifo", "-dead.fifo");
     assert_bad_ones_dead(dead_letters(&setup.client(), &dead_url).await);
+}
+
+/// A handler three and a half times longer than the queue's two-second
+/// visibility timeout: the heartbeat's visibility extensions keep the
+/// message from every other receiver until it is done. A second receiver
+/// polls the queue the whole time and must get nothing, and the consumer
+/// itself must not meet its own message in progress.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_longer_than_the_visibility_timeout_keeps_its_message_hidden() {
+    let setup = Setup::new("long", false).await;
+    setup.send(Some("long-1"), r#"{"id":"long-1"}"#, None).await;
+    let consumer = Consumer::builder(setup.idem(), Scope::new("orders").expect("scope"))
+        .keys(KeyExtractor::header("Idempotency-Key"))
+        .build();
+    let sqs = SqsConsumer::builder(setup.client(), &setup.queue_url, consumer)
+        .concurrency(1)
+        .wait_time(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect("connect to SQS");
+    let ran = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = {
+        let (ran, done) = (Arc::clone(&ran), Arc::clone(&done));
+        tokio::spawn(async move {
+            sqs.run(
+                move |job| {
+                    let (ran, done) = (Arc::clone(&ran), Arc::clone(&done));
+                    async move {
+                        ran.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_secs(7)).await;
+                        job.ctx().ensure_lease().map_err(std::io::Error::other)?;
+                        done.store(true, Ordering::SeqCst);
+                        Ok::<_, std::io::Error>(())
+                    }
+                },
+                async {
+                    stopped.await.ok();
+                },
+            )
+            .await
+            .map(|()| sqs.consumer().stats())
+        })
+    };
+    let spy = setup.client();
+    let mut seen_by_spy = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !done.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+        seen_by_spy += spy
+            .receive_message()
+            .queue_url(&setup.queue_url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .visibility_timeout(1)
+            .send()
+            .await
+            .expect("receive")
+            .messages
+            .unwrap_or_default()
+            .len();
+    }
+    for _ in 0..50 {
+        if setup.remaining().await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.send(()).expect("stop");
+    let stats = running.await.expect("task").expect("run");
+    assert!(done.load(Ordering::SeqCst), "the handler finished");
+    assert_eq!(
+        seen_by_spy, 0,
+        "the message was received again while its handler ran"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        (stats.executed, stats.in_flight_conflicts),
+        (1, 0),
+        "{stats:?}"
+    );
+    assert_eq!(setup.remaining().await, 0, "the message was deleted");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
