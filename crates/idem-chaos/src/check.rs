@@ -61,6 +61,9 @@ pub struct Report {
     pub elapsed: Duration,
     /// What must never happen, and did.
     pub violations: Vec<Violation>,
+    /// Where the run's ledgers and logs were kept for a look, when it
+    /// found violations (otherwise they are removed).
+    pub kept: Option<std::path::PathBuf>,
 }
 
 impl Report {

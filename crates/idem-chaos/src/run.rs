@@ -76,6 +76,7 @@ pub async fn run(plan: &Plan, progress: impl Fn(Progress)) -> Result<Report, Cha
             key: None,
             what: format!("ledgers and worker logs kept in {}", dir.display()),
         });
+        report.kept = Some(dir);
     }
     Ok(report)
 }
@@ -253,6 +254,7 @@ impl Broker {
                 retry_reasons: BTreeMap::new(),
                 elapsed: Duration::ZERO,
                 violations: Vec::new(),
+                kept: None,
             },
             visibility: plan.lease.mul_f64(1.5),
             crashes: Vec::new(),

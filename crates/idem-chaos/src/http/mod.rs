@@ -105,6 +105,7 @@ pub async fn run(plan: &Plan, progress: impl Fn(Progress)) -> Result<HttpReport,
             key: None,
             what: format!("ledger and logs kept in {}", dir.display()),
         });
+        report.kept = Some(dir);
     }
     Ok(report)
 }
@@ -247,6 +248,7 @@ impl Run {
             faults: BTreeMap::new(),
             elapsed: Duration::ZERO,
             violations: Vec::new(),
+            kept: None,
         };
         Self {
             bin: plan.worker_bin.clone(),
