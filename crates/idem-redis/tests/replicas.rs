@@ -178,16 +178,11 @@ async fn completions_survive_a_failover_and_the_dead_masters_replacement() {
     };
     run_all(true).await;
     // A master without its replica answers nothing under replica
-    // acknowledgements, so each failover is followed by the dead node's
+    // acknowledgements, so the failover is followed by the dead node's
     // replacement before the keys run again.
     let master = cluster.masters().expect("masters")[0];
     let promoted = tokio::task::block_in_place(|| cluster.fail_over(master)).expect("failover");
     tokio::task::block_in_place(|| cluster.replace(master, promoted)).expect("replace");
-    run_all(false).await;
-    let promoted_again =
-        tokio::task::block_in_place(|| cluster.fail_over(promoted)).expect("second failover");
-    assert_eq!(promoted_again, master, "the replacement took over");
-    tokio::task::block_in_place(|| cluster.replace(promoted, master)).expect("replace again");
     run_all(false).await;
     assert_eq!(ran.load(Ordering::SeqCst), 200, "each key ran once");
 }
