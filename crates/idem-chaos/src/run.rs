@@ -692,6 +692,10 @@ struct Injector {
     schedule: Schedule,
     proxy_faults: ProxyFaults,
     lease: Duration,
+    /// A store fault (restart, failover, slot move) that came due while
+    /// another was still under way: injected as soon as that one ends,
+    /// so a slow failover does not crowd the slot moves out of a run.
+    deferred: Option<FaultKind>,
 }
 
 impl Injector {
@@ -705,6 +709,7 @@ impl Injector {
             ),
             proxy_faults: ProxyFaults::new(1..64),
             lease: plan.lease,
+            deferred: None,
         }
     }
 
@@ -716,8 +721,15 @@ impl Injector {
         restart: &mut Option<tokio::task::JoinHandle<Result<(), ServerError>>>,
     ) -> Result<(), ChaosError> {
         self.proxy_faults.lift_due(now, &servers.proxies);
-        let Some(kind) = self.schedule.due(now) else {
-            return Ok(());
+        let kind = match self.schedule.due(now) {
+            Some(kind) => kind,
+            None => match self.deferred.take() {
+                Some(kind) if restart.is_none() => kind,
+                other => {
+                    self.deferred = other;
+                    return Ok(());
+                }
+            },
         };
         // Drawn whether or not the fault can be injected, so the stream of
         // random numbers does not depend on timing.
@@ -769,6 +781,7 @@ impl Injector {
                     *restart = Some(servers.restart_store(down));
                     true
                 } else {
+                    self.deferred.get_or_insert(kind);
                     false
                 }
             }
@@ -781,6 +794,8 @@ impl Injector {
                 let applied = handle.is_some();
                 if applied {
                     *restart = handle;
+                } else if restart.is_some() {
+                    self.deferred.get_or_insert(kind);
                 }
                 applied
             }
