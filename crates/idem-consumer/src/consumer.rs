@@ -8,14 +8,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::{FutureExt, Stream, StreamExt};
+use futures_util::FutureExt;
 use idem::{
     ClaimMany, ClaimedAhead, Codec, Context, FailureClass, Fingerprint, Idempotency, Json, Key,
     Outcome, RecordId, RunError, Scope, Store, Terminal,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::task::JoinSet;
 
 use crate::key::{KeyExtractor, KeyProblem};
 use crate::metrics as m;
@@ -108,7 +107,7 @@ impl fmt::Display for RetryCause {
     }
 }
 
-/// Why [`Consumer::drive`] returned.
+/// Why [`Consumer::run`] returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stopped {
     /// The shutdown future resolved.
@@ -556,59 +555,6 @@ impl<S: Store, C: Codec> Consumer<S, C> {
             }
         };
         self.decide(Some(key), disposition)
-    }
-
-    /// The consume loop every broker adapter runs: takes messages from
-    /// `messages` while fewer than `concurrency` are in flight, runs each
-    /// through [`process`](Self::process) in its own task and hands the
-    /// decision to `settle`. When `shutdown` resolves it takes no more,
-    /// lets those in flight finish and settle, and says why it stopped.
-    /// Messages the adapter fetched but the loop never took stay with the
-    /// broker, which delivers them again.
-    pub async fn drive<M, T, E, H, Fut, D, DFut>(
-        &self,
-        messages: impl Stream<Item = M>,
-        concurrency: usize,
-        handler: H,
-        settle: D,
-        shutdown: impl Future<Output = ()>,
-    ) -> Stopped
-    where
-        S: Send + Sync + 'static,
-        C: Send + Sync + 'static,
-        M: Message,
-        T: Serialize + DeserializeOwned + Send + 'static,
-        E: StdError + Send + Sync + 'static,
-        H: Fn(Job<M>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<T, E>> + Send + 'static,
-        D: Fn(Arc<M>, Decision) -> DFut + Send + Sync + 'static,
-        DFut: Future<Output = ()> + Send + 'static,
-    {
-        let handler = Arc::new(handler);
-        let settle = Arc::new(settle);
-        let mut in_flight = JoinSet::new();
-        tokio::pin!(messages, shutdown);
-        let stopped = loop {
-            tokio::select! {
-                () = &mut shutdown => break Stopped::Shutdown,
-                Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
-                next = messages.next(), if in_flight.len() < concurrency => match next {
-                    Some(message) => {
-                        let (consumer, handler, settle) =
-                            (self.clone(), Arc::clone(&handler), Arc::clone(&settle));
-                        in_flight.spawn(async move {
-                            let message = Arc::new(message);
-                            let decision =
-                                consumer.process(Arc::clone(&message), |job| handler(job)).await;
-                            settle(message, decision).await;
-                        });
-                    }
-                    None => break Stopped::Ended,
-                },
-            }
-        };
-        while in_flight.join_next().await.is_some() {}
-        stopped
     }
 
     /// The disposition for a run that ended in `error`; `ran` says whether

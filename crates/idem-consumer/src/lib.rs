@@ -12,9 +12,14 @@
 //! 3. **a disposition** ([`Disposition`]): ack, retry after a delay, or
 //!    dead-letter with a reason.
 //!
-//! Broker adapters (`idem-rabbitmq`, `idem-nats`, `idem-sqs`,
-//! `idem-kafka`) wrap their messages in [`Message`] and carry out the
-//! disposition. [`Consumer::check_windows`]
+//! A broker plugs in by implementing [`Broker`] (deliveries, ack, retry,
+//! dead-letter copy); [`Consumer::run`] is the one consume loop and holds
+//! the policy from disposition to broker calls, with one dead-letter
+//! vocabulary ([`DeadLetter`]). The adapters (`idem-rabbitmq`,
+//! `idem-nats`, `idem-sqs`) are such implementations; `idem-kafka` keeps
+//! its per-partition lanes and shares the vocabulary. [`MemoryBroker`] is
+//! an in-process at-least-once broker for examples and tests.
+//! [`Consumer::check_windows`]
 //! refuses, at start-up, a record retention shorter than the broker's
 //! redelivery window.
 //!
@@ -27,16 +32,24 @@
 //!   or crashed handler leaves the message with the broker;
 //! - a handler is never run while another holds the claim.
 
+mod broker;
 mod consumer;
 mod key;
+mod memory;
 mod message;
 pub mod metrics;
+mod run;
 mod window;
+
+pub use broker::{
+    Broker, DeadLetter, Deliveries, SettleError, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER,
+};
 
 pub use consumer::{
     Acked, Consumer, ConsumerBuilder, ConsumerStats, Decision, Disposition, Job, RetryCause,
     Stopped,
 };
 pub use key::{KeyExtractor, KeyProblem, KeySource, MissingKey};
+pub use memory::{MemoryBroker, MemoryMessage, DEFAULT_VISIBILITY};
 pub use message::{Message, OwnedMessage};
 pub use window::{check_keep_alive, RedeliveryWindow, WindowError};

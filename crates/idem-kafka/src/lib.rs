@@ -118,7 +118,8 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use futures_util::StreamExt;
 use idem::{ClaimMany, ClaimedAhead, Codec, Key, Store};
-use idem_consumer::{Consumer, Disposition, Job, RedeliveryWindow, Stopped};
+use idem_consumer::{Consumer, DeadLetter, Disposition, Job, RedeliveryWindow, Stopped};
+pub use idem_consumer::{CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::config::{ClientConfig, FromClientConfigAndContext};
 use rdkafka::consumer::{CommitMode, Consumer as _};
@@ -138,12 +139,6 @@ mod message;
 use lane::{GroupContext, Kafka, LaneState, LogContext, Partition};
 pub use message::KafkaMessage;
 
-/// Header naming why a record was dead-lettered.
-pub const REASON_HEADER: &str = "Idem-Reason";
-/// Header carrying the idempotency key of a dead-lettered record.
-pub const KEY_HEADER: &str = "Idem-Key";
-/// Header naming the consumer that dead-lettered a record.
-pub const CONSUMER_HEADER: &str = "Idem-Consumer";
 /// Header with the topic a dead-lettered record was read from.
 pub const SOURCE_TOPIC_HEADER: &str = "Idem-Source-Topic";
 /// Header with the partition a dead-lettered record was read from.
@@ -988,17 +983,19 @@ impl<S: Store, C: Codec> Shared<S, C> {
             for (name, value) in record.headers() {
                 headers = headers.insert(Header { key: name, value });
             }
-            let mut added = vec![
-                (REASON_HEADER, reason),
-                (CONSUMER_HEADER, self.consumer.name()),
+            let letter = DeadLetter {
+                reason,
+                key,
+                consumer: self.consumer.name(),
+            }
+            .headers();
+            let source = [
                 (SOURCE_TOPIC_HEADER, record.topic()),
                 (SOURCE_PARTITION_HEADER, partition.as_str()),
                 (SOURCE_OFFSET_HEADER, offset.as_str()),
             ];
-            if let Some(key) = key {
-                added.push((KEY_HEADER, key.as_str()));
-            }
-            for (name, value) in added {
+            let added = letter.iter().map(|(name, value)| (*name, value.as_str()));
+            for (name, value) in added.chain(source) {
                 headers = headers.insert(Header {
                     key: name,
                     value: Some(value),

@@ -72,7 +72,10 @@ use async_nats::HeaderMap;
 use futures_util::future::ready;
 use futures_util::StreamExt;
 use idem::{Codec, Store};
-use idem_consumer::{Consumer, Decision, Disposition, Job, Message, RedeliveryWindow, Stopped};
+use idem_consumer::{
+    Broker, Consumer, DeadLetter, Deliveries, Job, Message, RedeliveryWindow, SettleError, Stopped,
+};
+pub use idem_consumer::{CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -81,12 +84,6 @@ pub const DEFAULT_CONCURRENCY: usize = 16;
 /// The consumer's `ack_wait` when idem creates it, unless configured.
 pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
 
-/// Header naming why a message was dead-lettered.
-pub const REASON_HEADER: &str = "Idem-Reason";
-/// Header carrying the idempotency key of a dead-lettered message.
-pub const KEY_HEADER: &str = "Idem-Key";
-/// Header naming the consumer that dead-lettered a message.
-pub const CONSUMER_HEADER: &str = "Idem-Consumer";
 /// Header with the subject a dead-lettered message was published to.
 pub const SUBJECT_HEADER: &str = "Idem-Subject";
 /// Header with the stream sequence of a dead-lettered message.
@@ -354,12 +351,14 @@ impl<S: Store, C: Codec> NatsConsumerBuilder<S, C> {
             .unwrap_or_else(|| format!("idem.dead.{}", self.stream));
         ensure_dead_stream(&js, &self.stream, &dead_subject).await?;
         Ok(NatsConsumer {
-            js,
-            pull,
-            durable: self.durable,
-            dead_subject: Arc::from(dead_subject),
+            broker: Arc::new(JetStream {
+                js,
+                pull,
+                durable: self.durable,
+                dead_subject,
+                concurrency: self.concurrency,
+            }),
             consumer: self.consumer,
-            concurrency: self.concurrency,
         })
     }
 }
@@ -385,12 +384,8 @@ async fn ensure_dead_stream(js: &Context, stream: &str, subject: &str) -> Result
 
 /// A JetStream pull consumer that runs every message through idem.
 pub struct NatsConsumer<S, C> {
-    js: Context,
-    pull: PullConsumer,
-    durable: String,
-    dead_subject: Arc<str>,
+    broker: Arc<JetStream>,
     consumer: Consumer<S, C>,
-    concurrency: usize,
 }
 
 impl<S: Store> NatsConsumer<S, idem::Json> {
@@ -427,7 +422,7 @@ where
 
     /// The subject dead-letter copies are published to.
     pub fn dead_letter_subject(&self) -> &str {
-        &self.dead_subject
+        &self.broker.dead_subject
     }
 
     /// Consumes until `shutdown` resolves, then takes no more messages,
@@ -445,53 +440,99 @@ where
         T: Serialize + DeserializeOwned + Send + 'static,
         E: StdError + Send + Sync + 'static,
     {
-        let consume_error = |reason: String| NatsError::Consume {
+        match self.consumer.run(&self.broker, handler, shutdown).await? {
+            Stopped::Shutdown => Ok(()),
+            Stopped::Ended => Err(self.broker.consume_error("the message stream ended")),
+        }
+    }
+}
+
+/// The JetStream side of the consume loop.
+struct JetStream {
+    js: Context,
+    pull: PullConsumer,
+    durable: String,
+    dead_subject: String,
+    concurrency: usize,
+}
+
+impl JetStream {
+    fn consume_error(&self, reason: impl Into<String>) -> NatsError {
+        NatsError::Consume {
             consumer: self.durable.clone(),
-            reason,
-        };
+            reason: reason.into(),
+        }
+    }
+}
+
+impl Broker for JetStream {
+    type Message = NatsMessage;
+    type Error = NatsError;
+
+    fn concurrency(&self) -> usize {
+        self.concurrency
+    }
+
+    async fn deliveries(&self) -> Result<Deliveries<NatsMessage, NatsError>, NatsError> {
         let messages = self
             .pull
             .stream()
             .max_messages_per_batch(self.concurrency)
             .messages()
             .await
-            .map_err(|e| consume_error(e.to_string()))?;
+            .map_err(|e| self.consume_error(e.to_string()))?;
         // Pull errors (missed heartbeats and the like) are recovered by
         // the client itself, and a message that is not a JetStream one
         // cannot be acked: both are logged and skipped.
-        let messages = messages.filter_map(|next| {
+        Ok(Box::pin(messages.filter_map(|next| {
             ready(
                 match next.map_err(async_nats::Error::from).and_then(split) {
-                    Ok(message) => Some(message),
+                    Ok(message) => Some(Ok(message)),
                     Err(error) => {
                         tracing::warn!(%error, "JetStream pull error; skipped");
                         None
                     }
                 },
             )
-        });
-        let settle = Arc::new(Settle {
-            consumer: self.consumer.clone(),
-            js: self.js.clone(),
-            dead_subject: Arc::clone(&self.dead_subject),
-        });
-        let stopped = self
-            .consumer
-            .drive(
-                messages,
-                self.concurrency,
-                handler,
-                move |message, decision| {
-                    let settle = Arc::clone(&settle);
-                    async move { settle.settle(&message, decision).await }
-                },
-                shutdown,
-            )
-            .await;
-        match stopped {
-            Stopped::Shutdown => Ok(()),
-            _ => Err(consume_error("the message stream ended".to_owned())),
+        })))
+    }
+
+    async fn ack(&self, message: &NatsMessage) -> Result<(), SettleError> {
+        message.acker.ack_with(AckKind::Ack).await
+    }
+
+    async fn retry(&self, message: &NatsMessage, after: Duration) -> Result<(), SettleError> {
+        message.acker.ack_with(AckKind::Nak(Some(after))).await
+    }
+
+    async fn dead_letter(
+        &self,
+        message: &NatsMessage,
+        letter: &DeadLetter<'_>,
+    ) -> Result<(), SettleError> {
+        let mut headers = message.message.headers.clone().unwrap_or_default();
+        for (name, value) in letter.headers() {
+            headers.insert(name, value.as_str());
         }
+        headers.insert(SUBJECT_HEADER, message.subject());
+        headers.insert(
+            SEQUENCE_HEADER,
+            message.stream_sequence.to_string().as_str(),
+        );
+        self.js
+            .publish_with_headers(
+                self.dead_subject.clone(),
+                headers,
+                message.message.payload.clone(),
+            )
+            .await?
+            .await?;
+        Ok(())
+    }
+
+    /// `+TERM`: JetStream stops redelivering the original.
+    async fn end_dead_lettered(&self, message: &NatsMessage) -> Result<(), SettleError> {
+        message.acker.ack_with(AckKind::Term).await
     }
 }
 
@@ -510,72 +551,4 @@ fn split(message: jetstream::Message) -> Result<NatsMessage, async_nats::Error> 
         delivered,
         stream_sequence,
     })
-}
-
-struct Settle<S, C> {
-    consumer: Consumer<S, C>,
-    js: Context,
-    dead_subject: Arc<str>,
-}
-
-impl<S: Store, C: Codec> Settle<S, C> {
-    async fn settle(&self, message: &NatsMessage, decision: Decision) {
-        let kind = match decision.disposition {
-            Disposition::Ack(_) => AckKind::Ack,
-            Disposition::Retry { after, .. } => AckKind::Nak(Some(after)),
-            Disposition::DeadLetter { reason } => {
-                match self
-                    .dead_letter(message, decision.key.as_ref(), &reason)
-                    .await
-                {
-                    Ok(()) => AckKind::Term,
-                    Err(error) => {
-                        tracing::warn!(
-                            %error,
-                            subject = %self.dead_subject,
-                            "dead-letter copy not stored; the message stays and is retried"
-                        );
-                        AckKind::Nak(Some(self.consumer.max_retry_delay()))
-                    }
-                }
-            }
-            _ => AckKind::Nak(Some(self.consumer.max_retry_delay())),
-        };
-        if let Err(error) = message.acker.ack_with(kind).await {
-            tracing::warn!(%error, "could not settle a message; JetStream redelivers it after ack_wait");
-        }
-    }
-
-    async fn dead_letter(
-        &self,
-        message: &NatsMessage,
-        key: Option<&idem::Key>,
-        reason: &str,
-    ) -> Result<(), async_nats::Error> {
-        let mut headers = message.message.headers.clone().unwrap_or_default();
-        headers.insert(REASON_HEADER, header_text(reason).as_str());
-        headers.insert(CONSUMER_HEADER, self.consumer.name());
-        headers.insert(SUBJECT_HEADER, message.subject());
-        headers.insert(
-            SEQUENCE_HEADER,
-            message.stream_sequence.to_string().as_str(),
-        );
-        if let Some(key) = key {
-            headers.insert(KEY_HEADER, key.as_str());
-        }
-        self.js
-            .publish_with_headers(
-                self.dead_subject.to_string(),
-                headers,
-                message.message.payload.clone(),
-            )
-            .await?
-            .await?;
-        Ok(())
-    }
-}
-
-/// NATS header values are one line: line breaks in a reason become spaces.
-fn header_text(text: &str) -> String {
-    text.replace(['\r', '\n'], " ")
 }

@@ -7,7 +7,7 @@
 //! |---|---|
 //! | ack | `basic.ack` |
 //! | retry after *d* | a copy goes to the retry queue `<queue>.retry.<ms>ms` whose TTL is the smallest bucket ≥ *d*; when it expires RabbitMQ dead-letters it back to `<queue>`. The original is acked once the copy is confirmed |
-//! | dead-letter | a copy goes to `<queue>.dead` with headers `x-idem-reason`, `x-idem-key` and `x-idem-consumer`; the original is acked once the copy is confirmed |
+//! | dead-letter | a copy goes to `<queue>.dead` with headers `Idem-Reason`, `Idem-Key` and `Idem-Consumer` (idem's one dead-letter vocabulary); the original is acked once the copy is confirmed |
 //!
 //! Copies keep the original's properties and headers, so the key is read
 //! the same way on every delivery. Every copy is published with publisher
@@ -72,13 +72,15 @@
 
 use std::error::Error as StdError;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use futures_util::future::ready;
 use futures_util::StreamExt;
 use idem::{Codec, Store};
-use idem_consumer::{Consumer, Decision, Disposition, Job, Message, RedeliveryWindow, Stopped};
+use idem_consumer::{
+    Broker, Consumer, DeadLetter, Deliveries, Job, Message, RedeliveryWindow, SettleError, Stopped,
+};
+pub use idem_consumer::{CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
@@ -101,13 +103,6 @@ pub const DEFAULT_RETRY_DELAYS: [Duration; 5] = [
 /// The prefetch (unacknowledged deliveries in flight) unless configured.
 pub const DEFAULT_PREFETCH: u16 = 16;
 
-/// Header naming why a message was dead-lettered.
-pub const REASON_HEADER: &str = "x-idem-reason";
-/// Header carrying the idempotency key of a dead-lettered message, when
-/// it had one.
-pub const KEY_HEADER: &str = "x-idem-key";
-/// Header naming the consumer that dead-lettered a message.
-pub const CONSUMER_HEADER: &str = "x-idem-consumer";
 /// Header counting how many times a message went through a retry queue.
 pub const RETRIES_HEADER: &str = "x-idem-retries";
 
@@ -329,11 +324,14 @@ impl<S: Store, C: Codec> RabbitConsumerBuilder<S, C> {
         };
         topology.declare(&publish, self.message_ttl).await?;
         Ok(RabbitConsumer {
-            connection,
-            publish,
-            topology: Arc::new(topology),
+            broker: Arc::new(Rabbit {
+                connection,
+                publish,
+                topology,
+                prefetch: self.prefetch,
+                consuming: Mutex::new(None),
+            }),
             consumer: self.consumer,
-            prefetch: self.prefetch,
         })
     }
 }
@@ -441,11 +439,8 @@ fn long_string(s: &str) -> AMQPValue {
 
 /// A RabbitMQ queue consumer that runs every delivery through idem.
 pub struct RabbitConsumer<S, C> {
-    connection: Connection,
-    publish: Channel,
-    topology: Arc<Topology>,
+    broker: Arc<Rabbit>,
     consumer: Consumer<S, C>,
-    prefetch: u16,
 }
 
 impl<S: Store> RabbitConsumer<S, idem::Json> {
@@ -479,18 +474,18 @@ where
 
     /// The queue consumed.
     pub fn queue(&self) -> &str {
-        &self.topology.queue
+        &self.broker.topology.queue
     }
 
     /// The dead-letter queue, `<queue>.dead`.
     pub fn dead_letter_queue(&self) -> String {
-        self.topology.dead()
+        self.broker.topology.dead()
     }
 
     /// Every queue of the topology: the queue, its retry queues and its
     /// dead-letter queue.
     pub fn queues(&self) -> Vec<String> {
-        let t = &self.topology;
+        let t = &self.broker.topology;
         std::iter::once(t.queue.clone())
             .chain(t.retries.iter().map(|d| t.retry_queue(*d)))
             .chain(std::iter::once(t.dead()))
@@ -517,6 +512,35 @@ where
         T: Serialize + DeserializeOwned + Send + 'static,
         E: StdError + Send + Sync + 'static,
     {
+        match self.consumer.run(&self.broker, handler, shutdown).await? {
+            Stopped::Shutdown => Ok(()),
+            Stopped::Ended => Err(RabbitError::Ended {
+                queue: self.broker.topology.queue.clone(),
+            }),
+        }
+    }
+}
+
+/// The RabbitMQ side of the consume loop.
+struct Rabbit {
+    connection: Connection,
+    /// The channel copies are published on, with publisher confirms.
+    publish: Channel,
+    topology: Topology,
+    prefetch: u16,
+    /// The channel consuming and its consumer tag, while consuming.
+    consuming: Mutex<Option<(Channel, ShortString)>>,
+}
+
+impl Broker for Rabbit {
+    type Message = AmqpMessage;
+    type Error = RabbitError;
+
+    fn concurrency(&self) -> usize {
+        usize::from(self.prefetch)
+    }
+
+    async fn deliveries(&self) -> Result<Deliveries<AmqpMessage, RabbitError>, RabbitError> {
         let queue = self.topology.queue.clone();
         let consume_error = |source| RabbitError::Consume {
             queue: queue.clone(),
@@ -540,114 +564,89 @@ where
             )
             .await
             .map_err(consume_error)?;
-        let tag = deliveries.tag();
-        let mut failure = None;
-        // Ends the stream at the first channel error, kept for the caller.
-        let messages = deliveries.scan((), |(), next| {
-            ready(match next {
-                Ok(delivery) => Some(AmqpMessage::new(delivery)),
-                Err(source) => {
-                    failure = Some(source);
-                    None
-                }
-            })
-        });
-        let settle = Arc::new(Settle {
-            consumer: self.consumer.clone(),
-            publish: self.publish.clone(),
-            topology: Arc::clone(&self.topology),
-        });
-        let stopped = self
-            .consumer
-            .drive(
-                messages,
-                usize::from(self.prefetch),
-                handler,
-                move |message, decision| {
-                    let settle = Arc::clone(&settle);
-                    async move { settle.settle(&message, decision).await }
-                },
-                shutdown,
-            )
-            .await;
-        if stopped == Stopped::Shutdown {
-            // Stop new deliveries; those already buffered are requeued by
-            // the broker when the channel closes.
+        *self
+            .consuming
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some((channel, deliveries.tag()));
+        Ok(Box::pin(deliveries.map(move |next| {
+            next.map(AmqpMessage::new)
+                .map_err(|source| RabbitError::Consume {
+                    queue: queue.clone(),
+                    source,
+                })
+        })))
+    }
+
+    async fn ack(&self, message: &AmqpMessage) -> Result<(), SettleError> {
+        message.acker.ack(BasicAckOptions::default()).await?;
+        Ok(())
+    }
+
+    /// A copy to the retry queue whose TTL is the smallest at least
+    /// `after`, then the ack.
+    async fn retry(&self, message: &AmqpMessage, after: Duration) -> Result<(), SettleError> {
+        let retries = match message.header_value(RETRIES_HEADER) {
+            Some(AMQPValue::LongLongInt(n)) => n.saturating_add(1),
+            _ => 1,
+        };
+        self.copy(
+            message,
+            &self.topology.retry_for(after),
+            &[(RETRIES_HEADER, AMQPValue::LongLongInt(retries))],
+        )
+        .await?;
+        self.ack(message).await
+    }
+
+    /// `basic.nack` with requeue: the broker delivers it again at once.
+    async fn give_back(&self, message: &AmqpMessage) {
+        let requeue = BasicNackOptions {
+            requeue: true,
+            ..BasicNackOptions::default()
+        };
+        if let Err(error) = message.acker.nack(requeue).await {
+            tracing::warn!(%error, "could not requeue a delivery; the broker redelivers it when the channel closes");
+        }
+    }
+
+    async fn dead_letter(
+        &self,
+        message: &AmqpMessage,
+        letter: &DeadLetter<'_>,
+    ) -> Result<(), SettleError> {
+        let headers: Vec<_> = letter
+            .headers()
+            .into_iter()
+            .map(|(name, value)| (name, long_string(&value)))
+            .collect();
+        self.copy(message, &self.topology.dead(), &headers).await
+    }
+
+    /// Cancels the consumer, so no more deliveries come, and closes its
+    /// channel: deliveries the broker had sent but the loop never took are
+    /// requeued.
+    async fn stop(&self) {
+        let consuming = self
+            .consuming
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Some((channel, tag)) = consuming else {
+            return;
+        };
+        if channel.status().connected() {
             if let Err(error) = channel
                 .basic_cancel(tag, BasicCancelOptions::default())
                 .await
             {
                 tracing::warn!(%error, "basic.cancel failed; closing the channel instead");
             }
-        }
-        let _ = channel.close(200, "idem consumer stopped".into()).await;
-        match (stopped, failure) {
-            (Stopped::Shutdown, _) => Ok(()),
-            (_, Some(source)) => Err(consume_error(source)),
-            (_, None) => Err(RabbitError::Ended { queue }),
+            let _ = channel.close(200, "idem consumer stopped".into()).await;
         }
     }
 }
 
-/// What settling a delivery needs.
-struct Settle<S, C> {
-    consumer: Consumer<S, C>,
-    publish: Channel,
-    topology: Arc<Topology>,
-}
-
-impl<S: Store, C: Codec> Settle<S, C> {
-    async fn settle(&self, message: &AmqpMessage, decision: Decision) {
-        let key = decision.key.as_ref().map(|k| k.as_str().to_owned());
-        let copied = match decision.disposition {
-            Disposition::Ack(_) => Ok(()),
-            Disposition::Retry { after, .. } => {
-                let retries = match message.header_value(RETRIES_HEADER) {
-                    Some(AMQPValue::LongLongInt(n)) => n.saturating_add(1),
-                    _ => 1,
-                };
-                self.copy(
-                    message,
-                    &self.topology.retry_for(after),
-                    &[(RETRIES_HEADER, AMQPValue::LongLongInt(retries))],
-                )
-                .await
-            }
-            Disposition::DeadLetter { reason } => {
-                let mut headers = vec![
-                    (REASON_HEADER, long_string(&reason)),
-                    (CONSUMER_HEADER, long_string(self.consumer.name())),
-                ];
-                if let Some(key) = &key {
-                    headers.push((KEY_HEADER, long_string(key)));
-                }
-                self.copy(message, &self.topology.dead(), &headers).await
-            }
-            _ => Err("unknown disposition".to_owned()),
-        };
-        let settled = match copied {
-            Ok(()) => message.acker.ack(BasicAckOptions::default()).await,
-            Err(why) => {
-                tracing::warn!(
-                    why,
-                    "could not publish the retry or dead-letter copy; requeueing the delivery"
-                );
-                message
-                    .acker
-                    .nack(BasicNackOptions {
-                        requeue: true,
-                        ..BasicNackOptions::default()
-                    })
-                    .await
-            }
-        };
-        if let Err(error) = settled {
-            // The broker redelivers an unsettled delivery when the channel
-            // closes; the key makes that harmless.
-            tracing::warn!(%error, "could not settle a delivery; the broker will redeliver it");
-        }
-    }
-
+impl Rabbit {
     /// Publishes a copy of `message` to `queue` with extra headers, and
     /// waits for the broker's confirm.
     async fn copy(
@@ -655,7 +654,7 @@ impl<S: Store, C: Codec> Settle<S, C> {
         message: &AmqpMessage,
         queue: &str,
         extra: &[(&str, AMQPValue)],
-    ) -> Result<(), String> {
+    ) -> Result<(), SettleError> {
         let mut headers = message.properties.headers().clone().unwrap_or_default();
         for (name, value) in extra {
             headers.insert((*name).into(), value.clone());
@@ -680,11 +679,9 @@ impl<S: Store, C: Codec> Settle<S, C> {
         match confirm {
             Confirmation::Ack(None) => Ok(()),
             Confirmation::Ack(Some(_)) => {
-                Err(format!("queue {queue:?} does not exist (message returned)"))
+                Err(format!("queue {queue:?} does not exist (message returned)").into())
             }
-            other => Err(format!(
-                "broker did not confirm the copy to {queue:?}: {other:?}"
-            )),
+            other => Err(format!("broker did not confirm the copy to {queue:?}: {other:?}").into()),
         }
     }
 }

@@ -80,7 +80,10 @@ use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, Queu
 use aws_sdk_sqs::Client;
 use bytes::Bytes;
 use idem::{Codec, Store};
-use idem_consumer::{Consumer, Decision, Disposition, Job, Message, RedeliveryWindow, Stopped};
+use idem_consumer::{
+    Broker, Consumer, DeadLetter, Deliveries, Job, Message, RedeliveryWindow, SettleError, Stopped,
+};
+pub use idem_consumer::{CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -93,12 +96,6 @@ pub const DEFAULT_CONCURRENCY: usize = 16;
 /// How long a receive waits for messages (SQS's longest long poll).
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(20);
 
-/// Attribute naming why a message was dead-lettered.
-pub const REASON_ATTRIBUTE: &str = "Idem-Reason";
-/// Attribute carrying the idempotency key of a dead-lettered message.
-pub const KEY_ATTRIBUTE: &str = "Idem-Key";
-/// Attribute naming the consumer that dead-lettered a message.
-pub const CONSUMER_ATTRIBUTE: &str = "Idem-Consumer";
 /// Attribute with the SQS message id of the dead-lettered original.
 pub const SOURCE_ATTRIBUTE: &str = "Idem-Source-Message-Id";
 
@@ -376,16 +373,18 @@ impl<S: Store, C: Codec> SqsConsumerBuilder<S, C> {
             None => create_dead_letter_queue(&self.client, url, fifo).await?,
         };
         Ok(SqsConsumer {
-            queue: Arc::new(Queue {
-                client: self.client,
-                url: self.queue_url,
-                visibility,
+            broker: Arc::new(Sqs {
+                queue: Arc::new(Queue {
+                    client: self.client,
+                    url: self.queue_url,
+                    visibility,
+                }),
+                dead_letter_url,
+                fifo,
+                concurrency: self.concurrency,
+                wait: self.wait,
             }),
-            dead_letter_url: Arc::from(dead_letter_url),
-            fifo,
             consumer: self.consumer,
-            concurrency: self.concurrency,
-            wait: self.wait,
         })
     }
 }
@@ -422,12 +421,8 @@ async fn create_dead_letter_queue(
 
 /// An SQS consumer that runs every message through idem.
 pub struct SqsConsumer<S, C> {
-    queue: Arc<Queue>,
-    dead_letter_url: Arc<str>,
-    fifo: bool,
+    broker: Arc<Sqs>,
     consumer: Consumer<S, C>,
-    concurrency: usize,
-    wait: Duration,
 }
 
 impl<S: Store> SqsConsumer<S, idem::Json> {
@@ -461,7 +456,7 @@ where
 
     /// The queue dead-letter copies are sent to.
     pub fn dead_letter_queue(&self) -> &str {
-        &self.dead_letter_url
+        &self.broker.dead_letter_url
     }
 
     /// Consumes until `shutdown` resolves, then takes no more messages,
@@ -480,42 +475,118 @@ where
         T: Serialize + DeserializeOwned + Send + 'static,
         E: StdError + Send + Sync + 'static,
     {
-        let batch = i32::try_from(self.concurrency.min(10)).unwrap_or(10);
-        let receiver = Receiver {
-            queue: Arc::clone(&self.queue),
-            batch,
-            wait: seconds(self.wait),
-            buffer: VecDeque::new(),
-        };
-        let messages = futures_util::stream::unfold(receiver, |mut r| async move {
-            let next = r.next().await;
-            Some((next, r))
-        });
-        let settle = Arc::new(Settle {
-            consumer: self.consumer.clone(),
-            dead_letter_url: Arc::clone(&self.dead_letter_url),
-            fifo: self.fifo,
-        });
-        let stopped = self
-            .consumer
-            .drive(
-                messages,
-                self.concurrency,
-                handler,
-                move |message, decision| {
-                    let settle = Arc::clone(&settle);
-                    async move { settle.settle(&message, decision).await }
-                },
-                shutdown,
-            )
-            .await;
-        match stopped {
+        match self.consumer.run(&self.broker, handler, shutdown).await? {
             Stopped::Shutdown => Ok(()),
-            _ => Err(SqsError::Consume {
-                queue: self.queue.url.clone(),
+            Stopped::Ended => Err(SqsError::Consume {
+                queue: self.broker.queue.url.clone(),
                 reason: "the message stream ended".to_owned(),
             }),
         }
+    }
+}
+
+/// The SQS side of the consume loop.
+struct Sqs {
+    queue: Arc<Queue>,
+    dead_letter_url: String,
+    fifo: bool,
+    concurrency: usize,
+    wait: Duration,
+}
+
+impl Broker for Sqs {
+    type Message = SqsMessage;
+    type Error = SqsError;
+
+    fn concurrency(&self) -> usize {
+        self.concurrency
+    }
+
+    async fn deliveries(&self) -> Result<Deliveries<SqsMessage, SqsError>, SqsError> {
+        let receiver = Receiver {
+            queue: Arc::clone(&self.queue),
+            batch: i32::try_from(self.concurrency.min(10)).unwrap_or(10),
+            wait: seconds(self.wait),
+            buffer: VecDeque::new(),
+        };
+        Ok(Box::pin(futures_util::stream::unfold(
+            receiver,
+            |mut r| async move {
+                let next = r.next().await;
+                Some((Ok(next), r))
+            },
+        )))
+    }
+
+    /// `DeleteMessage`.
+    async fn ack(&self, message: &SqsMessage) -> Result<(), SettleError> {
+        let queue = &message.queue;
+        queue
+            .client
+            .delete_message()
+            .queue_url(&queue.url)
+            .receipt_handle(&message.receipt)
+            .send()
+            .await
+            .map_err(error_text)?;
+        Ok(())
+    }
+
+    /// `ChangeMessageVisibility` to `after`: SQS delivers it again then.
+    async fn retry(&self, message: &SqsMessage, after: Duration) -> Result<(), SettleError> {
+        let queue = &message.queue;
+        queue
+            .client
+            .change_message_visibility()
+            .queue_url(&queue.url)
+            .receipt_handle(&message.receipt)
+            .visibility_timeout(seconds(after))
+            .send()
+            .await
+            .map_err(error_text)?;
+        Ok(())
+    }
+
+    async fn dead_letter(
+        &self,
+        message: &SqsMessage,
+        letter: &DeadLetter<'_>,
+    ) -> Result<(), SettleError> {
+        let text = |v: &str| {
+            MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(v)
+                .build()
+        };
+        let mut attributes = HashMap::new();
+        for (name, value) in letter.headers() {
+            attributes.insert(name.to_owned(), text(&value)?);
+        }
+        attributes.insert(SOURCE_ATTRIBUTE.to_owned(), text(&message.message_id)?);
+        let mut originals: Vec<_> = message.attributes.iter().collect();
+        originals.sort();
+        for (name, value) in originals {
+            if attributes.len() == MAX_ATTRIBUTES {
+                break;
+            }
+            if !value.is_empty() {
+                attributes.entry(name.clone()).or_insert(text(value)?);
+            }
+        }
+        let mut send = message
+            .queue
+            .client
+            .send_message()
+            .queue_url(&self.dead_letter_url)
+            .message_body(String::from_utf8_lossy(&message.body))
+            .set_message_attributes(Some(attributes));
+        if self.fifo {
+            send = send
+                .message_group_id(message.group_id().unwrap_or("idem-dead-letters"))
+                .message_deduplication_id(&message.message_id);
+        }
+        send.send().await.map_err(error_text)?;
+        Ok(())
     }
 }
 
@@ -561,115 +632,6 @@ impl Receiver {
             }
         }
     }
-}
-
-struct Settle<S, C> {
-    consumer: Consumer<S, C>,
-    dead_letter_url: Arc<str>,
-    fifo: bool,
-}
-
-impl<S: Store, C: Codec> Settle<S, C> {
-    async fn settle(&self, message: &SqsMessage, decision: Decision) {
-        let queue = &message.queue;
-        let delete = || async {
-            queue
-                .client
-                .delete_message()
-                .queue_url(&queue.url)
-                .receipt_handle(&message.receipt)
-                .send()
-                .await
-                .map(drop)
-                .map_err(error_text)
-        };
-        let retry = |after: Duration| async move {
-            queue
-                .client
-                .change_message_visibility()
-                .queue_url(&queue.url)
-                .receipt_handle(&message.receipt)
-                .visibility_timeout(seconds(after))
-                .send()
-                .await
-                .map(drop)
-                .map_err(error_text)
-        };
-        let settled = match decision.disposition {
-            Disposition::Ack(_) => delete().await,
-            Disposition::Retry { after, .. } => retry(after).await,
-            Disposition::DeadLetter { reason } => {
-                match self
-                    .dead_letter(message, decision.key.as_ref(), &reason)
-                    .await
-                {
-                    Ok(()) => delete().await,
-                    Err(error) => {
-                        tracing::warn!(
-                            %error,
-                            queue = %self.dead_letter_url,
-                            "dead-letter copy not accepted; the message stays and is retried"
-                        );
-                        retry(self.consumer.max_retry_delay()).await
-                    }
-                }
-            }
-            _ => retry(self.consumer.max_retry_delay()).await,
-        };
-        if let Err(error) = settled {
-            tracing::warn!(%error, "could not settle a message; SQS delivers it again after its visibility timeout");
-        }
-    }
-
-    async fn dead_letter(
-        &self,
-        message: &SqsMessage,
-        key: Option<&idem::Key>,
-        reason: &str,
-    ) -> Result<(), String> {
-        let text = |v: &str| {
-            MessageAttributeValue::builder()
-                .data_type("String")
-                .string_value(v)
-                .build()
-                .map_err(|e| e.to_string())
-        };
-        let mut attributes = HashMap::new();
-        attributes.insert(REASON_ATTRIBUTE.to_owned(), text(&attribute_text(reason))?);
-        attributes.insert(CONSUMER_ATTRIBUTE.to_owned(), text(self.consumer.name())?);
-        attributes.insert(SOURCE_ATTRIBUTE.to_owned(), text(&message.message_id)?);
-        if let Some(key) = key {
-            attributes.insert(KEY_ATTRIBUTE.to_owned(), text(key.as_str())?);
-        }
-        let mut originals: Vec<_> = message.attributes.iter().collect();
-        originals.sort();
-        for (name, value) in originals {
-            if attributes.len() == MAX_ATTRIBUTES {
-                break;
-            }
-            if !value.is_empty() {
-                attributes.entry(name.clone()).or_insert(text(value)?);
-            }
-        }
-        let mut send = message
-            .queue
-            .client
-            .send_message()
-            .queue_url(&*self.dead_letter_url)
-            .message_body(String::from_utf8_lossy(&message.body))
-            .set_message_attributes(Some(attributes));
-        if self.fifo {
-            send = send
-                .message_group_id(message.group_id().unwrap_or("idem-dead-letters"))
-                .message_deduplication_id(&message.message_id);
-        }
-        send.send().await.map(drop).map_err(error_text)
-    }
-}
-
-/// Attribute values are kept to one line.
-fn attribute_text(text: &str) -> String {
-    text.replace(['\r', '\n'], " ")
 }
 
 #[cfg(test)]

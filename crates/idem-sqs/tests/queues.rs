@@ -18,7 +18,7 @@ use aws_sdk_sqs::Client;
 use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, KeyExtractor, WindowError};
 use idem_dynamodb::DynamoStore;
-use idem_sqs::{SqsConsumer, SqsError, CONSUMER_ATTRIBUTE, KEY_ATTRIBUTE, REASON_ATTRIBUTE};
+use idem_sqs::{SqsConsumer, SqsError, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 use idem_testkit::ledger::{eventually, order_handler, Ledger};
 use idem_testkit::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
 use idem_testkit::scenario;
@@ -222,9 +222,9 @@ async fn dead_letters(client: &Client, url: &str) -> Vec<(Option<String>, String
                 .filter_map(|(k, v)| v.string_value.map(|s| (k, s)))
                 .collect();
             out.push((
-                attrs.get(KEY_ATTRIBUTE).cloned(),
-                attrs.get(REASON_ATTRIBUTE).cloned().expect("reason"),
-                attrs.get(CONSUMER_ATTRIBUTE).cloned().expect("consumer"),
+                attrs.get(KEY_HEADER).cloned(),
+                attrs.get(REASON_HEADER).cloned().expect("reason"),
+                attrs.get(CONSUMER_HEADER).cloned().expect("consumer"),
             ));
         }
     }

@@ -1,0 +1,147 @@
+//! The consume loop: deliveries from a [`Broker`], each through the
+//! consumer, each disposition carried out by the broker.
+
+use std::error::Error as StdError;
+use std::future::Future;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use idem::{Codec, Store};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::task::JoinSet;
+
+use crate::broker::{Broker, DeadLetter};
+use crate::consumer::{Consumer, Decision, Disposition, Job, Stopped};
+
+impl<S, C> Consumer<S, C>
+where
+    S: Store + Send + Sync + 'static,
+    C: Codec + Send + Sync + 'static,
+{
+    /// Consumes `broker` until `shutdown` resolves: takes deliveries while
+    /// fewer than [`Broker::concurrency`] are in flight, runs each through
+    /// [`process`](Self::process) in its own task and settles it as
+    /// [`Broker`] describes. When `shutdown` resolves it takes no more,
+    /// lets those in flight finish and settle, calls [`Broker::stop`] and
+    /// returns [`Stopped::Shutdown`]. Deliveries the broker sent but the
+    /// loop never took stay unacknowledged, so the broker delivers them
+    /// again: nothing is lost on shutdown or on a crash.
+    ///
+    /// Returns [`Stopped::Ended`] when the delivery stream ends, and the
+    /// broker's error when it cannot start or its stream fails; those in
+    /// flight are settled first either way.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use std::sync::Arc;
+    /// use idem::{Idempotency, MemoryStore, Scope};
+    /// use idem_consumer::{Consumer, MemoryBroker, OwnedMessage, Stopped};
+    ///
+    /// let consumer = Consumer::builder(
+    ///     Idempotency::builder(MemoryStore::new()).build()?,
+    ///     Scope::new("orders")?,
+    /// )
+    /// .build();
+    /// let broker = Arc::new(MemoryBroker::new());
+    /// for _ in 0..3 {
+    ///     broker.publish(OwnedMessage::new("{}").with_header("Idempotency-Key", "o-1"));
+    /// }
+    /// broker.close();
+    /// let stopped = consumer
+    ///     .run(&broker, |_job| async { Ok::<_, std::io::Error>(7) }, std::future::pending())
+    ///     .await?;
+    /// assert_eq!(stopped, Stopped::Ended);
+    /// assert_eq!((consumer.stats().executed, consumer.stats().replayed), (1, 2));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn run<B, T, E, H, Fut>(
+        &self,
+        broker: &Arc<B>,
+        handler: H,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<Stopped, B::Error>
+    where
+        B: Broker,
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: StdError + Send + Sync + 'static,
+        H: Fn(Job<B::Message>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+    {
+        let mut deliveries = broker.deliveries().await?;
+        let concurrency = broker.concurrency().max(1);
+        let handler = Arc::new(handler);
+        let mut in_flight = JoinSet::new();
+        tokio::pin!(shutdown);
+        let stopped = loop {
+            tokio::select! {
+                () = &mut shutdown => break Ok(Stopped::Shutdown),
+                Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
+                next = deliveries.next(), if in_flight.len() < concurrency => match next {
+                    Some(Ok(message)) => {
+                        let (consumer, handler, broker) =
+                            (self.clone(), Arc::clone(&handler), Arc::clone(broker));
+                        in_flight.spawn(async move {
+                            let message = Arc::new(message);
+                            let decision =
+                                consumer.process(Arc::clone(&message), |job| handler(job)).await;
+                            consumer.settle(&*broker, &message, decision).await;
+                        });
+                    }
+                    Some(Err(error)) => break Err(error),
+                    None => break Ok(Stopped::Ended),
+                },
+            }
+        };
+        while in_flight.join_next().await.is_some() {}
+        broker.stop().await;
+        stopped
+    }
+
+    /// Carries out `decision` on `broker`, per the table on [`Broker`].
+    async fn settle<B: Broker>(&self, broker: &B, message: &B::Message, decision: Decision) {
+        let settled = match decision.disposition {
+            Disposition::Ack(_) => broker.ack(message).await,
+            Disposition::Retry { after, .. } => self.retry(broker, message, after).await,
+            Disposition::DeadLetter { reason } => {
+                let letter = DeadLetter {
+                    reason: &reason,
+                    key: decision.key.as_ref(),
+                    consumer: self.name(),
+                };
+                match broker.dead_letter(message, &letter).await {
+                    Ok(()) => broker.end_dead_lettered(message).await,
+                    Err(error) => {
+                        tracing::warn!(
+                            consumer = %self.name(),
+                            %error,
+                            "dead-letter copy not stored; the message stays and is retried"
+                        );
+                        self.retry(broker, message, self.max_retry_delay()).await
+                    }
+                }
+            }
+        };
+        if let Err(error) = settled {
+            tracing::warn!(
+                consumer = %self.name(),
+                %error,
+                "could not settle a delivery; the broker delivers it again"
+            );
+        }
+    }
+
+    async fn retry<B: Broker>(
+        &self,
+        broker: &B,
+        message: &B::Message,
+        after: std::time::Duration,
+    ) -> Result<(), crate::SettleError> {
+        let retried = broker.retry(message, after).await;
+        if retried.is_err() {
+            broker.give_back(message).await;
+        }
+        retried
+    }
+}
