@@ -1,6 +1,7 @@
 //! Exactly-once effects from an at-least-once broker, with crashing workers.
 //!
-//! An in-process broker delivers every message 1–3 times. Eight workers
+//! An in-process broker (`idem_consumer::MemoryBroker`, at least once,
+//! SQS-like visibility) delivers every message 1–3 times. Eight workers
 //! consume concurrently through `idem`, on the embedded durable store (a
 //! SQLite file in a temporary directory; no servers). Workers crash in the
 //! two places real consumers do:
@@ -31,7 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem::{Idempotency, Outcome, RecordId, RunError, Scope};
-use idem_examples::{Broker, Delivery};
+use idem_consumer::{Broker, MemoryBroker, MemoryMessage, Message, OwnedMessage};
 use idem_sqlite::SqliteStore;
 use rand::{Rng, SeedableRng};
 
@@ -46,6 +47,21 @@ const FLAKY_DOWNSTREAM: f64 = 0.03;
 struct Payment {
     id: u32,
     cents: u64,
+}
+
+impl Payment {
+    fn to_message(&self) -> OwnedMessage {
+        OwnedMessage::new(format!("{} {}", self.id, self.cents))
+    }
+
+    fn from_message(message: &MemoryMessage) -> Self {
+        let text = std::str::from_utf8(message.payload()).expect("published as text");
+        let (id, cents) = text.split_once(' ').expect("published as \"id cents\"");
+        Self {
+            id: id.parse().expect("a payment id"),
+            cents: cents.parse().expect("an amount"),
+        }
+    }
 }
 
 /// The downstream system the effect lands in: a ledger that rejects writes
@@ -77,6 +93,7 @@ struct Stats {
     retryable_nacks: AtomicU64,
     crashed_mid_handler: AtomicU64,
     crashed_before_ack: AtomicU64,
+    stale_acks: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -95,7 +112,7 @@ impl std::fmt::Display for Downstream {
 impl std::error::Error for Downstream {}
 
 async fn worker(
-    broker: Arc<Broker<Payment>>,
+    broker: MemoryBroker,
     idem: Idempotency<SqliteStore>,
     ledger: Arc<Ledger>,
     stats: Arc<Stats>,
@@ -105,7 +122,7 @@ async fn worker(
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     while let Some(delivery) = broker.next().await {
         bump(&stats.deliveries);
-        let payment = delivery.message.clone();
+        let payment = Payment::from_message(&delivery);
         let id = RecordId::new(
             scope.clone(),
             idem::derive::composite(&["payment", &payment.id.to_string()]).expect("valid key"),
@@ -141,21 +158,22 @@ async fn worker(
             match tokio::time::timeout(Duration::from_millis(20), run).await {
                 Ok(answered_without_running) => answered_without_running,
                 Err(_) => {
+                    // The delivery is never settled: the broker delivers
+                    // it again after the visibility timeout.
                     bump(&stats.crashed_mid_handler);
-                    broker.abandon(delivery);
                     continue;
                 }
             }
         } else {
             run.await
         };
-        dispose(&broker, delivery, outcome, &stats, &mut rng);
+        dispose(&broker, &delivery, outcome, &stats, &mut rng).await;
     }
 }
 
-fn dispose(
-    broker: &Arc<Broker<Payment>>,
-    delivery: Delivery<Payment>,
+async fn dispose(
+    broker: &MemoryBroker,
+    delivery: &MemoryMessage,
     outcome: Result<Outcome<String>, RunError<Downstream>>,
     stats: &Stats,
     rng: &mut impl Rng,
@@ -173,10 +191,11 @@ fn dispose(
                 Outcome::Unguarded { .. } => unreachable!("this example fails closed"),
             }
             if rng.random_bool(CRASH_BEFORE_ACK) {
+                // Not acked: it comes back after the visibility timeout.
                 bump(&stats.crashed_before_ack);
-                broker.abandon(delivery);
-            } else {
-                broker.ack(delivery);
+            } else if broker.ack(delivery).await.is_err() {
+                // Too late: it was already delivered again.
+                bump(&stats.stale_acks);
             }
         }
         Err(error) => {
@@ -185,7 +204,9 @@ fn dispose(
                 RunError::InProgress { .. } => bump(&stats.in_progress_nacks),
                 _ => bump(&stats.retryable_nacks),
             }
-            broker.nack(delivery, delay);
+            if broker.retry(delivery, delay).await.is_err() {
+                bump(&stats.stale_acks);
+            }
         }
     }
 }
@@ -198,7 +219,7 @@ async fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(2000);
     let started = Instant::now();
-    let broker = Broker::new(VISIBILITY);
+    let broker = MemoryBroker::new().visibility(VISIBILITY);
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     let mut published = 0u64;
     for id in 0..messages {
@@ -207,10 +228,11 @@ async fn main() {
             cents: 100 + u64::from(id % 50),
         };
         for _ in 0..rng.random_range(1..=3) {
-            broker.publish(payment.clone());
+            broker.publish(payment.to_message());
             published += 1;
         }
     }
+    broker.close();
     let dir = tempfile::tempdir().expect("temporary directory");
     let store = SqliteStore::open(dir.path().join("idem.db")).expect("open the store");
     let idem = Idempotency::builder(store)
@@ -227,7 +249,7 @@ async fn main() {
     let workers: Vec<_> = (0..WORKERS)
         .map(|w| {
             tokio::spawn(worker(
-                Arc::clone(&broker),
+                broker.clone(),
                 idem.clone(),
                 Arc::clone(&ledger),
                 Arc::clone(&stats),
@@ -256,6 +278,7 @@ async fn main() {
     println!("retryable nacks        {}", get(&stats.retryable_nacks));
     println!("crashes mid-handler    {}", get(&stats.crashed_mid_handler));
     println!("crashes before ack     {}", get(&stats.crashed_before_ack));
+    println!("settled too late       {}", get(&stats.stale_acks));
     println!(
         "effects applied        {}",
         applied.values().map(|(n, _)| u64::from(*n)).sum::<u64>()
