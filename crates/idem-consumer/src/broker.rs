@@ -87,6 +87,18 @@ pub trait Broker: Send + Sync + 'static {
         self.ack(message)
     }
 
+    /// Whether to subscribe again after the delivery stream failed with
+    /// `error`: true for failures the broker's client survives, such as a
+    /// channel the broker closed while the connection stays up (RabbitMQ's
+    /// `consumer_timeout`). Deliveries in flight settle as usual; those
+    /// the failed subscription held and can no longer settle are
+    /// delivered again by the broker and meet their key. The default is
+    /// false: the run ends with the error.
+    fn resubscribe(&self, error: &Self::Error) -> bool {
+        let _ = error;
+        false
+    }
+
     /// Stops the subscription after the last delivery in flight settled
     /// (cancel the consumer, close the channel). The default does
     /// nothing.

@@ -3,7 +3,9 @@
 
 use std::error::Error as StdError;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use idem::{Codec, Store};
@@ -11,7 +13,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::task::JoinSet;
 
-use crate::broker::{Broker, DeadLetter};
+use crate::broker::{Broker, DeadLetter, Deliveries};
 use crate::consumer::{Consumer, Decision, Disposition, Job, Stopped};
 
 impl<S, C> Consumer<S, C>
@@ -30,7 +32,10 @@ where
     ///
     /// Returns [`Stopped::Ended`] when the delivery stream ends, and the
     /// broker's error when it cannot start or its stream fails; those in
-    /// flight are settled first either way.
+    /// flight are settled first either way. A stream failure the broker
+    /// [survives](Broker::resubscribe) does not end the run: it
+    /// subscribes again, waiting 100 ms, then twice as long up to 5 s,
+    /// between tries.
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -89,6 +94,18 @@ where
                             consumer.settle(&*broker, &message, decision).await;
                         });
                     }
+                    Some(Err(error)) if broker.resubscribe(&error) => {
+                        tracing::warn!(
+                            consumer = %self.name(),
+                            %error,
+                            "the delivery stream failed; subscribing again"
+                        );
+                        match resubscribe(&**broker, &mut shutdown).await {
+                            Some(Ok(next)) => deliveries = next,
+                            Some(Err(error)) => break Err(error),
+                            None => break Ok(Stopped::Shutdown),
+                        }
+                    }
                     Some(Err(error)) => break Err(error),
                     None => break Ok(Stopped::Ended),
                 },
@@ -136,12 +153,40 @@ where
         &self,
         broker: &B,
         message: &B::Message,
-        after: std::time::Duration,
+        after: Duration,
     ) -> Result<(), crate::SettleError> {
         let retried = broker.retry(message, after).await;
         if retried.is_err() {
             broker.give_back(message).await;
         }
         retried
+    }
+}
+
+/// The first wait before subscribing again, doubled after each failure.
+const RESUBSCRIBE_FIRST: Duration = Duration::from_millis(100);
+/// The longest wait between tries to subscribe again.
+const RESUBSCRIBE_MAX: Duration = Duration::from_secs(5);
+
+/// Subscribes again after a failure the broker survives, until it works,
+/// fails for good, or `shutdown` resolves (`None`).
+async fn resubscribe<B: Broker, F: Future<Output = ()>>(
+    broker: &B,
+    shutdown: &mut Pin<&mut F>,
+) -> Option<Result<Deliveries<B::Message, B::Error>, B::Error>> {
+    let mut wait = RESUBSCRIBE_FIRST;
+    loop {
+        tokio::select! {
+            () = shutdown.as_mut() => return None,
+            () = tokio::time::sleep(wait) => {}
+        }
+        match broker.deliveries().await {
+            Ok(deliveries) => return Some(Ok(deliveries)),
+            Err(error) if broker.resubscribe(&error) => {
+                tracing::warn!(%error, ?wait, "subscribing again failed; trying again");
+                wait = (wait * 2).min(RESUBSCRIBE_MAX);
+            }
+            Err(error) => return Some(Err(error)),
+        }
     }
 }

@@ -32,6 +32,19 @@
 //! `<queue>.retry.<ms>ms` per retry delay, and `<queue>.dead`. A queue that
 //! already exists with other arguments is refused with the broker's reason.
 //!
+//! ## The broker's `consumer_timeout`
+//!
+//! RabbitMQ closes a channel on which a delivery stays unacknowledged
+//! longer than its `consumer_timeout` (30 minutes unless configured) and
+//! requeues everything the channel held. A handler that runs that long
+//! does not stop the consumer: it opens a new channel on the same
+//! connection and goes on. The requeued copy of the long-running message
+//! meets its live claim and is retried later, never run twice; once the
+//! handler finishes, the copy replays the stored outcome and is acked (the
+//! original's ack on the closed channel fails, harmlessly). Each such close
+//! costs a redelivery of the whole prefetch window, so set
+//! `consumer_timeout` above your longest handler when you can.
+//!
 //! ## The redelivery window
 //!
 //! A completed record must outlive every duplicate. Duplicates can wait in
@@ -497,8 +510,10 @@ where
     /// taken but not settled stay with the broker, which redelivers them:
     /// nothing is lost on shutdown or on a crash.
     ///
-    /// Returns an error when the broker ends the consumer (connection lost,
-    /// queue deleted); call it again (with a fresh [`connect`]) to go on.
+    /// A channel the broker closes (its `consumer_timeout`) is replaced
+    /// and consuming goes on. Returns an error when the connection is lost
+    /// or the broker ends the consumer (queue deleted); call it again
+    /// (with a fresh [`connect`]) to go on.
     ///
     /// [`connect`]: RabbitConsumerBuilder::connect
     pub async fn run<H, Fut, T, E>(
@@ -620,6 +635,13 @@ impl Broker for Rabbit {
             .map(|(name, value)| (name, long_string(&value)))
             .collect();
         self.copy(message, &self.topology.dead(), &headers).await
+    }
+
+    /// A channel the broker closed (its `consumer_timeout`, a policy
+    /// change) is replaced on the same connection; a lost connection ends
+    /// the run.
+    fn resubscribe(&self, error: &RabbitError) -> bool {
+        matches!(error, RabbitError::Consume { .. }) && self.connection.status().connected()
     }
 
     /// Cancels the consumer, so no more deliveries come, and closes its

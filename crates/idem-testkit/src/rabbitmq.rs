@@ -22,6 +22,28 @@ const PROGRAM: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
 
 const WATCHDOG: &str = r#""$0" & pid=$!; read -r _; case "$pid" in ''|0|*[!0-9]*) exit 1 ;; esac; kill -s TERM -- "$pid"; wait "$pid"; epmd -kill >/dev/null 2>&1; case "$1" in /tmp/idem-rabbitmq-*) rm -rf -- "$1" ;; esac; exit 0"#;
 
+/// Settings of a broker a test starts for itself.
+#[derive(Debug, Clone, Default)]
+pub struct RabbitOptions {
+    /// The broker's `consumer_timeout`: a delivery unacknowledged for
+    /// longer makes the broker close the channel (and requeue what it
+    /// held). The broker checks it on every channel tick, set here to
+    /// 500 ms (RabbitMQ's default tick is a minute).
+    pub consumer_timeout: Option<Duration>,
+}
+
+impl RabbitOptions {
+    fn advanced_config(&self) -> String {
+        match self.consumer_timeout {
+            Some(timeout) => format!(
+                "[{{rabbit, [{{consumer_timeout, {}}}, {{channel_tick_interval, 500}}]}}].\n",
+                timeout.as_millis()
+            ),
+            None => "[].\n".to_owned(),
+        }
+    }
+}
+
 /// A RabbitMQ broker: the machine's, or one this process started.
 #[derive(Debug)]
 pub struct RabbitServer {
@@ -69,6 +91,11 @@ impl RabbitServer {
 
     /// Starts a broker of its own on free loopback ports (about 10 s).
     pub fn start() -> Result<Self, ServerError> {
+        Self::start_with(&RabbitOptions::default())
+    }
+
+    /// [`start`](Self::start) with settings a test needs of the broker.
+    pub fn start_with(options: &RabbitOptions) -> Result<Self, ServerError> {
         if !std::path::Path::new(PROGRAM).is_file() {
             return Err(ServerError::NotInstalled("rabbitmq-server"));
         }
@@ -93,6 +120,7 @@ impl RabbitServer {
             format!("listeners.tcp.default = 127.0.0.1:{port}\n"),
         )?;
         let env_file = write("rabbitmq-env.conf", String::new())?;
+        let advanced = write("advanced.config", options.advanced_config())?;
         let node = format!("idem-{port}@localhost");
         let mut child = Command::new("sh")
             .arg("-c")
@@ -109,6 +137,7 @@ impl RabbitServer {
             .env("RABBITMQ_ENABLED_PLUGINS_FILE", &plugins)
             .env("RABBITMQ_CONFIG_FILE", &config)
             .env("RABBITMQ_CONF_ENV_FILE", &env_file)
+            .env("RABBITMQ_ADVANCED_CONFIG_FILE", &advanced)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
