@@ -52,4 +52,5 @@ pub use consumer::{
 pub use key::{KeyExtractor, KeyProblem, KeySource, MissingKey};
 pub use memory::{MemoryBroker, MemoryMessage, DEFAULT_VISIBILITY};
 pub use message::{Message, OwnedMessage};
+pub use run::SETTLE_TIMEOUT;
 pub use window::{check_keep_alive, RedeliveryWindow, WindowError};

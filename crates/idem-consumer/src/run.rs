@@ -117,9 +117,13 @@ where
     }
 
     /// Carries out `decision` on `broker`, per the table on [`Broker`].
+    /// Each broker call is given [`SETTLE_TIMEOUT`]: a call that does not
+    /// answer (an ack queued on a connection that died) must not hold a
+    /// place in the window for ever; the broker delivers such a message
+    /// again.
     async fn settle<B: Broker>(&self, broker: &B, message: &B::Message, decision: Decision) {
         let settled = match decision.disposition {
-            Disposition::Ack(_) => broker.ack(message).await,
+            Disposition::Ack(_) => bounded(broker.ack(message)).await,
             Disposition::Retry { after, .. } => self.retry(broker, message, after).await,
             Disposition::DeadLetter { reason } => {
                 let letter = DeadLetter {
@@ -127,8 +131,8 @@ where
                     key: decision.key.as_ref(),
                     consumer: self.name(),
                 };
-                match broker.dead_letter(message, &letter).await {
-                    Ok(()) => broker.end_dead_lettered(message).await,
+                match bounded(broker.dead_letter(message, &letter)).await {
+                    Ok(()) => bounded(broker.end_dead_lettered(message)).await,
                     Err(error) => {
                         tracing::warn!(
                             consumer = %self.name(),
@@ -155,12 +159,30 @@ where
         message: &B::Message,
         after: Duration,
     ) -> Result<(), crate::SettleError> {
-        let retried = broker.retry(message, after).await;
+        let retried = bounded(broker.retry(message, after)).await;
         if retried.is_err() {
-            broker.give_back(message).await;
+            let _ = tokio::time::timeout(SETTLE_TIMEOUT, broker.give_back(message)).await;
         }
         retried
     }
+}
+
+/// How long one broker call that settles a delivery may take before it
+/// is given up and the delivery left to the broker.
+pub const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `call`, or an error once [`SETTLE_TIMEOUT`] passed without an answer.
+async fn bounded(
+    call: impl Future<Output = Result<(), crate::SettleError>>,
+) -> Result<(), crate::SettleError> {
+    tokio::time::timeout(SETTLE_TIMEOUT, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "no answer from the broker within {SETTLE_TIMEOUT:?}; it delivers the message again"
+            )
+            .into())
+        })
 }
 
 /// The first wait before subscribing again, doubled after each failure.

@@ -45,6 +45,11 @@
 //! costs a redelivery of the whole prefetch window, so set
 //! `consumer_timeout` above your longest handler when you can.
 //!
+//! A lost connection is opened again the same way (the topology declared
+//! again), and an ack that was queued on the connection that died is
+//! given up after [`idem_consumer::SETTLE_TIMEOUT`]: its message comes
+//! back and replays its stored outcome.
+//!
 //! ## The redelivery window
 //!
 //! A completed record must outlive every duplicate. Duplicates can wait in
@@ -319,27 +324,16 @@ impl<S: Store, C: Codec> RabbitConsumerBuilder<S, C> {
             )),
         };
         self.consumer.check_windows(&[window])?;
-        let connect_error = |source| RabbitError::Connect {
-            url: idem::url::redact(&self.url),
-            source,
-        };
-        let connection = Connection::connect(&self.url, ConnectionProperties::default())
-            .await
-            .map_err(connect_error)?;
-        let publish = connection.create_channel().await.map_err(connect_error)?;
-        publish
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(connect_error)?;
         let topology = Topology {
             queue: self.queue,
             retries: delays,
+            message_ttl: self.message_ttl,
         };
-        topology.declare(&publish, self.message_ttl).await?;
+        let link = Link::open(&self.url, &topology).await?;
         Ok(RabbitConsumer {
             broker: Arc::new(Rabbit {
-                connection,
-                publish,
+                url: self.url,
+                link: Mutex::new(link),
                 topology,
                 prefetch: self.prefetch,
                 consuming: Mutex::new(None),
@@ -382,6 +376,7 @@ fn validate(queue: &str, prefetch: u16, delays: &[Duration]) -> Result<(), Rabbi
 struct Topology {
     queue: String,
     retries: Vec<Duration>,
+    message_ttl: Option<Duration>,
 }
 
 impl Topology {
@@ -406,7 +401,7 @@ impl Topology {
         self.retry_queue(delay)
     }
 
-    async fn declare(&self, channel: &Channel, ttl: Option<Duration>) -> Result<(), RabbitError> {
+    async fn declare(&self, channel: &Channel) -> Result<(), RabbitError> {
         let durable = QueueDeclareOptions {
             durable: true,
             ..QueueDeclareOptions::default()
@@ -422,7 +417,7 @@ impl Topology {
         };
         declare(self.dead(), FieldTable::default()).await?;
         let mut main = dead_letter_to(&self.dead());
-        if let Some(ttl) = ttl {
+        if let Some(ttl) = self.message_ttl {
             main.insert("x-message-ttl".into(), millis(ttl));
         }
         declare(self.queue.clone(), main).await?;
@@ -510,10 +505,13 @@ where
     /// taken but not settled stay with the broker, which redelivers them:
     /// nothing is lost on shutdown or on a crash.
     ///
-    /// A channel the broker closes (its `consumer_timeout`) is replaced
-    /// and consuming goes on. Returns an error when the connection is lost
-    /// or the broker ends the consumer (queue deleted); call it again
-    /// (with a fresh [`connect`]) to go on.
+    /// A channel the broker closes (its `consumer_timeout`) is replaced,
+    /// and a lost connection (the broker restarted, the network cut) is
+    /// opened again, trying every 100 ms to 5 s until it works; consuming
+    /// then goes on. Deliveries the lost channel held are redelivered by
+    /// the broker and meet their keys. Returns an error when the broker
+    /// ends the consumer (queue deleted); call it again (with a fresh
+    /// [`connect`]) to go on.
     ///
     /// [`connect`]: RabbitConsumerBuilder::connect
     pub async fn run<H, Fut, T, E>(
@@ -538,9 +536,9 @@ where
 
 /// The RabbitMQ side of the consume loop.
 struct Rabbit {
-    connection: Connection,
-    /// The channel copies are published on, with publisher confirms.
-    publish: Channel,
+    /// Where to connect again when the connection is lost.
+    url: String,
+    link: Mutex<Link>,
     topology: Topology,
     prefetch: u16,
     /// The channel consuming and its consumer tag, while consuming.
@@ -562,6 +560,8 @@ impl Broker for Rabbit {
             source,
         };
         let channel = self
+            .link()
+            .await?
             .connection
             .create_channel()
             .await
@@ -638,10 +638,14 @@ impl Broker for Rabbit {
     }
 
     /// A channel the broker closed (its `consumer_timeout`, a policy
-    /// change) is replaced on the same connection; a lost connection ends
-    /// the run.
+    /// change) is replaced on the same connection, and a lost connection
+    /// (the broker restarted, the network cut) is opened again, with the
+    /// topology declared again.
     fn resubscribe(&self, error: &RabbitError) -> bool {
-        matches!(error, RabbitError::Consume { .. }) && self.connection.status().connected()
+        matches!(
+            error,
+            RabbitError::Consume { .. } | RabbitError::Connect { .. } | RabbitError::Declare { .. }
+        )
     }
 
     /// Cancels the consumer, so no more deliveries come, and closes its
@@ -668,7 +672,60 @@ impl Broker for Rabbit {
     }
 }
 
+/// A connection and the channel copies are published on.
+#[derive(Clone)]
+struct Link {
+    connection: Arc<Connection>,
+    /// With publisher confirms.
+    publish: Channel,
+}
+
+impl Link {
+    /// Connects, opens the publishing channel and declares the topology.
+    async fn open(url: &str, topology: &Topology) -> Result<Self, RabbitError> {
+        let connect_error = |source| RabbitError::Connect {
+            url: idem::url::redact(url),
+            source,
+        };
+        let connection = Connection::connect(url, ConnectionProperties::default())
+            .await
+            .map_err(connect_error)?;
+        let publish = connection.create_channel().await.map_err(connect_error)?;
+        publish
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(connect_error)?;
+        topology.declare(&publish).await?;
+        Ok(Self {
+            connection: Arc::new(connection),
+            publish,
+        })
+    }
+}
+
 impl Rabbit {
+    /// The link, opened again if its connection was lost.
+    async fn link(&self) -> Result<Link, RabbitError> {
+        let current = self.current();
+        if current.connection.status().connected() {
+            return Ok(current);
+        }
+        tracing::warn!(
+            url = %idem::url::redact(&self.url),
+            "the connection to RabbitMQ was lost; connecting again"
+        );
+        let link = Link::open(&self.url, &self.topology).await?;
+        *self.link.lock().unwrap_or_else(PoisonError::into_inner) = link.clone();
+        Ok(link)
+    }
+
+    fn current(&self) -> Link {
+        self.link
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// Publishes a copy of `message` to `queue` with extra headers, and
     /// waits for the broker's confirm.
     async fn copy(
@@ -683,6 +740,7 @@ impl Rabbit {
         }
         let properties = message.properties.clone().with_headers(headers);
         let confirm = self
+            .current()
             .publish
             .basic_publish(
                 "".into(),
@@ -717,6 +775,7 @@ mod tests {
         let t = Topology {
             queue: "q".to_owned(),
             retries: DEFAULT_RETRY_DELAYS.to_vec(),
+            message_ttl: None,
         };
         assert_eq!(t.retry_for(Duration::from_millis(1)), "q.retry.1000ms");
         assert_eq!(t.retry_for(Duration::from_secs(1)), "q.retry.1000ms");

@@ -1,0 +1,223 @@
+//! Faults between the consumer and RabbitMQ that it must survive without
+//! stopping, losing a message or running one twice:
+//!
+//! - the broker's `consumer_timeout`: a delivery left unacknowledged
+//!   longer makes the broker close the consuming channel and requeue
+//!   everything that channel held (on a broker of the test's own, with a
+//!   2 s timeout; the machine's keeps RabbitMQ's 30 minutes);
+//! - the connection cut (through a fault proxy) while deliveries are being
+//!   handled and acked.
+
+#[allow(dead_code)] // the rest serves tests/rabbitmq.rs
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{drain, publish, publisher, Setup};
+use idem::Scope;
+use idem_consumer::{Consumer, Job};
+use idem_rabbitmq::{AmqpMessage, RabbitConsumer};
+use idem_testkit::ledger::{eventually, order_handler};
+use idem_testkit::proxy::FaultProxy;
+use idem_testkit::rabbitmq::{RabbitOptions, RabbitServer};
+use lapin::options::ConfirmSelectOptions;
+use lapin::{Connection, ConnectionProperties};
+
+const SLOW: &str = "t-3";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_the_broker_closes_under_a_slow_handler_is_reopened_and_nothing_is_lost_or_run_twice(
+) {
+    let server = RabbitServer::start_with(&RabbitOptions {
+        consumer_timeout: Some(Duration::from_secs(2)),
+    })
+    .expect("start a RabbitMQ broker");
+    let setup = Setup::new("timeout");
+    let idem = idem_testkit::scenario::executor(setup.store().await);
+    let rabbit = RabbitConsumer::builder(
+        server.url(),
+        &setup.queue,
+        Consumer::builder(idem, Scope::new("orders").expect("scope")).build(),
+    )
+    .prefetch(4)
+    .retry_delays([Duration::from_millis(200), Duration::from_secs(1)])
+    .message_ttl(Duration::from_secs(3600))
+    .connect()
+    .await
+    .expect("connect to RabbitMQ");
+
+    let connection = Connection::connect(server.url(), ConnectionProperties::default())
+        .await
+        .expect("connect");
+    let channel = connection.create_channel().await.expect("channel");
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    let keys: Vec<String> = (0..12).map(|i| format!("t-{i}")).collect();
+    for key in &keys {
+        publish(
+            &channel,
+            &setup.queue,
+            Some(key),
+            &format!(r#"{{"id":"{key}"}}"#),
+        )
+        .await;
+    }
+
+    let ledger = setup.ledger.clone();
+    let handler = {
+        let ledger = ledger.clone();
+        move |job: Job<AmqpMessage>| {
+            let ledger = ledger.clone();
+            async move {
+                let key = job.key().as_str().to_owned();
+                ledger.start(&key);
+                if key == SLOW {
+                    // Well past the broker's consumer_timeout, with the
+                    // claim kept alive by heartbeats all along.
+                    tokio::time::sleep(Duration::from_secs(6)).await;
+                }
+                job.ctx().ensure_lease()?;
+                ledger.effect(&key);
+                Ok::<_, idem::LeaseLost>(())
+            }
+        }
+    };
+    let done = {
+        let ledger = ledger.clone();
+        async move {
+            eventually(Duration::from_secs(60), || {
+                ledger.effects().len() == keys.len()
+            })
+            .await;
+            // Let the redelivered copies of the slow one meet its stored
+            // outcome and settle.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+    };
+    rabbit
+        .run(handler, done)
+        .await
+        .expect("the consumer outlives a channel the broker closed");
+
+    let effects = ledger.effects();
+    assert_eq!(
+        effects.len(),
+        12,
+        "every message had its effect: {effects:?}"
+    );
+    assert!(
+        effects.values().all(|n| *n == 1),
+        "and only one: {effects:?}"
+    );
+    assert!(
+        ledger.started()[SLOW] == 1,
+        "the redelivered slow message met its live claim and was not run again: {:?}",
+        ledger.started()
+    );
+    let stats = rabbit.consumer().stats();
+    assert!(
+        stats.in_flight_conflicts + stats.replayed >= 1,
+        "the broker did redeliver the slow message while it ran: {stats:?}"
+    );
+    assert_eq!(stats.dead_letters, 0, "{stats:?}");
+    assert!(
+        drain(&channel, &setup.queue).await.is_empty(),
+        "nothing left behind in the queue"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_cut_mid_ack_is_opened_again_and_nothing_is_lost_or_run_twice() {
+    let port = RabbitServer::shared().expect("RabbitMQ broker").port();
+    let proxy = Arc::new(
+        FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], port)))
+            .await
+            .expect("fault proxy"),
+    );
+    let setup = Setup::new("cut");
+    let idem = idem_testkit::scenario::executor(setup.store().await);
+    let rabbit = RabbitConsumer::builder(
+        &format!("amqp://guest:guest@{}/%2f", proxy.addr()),
+        &setup.queue,
+        Consumer::builder(idem, Scope::new("orders").expect("scope")).build(),
+    )
+    .prefetch(8)
+    .retry_delays([Duration::from_millis(200), Duration::from_secs(1)])
+    .message_ttl(Duration::from_secs(3600))
+    .connect()
+    .await
+    .expect("connect to RabbitMQ through the proxy");
+
+    let (_connection, channel) = publisher().await;
+    let keys: Vec<String> = (0..60).map(|i| format!("c-{i}")).collect();
+    for key in &keys {
+        publish(
+            &channel,
+            &setup.queue,
+            Some(key),
+            &format!(r#"{{"id":"{key}"}}"#),
+        )
+        .await;
+    }
+    let ledger = setup.ledger.clone();
+    let handler = {
+        let ledger = ledger.clone();
+        move |job: Job<AmqpMessage>| {
+            let ledger = ledger.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                order_handler(job, ledger, None).await
+            }
+        }
+    };
+    let cuts = {
+        let (ledger, proxy) = (ledger.clone(), Arc::clone(&proxy));
+        async move {
+            for (cut, at) in [10, 25, 40].into_iter().enumerate() {
+                // Each cut once the consumer is connected again and busy.
+                eventually(Duration::from_secs(60), || {
+                    proxy.stats().connections > cut as u64 && ledger.effects().len() >= at
+                })
+                .await;
+                proxy.reset_all();
+            }
+            eventually(Duration::from_secs(60), || {
+                ledger.effects().len() == keys.len()
+            })
+            .await;
+            // Let the deliveries requeued by the last cut replay and settle.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+    };
+    rabbit
+        .run(handler, cuts)
+        .await
+        .expect("the consumer outlives a cut connection");
+    let cut = proxy.stats();
+    assert!(
+        cut.resets >= 3 && cut.connections >= 4,
+        "three connections were cut, and each opened again: {cut:?}"
+    );
+
+    let effects = ledger.effects();
+    assert_eq!(
+        effects.len(),
+        60,
+        "every message had its effect: {effects:?}"
+    );
+    assert!(
+        effects.values().all(|n| *n == 1),
+        "and only one: {effects:?}"
+    );
+    let stats = rabbit.consumer().stats();
+    assert_eq!(stats.executed, 60, "{stats:?}");
+    assert_eq!(stats.dead_letters, 0, "{stats:?}");
+    assert!(
+        drain(&channel, &setup.queue).await.is_empty(),
+        "nothing left behind in the queue"
+    );
+}
