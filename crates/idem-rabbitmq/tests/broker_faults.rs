@@ -11,7 +11,6 @@
 #[allow(dead_code)] // the rest serves tests/rabbitmq.rs
 mod common;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,8 +18,8 @@ use common::{drain, publish, publisher, Setup};
 use idem::Scope;
 use idem_consumer::{Consumer, Job};
 use idem_rabbitmq::{AmqpMessage, RabbitConsumer};
-use idem_testkit::ledger::{eventually, order_handler};
-use idem_testkit::proxy::FaultProxy;
+use idem_testkit::cuts;
+use idem_testkit::ledger::eventually;
 use idem_testkit::rabbitmq::{RabbitOptions, RabbitServer};
 use lapin::options::ConfirmSelectOptions;
 use lapin::{Connection, ConnectionProperties};
@@ -132,12 +131,7 @@ async fn a_channel_the_broker_closes_under_a_slow_handler_is_reopened_and_nothin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_cut_mid_ack_is_opened_again_and_nothing_is_lost_or_run_twice() {
-    let port = RabbitServer::shared().expect("RabbitMQ broker").port();
-    let proxy = Arc::new(
-        FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], port)))
-            .await
-            .expect("fault proxy"),
-    );
+    let proxy = cuts::proxy(RabbitServer::shared().expect("RabbitMQ broker").port()).await;
     let setup = Setup::new("cut");
     let idem = idem_testkit::scenario::executor(setup.store().await);
     let rabbit = RabbitConsumer::builder(
@@ -151,71 +145,22 @@ async fn a_connection_cut_mid_ack_is_opened_again_and_nothing_is_lost_or_run_twi
     .connect()
     .await
     .expect("connect to RabbitMQ through the proxy");
-
     let (_connection, channel) = publisher().await;
-    let keys: Vec<String> = (0..60).map(|i| format!("c-{i}")).collect();
-    for key in &keys {
-        publish(
-            &channel,
-            &setup.queue,
-            Some(key),
-            &format!(r#"{{"id":"{key}"}}"#),
-        )
-        .await;
+    for key in cuts::keys() {
+        publish(&channel, &setup.queue, Some(&key), &cuts::payload(&key)).await;
     }
-    let ledger = setup.ledger.clone();
-    let handler = {
-        let ledger = ledger.clone();
-        move |job: Job<AmqpMessage>| {
-            let ledger = ledger.clone();
-            async move {
-                tokio::time::sleep(Duration::from_millis(30)).await;
-                order_handler(job, ledger, None).await
-            }
-        }
-    };
-    let cuts = {
-        let (ledger, proxy) = (ledger.clone(), Arc::clone(&proxy));
-        async move {
-            for (cut, at) in [10, 25, 40].into_iter().enumerate() {
-                // Each cut once the consumer is connected again and busy.
-                eventually(Duration::from_secs(60), || {
-                    proxy.stats().connections > cut as u64 && ledger.effects().len() >= at
-                })
-                .await;
-                proxy.reset_all();
-            }
-            eventually(Duration::from_secs(60), || {
-                ledger.effects().len() == keys.len()
-            })
-            .await;
-            // Let the deliveries requeued by the last cut replay and settle.
-            tokio::time::sleep(Duration::from_secs(3)).await;
-        }
-    };
     rabbit
-        .run(handler, cuts)
+        .run(
+            cuts::handler(setup.ledger.clone()),
+            cuts::cut_three_times(setup.ledger.clone(), Arc::clone(&proxy)),
+        )
         .await
         .expect("the consumer outlives a cut connection");
-    let cut = proxy.stats();
-    assert!(
-        cut.resets >= 3 && cut.connections >= 4,
-        "three connections were cut, and each opened again: {cut:?}"
+    cuts::assert_survived(
+        &setup.ledger,
+        &proxy,
+        rabbit.consumer().stats().dead_letters,
     );
-
-    let effects = ledger.effects();
-    assert_eq!(
-        effects.len(),
-        60,
-        "every message had its effect: {effects:?}"
-    );
-    assert!(
-        effects.values().all(|n| *n == 1),
-        "and only one: {effects:?}"
-    );
-    let stats = rabbit.consumer().stats();
-    assert_eq!(stats.executed, 60, "{stats:?}");
-    assert_eq!(stats.dead_letters, 0, "{stats:?}");
     assert!(
         drain(&channel, &setup.queue).await.is_empty(),
         "nothing left behind in the queue"

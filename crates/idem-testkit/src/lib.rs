@@ -32,6 +32,7 @@ use idem::{
 pub mod bench;
 pub mod cases;
 mod cluster;
+pub mod cuts;
 pub mod double;
 mod down;
 pub mod kafka;

@@ -1,0 +1,46 @@
+//! Faults between the consumer and the NATS server that it must survive
+//! without stopping, losing a message or running one twice: the
+//! connection cut (through a fault proxy) while messages are being
+//! handled and acked.
+
+#[allow(dead_code)] // the rest serves tests/jetstream.rs
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{publish, Setup};
+use idem::Scope;
+use idem_consumer::Consumer;
+use idem_nats::NatsConsumer;
+use idem_testkit::cuts;
+use idem_testkit::nats::NatsServer;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_cut_mid_ack_is_reconnected_and_nothing_is_lost_or_run_twice() {
+    let proxy = cuts::proxy(NatsServer::shared().expect("nats-server").port()).await;
+    let setup = Setup::new("cut");
+    let js = setup.create_stream().await;
+    let idem = idem_testkit::scenario::executor(setup.store().await);
+    let nats = NatsConsumer::builder(
+        &format!("nats://{}", proxy.addr()),
+        &setup.stream,
+        "billing",
+        Consumer::builder(idem, Scope::new("orders").expect("scope")).build(),
+    )
+    .concurrency(8)
+    .ack_wait(Duration::from_millis(1500))
+    .connect()
+    .await
+    .expect("connect to JetStream through the proxy");
+    for key in cuts::keys() {
+        publish(&js, &setup.subject(), Some(&key), &cuts::payload(&key)).await;
+    }
+    nats.run(
+        cuts::handler(setup.ledger.clone()),
+        cuts::cut_three_times(setup.ledger.clone(), Arc::clone(&proxy)),
+    )
+    .await
+    .expect("the consumer outlives a cut connection");
+    cuts::assert_survived(&setup.ledger, &proxy, nats.consumer().stats().dead_letters);
+}

@@ -1,0 +1,235 @@
+//! What the SQS tests share: queues and a store table on moto, an effects
+//! ledger on disk, and worker processes to kill.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Child;
+use std::time::Duration;
+
+use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
+use aws_sdk_sqs::Client;
+use idem::{Idempotency, Scope};
+use idem_consumer::{Consumer, KeyExtractor};
+use idem_dynamodb::DynamoStore;
+use idem_sqs::{SqsConsumer, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
+use idem_testkit::ledger::Ledger;
+use idem_testkit::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
+use idem_testkit::scenario;
+
+/// The settings a test and its workers share.
+#[derive(Debug, Clone)]
+pub(crate) struct Setup {
+    pub(crate) endpoint: String,
+    pub(crate) queue_url: String,
+    pub(crate) table: String,
+    pub(crate) ledger: Ledger,
+}
+
+pub(crate) fn sqs_client(endpoint: &str) -> Client {
+    idem_sqs::client_for(Some(endpoint), REGION, ACCESS_KEY, SECRET_KEY, None).expect("client")
+}
+
+impl Setup {
+    /// A queue (FIFO if `fifo`) with a one-hour retention and a two-second
+    /// visibility timeout, and a table for the store, on the shared moto.
+    pub(crate) async fn new(name: &str, fifo: bool) -> Self {
+        let endpoint = MotoServer::shared()
+            .expect("moto_server must be installed (scripts/test installs it)")
+            .url();
+        Self::on(endpoint, name, fifo, 2).await
+    }
+
+    /// The same on the moto at `endpoint`, with a visibility timeout of
+    /// `visibility` seconds.
+    pub(crate) async fn on(endpoint: String, name: &str, fifo: bool, visibility: u32) -> Self {
+        let id = format!("{name}-{:08x}", rand::random::<u32>());
+        let mut create = sqs_client(&endpoint)
+            .create_queue()
+            .queue_name(if fifo {
+                format!("{id}.fifo")
+            } else {
+                id.clone()
+            })
+            .attributes(QueueAttributeName::MessageRetentionPeriod, "3600")
+            .attributes(
+                QueueAttributeName::VisibilityTimeout,
+                visibility.to_string(),
+            );
+        if fifo {
+            create = create.attributes(QueueAttributeName::FifoQueue, "true");
+        }
+        let queue_url = create
+            .send()
+            .await
+            .expect("create queue")
+            .queue_url
+            .expect("queue url");
+        let table = format!("idem-sqs-{id}");
+        let dynamo =
+            idem_dynamodb::client_for(Some(&endpoint), REGION, ACCESS_KEY, SECRET_KEY, None)
+                .expect("client");
+        idem_dynamodb::create_table(&dynamo, &table)
+            .await
+            .expect("create table");
+        Self {
+            ledger: Ledger::create(&id),
+            endpoint,
+            queue_url,
+            table,
+        }
+    }
+
+    pub(crate) fn from_env() -> Option<Self> {
+        let var = |name| std::env::var(name).ok();
+        Some(Self {
+            endpoint: var("IDEM_SQS_ENDPOINT")?,
+            queue_url: var("IDEM_SQS_QUEUE")?,
+            table: var("IDEM_SQS_TABLE")?,
+            ledger: Ledger::at(PathBuf::from(var("IDEM_SQS_DIR")?)),
+        })
+    }
+
+    pub(crate) fn client(&self) -> Client {
+        sqs_client(&self.endpoint)
+    }
+
+    pub(crate) fn store(&self) -> DynamoStore {
+        let client =
+            idem_dynamodb::client_for(Some(&self.endpoint), REGION, ACCESS_KEY, SECRET_KEY, None)
+                .expect("client");
+        DynamoStore::new(client, self.table.clone())
+    }
+
+    /// The consumer tests and workers run: short leases, so a killed
+    /// worker's claims are taken over within seconds, and a heartbeat well
+    /// inside the queue's two-second visibility timeout.
+    pub(crate) fn idem(&self) -> Idempotency<DynamoStore> {
+        idem_testkit::scenario::executor(self.store())
+    }
+
+    pub(crate) async fn sqs(&self) -> SqsConsumer<DynamoStore, idem::Json> {
+        self.sqs_at(&self.endpoint).await
+    }
+
+    /// [`sqs`](Self::sqs), reaching SQS at `endpoint` (a fault proxy in
+    /// front of moto); the store still goes to moto directly.
+    pub(crate) async fn sqs_at(&self, endpoint: &str) -> SqsConsumer<DynamoStore, idem::Json> {
+        // Keyed only by the attribute: a message without one is
+        // dead-lettered (the default would fall back to SQS's message id).
+        let consumer = Consumer::builder(self.idem(), Scope::new("orders").expect("scope"))
+            .keys(KeyExtractor::header("Idempotency-Key"))
+            .build();
+        SqsConsumer::builder(sqs_client(endpoint), &self.queue_url, consumer)
+            .concurrency(8)
+            .wait_time(Duration::from_secs(1))
+            .connect()
+            .await
+            .expect("connect to SQS")
+    }
+
+    /// Starts this test binary as a worker process (`worker_process`).
+    pub(crate) fn spawn_worker(&self, slow_key: Option<&str>) -> Child {
+        let dir = self.ledger.dir().to_string_lossy().into_owned();
+        scenario::spawn_worker(
+            [
+                ("IDEM_SQS_ENDPOINT", self.endpoint.as_str()),
+                ("IDEM_SQS_QUEUE", self.queue_url.as_str()),
+                ("IDEM_SQS_TABLE", self.table.as_str()),
+                ("IDEM_SQS_DIR", dir.as_str()),
+            ],
+            slow_key,
+        )
+    }
+
+    /// Sends `body`, keyed by the `Idempotency-Key` attribute when given.
+    pub(crate) async fn send(&self, key: Option<&str>, body: &str, fifo_dedup: Option<&str>) {
+        let mut send = self
+            .client()
+            .send_message()
+            .queue_url(&self.queue_url)
+            .message_body(body);
+        if let Some(key) = key {
+            send = send.message_attributes(
+                "Idempotency-Key",
+                MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(key)
+                    .build()
+                    .expect("attribute"),
+            );
+        }
+        if let Some(dedup) = fifo_dedup {
+            send = send
+                .message_group_id("orders")
+                .message_deduplication_id(dedup);
+        }
+        send.send().await.expect("send");
+    }
+
+    /// How many messages the queue still holds, visible or not.
+    pub(crate) async fn remaining(&self) -> u64 {
+        let attributes = self
+            .client()
+            .get_queue_attributes()
+            .queue_url(&self.queue_url)
+            .attribute_names(QueueAttributeName::All)
+            .send()
+            .await
+            .expect("attributes")
+            .attributes
+            .unwrap_or_default();
+        [
+            QueueAttributeName::ApproximateNumberOfMessages,
+            QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+            QueueAttributeName::ApproximateNumberOfMessagesDelayed,
+        ]
+        .iter()
+        .map(|a| {
+            attributes
+                .get(a)
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .sum()
+    }
+}
+
+/// Every message of the dead-letter queue, as (key, reason, consumer).
+pub(crate) async fn dead_letters(
+    client: &Client,
+    url: &str,
+) -> Vec<(Option<String>, String, String)> {
+    let mut out = Vec::new();
+    loop {
+        let received = client
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .message_attribute_names("All")
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .visibility_timeout(600)
+            .send()
+            .await
+            .expect("receive")
+            .messages
+            .unwrap_or_default();
+        if received.is_empty() {
+            break;
+        }
+        for m in received {
+            let attrs: HashMap<String, String> = m
+                .message_attributes
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|(k, v)| v.string_value.map(|s| (k, s)))
+                .collect();
+            out.push((
+                attrs.get(KEY_HEADER).cloned(),
+                attrs.get(REASON_HEADER).cloned().expect("reason"),
+                attrs.get(CONSUMER_HEADER).cloned().expect("consumer"),
+            ));
+        }
+    }
+    out.sort();
+    out
+}
