@@ -14,15 +14,12 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{drain, publish, publisher, Setup};
-use idem::Scope;
-use idem_consumer::{Consumer, Job};
-use idem_rabbitmq::{AmqpMessage, RabbitConsumer};
+use common::{drain, publish, publisher, publisher_at, Setup};
+use idem_consumer::Job;
+use idem_rabbitmq::AmqpMessage;
 use idem_testkit::cuts;
 use idem_testkit::ledger::eventually;
 use idem_testkit::rabbitmq::{RabbitOptions, RabbitServer};
-use lapin::options::ConfirmSelectOptions;
-use lapin::{Connection, ConnectionProperties};
 
 const SLOW: &str = "t-3";
 
@@ -34,36 +31,11 @@ async fn a_channel_the_broker_closes_under_a_slow_handler_is_reopened_and_nothin
     })
     .expect("start a RabbitMQ broker");
     let setup = Setup::new("timeout");
-    let idem = idem_testkit::scenario::executor(setup.store().await);
-    let rabbit = RabbitConsumer::builder(
-        server.url(),
-        &setup.queue,
-        Consumer::builder(idem, Scope::new("orders").expect("scope")).build(),
-    )
-    .prefetch(4)
-    .retry_delays([Duration::from_millis(200), Duration::from_secs(1)])
-    .message_ttl(Duration::from_secs(3600))
-    .connect()
-    .await
-    .expect("connect to RabbitMQ");
-
-    let connection = Connection::connect(server.url(), ConnectionProperties::default())
-        .await
-        .expect("connect");
-    let channel = connection.create_channel().await.expect("channel");
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .expect("confirms");
+    let rabbit = setup.rabbit_at(server.url()).await;
+    let (_connection, channel) = publisher_at(server.url()).await;
     let keys: Vec<String> = (0..12).map(|i| format!("t-{i}")).collect();
     for key in &keys {
-        publish(
-            &channel,
-            &setup.queue,
-            Some(key),
-            &format!(r#"{{"id":"{key}"}}"#),
-        )
-        .await;
+        publish(&channel, &setup.queue, Some(key), &cuts::payload(key)).await;
     }
 
     let ledger = setup.ledger.clone();
@@ -133,18 +105,9 @@ async fn a_channel_the_broker_closes_under_a_slow_handler_is_reopened_and_nothin
 async fn a_connection_cut_mid_ack_is_opened_again_and_nothing_is_lost_or_run_twice() {
     let proxy = cuts::proxy(RabbitServer::shared().expect("RabbitMQ broker").port()).await;
     let setup = Setup::new("cut");
-    let idem = idem_testkit::scenario::executor(setup.store().await);
-    let rabbit = RabbitConsumer::builder(
-        &format!("amqp://guest:guest@{}/%2f", proxy.addr()),
-        &setup.queue,
-        Consumer::builder(idem, Scope::new("orders").expect("scope")).build(),
-    )
-    .prefetch(8)
-    .retry_delays([Duration::from_millis(200), Duration::from_secs(1)])
-    .message_ttl(Duration::from_secs(3600))
-    .connect()
-    .await
-    .expect("connect to RabbitMQ through the proxy");
+    let rabbit = setup
+        .rabbit_at(&format!("amqp://guest:guest@{}/%2f", proxy.addr()))
+        .await;
     let (_connection, channel) = publisher().await;
     for key in cuts::keys() {
         publish(&channel, &setup.queue, Some(&key), &cuts::payload(&key)).await;

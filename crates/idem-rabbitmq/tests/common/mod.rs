@@ -85,9 +85,15 @@ impl Setup {
     /// The consumer the tests and workers run: short leases so a killed
     /// worker's claims are taken over within seconds, short retry queues.
     pub(crate) async fn rabbit(&self) -> RabbitConsumer<RedisStore, idem::Json> {
+        self.rabbit_at(amqp()).await
+    }
+
+    /// [`rabbit`](Self::rabbit) on the broker at `url` (one of the test's
+    /// own, or a fault proxy in front of one).
+    pub(crate) async fn rabbit_at(&self, url: &str) -> RabbitConsumer<RedisStore, idem::Json> {
         let idem = idem_testkit::scenario::executor(self.store().await);
         let consumer = Consumer::builder(idem, Scope::new("orders").expect("scope")).build();
-        RabbitConsumer::builder(amqp(), &self.queue, consumer)
+        RabbitConsumer::builder(url, &self.queue, consumer)
             .prefetch(8)
             .retry_delays([Duration::from_millis(200), Duration::from_secs(1)])
             .message_ttl(Duration::from_secs(3600))
@@ -104,7 +110,12 @@ impl Setup {
 
 /// A publishing channel with confirms.
 pub(crate) async fn publisher() -> (Connection, Channel) {
-    let connection = Connection::connect(amqp(), ConnectionProperties::default())
+    publisher_at(amqp()).await
+}
+
+/// A publishing channel with confirms, on the broker at `url`.
+pub(crate) async fn publisher_at(url: &str) -> (Connection, Channel) {
+    let connection = Connection::connect(url, ConnectionProperties::default())
         .await
         .expect("connect");
     let channel = connection.create_channel().await.expect("channel");
