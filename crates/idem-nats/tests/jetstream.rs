@@ -13,11 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{consumer, stream};
-use common::{publish, read_all, Setup};
+use common::{publish, Setup};
 use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, Message, WindowError};
-use idem_nats::{NatsConsumer, NatsError, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
-use idem_testkit::ledger::{eventually, order_handler};
+use idem_nats::{NatsConsumer, NatsError};
+use idem_testkit::ledger::eventually;
 use idem_testkit::scenario;
 
 /// Not a test on its own: the worker process the other tests start. It
@@ -25,70 +25,12 @@ use idem_testkit::scenario;
 #[test]
 #[ignore = "a worker process, started by the multi-process tests"]
 fn worker_process() {
-    let Some(setup) = Setup::from_env() else {
-        return;
-    };
-    let slow = scenario::slow_key();
-    scenario::worker_main(async move {
-        let nats = setup.nats().await;
-        let ledger = setup.ledger.clone();
-        nats.run(
-            move |job| order_handler(job, ledger.clone(), slow.clone()),
-            std::future::pending(),
-        )
-        .await
-        .expect("consume");
-    });
+    scenario::worker_process::<Setup>();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each() {
-    let setup = Setup::new("KILL");
-    let js = setup.create_stream().await;
-    // Creates the durable consumer, so nothing published is skipped.
-    let _create = setup.nats().await;
-    let subject = setup.subject();
-    for (key, body) in scenario::messages() {
-        publish(&js, &subject, key.as_deref(), &body).await;
-    }
-    let info = scenario::kill_one_worker_and_finish(
-        &setup.ledger,
-        Duration::from_secs(90),
-        |slow| setup.spawn_worker(slow),
-        async {
-            let mut consumer = js
-                .get_stream(&setup.stream)
-                .await
-                .expect("stream")
-                .get_consumer::<consumer::pull::Config>("billing")
-                .await
-                .expect("consumer");
-            for _ in 0..100 {
-                let info = consumer.info().await.expect("consumer info");
-                if (info.num_pending, info.num_ack_pending) == (0, 0) {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            consumer.info().await.expect("consumer info").clone()
-        },
-    )
-    .await;
-    assert_eq!(
-        (info.num_pending, info.num_ack_pending),
-        (0, 0),
-        "every message was settled"
-    );
-    let dead = read_all(&js, &format!("{}_DEAD", setup.stream)).await;
-    let text = |h: &async_nats::HeaderMap, name: &str| h.get(name).map(|v| v.as_str().to_owned());
-    scenario::assert_bad_ones_dead(
-        dead.iter()
-            .map(|(_, h)| {
-                assert_eq!(text(h, CONSUMER_HEADER).as_deref(), Some("orders"));
-                (text(h, KEY_HEADER), text(h, REASON_HEADER).expect("reason"))
-            })
-            .collect(),
-    );
+    scenario::killed_worker::<Setup>("KILL").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

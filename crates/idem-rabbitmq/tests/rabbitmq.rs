@@ -9,10 +9,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{drain, publish, publisher, text, Setup};
+use common::{publish, publisher, Setup};
 use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, WindowError};
-use idem_rabbitmq::{RabbitConsumer, RabbitError, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
+use idem_rabbitmq::{RabbitConsumer, RabbitError};
 use idem_testkit::ledger::{eventually, order_handler};
 use idem_testkit::scenario;
 
@@ -21,66 +21,12 @@ use idem_testkit::scenario;
 #[test]
 #[ignore = "a worker process, started by the multi-process tests"]
 fn worker_process() {
-    let Some(setup) = Setup::from_env() else {
-        return;
-    };
-    let slow = scenario::slow_key();
-    scenario::worker_main(async move {
-        let rabbit = setup.rabbit().await;
-        let ledger = setup.ledger.clone();
-        rabbit
-            .run(
-                move |job| order_handler(job, ledger.clone(), slow.clone()),
-                std::future::pending(),
-            )
-            .await
-            .expect("consume");
-    });
+    scenario::worker_process::<Setup>();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each() {
-    let setup = Setup::new("kill");
-    // Declares the topology, so publishing can start before any worker.
-    let _declare = setup.rabbit().await;
-    let (_connection, channel) = publisher().await;
-    for (key, body) in scenario::messages() {
-        publish(&channel, &setup.queue, key.as_deref(), &body).await;
-    }
-    let dead = scenario::kill_one_worker_and_finish(
-        &setup.ledger,
-        Duration::from_secs(90),
-        |slow| setup.spawn_worker(slow),
-        async {
-            // The bad messages may be dead-lettered after the last good
-            // effect: collect until all three are in.
-            let mut dead = Vec::new();
-            for _ in 0..100 {
-                dead.extend(drain(&channel, &format!("{}.dead", setup.queue)).await);
-                if dead.len() >= 3 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            dead
-        },
-    )
-    .await;
-    scenario::assert_bad_ones_dead(
-        dead.iter()
-            .map(|(_, h)| {
-                assert_eq!(text(h, CONSUMER_HEADER), Some("orders"));
-                (
-                    text(h, KEY_HEADER).map(str::to_owned),
-                    text(h, REASON_HEADER).expect("reason").to_owned(),
-                )
-            })
-            .collect(),
-    );
-    assert!(
-        drain(&channel, &setup.queue).await.is_empty(),
-        "nothing left behind in the queue"
-    );
+    scenario::killed_worker::<Setup>("kill").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

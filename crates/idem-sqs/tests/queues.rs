@@ -27,55 +27,12 @@ use common::{dead_letters, Setup};
 #[test]
 #[ignore = "a worker process, started by the multi-process tests"]
 fn worker_process() {
-    let Some(setup) = Setup::from_env() else {
-        return;
-    };
-    let slow = scenario::slow_key();
-    scenario::worker_main(async move {
-        let sqs = setup.sqs().await;
-        let ledger = setup.ledger.clone();
-        sqs.run(
-            move |job| order_handler(job, ledger.clone(), slow.clone()),
-            std::future::pending(),
-        )
-        .await
-        .expect("consume");
-    });
-}
-
-/// The scenario's judgement of dead-letters, after checking each names
-/// its consumer.
-fn assert_bad_ones_dead(dead: Vec<(Option<String>, String, String)>) {
-    for (_, _, consumer) in &dead {
-        assert_eq!(consumer, "orders");
-    }
-    scenario::assert_bad_ones_dead(dead.into_iter().map(|(k, r, _)| (k, r)).collect());
+    scenario::worker_process::<Setup>();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each() {
-    let setup = Setup::new("kill", false).await;
-    for (key, body) in scenario::messages() {
-        setup.send(key.as_deref(), &body, None).await;
-    }
-    let drained = scenario::kill_one_worker_and_finish(
-        &setup.ledger,
-        Duration::from_secs(120),
-        |slow| setup.spawn_worker(slow),
-        async {
-            for _ in 0..100 {
-                if setup.remaining().await == 0 {
-                    return true;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            false
-        },
-    )
-    .await;
-    assert!(drained, "every message was deleted from the queue");
-    let dead_url = format!("{}-dead", setup.queue_url);
-    assert_bad_ones_dead(dead_letters(&setup.client(), &dead_url).await);
+    scenario::killed_worker::<Setup>("kill").await;
 }
 
 /// A FIFO queue deduplicates for five minutes only, and only by the
@@ -136,7 +93,7 @@ async fn a_fifo_queue_runs_each_order_once_past_its_own_deduplication() {
     assert_eq!((stats.executed, stats.replayed), (10, 10), "{stats:?}");
     assert_eq!(setup.remaining().await, 0, "every message was deleted");
     let dead_url = setup.queue_url.replace(".fifo", "-dead.fifo");
-    assert_bad_ones_dead(dead_letters(&setup.client(), &dead_url).await);
+    scenario::assert_dead_letters(dead_letters(&setup.client(), &dead_url).await);
 }
 
 /// A handler more than twice as long as its queue's visibility timeout:

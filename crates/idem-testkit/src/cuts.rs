@@ -67,13 +67,26 @@ pub async fn cut_three_times(ledger: Ledger, proxy: Arc<FaultProxy>) {
             proxy.stats().connections > cut as u64 && ledger.effects().len() >= at
         })
         .await;
-        proxy.reset_all();
+        cut_one(&proxy).await;
     }
     eventually(Duration::from_secs(90), || {
         ledger.effects().len() == MESSAGES
     })
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
+}
+
+/// Resets the connections through `proxy` until one was open to be cut
+/// (an HTTP client may hold none between requests), for at most 10 s.
+async fn cut_one(proxy: &FaultProxy) {
+    let before = proxy.stats().resets;
+    for _ in 0..500 {
+        proxy.reset_all();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if proxy.stats().resets > before {
+            return;
+        }
+    }
 }
 
 /// Judges a run: three cuts were made and the consumer connected again

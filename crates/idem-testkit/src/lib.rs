@@ -46,6 +46,7 @@ pub mod redis;
 pub mod scenario;
 mod server;
 pub mod tls;
+pub mod under_test;
 
 pub use down::DownStore;
 pub use server::{free_port, ServerError};

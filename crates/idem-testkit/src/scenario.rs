@@ -13,6 +13,22 @@
 //!
 //! Workers are the test binary itself, started again to run only its
 //! ignored test `worker_process` with [`order_handler`](crate::ledger::order_handler).
+//!
+//! An adapter's tests implement [`BrokerUnderTest`] and run the scenario
+//! with two lines each:
+//!
+//! ```ignore
+//! #[test]
+//! #[ignore = "a worker process, started by the multi-process tests"]
+//! fn worker_process() {
+//!     scenario::worker_process::<MyBroker>();
+//! }
+//!
+//! #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+//! async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each() {
+//!     scenario::killed_worker::<MyBroker>("kill").await;
+//! }
+//! ```
 
 use std::ffi::OsStr;
 use std::future::Future;
@@ -22,6 +38,7 @@ use std::time::Duration;
 use idem::{Backoff, Idempotency, Store};
 
 use crate::ledger::{eventually, Ledger};
+use crate::under_test::{BrokerUnderTest, DeadLetterSeen};
 
 /// The environment variable telling a worker process which key to hang on.
 pub const SLOW_VAR: &str = "IDEM_WORKER_SLOW";
@@ -222,4 +239,44 @@ pub fn assert_bad_ones_dead(mut dead: Vec<(Option<String>, String)>) {
     assert!(dead[1].1.contains("payload is not a valid"), "{dead:?}");
     assert_eq!(dead[2].0.as_deref(), Some("poison-1"));
     assert!(dead[2].1.contains("cannot ship to the moon"), "{dead:?}");
+}
+
+/// The body of an adapter's ignored `worker_process` test: consumes the
+/// setup its parent passed until it is killed; does nothing when the
+/// binary runs as a plain test.
+pub fn worker_process<B: BrokerUnderTest>() {
+    let Some(setup) = B::from_env() else {
+        return;
+    };
+    worker_main(async move { setup.consume(slow_key()).await });
+}
+
+/// The whole worker-kill scenario on broker `B`: publishes
+/// [`messages`], runs [`kill_one_worker_and_finish`], and asserts that
+/// the broker settled everything and dead-lettered exactly the bad ones,
+/// each naming the consumer.
+pub async fn killed_worker<B: BrokerUnderTest>(name: &str) {
+    let setup = B::create(name).await;
+    for (key, body) in messages() {
+        setup.publish(key.as_deref(), &body).await;
+    }
+    let env = setup.env();
+    let settled = kill_one_worker_and_finish(
+        setup.ledger(),
+        Duration::from_secs(120),
+        |slow| spawn_worker(env.clone(), slow),
+        setup.settled(3),
+    )
+    .await;
+    assert!(settled, "the broker holds nothing unsettled");
+    assert_dead_letters(setup.dead_letters().await);
+}
+
+/// [`assert_bad_ones_dead`] on dead-letters read back from a broker,
+/// after checking that each names the consumer (`orders`).
+pub fn assert_dead_letters(dead: Vec<DeadLetterSeen>) {
+    for letter in &dead {
+        assert_eq!(letter.consumer.as_deref(), Some("orders"), "{letter:?}");
+    }
+    assert_bad_ones_dead(dead.into_iter().map(|d| (d.key, d.reason)).collect());
 }

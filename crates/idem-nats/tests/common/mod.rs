@@ -2,19 +2,20 @@
 //! store, and worker processes to kill.
 
 use std::path::PathBuf;
-use std::process::Child;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use async_nats::jetstream::consumer::pull;
 use async_nats::jetstream::{self, stream, Context};
 use async_nats::HeaderMap;
 use idem::Scope;
 use idem_consumer::Consumer;
-use idem_nats::NatsConsumer;
+use idem_nats::{NatsConsumer, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 use idem_redis::RedisStore;
-use idem_testkit::ledger::Ledger;
+use idem_testkit::ledger::{order_handler, Ledger};
 use idem_testkit::nats::NatsServer;
 use idem_testkit::redis::RedisServer;
+use idem_testkit::under_test::{BrokerUnderTest, DeadLetterSeen};
 
 pub(crate) fn nats_url() -> String {
     NatsServer::shared().expect("nats-server").url()
@@ -45,7 +46,7 @@ impl Setup {
         }
     }
 
-    pub(crate) fn from_env() -> Option<Self> {
+    fn from_env() -> Option<Self> {
         let var = |name| std::env::var(name).ok();
         Some(Self {
             stream: var("IDEM_NATS_STREAM")?,
@@ -101,18 +102,92 @@ impl Setup {
             .expect("connect to JetStream")
     }
 
-    /// Starts this test binary as a worker process (`worker_process`).
-    pub(crate) fn spawn_worker(&self, slow_key: Option<&str>) -> Child {
-        let dir = self.ledger.dir().to_string_lossy().into_owned();
-        idem_testkit::scenario::spawn_worker(
-            [
-                ("IDEM_NATS_STREAM", self.stream.as_str()),
-                ("IDEM_NATS_URL", self.nats_url.as_str()),
-                ("IDEM_NATS_REDIS", self.redis_url.as_str()),
-                ("IDEM_NATS_DIR", dir.as_str()),
-            ],
-            slow_key,
+    async fn js(&self) -> Context {
+        jetstream::new(
+            async_nats::connect(self.nats_url.as_str())
+                .await
+                .expect("connect"),
         )
+    }
+}
+
+impl BrokerUnderTest for Setup {
+    async fn create(name: &str) -> Self {
+        let setup = Self::new(name);
+        setup.create_stream().await;
+        // Creates the durable consumer, so nothing published is skipped.
+        setup.nats().await;
+        setup
+    }
+
+    fn from_env() -> Option<Self> {
+        Setup::from_env()
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("IDEM_NATS_STREAM", self.stream.clone()),
+            ("IDEM_NATS_URL", self.nats_url.clone()),
+            ("IDEM_NATS_REDIS", self.redis_url.clone()),
+            (
+                "IDEM_NATS_DIR",
+                self.ledger.dir().to_string_lossy().into_owned(),
+            ),
+        ]
+    }
+
+    fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    async fn publish(&self, key: Option<&str>, payload: &str) {
+        publish(&self.js().await, &self.subject(), key, payload).await;
+    }
+
+    async fn consume(&self, slow: Option<String>) {
+        let ledger = self.ledger.clone();
+        self.nats()
+            .await
+            .run(
+                move |job| order_handler(job, ledger.clone(), slow.clone()),
+                std::future::pending(),
+            )
+            .await
+            .expect("consume");
+    }
+
+    /// Nothing pending or awaiting an ack on the durable consumer (a
+    /// dead-letter copy is stored before its original is terminated).
+    async fn settled(&self, _dead_letters: usize) -> bool {
+        let js = self.js().await;
+        let mut consumer = js
+            .get_stream(&self.stream)
+            .await
+            .expect("stream")
+            .get_consumer::<pull::Config>("billing")
+            .await
+            .expect("consumer");
+        for _ in 0..100 {
+            let info = consumer.info().await.expect("consumer info");
+            if (info.num_pending, info.num_ack_pending) == (0, 0) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        false
+    }
+
+    async fn dead_letters(&self) -> Vec<DeadLetterSeen> {
+        let text = |h: &HeaderMap, name: &str| h.get(name).map(|v| v.as_str().to_owned());
+        read_all(&self.js().await, &format!("{}_DEAD", self.stream))
+            .await
+            .iter()
+            .map(|(_, h)| DeadLetterSeen {
+                key: text(h, KEY_HEADER),
+                reason: text(h, REASON_HEADER).expect("reason"),
+                consumer: text(h, CONSUMER_HEADER),
+            })
+            .collect()
     }
 }
 

@@ -2,18 +2,20 @@
 //! store, an effects ledger on disk, and worker processes to kill.
 
 use std::path::PathBuf;
-use std::process::Child;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use idem::Scope;
 use idem_consumer::Consumer;
-use idem_rabbitmq::RabbitConsumer;
+use idem_rabbitmq::{RabbitConsumer, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 use idem_redis::RedisStore;
-use idem_testkit::ledger::Ledger;
+use idem_testkit::ledger::{order_handler, Ledger};
 use idem_testkit::rabbitmq::RabbitServer;
 use idem_testkit::redis::RedisServer;
-use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
+use idem_testkit::under_test::{BrokerUnderTest, DeadLetterSeen};
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+};
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
@@ -63,7 +65,7 @@ impl Setup {
         ]
     }
 
-    pub(crate) fn from_env() -> Option<Self> {
+    fn from_env() -> Option<Self> {
         let var = |name| std::env::var(name).ok();
         Some(Self {
             queue: var("IDEM_RABBIT_QUEUE")?,
@@ -101,11 +103,93 @@ impl Setup {
             .await
             .expect("connect to RabbitMQ")
     }
+}
 
-    /// Starts this test binary as a worker process (`worker_process`).
-    pub(crate) fn spawn_worker(&self, slow_key: Option<&str>) -> Child {
-        idem_testkit::scenario::spawn_worker(self.to_env(), slow_key)
+impl BrokerUnderTest for Setup {
+    async fn create(name: &str) -> Self {
+        let setup = Self::new(name);
+        // Declares the topology, so publishing can start before any worker.
+        setup.rabbit().await;
+        setup
     }
+
+    fn from_env() -> Option<Self> {
+        Setup::from_env()
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        self.to_env()
+    }
+
+    fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    async fn publish(&self, key: Option<&str>, payload: &str) {
+        let (_connection, channel) = publisher().await;
+        publish(&channel, &self.queue, key, payload).await;
+    }
+
+    async fn consume(&self, slow: Option<String>) {
+        let ledger = self.ledger.clone();
+        self.rabbit()
+            .await
+            .run(
+                move |job| order_handler(job, ledger.clone(), slow.clone()),
+                std::future::pending(),
+            )
+            .await
+            .expect("consume");
+    }
+
+    /// Nothing ready in the queue or its retry queues, and the
+    /// dead-letters in (AMQP does not tell unacknowledged deliveries).
+    async fn settled(&self, dead_letters: usize) -> bool {
+        let rabbit = self.rabbit().await;
+        let (_connection, channel) = publisher().await;
+        let dead_queue = rabbit.dead_letter_queue();
+        for _ in 0..150 {
+            let mut pending = 0;
+            for queue in rabbit.queues().iter().filter(|q| **q != dead_queue) {
+                pending += ready_in(&channel, queue).await;
+            }
+            let dead = ready_in(&channel, &dead_queue).await;
+            if pending == 0 && dead >= dead_letters {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        false
+    }
+
+    async fn dead_letters(&self) -> Vec<DeadLetterSeen> {
+        let (_connection, channel) = publisher().await;
+        drain(&channel, &format!("{}.dead", self.queue))
+            .await
+            .iter()
+            .map(|(_, h)| DeadLetterSeen {
+                key: text(h, KEY_HEADER).map(str::to_owned),
+                reason: text(h, REASON_HEADER).expect("reason").to_owned(),
+                consumer: text(h, CONSUMER_HEADER).map(str::to_owned),
+            })
+            .collect()
+    }
+}
+
+/// How many messages `queue` holds ready for delivery.
+async fn ready_in(channel: &Channel, queue: &str) -> usize {
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("passive declare");
+    declared.message_count() as usize
 }
 
 /// A publishing channel with confirms.

@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::Child;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
@@ -12,9 +11,9 @@ use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, KeyExtractor};
 use idem_dynamodb::DynamoStore;
 use idem_sqs::{SqsConsumer, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
-use idem_testkit::ledger::Ledger;
+use idem_testkit::ledger::{order_handler, Ledger};
 use idem_testkit::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
-use idem_testkit::scenario;
+use idem_testkit::under_test::{BrokerUnderTest, DeadLetterSeen};
 
 /// The settings a test and its workers share.
 #[derive(Debug, Clone)]
@@ -79,7 +78,7 @@ impl Setup {
         }
     }
 
-    pub(crate) fn from_env() -> Option<Self> {
+    fn from_env() -> Option<Self> {
         let var = |name| std::env::var(name).ok();
         Some(Self {
             endpoint: var("IDEM_SQS_ENDPOINT")?,
@@ -125,20 +124,6 @@ impl Setup {
             .connect()
             .await
             .expect("connect to SQS")
-    }
-
-    /// Starts this test binary as a worker process (`worker_process`).
-    pub(crate) fn spawn_worker(&self, slow_key: Option<&str>) -> Child {
-        let dir = self.ledger.dir().to_string_lossy().into_owned();
-        scenario::spawn_worker(
-            [
-                ("IDEM_SQS_ENDPOINT", self.endpoint.as_str()),
-                ("IDEM_SQS_QUEUE", self.queue_url.as_str()),
-                ("IDEM_SQS_TABLE", self.table.as_str()),
-                ("IDEM_SQS_DIR", dir.as_str()),
-            ],
-            slow_key,
-        )
     }
 
     /// Sends `body`, keyed by the `Idempotency-Key` attribute when given.
@@ -194,11 +179,8 @@ impl Setup {
     }
 }
 
-/// Every message of the dead-letter queue, as (key, reason, consumer).
-pub(crate) async fn dead_letters(
-    client: &Client,
-    url: &str,
-) -> Vec<(Option<String>, String, String)> {
+/// Every message of the dead-letter queue.
+pub(crate) async fn dead_letters(client: &Client, url: &str) -> Vec<DeadLetterSeen> {
     let mut out = Vec::new();
     loop {
         let received = client
@@ -223,13 +205,71 @@ pub(crate) async fn dead_letters(
                 .into_iter()
                 .filter_map(|(k, v)| v.string_value.map(|s| (k, s)))
                 .collect();
-            out.push((
-                attrs.get(KEY_HEADER).cloned(),
-                attrs.get(REASON_HEADER).cloned().expect("reason"),
-                attrs.get(CONSUMER_HEADER).cloned().expect("consumer"),
-            ));
+            out.push(DeadLetterSeen {
+                key: attrs.get(KEY_HEADER).cloned(),
+                reason: attrs.get(REASON_HEADER).cloned().expect("reason"),
+                consumer: attrs.get(CONSUMER_HEADER).cloned(),
+            });
         }
     }
     out.sort();
     out
+}
+
+impl BrokerUnderTest for Setup {
+    async fn create(name: &str) -> Self {
+        Self::new(name, false).await
+    }
+
+    fn from_env() -> Option<Self> {
+        Setup::from_env()
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("IDEM_SQS_ENDPOINT", self.endpoint.clone()),
+            ("IDEM_SQS_QUEUE", self.queue_url.clone()),
+            ("IDEM_SQS_TABLE", self.table.clone()),
+            (
+                "IDEM_SQS_DIR",
+                self.ledger.dir().to_string_lossy().into_owned(),
+            ),
+        ]
+    }
+
+    fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    async fn publish(&self, key: Option<&str>, payload: &str) {
+        self.send(key, payload, None).await;
+    }
+
+    async fn consume(&self, slow: Option<String>) {
+        let ledger = self.ledger.clone();
+        self.sqs()
+            .await
+            .run(
+                move |job| order_handler(job, ledger.clone(), slow.clone()),
+                std::future::pending(),
+            )
+            .await
+            .expect("consume");
+    }
+
+    /// Nothing left in the queue, visible or not (a dead-letter copy is
+    /// accepted before its original is deleted).
+    async fn settled(&self, _dead_letters: usize) -> bool {
+        for _ in 0..100 {
+            if self.remaining().await == 0 {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        false
+    }
+
+    async fn dead_letters(&self) -> Vec<DeadLetterSeen> {
+        dead_letters(&self.client(), &format!("{}-dead", self.queue_url)).await
+    }
 }

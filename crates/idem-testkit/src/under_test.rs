@@ -1,0 +1,59 @@
+//! What the shared consumer scenarios need of a broker: an adapter's
+//! tests implement [`BrokerUnderTest`] once, and every scenario (the
+//! worker kill in [`scenario`](crate::scenario)) runs against it.
+
+use std::future::Future;
+
+use crate::ledger::Ledger;
+
+/// A dead-letter as the scenarios read it back from the broker.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DeadLetterSeen {
+    /// The `Idem-Key` header, when the message had a key.
+    pub key: Option<String>,
+    /// The `Idem-Reason` header.
+    pub reason: String,
+    /// The `Idem-Consumer` header.
+    pub consumer: Option<String>,
+}
+
+/// One broker, set up for one test: a fresh destination (queue, stream),
+/// its effects ledger, and a consumer of it with the scenario's executor
+/// ([`scenario::executor`](crate::scenario::executor)), scope `orders` and
+/// keys from the `Idempotency-Key` header.
+///
+/// Worker processes are the test binary started again; they find the
+/// setup in their environment ([`env`](Self::env) there,
+/// [`from_env`](Self::from_env) here).
+pub trait BrokerUnderTest: Sized {
+    /// A fresh destination named after `name`, and whatever must exist
+    /// before the first publish (a durable consumer, a topology).
+    fn create(name: &str) -> impl Future<Output = Self>;
+
+    /// In a worker process: the setup its parent passed, or `None` when
+    /// the binary runs as a plain test.
+    fn from_env() -> Option<Self>;
+
+    /// The environment that passes this setup to a worker process.
+    fn env(&self) -> Vec<(&'static str, String)>;
+
+    /// The effects ledger its handlers write.
+    fn ledger(&self) -> &Ledger;
+
+    /// Publishes `payload`, with the `Idempotency-Key` header when `key`
+    /// is given, and waits until the broker has stored it.
+    fn publish(&self, key: Option<&str>, payload: &str) -> impl Future<Output = ()>;
+
+    /// Consumes with [`order_handler`](crate::ledger::order_handler)
+    /// (hanging on `slow`) until the process is killed.
+    fn consume(&self, slow: Option<String>) -> impl Future<Output = ()>;
+
+    /// Waits (a bounded time) until the broker holds nothing unsettled and
+    /// at least `dead_letters` dead-letters are in (for brokers that
+    /// cannot see unacknowledged deliveries); false if that did not
+    /// happen.
+    fn settled(&self, dead_letters: usize) -> impl Future<Output = bool>;
+
+    /// The dead-letters, read back from the broker.
+    fn dead_letters(&self) -> impl Future<Output = Vec<DeadLetterSeen>>;
+}
