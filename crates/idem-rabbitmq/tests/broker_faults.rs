@@ -6,11 +6,14 @@
 //!   everything that channel held (on a broker of the test's own, with a
 //!   2 s timeout; the machine's keeps RabbitMQ's 30 minutes);
 //! - the connection cut (through a fault proxy) while deliveries are being
-//!   handled and acked.
+//!   handled and acked;
+//! - the broker restarted (stopped cleanly and started again on the same
+//!   data) in the middle of the stream.
 
 #[allow(dead_code)] // the rest serves tests/rabbitmq.rs
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -124,6 +127,66 @@ async fn a_connection_cut_mid_ack_is_opened_again_and_nothing_is_lost_or_run_twi
         &proxy,
         rabbit.consumer().stats().dead_letters,
     );
+    assert!(
+        drain(&channel, &setup.queue).await.is_empty(),
+        "nothing left behind in the queue"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_restarted_mid_stream_is_reconnected_and_nothing_is_lost_or_run_twice() {
+    let mut server =
+        RabbitServer::start_with(&RabbitOptions::default()).expect("start a RabbitMQ broker");
+    let setup = Setup::new("restart");
+    let rabbit = setup.rabbit_at(server.url()).await;
+    {
+        let (_connection, channel) = publisher_at(server.url()).await;
+        for key in cuts::keys() {
+            publish(&channel, &setup.queue, Some(&key), &cuts::payload(&key)).await;
+        }
+    }
+    let ledger = setup.ledger.clone();
+    let restarted = Arc::new(AtomicBool::new(false));
+    let done = {
+        let (ledger, restarted) = (ledger.clone(), Arc::clone(&restarted));
+        async move {
+            eventually(Duration::from_secs(60), || ledger.effects().len() >= 15).await;
+            // The restart blocks for the broker's clean stop and start.
+            let server = tokio::task::spawn_blocking(move || server.restart().map(|()| server))
+                .await
+                .expect("restart task")
+                .expect("restart the broker");
+            restarted.store(true, Ordering::SeqCst);
+            eventually(Duration::from_secs(90), || {
+                ledger.effects().len() == cuts::MESSAGES
+            })
+            .await;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            server
+        }
+    };
+    let (server_tx, server_rx) = tokio::sync::oneshot::channel();
+    rabbit
+        .run(cuts::handler(ledger.clone()), async move {
+            let _ = server_tx.send(done.await);
+        })
+        .await
+        .expect("the consumer outlives a broker restart");
+    let server = server_rx.await.expect("the restart ran");
+    assert!(restarted.load(Ordering::SeqCst));
+
+    let effects = ledger.effects();
+    assert_eq!(
+        effects.len(),
+        cuts::MESSAGES,
+        "every message had its effect: {effects:?}"
+    );
+    assert!(
+        effects.values().all(|n| *n == 1),
+        "and only one: {effects:?}"
+    );
+    assert_eq!(rabbit.consumer().stats().dead_letters, 0);
+    let (_connection, channel) = publisher_at(server.url()).await;
     assert!(
         drain(&channel, &setup.queue).await.is_empty(),
         "nothing left behind in the queue"

@@ -9,8 +9,11 @@
 //! process: when the test process exits, the watchdog stops the broker
 //! by PID (SIGTERM, which the start script turns into a clean stop), then
 //! asks `epmd` to exit, which it refuses while any other node uses it, and
-//! removes the broker's directory.
+//! removes the broker's directory. [`RabbitServer::restart`] writes `keep`
+//! down the pipe instead: the watchdog stops the broker and leaves its
+//! directory, and a new watchdog starts it again on the same data.
 
+use std::io::Write;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -20,7 +23,7 @@ pub use crate::server::{free_port, ServerError};
 
 const PROGRAM: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
 
-const WATCHDOG: &str = r#""$0" & pid=$!; read -r _; case "$pid" in ''|0|*[!0-9]*) exit 1 ;; esac; kill -s TERM -- "$pid"; wait "$pid"; epmd -kill >/dev/null 2>&1; case "$1" in /tmp/idem-rabbitmq-*) rm -rf -- "$1" ;; esac; exit 0"#;
+const WATCHDOG: &str = r#""$0" & pid=$!; read -r keep; case "$pid" in ''|0|*[!0-9]*) exit 1 ;; esac; kill -s TERM -- "$pid"; wait "$pid"; [ "$keep" = keep ] && exit 0; epmd -kill >/dev/null 2>&1; case "$1" in /tmp/idem-rabbitmq-*) rm -rf -- "$1" ;; esac; exit 0"#;
 
 /// Settings of a broker a test starts for itself.
 #[derive(Debug, Clone, Default)]
@@ -49,12 +52,69 @@ impl RabbitOptions {
 pub struct RabbitServer {
     url: String,
     port: u16,
-    _own: Option<OwnBroker>,
+    own: Option<OwnBroker>,
 }
 
 #[derive(Debug)]
 struct OwnBroker {
-    _process: (Child, ChildStdin),
+    process: (Child, ChildStdin),
+    node: NodeSetup,
+}
+
+/// What it takes to start an own broker's node, again on restart.
+#[derive(Debug)]
+struct NodeSetup {
+    port: u16,
+    dist_port: u16,
+    dir: std::path::PathBuf,
+    advanced: String,
+}
+
+impl NodeSetup {
+    /// Starts the node under its watchdog and waits until it listens.
+    fn spawn(&self) -> Result<(Child, ChildStdin), ServerError> {
+        let (port, dir) = (self.port, &self.dir);
+        // Files of its own, so the machine's /etc/rabbitmq (which may pin
+        // the listener to 5672) is not read.
+        let write = |name: &str, text: String| {
+            let path = dir.join(name);
+            std::fs::write(&path, text)
+                .map_err(|e| failed(format!("writing {}: {e}", path.display())))
+                .map(|()| path)
+        };
+        let plugins = write("enabled_plugins", "[].\n".to_owned())?;
+        let config = write(
+            "rabbitmq.conf",
+            format!("listeners.tcp.default = 127.0.0.1:{port}\n"),
+        )?;
+        let env_file = write("rabbitmq-env.conf", String::new())?;
+        let advanced = write("advanced.config", self.advanced.clone())?;
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(WATCHDOG)
+            .arg(PROGRAM)
+            .arg(dir)
+            .env("RABBITMQ_NODENAME", format!("idem-{port}@localhost"))
+            .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
+            .env("RABBITMQ_NODE_PORT", port.to_string())
+            .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
+            .env("ERL_EPMD_ADDRESS", "127.0.0.1")
+            .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", dir.join("log"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", &plugins)
+            .env("RABBITMQ_CONFIG_FILE", &config)
+            .env("RABBITMQ_CONF_ENV_FILE", &env_file)
+            .env("RABBITMQ_ADVANCED_CONFIG_FILE", &advanced)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| failed(format!("spawning sh: {e}")))?;
+        let stdin = child.stdin.take().ok_or_else(|| failed("no stdin pipe"))?;
+        wait_listening(&mut child, "rabbitmq-server", port, Duration::from_secs(90))
+            .map_err(|why| failed(format!("{why}; logs in {}", dir.join("log").display())))?;
+        Ok((child, stdin))
+    }
 }
 
 impl RabbitServer {
@@ -76,14 +136,14 @@ impl RabbitServer {
             return Ok(Self {
                 url,
                 port,
-                _own: None,
+                own: None,
             });
         }
         if std::env::var_os("IDEM_TEST_OWN_RABBITMQ").is_none() && listening(5672) {
             return Ok(Self {
                 url: "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned(),
                 port: 5672,
-                _own: None,
+                own: None,
             });
         }
         Self::start()
@@ -100,59 +160,41 @@ impl RabbitServer {
             return Err(ServerError::NotInstalled("rabbitmq-server"));
         }
         let port = free_port()?;
-        let dist_port = free_port()?;
         let dir = tempfile::Builder::new()
             .prefix(&format!("idem-rabbitmq-{port}-"))
             .tempdir()
             .map_err(|e| failed(format!("temporary directory: {e}")))?
             .keep();
-        // Files of its own, so the machine's /etc/rabbitmq (which may pin
-        // the listener to 5672) is not read.
-        let write = |name: &str, text: String| {
-            let path = dir.join(name);
-            std::fs::write(&path, text)
-                .map_err(|e| failed(format!("writing {}: {e}", path.display())))
-                .map(|()| path)
+        let node = NodeSetup {
+            port,
+            dist_port: free_port()?,
+            dir,
+            advanced: options.advanced_config(),
         };
-        let plugins = write("enabled_plugins", "[].\n".to_owned())?;
-        let config = write(
-            "rabbitmq.conf",
-            format!("listeners.tcp.default = 127.0.0.1:{port}\n"),
-        )?;
-        let env_file = write("rabbitmq-env.conf", String::new())?;
-        let advanced = write("advanced.config", options.advanced_config())?;
-        let node = format!("idem-{port}@localhost");
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(WATCHDOG)
-            .arg(PROGRAM)
-            .arg(&dir)
-            .env("RABBITMQ_NODENAME", &node)
-            .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
-            .env("RABBITMQ_NODE_PORT", port.to_string())
-            .env("RABBITMQ_DIST_PORT", dist_port.to_string())
-            .env("ERL_EPMD_ADDRESS", "127.0.0.1")
-            .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
-            .env("RABBITMQ_LOG_BASE", dir.join("log"))
-            .env("RABBITMQ_ENABLED_PLUGINS_FILE", &plugins)
-            .env("RABBITMQ_CONFIG_FILE", &config)
-            .env("RABBITMQ_CONF_ENV_FILE", &env_file)
-            .env("RABBITMQ_ADVANCED_CONFIG_FILE", &advanced)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| failed(format!("spawning sh: {e}")))?;
-        let stdin = child.stdin.take().ok_or_else(|| failed("no stdin pipe"))?;
-        wait_listening(&mut child, "rabbitmq-server", port, Duration::from_secs(90))
-            .map_err(|why| failed(format!("{why}; logs in {}", dir.join("log").display())))?;
+        let process = node.spawn()?;
         Ok(Self {
             url: format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
             port,
-            _own: Some(OwnBroker {
-                _process: (child, stdin),
-            }),
+            own: Some(OwnBroker { process, node }),
         })
+    }
+
+    /// Stops a broker this process started, cleanly (its durable queues
+    /// and persistent messages kept on disk), and starts it again on the
+    /// same port with the same data; unacknowledged deliveries are back in
+    /// their queues. Returns once it accepts connections again.
+    pub fn restart(&mut self) -> Result<(), ServerError> {
+        let own = self
+            .own
+            .as_mut()
+            .ok_or_else(|| failed("only a broker this process started can be restarted"))?;
+        let (child, stdin) = &mut own.process;
+        writeln!(stdin, "keep").map_err(|e| failed(format!("asking the watchdog to stop: {e}")))?;
+        child
+            .wait()
+            .map_err(|e| failed(format!("waiting for the broker to stop: {e}")))?;
+        own.process = own.node.spawn()?;
+        Ok(())
     }
 
     /// The AMQP URL, with guest credentials.
