@@ -3,9 +3,10 @@
 //!
 //! It runs under an `sh` watchdog holding a pipe from the test process:
 //! when the test process exits, the watchdog kills the server by PID and
-//! removes its directory.
+//! removes its directory. [`NatsServer::restart`] kills it the same way
+//! but keeps the directory, and starts it again on it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -14,7 +15,8 @@ use crate::server::{failed, which, Watched};
 pub use crate::server::{free_port, ServerError};
 
 /// The watchdog: `$0` is the store directory, removed after the kill.
-const WATCHDOG: &str = r#"nats-server "$@" & pid=$!; read -r _; case "$pid" in ''|0|*[!0-9]*) exit 1 ;; esac; kill -s KILL -- "$pid"; wait "$pid"; case "$0" in /tmp/idem-nats-*) rm -rf -- "$0" ;; esac"#;
+/// A first line `keep` leaves the directory, for a restart.
+const WATCHDOG: &str = r#"nats-server "$@" & pid=$!; read -r keep; case "$pid" in ''|0|*[!0-9]*) exit 1 ;; esac; kill -s KILL -- "$pid"; wait "$pid"; [ "$keep" = keep ] && exit 0; case "$0" in /tmp/idem-nats-*) rm -rf -- "$0" ;; esac"#;
 
 /// One `nats-server -js` child process.
 #[derive(Debug)]
@@ -46,19 +48,34 @@ impl NatsServer {
             .tempdir()
             .map_err(|e| failed(format!("temporary directory: {e}")))?
             .keep();
-        let mut watchdog = Command::new("sh");
-        watchdog
-            .arg("-c")
-            .arg(WATCHDOG)
-            .arg(&dir)
-            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-            .arg(&dir);
-        let process = Watched::start(watchdog, "nats-server", port, Duration::from_secs(10))?;
+        let process = Self::spawn(port, &dir)?;
         Ok(Self {
             port,
             dir,
             process: Some(process),
         })
+    }
+
+    fn spawn(port: u16, dir: &Path) -> Result<Watched, ServerError> {
+        let mut watchdog = Command::new("sh");
+        watchdog
+            .arg("-c")
+            .arg(WATCHDOG)
+            .arg(dir)
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+            .arg(dir);
+        Watched::start(watchdog, "nats-server", port, Duration::from_secs(10))
+    }
+
+    /// Kills the server (SIGKILL, as a crash would) and starts it again on
+    /// the same port with the same JetStream store; returns once it
+    /// listens again.
+    pub fn restart(&mut self) -> Result<(), ServerError> {
+        if let Some(process) = self.process.take() {
+            process.stop_keeping_data();
+        }
+        self.process = Some(Self::spawn(self.port, &self.dir)?);
+        Ok(())
     }
 
     /// `nats://127.0.0.1:PORT`.

@@ -2,6 +2,7 @@
 //! programs.
 
 use std::ffi::OsStr;
+use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -145,6 +146,17 @@ impl Watched {
         let mut watchdog = Command::new("sh");
         watchdog.arg("-c").arg(WATCHDOG).arg(program).args(args);
         Self::start(watchdog, name, port, limit)
+    }
+}
+
+impl Watched {
+    /// Stops the server as dropping does, but tells a watchdog that
+    /// understands it (its first line read is `keep`) to leave the
+    /// server's data for a restart.
+    pub(crate) fn stop_keeping_data(mut self) {
+        if let Some(mut stdin) = self.stdin.take() {
+            let _ = writeln!(stdin, "keep");
+        }
     }
 }
 
