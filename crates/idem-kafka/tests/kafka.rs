@@ -14,12 +14,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{create_topic, read_topic, Setup};
+use common::{create_topic, Setup};
 use idem_consumer::{Stopped, WindowError};
-use idem_kafka::{
-    KafkaConsumer, KafkaConsumerError, PartitionOrder, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER,
-    SOURCE_OFFSET_HEADER, SOURCE_TOPIC_HEADER,
-};
+use idem_kafka::{KafkaConsumer, KafkaConsumerError, PartitionOrder};
 use idem_redis::RedisStore;
 use idem_testkit::ledger::{eventually, order_handler, Ledger};
 use idem_testkit::scenario;
@@ -30,21 +27,12 @@ use tokio::sync::oneshot;
 #[test]
 #[ignore = "a worker process, started by the multi-process tests"]
 fn worker_process() {
-    let Some(setup) = Setup::from_env() else {
-        return;
-    };
-    let slow = scenario::slow_key();
-    scenario::worker_main(async move {
-        let kafka = setup.kafka().await;
-        let ledger = setup.ledger.clone();
-        kafka
-            .run(
-                move |job| order_handler(job, ledger.clone(), slow.clone()),
-                std::future::pending(),
-            )
-            .await
-            .expect("consume");
-    });
+    scenario::worker_process::<Setup>();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each() {
+    scenario::killed_worker::<Setup>("kill").await;
 }
 
 /// Runs `kafka` with the order handler in a task, until the returned
@@ -65,61 +53,6 @@ fn run_orders(
         },
     ));
     (stop, running)
-}
-
-/// Waits until the group's committed offset reaches the end of every
-/// partition.
-async fn caught_up(setup: &Setup, partitions: i32) -> bool {
-    for _ in 0..150 {
-        if setup
-            .progress(partitions)
-            .values()
-            .all(|(at, end)| at == end)
-        {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    false
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each() {
-    let setup = Setup::new("kill", 3).await;
-    let producer = setup.producer();
-    for (key, body) in scenario::messages() {
-        producer
-            .send(&setup.topic, key.as_deref(), &body, None)
-            .await;
-    }
-    let committed = scenario::kill_one_worker_and_finish(
-        &setup.ledger,
-        Duration::from_secs(120),
-        |slow| setup.spawn_worker(slow),
-        caught_up(&setup, 3),
-    )
-    .await;
-    assert!(
-        committed,
-        "the group committed past every record: {:?}",
-        setup.progress(3)
-    );
-    let dead = read_topic(&setup.bootstrap, &setup.dead_letter_topic(), 8).await;
-    for d in &dead {
-        assert_eq!(d[CONSUMER_HEADER], "orders");
-        assert_eq!(d[SOURCE_TOPIC_HEADER], setup.topic);
-        assert!(d[SOURCE_OFFSET_HEADER].parse::<i64>().is_ok(), "{d:?}");
-        assert_eq!(
-            d.get("Idempotency-Key"),
-            d.get(KEY_HEADER),
-            "the original headers travel with the copy"
-        );
-    }
-    scenario::assert_bad_ones_dead(
-        dead.iter()
-            .map(|d| (d.get(KEY_HEADER).cloned(), d[REASON_HEADER].clone()))
-            .collect(),
-    );
 }
 
 /// One group member's run, as a task that can be stopped.
@@ -211,7 +144,7 @@ async fn a_rebalance_mid_stream_keeps_partition_order_and_one_effect_per_record(
         count(&order),
         setup.progress(4)
     );
-    let committed = caught_up(&setup, 4).await;
+    let committed = setup.caught_up(4).await;
     second.stop.send(()).expect("stop the second member");
     let second_stats = second.running.await.expect("second member");
 
@@ -325,7 +258,7 @@ async fn claims_made_ahead_keep_offset_order_and_one_effect_per_key() {
         s.executed + s.replayed == 80
     })
     .await;
-    let committed = caught_up(&setup, 1).await;
+    let committed = setup.caught_up(1).await;
     stop.send(()).expect("stop");
     running.await.expect("task").expect("run");
     assert!(done, "{:?}", stats.stats());
@@ -377,7 +310,7 @@ async fn under_key_order_other_keys_pass_a_retrying_record_and_each_key_keeps_it
         setup.ledger.effects().len() == 4
     })
     .await;
-    let committed = caught_up(&setup, 1).await;
+    let committed = setup.caught_up(1).await;
     stop.send(()).expect("stop");
     running.await.expect("task").expect("run");
     assert!(done, "{:?}", setup.ledger.effects());

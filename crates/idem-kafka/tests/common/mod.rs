@@ -4,18 +4,21 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Child;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, KeyExtractor};
-use idem_kafka::KafkaConsumer;
+use idem_kafka::{
+    KafkaConsumer, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER, SOURCE_OFFSET_HEADER,
+    SOURCE_TOPIC_HEADER,
+};
 use idem_redis::RedisStore;
 use idem_testkit::kafka::KafkaServer;
-use idem_testkit::ledger::Ledger;
+use idem_testkit::ledger::{order_handler, Ledger};
 use idem_testkit::redis::RedisServer;
+use idem_testkit::under_test::{BrokerUnderTest, DeadLetterSeen};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
@@ -85,7 +88,7 @@ impl Setup {
         }
     }
 
-    pub(crate) fn from_env() -> Option<Self> {
+    fn from_env() -> Option<Self> {
         let var = |name| std::env::var(name).ok();
         Some(Self {
             topic: var("IDEM_KAFKA_TOPIC")?,
@@ -143,20 +146,6 @@ impl Setup {
         .expect("connect to Kafka")
     }
 
-    /// Starts this test binary as a worker process (`worker_process`).
-    pub(crate) fn spawn_worker(&self, slow_key: Option<&str>) -> Child {
-        let dir = self.ledger.dir().to_string_lossy().into_owned();
-        idem_testkit::scenario::spawn_worker(
-            [
-                ("IDEM_KAFKA_TOPIC", self.topic.as_str()),
-                ("IDEM_KAFKA_BOOTSTRAP", self.bootstrap.as_str()),
-                ("IDEM_KAFKA_REDIS", self.redis_url.as_str()),
-                ("IDEM_KAFKA_DIR", dir.as_str()),
-            ],
-            slow_key,
-        )
-    }
-
     pub(crate) fn producer(&self) -> Producer {
         Producer(
             ClientConfig::new()
@@ -190,6 +179,95 @@ impl Setup {
                     .fetch_watermarks(&self.topic, p, Duration::from_secs(5))
                     .expect("watermarks");
                 (p, (at, end))
+            })
+            .collect()
+    }
+
+    /// Waits until the group's committed offset reaches the end of every
+    /// partition.
+    pub(crate) async fn caught_up(&self, partitions: i32) -> bool {
+        for _ in 0..150 {
+            if self
+                .progress(partitions)
+                .values()
+                .all(|(at, end)| at == end)
+            {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        false
+    }
+}
+
+/// The partitions of the worker-kill scenario's topic.
+const SCENARIO_PARTITIONS: i32 = 3;
+
+impl BrokerUnderTest for Setup {
+    async fn create(name: &str) -> Self {
+        Self::new(name, SCENARIO_PARTITIONS).await
+    }
+
+    fn from_env() -> Option<Self> {
+        Setup::from_env()
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("IDEM_KAFKA_TOPIC", self.topic.clone()),
+            ("IDEM_KAFKA_BOOTSTRAP", self.bootstrap.clone()),
+            ("IDEM_KAFKA_REDIS", self.redis_url.clone()),
+            (
+                "IDEM_KAFKA_DIR",
+                self.ledger.dir().to_string_lossy().into_owned(),
+            ),
+        ]
+    }
+
+    fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    async fn publish(&self, key: Option<&str>, payload: &str) {
+        self.producer().send(&self.topic, key, payload, None).await;
+    }
+
+    async fn consume(&self, slow: Option<String>) {
+        let ledger = self.ledger.clone();
+        self.kafka()
+            .await
+            .run(
+                move |job| order_handler(job, ledger.clone(), slow.clone()),
+                std::future::pending(),
+            )
+            .await
+            .expect("consume");
+    }
+
+    /// The group committed past every record (dead-letter copies are
+    /// acknowledged by the broker before their offset is committed).
+    async fn settled(&self, _dead_letters: usize) -> bool {
+        self.caught_up(SCENARIO_PARTITIONS).await
+    }
+
+    /// The dead-letter topic's records, each checked for the source
+    /// headers Kafka adds and the original headers it keeps.
+    async fn dead_letters(&self) -> Vec<DeadLetterSeen> {
+        let dead = read_topic(&self.bootstrap, &self.dead_letter_topic(), 8).await;
+        dead.into_iter()
+            .map(|d| {
+                assert_eq!(d[SOURCE_TOPIC_HEADER], self.topic);
+                assert!(d[SOURCE_OFFSET_HEADER].parse::<i64>().is_ok(), "{d:?}");
+                assert_eq!(
+                    d.get("Idempotency-Key"),
+                    d.get(KEY_HEADER),
+                    "the original headers travel with the copy"
+                );
+                DeadLetterSeen {
+                    key: d.get(KEY_HEADER).cloned(),
+                    reason: d[REASON_HEADER].clone(),
+                    consumer: d.get(CONSUMER_HEADER).cloned(),
+                }
             })
             .collect()
     }
