@@ -7,7 +7,8 @@
 #[allow(dead_code)] // the rest serves tests/jetstream.rs
 mod common;
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::pull;
@@ -16,7 +17,6 @@ use idem::Scope;
 use idem_consumer::Consumer;
 use idem_nats::NatsConsumer;
 use idem_testkit::cuts;
-use idem_testkit::ledger::eventually;
 use idem_testkit::nats::NatsServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -51,7 +51,7 @@ async fn a_connection_cut_mid_ack_is_reconnected_and_nothing_is_lost_or_run_twic
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_killed_and_restarted_mid_stream_is_reconnected_and_nothing_is_lost_or_run_twice()
 {
-    let mut server = NatsServer::start().expect("nats-server");
+    let server = NatsServer::start().expect("nats-server");
     let setup = Setup {
         nats_url: server.url(),
         ..Setup::new("RESTART")
@@ -61,47 +61,24 @@ async fn a_server_killed_and_restarted_mid_stream_is_reconnected_and_nothing_is_
     for key in cuts::keys() {
         publish(&js, &setup.subject(), Some(&key), &cuts::payload(&key)).await;
     }
-    let ledger = setup.ledger.clone();
-    let done = {
-        let ledger = ledger.clone();
-        async move {
-            eventually(Duration::from_secs(60), || ledger.effects().len() >= 15).await;
-            let at_restart = ledger.effects().len();
-            let server = tokio::task::spawn_blocking(move || server.restart().map(|()| server))
-                .await
-                .expect("restart task")
-                .expect("restart nats-server");
-            eventually(Duration::from_secs(90), || {
-                ledger.effects().len() == cuts::MESSAGES
-            })
-            .await;
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            (server, at_restart)
-        }
-    };
-    let (server_tx, server_rx) = tokio::sync::oneshot::channel();
-    nats.run(cuts::handler(ledger.clone()), async move {
-        let _ = server_tx.send(done.await);
-    })
+    let server = Arc::new(Mutex::new(server));
+    let at_restart = Arc::new(AtomicUsize::new(0));
+    nats.run(
+        cuts::handler(setup.ledger.clone()),
+        cuts::restart_mid_stream(
+            setup.ledger.clone(),
+            Arc::clone(&server),
+            NatsServer::restart,
+            Arc::clone(&at_restart),
+        ),
+    )
     .await
     .expect("the consumer outlives a server restart");
-    let (_server, at_restart) = server_rx.await.expect("the restart ran");
-    assert!(
-        at_restart < cuts::MESSAGES,
-        "the server went down mid-stream ({at_restart} effects in)"
+    cuts::assert_restarted(
+        &setup.ledger,
+        at_restart.load(Ordering::SeqCst),
+        nats.consumer().stats().dead_letters,
     );
-
-    let effects = ledger.effects();
-    assert_eq!(
-        effects.len(),
-        cuts::MESSAGES,
-        "every message had its effect: {effects:?}"
-    );
-    assert!(
-        effects.values().all(|n| *n == 1),
-        "and only one: {effects:?}"
-    );
-    assert_eq!(nats.consumer().stats().dead_letters, 0);
     let js = async_nats::jetstream::new(
         async_nats::connect(setup.nats_url.as_str())
             .await

@@ -13,7 +13,8 @@
 #[allow(dead_code)] // the rest serves tests/rabbitmq.rs
 mod common;
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{drain, publish, publisher, publisher_at, Setup};
@@ -134,7 +135,7 @@ async fn a_connection_cut_mid_ack_is_opened_again_and_nothing_is_lost_or_run_twi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_restarted_mid_stream_is_reconnected_and_nothing_is_lost_or_run_twice() {
-    let mut server =
+    let server =
         RabbitServer::start_with(&RabbitOptions::default()).expect("start a RabbitMQ broker");
     let setup = Setup::new("restart");
     let rabbit = setup.rabbit_at(server.url()).await;
@@ -144,50 +145,27 @@ async fn a_broker_restarted_mid_stream_is_reconnected_and_nothing_is_lost_or_run
             publish(&channel, &setup.queue, Some(&key), &cuts::payload(&key)).await;
         }
     }
-    let ledger = setup.ledger.clone();
-    let done = {
-        let ledger = ledger.clone();
-        async move {
-            eventually(Duration::from_secs(60), || ledger.effects().len() >= 15).await;
-            let at_restart = ledger.effects().len();
-            // The restart blocks for the broker's clean stop and start.
-            let server = tokio::task::spawn_blocking(move || server.restart().map(|()| server))
-                .await
-                .expect("restart task")
-                .expect("restart the broker");
-            eventually(Duration::from_secs(90), || {
-                ledger.effects().len() == cuts::MESSAGES
-            })
-            .await;
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            (server, at_restart)
-        }
-    };
-    let (server_tx, server_rx) = tokio::sync::oneshot::channel();
+    let url = server.url().to_owned();
+    let server = Arc::new(Mutex::new(server));
+    let at_restart = Arc::new(AtomicUsize::new(0));
     rabbit
-        .run(cuts::handler(ledger.clone()), async move {
-            let _ = server_tx.send(done.await);
-        })
+        .run(
+            cuts::handler(setup.ledger.clone()),
+            cuts::restart_mid_stream(
+                setup.ledger.clone(),
+                Arc::clone(&server),
+                RabbitServer::restart,
+                Arc::clone(&at_restart),
+            ),
+        )
         .await
         .expect("the consumer outlives a broker restart");
-    let (server, at_restart) = server_rx.await.expect("the restart ran");
-    assert!(
-        at_restart < cuts::MESSAGES,
-        "the broker went down mid-stream ({at_restart} effects in)"
+    cuts::assert_restarted(
+        &setup.ledger,
+        at_restart.load(Ordering::SeqCst),
+        rabbit.consumer().stats().dead_letters,
     );
-
-    let effects = ledger.effects();
-    assert_eq!(
-        effects.len(),
-        cuts::MESSAGES,
-        "every message had its effect: {effects:?}"
-    );
-    assert!(
-        effects.values().all(|n| *n == 1),
-        "and only one: {effects:?}"
-    );
-    assert_eq!(rabbit.consumer().stats().dead_letters, 0);
-    let (_connection, channel) = publisher_at(server.url()).await;
+    let (_connection, channel) = publisher_at(&url).await;
     assert!(
         drain(&channel, &setup.queue).await.is_empty(),
         "nothing left behind in the queue"

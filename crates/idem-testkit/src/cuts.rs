@@ -7,18 +7,22 @@
 //! The adapter's test publishes [`keys`] (payload `{"id": key}`, keyed by
 //! the `Idempotency-Key` header), runs its consumer through the proxy with
 //! a handler from [`handler`] until [`cut_three_times`] resolves, and
-//! hands the result to [`assert_survived`].
+//! hands the result to [`assert_survived`]. The restart variant stops
+//! the broker mid-stream and starts it again instead
+//! ([`restart_mid_stream`], [`assert_restarted`]).
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_consumer::{Job, Message};
 
 use crate::ledger::{eventually, order_handler, Ledger, OrderError};
 use crate::proxy::FaultProxy;
+use crate::ServerError;
 
 /// How many messages the scenario publishes.
 pub const MESSAGES: usize = 60;
@@ -89,6 +93,39 @@ async fn cut_one(proxy: &FaultProxy) {
     }
 }
 
+/// The consumer's shutdown for the restart variant: once 15 effects are
+/// in, notes how many in `at_restart` and runs `restart` on the server
+/// (on a blocking thread: restarts wait for processes), then resolves a
+/// few seconds after the last effect.
+pub async fn restart_mid_stream<T: Send + 'static>(
+    ledger: Ledger,
+    server: Arc<Mutex<T>>,
+    restart: fn(&mut T) -> Result<(), ServerError>,
+    at_restart: Arc<AtomicUsize>,
+) {
+    eventually(Duration::from_secs(60), || ledger.effects().len() >= 15).await;
+    at_restart.store(ledger.effects().len(), Ordering::SeqCst);
+    tokio::task::spawn_blocking(move || restart(&mut server.lock().expect("server lock")))
+        .await
+        .expect("restart task")
+        .expect("restart the broker");
+    eventually(Duration::from_secs(90), || {
+        ledger.effects().len() == MESSAGES
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+}
+
+/// Judges a restart run: the restart came mid-stream, every message had
+/// exactly one effect, none was dead-lettered.
+pub fn assert_restarted(ledger: &Ledger, at_restart: usize, dead_letters: u64) {
+    assert!(
+        at_restart < MESSAGES,
+        "the broker went down mid-stream ({at_restart} effects in)"
+    );
+    assert_exactly_once(ledger, dead_letters);
+}
+
 /// Judges a run: three cuts were made and the consumer connected again
 /// after each, every message had exactly one effect, none was
 /// dead-lettered.
@@ -98,6 +135,10 @@ pub fn assert_survived(ledger: &Ledger, proxy: &FaultProxy, dead_letters: u64) {
         stats.resets >= 3 && stats.connections >= 4,
         "three cuts, and a connection again after each: {stats:?}"
     );
+    assert_exactly_once(ledger, dead_letters);
+}
+
+fn assert_exactly_once(ledger: &Ledger, dead_letters: u64) {
     let effects = ledger.effects();
     assert_eq!(
         effects.len(),
