@@ -15,8 +15,8 @@ use crate::Message;
 pub type SettleError = Box<dyn StdError + Send + Sync>;
 
 /// The deliveries of one subscription. An `Err` item ends the run with
-/// that error (the adapter skips, itself, errors its client recovers
-/// from).
+/// that error unless [`Broker::resubscribe`] says to subscribe again (the
+/// adapter skips, itself, errors its client recovers from on its own).
 pub type Deliveries<M, E> = BoxStream<'static, Result<M, E>>;
 
 /// The broker side of the consume loop: where deliveries come from and
@@ -30,7 +30,8 @@ pub type Deliveries<M, E> = BoxStream<'static, Result<M, E>>;
 /// | retry after *d* | [`retry`](Self::retry)`(d)`; if that fails, [`give_back`](Self::give_back) |
 /// | dead-letter | [`dead_letter`](Self::dead_letter) (the copy), then [`end_dead_lettered`](Self::end_dead_lettered) (the original); if the copy is not stored, a retry after the longest retry delay, so the message is never lost |
 ///
-/// Every call happens only after the delivery's outcome is stored.
+/// Every call happens only once the delivery's processing has finished:
+/// an ack only after its outcome is stored.
 /// Adding a broker means implementing this trait (and, for its tests,
 /// the testkit's `BrokerUnderTest`).
 pub trait Broker: Send + Sync + 'static {

@@ -96,7 +96,7 @@ impl Message for MemoryMessage {
     async fn keep_alive(&self) {
         let mut queues = self.state.lock();
         if let Some((back, _)) = queues.out.get_mut(&self.receipt) {
-            *back = Instant::now() + self.state.visibility;
+            *back = later(self.state.visibility);
         }
     }
 }
@@ -201,7 +201,7 @@ impl MemoryBroker {
                     queues.deliveries += 1;
                     queues
                         .out
-                        .insert(receipt, (now + self.state.visibility, message.clone()));
+                        .insert(receipt, (later(self.state.visibility), message.clone()));
                     return Some(MemoryMessage {
                         message,
                         receipt,
@@ -276,6 +276,14 @@ impl Queues {
     }
 }
 
+/// `after` from now; a delay too long for the clock is a day (a retry
+/// delay can be as long as a caller asks).
+fn later(after: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(after)
+        .unwrap_or_else(|| now + Duration::from_secs(24 * 3600))
+}
+
 fn redelivery(message: OwnedMessage) -> OwnedMessage {
     let count = message.delivery_count().unwrap_or(1);
     message.with_delivery_count(count.saturating_add(1))
@@ -303,9 +311,7 @@ impl Broker for MemoryBroker {
 
     async fn retry(&self, message: &MemoryMessage, after: Duration) -> Result<(), SettleError> {
         self.settle(message, |queues, original| {
-            queues
-                .ready
-                .push_back((Instant::now() + after, redelivery(original)));
+            queues.ready.push_back((later(after), redelivery(original)));
         })
     }
 

@@ -35,7 +35,7 @@ where
     /// flight are settled first either way. A stream failure the broker
     /// [survives](Broker::resubscribe) does not end the run: it
     /// subscribes again, waiting 100 ms, then twice as long up to 5 s,
-    /// between tries.
+    /// between tries (back to 100 ms once a delivery arrives).
     ///
     /// ```
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -75,6 +75,7 @@ where
         Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
         let mut deliveries = broker.deliveries().await?;
+        let mut wait = RESUBSCRIBE_FIRST;
         let concurrency = broker.concurrency().max(1);
         let handler = Arc::new(handler);
         let mut in_flight = JoinSet::new();
@@ -85,6 +86,7 @@ where
                 Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
                 next = deliveries.next(), if in_flight.len() < concurrency => match next {
                     Some(Ok(message)) => {
+                        wait = RESUBSCRIBE_FIRST;
                         let (consumer, handler, broker) =
                             (self.clone(), Arc::clone(&handler), Arc::clone(broker));
                         in_flight.spawn(async move {
@@ -100,7 +102,7 @@ where
                             %error,
                             "the delivery stream failed; subscribing again"
                         );
-                        match resubscribe(&**broker, &mut shutdown).await {
+                        match resubscribe(&**broker, &mut shutdown, &mut wait).await {
                             Some(Ok(next)) => deliveries = next,
                             Some(Err(error)) => break Err(error),
                             None => break Ok(Stopped::Shutdown),
@@ -191,22 +193,28 @@ const RESUBSCRIBE_FIRST: Duration = Duration::from_millis(100);
 const RESUBSCRIBE_MAX: Duration = Duration::from_secs(5);
 
 /// Subscribes again after a failure the broker survives, until it works,
-/// fails for good, or `shutdown` resolves (`None`).
+/// fails for good, or `shutdown` resolves (`None`). `wait` is the backoff,
+/// kept across failures until a delivery arrives, so a subscription that
+/// fails as soon as it is made is not retried ever faster.
 async fn resubscribe<B: Broker, F: Future<Output = ()>>(
     broker: &B,
     shutdown: &mut Pin<&mut F>,
+    wait: &mut Duration,
 ) -> Option<Result<Deliveries<B::Message, B::Error>, B::Error>> {
-    let mut wait = RESUBSCRIBE_FIRST;
     loop {
         tokio::select! {
             () = shutdown.as_mut() => return None,
-            () = tokio::time::sleep(wait) => {}
+            () = tokio::time::sleep(*wait) => {}
         }
-        match broker.deliveries().await {
+        *wait = (*wait * 2).min(RESUBSCRIBE_MAX);
+        let subscribed = tokio::select! {
+            () = shutdown.as_mut() => return None,
+            subscribed = broker.deliveries() => subscribed,
+        };
+        match subscribed {
             Ok(deliveries) => return Some(Ok(deliveries)),
             Err(error) if broker.resubscribe(&error) => {
-                tracing::warn!(%error, ?wait, "subscribing again failed; trying again");
-                wait = (wait * 2).min(RESUBSCRIBE_MAX);
+                tracing::warn!(%error, wait = ?*wait, "subscribing again failed; trying again");
             }
             Err(error) => return Some(Err(error)),
         }

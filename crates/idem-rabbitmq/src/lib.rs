@@ -11,9 +11,12 @@
 //!
 //! Copies keep the original's properties and headers, so the key is read
 //! the same way on every delivery. Every copy is published with publisher
-//! confirms and `mandatory`; if a copy is not confirmed, the original is
-//! requeued instead (`basic.nack` with requeue), so nothing is lost — at
-//! worst a message is delivered once more, which the key makes harmless.
+//! confirms and `mandatory`, and the original is acked only once its copy
+//! is confirmed. A dead-letter copy that is not confirmed makes the
+//! message a retry after the longest delay instead, and a retry copy that
+//! is not confirmed requeues the original (`basic.nack` with requeue), so
+//! nothing is lost — at worst a message is delivered once more, which the
+//! key makes harmless.
 //! A worker that dies leaves its unacknowledged deliveries to the broker,
 //! which redelivers them; a duplicate whose first delivery is still
 //! running elsewhere is retried later, never acked.
@@ -90,6 +93,7 @@
 
 use std::error::Error as StdError;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -334,6 +338,8 @@ impl<S: Store, C: Codec> RabbitConsumerBuilder<S, C> {
             broker: Arc::new(Rabbit {
                 url: self.url,
                 link: Mutex::new(link),
+                repairing: tokio::sync::Mutex::new(()),
+                running: AtomicBool::new(false),
                 topology,
                 prefetch: self.prefetch,
                 consuming: Mutex::new(None),
@@ -525,7 +531,15 @@ where
         T: Serialize + DeserializeOwned + Send + 'static,
         E: StdError + Send + Sync + 'static,
     {
-        match self.consumer.run(&self.broker, handler, shutdown).await? {
+        if self.broker.running.swap(true, Ordering::SeqCst) {
+            return Err(RabbitError::Config(
+                "this consumer is already running; connect another to consume in parallel"
+                    .to_owned(),
+            ));
+        }
+        let ran = self.consumer.run(&self.broker, handler, shutdown).await;
+        self.broker.running.store(false, Ordering::SeqCst);
+        match ran? {
             Stopped::Shutdown => Ok(()),
             Stopped::Ended => Err(RabbitError::Ended {
                 queue: self.broker.topology.queue.clone(),
@@ -539,6 +553,10 @@ struct Rabbit {
     /// Where to connect again when the connection is lost.
     url: String,
     link: Mutex<Link>,
+    /// Held while the link is repaired.
+    repairing: tokio::sync::Mutex<()>,
+    /// Whether a run is under way: one at a time.
+    running: AtomicBool,
     topology: Topology,
     prefetch: u16,
     /// The channel consuming and its consumer tag, while consuming.
@@ -640,12 +658,17 @@ impl Broker for Rabbit {
     /// A channel the broker closed (its `consumer_timeout`, a policy
     /// change) is replaced on the same connection, and a lost connection
     /// (the broker restarted, the network cut) is opened again, with the
-    /// topology declared again.
+    /// topology declared again. Refusals that trying again cannot change
+    /// (wrong credentials, a queue declared with other arguments) end the
+    /// run.
     fn resubscribe(&self, error: &RabbitError) -> bool {
-        matches!(
-            error,
-            RabbitError::Consume { .. } | RabbitError::Connect { .. } | RabbitError::Declare { .. }
-        )
+        match error {
+            RabbitError::Consume { .. } => true,
+            RabbitError::Connect { source, .. } | RabbitError::Declare { source, .. } => {
+                transient(source)
+            }
+            _ => false,
+        }
     }
 
     /// Cancels the consumer, so no more deliveries come, and closes its
@@ -672,6 +695,25 @@ impl Broker for Rabbit {
     }
 }
 
+/// Whether trying again may get past `error`: not for the broker's
+/// refusals (access refused 403, not found 404, precondition failed 406,
+/// not allowed 530) or a failed login.
+fn transient(error: &lapin::Error) -> bool {
+    match error.kind() {
+        lapin::ErrorKind::ProtocolError(refusal) => {
+            !matches!(refusal.kind().get_id(), 403 | 404 | 406 | 530)
+        }
+        lapin::ErrorKind::AuthProviderError(_) | lapin::ErrorKind::InvalidProtocolVersion(_) => {
+            false
+        }
+        _ => true,
+    }
+}
+
+/// How long connecting, opening the publishing channel and declaring the
+/// topology may take before the attempt is given up.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A connection and the channel copies are published on.
 #[derive(Clone)]
 struct Link {
@@ -681,40 +723,78 @@ struct Link {
 }
 
 impl Link {
-    /// Connects, opens the publishing channel and declares the topology.
+    /// Connects, opens the publishing channel and declares the topology,
+    /// within [`OPEN_TIMEOUT`].
     async fn open(url: &str, topology: &Topology) -> Result<Self, RabbitError> {
         let connect_error = |source| RabbitError::Connect {
             url: idem::url::redact(url),
             source,
         };
-        let connection = Connection::connect(url, ConnectionProperties::default())
+        let open = async {
+            let connection = Connection::connect(url, ConnectionProperties::default())
+                .await
+                .map_err(connect_error)?;
+            let publish = publishing_channel(&connection)
+                .await
+                .map_err(connect_error)?;
+            topology.declare(&publish).await?;
+            Ok(Self {
+                connection: Arc::new(connection),
+                publish,
+            })
+        };
+        tokio::time::timeout(OPEN_TIMEOUT, open)
             .await
-            .map_err(connect_error)?;
-        let publish = connection.create_channel().await.map_err(connect_error)?;
-        publish
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(connect_error)?;
-        topology.declare(&publish).await?;
-        Ok(Self {
-            connection: Arc::new(connection),
-            publish,
-        })
+            .unwrap_or_else(|_| {
+                Err(connect_error(lapin::Error::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no connection within {OPEN_TIMEOUT:?}"),
+                ))))
+            })
     }
 }
 
+/// A channel with publisher confirms on `connection`.
+async fn publishing_channel(connection: &Connection) -> Result<Channel, lapin::Error> {
+    let publish = connection.create_channel().await?;
+    publish
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok(publish)
+}
+
 impl Rabbit {
-    /// The link, opened again if its connection was lost.
+    /// The link, repaired first if the broker closed its publishing
+    /// channel or the connection was lost. One repair at a time: callers
+    /// that find one under way wait for it and use what it made.
     async fn link(&self) -> Result<Link, RabbitError> {
         let current = self.current();
-        if current.connection.status().connected() {
+        if current.connection.status().connected() && current.publish.status().connected() {
             return Ok(current);
         }
-        tracing::warn!(
-            url = %idem::url::redact(&self.url),
-            "the connection to RabbitMQ was lost; connecting again"
-        );
-        let link = Link::open(&self.url, &self.topology).await?;
+        let _repairing = self.repairing.lock().await;
+        let current = self.current();
+        let link = if !current.connection.status().connected() {
+            tracing::warn!(
+                url = %idem::url::redact(&self.url),
+                "the connection to RabbitMQ was lost; connecting again"
+            );
+            Link::open(&self.url, &self.topology).await?
+        } else if !current.publish.status().connected() {
+            tracing::warn!("the broker closed the publishing channel; opening another");
+            let publish = publishing_channel(&current.connection)
+                .await
+                .map_err(|source| RabbitError::Connect {
+                    url: idem::url::redact(&self.url),
+                    source,
+                })?;
+            Link {
+                connection: current.connection,
+                publish,
+            }
+        } else {
+            return Ok(current);
+        };
         *self.link.lock().unwrap_or_else(PoisonError::into_inner) = link.clone();
         Ok(link)
     }
@@ -740,7 +820,8 @@ impl Rabbit {
         }
         let properties = message.properties.clone().with_headers(headers);
         let confirm = self
-            .current()
+            .link()
+            .await?
             .publish
             .basic_publish(
                 "".into(),

@@ -163,3 +163,42 @@ async fn start_up_refuses_a_window_retention_cannot_cover_and_a_queue_declared_o
         other => panic!("expected Connect, got {:?}", other.err()),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_run_of_the_same_consumer_at_once_is_refused() {
+    let setup = Setup::new("twice");
+    let rabbit = std::sync::Arc::new(setup.rabbit().await);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let first = tokio::spawn({
+        let rabbit = std::sync::Arc::clone(&rabbit);
+        async move {
+            rabbit
+                .run(|_job| async { Ok::<_, std::io::Error>(()) }, async {
+                    stopped.await.ok();
+                })
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = rabbit
+        .run(
+            |_job| async { Ok::<_, std::io::Error>(()) },
+            std::future::pending(),
+        )
+        .await;
+    match second {
+        Err(error @ RabbitError::Config(_)) => {
+            assert!(error.to_string().contains("already running"), "{error}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    stop.send(()).expect("the first run waits");
+    first
+        .await
+        .expect("task")
+        .expect("the first run stops cleanly");
+    rabbit
+        .run(|_job| async { Ok::<_, std::io::Error>(()) }, async {})
+        .await
+        .expect("a run after the first ended is allowed");
+}
