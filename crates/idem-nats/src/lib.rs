@@ -1,7 +1,7 @@
 //! # idem-nats: exactly-once effects for NATS JetStream consumers
 //!
 //! Runs every message of a durable pull consumer through
-//! [`idem_consumer::Consumer`] and carries out its [`Disposition`]:
+//! [`idem_consumer::Consumer`] and carries out its [`Disposition`](idem_consumer::Disposition):
 //!
 //! | disposition | what happens on the server |
 //! |---|---|

@@ -1,7 +1,7 @@
 //! # idem-rabbitmq: exactly-once effects for RabbitMQ consumers
 //!
 //! Runs every delivery of a queue through [`idem_consumer::Consumer`] and
-//! carries out its [`Disposition`] with manual acknowledgements:
+//! carries out its [`Disposition`](idem_consumer::Disposition) with manual acknowledgements:
 //!
 //! | disposition | what happens on the broker |
 //! |---|---|

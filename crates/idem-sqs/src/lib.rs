@@ -1,7 +1,7 @@
 //! # idem-sqs: exactly-once effects for Amazon SQS consumers
 //!
 //! Receives from a standard or FIFO queue, runs every message through
-//! [`idem_consumer::Consumer`] and carries out its [`Disposition`]:
+//! [`idem_consumer::Consumer`] and carries out its [`Disposition`](idem_consumer::Disposition):
 //!
 //! | disposition | what happens on the queue |
 //! |---|---|
