@@ -21,8 +21,11 @@ pub use crate::server::{free_port, ServerError};
 /// The watchdog: starts the server, waits for its stdin to close, then
 /// kills the server (SIGKILL: a crash, as far as Redis can tell). The PID
 /// is checked to be a plain positive number and passed after `--`, so the
-/// kill can only ever reach that one process.
-const WATCHDOG: &str = r#"redis-server "$@" & pid=$!; read -r _; case "$pid" in ''|0|*[!0-9]*) exit 1 ;; esac; kill -s KILL -- "$pid"; wait "$pid""#;
+/// kill can only ever reach that one process. `$0` is the server's
+/// directory: removed after the kill when the pipe just closed (the test
+/// process exited, a server kept in a `static` included), kept when the
+/// first line read is `keep` ([`RedisServer::stop`], for a restart).
+const WATCHDOG: &str = r#"redis-server "$@" & pid=$!; read -r keep; case "$pid" in ''|0|*[!0-9]*) exit 1 ;; esac; kill -s KILL -- "$pid"; wait "$pid"; [ "$keep" = keep ] && exit 0; case "$0" in /tmp/idem-redis-*) rm -rf -- "$0" ;; esac"#;
 
 /// One `redis-server` child process.
 #[derive(Debug)]
@@ -69,7 +72,8 @@ impl RedisServer {
     /// Kills the server (SIGKILL) and waits for it to exit. Its port stays
     /// reserved for [`start_again`](Self::start_again).
     pub fn stop(&mut self) {
-        if let Some((mut child, stdin)) = self.process.take() {
+        if let Some((mut child, mut stdin)) = self.process.take() {
+            let _ = writeln!(stdin, "keep");
             drop(stdin);
             let _ = child.wait();
         }
@@ -114,7 +118,7 @@ impl RedisServer {
         let mut child = Command::new("sh")
             .arg("-c")
             .arg(WATCHDOG)
-            .arg("sh")
+            .arg(&self.dir)
             .args(&args)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
