@@ -11,16 +11,14 @@
 //! the broker mid-stream and starts it again instead
 //! ([`restart_mid_stream`], [`assert_restarted`]).
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_consumer::{Job, Message};
 
-use crate::ledger::{eventually, order_handler, Ledger, OrderError};
+use crate::ledger::{eventually, order_handler, Handled, Ledger};
 use crate::proxy::FaultProxy;
 use crate::ServerError;
 
@@ -45,9 +43,6 @@ pub async fn proxy(port: u16) -> Arc<FaultProxy> {
             .expect("fault proxy"),
     )
 }
-
-/// What [`handler`] returns for one delivery.
-pub type Handled = Pin<Box<dyn Future<Output = Result<(), OrderError>> + Send>>;
 
 /// The handler: [`order_handler`], 30 ms per message, so that cuts land
 /// while deliveries are in hand.

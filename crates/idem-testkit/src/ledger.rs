@@ -3,8 +3,10 @@
 //! counts lines per key to prove one effect per message and none lost.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use idem::{LeaseLost, Terminal};
@@ -154,4 +156,16 @@ pub async fn order_handler<M: Message>(
     job.ctx().ensure_lease()?;
     ledger.effect(&key);
     Ok(())
+}
+
+/// What an order handler returns for one delivery.
+pub type Handled = Pin<Box<dyn Future<Output = Result<(), OrderError>> + Send>>;
+
+/// [`order_handler`] as the handler a consumer's `run` takes, writing to
+/// `ledger` and hanging on `slow`.
+pub fn orders<M: Message>(
+    ledger: Ledger,
+    slow: Option<String>,
+) -> impl Fn(Job<M>) -> Handled + Send + Sync + 'static {
+    move |job| Box::pin(order_handler(job, ledger.clone(), slow.clone()))
 }

@@ -16,7 +16,7 @@ use idem_kafka::{
 };
 use idem_redis::RedisStore;
 use idem_testkit::kafka::KafkaServer;
-use idem_testkit::ledger::{order_handler, Ledger};
+use idem_testkit::ledger::{orders, Ledger};
 use idem_testkit::redis::RedisServer;
 use idem_testkit::under_test::{BrokerUnderTest, DeadLetterSeen};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -86,16 +86,6 @@ impl Setup {
             bootstrap,
             redis_url: redis().url(),
         }
-    }
-
-    fn from_env() -> Option<Self> {
-        let var = |name| std::env::var(name).ok();
-        Some(Self {
-            topic: var("IDEM_KAFKA_TOPIC")?,
-            bootstrap: var("IDEM_KAFKA_BOOTSTRAP")?,
-            redis_url: var("IDEM_KAFKA_REDIS")?,
-            ledger: Ledger::at(PathBuf::from(var("IDEM_KAFKA_DIR")?)),
-        })
     }
 
     pub(crate) fn group(&self) -> String {
@@ -209,7 +199,13 @@ impl BrokerUnderTest for Setup {
     }
 
     fn from_env() -> Option<Self> {
-        Setup::from_env()
+        let var = |name| std::env::var(name).ok();
+        Some(Self {
+            topic: var("IDEM_KAFKA_TOPIC")?,
+            bootstrap: var("IDEM_KAFKA_BOOTSTRAP")?,
+            redis_url: var("IDEM_KAFKA_REDIS")?,
+            ledger: Ledger::at(PathBuf::from(var("IDEM_KAFKA_DIR")?)),
+        })
     }
 
     fn env(&self) -> Vec<(&'static str, String)> {
@@ -233,13 +229,9 @@ impl BrokerUnderTest for Setup {
     }
 
     async fn consume(&self, slow: Option<String>) {
-        let ledger = self.ledger.clone();
         self.kafka()
             .await
-            .run(
-                move |job| order_handler(job, ledger.clone(), slow.clone()),
-                std::future::pending(),
-            )
+            .run(orders(self.ledger.clone(), slow), std::future::pending())
             .await
             .expect("consume");
     }

@@ -12,7 +12,7 @@ use idem::Scope;
 use idem_consumer::Consumer;
 use idem_nats::{NatsConsumer, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 use idem_redis::RedisStore;
-use idem_testkit::ledger::{order_handler, Ledger};
+use idem_testkit::ledger::{orders, Ledger};
 use idem_testkit::nats::NatsServer;
 use idem_testkit::redis::RedisServer;
 use idem_testkit::under_test::{BrokerUnderTest, DeadLetterSeen};
@@ -44,16 +44,6 @@ impl Setup {
             nats_url: nats_url(),
             redis_url: redis().url(),
         }
-    }
-
-    fn from_env() -> Option<Self> {
-        let var = |name| std::env::var(name).ok();
-        Some(Self {
-            stream: var("IDEM_NATS_STREAM")?,
-            nats_url: var("IDEM_NATS_URL")?,
-            redis_url: var("IDEM_NATS_REDIS")?,
-            ledger: Ledger::at(PathBuf::from(var("IDEM_NATS_DIR")?)),
-        })
     }
 
     pub(crate) fn subject(&self) -> String {
@@ -121,7 +111,13 @@ impl BrokerUnderTest for Setup {
     }
 
     fn from_env() -> Option<Self> {
-        Setup::from_env()
+        let var = |name| std::env::var(name).ok();
+        Some(Self {
+            stream: var("IDEM_NATS_STREAM")?,
+            nats_url: var("IDEM_NATS_URL")?,
+            redis_url: var("IDEM_NATS_REDIS")?,
+            ledger: Ledger::at(PathBuf::from(var("IDEM_NATS_DIR")?)),
+        })
     }
 
     fn env(&self) -> Vec<(&'static str, String)> {
@@ -145,13 +141,9 @@ impl BrokerUnderTest for Setup {
     }
 
     async fn consume(&self, slow: Option<String>) {
-        let ledger = self.ledger.clone();
         self.nats()
             .await
-            .run(
-                move |job| order_handler(job, ledger.clone(), slow.clone()),
-                std::future::pending(),
-            )
+            .run(orders(self.ledger.clone(), slow), std::future::pending())
             .await
             .expect("consume");
     }

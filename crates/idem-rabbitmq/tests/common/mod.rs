@@ -9,7 +9,7 @@ use idem::Scope;
 use idem_consumer::Consumer;
 use idem_rabbitmq::{RabbitConsumer, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 use idem_redis::RedisStore;
-use idem_testkit::ledger::{order_handler, Ledger};
+use idem_testkit::ledger::{orders, Ledger};
 use idem_testkit::rabbitmq::RabbitServer;
 use idem_testkit::redis::RedisServer;
 use idem_testkit::under_test::{BrokerUnderTest, DeadLetterSeen};
@@ -65,16 +65,6 @@ impl Setup {
         ]
     }
 
-    fn from_env() -> Option<Self> {
-        let var = |name| std::env::var(name).ok();
-        Some(Self {
-            queue: var("IDEM_RABBIT_QUEUE")?,
-            redis_url: var("IDEM_RABBIT_REDIS")?,
-            namespace: var("IDEM_RABBIT_NS")?,
-            ledger: Ledger::at(PathBuf::from(var("IDEM_RABBIT_DIR")?)),
-        })
-    }
-
     pub(crate) async fn store(&self) -> RedisStore {
         RedisStore::builder(&self.redis_url)
             .expect("valid URL")
@@ -114,7 +104,13 @@ impl BrokerUnderTest for Setup {
     }
 
     fn from_env() -> Option<Self> {
-        Setup::from_env()
+        let var = |name| std::env::var(name).ok();
+        Some(Self {
+            queue: var("IDEM_RABBIT_QUEUE")?,
+            redis_url: var("IDEM_RABBIT_REDIS")?,
+            namespace: var("IDEM_RABBIT_NS")?,
+            ledger: Ledger::at(PathBuf::from(var("IDEM_RABBIT_DIR")?)),
+        })
     }
 
     fn env(&self) -> Vec<(&'static str, String)> {
@@ -131,13 +127,9 @@ impl BrokerUnderTest for Setup {
     }
 
     async fn consume(&self, slow: Option<String>) {
-        let ledger = self.ledger.clone();
         self.rabbit()
             .await
-            .run(
-                move |job| order_handler(job, ledger.clone(), slow.clone()),
-                std::future::pending(),
-            )
+            .run(orders(self.ledger.clone(), slow), std::future::pending())
             .await
             .expect("consume");
     }

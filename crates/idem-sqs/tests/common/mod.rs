@@ -11,7 +11,7 @@ use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, KeyExtractor};
 use idem_dynamodb::DynamoStore;
 use idem_sqs::{SqsConsumer, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
-use idem_testkit::ledger::{order_handler, Ledger};
+use idem_testkit::ledger::{orders, Ledger};
 use idem_testkit::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
 use idem_testkit::under_test::{BrokerUnderTest, DeadLetterSeen};
 
@@ -76,16 +76,6 @@ impl Setup {
             queue_url,
             table,
         }
-    }
-
-    fn from_env() -> Option<Self> {
-        let var = |name| std::env::var(name).ok();
-        Some(Self {
-            endpoint: var("IDEM_SQS_ENDPOINT")?,
-            queue_url: var("IDEM_SQS_QUEUE")?,
-            table: var("IDEM_SQS_TABLE")?,
-            ledger: Ledger::at(PathBuf::from(var("IDEM_SQS_DIR")?)),
-        })
     }
 
     pub(crate) fn client(&self) -> Client {
@@ -222,7 +212,13 @@ impl BrokerUnderTest for Setup {
     }
 
     fn from_env() -> Option<Self> {
-        Setup::from_env()
+        let var = |name| std::env::var(name).ok();
+        Some(Self {
+            endpoint: var("IDEM_SQS_ENDPOINT")?,
+            queue_url: var("IDEM_SQS_QUEUE")?,
+            table: var("IDEM_SQS_TABLE")?,
+            ledger: Ledger::at(PathBuf::from(var("IDEM_SQS_DIR")?)),
+        })
     }
 
     fn env(&self) -> Vec<(&'static str, String)> {
@@ -246,13 +242,9 @@ impl BrokerUnderTest for Setup {
     }
 
     async fn consume(&self, slow: Option<String>) {
-        let ledger = self.ledger.clone();
         self.sqs()
             .await
-            .run(
-                move |job| order_handler(job, ledger.clone(), slow.clone()),
-                std::future::pending(),
-            )
+            .run(orders(self.ledger.clone(), slow), std::future::pending())
             .await
             .expect("consume");
     }
