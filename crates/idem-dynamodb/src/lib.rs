@@ -74,16 +74,16 @@ use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 use aws_sdk_dynamodb::Client;
 use bytes::Bytes;
-use futures_util::StreamExt;
 use idem::machine::{self, ClaimDecision, Fresh, Write};
 use idem::{
-    ClaimMany, ClaimOutcome, ClaimParams, Clock, DeleteRecord, Failure, FailureClass,
-    FindAbandoned, GetRecord, Lease, ListPage, ListQuery, ListRecords, PurgeExpired, Record,
-    RecordId, RecordTtl, Resolution, Resolved, Scope, State, StepBegin, StepEntry, StepJournal,
-    Store, StoreError, SystemClock, Timestamp, TokenMint,
+    ClaimOutcome, ClaimParams, Clock, DeleteRecord, Failure, FailureClass, FindAbandoned,
+    GetRecord, Lease, ListPage, ListQuery, ListRecords, PurgeExpired, Record, RecordId, RecordTtl,
+    Resolution, Resolved, Scope, State, StepBegin, StepEntry, StepJournal, Store, StoreError,
+    SystemClock, Timestamp, TokenMint,
 };
 
 pub mod item;
+mod many;
 mod setup;
 
 use item::{n, s, Encoding, Item, Step, Stored};
@@ -102,7 +102,8 @@ pub const DEFAULT_COMPRESS_ABOVE: usize = 1024;
 /// numbers, token, fingerprint, failure): the room a response must leave.
 const RECORD_OVERHEAD: usize = 1024;
 
-/// How many claims of a [`ClaimMany`] batch are in flight at once.
+/// How many writes of a batch (`claim_many`, `complete_many`) are in
+/// flight at once.
 const BATCH_CONCURRENCY: usize = 32;
 
 /// How many times a claim re-decides after losing a race on the item
@@ -932,55 +933,6 @@ impl FindAbandoned for DynamoStore {
             .into_iter()
             .take(limit)
             .map(|s| (s.id, s.record))
-            .collect())
-    }
-}
-
-impl ClaimMany for DynamoStore {
-    /// DynamoDB has no batch of conditional writes that succeed or fail one
-    /// by one (`BatchWriteItem` takes no conditions, a transaction fails
-    /// whole), so the claims run concurrently, up to 32 at a time, each its
-    /// own conditional write. A key that occurs more than once in the batch
-    /// is claimed in batch order: each later occurrence waits for the one
-    /// before it (it then finds that claim in progress, as it would in
-    /// sequence).
-    async fn claim_many(
-        &self,
-        claims: &[(RecordId, ClaimParams)],
-    ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
-        let mut seen: HashMap<&RecordId, usize> = HashMap::new();
-        let rounds: Vec<usize> = claims
-            .iter()
-            .map(|(id, _)| {
-                let n = seen.entry(id).or_default();
-                *n += 1;
-                *n - 1
-            })
-            .collect();
-        let mut results: Vec<Option<Result<ClaimOutcome, StoreError>>> =
-            claims.iter().map(|_| None).collect();
-        for round in 0..rounds.iter().max().map_or(0, |r| r + 1) {
-            let mut in_flight = futures_util::stream::FuturesUnordered::new();
-            let mut pending = claims
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| rounds[*i] == round);
-            loop {
-                while in_flight.len() < BATCH_CONCURRENCY {
-                    let Some((i, (id, params))) = pending.next() else {
-                        break;
-                    };
-                    in_flight.push(async move { (i, self.claim(id, params).await) });
-                }
-                let Some((i, result)) = in_flight.next().await else {
-                    break;
-                };
-                results[i] = Some(result);
-            }
-        }
-        Ok(results
-            .into_iter()
-            .map(|r| r.expect("every claim ran in its round"))
             .collect())
     }
 }

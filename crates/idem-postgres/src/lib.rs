@@ -93,6 +93,7 @@ use sha2::{Digest, Sha256};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{GenericClient, Statement};
 
+mod completions;
 mod conn;
 pub mod inbox;
 mod notify;
@@ -280,6 +281,7 @@ struct Sql {
     claim: String,
     claim_many: String,
     complete: String,
+    complete_many: String,
     fail: String,
     extend: String,
     release: String,
@@ -312,6 +314,7 @@ impl Sql {
             claim: claim(include_str!("../sql/claim.sql")),
             claim_many: claim(include_str!("../sql/claim_many.sql")),
             complete: r(include_str!("../sql/complete.sql")),
+            complete_many: r(include_str!("../sql/complete_many.sql")),
             fail: r(include_str!("../sql/fail.sql")),
             extend: r(include_str!("../sql/extend.sql")),
             release: r(include_str!("../sql/release.sql")),

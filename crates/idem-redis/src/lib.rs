@@ -85,10 +85,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem::{
-    journal_of, ClaimMany, ClaimOutcome, ClaimParams, DeleteRecord, DynStepJournal, Failure,
-    FindAbandoned, GetRecord, Lease, LeaseToken, ListPage, ListQuery, ListRecords, PurgeExpired,
-    Record, RecordId, Resolution, Resolved, Scope, State, StepBegin, StepEntry, StepJournal, Store,
-    StoreError, Timestamp, TokenMint,
+    journal_of, ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, Completion, DeleteRecord,
+    DynStepJournal, Failure, FindAbandoned, GetRecord, Lease, LeaseToken, ListPage, ListQuery,
+    ListRecords, PurgeExpired, Record, RecordId, Resolution, Resolved, Scope, State, StepBegin,
+    StepEntry, StepJournal, Store, StoreError, Timestamp, TokenMint,
 };
 use redis::Value;
 use sha2::{Digest, Sha256};
@@ -478,16 +478,44 @@ impl RedisStore {
 
     /// Runs a holder's write; `Ok(reply)` when the token held.
     async fn write(&self, op: Op, lease: &Lease, args: Vec<Bytes>) -> Result<Value, StoreError> {
+        self.primitive(self.holder_call(op, lease, args))
+            .await
+            .map_err(|e| damaged(&lease.id, e))
+    }
+
+    /// A holder's write as its script takes it: the token, then `args`.
+    fn holder_call(&self, op: Op, lease: &Lease, args: Vec<Bytes>) -> Call {
         let mut all = Vec::with_capacity(args.len() + 1);
         all.push(Bytes::from(lease.token.to_hex()));
         all.extend(args);
-        self.primitive(Call {
+        Call {
             op,
             key: self.record_key(&lease.id),
             args: all,
-        })
-        .await
-        .map_err(|e| damaged(&lease.id, e))
+        }
+    }
+
+    /// The completion's arguments after the token.
+    fn completion_args(&self, response: Bytes, retention: Duration) -> Vec<Bytes> {
+        vec![response, millis(retention), self.inner.grace_ms.clone()]
+    }
+
+    /// Runs `calls` of one primitive together, replies in order: in one
+    /// batch on a single server, grouped by slot on a Cluster (see
+    /// [`run_each`](Self::run_each)).
+    async fn primitives(&self, calls: Vec<Call>) -> Vec<Result<Value, StoreError>> {
+        if let Some(batcher) = &self.inner.batcher {
+            return batcher.call_all(calls).await;
+        }
+        let Some(op) = calls.first().map(|c| c.op) else {
+            return Vec::new();
+        };
+        let calls: Vec<(String, Vec<Vec<u8>>)> = calls
+            .into_iter()
+            .map(|c| (c.key, c.args.iter().map(|a| a.to_vec()).collect()))
+            .collect();
+        self.run_each(self.inner.scripts.primitive(op), &calls)
+            .await
     }
 
     /// Runs a step-journal script, whose first argument is the holder's
@@ -749,7 +777,7 @@ impl Store for RedisStore {
         response: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let args = vec![response, millis(retention), self.inner.grace_ms.clone()];
+        let args = self.completion_args(response, retention);
         let reply = self.write(Op::Complete, lease, args).await?;
         written(&lease.id, reply)
     }
@@ -1014,16 +1042,7 @@ impl ClaimMany for RedisStore {
             .zip(&tokens)
             .map(|((id, params), token)| self.claim_call(id, *token, params))
             .collect();
-        let replies = match &self.inner.batcher {
-            Some(batcher) => batcher.call_all(calls).await,
-            None => {
-                let calls: Vec<(String, Vec<Vec<u8>>)> = calls
-                    .into_iter()
-                    .map(|c| (c.key, c.args.iter().map(|a| a.to_vec()).collect()))
-                    .collect();
-                self.run_each(&self.inner.scripts.claim, &calls).await
-            }
-        };
+        let replies = self.primitives(calls).await;
         Ok(claims
             .iter()
             .zip(tokens)
@@ -1031,6 +1050,31 @@ impl ClaimMany for RedisStore {
             .map(|(((id, _), token), reply)| {
                 record::claim_outcome(id, token, reply.map_err(|e| damaged(id, e))?)
             })
+            .collect())
+    }
+}
+
+impl CompleteMany for RedisStore {
+    /// Sends the completions together, as [`ClaimMany`] sends claims: one
+    /// batch script call to a single server (group commit, see the crate
+    /// docs), grouped by slot on a Cluster. Each is checked against its
+    /// own token.
+    async fn complete_many(
+        &self,
+        completions: &[Completion],
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        let calls: Vec<Call> = completions
+            .iter()
+            .map(|c| {
+                let args = self.completion_args(c.response.clone(), c.retention);
+                self.holder_call(Op::Complete, &c.lease, args)
+            })
+            .collect();
+        let replies = self.primitives(calls).await;
+        Ok(completions
+            .iter()
+            .zip(replies)
+            .map(|(c, reply)| written(&c.lease.id, reply.map_err(|e| damaged(&c.lease.id, e))?))
             .collect())
     }
 }

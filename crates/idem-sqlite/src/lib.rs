@@ -59,10 +59,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use idem::machine::{decide_claim, ClaimDecision, Fresh, Write};
 use idem::{
-    journal_of, ClaimMany, ClaimOutcome, ClaimParams, Clock, DeleteRecord, DynStepJournal, Failure,
-    FindAbandoned, GetRecord, KeyRules, Lease, LeaseToken, ListPage, ListQuery, ListRecords,
-    PurgeExpired, PurgerHandle, Record, RecordId, Resolution, Resolved, Scope, StepBegin,
-    StepEntry, StepJournal, Store, StoreError, SystemClock, Timestamp,
+    journal_of, ClaimMany, ClaimOutcome, ClaimParams, Clock, CompleteMany, Completion,
+    DeleteRecord, DynStepJournal, Failure, FindAbandoned, GetRecord, KeyRules, Lease, LeaseToken,
+    ListPage, ListQuery, ListRecords, PurgeExpired, PurgerHandle, Record, RecordId, Resolution,
+    Resolved, Scope, StepBegin, StepEntry, StepJournal, Store, StoreError, SystemClock, Timestamp,
 };
 use parking_lot::Mutex;
 use rusqlite::types::Value;
@@ -715,6 +715,20 @@ impl<C: Clock> ClaimMany for SqliteStore<C> {
         match self.submit(Op::Claim(claims.to_vec())).await? {
             Done::Claims(outcomes) => Ok(outcomes),
             _ => unreachable!("a claim job is answered with Done::Claims"),
+        }
+    }
+}
+
+impl<C: Clock> CompleteMany for SqliteStore<C> {
+    /// The completions go to the writer as one job, so they commit in one
+    /// transaction with whatever else that batch carries.
+    async fn complete_many(
+        &self,
+        completions: &[Completion],
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        match self.submit(Op::Complete(completions.to_vec())).await? {
+            Done::Completes(written) => Ok(written),
+            _ => unreachable!("a completion job is answered with Done::Completes"),
         }
     }
 }

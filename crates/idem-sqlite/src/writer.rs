@@ -16,8 +16,8 @@ use idem::machine::{
     decide_claim, decide_resolve, decide_step_begin, decide_write, held, Fresh, Write,
 };
 use idem::{
-    ClaimOutcome, ClaimParams, Clock, Lease, LeaseToken, RecordId, Resolution, Resolved, State,
-    StepBegin, StepState, StoreError, Timestamp,
+    ClaimOutcome, ClaimParams, Clock, Completion, Lease, LeaseToken, RecordId, Resolution,
+    Resolved, State, StepBegin, StepState, StoreError, Timestamp,
 };
 use parking_lot::Mutex;
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
@@ -31,6 +31,9 @@ pub(crate) enum Op {
     Claim(Vec<(RecordId, ClaimParams)>),
     /// A write by a lease holder.
     Write { lease: Lease, write: Write },
+    /// Completions, each under its own lease's token check, answered in
+    /// order.
+    Complete(Vec<Completion>),
     /// Delete a record whatever its state.
     Delete(RecordId),
     /// Delete at most this many expired records.
@@ -55,6 +58,7 @@ pub(crate) enum Op {
 pub(crate) enum Done {
     Claims(Vec<Result<ClaimOutcome, StoreError>>),
     Write(Result<Timestamp, StoreError>),
+    Completes(Vec<Result<(), StoreError>>),
     Delete(bool),
     Purge(usize),
     BeginStep(Result<StepBegin, StoreError>),
@@ -293,6 +297,17 @@ fn apply(
             Done::Claims(outcomes)
         }
         Op::Write { lease, write } => Done::Write(apply_write(tx, lease, write.clone(), now)?),
+        Op::Complete(completions) => {
+            let mut written = Vec::with_capacity(completions.len());
+            for c in completions {
+                let write = Write::Complete {
+                    response: c.response.clone(),
+                    retention: c.retention,
+                };
+                written.push(apply_write(tx, &c.lease, write, now)?.map(drop));
+            }
+            Done::Completes(written)
+        }
         Op::Delete(id) => {
             let expires: Option<i64> = tx
                 .prepare_cached(

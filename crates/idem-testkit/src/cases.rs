@@ -15,6 +15,9 @@ use tokio::sync::Barrier;
 
 use crate::{ConformanceStore, Fixture};
 
+mod completions;
+pub use completions::{batch_completes, batch_completes_race_single_writes};
+
 const LONG: Duration = Duration::from_secs(3600);
 
 fn id(scope: &Scope, key: &str) -> RecordId {

@@ -25,8 +25,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::{
-    ClaimMany, DeleteRecord, FindAbandoned, GetRecord, ListRecords, ManualClock, PurgeExpired,
-    Scope, StepJournal, Store,
+    ClaimMany, CompleteMany, DeleteRecord, FindAbandoned, GetRecord, ListRecords, ManualClock,
+    PurgeExpired, Scope, StepJournal, Store,
 };
 
 pub mod bench;
@@ -59,6 +59,7 @@ pub trait ConformanceStore:
     + ListRecords
     + PurgeExpired
     + ClaimMany
+    + CompleteMany
     + StepJournal
     + FindAbandoned
 {
@@ -71,6 +72,7 @@ impl<S> ConformanceStore for S where
         + ListRecords
         + PurgeExpired
         + ClaimMany
+        + CompleteMany
         + StepJournal
         + FindAbandoned
 {
@@ -181,6 +183,8 @@ macro_rules! conformance_suite {
             batch_claims,
             batch_claims_follow_every_claim_rule,
             concurrent_batches_on_overlapping_keys,
+            batch_completes,
+            batch_completes_race_single_writes,
             purge_removes_only_expired,
             delete_force_releases,
             list_by_state_and_scope,

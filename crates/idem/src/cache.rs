@@ -50,8 +50,8 @@ use crate::record::{
     ClaimOutcome, ClaimParams, Failure, Lease, Record, Resolution, Resolved, StepBegin, StepEntry,
 };
 use crate::store::{
-    ClaimMany, DeleteRecord, FindAbandoned, GetRecord, ListPage, ListQuery, ListRecords,
-    PurgeExpired, RecordTtl, StepJournal, Store, StoreError,
+    ClaimMany, CompleteMany, Completion, DeleteRecord, FindAbandoned, GetRecord, ListPage,
+    ListQuery, ListRecords, PurgeExpired, RecordTtl, StepJournal, Store, StoreError,
 };
 
 /// Cache hits: replays served without asking the system of record.
@@ -507,6 +507,15 @@ impl<S: RecordTtl + ClaimMany, R: ReplayCache> ClaimMany for Cached<S, R> {
                 r.unwrap_or_else(|| Err(StoreError::Backend("claim missing from batch".into())))
             })
             .collect())
+    }
+}
+
+impl<S: RecordTtl + CompleteMany, R: ReplayCache> CompleteMany for Cached<S, R> {
+    fn complete_many(
+        &self,
+        completions: &[Completion],
+    ) -> impl Future<Output = Result<Vec<Result<(), StoreError>>, StoreError>> + Send {
+        self.store.complete_many(completions)
     }
 }
 

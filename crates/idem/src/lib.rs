@@ -46,7 +46,8 @@
 //!   [`machine::decide_claim`], [`machine::decide_write`].
 //! - The store contract: [`Store`] (claim, complete, fail, extend,
 //!   release) and capability traits [`GetRecord`], [`DeleteRecord`],
-//!   [`ListRecords`], [`PurgeExpired`], [`ClaimMany`], [`FindAbandoned`].
+//!   [`ListRecords`], [`PurgeExpired`], [`ClaimMany`], [`CompleteMany`],
+//!   [`FindAbandoned`].
 //! - Journaled steps for side effects that cannot be rolled back:
 //!   [`Context::step`] with the in-doubt policies of [`step`], on stores
 //!   with a [`StepJournal`].
@@ -101,7 +102,7 @@ pub use record::{
     Resolution, Resolved, State, StateKind, StepBegin, StepEntry, StepState, TokenMint,
 };
 pub use store::{
-    journal_of, poll_while, BoxError, BoxFuture, ClaimMany, DeleteRecord, DynStepJournal,
-    FindAbandoned, GetRecord, ListPage, ListQuery, ListRecords, PurgeExpired, RecordTtl,
-    StepJournal, Store, StoreError,
+    journal_of, poll_while, BoxError, BoxFuture, ClaimMany, CompleteMany, Completion, DeleteRecord,
+    DynStepJournal, FindAbandoned, GetRecord, ListPage, ListQuery, ListRecords, PurgeExpired,
+    RecordTtl, StepJournal, Store, StoreError,
 };

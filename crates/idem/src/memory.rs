@@ -27,8 +27,9 @@ use crate::record::{
     StepBegin, StepEntry, StepState,
 };
 use crate::store::{
-    journal_of, ClaimMany, DeleteRecord, DynStepJournal, FindAbandoned, GetRecord, ListPage,
-    ListQuery, ListRecords, PurgeExpired, RecordTtl, StepJournal, Store, StoreError,
+    journal_of, ClaimMany, CompleteMany, Completion, DeleteRecord, DynStepJournal, FindAbandoned,
+    GetRecord, ListPage, ListQuery, ListRecords, PurgeExpired, RecordTtl, StepJournal, Store,
+    StoreError,
 };
 
 /// The default number of shards.
@@ -535,6 +536,25 @@ impl<C: Clock> ClaimMany for MemoryStore<C> {
     ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
         tokio::task::coop::consume_budget().await;
         Ok(claims.iter().map(|(id, p)| self.claim_now(id, p)).collect())
+    }
+}
+
+impl<C: Clock> CompleteMany for MemoryStore<C> {
+    async fn complete_many(
+        &self,
+        completions: &[Completion],
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        tokio::task::coop::consume_budget().await;
+        Ok(completions
+            .iter()
+            .map(|c| {
+                let write = Write::Complete {
+                    response: c.response.clone(),
+                    retention: c.retention,
+                };
+                self.write_now(&c.lease, write).map(drop)
+            })
+            .collect())
     }
 }
 
