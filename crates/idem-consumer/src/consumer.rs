@@ -16,6 +16,7 @@ use idem::{
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::ahead::ClaimAhead;
 use crate::key::{KeyExtractor, KeyProblem};
 use crate::metrics as m;
 use crate::window::{RedeliveryWindow, WindowError};
@@ -225,6 +226,7 @@ pub struct ConsumerBuilder<S, C = Json> {
     name: Option<String>,
     min_retry: Duration,
     max_retry: Duration,
+    pub(crate) ahead: Option<ClaimAhead<S, C>>,
 }
 
 impl<S: Store, C: Codec> ConsumerBuilder<S, C> {
@@ -277,6 +279,7 @@ impl<S: Store, C: Codec> ConsumerBuilder<S, C> {
                 name,
                 min_retry: self.min_retry,
                 max_retry: self.max_retry,
+                ahead: self.ahead,
                 counters: Counters::default(),
             }),
         }
@@ -336,6 +339,7 @@ struct Inner<S, C> {
     name: Arc<str>,
     min_retry: Duration,
     max_retry: Duration,
+    ahead: Option<ClaimAhead<S, C>>,
     counters: Counters,
 }
 
@@ -350,6 +354,7 @@ impl<S: Store> Consumer<S, Json> {
             name: None,
             min_retry: Duration::from_millis(100),
             max_retry: Duration::from_secs(300),
+            ahead: None,
         }
     }
 }
@@ -432,12 +437,45 @@ impl<S: Store, C: Codec> Consumer<S, C> {
     where
         S: ClaimMany,
     {
+        self.claim_with(messages, |runs| self.inner.idem.claim_ahead(runs))
+            .await
+    }
+
+    /// [`claim_ahead`](Self::claim_ahead) for the deliveries that arrived
+    /// together, when the consumer was built to
+    /// [claim them together](ConsumerBuilder::claim_ahead); `None` when it
+    /// was not.
+    pub(crate) async fn claim_window<M: Message>(
+        &self,
+        messages: &[Arc<M>],
+    ) -> Option<Vec<Option<ClaimedAhead>>> {
+        let claim = self.inner.ahead?;
+        Some(
+            self.claim_with(messages, |runs| claim(&self.inner.idem, runs))
+                .await,
+        )
+    }
+
+    /// Whether [`claim_window`](Self::claim_window) claims.
+    pub(crate) fn claims_ahead(&self) -> bool {
+        self.inner.ahead.is_some()
+    }
+
+    /// The claims of `messages` by `claim` (one entry per message, `None`
+    /// for a message without a usable key).
+    async fn claim_with<M, F, Fut>(
+        &self,
+        messages: &[Arc<M>],
+        claim: F,
+    ) -> Vec<Option<ClaimedAhead>>
+    where
+        M: Message,
+        F: FnOnce(Vec<(RecordId, Option<Fingerprint>)>) -> Fut,
+        Fut: Future<Output = Vec<ClaimedAhead>>,
+    {
         let prepared: Vec<Option<(RecordId, Option<Fingerprint>)>> =
             messages.iter().map(|m| self.prepare(&**m).ok()).collect();
-        let mut claimed = self
-            .inner
-            .idem
-            .claim_ahead(prepared.iter().flatten().cloned().collect())
+        let mut claimed = claim(prepared.iter().flatten().cloned().collect())
             .await
             .into_iter();
         prepared

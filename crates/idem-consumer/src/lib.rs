@@ -32,6 +32,7 @@
 //!   or crashed handler leaves the message with the broker;
 //! - a handler is never run while another holds the claim.
 
+mod ahead;
 mod broker;
 mod consumer;
 mod key;

@@ -7,10 +7,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use idem::{Codec, Store};
+use futures_util::{FutureExt, StreamExt};
+use idem::{ClaimedAhead, Codec, Store};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
 use crate::broker::{Broker, DeadLetter, Deliveries};
@@ -79,43 +80,103 @@ where
         let concurrency = broker.concurrency().max(1);
         let handler = Arc::new(handler);
         let mut in_flight = JoinSet::new();
+        // What the stream gave after a window's last delivery (an error or
+        // its end), handled before the stream is read again.
+        let mut held = None;
         tokio::pin!(shutdown);
         let stopped = loop {
-            tokio::select! {
-                () = &mut shutdown => break Ok(Stopped::Shutdown),
-                Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
-                next = deliveries.next(), if in_flight.len() < concurrency => match next {
-                    Some(Ok(message)) => {
-                        wait = RESUBSCRIBE_FIRST;
-                        let (consumer, handler, broker) =
-                            (self.clone(), Arc::clone(&handler), Arc::clone(broker));
-                        in_flight.spawn(async move {
-                            let message = Arc::new(message);
-                            let decision =
-                                consumer.process(Arc::clone(&message), |job| handler(job)).await;
-                            consumer.settle(&*broker, &message, decision).await;
-                        });
-                    }
-                    Some(Err(error)) if broker.resubscribe(&error) => {
-                        tracing::warn!(
-                            consumer = %self.name(),
-                            %error,
-                            "the delivery stream failed; subscribing again"
-                        );
-                        match resubscribe(&**broker, &mut shutdown, &mut wait).await {
-                            Some(Ok(next)) => deliveries = next,
-                            Some(Err(error)) => break Err(error),
-                            None => break Ok(Stopped::Shutdown),
-                        }
-                    }
-                    Some(Err(error)) => break Err(error),
-                    None => break Ok(Stopped::Ended),
+            let next = match held.take() {
+                Some(next) => next,
+                None => tokio::select! {
+                    () = &mut shutdown => break Ok(Stopped::Shutdown),
+                    Some(_) = in_flight.join_next(), if !in_flight.is_empty() => continue,
+                    next = deliveries.next(), if in_flight.len() < concurrency => next,
                 },
+            };
+            match next {
+                Some(Ok(message)) => {
+                    wait = RESUBSCRIBE_FIRST;
+                    let room = concurrency - in_flight.len();
+                    let window = waiting(message, &mut deliveries, room, &mut held);
+                    self.start(window, broker, &handler, &mut in_flight);
+                }
+                Some(Err(error)) if broker.resubscribe(&error) => {
+                    tracing::warn!(
+                        consumer = %self.name(),
+                        %error,
+                        "the delivery stream failed; subscribing again"
+                    );
+                    match resubscribe(&**broker, &mut shutdown, &mut wait).await {
+                        Some(Ok(next)) => deliveries = next,
+                        Some(Err(error)) => break Err(error),
+                        None => break Ok(Stopped::Shutdown),
+                    }
+                }
+                Some(Err(error)) => break Err(error),
+                None => break Ok(Stopped::Ended),
             }
         };
         while in_flight.join_next().await.is_some() {}
         broker.stop().await;
         stopped
+    }
+
+    /// Starts a task per delivery of `window`. When the consumer
+    /// [claims ahead](crate::ConsumerBuilder::claim_ahead) and more than
+    /// one arrived, a task of their own claims them together and hands
+    /// each its claim; meanwhile the loop goes on taking deliveries.
+    fn start<B, T, E, H, Fut>(
+        &self,
+        window: Vec<B::Message>,
+        broker: &Arc<B>,
+        handler: &Arc<H>,
+        in_flight: &mut JoinSet<()>,
+    ) where
+        B: Broker,
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: StdError + Send + Sync + 'static,
+        H: Fn(Job<B::Message>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+    {
+        let window: Vec<Arc<B::Message>> = window.into_iter().map(Arc::new).collect();
+        let mut claims: Vec<Option<oneshot::Receiver<Option<ClaimedAhead>>>> =
+            window.iter().map(|_| None).collect();
+        if window.len() > 1 && self.claims_ahead() {
+            let (senders, receivers): (Vec<_>, Vec<_>) =
+                window.iter().map(|_| oneshot::channel()).unzip();
+            claims = receivers.into_iter().map(Some).collect();
+            let (consumer, messages) = (self.clone(), window.clone());
+            // Not in `in_flight`: it holds no delivery, and one whose
+            // handlers were dropped only leaves claims to run out.
+            drop(tokio::spawn(async move {
+                let claimed = consumer.claim_window(&messages).await.unwrap_or_default();
+                for (sender, claim) in senders.into_iter().zip(claimed) {
+                    let _ = sender.send(claim);
+                }
+            }));
+        }
+        for (message, claim) in window.into_iter().zip(claims) {
+            let (consumer, handler, broker) =
+                (self.clone(), Arc::clone(handler), Arc::clone(broker));
+            in_flight.spawn(async move {
+                // No claim made ahead (no usable key, or the claiming
+                // task ended first): claimed on its own, as without.
+                let ahead = match claim {
+                    Some(claim) => claim.await.ok().flatten(),
+                    None => None,
+                };
+                let job = |job| handler(job);
+                let decision = match ahead {
+                    Some(ahead) => {
+                        consumer
+                            .process_claimed(Arc::clone(&message), ahead, job)
+                            .await
+                    }
+                    None => consumer.process(Arc::clone(&message), job).await,
+                };
+                consumer.settle(&*broker, &message, decision).await;
+            });
+        }
     }
 
     /// Carries out `decision` on `broker`, per the table on [`Broker`].
@@ -185,6 +246,29 @@ async fn bounded(
             )
             .into())
         })
+}
+
+/// `first` and the deliveries the stream has ready now, up to `room` in
+/// all, without waiting for more. An error or the stream's end met on the
+/// way is put in `held` for the loop to handle next.
+fn waiting<M, E>(
+    first: M,
+    deliveries: &mut Deliveries<M, E>,
+    room: usize,
+    held: &mut Option<Option<Result<M, E>>>,
+) -> Vec<M> {
+    let mut window = vec![first];
+    while window.len() < room {
+        match deliveries.next().now_or_never() {
+            Some(Some(Ok(message))) => window.push(message),
+            Some(next) => {
+                *held = Some(next);
+                break;
+            }
+            None => break,
+        }
+    }
+    window
 }
 
 /// The first wait before subscribing again, doubled after each failure.

@@ -1,22 +1,18 @@
 //! Messages per second through `NatsConsumer` (a handler that does
-//! nothing) against the same JetStream consumer drained by a plain
-//! async-nats loop that only acks, in the same run: the overhead of the
-//! middleware at the server's own throughput on this machine. The
-//! middleware runs twice: with the in-process memory store (the consumer
-//! layer's own cost, no store I/O) and with the Redis store. Each row also
-//! says where the CPU went, per message: this process (the client),
-//! redis-server (`INFO cpu`) and the rest of the machine (nats-server,
-//! mostly).
+//! nothing) against the same JetStream stream drained by a plain
+//! async-nats loop that only acks, in the same run, as described in
+//! [`idem_testkit::bench::consumers`]: the plain loop, the in-memory
+//! store, a Redis store, and a Redis store claiming each window together.
 //!
 //! Run: `cargo bench -p idem-nats --bench throughput [-- --messages N --rounds R]`
 //!
 //! Starts its own nats-server (JetStream, file store) and redis-server.
-//! Each round fills a fresh stream with N messages per consumer, then
-//! drains it once with each (a durable pull consumer each, explicit acks);
-//! all take the same batches and process messages concurrently.
+//! Each round makes a fresh stream whose subjects are the phases; each
+//! phase is drained by a durable pull consumer of its own, explicit acks.
 
 #![allow(clippy::print_stdout)] // a benchmark reports on stdout
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,15 +22,14 @@ use async_nats::jetstream::consumer::AckPolicy;
 use async_nats::jetstream::{self, stream, Context};
 use async_nats::HeaderMap;
 use futures_util::StreamExt;
-use idem::{Idempotency, MemoryStore, Scope, Store};
+use idem::Store;
 use idem_consumer::Consumer;
 use idem_nats::NatsConsumer;
 use idem_redis::RedisStore;
-use idem_testkit::bench::{count_arg, Phase};
+use idem_testkit::bench::consumers::{consumer_table, BenchBroker};
+use idem_testkit::bench::count_arg;
 use idem_testkit::nats::NatsServer;
 use idem_testkit::redis::RedisServer;
-
-const CONCURRENCY: [usize; 2] = [16, 64];
 
 /// Publishes in windows of 1,000 unacknowledged messages (the client
 /// holds back publishes beyond its in-flight ack limit).
@@ -48,7 +43,10 @@ async fn fill(js: &Context, subject: &str, messages: usize) {
             }
         }
         let mut headers = HeaderMap::new();
-        headers.insert("Idempotency-Key", format!("{subject}-{i}").as_str());
+        headers.insert(
+            "Idempotency-Key",
+            format!("{}-{i}", subject.replace('.', "-")).as_str(),
+        );
         pending.push(
             js.publish_with_headers(
                 subject.to_owned(),
@@ -110,67 +108,20 @@ async fn raw(js: &Context, stream: &str, concurrency: usize, messages: usize) ->
     messages as f64 / start.elapsed().as_secs_f64()
 }
 
-/// Drains the messages on `<stream>.<subject>` through the middleware, as
-/// the durable consumer `subject`.
-async fn through_idem<S: Store>(
-    url: &str,
-    stream: &str,
-    subject: &str,
-    store: S,
-    concurrency: usize,
-    messages: usize,
-) -> f64 {
-    let idem = Idempotency::builder(store).build().expect("config");
-    let consumer = Consumer::builder(idem, Scope::new("bench").expect("scope")).build();
-    let nats = NatsConsumer::builder(url, stream, subject, consumer)
-        .concurrency(concurrency)
-        .filter_subject(format!("{stream}.{subject}"))
-        .connect()
-        .await
-        .expect("connect");
-    let stats = nats.consumer().clone();
-    let done = async move {
-        while stats.stats().executed < messages as u64 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    };
-    let start = Instant::now();
-    nats.run(|_job| async { Ok::<_, std::io::Error>(()) }, done)
-        .await
-        .expect("run");
-    let stats = nats.consumer().stats();
-    assert_eq!(
-        (stats.executed, stats.dead_letters),
-        (messages as u64, 0),
-        "every message executed once"
-    );
-    messages as f64 / start.elapsed().as_secs_f64()
+struct JetStream {
+    url: String,
+    js: Context,
 }
 
-#[tokio::main]
-async fn main() {
-    let messages = count_arg("--messages", 20_000);
-    let rounds = count_arg("--rounds", 3);
-    let server = NatsServer::start().expect("nats-server");
-    let redis = RedisServer::start().expect("redis-server");
-    let url = server.url();
-    let js = jetstream::new(async_nats::connect(url.as_str()).await.expect("connect"));
-    println!(
-        "JetStream consumer throughput, {messages} messages per drain, median of {rounds} rounds"
-    );
-    println!(
-        "| concurrency | plain async-nats loop (msg/s) | through idem, memory store (msg/s) \
-         | ratio | through idem + Redis (msg/s) | ratio | CPU us/msg, client / Redis / rest: \
-         plain | memory | Redis |"
-    );
-    println!("|---:|---:|---:|---:|---:|---:|---|---|---|");
-    let redis_cpu = || redis.cpu().expect("INFO cpu");
-    for concurrency in CONCURRENCY {
-        let (mut plain, mut memory, mut guarded) =
-            (Phase::default(), Phase::default(), Phase::default());
-        for _ in 0..rounds {
-            let name = format!("BENCH_{:08x}", rand::random::<u32>());
-            js.create_stream(stream::Config {
+impl BenchBroker for JetStream {
+    fn names(&self) -> (&'static str, &'static str) {
+        ("JetStream", "async-nats")
+    }
+
+    async fn create(&self) -> String {
+        let name = format!("BENCH_{:08x}", rand::random::<u32>());
+        self.js
+            .create_stream(stream::Config {
                 name: name.clone(),
                 subjects: vec![format!("{name}.*")],
                 max_age: Duration::from_secs(3600),
@@ -178,39 +129,60 @@ async fn main() {
             })
             .await
             .expect("stream");
-            fill(&js, &format!("{name}.plain"), messages).await;
-            let drain = raw(&js, &name, concurrency, messages);
-            plain.measure(messages, redis_cpu, drain).await;
-            fill(&js, &format!("{name}.memory"), messages).await;
-            let drain = through_idem(
-                &url,
-                &name,
-                "memory",
-                MemoryStore::new(),
-                concurrency,
-                messages,
-            );
-            memory.measure(messages, redis_cpu, drain).await;
-            fill(&js, &format!("{name}.redis"), messages).await;
-            let store = RedisStore::builder(&redis.url())
+        name
+    }
+
+    async fn fill(&self, dest: &str, lane: &str, messages: usize) {
+        fill(&self.js, &format!("{dest}.{lane}"), messages).await;
+    }
+
+    async fn plain(&self, dest: &str, concurrency: usize, messages: usize) -> f64 {
+        raw(&self.js, dest, concurrency, messages).await
+    }
+
+    async fn run<S: Store>(
+        &self,
+        dest: &str,
+        lane: &str,
+        consumer: Consumer<S>,
+        concurrency: usize,
+        done: impl Future<Output = ()> + Send + 'static,
+    ) {
+        NatsConsumer::builder(&self.url, dest, lane, consumer)
+            .concurrency(concurrency)
+            .filter_subject(format!("{dest}.{lane}"))
+            .connect()
+            .await
+            .expect("connect")
+            .run(|_job| async { Ok::<_, std::io::Error>(()) }, done)
+            .await
+            .expect("run");
+    }
+
+    async fn remove(&self, dest: &str) {
+        let _ = self.js.delete_stream(dest).await;
+        let _ = self.js.delete_stream(format!("{dest}_DEAD")).await;
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let server = NatsServer::start().expect("nats-server");
+    let redis = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let js = jetstream::new(async_nats::connect(url.as_str()).await.expect("connect"));
+    let broker = JetStream { url, js };
+    let redis_store = |namespace: String| {
+        let url = redis.url();
+        async move {
+            RedisStore::builder(&url)
                 .expect("url")
-                .namespace(name.clone())
+                .namespace(namespace)
                 .connect()
                 .await
-                .expect("redis");
-            let drain = through_idem(&url, &name, "redis", store, concurrency, messages);
-            guarded.measure(messages, redis_cpu, drain).await;
-            let _ = js.delete_stream(&name).await;
-            let _ = js.delete_stream(format!("{name}_DEAD")).await;
+                .expect("redis")
         }
-        let (p, m, g) = (plain.rate(), memory.rate(), guarded.rate());
-        println!(
-            "| {concurrency} | {p:.0} | {m:.0} | {:.2} | {g:.0} | {:.2} | {} | {} | {} |",
-            m / p,
-            g / p,
-            plain.cpu(),
-            memory.cpu(),
-            guarded.cpu()
-        );
-    }
+    };
+    let (messages, rounds) = (count_arg("--messages", 20_000), count_arg("--rounds", 3));
+    consumer_table(&broker, &redis, redis_store, &[16, 64], messages, rounds).await;
 }

@@ -1,24 +1,21 @@
 //! Messages per second through `RabbitConsumer` (a handler that does
 //! nothing) against the same broker consumed by a plain lapin loop that
-//! only acks, in the same run: the overhead of the middleware at the
-//! broker's own throughput on this machine. The middleware runs twice:
-//! with the in-process memory store (the consumer layer's own cost, no
-//! store I/O) and with the Redis store.
+//! only acks, in the same run, as described in
+//! [`idem_testkit::bench::consumers`]: the plain loop, the in-memory
+//! store, a Redis store, and a Redis store claiming each window together.
 //!
 //! Run: `cargo bench -p idem-rabbitmq --bench throughput [-- --messages N --rounds R]`
 //!
 //! Uses the machine's RabbitMQ on 127.0.0.1:5672 if there is one (else
-//! starts its own) and starts its own redis-server. Each round fills a
-//! fresh queue with N messages, then drains it once with each consumer;
-//! all use the same prefetch and process deliveries concurrently. Each
-//! row also says where the CPU went, per message: this process (the
-//! client), redis-server (`INFO cpu`) and the rest of the machine (the
-//! broker, mostly).
+//! starts its own) and starts its own redis-server. Each round declares a
+//! fresh queue (through the middleware, so every phase drains the same
+//! kind of queue); each phase fills it and drains it.
 
 #![allow(clippy::print_stdout)] // a benchmark reports on stdout
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -26,7 +23,8 @@ use idem::{Idempotency, MemoryStore, Scope, Store};
 use idem_consumer::Consumer;
 use idem_rabbitmq::RabbitConsumer;
 use idem_redis::RedisStore;
-use idem_testkit::bench::{count_arg, Phase};
+use idem_testkit::bench::consumers::{consumer_table, BenchBroker};
+use idem_testkit::bench::count_arg;
 use idem_testkit::rabbitmq::RabbitServer;
 use idem_testkit::redis::RedisServer;
 use lapin::options::{
@@ -36,12 +34,10 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
-const PREFETCH: [u16; 2] = [16, 64];
-
-async fn fill(channel: &Channel, queue: &str, round: usize, messages: usize) {
+async fn fill(channel: &Channel, queue: &str, lane: &str, messages: usize) {
     for i in 0..messages {
         let mut headers = FieldTable::default();
-        let key = format!("r{round}-{i}");
+        let key = format!("{queue}-{lane}-{i}");
         headers.insert(
             "Idempotency-Key".into(),
             AMQPValue::LongString(LongString::from(key.into_bytes())),
@@ -104,49 +100,82 @@ async fn raw(url: &str, queue: &str, prefetch: u16, messages: usize) -> f64 {
     rate
 }
 
-async fn through_idem<S: Store>(
-    url: &str,
-    queue: &str,
-    store: S,
-    prefetch: u16,
-    messages: usize,
-) -> f64 {
-    let idem = Idempotency::builder(store).build().expect("config");
-    let consumer = Consumer::builder(idem, Scope::new("bench").expect("scope")).build();
-    let rabbit = RabbitConsumer::builder(url, queue, consumer)
-        .prefetch(prefetch)
-        .redelivery_window(Duration::from_secs(3600))
-        .connect()
-        .await
-        .expect("connect");
-    let stats = rabbit.consumer().clone();
-    let done = async move {
-        while stats.stats().executed < messages as u64 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
+struct Rabbit {
+    url: String,
+    channel: Channel,
+    /// The queues each round's topology declared, to delete after it.
+    declared: Mutex<Vec<String>>,
+}
+
+impl BenchBroker for Rabbit {
+    fn names(&self) -> (&'static str, &'static str) {
+        ("RabbitMQ", "lapin")
+    }
+
+    async fn create(&self) -> String {
+        let queue = format!("idem-bench-{:08x}", rand::random::<u32>());
+        let idem = Idempotency::builder(MemoryStore::new())
+            .build()
+            .expect("config");
+        let consumer = Consumer::builder(idem, Scope::new("bench").expect("scope")).build();
+        let queues = RabbitConsumer::builder(&self.url, &queue, consumer)
+            .redelivery_window(Duration::from_secs(3600))
+            .connect()
+            .await
+            .expect("declare")
+            .queues();
+        self.declared.lock().expect("lock").extend(queues);
+        queue
+    }
+
+    async fn fill(&self, dest: &str, lane: &str, messages: usize) {
+        fill(&self.channel, dest, lane, messages).await;
+    }
+
+    async fn plain(&self, dest: &str, concurrency: usize, messages: usize) -> f64 {
+        raw(&self.url, dest, prefetch(concurrency), messages).await
+    }
+
+    async fn run<S: Store>(
+        &self,
+        dest: &str,
+        _lane: &str,
+        consumer: Consumer<S>,
+        concurrency: usize,
+        done: impl Future<Output = ()> + Send + 'static,
+    ) {
+        RabbitConsumer::builder(&self.url, dest, consumer)
+            .prefetch(prefetch(concurrency))
+            .redelivery_window(Duration::from_secs(3600))
+            .connect()
+            .await
+            .expect("connect")
+            .run(|_job| async { Ok::<_, std::io::Error>(()) }, done)
+            .await
+            .expect("run");
+    }
+
+    async fn remove(&self, _dest: &str) {
+        let declared = std::mem::take(&mut *self.declared.lock().expect("lock"));
+        for name in declared {
+            let _ = self
+                .channel
+                .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+                .await;
         }
-    };
-    let start = Instant::now();
-    rabbit
-        .run(|_job| async { Ok::<_, std::io::Error>(()) }, done)
-        .await
-        .expect("run");
-    let stats = rabbit.consumer().stats();
-    assert_eq!(
-        (stats.executed, stats.dead_letters),
-        (messages as u64, 0),
-        "every message executed once"
-    );
-    messages as f64 / start.elapsed().as_secs_f64()
+    }
+}
+
+fn prefetch(concurrency: usize) -> u16 {
+    u16::try_from(concurrency).expect("a prefetch fits in u16")
 }
 
 #[tokio::main]
 async fn main() {
-    let messages = count_arg("--messages", 20_000);
-    let rounds = count_arg("--rounds", 3);
     let broker = RabbitServer::shared().expect("RabbitMQ");
     let redis = RedisServer::start().expect("redis-server");
-    let url = broker.url();
-    let connection = Connection::connect(url, ConnectionProperties::default())
+    let url = broker.url().to_owned();
+    let connection = Connection::connect(&url, ConnectionProperties::default())
         .await
         .expect("connect");
     let channel = connection.create_channel().await.expect("channel");
@@ -154,63 +183,22 @@ async fn main() {
         .confirm_select(ConfirmSelectOptions::default())
         .await
         .expect("confirms");
-    println!(
-        "RabbitMQ consumer throughput, {messages} messages per drain, median of {rounds} rounds"
-    );
-    println!(
-        "| prefetch | plain lapin loop (msg/s) | through idem, memory store (msg/s) | ratio \
-         | through idem + Redis (msg/s) | ratio | CPU us/msg, client / Redis / rest: plain \
-         | memory | Redis |"
-    );
-    println!("|---:|---:|---:|---:|---:|---:|---|---|---|");
-    let redis_cpu = || redis.cpu().expect("INFO cpu");
-    for prefetch in PREFETCH {
-        let (mut plain, mut memory, mut guarded) =
-            (Phase::default(), Phase::default(), Phase::default());
-        for round in 0..rounds {
-            let queue = format!("idem-bench-{:08x}", rand::random::<u32>());
-            let store = RedisStore::builder(&redis.url())
+    let rabbit = Rabbit {
+        url,
+        channel,
+        declared: Mutex::default(),
+    };
+    let redis_store = |namespace: String| {
+        let url = redis.url();
+        async move {
+            RedisStore::builder(&url)
                 .expect("url")
-                .namespace(queue.clone())
+                .namespace(namespace)
                 .connect()
                 .await
-                .expect("redis");
-            // The middleware declares the queue, so every consumer drains
-            // the same kind of queue.
-            let declare = Idempotency::builder(store.clone()).build().expect("config");
-            let topology = RabbitConsumer::builder(
-                url,
-                &queue,
-                Consumer::builder(declare, Scope::new("bench").expect("scope")).build(),
-            )
-            .redelivery_window(Duration::from_secs(3600))
-            .connect()
-            .await
-            .expect("declare")
-            .queues();
-            fill(&channel, &queue, round * 3, messages).await;
-            let drain = raw(url, &queue, prefetch, messages);
-            plain.measure(messages, redis_cpu, drain).await;
-            fill(&channel, &queue, round * 3 + 1, messages).await;
-            let drain = through_idem(url, &queue, MemoryStore::new(), prefetch, messages);
-            memory.measure(messages, redis_cpu, drain).await;
-            fill(&channel, &queue, round * 3 + 2, messages).await;
-            let drain = through_idem(url, &queue, store, prefetch, messages);
-            guarded.measure(messages, redis_cpu, drain).await;
-            for name in topology {
-                let _ = channel
-                    .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
-                    .await;
-            }
+                .expect("redis")
         }
-        let (p, m, g) = (plain.rate(), memory.rate(), guarded.rate());
-        println!(
-            "| {prefetch} | {p:.0} | {m:.0} | {:.2} | {g:.0} | {:.2} | {} | {} | {} |",
-            m / p,
-            g / p,
-            plain.cpu(),
-            memory.cpu(),
-            guarded.cpu()
-        );
-    }
+    };
+    let (messages, rounds) = (count_arg("--messages", 20_000), count_arg("--rounds", 3));
+    consumer_table(&rabbit, &redis, redis_store, &[16, 64], messages, rounds).await;
 }

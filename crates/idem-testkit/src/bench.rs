@@ -1,10 +1,13 @@
 //! What the store benchmarks share: a closed-loop rate measurement and
-//! the `--secs N` argument.
+//! the `--secs N` argument; and the consumer benchmark
+//! ([`consumers`]), written once for every broker.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+pub mod consumers;
 
 /// Runs `callers` tasks for `secs`, each looping over `work(caller, i)`
 /// which returns how many units it did; returns units per second.

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem::{
-    ClaimOutcome, ClaimParams, DynStepJournal, Failure, Lease, Record, RecordId, Store, StoreError,
-    Timestamp,
+    ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, Completion, DynStepJournal, Failure, Lease,
+    Record, RecordId, Store, StoreError, Timestamp,
 };
 
 /// What a [`Double`] changes. Each method gets the real store and, unless
@@ -84,6 +84,30 @@ pub trait Hooks<S: Store>: Send + Sync + 'static {
     }
 }
 
+/// What a [`Double`] changes in batches, for a real store with
+/// [`ClaimMany`] and [`CompleteMany`]; unless overridden, answers as it
+/// does.
+pub trait ManyHooks<S: ClaimMany + CompleteMany>: Hooks<S> {
+    /// [`ClaimMany::claim_many`].
+    fn claim_many(
+        &self,
+        inner: &S,
+        claims: &[(RecordId, ClaimParams)],
+    ) -> impl Future<Output = Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError>> + Send
+    {
+        inner.claim_many(claims)
+    }
+
+    /// [`CompleteMany::complete_many`].
+    fn complete_many(
+        &self,
+        inner: &S,
+        completions: &[Completion],
+    ) -> impl Future<Output = Result<Vec<Result<(), StoreError>>, StoreError>> + Send {
+        inner.complete_many(completions)
+    }
+}
+
 /// The real store `inner`, with `hooks` in front of it.
 #[derive(Debug, Clone, Default)]
 pub struct Double<S, H> {
@@ -152,6 +176,25 @@ impl<S: Store, H: Hooks<S>> Store for Double<S, H> {
 
     fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
         self.hooks.step_journal(&self.inner)
+    }
+}
+
+impl<S: ClaimMany + CompleteMany, H: ManyHooks<S>> ClaimMany for Double<S, H> {
+    fn claim_many(
+        &self,
+        claims: &[(RecordId, ClaimParams)],
+    ) -> impl Future<Output = Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError>> + Send
+    {
+        self.hooks.claim_many(&self.inner, claims)
+    }
+}
+
+impl<S: ClaimMany + CompleteMany, H: ManyHooks<S>> CompleteMany for Double<S, H> {
+    fn complete_many(
+        &self,
+        completions: &[Completion],
+    ) -> impl Future<Output = Result<Vec<Result<(), StoreError>>, StoreError>> + Send {
+        self.hooks.complete_many(&self.inner, completions)
     }
 }
 
