@@ -92,10 +92,11 @@ fn publish(broker: &MemoryBroker) {
     broker.close();
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_window_is_claimed_in_one_call_and_each_delivery_settles_as_alone() {
-    let store: Store = Arc::new(Double::new(MemoryStore::new(), Counting::default()));
-    let consumer = consumer(&store);
+/// Publishes, runs `store`'s consumer until the broker is drained, and
+/// checks what every run must keep: each order ran exactly once, every
+/// delivery was settled.
+async fn drain(store: &Store) -> (Consumer<Store>, Arc<MemoryBroker>) {
+    let consumer = consumer(store);
     let broker = Arc::new(MemoryBroker::new().concurrency(16));
     publish(&broker);
     let calls = Arc::default();
@@ -103,15 +104,21 @@ async fn a_window_is_claimed_in_one_call_and_each_delivery_settles_as_alone() {
         .run(&broker, handler(&calls), std::future::pending())
         .await
         .expect("the memory broker does not fail");
-
     assert_eq!(stopped, Stopped::Ended);
     assert_eq!(broker.unsettled(), 0, "every delivery was settled");
-    let calls = calls.lock().expect("lock");
-    assert_eq!(calls.len(), 32);
+    let calls = calls.lock().expect("lock").clone();
+    assert_eq!(calls.len(), 32, "no order was lost: {calls:?}");
     assert!(
         calls.values().all(|&n| n == 1),
         "every order ran exactly once: {calls:?}"
     );
+    (consumer, broker)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_window_is_claimed_in_one_call_and_each_delivery_settles_as_alone() {
+    let store: Store = Arc::new(Double::new(MemoryStore::new(), Counting::default()));
+    let (consumer, broker) = drain(&store).await;
     assert_eq!(broker.dead_letters().len(), 1, "the keyless delivery");
     let stats = consumer.stats();
     assert_eq!(stats.executed, 32);
@@ -129,20 +136,7 @@ async fn a_window_is_claimed_in_one_call_and_each_delivery_settles_as_alone() {
 async fn a_window_whose_claim_fails_retries_every_delivery_and_loses_none() {
     let store: Store = Arc::new(Double::new(MemoryStore::new(), Counting::default()));
     store.hooks.fail_first_batch.store(true, Ordering::SeqCst);
-    let consumer = consumer(&store);
-    let broker = Arc::new(MemoryBroker::new().concurrency(16));
-    publish(&broker);
-    let calls = Arc::default();
-    let stopped = consumer
-        .run(&broker, handler(&calls), std::future::pending())
-        .await
-        .expect("the memory broker does not fail");
-
-    assert_eq!(stopped, Stopped::Ended);
-    assert_eq!(broker.unsettled(), 0);
-    let calls = calls.lock().expect("lock");
-    assert_eq!(calls.len(), 32, "no order was lost: {calls:?}");
-    assert!(calls.values().all(|&n| n == 1), "{calls:?}");
+    let (consumer, broker) = drain(&store).await;
     assert!(
         consumer.stats().retries >= 15,
         "the failed window's deliveries were retried (fail-closed), not acked"
