@@ -226,7 +226,7 @@ pub struct ConsumerBuilder<S, C = Json> {
     name: Option<String>,
     min_retry: Duration,
     max_retry: Duration,
-    pub(crate) ahead: Option<ClaimAhead<S, C>>,
+    ahead: Option<ClaimAhead<S, C>>,
 }
 
 impl<S: Store, C: Codec> ConsumerBuilder<S, C> {
@@ -283,6 +283,23 @@ impl<S: Store, C: Codec> ConsumerBuilder<S, C> {
                 counters: Counters::default(),
             }),
         }
+    }
+}
+
+impl<S: ClaimMany, C: Codec> ConsumerBuilder<S, C> {
+    /// Claims the deliveries that are waiting together in one round trip
+    /// (the store's `claim_many`) instead of one claim each: when
+    /// [`Consumer::run`](crate::Consumer::run) takes a delivery it also
+    /// takes every further one the broker has already sent, up to the
+    /// free places in its window, claims them together and starts their
+    /// handlers at once. Each is then run, replayed, retried or
+    /// dead-lettered exactly as alone; a key delivered twice in one
+    /// window is claimed twice in order, so the second finds the first in
+    /// progress (off by default).
+    #[must_use]
+    pub fn claim_ahead(mut self) -> Self {
+        self.ahead = Some(crate::ahead::claim_many::<S, C>);
+        self
     }
 }
 

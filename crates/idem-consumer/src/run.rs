@@ -139,12 +139,9 @@ where
         Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
         let window: Vec<Arc<B::Message>> = window.into_iter().map(Arc::new).collect();
-        let mut claims: Vec<Option<oneshot::Receiver<Option<ClaimedAhead>>>> =
-            window.iter().map(|_| None).collect();
-        if window.len() > 1 && self.claims_ahead() {
-            let (senders, receivers): (Vec<_>, Vec<_>) =
+        let mut claims = (window.len() > 1 && self.claims_ahead()).then(|| {
+            let (senders, receivers): (Vec<_>, Vec<oneshot::Receiver<Option<ClaimedAhead>>>) =
                 window.iter().map(|_| oneshot::channel()).unzip();
-            claims = receivers.into_iter().map(Some).collect();
             let (consumer, messages) = (self.clone(), window.clone());
             // Not in `in_flight`: it holds no delivery, and one whose
             // handlers were dropped only leaves claims to run out.
@@ -154,8 +151,10 @@ where
                     let _ = sender.send(claim);
                 }
             }));
-        }
-        for (message, claim) in window.into_iter().zip(claims) {
+            receivers.into_iter()
+        });
+        for message in window {
+            let claim = claims.as_mut().and_then(Iterator::next);
             let (consumer, handler, broker) =
                 (self.clone(), Arc::clone(handler), Arc::clone(broker));
             in_flight.spawn(async move {
