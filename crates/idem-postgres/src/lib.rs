@@ -84,18 +84,18 @@ use std::time::Duration;
 use bytes::Bytes;
 use deadpool_postgres::{Object, Pool};
 use idem::{
-    journal_of, ClaimMany, ClaimOutcome, ClaimParams, DeleteRecord, DynStepJournal, Failure,
-    FindAbandoned, GetRecord, Lease, LeaseToken, ListPage, ListQuery, ListRecords, PurgeExpired,
-    Record, RecordId, RecordTtl, Resolution, Resolved, Scope, StepBegin, StepEntry, StepJournal,
-    Store, StoreError, Timestamp, TokenMint,
+    journal_of, ClaimOutcome, ClaimParams, DeleteRecord, DynStepJournal, Failure, FindAbandoned,
+    GetRecord, Lease, ListPage, ListQuery, ListRecords, PurgeExpired, Record, RecordId, RecordTtl,
+    Resolution, Resolved, Scope, StepBegin, StepEntry, StepJournal, Store, StoreError, Timestamp,
+    TokenMint,
 };
 use sha2::{Digest, Sha256};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{GenericClient, Statement};
 
-mod completions;
 mod conn;
 pub mod inbox;
+mod many;
 mod notify;
 mod row;
 mod schema;
@@ -499,77 +499,6 @@ impl PgStore {
         let statement = self.prepare(&client, sql).await?;
         self.timed(client.execute(&statement, params)).await
     }
-
-    /// One `claim_many` statement for the first claim of each key, keys in
-    /// byte order (the same in every batch, so two batches never wait on
-    /// each other in a cycle); then, one by one and in the order given, the
-    /// claims it could not answer and the later claims of a key that occurs
-    /// more than once. The statement commits on its own, so a claim made
-    /// after it that fails is an error for that claim alone: the claims the
-    /// statement acquired are still returned.
-    async fn batch(
-        &self,
-        claims: &[(RecordId, ClaimParams)],
-    ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
-        let client = self.client().await?;
-        let name = |i: usize| (claims[i].0.scope().as_str(), claims[i].0.key().as_str());
-        let mut order: Vec<usize> = (0..claims.len()).collect();
-        order.sort_by(|&a, &b| name(a).cmp(&name(b)).then(a.cmp(&b)));
-        let (mut first, mut later) = (Vec::new(), Vec::new());
-        for (pos, &i) in order.iter().enumerate() {
-            match pos.checked_sub(1).map(|p| order[p]) {
-                Some(prev) if claims[prev].0 == claims[i].0 => later.push(i),
-                _ => first.push(i),
-            }
-        }
-        let tokens: Vec<LeaseToken> = first.iter().map(|_| self.inner.tokens.next()).collect();
-        let scopes: Vec<&str> = first.iter().map(|&i| name(i).0).collect();
-        let keys: Vec<&str> = first.iter().map(|&i| name(i).1).collect();
-        let fingerprints: Vec<Option<&[u8]>> = first
-            .iter()
-            .map(|&i| claims[i].1.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
-            .collect();
-        let raw_tokens: Vec<[u8; 16]> = tokens.iter().map(|&t| token_bytes(t)).collect();
-        let token_refs: Vec<&[u8]> = raw_tokens.iter().map(|t| &t[..]).collect();
-        let leases: Vec<f64> = first.iter().map(|&i| ms(claims[i].1.lease)).collect();
-        let keeps: Vec<f64> = first.iter().map(|&i| ms(claims[i].1.retention)).collect();
-        let statement = self.prepare(&client, &self.inner.sql.claim_many).await?;
-        let rows = self
-            .timed(client.query(
-                &statement,
-                &[&scopes, &keys, &fingerprints, &token_refs, &leases, &keeps],
-            ))
-            .await?;
-        let mut results: Vec<Option<Result<ClaimOutcome, StoreError>>> =
-            (0..claims.len()).map(|_| None).collect();
-        for answer in &rows {
-            let slot = answer
-                .try_get::<_, i64>("n")
-                .ok()
-                .and_then(|n| usize::try_from(n).ok()?.checked_sub(1))
-                .filter(|&slot| slot < first.len())
-                .ok_or_else(|| {
-                    StoreError::Backend("claim_many answered an unknown claim".into())
-                })?;
-            let (i, token) = (first[slot], tokens[slot]);
-            let (id, params) = &claims[i];
-            results[i] =
-                row::claim_outcome(Some(answer), id, token, params.fingerprint).transpose();
-        }
-        for &i in first.iter().chain(&later) {
-            if results[i].is_none() {
-                let (id, params) = &claims[i];
-                results[i] = Some(match self.prepare(&client, &self.inner.sql.claim).await {
-                    Ok(single) => self.claim_on(&**client, &single, id, params).await,
-                    Err(e) => Err(e),
-                });
-            }
-        }
-        Ok(results
-            .into_iter()
-            .map(|r| r.unwrap_or(Err(StoreError::Backend("claim missing from batch".into()))))
-            .collect())
-    }
 }
 
 impl StepJournal for PgStore {
@@ -852,22 +781,5 @@ impl PurgeExpired for PgStore {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let changed = self.write(&self.inner.sql.purge, &[&limit]).await?;
         Ok(usize::try_from(changed).unwrap_or(usize::MAX))
-    }
-}
-
-impl ClaimMany for PgStore {
-    async fn claim_many(
-        &self,
-        claims: &[(RecordId, ClaimParams)],
-    ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
-        if claims.is_empty() {
-            return Ok(Vec::new());
-        }
-        match self.batch(claims).await {
-            // Another session's claims formed a lock cycle with this
-            // batch; PostgreSQL aborted it, so run it once more.
-            Err(e) if deadlock(&e) => self.batch(claims).await,
-            other => other,
-        }
     }
 }

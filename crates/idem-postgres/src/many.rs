@@ -1,9 +1,32 @@
-//! Many completions in one statement (`sql/complete_many.sql`).
+//! Batches: many claims (`sql/claim_many.sql`) or many completions
+//! (`sql/complete_many.sql`) in one statement, rows locked in the keys'
+//! byte order, the same in every batch, so two batches never wait on each
+//! other in a cycle.
 
-use idem::{CompleteMany, Completion, StoreError};
+use idem::{
+    ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, Completion, LeaseToken, RecordId,
+    StoreError,
+};
 
 use crate::row::{ms, token_bytes};
-use crate::{deadlock, PgStore};
+use crate::{deadlock, row, PgStore};
+
+impl ClaimMany for PgStore {
+    async fn claim_many(
+        &self,
+        claims: &[(RecordId, ClaimParams)],
+    ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self.batch(claims).await {
+            // Another session's claims formed a lock cycle with this
+            // batch; PostgreSQL aborted it, so run it once more.
+            Err(e) if deadlock(&e) => self.batch(claims).await,
+            other => other,
+        }
+    }
+}
 
 impl CompleteMany for PgStore {
     /// One statement completes the first completion of each record, its
@@ -53,9 +76,7 @@ impl PgStore {
             let id = &completions[i].lease.id;
             (id.scope().as_str(), id.key().as_str())
         };
-        let mut order: Vec<usize> = (0..completions.len()).collect();
-        order.sort_by(|&a, &b| name(a).cmp(&name(b)).then(a.cmp(&b)));
-        order.dedup_by(|later, first| name(*later) == name(*first));
+        let (order, _later) = key_order(completions.len(), |i| &completions[i].lease.id);
         let scopes: Vec<&str> = order.iter().map(|&i| name(i).0).collect();
         let keys: Vec<&str> = order.iter().map(|&i| name(i).1).collect();
         let raw_tokens: Vec<[u8; 16]> = order
@@ -94,4 +115,83 @@ impl PgStore {
         }
         Ok(results)
     }
+
+    /// One `claim_many` statement for the first claim of each key, keys in
+    /// byte order; then, one by one and in the order given, the
+    /// claims it could not answer and the later claims of a key that occurs
+    /// more than once. The statement commits on its own, so a claim made
+    /// after it that fails is an error for that claim alone: the claims the
+    /// statement acquired are still returned.
+    async fn batch(
+        &self,
+        claims: &[(RecordId, ClaimParams)],
+    ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
+        let client = self.client().await?;
+        let name = |i: usize| (claims[i].0.scope().as_str(), claims[i].0.key().as_str());
+        let (first, later) = key_order(claims.len(), |i| &claims[i].0);
+        let tokens: Vec<LeaseToken> = first.iter().map(|_| self.inner.tokens.next()).collect();
+        let scopes: Vec<&str> = first.iter().map(|&i| name(i).0).collect();
+        let keys: Vec<&str> = first.iter().map(|&i| name(i).1).collect();
+        let fingerprints: Vec<Option<&[u8]>> = first
+            .iter()
+            .map(|&i| claims[i].1.fingerprint.as_ref().map(|f| &f.as_bytes()[..]))
+            .collect();
+        let raw_tokens: Vec<[u8; 16]> = tokens.iter().map(|&t| token_bytes(t)).collect();
+        let token_refs: Vec<&[u8]> = raw_tokens.iter().map(|t| &t[..]).collect();
+        let leases: Vec<f64> = first.iter().map(|&i| ms(claims[i].1.lease)).collect();
+        let keeps: Vec<f64> = first.iter().map(|&i| ms(claims[i].1.retention)).collect();
+        let statement = self.prepare(&client, &self.inner.sql.claim_many).await?;
+        let rows = self
+            .timed(client.query(
+                &statement,
+                &[&scopes, &keys, &fingerprints, &token_refs, &leases, &keeps],
+            ))
+            .await?;
+        let mut results: Vec<Option<Result<ClaimOutcome, StoreError>>> =
+            (0..claims.len()).map(|_| None).collect();
+        for answer in &rows {
+            let slot = answer
+                .try_get::<_, i64>("n")
+                .ok()
+                .and_then(|n| usize::try_from(n).ok()?.checked_sub(1))
+                .filter(|&slot| slot < first.len())
+                .ok_or_else(|| {
+                    StoreError::Backend("claim_many answered an unknown claim".into())
+                })?;
+            let (i, token) = (first[slot], tokens[slot]);
+            let (id, params) = &claims[i];
+            results[i] =
+                row::claim_outcome(Some(answer), id, token, params.fingerprint).transpose();
+        }
+        for &i in first.iter().chain(&later) {
+            if results[i].is_none() {
+                let (id, params) = &claims[i];
+                results[i] = Some(match self.prepare(&client, &self.inner.sql.claim).await {
+                    Ok(single) => self.claim_on(&**client, &single, id, params).await,
+                    Err(e) => Err(e),
+                });
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(StoreError::Backend("claim missing from batch".into()))))
+            .collect())
+    }
+}
+
+/// The positions `0..n` of a batch's records (`id(i)`) in the keys' byte
+/// order (ties in the order given): the first of each record, and the
+/// later ones of a record named more than once.
+fn key_order<'a>(n: usize, id: impl Fn(usize) -> &'a RecordId) -> (Vec<usize>, Vec<usize>) {
+    let name = |i: usize| (id(i).scope().as_str(), id(i).key().as_str());
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| name(a).cmp(&name(b)).then(a.cmp(&b)));
+    let (mut first, mut later) = (Vec::new(), Vec::new());
+    for (pos, &i) in order.iter().enumerate() {
+        match pos.checked_sub(1).map(|p| order[p]) {
+            Some(prev) if id(prev) == id(i) => later.push(i),
+            _ => first.push(i),
+        }
+    }
+    (first, later)
 }

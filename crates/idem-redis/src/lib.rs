@@ -85,10 +85,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem::{
-    journal_of, ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, Completion, DeleteRecord,
-    DynStepJournal, Failure, FindAbandoned, GetRecord, Lease, LeaseToken, ListPage, ListQuery,
-    ListRecords, PurgeExpired, Record, RecordId, Resolution, Resolved, Scope, State, StepBegin,
-    StepEntry, StepJournal, Store, StoreError, Timestamp, TokenMint,
+    journal_of, ClaimOutcome, ClaimParams, DeleteRecord, DynStepJournal, Failure, FindAbandoned,
+    GetRecord, Lease, LeaseToken, ListPage, ListQuery, ListRecords, PurgeExpired, Record, RecordId,
+    Resolution, Resolved, Scope, State, StepBegin, StepEntry, StepJournal, Store, StoreError,
+    Timestamp, TokenMint,
 };
 use redis::Value;
 use sha2::{Digest, Sha256};
@@ -99,6 +99,7 @@ mod conn;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+mod many;
 mod notify;
 mod record;
 mod replicas;
@@ -498,24 +499,6 @@ impl RedisStore {
     /// The completion's arguments after the token.
     fn completion_args(&self, response: Bytes, retention: Duration) -> Vec<Bytes> {
         vec![response, millis(retention), self.inner.grace_ms.clone()]
-    }
-
-    /// Runs `calls` of one primitive together, replies in order: in one
-    /// batch on a single server, grouped by slot on a Cluster (see
-    /// [`run_each`](Self::run_each)).
-    async fn primitives(&self, calls: Vec<Call>) -> Vec<Result<Value, StoreError>> {
-        if let Some(batcher) = &self.inner.batcher {
-            return batcher.call_all(calls).await;
-        }
-        let Some(op) = calls.first().map(|c| c.op) else {
-            return Vec::new();
-        };
-        let calls: Vec<(String, Vec<Vec<u8>>)> = calls
-            .into_iter()
-            .map(|c| (c.key, c.args.iter().map(|a| a.to_vec()).collect()))
-            .collect();
-        self.run_each(self.inner.scripts.primitive(op), &calls)
-            .await
     }
 
     /// Runs a step-journal script, whose first argument is the holder's
@@ -1024,57 +1007,5 @@ impl PurgeExpired for RedisStore {
             }
         }
         Ok(purged)
-    }
-}
-
-impl ClaimMany for RedisStore {
-    /// Sends the claims together: one pipeline to a single server; on a
-    /// Cluster, grouped by slot, the groups all at once (each node's
-    /// connection pipelines its share). Claims of one key are answered in
-    /// the order given.
-    async fn claim_many(
-        &self,
-        claims: &[(RecordId, ClaimParams)],
-    ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
-        let tokens: Vec<LeaseToken> = claims.iter().map(|_| self.fresh_token()).collect();
-        let calls: Vec<Call> = claims
-            .iter()
-            .zip(&tokens)
-            .map(|((id, params), token)| self.claim_call(id, *token, params))
-            .collect();
-        let replies = self.primitives(calls).await;
-        Ok(claims
-            .iter()
-            .zip(tokens)
-            .zip(replies)
-            .map(|(((id, _), token), reply)| {
-                record::claim_outcome(id, token, reply.map_err(|e| damaged(id, e))?)
-            })
-            .collect())
-    }
-}
-
-impl CompleteMany for RedisStore {
-    /// Sends the completions together, as [`ClaimMany`] sends claims: one
-    /// batch script call to a single server (group commit, see the crate
-    /// docs), grouped by slot on a Cluster. Each is checked against its
-    /// own token.
-    async fn complete_many(
-        &self,
-        completions: &[Completion],
-    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
-        let calls: Vec<Call> = completions
-            .iter()
-            .map(|c| {
-                let args = self.completion_args(c.response.clone(), c.retention);
-                self.holder_call(Op::Complete, &c.lease, args)
-            })
-            .collect();
-        let replies = self.primitives(calls).await;
-        Ok(completions
-            .iter()
-            .zip(replies)
-            .map(|(c, reply)| written(&c.lease.id, reply.map_err(|e| damaged(&c.lease.id, e))?))
-            .collect())
     }
 }
