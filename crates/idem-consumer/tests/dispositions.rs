@@ -8,13 +8,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Backoff, Clock, Idempotency, MemoryStore, Scope, Store, Terminal, Timestamp};
+use idem::{Backoff, Idempotency, MemoryStore, Scope, Store, Terminal};
 use idem_consumer::{
     Acked, Consumer, Disposition, KeyExtractor, Message, MissingKey, OwnedMessage,
     RedeliveryWindow, RetryCause, WindowError,
 };
 use idem_testkit::double::{Double, Hooks};
 use idem_testkit::DownStore;
+use idem_testkit::TokioClock;
 
 type Io = std::io::Error;
 
@@ -402,16 +403,6 @@ async fn a_panicking_handler_is_retried_after_its_lease_not_lost() {
     assert_eq!(consumer.stats().retries, 1);
 }
 
-/// A store clock that follows tokio's (pausable) clock.
-#[derive(Clone)]
-struct TokioClock(tokio::time::Instant);
-
-impl Clock for TokioClock {
-    fn now(&self) -> Timestamp {
-        Timestamp::from_millis(1_000_000).saturating_add(self.0.elapsed())
-    }
-}
-
 /// Counts keep-alives, as a broker's in-progress ack would.
 struct Watched {
     inner: OwnedMessage,
@@ -432,9 +423,7 @@ impl Message for Watched {
 
 #[tokio::test(start_paused = true)]
 async fn each_confirmed_heartbeat_keeps_the_delivery_alive_with_the_broker() {
-    let store = MemoryStore::builder()
-        .clock(TokioClock(tokio::time::Instant::now()))
-        .build();
+    let store = MemoryStore::builder().clock(TokioClock::new()).build();
     let idem = Idempotency::builder(store)
         .lease(Duration::from_secs(6))
         .heartbeat(Duration::from_secs(2))

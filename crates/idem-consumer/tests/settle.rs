@@ -10,11 +10,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem::{Backoff, Clock, Idempotency, MemoryStore, Scope, Terminal, Timestamp};
+use idem::{Backoff, Idempotency, MemoryStore, Scope, Terminal};
 use idem_consumer::{
     Broker, Consumer, Job, MemoryBroker, MemoryMessage, Message, OwnedMessage, Stopped,
     CONSUMER_HEADER, KEY_HEADER, REASON_HEADER,
 };
+use idem_testkit::TokioClock;
 
 type Io = std::io::Error;
 
@@ -26,20 +27,8 @@ enum Failure {
     Flaky,
 }
 
-/// A store clock that follows tokio's (pausable) clock.
-#[derive(Clone)]
-struct TokioClock(tokio::time::Instant);
-
-impl Clock for TokioClock {
-    fn now(&self) -> Timestamp {
-        Timestamp::from_millis(1_000_000).saturating_add(self.0.elapsed())
-    }
-}
-
 fn consumer() -> Consumer<MemoryStore<TokioClock>> {
-    let store = MemoryStore::builder()
-        .clock(TokioClock(tokio::time::Instant::now()))
-        .build();
+    let store = MemoryStore::builder().clock(TokioClock::new()).build();
     let idem = Idempotency::builder(store)
         .lease(Duration::from_secs(6))
         .heartbeat(Duration::from_secs(2))

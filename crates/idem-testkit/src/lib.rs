@@ -31,6 +31,7 @@ use idem::{
 
 pub mod bench;
 pub mod cases;
+mod clock;
 mod cluster;
 pub mod cuts;
 pub mod double;
@@ -48,6 +49,7 @@ mod server;
 pub mod tls;
 pub mod under_test;
 
+pub use clock::TokioClock;
 pub use down::DownStore;
 pub use server::{free_port, ServerError};
 

@@ -12,32 +12,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem::{
-    ClaimOutcome, ClaimParams, Clock, DeleteRecord, Failure, FailureClass, Fingerprint, GetRecord,
+    ClaimOutcome, ClaimParams, DeleteRecord, Failure, FailureClass, Fingerprint, GetRecord,
     Idempotency, Lease, MemoryStore, Outcome, RecordId, RunError, State, Store, StoreError,
     Terminal, Timestamp,
 };
 use idem_testkit::double::{Double, Hooks};
-use idem_testkit::DownStore;
-
-/// A store clock that follows tokio's (pausable) clock.
-#[derive(Clone)]
-struct TokioClock {
-    start: tokio::time::Instant,
-}
-
-impl TokioClock {
-    fn new() -> Self {
-        Self {
-            start: tokio::time::Instant::now(),
-        }
-    }
-}
-
-impl Clock for TokioClock {
-    fn now(&self) -> Timestamp {
-        Timestamp::from_millis(1_000_000).saturating_add(self.start.elapsed())
-    }
-}
+use idem_testkit::{DownStore, TokioClock};
 
 fn paused_store() -> MemoryStore<TokioClock> {
     MemoryStore::builder().clock(TokioClock::new()).build()

@@ -97,12 +97,15 @@ pub async fn batch_completes_race_single_writes<S: ConformanceStore>(f: &Fixture
     }
     let leases = Arc::new(leases);
     let barrier = Arc::new(Barrier::new(2));
-    let batches = {
-        let (store, leases, barrier) = (
+    let shared = || {
+        (
             Arc::clone(&f.store),
             Arc::clone(&leases),
             Arc::clone(&barrier),
-        );
+        )
+    };
+    let batches = {
+        let (store, leases, barrier) = shared();
         tokio::spawn(async move {
             barrier.wait().await;
             let mut won = vec![false; KEYS];
@@ -130,11 +133,7 @@ pub async fn batch_completes_race_single_writes<S: ConformanceStore>(f: &Fixture
         })
     };
     let singles = {
-        let (store, leases, barrier) = (
-            Arc::clone(&f.store),
-            Arc::clone(&leases),
-            Arc::clone(&barrier),
-        );
+        let (store, leases, barrier) = shared();
         tokio::spawn(async move {
             barrier.wait().await;
             let mut won = vec![false; KEYS];
