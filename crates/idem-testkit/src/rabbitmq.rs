@@ -13,10 +13,11 @@
 //! down the pipe instead: the watchdog stops the broker and leaves its
 //! directory, and a new watchdog starts it again on the same data.
 
-use std::io::Write;
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::server::{failed, listening, wait_listening};
 pub use crate::server::{free_port, ServerError};
@@ -112,9 +113,41 @@ impl NodeSetup {
             .map_err(|e| failed(format!("spawning sh: {e}")))?;
         let stdin = child.stdin.take().ok_or_else(|| failed("no stdin pipe"))?;
         wait_listening(&mut child, "rabbitmq-server", port, Duration::from_secs(90))
+            .and_then(|()| wait_greeting(port, Duration::from_secs(30)))
             .map_err(|why| failed(format!("{why}; logs in {}", dir.join("log").display())))?;
         Ok((child, stdin))
     }
+}
+
+/// Waits until the broker on `port` answers an AMQP protocol header with
+/// its greeting (a `Connection.Start` frame): it listens a little before
+/// it has booted, and a client connecting then has its connection
+/// aborted.
+fn wait_greeting(port: u16, limit: Duration) -> Result<(), String> {
+    /// AMQP 0-9-1's protocol header.
+    const HEADER: &[u8] = b"AMQP\x00\x00\x09\x01";
+    /// The frame type of a method frame, which the greeting is.
+    const METHOD_FRAME: u8 = 1;
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let greeted = || -> std::io::Result<bool> {
+        let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(2))?;
+        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        stream.write_all(HEADER)?;
+        let mut frame_type = [0u8; 1];
+        stream.read_exact(&mut frame_type)?;
+        Ok(frame_type[0] == METHOD_FRAME)
+    };
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if matches!(greeted(), Ok(true)) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(format!(
+        "rabbitmq-server listened on port {port} but did not greet an AMQP client in {} s",
+        limit.as_secs()
+    ))
 }
 
 impl RabbitServer {
