@@ -32,23 +32,7 @@ mod one_server {
             let port = idem_testkit::free_port().expect("port");
             let master = RedisServer::start_with(port, &["--repl-diskless-sync-delay", "0"])
                 .expect("redis-server");
-            let port = master.port().to_string();
-            let replica = RedisServer::start_with(
-                idem_testkit::free_port().expect("port"),
-                &["--replicaof", "127.0.0.1", &port],
-            )
-            .expect("replica");
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while !replica
-                .cli("INFO replication")
-                .is_ok_and(|i| i.contains("master_link_status:up"))
-            {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the replica never synced"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            let replica = RedisServer::replica_of(&master, &[]).expect("replica");
             (master, replica)
         })
     }

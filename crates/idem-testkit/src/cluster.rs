@@ -125,7 +125,7 @@ impl RedisCluster {
     }
 
     /// Waits until every running node reports `cluster_state:ok`, every
-    /// replica is in sync with its master, and the Cluster passes
+    /// replica is in sync with its master (on both sides), and the Cluster passes
     /// `redis-cli --cluster check`.
     pub fn wait_until_ok(&self) -> Result<(), ServerError> {
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -145,9 +145,7 @@ impl RedisCluster {
             if !node.cli("CLUSTER INFO")?.contains("cluster_state:ok") {
                 return Ok(false);
             }
-            let replication = node.cli("INFO replication")?;
-            if replication.contains("role:slave") && !replication.contains("master_link_status:up")
-            {
+            if !node.in_sync()? {
                 return Ok(false);
             }
         }

@@ -59,6 +59,23 @@ impl RedisServer {
         Ok(server)
     }
 
+    /// Starts a replica of `master` on a free port (with extra arguments)
+    /// and returns once both sides are [in sync](Self::in_sync).
+    pub fn replica_of(master: &RedisServer, extra: &[&str]) -> Result<Self, ServerError> {
+        let port = master.port().to_string();
+        let mut args = vec!["--replicaof", "127.0.0.1", &port];
+        args.extend(extra);
+        let replica = Self::start_with(free_port()?, &args)?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !(replica.in_sync()? && master.in_sync()?) {
+            if Instant::now() > deadline {
+                return Err(failed("the replica did not sync in 30 s"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(replica)
+    }
+
     /// The port it listens on.
     pub fn port(&self) -> u16 {
         self.port
@@ -153,6 +170,25 @@ impl RedisServer {
     /// returns its output.
     pub fn cli(&self, command: &str) -> Result<String, ServerError> {
         cli(self.port, command)
+    }
+
+    /// Whether replication is settled as seen from this server: a replica
+    /// has its link to the master up, and a master counts every replica
+    /// it knows as `online` (a replica that has just loaded its copy is
+    /// up on its side before its master counts it, and until then a
+    /// `WAIT` on the master does not count it either).
+    pub fn in_sync(&self) -> Result<bool, ServerError> {
+        let info = self.cli("INFO replication")?;
+        if info.contains("role:slave") {
+            return Ok(info.contains("master_link_status:up"));
+        }
+        Ok(info
+            .lines()
+            .filter(|l| {
+                l.strip_prefix("slave")
+                    .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+            })
+            .all(|l| l.contains("state=online")))
     }
 
     /// The CPU time the server has used since it started (its own user
