@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,8 +16,7 @@ use idem_testkit::redis::RedisServer;
 use idem_testkit::Fixture;
 
 fn redis() -> &'static RedisServer {
-    static SERVER: OnceLock<RedisServer> = OnceLock::new();
-    SERVER.get_or_init(|| RedisServer::start().expect("start redis-server"))
+    RedisServer::shared().expect("redis-server")
 }
 
 async fn redis_cache() -> RedisReplayCache {

@@ -66,6 +66,87 @@ impl Ledger {
     pub fn start(&self, key: &str) {
         append(&self.dir.join("started"), key);
     }
+
+    /// Records a handler start under the lease with `fence`, by this
+    /// process.
+    pub fn start_fenced(&self, key: &str, fence: u64) {
+        let pid = std::process::id();
+        append(
+            &self.dir.join("started-fenced"),
+            &format!("{key} {fence} {pid}"),
+        );
+    }
+
+    /// The process that recorded the latest fenced handler start: one in
+    /// the middle of a handler, most likely.
+    pub fn latest_starter(&self) -> Option<u32> {
+        last_pid(&self.dir.join("started-fenced"))
+    }
+
+    /// The process that made the latest fenced write: one between its
+    /// effect and its acknowledgement, most likely.
+    pub fn latest_writer(&self) -> Option<u32> {
+        last_pid(&self.dir.join("writes"))
+    }
+
+    /// Handler starts with their fences, per key, in the order they were
+    /// recorded.
+    pub fn fenced_starts(&self) -> BTreeMap<String, Vec<u64>> {
+        let text = std::fs::read_to_string(self.dir.join("started-fenced")).unwrap_or_default();
+        let mut starts: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        for line in text.lines() {
+            let mut parts = line.split(' ');
+            if let (Some(key), Some(Ok(fence))) = (parts.next(), parts.next().map(str::parse)) {
+                starts.entry(key.to_owned()).or_default().push(fence);
+            }
+        }
+        starts
+    }
+
+    /// A fenced write to the downstream kept in the ledger: under an
+    /// exclusive lock on the key's lock file, the write with `fence`
+    /// replaces what the key holds only if the held fence is lower (a
+    /// stale holder's write is refused, as a database's conditional
+    /// update would). The new value replaces the old by a rename, so a
+    /// writer killed midway leaves the old one. Whether it was applied.
+    pub fn fenced_write(&self, key: &str, fence: u64) -> std::io::Result<bool> {
+        let dir = self.dir.join("downstream");
+        std::fs::create_dir_all(&dir)?;
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(format!("{key}.lock")))?;
+        lock.lock()?;
+        let held = self.downstream(key);
+        let applied = held.is_none_or(|held| held < fence);
+        if applied {
+            let partial = dir.join(format!("{key}.{}", std::process::id()));
+            std::fs::write(&partial, fence.to_string())?;
+            std::fs::rename(&partial, dir.join(key))?;
+        }
+        let verdict = if applied { "applied" } else { "stale" };
+        let pid = std::process::id();
+        append(
+            &self.dir.join("writes"),
+            &format!("{key} {fence} {verdict} {pid}"),
+        );
+        Ok(applied)
+    }
+
+    /// The fence of the write the downstream holds for `key`.
+    pub fn downstream(&self, key: &str) -> Option<u64> {
+        std::fs::read_to_string(self.dir.join("downstream").join(key))
+            .ok()?
+            .parse()
+            .ok()
+    }
+
+    /// Fenced writes refused as stale.
+    pub fn stale_writes(&self) -> usize {
+        let text = std::fs::read_to_string(self.dir.join("writes")).unwrap_or_default();
+        text.lines().filter(|l| l.contains(" stale ")).count()
+    }
 }
 
 impl Clone for Ledger {
@@ -92,6 +173,18 @@ fn append(path: &Path, line: &str) {
         .expect("open ledger");
     file.write_all(format!("{line}\n").as_bytes())
         .expect("append to ledger");
+}
+
+/// The process id ending the last whole line of `path`.
+fn last_pid(path: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.strip_suffix('\n')?
+        .lines()
+        .last()?
+        .rsplit(' ')
+        .next()?
+        .parse()
+        .ok()
 }
 
 fn counts(path: &Path) -> BTreeMap<String, usize> {
@@ -129,6 +222,9 @@ pub enum OrderError {
     /// The claim was lost before the effect.
     #[error("lease lost before the effect")]
     LeaseLost(#[from] LeaseLost),
+    /// The downstream write failed.
+    #[error("downstream write failed: {0}")]
+    Downstream(#[from] std::io::Error),
 }
 
 /// The handler the consumer tests run, on payloads `{"id": .., "poison":
@@ -161,11 +257,65 @@ pub async fn order_handler<M: Message>(
 /// What an order handler returns for one delivery.
 pub type Handled = Pin<Box<dyn Future<Output = Result<(), OrderError>> + Send>>;
 
+/// What a consumer's handler does with each delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Work {
+    /// [`order_handler`], hanging on the key given.
+    Orders {
+        /// The key to hang on, to be killed there.
+        slow: Option<String>,
+    },
+    /// [`fenced_handler`]: fenced writes, for runs where a stale holder
+    /// can wake up mid-handler.
+    Fenced,
+}
+
+impl Work {
+    /// The handler a consumer's `run` takes, writing to `ledger`.
+    pub fn handler<M: Message>(
+        self,
+        ledger: Ledger,
+    ) -> impl Fn(Job<M>) -> Handled + Send + Sync + 'static {
+        move |job| match &self {
+            Work::Orders { slow } => Box::pin(order_handler(job, ledger.clone(), slow.clone())),
+            Work::Fenced => Box::pin(fenced_handler(job, ledger.clone())),
+        }
+    }
+}
+
+/// The handler of the fault-injection runs ([`chaos`](crate::chaos)), on
+/// payloads `{"id": .., "poison": bool}`: notes its start with its fence,
+/// pauses a few milliseconds (so faults land inside handlers), fails
+/// terminally on poison, and otherwise makes a
+/// [fenced write](Ledger::fenced_write) and pauses again (so faults land
+/// between the effect and the completion).
+pub async fn fenced_handler<M: Message>(job: Job<M>, ledger: Ledger) -> Result<(), OrderError> {
+    let body: serde_json::Value = job.json()?;
+    let key = job.key().as_str().to_owned();
+    let fence = job.ctx().fence().unwrap_or(0);
+    ledger.start_fenced(&key, fence);
+    pause().await;
+    if body["poison"] == true {
+        return Err(Terminal::new("cannot ship to the moon").into());
+    }
+    let writer = ledger.clone();
+    tokio::task::spawn_blocking(move || writer.fenced_write(&key, fence))
+        .await
+        .map_err(std::io::Error::other)??;
+    pause().await;
+    Ok(())
+}
+
+/// A few milliseconds of "work".
+async fn pause() {
+    tokio::time::sleep(Duration::from_millis(rand::random_range(10..150))).await;
+}
+
 /// [`order_handler`] as the handler a consumer's `run` takes, writing to
 /// `ledger` and hanging on `slow`.
 pub fn orders<M: Message>(
     ledger: Ledger,
     slow: Option<String>,
 ) -> impl Fn(Job<M>) -> Handled + Send + Sync + 'static {
-    move |job| Box::pin(order_handler(job, ledger.clone(), slow.clone()))
+    Work::Orders { slow }.handler(ledger)
 }

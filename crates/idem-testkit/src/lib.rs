@@ -31,6 +31,7 @@ use idem::{
 
 pub mod bench;
 pub mod cases;
+pub mod chaos;
 mod clock;
 mod cluster;
 pub mod cuts;

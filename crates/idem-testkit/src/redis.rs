@@ -37,6 +37,17 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
+    /// The server every test of this process shares, without
+    /// persistence; started on first use.
+    pub fn shared() -> Result<&'static RedisServer, ServerError> {
+        static SHARED: std::sync::OnceLock<Result<RedisServer, String>> =
+            std::sync::OnceLock::new();
+        SHARED
+            .get_or_init(|| Self::start().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| failed(e.clone()))
+    }
+
     /// Starts a server without persistence on a free loopback port.
     pub fn start() -> Result<Self, ServerError> {
         Self::start_with(free_port()?, &[])

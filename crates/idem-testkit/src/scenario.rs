@@ -37,19 +37,23 @@ use std::time::Duration;
 
 use idem::{Backoff, Idempotency, Store};
 
-use crate::ledger::{eventually, Ledger};
+use crate::ledger::{eventually, Ledger, Work};
 use crate::under_test::{BrokerUnderTest, DeadLetterSeen};
 
 /// The environment variable telling a worker process which key to hang on.
 pub const SLOW_VAR: &str = "IDEM_WORKER_SLOW";
 
+/// The environment variable telling a worker process to run the
+/// [fenced handler](Work::Fenced).
+pub const FENCED_VAR: &str = "IDEM_WORKER_FENCED";
+
 /// The key worker A hangs on.
 pub const SLOW_KEY: &str = "slow-1";
 
 /// Starts this test binary again as a worker process running only its
-/// ignored test `worker_process`, with `env` and, when given, the key to
-/// hang on; its output is discarded, its errors shown.
-pub fn spawn_worker<I, K, V>(env: I, slow_key: Option<&str>) -> Child
+/// ignored test `worker_process`, with `env` and the handler `work`; its
+/// output is discarded, its errors shown.
+pub fn spawn_worker<I, K, V>(env: I, work: &Work) -> Child
 where
     I: IntoIterator<Item = (K, V)>,
     K: AsRef<OsStr>,
@@ -60,10 +64,17 @@ where
         .args(["--exact", "worker_process", "--ignored", "--nocapture"])
         .envs(env)
         .env_remove(SLOW_VAR)
+        .env_remove(FENCED_VAR)
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
-    if let Some(key) = slow_key {
-        command.env(SLOW_VAR, key);
+    match work {
+        Work::Orders { slow: Some(key) } => {
+            command.env(SLOW_VAR, key);
+        }
+        Work::Orders { slow: None } => {}
+        Work::Fenced => {
+            command.env(FENCED_VAR, "1");
+        }
     }
     command.spawn().expect("spawn worker")
 }
@@ -93,9 +104,14 @@ pub fn worker_main(work: impl Future<Output = ()>) {
         .block_on(work);
 }
 
-/// In a worker process: the key to hang on, if any.
-pub fn slow_key() -> Option<String> {
-    std::env::var(SLOW_VAR).ok()
+/// In a worker process: the handler its parent chose.
+pub fn work() -> Work {
+    if std::env::var_os(FENCED_VAR).is_some() {
+        return Work::Fenced;
+    }
+    Work::Orders {
+        slow: std::env::var(SLOW_VAR).ok(),
+    }
 }
 
 /// The scenario's messages in publishing order, as (`Idempotency-Key`,
@@ -248,7 +264,7 @@ pub fn worker_process<B: BrokerUnderTest>() {
     let Some(setup) = B::from_env() else {
         return;
     };
-    worker_main(async move { setup.consume(slow_key()).await });
+    worker_main(async move { setup.consume(work()).await });
 }
 
 /// The whole worker-kill scenario on broker `B`: publishes
@@ -264,7 +280,10 @@ pub async fn killed_worker<B: BrokerUnderTest>(name: &str) {
     let settled = kill_one_worker_and_finish(
         setup.ledger(),
         Duration::from_secs(120),
-        |slow| spawn_worker(env.clone(), slow),
+        |slow| {
+            let slow = slow.map(str::to_owned);
+            spawn_worker(env.clone(), &Work::Orders { slow })
+        },
         setup.settled(3),
     )
     .await;

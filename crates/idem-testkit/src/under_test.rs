@@ -4,7 +4,10 @@
 
 use std::future::Future;
 
-use crate::ledger::Ledger;
+use idem::GetRecord;
+
+use crate::ledger::{Ledger, Work};
+use crate::ServerError;
 
 /// A dead-letter as the scenarios read it back from the broker.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -42,11 +45,12 @@ pub trait BrokerUnderTest: Sized {
 
     /// Publishes `payload`, with the `Idempotency-Key` header when `key`
     /// is given, and waits until the broker has stored it.
-    fn publish(&self, key: Option<&str>, payload: &str) -> impl Future<Output = ()>;
+    fn publish(&self, key: Option<&str>, payload: &str) -> impl Future<Output = ()> + Send;
 
-    /// Consumes with [`order_handler`](crate::ledger::order_handler)
-    /// (hanging on `slow`) until the process is killed.
-    fn consume(&self, slow: Option<String>) -> impl Future<Output = ()>;
+    /// Consumes with the handler of `work` (by
+    /// [`Work::handler`](crate::ledger::Work::handler)) until the process
+    /// is killed.
+    fn consume(&self, work: Work) -> impl Future<Output = ()>;
 
     /// Waits (a bounded time) until the broker holds nothing unsettled and
     /// at least `dead_letters` dead-letters are in (for brokers that
@@ -56,4 +60,39 @@ pub trait BrokerUnderTest: Sized {
 
     /// The dead-letters, read back from the broker.
     fn dead_letters(&self) -> impl Future<Output = Vec<DeadLetterSeen>>;
+}
+
+/// What the fault-injection runs ([`chaos`](crate::chaos)) need of a
+/// broker beyond [`BrokerUnderTest`]: a broker server of the run's own,
+/// which it restarts, and the same destination reached at other ports
+/// (the fault proxies in front of the broker and the store).
+pub trait ChaosBroker: BrokerUnderTest + Clone + Send + Sync + 'static {
+    /// A broker server the run owns.
+    type Server: Send + 'static;
+
+    /// The store the consumers write, read back by the checker.
+    type Store: GetRecord + Send + Sync;
+
+    /// Starts a broker server that keeps what it was sent across a
+    /// restart.
+    fn start_server() -> Result<Self::Server, ServerError>;
+
+    /// The loopback port `server` listens on.
+    fn port(server: &Self::Server) -> u16;
+
+    /// Stops `server` (as the server's own restart does: SIGKILL for
+    /// nats-server, a clean stop for RabbitMQ) and starts it again on the
+    /// same port with what it stored.
+    fn restart(server: &mut Self::Server) -> Result<(), ServerError>;
+
+    /// A fresh destination named after `name` on the broker at loopback
+    /// `broker_port`, with its records in the store at `store_url`.
+    fn create_at(name: &str, broker_port: u16, store_url: &str) -> impl Future<Output = Self>;
+
+    /// The same destination, its broker reached at `broker_port` and its
+    /// store at `store_url`.
+    fn through(&self, broker_port: u16, store_url: &str) -> Self;
+
+    /// A connection to the store.
+    fn store(&self) -> impl Future<Output = Self::Store>;
 }

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -16,7 +15,7 @@ use idem_kafka::{
 };
 use idem_redis::RedisStore;
 use idem_testkit::kafka::KafkaServer;
-use idem_testkit::ledger::{orders, Ledger};
+use idem_testkit::ledger::{Ledger, Work};
 use idem_testkit::redis::RedisServer;
 use idem_testkit::under_test::{BrokerUnderTest, DeadLetterSeen};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -33,8 +32,7 @@ pub(crate) fn bootstrap() -> String {
 }
 
 pub(crate) fn redis() -> &'static RedisServer {
-    static SERVER: OnceLock<RedisServer> = OnceLock::new();
-    SERVER.get_or_init(|| RedisServer::start().expect("start redis-server"))
+    RedisServer::shared().expect("redis-server")
 }
 
 /// Creates `topic` with `partitions` partitions and these settings.
@@ -228,10 +226,10 @@ impl BrokerUnderTest for Setup {
         self.producer().send(&self.topic, key, payload, None).await;
     }
 
-    async fn consume(&self, slow: Option<String>) {
+    async fn consume(&self, work: Work) {
         self.kafka()
             .await
-            .run(orders(self.ledger.clone(), slow), std::future::pending())
+            .run(work.handler(self.ledger.clone()), std::future::pending())
             .await
             .expect("consume");
     }

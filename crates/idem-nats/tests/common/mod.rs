@@ -2,7 +2,6 @@
 //! store, and worker processes to kill.
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::pull;
@@ -12,18 +11,18 @@ use idem::Scope;
 use idem_consumer::Consumer;
 use idem_nats::{NatsConsumer, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 use idem_redis::RedisStore;
-use idem_testkit::ledger::{orders, Ledger};
+use idem_testkit::ledger::{Ledger, Work};
 use idem_testkit::nats::NatsServer;
 use idem_testkit::redis::RedisServer;
-use idem_testkit::under_test::{BrokerUnderTest, DeadLetterSeen};
+use idem_testkit::under_test::{BrokerUnderTest, ChaosBroker, DeadLetterSeen};
+use idem_testkit::ServerError;
 
 pub(crate) fn nats_url() -> String {
     NatsServer::shared().expect("nats-server").url()
 }
 
 pub(crate) fn redis() -> &'static RedisServer {
-    static SERVER: OnceLock<RedisServer> = OnceLock::new();
-    SERVER.get_or_init(|| RedisServer::start().expect("start redis-server"))
+    RedisServer::shared().expect("redis-server")
 }
 
 /// The settings a test and its workers share.
@@ -37,12 +36,16 @@ pub(crate) struct Setup {
 
 impl Setup {
     pub(crate) fn new(name: &str) -> Self {
+        Self::new_at(name, nats_url(), redis().url())
+    }
+
+    fn new_at(name: &str, nats_url: String, redis_url: String) -> Self {
         let stream = format!("{name}_{:016x}", rand::random::<u64>());
         Self {
             ledger: Ledger::create(&stream),
             stream,
-            nats_url: nats_url(),
-            redis_url: redis().url(),
+            nats_url,
+            redis_url,
         }
     }
 
@@ -140,10 +143,10 @@ impl BrokerUnderTest for Setup {
         publish(&self.js().await, &self.subject(), key, payload).await;
     }
 
-    async fn consume(&self, slow: Option<String>) {
+    async fn consume(&self, work: Work) {
         self.nats()
             .await
-            .run(orders(self.ledger.clone(), slow), std::future::pending())
+            .run(work.handler(self.ledger.clone()), std::future::pending())
             .await
             .expect("consume");
     }
@@ -180,6 +183,46 @@ impl BrokerUnderTest for Setup {
                 consumer: text(h, CONSUMER_HEADER),
             })
             .collect()
+    }
+}
+
+impl ChaosBroker for Setup {
+    type Server = NatsServer;
+    type Store = RedisStore;
+
+    fn start_server() -> Result<NatsServer, ServerError> {
+        NatsServer::start()
+    }
+
+    fn port(server: &NatsServer) -> u16 {
+        server.port()
+    }
+
+    fn restart(server: &mut NatsServer) -> Result<(), ServerError> {
+        server.restart()
+    }
+
+    async fn create_at(name: &str, broker_port: u16, store_url: &str) -> Self {
+        let setup = Self::new_at(
+            name,
+            format!("nats://127.0.0.1:{broker_port}"),
+            store_url.to_owned(),
+        );
+        setup.create_stream().await;
+        setup.nats().await;
+        setup
+    }
+
+    fn through(&self, broker_port: u16, store_url: &str) -> Self {
+        Self {
+            nats_url: format!("nats://127.0.0.1:{broker_port}"),
+            redis_url: store_url.to_owned(),
+            ..self.clone()
+        }
+    }
+
+    async fn store(&self) -> RedisStore {
+        Setup::store(self).await
     }
 }
 

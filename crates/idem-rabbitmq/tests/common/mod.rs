@@ -2,17 +2,17 @@
 //! store, an effects ledger on disk, and worker processes to kill.
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use idem::Scope;
 use idem_consumer::Consumer;
 use idem_rabbitmq::{RabbitConsumer, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 use idem_redis::RedisStore;
-use idem_testkit::ledger::{orders, Ledger};
+use idem_testkit::ledger::{Ledger, Work};
 use idem_testkit::rabbitmq::RabbitServer;
 use idem_testkit::redis::RedisServer;
-use idem_testkit::under_test::{BrokerUnderTest, DeadLetterSeen};
+use idem_testkit::under_test::{BrokerUnderTest, ChaosBroker, DeadLetterSeen};
+use idem_testkit::ServerError;
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
 };
@@ -24,8 +24,11 @@ pub(crate) fn amqp() -> &'static str {
 }
 
 pub(crate) fn redis() -> &'static RedisServer {
-    static SERVER: OnceLock<RedisServer> = OnceLock::new();
-    SERVER.get_or_init(|| RedisServer::start().expect("start redis-server"))
+    RedisServer::shared().expect("redis-server")
+}
+
+fn amqp_at(port: u16) -> String {
+    format!("amqp://guest:guest@127.0.0.1:{port}/%2f")
 }
 
 pub(crate) fn unique(prefix: &str) -> String {
@@ -36,6 +39,7 @@ pub(crate) fn unique(prefix: &str) -> String {
 #[derive(Debug, Clone)]
 pub(crate) struct Setup {
     pub(crate) queue: String,
+    pub(crate) amqp_url: String,
     pub(crate) redis_url: String,
     pub(crate) namespace: String,
     pub(crate) ledger: Ledger,
@@ -43,25 +47,30 @@ pub(crate) struct Setup {
 
 impl Setup {
     pub(crate) fn new(name: &str) -> Self {
+        Self::new_at(name, amqp(), &redis().url())
+    }
+
+    fn new_at(name: &str, amqp_url: &str, redis_url: &str) -> Self {
         let queue = unique(name);
         Self {
             namespace: queue.clone(),
             ledger: Ledger::create(&queue),
             queue,
-            redis_url: redis().url(),
+            amqp_url: amqp_url.to_owned(),
+            redis_url: redis_url.to_owned(),
         }
     }
 
     fn to_env(&self) -> Vec<(&'static str, String)> {
         vec![
             ("IDEM_RABBIT_QUEUE", self.queue.clone()),
+            ("IDEM_RABBIT_AMQP", self.amqp_url.clone()),
             ("IDEM_RABBIT_REDIS", self.redis_url.clone()),
             ("IDEM_RABBIT_NS", self.namespace.clone()),
             (
                 "IDEM_RABBIT_DIR",
                 self.ledger.dir().to_string_lossy().into_owned(),
             ),
-            ("IDEM_TEST_AMQP_URL", amqp().to_owned()),
         ]
     }
 
@@ -77,7 +86,7 @@ impl Setup {
     /// The consumer the tests and workers run: short leases so a killed
     /// worker's claims are taken over within seconds, short retry queues.
     pub(crate) async fn rabbit(&self) -> RabbitConsumer<RedisStore, idem::Json> {
-        self.rabbit_at(amqp()).await
+        self.rabbit_at(&self.amqp_url).await
     }
 
     /// [`rabbit`](Self::rabbit) on the broker at `url` (one of the test's
@@ -107,6 +116,7 @@ impl BrokerUnderTest for Setup {
         let var = |name| std::env::var(name).ok();
         Some(Self {
             queue: var("IDEM_RABBIT_QUEUE")?,
+            amqp_url: var("IDEM_RABBIT_AMQP")?,
             redis_url: var("IDEM_RABBIT_REDIS")?,
             namespace: var("IDEM_RABBIT_NS")?,
             ledger: Ledger::at(PathBuf::from(var("IDEM_RABBIT_DIR")?)),
@@ -122,14 +132,14 @@ impl BrokerUnderTest for Setup {
     }
 
     async fn publish(&self, key: Option<&str>, payload: &str) {
-        let (_connection, channel) = publisher().await;
+        let (_connection, channel) = publisher_at(&self.amqp_url).await;
         publish(&channel, &self.queue, key, payload).await;
     }
 
-    async fn consume(&self, slow: Option<String>) {
+    async fn consume(&self, work: Work) {
         self.rabbit()
             .await
-            .run(orders(self.ledger.clone(), slow), std::future::pending())
+            .run(work.handler(self.ledger.clone()), std::future::pending())
             .await
             .expect("consume");
     }
@@ -138,7 +148,7 @@ impl BrokerUnderTest for Setup {
     /// dead-letters in (AMQP does not tell unacknowledged deliveries).
     async fn settled(&self, dead_letters: usize) -> bool {
         let rabbit = self.rabbit().await;
-        let (_connection, channel) = publisher().await;
+        let (_connection, channel) = publisher_at(&self.amqp_url).await;
         let dead_queue = rabbit.dead_letter_queue();
         for _ in 0..150 {
             let mut pending = 0;
@@ -155,7 +165,7 @@ impl BrokerUnderTest for Setup {
     }
 
     async fn dead_letters(&self) -> Vec<DeadLetterSeen> {
-        let (_connection, channel) = publisher().await;
+        let (_connection, channel) = publisher_at(&self.amqp_url).await;
         drain(&channel, &format!("{}.dead", self.queue))
             .await
             .iter()
@@ -165,6 +175,41 @@ impl BrokerUnderTest for Setup {
                 consumer: text(h, CONSUMER_HEADER).map(str::to_owned),
             })
             .collect()
+    }
+}
+
+impl ChaosBroker for Setup {
+    type Server = RabbitServer;
+    type Store = RedisStore;
+
+    fn start_server() -> Result<RabbitServer, ServerError> {
+        RabbitServer::start()
+    }
+
+    fn port(server: &RabbitServer) -> u16 {
+        server.port()
+    }
+
+    fn restart(server: &mut RabbitServer) -> Result<(), ServerError> {
+        server.restart()
+    }
+
+    async fn create_at(name: &str, broker_port: u16, store_url: &str) -> Self {
+        let setup = Self::new_at(name, &amqp_at(broker_port), store_url);
+        setup.rabbit().await;
+        setup
+    }
+
+    fn through(&self, broker_port: u16, store_url: &str) -> Self {
+        Self {
+            amqp_url: amqp_at(broker_port),
+            redis_url: store_url.to_owned(),
+            ..self.clone()
+        }
+    }
+
+    async fn store(&self) -> RedisStore {
+        Setup::store(self).await
     }
 }
 
@@ -185,6 +230,7 @@ async fn ready_in(channel: &Channel, queue: &str) -> usize {
 }
 
 /// A publishing channel with confirms.
+#[allow(dead_code)] // not every test file publishes directly
 pub(crate) async fn publisher() -> (Connection, Channel) {
     publisher_at(amqp()).await
 }

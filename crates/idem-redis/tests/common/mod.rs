@@ -1,16 +1,13 @@
 //! What the test files share: one redis-server for the whole test binary,
 //! and stores that each get a namespace of their own.
 
-use std::sync::OnceLock;
-
 use idem_redis::RedisStore;
 use idem_testkit::redis::RedisServer;
 
 /// The test binary's redis-server, started on first use; it is killed when
 /// the binary exits (see `idem_testkit::redis`).
 pub(crate) fn server() -> &'static RedisServer {
-    static SERVER: OnceLock<RedisServer> = OnceLock::new();
-    SERVER.get_or_init(|| RedisServer::start().expect("start redis-server"))
+    RedisServer::shared().expect("redis-server")
 }
 
 /// A store on [`server`] in a fresh namespace `PREFIX-<random>`.

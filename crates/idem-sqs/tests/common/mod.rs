@@ -11,7 +11,7 @@ use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, KeyExtractor};
 use idem_dynamodb::DynamoStore;
 use idem_sqs::{SqsConsumer, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
-use idem_testkit::ledger::{orders, Ledger};
+use idem_testkit::ledger::{Ledger, Work};
 use idem_testkit::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
 use idem_testkit::under_test::{BrokerUnderTest, DeadLetterSeen};
 
@@ -241,10 +241,10 @@ impl BrokerUnderTest for Setup {
         self.send(key, payload, None).await;
     }
 
-    async fn consume(&self, slow: Option<String>) {
+    async fn consume(&self, work: Work) {
         self.sqs()
             .await
-            .run(orders(self.ledger.clone(), slow), std::future::pending())
+            .run(work.handler(self.ledger.clone()), std::future::pending())
             .await
             .expect("consume");
     }

@@ -1,0 +1,9 @@
+//! The consumer fault-injection run (`idem_testkit::chaos`) on JetStream:
+//! worker processes of this binary consume through fault proxies in front
+//! of a nats-server and a Redis of the run's own, while workers are
+//! killed and stopped, both servers restarted and both connections cut,
+//! delayed and blackholed. `IDEM_CHAOS_SECS` makes it a long run.
+
+mod common;
+
+idem_testkit::consumer_chaos!(common::Setup, "CHAOS");

@@ -1,0 +1,227 @@
+//! The judgement of a consumer chaos run: what the ledger, the fenced
+//! downstream, the store's records and the dead-letters must agree on.
+
+use std::collections::BTreeMap;
+
+use idem::{GetRecord, Key, Record, RecordId, Scope, State};
+
+use crate::ledger::Ledger;
+use crate::under_test::DeadLetterSeen;
+
+/// What a run left behind.
+#[derive(Debug, Default)]
+pub struct Evidence {
+    /// Handler starts per key, with their fences.
+    pub starts: BTreeMap<String, Vec<u64>>,
+    /// The fence of the write the downstream holds, per key.
+    pub downstream: BTreeMap<String, u64>,
+    /// The store's record per key (good and poison ones).
+    pub records: BTreeMap<String, Record>,
+    /// The good keys.
+    pub good: Vec<String>,
+}
+
+impl Evidence {
+    /// Reads the ledger and the records of `good` and `poison` keys (scope
+    /// `orders`) from `store`.
+    pub async fn gather<S: GetRecord>(
+        ledger: &Ledger,
+        store: &S,
+        good: &[String],
+        poison: &[String],
+    ) -> Self {
+        let scope = Scope::new("orders").expect("a valid scope");
+        let mut records = BTreeMap::new();
+        for key in good.iter().chain(poison) {
+            let id = RecordId::new(scope.clone(), Key::new(key).expect("a valid key"));
+            if let Some(record) = store.get(&id).await.expect("read a record") {
+                records.insert(key.clone(), record);
+            }
+        }
+        Self {
+            starts: ledger.fenced_starts(),
+            downstream: good
+                .iter()
+                .filter_map(|k| Some((k.clone(), ledger.downstream(k)?)))
+                .collect(),
+            records,
+            good: good.to_vec(),
+        }
+    }
+}
+
+/// Every broken promise in `evidence`, one line each:
+///
+/// - each good key is completed, with the fence of a holder that
+///   started it, and no holder with a newer fence started it (a completed
+///   key claimed again, or a stale completion accepted);
+/// - no fence was handed out twice;
+/// - the downstream holds the completing holder's write;
+/// - each poison key failed terminally, wrote nothing, and was
+///   dead-lettered; nothing else was.
+pub fn judge(evidence: &Evidence, dead: &[DeadLetterSeen], poison: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    let none = Vec::new();
+    for key in &evidence.good {
+        let starts = evidence.starts.get(key).unwrap_or(&none);
+        let mut fences = starts.clone();
+        fences.sort_unstable();
+        if fences.windows(2).any(|w| w[0] == w[1]) {
+            out.push(format!("{key}: a fence was handed out twice: {starts:?}"));
+        }
+        let Some(record) = evidence.records.get(key) else {
+            out.push(format!(
+                "{key}: no record in the store: the message was lost"
+            ));
+            continue;
+        };
+        if !matches!(record.state, State::Completed { .. }) {
+            out.push(format!(
+                "{key}: the record is {:?}, not completed",
+                record.state.kind()
+            ));
+            continue;
+        }
+        let stored = record.fence;
+        if !starts.contains(&stored) {
+            out.push(format!(
+                "{key}: completed with fence {stored}, but no handler started with it ({starts:?})"
+            ));
+        }
+        if let Some(newer) = starts.iter().find(|f| **f > stored) {
+            out.push(format!(
+                "{key}: completed with fence {stored}, but a holder with fence {newer} started \
+                 it: a completed key was claimed again or a stale completion was accepted"
+            ));
+        }
+        match evidence.downstream.get(key) {
+            None => out.push(format!("{key}: completed, but no write reached downstream")),
+            Some(held) if *held != stored => out.push(format!(
+                "{key}: downstream holds the write of fence {held}, the store the completion \
+                 of fence {stored}"
+            )),
+            Some(_) => {}
+        }
+    }
+    for key in poison {
+        match evidence.records.get(key).map(|r| &r.state) {
+            Some(State::Failed { .. }) => {}
+            other => out.push(format!(
+                "{key}: a poison message's record is {:?}, not failed",
+                other.map(State::kind)
+            )),
+        }
+        if evidence.downstream.contains_key(key) {
+            out.push(format!("{key}: a poison message wrote downstream"));
+        }
+        if !dead.iter().any(|d| d.key.as_deref() == Some(key)) {
+            out.push(format!("{key}: a poison message was not dead-lettered"));
+        }
+    }
+    for letter in dead {
+        if !letter.key.as_ref().is_some_and(|k| poison.contains(k)) {
+            out.push(format!(
+                "{:?}: dead-lettered, but not poison ({})",
+                letter.key, letter.reason
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use idem::{Failure, FailureClass, Timestamp};
+
+    use super::*;
+
+    fn record(state: State, fence: u64) -> Record {
+        Record {
+            state,
+            fingerprint: None,
+            attempt: 1,
+            fence,
+            created_at: Timestamp::now(),
+            updated_at: Timestamp::now(),
+            expires_at: Timestamp::now(),
+        }
+    }
+
+    fn completed(fence: u64) -> Record {
+        record(
+            State::Completed {
+                response: bytes::Bytes::new(),
+            },
+            fence,
+        )
+    }
+
+    /// One good key `a` with `starts`, its record completed with `stored`
+    /// and the downstream holding `held`; one poison key `p`, failed and
+    /// dead-lettered.
+    fn evidence(starts: &[u64], stored: Option<u64>, held: Option<u64>) -> Evidence {
+        let mut e = Evidence {
+            good: vec!["a".into()],
+            ..Evidence::default()
+        };
+        e.starts.insert("a".into(), starts.to_vec());
+        if let Some(f) = stored {
+            e.records.insert("a".into(), completed(f));
+        }
+        if let Some(f) = held {
+            e.downstream.insert("a".into(), f);
+        }
+        e.records.insert(
+            "p".into(),
+            record(
+                State::Failed {
+                    failure: Failure::new(FailureClass::Terminal, "poison"),
+                },
+                1,
+            ),
+        );
+        e
+    }
+
+    fn dead(keys: &[&str]) -> Vec<DeadLetterSeen> {
+        keys.iter()
+            .map(|k| DeadLetterSeen {
+                key: Some((*k).to_owned()),
+                reason: "poison".into(),
+                consumer: None,
+            })
+            .collect()
+    }
+
+    fn verdict(e: &Evidence, dead_keys: &[&str]) -> Vec<String> {
+        judge(e, &dead(dead_keys), &["p".to_owned()])
+    }
+
+    #[test]
+    fn a_takeover_whose_new_holder_completes_passes() {
+        assert_eq!(
+            verdict(&evidence(&[1, 2], Some(2), Some(2)), &["p", "p"]),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn each_broken_promise_is_caught() {
+        let cases: [(Evidence, &[&str], &str); 7] = [
+            (evidence(&[1], None, Some(1)), &["p"], "lost"),
+            (evidence(&[1, 2], Some(1), Some(2)), &["p"], "claimed again"),
+            (evidence(&[1], Some(1), Some(0)), &["p"], "downstream holds"),
+            (evidence(&[1], Some(1), None), &["p"], "no write reached"),
+            (evidence(&[1, 1], Some(1), Some(1)), &["p"], "twice"),
+            (evidence(&[1], Some(1), Some(1)), &[], "not dead-lettered"),
+            (evidence(&[1], Some(1), Some(1)), &["p", "a"], "not poison"),
+        ];
+        for (e, dead_keys, expected) in cases {
+            let found = verdict(&e, dead_keys);
+            assert!(
+                found.iter().any(|v| v.contains(expected)),
+                "{expected:?} not in {found:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,612 @@
+//! The fault-injection run for broker adapters (DESIGN §11): worker
+//! processes consume a published workload with duplicates and poison
+//! messages from a real broker, with their records in a real Redis, while
+//! faults are injected at seeded random points:
+//!
+//! - a worker SIGKILLed (and replaced), mid-handler or anywhere else;
+//! - a worker SIGSTOPped for 1.5 to 3 leases, then SIGCONTed: a stale
+//!   holder that wakes up mid-handler;
+//! - the broker killed and started again (it keeps what it stored);
+//! - the store killed and started again (an fsync-always append-only
+//!   file);
+//! - the connection to the broker, or to the store, reset, delayed or
+//!   blackholed for a while, through a [`FaultProxy`] in front of each.
+//!
+//! The handler is [`fenced_handler`](crate::ledger::fenced_handler): a
+//! handler can run again after a crash or a takeover, so its effect is a
+//! fenced write. After the fault phase the run heals everything, waits
+//! until every message is settled, and [judges](judge::judge) the ledger,
+//! the downstream, the store's records and the dead-letters: every good
+//! message completed by the holder whose write the downstream holds, no
+//! completed key claimed again, none lost, and dead-letters for the poison
+//! messages only.
+//!
+//! An adapter's tests run it with [`run`] over their [`ChaosBroker`];
+//! `scripts/chaos` runs the long version ([`ChaosPlan::from_env`]).
+
+mod judge;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::process::Child;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+use crate::ledger::{eventually, Work};
+use crate::proxy::FaultProxy;
+use crate::redis::RedisServer;
+use crate::scenario::spawn_worker;
+use crate::under_test::ChaosBroker;
+
+pub use judge::{judge, Evidence};
+
+/// A kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Fault {
+    /// SIGKILL a worker; a new one replaces it.
+    Kill,
+    /// SIGSTOP a worker for 1.5 to 3 leases, then SIGCONT it.
+    Stop,
+    /// Kill the broker and start it again.
+    BrokerRestart,
+    /// Kill the store and start it again.
+    StoreRestart,
+    /// Reset every connection to the broker.
+    BrokerReset,
+    /// Delay every chunk to and from the broker for a while.
+    BrokerLatency,
+    /// Let nothing through to the broker for a while.
+    BrokerBlackhole,
+    /// Reset every connection to the store.
+    StoreReset,
+    /// Delay every chunk to and from the store for a while.
+    StoreLatency,
+    /// Let nothing through to the store for a while.
+    StoreBlackhole,
+}
+
+impl Fault {
+    /// Every kind.
+    pub const ALL: [Fault; 10] = [
+        Fault::Kill,
+        Fault::Stop,
+        Fault::BrokerRestart,
+        Fault::StoreRestart,
+        Fault::BrokerReset,
+        Fault::BrokerLatency,
+        Fault::BrokerBlackhole,
+        Fault::StoreReset,
+        Fault::StoreLatency,
+        Fault::StoreBlackhole,
+    ];
+
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Kill => "kill",
+            Fault::Stop => "stop",
+            Fault::BrokerRestart => "broker-restart",
+            Fault::StoreRestart => "store-restart",
+            Fault::BrokerReset => "broker-reset",
+            Fault::BrokerLatency => "broker-latency",
+            Fault::BrokerBlackhole => "broker-blackhole",
+            Fault::StoreReset => "store-reset",
+            Fault::StoreLatency => "store-latency",
+            Fault::StoreBlackhole => "store-blackhole",
+        }
+    }
+}
+
+/// What a run does. [`ChaosPlan::short`] is the suite's run; the fields
+/// say what to change.
+#[derive(Debug, Clone)]
+pub struct ChaosPlan {
+    /// Seeds the workload and every fault.
+    pub seed: u64,
+    /// Distinct keys; every 25th is poison.
+    pub keys: usize,
+    /// The share of keys published a second time.
+    pub duplicates: f64,
+    /// Worker processes.
+    pub workers: usize,
+    /// How long messages are published and faults injected.
+    pub duration: Duration,
+    /// The mean time between faults.
+    pub fault_every: Duration,
+    /// Which faults to inject.
+    pub faults: Vec<Fault>,
+    /// How long the run may take to settle after the fault phase before
+    /// unsettled messages count as lost.
+    pub settle_limit: Duration,
+}
+
+/// The lease of the scenario's executor
+/// ([`scenario::executor`](crate::scenario::executor)), which a SIGSTOP
+/// outlasts.
+const LEASE: Duration = Duration::from_secs(2);
+
+impl ChaosPlan {
+    /// The suite's run: 300 keys, a third published twice, 3 workers, 15 s
+    /// of every fault about every second.
+    pub fn short() -> Self {
+        Self {
+            seed: 1,
+            keys: 300,
+            duplicates: 0.33,
+            workers: 3,
+            duration: Duration::from_secs(15),
+            fault_every: Duration::from_secs(1),
+            faults: Fault::ALL.to_vec(),
+            settle_limit: Duration::from_secs(120),
+        }
+    }
+
+    /// The plan with `IDEM_CHAOS_SECS`, `IDEM_CHAOS_SEED` and
+    /// `IDEM_CHAOS_KEYS` from the environment where set (a long run
+    /// scales its keys with its duration unless told).
+    pub fn from_env(mut self) -> Self {
+        let var = |name: &str| std::env::var(name).ok()?.parse::<u64>().ok();
+        if let Some(secs) = var("IDEM_CHAOS_SECS") {
+            self.duration = Duration::from_secs(secs);
+            self.keys = (secs as usize * 20).max(self.keys);
+        }
+        if let Some(seed) = var("IDEM_CHAOS_SEED") {
+            self.seed = seed;
+        }
+        if let Some(keys) = var("IDEM_CHAOS_KEYS") {
+            self.keys = keys as usize;
+        }
+        self
+    }
+}
+
+/// What a run did and what the checker found.
+#[derive(Debug, Clone)]
+pub struct ChaosReport {
+    /// The broker's name.
+    pub broker: String,
+    /// The seed.
+    pub seed: u64,
+    /// Distinct keys.
+    pub keys: usize,
+    /// Messages published (keys and duplicates).
+    pub published: usize,
+    /// Handler starts.
+    pub starts: usize,
+    /// Fenced writes refused as stale.
+    pub stale_writes: usize,
+    /// Worker processes that exited by themselves (and were replaced).
+    pub worker_exits: usize,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<Fault, u64>,
+    /// From the first publish to the judgement.
+    pub elapsed: Duration,
+    /// What must never happen, and did.
+    pub violations: Vec<String>,
+}
+
+impl ChaosReport {
+    /// Panics with the violations if there are any.
+    pub fn assert_clean(&self) {
+        assert!(
+            self.violations.is_empty(),
+            "{} violations in the {} chaos run (seed {}):\n{}",
+            self.violations.len(),
+            self.broker,
+            self.seed,
+            self.violations.join("\n")
+        );
+    }
+
+    /// A Markdown table row: broker, seed, keys, published, starts,
+    /// stale, exits, faults (kind=count), seconds, violations.
+    pub fn row(&self) -> String {
+        let mut faults = String::new();
+        for (kind, n) in &self.faults {
+            let _ = write!(faults, "{}={n} ", kind.name());
+        }
+        format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} |",
+            self.broker,
+            self.seed,
+            self.keys,
+            self.published,
+            self.starts,
+            self.stale_writes,
+            self.worker_exits,
+            faults.trim_end(),
+            self.elapsed.as_secs_f64(),
+            self.violations.len()
+        )
+    }
+}
+
+/// The messages of a run in publishing order, as (key, payload): every
+/// key once, every 25th poison, and a seeded share published again later.
+pub fn workload(plan: &ChaosPlan, rng: &mut StdRng) -> Vec<(String, String)> {
+    let message = |i: usize| {
+        let key = format!("c-{i}");
+        let poison = i % 25 == 24;
+        let body = format!(r#"{{"id":"{key}","poison":{poison}}}"#);
+        (key, body)
+    };
+    let mut messages: Vec<(String, String)> = (0..plan.keys).map(message).collect();
+    let mut again: Vec<(String, String)> = (0..plan.keys)
+        .filter(|_| rng.random_bool(plan.duplicates.clamp(0.0, 1.0)))
+        .map(message)
+        .collect();
+    again.shuffle(rng);
+    // Each duplicate goes somewhere after its original.
+    for (key, body) in again {
+        let first = messages.iter().position(|(k, _)| *k == key).unwrap_or(0);
+        let at = rng.random_range(first + 1..=messages.len());
+        messages.insert(at, (key, body));
+    }
+    messages
+}
+
+/// Runs `plan` on broker `B`: see the [module](self).
+pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
+    let started = Instant::now();
+    let mut rng = StdRng::seed_from_u64(plan.seed);
+    let mut broker = tokio::task::spawn_blocking(B::start_server)
+        .await
+        .expect("broker task")
+        .expect("a broker of the run's own");
+    let mut store = RedisServer::start_with(
+        crate::free_port().expect("port"),
+        &["--appendonly", "yes", "--appendfsync", "always"],
+    )
+    .expect("redis-server");
+    let broker_proxy = proxy(B::port(&broker)).await;
+    let store_proxy = proxy(store.port()).await;
+    let direct = B::create_at(name, B::port(&broker), &store.url()).await;
+    let through = direct.through(
+        broker_proxy.addr().port(),
+        &format!("redis://{}", store_proxy.addr()),
+    );
+    let messages = workload(&plan, &mut rng);
+    let poison: Vec<String> = messages
+        .iter()
+        .filter(|(_, body)| body.contains(r#""poison":true"#))
+        .map(|(key, _)| key.clone())
+        .collect();
+
+    let mut workers = Workers {
+        env: through.env(),
+        running: Vec::new(),
+        exits: 0,
+    };
+    for _ in 0..plan.workers {
+        workers.spawn();
+    }
+    let restarting = Arc::new(AtomicBool::new(false));
+    let publisher = tokio::spawn(publish_over(
+        direct.clone(),
+        messages.clone(),
+        plan.duration,
+        Arc::clone(&restarting),
+    ));
+
+    let mut faults = Faults::new(&plan, rng);
+    let ledger = direct.ledger();
+    let end = Instant::now() + plan.duration;
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        workers.replace_exited();
+        faults.lift_due(&broker_proxy, &store_proxy, &mut workers);
+        let Some(kind) = faults.due() else { continue };
+        match kind {
+            Fault::Kill => {
+                // Alternately mid-handler and between an effect and its
+                // acknowledgement.
+                let busy = if faults.counts.get(&kind).copied().unwrap_or(0) % 2 == 0 {
+                    ledger.latest_starter()
+                } else {
+                    ledger.latest_writer()
+                };
+                let slot = workers.slot_of(busy, &mut faults.rng);
+                workers.kill(slot);
+            }
+            Fault::Stop => {
+                let slot = workers.slot_of(ledger.latest_starter(), &mut faults.rng);
+                let pause = LEASE.mul_f64(faults.rng.random_range(1.5..3.0));
+                if workers.signal(slot, "STOP") {
+                    faults.stopped.push((Instant::now() + pause, slot));
+                }
+            }
+            Fault::BrokerRestart => {
+                restarting.store(true, Ordering::SeqCst);
+                broker = tokio::task::spawn_blocking(move || {
+                    B::restart(&mut broker).expect("restart the broker");
+                    broker
+                })
+                .await
+                .expect("restart task");
+                restarting.store(false, Ordering::SeqCst);
+            }
+            Fault::StoreRestart => {
+                store.stop();
+                store.start_again().expect("start the store again");
+            }
+            Fault::BrokerReset => broker_proxy.reset_all(),
+            Fault::StoreReset => store_proxy.reset_all(),
+            Fault::BrokerLatency | Fault::StoreLatency => {
+                let on = if kind == Fault::BrokerLatency {
+                    &broker_proxy
+                } else {
+                    &store_proxy
+                };
+                on.set_delay(Duration::from_millis(faults.rng.random_range(5..60)));
+                faults.lift_later(kind);
+            }
+            Fault::BrokerBlackhole | Fault::StoreBlackhole => {
+                let on = if kind == Fault::BrokerBlackhole {
+                    &broker_proxy
+                } else {
+                    &store_proxy
+                };
+                on.set_blackhole(true);
+                faults.lift_later(kind);
+            }
+        }
+        *faults.counts.entry(kind).or_insert(0) += 1;
+    }
+
+    faults.heal(&broker_proxy, &store_proxy, &mut workers);
+    let published = publisher.await.expect("publisher task");
+    let good: Vec<String> = (0..plan.keys)
+        .map(|i| format!("c-{i}"))
+        .filter(|k| !poison.contains(k))
+        .collect();
+    let all_written = eventually(plan.settle_limit, || {
+        workers.replace_exited();
+        good.iter().all(|k| ledger.downstream(k).is_some())
+    })
+    .await;
+    let settled = all_written && direct.settled(poison.len()).await;
+    // Late duplicates and redeliveries show themselves before judging.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    workers.stop_all();
+
+    let store_conn = direct.store().await;
+    let evidence = Evidence::gather(ledger, &store_conn, &good, &poison).await;
+    let dead = direct.dead_letters().await;
+    let mut violations = judge(&evidence, &dead, &poison);
+    if !settled {
+        violations.push(format!(
+            "the broker did not settle within {:?} of the fault phase's end",
+            plan.settle_limit
+        ));
+    }
+    ChaosReport {
+        broker: name.to_owned(),
+        seed: plan.seed,
+        keys: plan.keys,
+        published,
+        starts: evidence.starts.values().map(Vec::len).sum(),
+        stale_writes: ledger.stale_writes(),
+        worker_exits: workers.exits,
+        faults: faults.counts,
+        elapsed: started.elapsed(),
+        violations,
+    }
+}
+
+/// A fault proxy in front of the loopback `port`.
+async fn proxy(port: u16) -> FaultProxy {
+    FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], port)))
+        .await
+        .expect("fault proxy")
+}
+
+/// Publishes `messages` evenly over `over`, pausing while the broker
+/// restarts. Each publish runs in a task of its own so that one failing
+/// as the broker goes down (the adapters' test helpers panic on errors)
+/// is tried again: a message the broker stored before the failure is then
+/// there twice, a duplicate like the others. How many messages went out.
+async fn publish_over<B: ChaosBroker>(
+    setup: B,
+    messages: Vec<(String, String)>,
+    over: Duration,
+    restarting: Arc<AtomicBool>,
+) -> usize {
+    let gap = over.div_f64(messages.len().max(1) as f64 * 1.25);
+    let mut published = 0;
+    for (key, body) in messages {
+        loop {
+            while restarting.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let (setup, key, body) = (setup.clone(), key.clone(), body.clone());
+            let attempt = tokio::spawn(async move { setup.publish(Some(&key), &body).await });
+            match tokio::time::timeout(Duration::from_secs(20), attempt).await {
+                Ok(Ok(())) => break,
+                _ => tokio::time::sleep(Duration::from_millis(300)).await,
+            }
+        }
+        published += 1;
+        tokio::time::sleep(gap).await;
+    }
+    published
+}
+
+/// The worker processes, by slot.
+struct Workers {
+    env: Vec<(&'static str, String)>,
+    running: Vec<Child>,
+    exits: usize,
+}
+
+impl Workers {
+    fn spawn(&mut self) {
+        self.running
+            .push(spawn_worker(self.env.clone(), &Work::Fenced));
+    }
+
+    /// The slot of the worker with process id `pid`, or a random one.
+    fn slot_of(&self, pid: Option<u32>, rng: &mut StdRng) -> usize {
+        pid.and_then(|pid| self.running.iter().position(|w| w.id() == pid))
+            .unwrap_or_else(|| rng.random_range(0..self.running.len()))
+    }
+
+    /// SIGKILLs the worker in `slot` and starts a new one there.
+    fn kill(&mut self, slot: usize) {
+        let Some(worker) = self.running.get_mut(slot) else {
+            return;
+        };
+        let _ = worker.kill();
+        let _ = worker.wait();
+        *worker = spawn_worker(self.env.clone(), &Work::Fenced);
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`) to the worker in `slot`; whether
+    /// it was sent.
+    fn signal(&self, slot: usize, signal: &str) -> bool {
+        let Some(pid) = self.running.get(slot).map(Child::id).filter(|p| *p > 0) else {
+            return false;
+        };
+        std::process::Command::new("kill")
+            .args(["-s", signal, "--", &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// Replaces workers that exited by themselves.
+    fn replace_exited(&mut self) {
+        for slot in 0..self.running.len() {
+            if matches!(self.running[slot].try_wait(), Ok(Some(_))) {
+                self.exits += 1;
+                self.running[slot] = spawn_worker(self.env.clone(), &Work::Fenced);
+            }
+        }
+    }
+
+    fn stop_all(&mut self) {
+        for worker in &mut self.running {
+            let _ = worker.kill();
+            let _ = worker.wait();
+        }
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}
+
+/// The fault schedule and the faults in force.
+struct Faults {
+    rng: StdRng,
+    kinds: Vec<Fault>,
+    deck: Vec<Fault>,
+    next: Instant,
+    mean: Duration,
+    /// Proxy faults in force, and when each is lifted.
+    timed: Vec<(Instant, Fault)>,
+    /// Stopped workers, and when each is continued.
+    stopped: Vec<(Instant, usize)>,
+    counts: BTreeMap<Fault, u64>,
+}
+
+impl Faults {
+    fn new(plan: &ChaosPlan, mut rng: StdRng) -> Self {
+        let next = Instant::now() + plan.fault_every.mul_f64(rng.random_range(0.5..1.5));
+        Self {
+            rng,
+            kinds: plan.faults.clone(),
+            deck: Vec::new(),
+            next,
+            mean: plan.fault_every,
+            timed: Vec::new(),
+            stopped: Vec::new(),
+            counts: BTreeMap::new(),
+        }
+    }
+
+    /// The fault due now, if one is: each round of the deck injects every
+    /// kind once, in a seeded order.
+    fn due(&mut self) -> Option<Fault> {
+        let now = Instant::now();
+        if now < self.next || self.kinds.is_empty() {
+            return None;
+        }
+        self.next = now + self.mean.mul_f64(self.rng.random_range(0.5..1.5));
+        if self.deck.is_empty() {
+            self.deck = self.kinds.clone();
+            self.deck.shuffle(&mut self.rng);
+        }
+        self.deck.pop()
+    }
+
+    /// Lifts `kind` in 0.3 to 1.5 s.
+    fn lift_later(&mut self, kind: Fault) {
+        let after = Duration::from_millis(self.rng.random_range(300..1500));
+        self.timed.push((Instant::now() + after, kind));
+    }
+
+    /// Lifts the proxy faults and continues the workers whose time is up.
+    fn lift_due(&mut self, broker: &FaultProxy, store: &FaultProxy, workers: &mut Workers) {
+        let now = Instant::now();
+        let (over, left): (Vec<_>, Vec<_>) = self.timed.iter().partition(|(end, _)| now >= *end);
+        self.timed = left;
+        for (_, kind) in over {
+            match kind {
+                Fault::BrokerLatency => broker.set_delay(Duration::ZERO),
+                Fault::StoreLatency => store.set_delay(Duration::ZERO),
+                Fault::BrokerBlackhole => broker.set_blackhole(false),
+                Fault::StoreBlackhole => store.set_blackhole(false),
+                _ => {}
+            }
+        }
+        let (over, left): (Vec<_>, Vec<_>) = self.stopped.iter().partition(|(end, _)| now >= *end);
+        self.stopped = left;
+        for (_, slot) in over {
+            workers.signal(slot, "CONT");
+        }
+    }
+
+    /// Lifts every fault and continues every stopped worker.
+    fn heal(&mut self, broker: &FaultProxy, store: &FaultProxy, workers: &mut Workers) {
+        self.timed.clear();
+        broker.heal();
+        store.heal();
+        for (_, slot) in self.stopped.drain(..) {
+            workers.signal(slot, "CONT");
+        }
+    }
+}
+
+/// An adapter's chaos test file: the worker process the run starts and
+/// the short run, over the adapter's [`ChaosBroker`] `$setup`, its
+/// destinations named after `$name`. The run's plan is
+/// [`ChaosPlan::short`] changed by [`ChaosPlan::from_env`], and its report
+/// row is printed (the long runs' table collects it).
+#[macro_export]
+macro_rules! consumer_chaos {
+    ($setup:ty, $name:expr) => {
+        /// Not a test on its own: the worker process the chaos run
+        /// starts. It consumes until it is killed.
+        #[test]
+        #[ignore = "a worker process, started by the chaos run"]
+        fn worker_process() {
+            $crate::scenario::worker_process::<$setup>();
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[allow(clippy::print_stdout)]
+        async fn faults_leave_each_message_completed_once_fenced_and_none_lost() {
+            let plan = $crate::chaos::ChaosPlan::short().from_env();
+            let report = $crate::chaos::run::<$setup>($name, plan).await;
+            println!("{}", report.row());
+            report.assert_clean();
+        }
+    };
+}
