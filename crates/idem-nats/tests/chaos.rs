@@ -6,4 +6,4 @@
 
 mod common;
 
-idem_testkit::consumer_chaos!(common::Setup, "CHAOS");
+idem_testkit::consumer_chaos!(common::Setup, "jetstream");

@@ -6,4 +6,4 @@
 
 mod common;
 
-idem_testkit::consumer_chaos!(common::Setup, "chaos");
+idem_testkit::consumer_chaos!(common::Setup, "rabbitmq");

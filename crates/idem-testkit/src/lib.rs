@@ -20,6 +20,12 @@
 //! use [`Fixture::real_time`]: expiry cases then sleep past short real
 //! leases. Local stores use [`Fixture::manual`] with the
 //! [`ManualClock`] they were built with, and nothing sleeps.
+//!
+//! For the consumer adapters it holds the shared proof: the worker-kill
+//! [`scenario`], the connection [`cuts`], the fault-injection run
+//! ([`chaos`], one [`consumer_chaos!`] line per adapter) and the
+//! throughput [`bench`], each over the adapter's
+//! [`BrokerUnderTest`](under_test::BrokerUnderTest).
 
 use std::sync::Arc;
 use std::time::Duration;

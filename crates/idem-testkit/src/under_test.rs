@@ -80,6 +80,22 @@ pub trait ChaosBroker: BrokerUnderTest + Clone + Send + Sync + 'static {
     /// The loopback port `server` listens on.
     fn port(server: &Self::Server) -> u16;
 
+    /// Whether a restart keeps what the broker stored; the run restarts
+    /// only brokers that do (moto keeps everything in memory).
+    const RESTARTS: bool = true;
+
+    /// The loopback port of the store when it lives on the broker's own
+    /// server (SQS with DynamoDB, both on moto); `None`, the default, for
+    /// a Redis of the run's own.
+    fn store_port(_server: &Self::Server) -> Option<u16> {
+        None
+    }
+
+    /// The URL of the store listening on loopback `port`.
+    fn store_url(port: u16) -> String {
+        format!("redis://127.0.0.1:{port}")
+    }
+
     /// Stops `server` (as the server's own restart does: SIGKILL for
     /// nats-server, a clean stop for RabbitMQ) and starts it again on the
     /// same port with what it stored.

@@ -13,12 +13,14 @@ use idem_dynamodb::DynamoStore;
 use idem_sqs::{SqsConsumer, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 use idem_testkit::ledger::{Ledger, Work};
 use idem_testkit::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
-use idem_testkit::under_test::{BrokerUnderTest, DeadLetterSeen};
+use idem_testkit::under_test::{BrokerUnderTest, ChaosBroker, DeadLetterSeen};
+use idem_testkit::ServerError;
 
 /// The settings a test and its workers share.
 #[derive(Debug, Clone)]
 pub(crate) struct Setup {
     pub(crate) endpoint: String,
+    pub(crate) store_endpoint: String,
     pub(crate) queue_url: String,
     pub(crate) table: String,
     pub(crate) ledger: Ledger,
@@ -41,6 +43,22 @@ impl Setup {
     /// The same on the moto at `endpoint`, with a visibility timeout of
     /// `visibility` seconds.
     pub(crate) async fn on(endpoint: String, name: &str, fifo: bool, visibility: u32) -> Self {
+        Self::on_each(endpoint.clone(), endpoint, name, fifo, visibility).await
+    }
+
+    /// A standard queue (visibility two seconds) on the moto at
+    /// `endpoint`, its store's table on the one at `store_endpoint`.
+    async fn on_both(endpoint: String, store_endpoint: String, name: &str) -> Self {
+        Self::on_each(endpoint, store_endpoint, name, false, 2).await
+    }
+
+    async fn on_each(
+        endpoint: String,
+        store_endpoint: String,
+        name: &str,
+        fifo: bool,
+        visibility: u32,
+    ) -> Self {
         let id = format!("{name}-{:08x}", rand::random::<u32>());
         let mut create = sqs_client(&endpoint)
             .create_queue()
@@ -65,13 +83,14 @@ impl Setup {
             .expect("queue url");
         let table = format!("idem-sqs-{id}");
         let dynamo =
-            idem_dynamodb::client_for(Some(&endpoint), REGION, ACCESS_KEY, SECRET_KEY, None)
+            idem_dynamodb::client_for(Some(&store_endpoint), REGION, ACCESS_KEY, SECRET_KEY, None)
                 .expect("client");
         idem_dynamodb::create_table(&dynamo, &table)
             .await
             .expect("create table");
         Self {
             ledger: Ledger::create(&id),
+            store_endpoint,
             endpoint,
             queue_url,
             table,
@@ -83,9 +102,14 @@ impl Setup {
     }
 
     pub(crate) fn store(&self) -> DynamoStore {
-        let client =
-            idem_dynamodb::client_for(Some(&self.endpoint), REGION, ACCESS_KEY, SECRET_KEY, None)
-                .expect("client");
+        let client = idem_dynamodb::client_for(
+            Some(&self.store_endpoint),
+            REGION,
+            ACCESS_KEY,
+            SECRET_KEY,
+            None,
+        )
+        .expect("client");
         DynamoStore::new(client, self.table.clone())
     }
 
@@ -215,6 +239,7 @@ impl BrokerUnderTest for Setup {
         let var = |name| std::env::var(name).ok();
         Some(Self {
             endpoint: var("IDEM_SQS_ENDPOINT")?,
+            store_endpoint: var("IDEM_SQS_STORE")?,
             queue_url: var("IDEM_SQS_QUEUE")?,
             table: var("IDEM_SQS_TABLE")?,
             ledger: Ledger::at(PathBuf::from(var("IDEM_SQS_DIR")?)),
@@ -224,6 +249,7 @@ impl BrokerUnderTest for Setup {
     fn env(&self) -> Vec<(&'static str, String)> {
         vec![
             ("IDEM_SQS_ENDPOINT", self.endpoint.clone()),
+            ("IDEM_SQS_STORE", self.store_endpoint.clone()),
             ("IDEM_SQS_QUEUE", self.queue_url.clone()),
             ("IDEM_SQS_TABLE", self.table.clone()),
             (
@@ -263,5 +289,59 @@ impl BrokerUnderTest for Setup {
 
     async fn dead_letters(&self) -> Vec<DeadLetterSeen> {
         dead_letters(&self.client(), &format!("{}-dead", self.queue_url)).await
+    }
+}
+
+impl ChaosBroker for Setup {
+    /// Two motos: SQS on one (long polls hold a request open), the
+    /// store's DynamoDB on another that takes one request at a time, as
+    /// DynamoDB's conditional writes need.
+    type Server = (MotoServer, MotoServer);
+    type Store = DynamoStore;
+
+    /// moto keeps queues and tables in memory only.
+    const RESTARTS: bool = false;
+
+    fn start_server() -> Result<Self::Server, ServerError> {
+        Ok((MotoServer::start()?, MotoServer::start_serial()?))
+    }
+
+    fn port(server: &Self::Server) -> u16 {
+        server.0.port()
+    }
+
+    fn restart(_server: &mut Self::Server) -> Result<(), ServerError> {
+        Err(ServerError::Failed {
+            what: "moto keeps nothing across a restart".into(),
+        })
+    }
+
+    fn store_port(server: &Self::Server) -> Option<u16> {
+        Some(server.1.port())
+    }
+
+    fn store_url(port: u16) -> String {
+        format!("http://127.0.0.1:{port}")
+    }
+
+    async fn create_at(name: &str, broker_port: u16, store_url: &str) -> Self {
+        Self::on_both(
+            format!("http://127.0.0.1:{broker_port}"),
+            store_url.to_owned(),
+            name,
+        )
+        .await
+    }
+
+    fn through(&self, broker_port: u16, store_url: &str) -> Self {
+        Self {
+            endpoint: format!("http://127.0.0.1:{broker_port}"),
+            store_endpoint: store_url.to_owned(),
+            ..self.clone()
+        }
+    }
+
+    async fn store(&self) -> DynamoStore {
+        Setup::store(self)
     }
 }

@@ -1,14 +1,16 @@
 //! The fault-injection run for broker adapters (DESIGN §11): worker
 //! processes consume a published workload with duplicates and poison
-//! messages from a real broker, with their records in a real Redis, while
+//! messages from a real broker, with their records in a real store, while
 //! faults are injected at seeded random points:
 //!
 //! - a worker SIGKILLed (and replaced), mid-handler or anywhere else;
 //! - a worker SIGSTOPped for 1.5 to 3 leases, then SIGCONTed: a stale
 //!   holder that wakes up mid-handler;
 //! - the broker killed and started again (it keeps what it stored);
-//! - the store killed and started again (an fsync-always append-only
-//!   file);
+//! - the store killed and started again (a Redis of the run's own, with
+//!   an fsync-always append-only file; a store on the broker's own
+//!   server, as SQS's DynamoDB on moto, is not restarted, nor is a broker
+//!   that keeps nothing across a restart);
 //! - the connection to the broker, or to the store, reset, delayed or
 //!   blackholed for a while, through a [`FaultProxy`] in front of each.
 //!
@@ -259,17 +261,31 @@ pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
         .await
         .expect("broker task")
         .expect("a broker of the run's own");
-    let mut store = RedisServer::start_with(
-        crate::free_port().expect("port"),
-        &["--appendonly", "yes", "--appendfsync", "always"],
-    )
-    .expect("redis-server");
+    let mut redis = match B::store_port(&broker) {
+        Some(_) => None,
+        None => Some(
+            RedisServer::start_with(
+                crate::free_port().expect("port"),
+                &["--appendonly", "yes", "--appendfsync", "always"],
+            )
+            .expect("redis-server"),
+        ),
+    };
+    let store_port = B::store_port(&broker)
+        .or(redis.as_ref().map(RedisServer::port))
+        .expect("a store");
+    let mut plan = plan;
+    plan.faults.retain(|f| match f {
+        Fault::BrokerRestart => B::RESTARTS,
+        Fault::StoreRestart => redis.is_some(),
+        _ => true,
+    });
     let broker_proxy = proxy(B::port(&broker)).await;
-    let store_proxy = proxy(store.port()).await;
-    let direct = B::create_at(name, B::port(&broker), &store.url()).await;
+    let store_proxy = proxy(store_port).await;
+    let direct = B::create_at(name, B::port(&broker), &B::store_url(store_port)).await;
     let through = direct.through(
         broker_proxy.addr().port(),
-        &format!("redis://{}", store_proxy.addr()),
+        &B::store_url(store_proxy.addr().port()),
     );
     let messages = workload(&plan, &mut rng);
     let poison: Vec<String> = messages
@@ -332,8 +348,10 @@ pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
                 restarting.store(false, Ordering::SeqCst);
             }
             Fault::StoreRestart => {
-                store.stop();
-                store.start_again().expect("start the store again");
+                if let Some(redis) = redis.as_mut() {
+                    redis.stop();
+                    redis.start_again().expect("start the store again");
+                }
             }
             Fault::BrokerReset => broker_proxy.reset_all(),
             Fault::StoreReset => store_proxy.reset_all(),
@@ -605,7 +623,7 @@ macro_rules! consumer_chaos {
         async fn faults_leave_each_message_completed_once_fenced_and_none_lost() {
             let plan = $crate::chaos::ChaosPlan::short().from_env();
             let report = $crate::chaos::run::<$setup>($name, plan).await;
-            println!("{}", report.row());
+            println!("\n{}", report.row());
             report.assert_clean();
         }
     };
