@@ -1,12 +1,13 @@
 //! What the store benchmarks share: a closed-loop rate measurement and
-//! the `--secs N` argument; and the consumer benchmark
-//! ([`consumers`]), written once for every broker.
+//! the `--secs N` argument; and, with the `consumers` feature, the
+//! consumer benchmark (`consumers`), written once for every broker.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "consumers")]
 pub mod consumers;
 
 /// Runs `callers` tasks for `secs`, each looping over `work(caller, i)`

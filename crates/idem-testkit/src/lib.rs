@@ -21,11 +21,11 @@
 //! leases. Local stores use [`Fixture::manual`] with the
 //! [`ManualClock`] they were built with, and nothing sleeps.
 //!
-//! For the consumer adapters it holds the shared proof: the worker-kill
-//! [`scenario`], the connection [`cuts`], the fault-injection run
-//! ([`chaos`], one [`consumer_chaos!`] line per adapter) and the
-//! throughput [`bench`], each over the adapter's
-//! [`BrokerUnderTest`](under_test::BrokerUnderTest).
+//! With the `consumers` feature it also holds the consumer adapters'
+//! shared proof: the worker-kill `scenario`, the connection `cuts`, the
+//! fault-injection run (`chaos`, one `consumer_chaos!` line per adapter)
+//! and the throughput bench (`bench::consumers`), each over the adapter's
+//! `under_test::BrokerUnderTest`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,13 +37,16 @@ use idem::{
 
 pub mod bench;
 pub mod cases;
+#[cfg(feature = "consumers")]
 pub mod chaos;
 mod clock;
 mod cluster;
+#[cfg(feature = "consumers")]
 pub mod cuts;
 pub mod double;
 mod down;
 pub mod kafka;
+#[cfg(feature = "consumers")]
 pub mod ledger;
 pub mod moto;
 pub mod nats;
@@ -51,9 +54,11 @@ pub mod postgres;
 pub mod proxy;
 pub mod rabbitmq;
 pub mod redis;
+#[cfg(feature = "consumers")]
 pub mod scenario;
 mod server;
 pub mod tls;
+#[cfg(feature = "consumers")]
 pub mod under_test;
 
 pub use clock::TokioClock;
