@@ -41,15 +41,23 @@ impl KafkaServer {
     /// Starts a broker on a free loopback port, keeping everything in
     /// memory.
     pub fn start() -> Result<Self, ServerError> {
+        Self::start_advertising(None)
+    }
+
+    /// [`start`](Self::start), telling clients to connect to loopback
+    /// port `advertised` (a fault proxy in front of it) when given, not
+    /// to the port it listens on.
+    pub fn start_advertising(advertised: Option<u16>) -> Result<Self, ServerError> {
         let program = program().ok_or(ServerError::NotInstalled("tansu"))?;
         let port = free_port()?;
         let url = format!("tcp://127.0.0.1:{port}");
+        let told = format!("tcp://127.0.0.1:{}", advertised.unwrap_or(port));
         let args = [
             "broker",
             "--listener-url",
             &url,
             "--advertised-listener-url",
-            &url,
+            &told,
             "--storage-engine",
             "memory://tansu/",
         ];

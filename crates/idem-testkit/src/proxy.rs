@@ -95,9 +95,16 @@ pub struct FaultProxy {
 impl FaultProxy {
     /// Listens on a free loopback port and forwards to `upstream`.
     pub async fn start(upstream: SocketAddr) -> Result<Self, ServerError> {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        Self::start_on(0, upstream).await
+    }
+
+    /// Listens on loopback `port` (a free one for 0) and forwards to
+    /// `upstream`: for a server that must advertise the proxy's address
+    /// before the proxy starts.
+    pub async fn start_on(port: u16, upstream: SocketAddr) -> Result<Self, ServerError> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port))
             .await
-            .map_err(|e| failed(format!("proxy: no free port: {e}")))?;
+            .map_err(|e| failed(format!("proxy: cannot listen on port {port}: {e}")))?;
         let addr = listener
             .local_addr()
             .map_err(|e| failed(format!("proxy: {e}")))?;

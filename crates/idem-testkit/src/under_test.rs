@@ -80,6 +80,14 @@ pub trait ChaosBroker: BrokerUnderTest + Clone + Send + Sync + 'static {
     /// The loopback port `server` listens on.
     fn port(server: &Self::Server) -> u16;
 
+    /// The loopback port the broker tells its clients to connect to, when
+    /// that is not the one they first reach (Kafka's advertised
+    /// listener): the run's fault proxy then listens there. `None`, the
+    /// default, for brokers whose clients stay on the address given.
+    fn advertised_port(_server: &Self::Server) -> Option<u16> {
+        None
+    }
+
     /// Whether a restart keeps what the broker stored; the run restarts
     /// only brokers that do (moto keeps everything in memory).
     const RESTARTS: bool = true;

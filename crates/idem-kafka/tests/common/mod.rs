@@ -17,7 +17,8 @@ use idem_redis::RedisStore;
 use idem_testkit::kafka::KafkaServer;
 use idem_testkit::ledger::{Ledger, Work};
 use idem_testkit::redis::RedisServer;
-use idem_testkit::under_test::{BrokerUnderTest, DeadLetterSeen};
+use idem_testkit::under_test::{BrokerUnderTest, ChaosBroker, DeadLetterSeen};
+use idem_testkit::ServerError;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
@@ -69,8 +70,11 @@ pub(crate) struct Setup {
 impl Setup {
     /// A topic with `partitions` partitions and a one-hour retention.
     pub(crate) async fn new(name: &str, partitions: i32) -> Self {
+        Self::new_at(name, partitions, bootstrap(), redis().url()).await
+    }
+
+    async fn new_at(name: &str, partitions: i32, bootstrap: String, redis_url: String) -> Self {
         let topic = format!("{name}-{:08x}", rand::random::<u32>());
-        let bootstrap = bootstrap();
         create_topic(
             &bootstrap,
             &topic,
@@ -82,7 +86,7 @@ impl Setup {
             ledger: Ledger::create(&topic),
             topic,
             bootstrap,
-            redis_url: redis().url(),
+            redis_url,
         }
     }
 
@@ -188,6 +192,65 @@ impl Setup {
     }
 }
 
+/// A Tansu of the run's own, advertising the loopback port the run's
+/// fault proxy will listen on, and that port.
+pub(crate) struct ChaosServer {
+    server: KafkaServer,
+    advertised: u16,
+}
+
+impl ChaosBroker for Setup {
+    type Server = ChaosServer;
+    type Store = RedisStore;
+
+    /// Tansu is tested with in-memory storage, which a restart empties.
+    const RESTARTS: bool = false;
+
+    fn start_server() -> Result<ChaosServer, ServerError> {
+        let advertised = idem_testkit::free_port()?;
+        Ok(ChaosServer {
+            server: KafkaServer::start_advertising(Some(advertised))?,
+            advertised,
+        })
+    }
+
+    fn port(server: &ChaosServer) -> u16 {
+        server.server.port()
+    }
+
+    fn advertised_port(server: &ChaosServer) -> Option<u16> {
+        Some(server.advertised)
+    }
+
+    fn restart(_server: &mut ChaosServer) -> Result<(), ServerError> {
+        Err(ServerError::Failed {
+            what: "Tansu's in-memory storage keeps nothing across a restart".into(),
+        })
+    }
+
+    async fn create_at(name: &str, broker_port: u16, store_url: &str) -> Self {
+        Self::new_at(
+            name,
+            SCENARIO_PARTITIONS,
+            format!("127.0.0.1:{broker_port}"),
+            store_url.to_owned(),
+        )
+        .await
+    }
+
+    fn through(&self, broker_port: u16, store_url: &str) -> Self {
+        Self {
+            bootstrap: format!("127.0.0.1:{broker_port}"),
+            redis_url: store_url.to_owned(),
+            ..self.clone()
+        }
+    }
+
+    async fn store(&self) -> RedisStore {
+        Setup::store(self).await
+    }
+}
+
 /// The partitions of the worker-kill scenario's topic.
 const SCENARIO_PARTITIONS: i32 = 3;
 
@@ -243,7 +306,7 @@ impl BrokerUnderTest for Setup {
     /// The dead-letter topic's records, each checked for the source
     /// headers Kafka adds and the original headers it keeps.
     async fn dead_letters(&self) -> Vec<DeadLetterSeen> {
-        let dead = read_topic(&self.bootstrap, &self.dead_letter_topic(), 8).await;
+        let dead = read_topic(&self.bootstrap, &self.dead_letter_topic(), usize::MAX).await;
         dead.into_iter()
             .map(|d| {
                 assert_eq!(d[SOURCE_TOPIC_HEADER], self.topic);

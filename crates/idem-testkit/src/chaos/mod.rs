@@ -280,8 +280,8 @@ pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
         Fault::StoreRestart => redis.is_some(),
         _ => true,
     });
-    let broker_proxy = proxy(B::port(&broker)).await;
-    let store_proxy = proxy(store_port).await;
+    let broker_proxy = proxy(B::advertised_port(&broker).unwrap_or(0), B::port(&broker)).await;
+    let store_proxy = proxy(0, store_port).await;
     let direct = B::create_at(name, B::port(&broker), &B::store_url(store_port)).await;
     let through = direct.through(
         broker_proxy.addr().port(),
@@ -417,9 +417,10 @@ pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
     }
 }
 
-/// A fault proxy in front of the loopback `port`.
-async fn proxy(port: u16) -> FaultProxy {
-    FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], port)))
+/// A fault proxy on loopback port `listen` (a free one for 0) in front
+/// of the loopback `port`.
+async fn proxy(listen: u16, port: u16) -> FaultProxy {
+    FaultProxy::start_on(listen, SocketAddr::from(([127, 0, 0, 1], port)))
         .await
         .expect("fault proxy")
 }
