@@ -45,6 +45,7 @@ mod cluster;
 pub mod cuts;
 pub mod double;
 mod down;
+pub mod faults;
 pub mod kafka;
 #[cfg(feature = "consumers")]
 pub mod ledger;

@@ -65,6 +65,7 @@ where
         .envs(env)
         .env_remove(SLOW_VAR)
         .env_remove(FENCED_VAR)
+        .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
     match work {
@@ -81,12 +82,14 @@ where
 
 /// The executor the scenario's consumers run: a two-second lease (a
 /// killed worker's claims are taken over within seconds) renewed every
-/// half second, three attempts, backoff from 100 to 500 ms.
+/// half second, twenty attempts (every takeover counts one, and a key
+/// taken over again and again by the chaos run's faults is still worked
+/// on, not failed for good), backoff from 100 to 500 ms.
 pub fn executor<S: Store>(store: S) -> Idempotency<S> {
     Idempotency::builder(store)
         .lease(Duration::from_secs(2))
         .heartbeat(Duration::from_millis(500))
-        .max_attempts(std::num::NonZeroU32::new(3).expect("non-zero"))
+        .max_attempts(std::num::NonZeroU32::new(20).expect("non-zero"))
         .backoff(Backoff::new(
             Duration::from_millis(100),
             Duration::from_millis(500),
@@ -95,8 +98,14 @@ pub fn executor<S: Store>(store: S) -> Idempotency<S> {
         .expect("config")
 }
 
-/// A worker process's main: runs `work` on a multi-threaded runtime.
+/// A worker process's main: runs `work` on a multi-threaded runtime,
+/// and exits when its stdin closes: the parent (which holds the other end
+/// in its [`Child`]) is gone, even if it died without killing its workers.
 pub fn worker_main(work: impl Future<Output = ()>) {
+    std::thread::spawn(|| {
+        let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+        std::process::exit(0);
+    });
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

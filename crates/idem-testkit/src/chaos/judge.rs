@@ -42,6 +42,7 @@ impl Evidence {
             starts: ledger.fenced_starts(),
             downstream: good
                 .iter()
+                .chain(poison)
                 .filter_map(|k| Some((k.clone(), ledger.downstream(k)?)))
                 .collect(),
             records,
@@ -50,12 +51,41 @@ impl Evidence {
     }
 }
 
+/// Whether every good key's record is completed and every poison key's
+/// failed: nothing left in progress for a redelivery to finish.
+pub(super) async fn records_final<S: GetRecord>(
+    store: &S,
+    good: &[String],
+    poison: &[String],
+) -> bool {
+    let scope = Scope::new("orders").expect("a valid scope");
+    for (keys, done) in [(good, true), (poison, false)] {
+        for key in keys {
+            let id = RecordId::new(scope.clone(), Key::new(key).expect("a valid key"));
+            let state = match store.get(&id).await {
+                Ok(Some(record)) => record.state,
+                _ => return false,
+            };
+            let is_final = match state {
+                State::Completed { .. } => done,
+                State::Failed { .. } => !done,
+                _ => false,
+            };
+            if !is_final {
+                return false;
+            }
+        }
+    }
+    true
+}
+
 /// Every broken promise in `evidence`, one line each:
 ///
 /// - each good key is completed, with the fence of a holder that
 ///   started it, and no holder with a newer fence started it (a completed
 ///   key claimed again, or a stale completion accepted);
-/// - no fence was handed out twice;
+/// - no fence was handed out twice, and no key started more often than
+///   its record was acquired (a record lost and its key run again);
 /// - the downstream holds the completing holder's write;
 /// - each poison key failed terminally, wrote nothing, and was
 ///   dead-lettered; nothing else was.
@@ -83,6 +113,14 @@ pub fn judge(evidence: &Evidence, dead: &[DeadLetterSeen], poison: &[String]) ->
             continue;
         }
         let stored = record.fence;
+        if (record.attempt as usize) < starts.len() {
+            out.push(format!(
+                "{key}: {} handler starts, but the record was acquired {} times: it was \
+                 lost and its key run again",
+                starts.len(),
+                record.attempt
+            ));
+        }
         if !starts.contains(&stored) {
             out.push(format!(
                 "{key}: completed with fence {stored}, but no handler started with it ({starts:?})"
@@ -139,7 +177,7 @@ mod tests {
         Record {
             state,
             fingerprint: None,
-            attempt: 1,
+            attempt: u32::try_from(fence).unwrap_or(u32::MAX),
             fence,
             created_at: Timestamp::now(),
             updated_at: Timestamp::now(),
@@ -207,7 +245,14 @@ mod tests {
 
     #[test]
     fn each_broken_promise_is_caught() {
-        let cases: [(Evidence, &[&str], &str); 7] = [
+        let mut poison_wrote = evidence(&[1], Some(1), Some(1));
+        poison_wrote.downstream.insert("p".into(), 1);
+        let mut rerun = evidence(&[1, 2], Some(2), Some(2));
+        rerun.records.insert("a".into(), completed(2));
+        if let Some(r) = rerun.records.get_mut("a") {
+            r.attempt = 1;
+        }
+        let cases: [(Evidence, &[&str], &str); 9] = [
             (evidence(&[1], None, Some(1)), &["p"], "lost"),
             (evidence(&[1, 2], Some(1), Some(2)), &["p"], "claimed again"),
             (evidence(&[1], Some(1), Some(0)), &["p"], "downstream holds"),
@@ -215,6 +260,8 @@ mod tests {
             (evidence(&[1, 1], Some(1), Some(1)), &["p"], "twice"),
             (evidence(&[1], Some(1), Some(1)), &[], "not dead-lettered"),
             (evidence(&[1], Some(1), Some(1)), &["p", "a"], "not poison"),
+            (poison_wrote, &["p"], "wrote downstream"),
+            (rerun, &["p"], "run again"),
         ];
         for (e, dead_keys, expected) in cases {
             let found = verdict(&e, dead_keys);

@@ -40,6 +40,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
+use crate::faults::Schedule;
 use crate::ledger::{eventually, Work};
 use crate::proxy::FaultProxy;
 use crate::redis::RedisServer;
@@ -288,11 +289,13 @@ pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
         &B::store_url(store_proxy.addr().port()),
     );
     let messages = workload(&plan, &mut rng);
-    let poison: Vec<String> = messages
+    let mut poison: Vec<String> = messages
         .iter()
         .filter(|(_, body)| body.contains(r#""poison":true"#))
         .map(|(key, _)| key.clone())
         .collect();
+    poison.sort();
+    poison.dedup();
 
     let mut workers = Workers {
         env: through.env(),
@@ -310,31 +313,34 @@ pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
         Arc::clone(&restarting),
     ));
 
-    let mut faults = Faults::new(&plan, rng);
+    let mut faults = Faults::new(&plan);
     let ledger = direct.ledger();
     let end = Instant::now() + plan.duration;
     while Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(50)).await;
         workers.replace_exited();
         faults.lift_due(&broker_proxy, &store_proxy, &mut workers);
-        let Some(kind) = faults.due() else { continue };
+        let Some(kind) = faults.schedule.due(Instant::now()) else {
+            continue;
+        };
         match kind {
             Fault::Kill => {
                 // Alternately mid-handler and between an effect and its
                 // acknowledgement.
-                let busy = if faults.counts.get(&kind).copied().unwrap_or(0) % 2 == 0 {
+                let busy = if faults.schedule.counts.get(&kind).copied().unwrap_or(0) % 2 == 0 {
                     ledger.latest_starter()
                 } else {
                     ledger.latest_writer()
                 };
-                let slot = workers.slot_of(busy, &mut faults.rng);
+                let slot = workers.slot_of(busy, &mut faults.schedule.rng);
                 workers.kill(slot);
             }
             Fault::Stop => {
-                let slot = workers.slot_of(ledger.latest_starter(), &mut faults.rng);
-                let pause = LEASE.mul_f64(faults.rng.random_range(1.5..3.0));
-                if workers.signal(slot, "STOP") {
-                    faults.stopped.push((Instant::now() + pause, slot));
+                let slot = workers.slot_of(ledger.latest_starter(), &mut faults.schedule.rng);
+                let pause = LEASE.mul_f64(faults.schedule.rng.random_range(1.5..3.0));
+                match workers.signal(slot, "STOP") {
+                    Some(pid) => faults.stopped.push((Instant::now() + pause, pid)),
+                    None => continue,
                 }
             }
             Fault::BrokerRestart => {
@@ -348,9 +354,16 @@ pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
                 restarting.store(false, Ordering::SeqCst);
             }
             Fault::StoreRestart => {
-                if let Some(redis) = redis.as_mut() {
-                    redis.stop();
-                    redis.start_again().expect("start the store again");
+                if let Some(mut server) = redis.take() {
+                    redis = Some(
+                        tokio::task::spawn_blocking(move || {
+                            server.stop();
+                            server.start_again().expect("start the store again");
+                            server
+                        })
+                        .await
+                        .expect("restart task"),
+                    );
                 }
             }
             Fault::BrokerReset => broker_proxy.reset_all(),
@@ -361,7 +374,7 @@ pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
                 } else {
                     &store_proxy
                 };
-                on.set_delay(Duration::from_millis(faults.rng.random_range(5..60)));
+                on.set_delay(faults.schedule.millis(5..60));
                 faults.lift_later(kind);
             }
             Fault::BrokerBlackhole | Fault::StoreBlackhole => {
@@ -374,7 +387,7 @@ pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
                 faults.lift_later(kind);
             }
         }
-        *faults.counts.entry(kind).or_insert(0) += 1;
+        faults.schedule.injected(kind);
     }
 
     faults.heal(&broker_proxy, &store_proxy, &mut workers);
@@ -383,23 +396,33 @@ pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
         .map(|i| format!("c-{i}"))
         .filter(|k| !poison.contains(k))
         .collect();
+    let settle_by = Instant::now() + plan.settle_limit;
     let all_written = eventually(plan.settle_limit, || {
         workers.replace_exited();
         good.iter().all(|k| ledger.downstream(k).is_some())
     })
     .await;
-    let settled = all_written && direct.settled(poison.len()).await;
+    let store_conn = direct.store().await;
+    let mut all_final = false;
+    while all_written && !all_final && Instant::now() < settle_by {
+        workers.replace_exited();
+        all_final = judge::records_final(&store_conn, &good, &poison).await;
+        if !all_final {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let settled = all_final && direct.settled(poison.len()).await;
     // Late duplicates and redeliveries show themselves before judging.
     tokio::time::sleep(Duration::from_secs(3)).await;
     workers.stop_all();
 
-    let store_conn = direct.store().await;
     let evidence = Evidence::gather(ledger, &store_conn, &good, &poison).await;
     let dead = direct.dead_letters().await;
     let mut violations = judge(&evidence, &dead, &poison);
     if !settled {
         violations.push(format!(
-            "the broker did not settle within {:?} of the fault phase's end",
+            "the run did not settle within {:?} of the fault phase's end (every good \
+             key written: {all_written}; every record completed or failed: {all_final})",
             plan.settle_limit
         ));
     }
@@ -411,7 +434,7 @@ pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
         starts: evidence.starts.values().map(Vec::len).sum(),
         stale_writes: ledger.stale_writes(),
         worker_exits: workers.exits,
-        faults: faults.counts,
+        faults: faults.schedule.counts,
         elapsed: started.elapsed(),
         violations,
     }
@@ -456,6 +479,22 @@ async fn publish_over<B: ChaosBroker>(
     published
 }
 
+/// Sends `signal` to process `pid` with the shell's own `kill` (no
+/// procps needed), only ever to a positive process id.
+fn send(pid: u32, signal: &str) -> bool {
+    pid > 0
+        && std::process::Command::new("sh")
+            .args([
+                "-c",
+                r#"kill -s "$1" -- "$2""#,
+                "sh",
+                signal,
+                &pid.to_string(),
+            ])
+            .status()
+            .is_ok_and(|s| s.success())
+}
+
 /// The worker processes, by slot.
 struct Workers {
     env: Vec<(&'static str, String)>,
@@ -485,16 +524,19 @@ impl Workers {
         *worker = spawn_worker(self.env.clone(), &Work::Fenced);
     }
 
-    /// Sends `signal` (`STOP`, `CONT`) to the worker in `slot`; whether
-    /// it was sent.
-    fn signal(&self, slot: usize, signal: &str) -> bool {
-        let Some(pid) = self.running.get(slot).map(Child::id).filter(|p| *p > 0) else {
-            return false;
-        };
-        std::process::Command::new("kill")
-            .args(["-s", signal, "--", &pid.to_string()])
-            .status()
-            .is_ok_and(|s| s.success())
+    /// Sends `signal` (`STOP`) to the worker in `slot`; its process id
+    /// if it was sent.
+    fn signal(&self, slot: usize, signal: &str) -> Option<u32> {
+        let pid = self.running.get(slot).map(Child::id)?;
+        send(pid, signal).then_some(pid)
+    }
+
+    /// Continues worker process `pid` if it is still one of the running
+    /// workers (a stopped worker may have been killed and replaced since).
+    fn resume(&self, pid: u32) {
+        if self.running.iter().any(|w| w.id() == pid) {
+            send(pid, "CONT");
+        }
     }
 
     /// Replaces workers that exited by themselves.
@@ -523,51 +565,30 @@ impl Drop for Workers {
 
 /// The fault schedule and the faults in force.
 struct Faults {
-    rng: StdRng,
-    kinds: Vec<Fault>,
-    deck: Vec<Fault>,
-    next: Instant,
-    mean: Duration,
+    schedule: Schedule<Fault>,
     /// Proxy faults in force, and when each is lifted.
     timed: Vec<(Instant, Fault)>,
-    /// Stopped workers, and when each is continued.
-    stopped: Vec<(Instant, usize)>,
-    counts: BTreeMap<Fault, u64>,
+    /// Stopped worker processes, and when each is continued.
+    stopped: Vec<(Instant, u32)>,
 }
 
 impl Faults {
-    fn new(plan: &ChaosPlan, mut rng: StdRng) -> Self {
-        let next = Instant::now() + plan.fault_every.mul_f64(rng.random_range(0.5..1.5));
+    fn new(plan: &ChaosPlan) -> Self {
         Self {
-            rng,
-            kinds: plan.faults.clone(),
-            deck: Vec::new(),
-            next,
-            mean: plan.fault_every,
+            schedule: Schedule::new(
+                plan.seed,
+                plan.faults.clone(),
+                plan.fault_every,
+                Instant::now(),
+            ),
             timed: Vec::new(),
             stopped: Vec::new(),
-            counts: BTreeMap::new(),
         }
-    }
-
-    /// The fault due now, if one is: each round of the deck injects every
-    /// kind once, in a seeded order.
-    fn due(&mut self) -> Option<Fault> {
-        let now = Instant::now();
-        if now < self.next || self.kinds.is_empty() {
-            return None;
-        }
-        self.next = now + self.mean.mul_f64(self.rng.random_range(0.5..1.5));
-        if self.deck.is_empty() {
-            self.deck = self.kinds.clone();
-            self.deck.shuffle(&mut self.rng);
-        }
-        self.deck.pop()
     }
 
     /// Lifts `kind` in 0.3 to 1.5 s.
     fn lift_later(&mut self, kind: Fault) {
-        let after = Duration::from_millis(self.rng.random_range(300..1500));
+        let after = self.schedule.millis(300..1500);
         self.timed.push((Instant::now() + after, kind));
     }
 
@@ -587,8 +608,8 @@ impl Faults {
         }
         let (over, left): (Vec<_>, Vec<_>) = self.stopped.iter().partition(|(end, _)| now >= *end);
         self.stopped = left;
-        for (_, slot) in over {
-            workers.signal(slot, "CONT");
+        for (_, pid) in over {
+            workers.resume(pid);
         }
     }
 
@@ -597,8 +618,8 @@ impl Faults {
         self.timed.clear();
         broker.heal();
         store.heal();
-        for (_, slot) in self.stopped.drain(..) {
-            workers.signal(slot, "CONT");
+        for (_, pid) in self.stopped.drain(..) {
+            workers.resume(pid);
         }
     }
 }
