@@ -311,10 +311,7 @@ impl RedisCluster {
             std::thread::sleep(Duration::from_millis(50));
         }
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !self.nodes[node]
-            .cli("INFO replication")?
-            .contains("master_link_status:up")
-        {
+        while !self.nodes[node].in_sync()? {
             if Instant::now() > deadline {
                 return Err(failed(format!("node {node} did not sync in 30 s")));
             }

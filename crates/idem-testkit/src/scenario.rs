@@ -80,6 +80,9 @@ where
     command.spawn().expect("spawn worker")
 }
 
+/// The lease of the scenario's [`executor`].
+pub const LEASE: Duration = Duration::from_secs(2);
+
 /// The executor the scenario's consumers run: a two-second lease (a
 /// killed worker's claims are taken over within seconds) renewed every
 /// half second, twenty attempts (every takeover counts one, and a key
@@ -87,7 +90,7 @@ where
 /// on, not failed for good), backoff from 100 to 500 ms.
 pub fn executor<S: Store>(store: S) -> Idempotency<S> {
     Idempotency::builder(store)
-        .lease(Duration::from_secs(2))
+        .lease(LEASE)
         .heartbeat(Duration::from_millis(500))
         .max_attempts(std::num::NonZeroU32::new(20).expect("non-zero"))
         .backoff(Backoff::new(

@@ -30,11 +30,9 @@ impl Evidence {
         good: &[String],
         poison: &[String],
     ) -> Self {
-        let scope = Scope::new("orders").expect("a valid scope");
         let mut records = BTreeMap::new();
         for key in good.iter().chain(poison) {
-            let id = RecordId::new(scope.clone(), Key::new(key).expect("a valid key"));
-            if let Some(record) = store.get(&id).await.expect("read a record") {
+            if let Some(record) = store.get(&record_id(key)).await.expect("read a record") {
                 records.insert(key.clone(), record);
             }
         }
@@ -51,6 +49,14 @@ impl Evidence {
     }
 }
 
+/// The record of `key` in the consumers' scope, `orders`.
+fn record_id(key: &str) -> RecordId {
+    RecordId::new(
+        Scope::new("orders").expect("a valid scope"),
+        Key::new(key).expect("a valid key"),
+    )
+}
+
 /// Whether every good key's record is completed and every poison key's
 /// failed: nothing left in progress for a redelivery to finish.
 pub(super) async fn records_final<S: GetRecord>(
@@ -58,11 +64,9 @@ pub(super) async fn records_final<S: GetRecord>(
     good: &[String],
     poison: &[String],
 ) -> bool {
-    let scope = Scope::new("orders").expect("a valid scope");
     for (keys, done) in [(good, true), (poison, false)] {
         for key in keys {
-            let id = RecordId::new(scope.clone(), Key::new(key).expect("a valid key"));
-            let state = match store.get(&id).await {
+            let state = match store.get(&record_id(key)).await {
                 Ok(Some(record)) => record.state,
                 _ => return false,
             };

@@ -44,7 +44,7 @@ use crate::faults::Schedule;
 use crate::ledger::{eventually, Work};
 use crate::proxy::FaultProxy;
 use crate::redis::RedisServer;
-use crate::scenario::spawn_worker;
+use crate::scenario::{spawn_worker, LEASE};
 use crate::under_test::ChaosBroker;
 
 pub use judge::{judge, Evidence};
@@ -128,11 +128,6 @@ pub struct ChaosPlan {
     /// unsettled messages count as lost.
     pub settle_limit: Duration,
 }
-
-/// The lease of the scenario's executor
-/// ([`scenario::executor`](crate::scenario::executor)), which a SIGSTOP
-/// outlasts.
-const LEASE: Duration = Duration::from_secs(2);
 
 impl ChaosPlan {
     /// The suite's run: 300 keys, a third published twice, 3 workers, 15 s
@@ -338,7 +333,7 @@ pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
             Fault::Stop => {
                 let slot = workers.slot_of(ledger.latest_starter(), &mut faults.schedule.rng);
                 let pause = LEASE.mul_f64(faults.schedule.rng.random_range(1.5..3.0));
-                match workers.signal(slot, "STOP") {
+                match workers.stop(slot) {
                     Some(pid) => faults.stopped.push((Instant::now() + pause, pid)),
                     None => continue,
                 }
@@ -524,11 +519,11 @@ impl Workers {
         *worker = spawn_worker(self.env.clone(), &Work::Fenced);
     }
 
-    /// Sends `signal` (`STOP`) to the worker in `slot`; its process id
-    /// if it was sent.
-    fn signal(&self, slot: usize, signal: &str) -> Option<u32> {
+    /// Stops (SIGSTOP) the worker in `slot`; its process id if it was
+    /// stopped.
+    fn stop(&self, slot: usize) -> Option<u32> {
         let pid = self.running.get(slot).map(Child::id)?;
-        send(pid, signal).then_some(pid)
+        send(pid, "STOP").then_some(pid)
     }
 
     /// Continues worker process `pid` if it is still one of the running
