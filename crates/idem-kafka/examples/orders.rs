@@ -13,22 +13,16 @@
 
 #![allow(clippy::print_stdout)] // an example reports on stdout
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Idempotency, Scope, Terminal};
+use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, KeyExtractor};
 use idem_kafka::KafkaConsumer;
+use idem_testkit::till::{all_seen, report, sent_orders, Till, DELIVERIES};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
-
-#[derive(serde::Deserialize)]
-struct Order {
-    amount: u64,
-}
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -51,20 +45,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
         .create()?;
-    let mut bodies: Vec<(String, String)> = (1..=100)
-        .flat_map(|n| {
-            let body = format!(r#"{{"id": "order-{n}", "amount": {}}}"#, n * 100);
-            [
-                (format!("order-{n}"), body.clone()),
-                (format!("order-{n}"), body),
-            ]
-        })
-        .collect();
-    bodies.push((
-        "order-bad".to_owned(),
-        r#"{"id": "order-bad", "amount": "lots"}"#.to_owned(),
-    ));
-    for (key, body) in &bodies {
+    for (key, body) in &sent_orders() {
         let record = FutureRecord::to(&topic).key(key).payload(body);
         producer
             .send(record, Duration::from_secs(10))
@@ -88,49 +69,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     let dead_letter_topic = orders.dead_letter_topic(&topic).unwrap_or("?").to_owned();
 
-    let charged = Arc::new(AtomicU64::new(0));
-    let total = Arc::clone(&charged);
-    let stats = orders.consumer().clone();
-    let all_seen = {
-        let stats = stats.clone();
-        async move {
-            loop {
-                let s = stats.stats();
-                if s.executed + s.replayed + s.dead_letters >= 201 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
+    // The charge is the one effect that must happen once.
+    let till = Till::default();
+    let charge = till.clone();
+    let consumer = orders.consumer().clone();
+    let done = all_seen(&consumer, DELIVERIES);
     orders
-        .run(
-            move |job| {
-                let total = Arc::clone(&total);
-                async move {
-                    let order: Order = job.json()?;
-                    // The charge: the one effect that must happen once.
-                    total.fetch_add(order.amount, Ordering::SeqCst);
-                    Ok::<_, Terminal>(order.amount)
-                }
-            },
-            all_seen,
-        )
+        .run(move |job| std::future::ready(charge.charge(&job)), done)
         .await?;
 
-    let stats = stats.stats();
-    let expected: u64 = (1..=100u64).map(|n| n * 100).sum();
-    let charged = charged.load(Ordering::SeqCst);
-    println!(
-        "executed {}, duplicates replayed {}, dead-lettered {} (to {dead_letter_topic})",
-        stats.executed, stats.replayed, stats.dead_letters
-    );
-    println!("charged {charged} in total; 100 orders of 100..=10000 come to {expected}");
     admin
         .delete_topics(&[&topic, &dead_letter_topic], &AdminOptions::new())
         .await?;
-    if charged != expected || stats.dead_letters != 1 {
-        return Err("an order was charged other than once".into());
-    }
-    Ok(())
+    report(&consumer, &till, &dead_letter_topic)
 }

@@ -19,21 +19,9 @@ use idem_consumer::{Stopped, WindowError};
 use idem_kafka::{KafkaConsumer, KafkaConsumerError, PartitionOrder};
 use idem_redis::RedisStore;
 use idem_testkit::ledger::{eventually, order_handler, Ledger};
-use idem_testkit::scenario;
 use tokio::sync::oneshot;
 
-/// Not a test on its own: the worker process the other tests start. It
-/// consumes until it is killed.
-#[test]
-#[ignore = "a worker process, started by the multi-process tests"]
-fn worker_process() {
-    scenario::worker_process::<Setup>();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each() {
-    scenario::killed_worker::<Setup>("kill").await;
-}
+idem_testkit::killed_worker_test!(Setup, "kill");
 
 /// Runs `kafka` with the order handler in a task, until the returned
 /// sender fires.

@@ -172,16 +172,12 @@ async fn main() {
     let url = server.url();
     let js = jetstream::new(async_nats::connect(url.as_str()).await.expect("connect"));
     let broker = JetStream { url, js };
-    let redis_store = |namespace: String| {
-        let url = redis.url();
-        async move {
-            RedisStore::builder(&url)
-                .expect("url")
-                .namespace(namespace)
-                .connect()
-                .await
-                .expect("redis")
-        }
+    let redis_url = redis.url();
+    let redis_store = |namespace| {
+        RedisStore::builder(&redis_url)
+            .expect("url")
+            .namespace(namespace)
+            .connect()
     };
     let (messages, rounds) = (count_arg("--messages", 20_000), count_arg("--rounds", 3));
     consumer_table(&broker, &redis, redis_store, &[16, 64], messages, rounds).await;

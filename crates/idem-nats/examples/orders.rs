@@ -4,7 +4,8 @@
 //! `Nats-Msg-Id` (a producer that retried after JetStream's duplicate
 //! window, so the server stores both), and one order the handler refuses;
 //! consumes them through idem with a Redis store keyed by the order id in
-//! the payload; prints what happened and exits.
+//! the payload; prints what happened, and exits non-zero if any order was
+//! charged other than once.
 //!
 //! Run: `cargo run -p idem-nats --example orders`
 //! (`NATS_URL`, default `nats://127.0.0.1:4222`, with JetStream, and
@@ -12,20 +13,14 @@
 
 #![allow(clippy::print_stdout)] // an example reports on stdout
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
 use async_nats::HeaderMap;
-use idem::{Idempotency, Scope, Terminal};
+use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, KeyExtractor};
 use idem_nats::NatsConsumer;
-
-#[derive(serde::Deserialize)]
-struct Order {
-    amount: u64,
-}
+use idem_testkit::till::{all_seen, report, sent_orders, Till, DELIVERIES};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -54,58 +49,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .connect()
         .await?;
 
-    let mut bodies: Vec<String> = (1..=100)
-        .flat_map(|n| {
-            let body = format!(r#"{{"id": "order-{n}", "amount": {}}}"#, n * 100);
-            [body.clone(), body]
-        })
-        .collect();
-    bodies.push(r#"{"id": "order-bad", "amount": "lots"}"#.to_owned());
-    for (i, body) in bodies.iter().enumerate() {
+    for (i, (_key, body)) in sent_orders().into_iter().enumerate() {
         let mut headers = HeaderMap::new();
         headers.insert("Nats-Msg-Id", format!("send-{i}").as_str());
-        js.publish_with_headers(format!("{name}.orders"), headers, body.clone().into())
+        js.publish_with_headers(format!("{name}.orders"), headers, body.into())
             .await?
             .await?;
     }
 
-    let charged = Arc::new(AtomicU64::new(0));
-    let total = Arc::clone(&charged);
-    let stats = orders.consumer().clone();
-    let all_seen = async move {
-        while stats.stats().executed + stats.stats().replayed + stats.stats().dead_letters < 201 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
+    // The charge is the one effect that must happen once.
+    let till = Till::default();
+    let charge = till.clone();
+    let done = all_seen(orders.consumer(), DELIVERIES);
     orders
-        .run(
-            move |job| {
-                let total = Arc::clone(&total);
-                async move {
-                    let order: Order = job.json()?;
-                    // The charge: the one effect that must happen once.
-                    total.fetch_add(order.amount, Ordering::SeqCst);
-                    Ok::<_, Terminal>(order.amount)
-                }
-            },
-            all_seen,
-        )
+        .run(move |job| std::future::ready(charge.charge(&job)), done)
         .await?;
 
-    let stats = orders.consumer().stats();
-    println!(
-        "executed {}, duplicates replayed {}, dead-lettered {} (to {})",
-        stats.executed,
-        stats.replayed,
-        stats.dead_letters,
-        orders.dead_letter_subject()
-    );
-    println!(
-        "charged {} in total; 100 orders of 100..=10000 come to {}",
-        charged.load(Ordering::SeqCst),
-        (1..=100u64).map(|n| n * 100).sum::<u64>()
-    );
     js.delete_stream(&name).await?;
     js.delete_stream(format!("{name}_DEAD")).await?;
-    Ok(())
+    report(orders.consumer(), &till, orders.dead_letter_subject())
 }

@@ -18,20 +18,8 @@ use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, Message, WindowError};
 use idem_nats::{NatsConsumer, NatsError};
 use idem_testkit::ledger::eventually;
-use idem_testkit::scenario;
 
-/// Not a test on its own: the worker process the other tests start. It
-/// consumes until it is killed.
-#[test]
-#[ignore = "a worker process, started by the multi-process tests"]
-fn worker_process() {
-    scenario::worker_process::<Setup>();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each() {
-    scenario::killed_worker::<Setup>("KILL").await;
-}
+idem_testkit::killed_worker_test!(Setup, "KILL");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_progress_acks_keep_a_long_handler_from_being_redelivered() {

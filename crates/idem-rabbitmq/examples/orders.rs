@@ -2,7 +2,8 @@
 //!
 //! Publishes 100 orders, each twice (a producer that retried), and one
 //! order the handler refuses; consumes them through idem with a Redis
-//! store; prints what happened and exits.
+//! store; prints what happened, and exits non-zero if any order was
+//! charged other than once.
 //!
 //! Run: `cargo run -p idem-rabbitmq --example orders`
 //! (`AMQP_URL`, default `amqp://guest:guest@127.0.0.1:5672/%2f`, and
@@ -10,21 +11,15 @@
 
 #![allow(clippy::print_stdout)] // an example reports on stdout
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Idempotency, Scope, Terminal};
+use idem::{Idempotency, Scope};
 use idem_consumer::Consumer;
 use idem_rabbitmq::RabbitConsumer;
+use idem_testkit::till::{all_seen, report, sent_orders, Till, DELIVERIES};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
-
-#[derive(serde::Deserialize)]
-struct Order {
-    amount: u64,
-}
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -50,17 +45,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await?;
-    let mut orders: Vec<(String, String)> = (1..=100)
-        .flat_map(|n| {
-            let order = (
-                format!("order-{n}"),
-                format!(r#"{{"amount": {}}}"#, n * 100),
-            );
-            [order.clone(), order]
-        })
-        .collect();
-    orders.push(("order-bad".to_owned(), r#"{"amount": "lots"}"#.to_owned()));
-    for (key, body) in &orders {
+    for (key, body) in &sent_orders() {
         let mut headers = FieldTable::default();
         headers.insert(
             "Idempotency-Key".into(),
@@ -78,46 +63,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .await?;
     }
 
-    let charged = Arc::new(AtomicU64::new(0));
-    let total = Arc::clone(&charged);
-    let stats = rabbit.consumer().clone();
-    let all_seen = async move {
-        while stats.stats().executed + stats.stats().replayed + stats.stats().dead_letters < 201 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
+    // The charge is the one effect that must happen once.
+    let till = Till::default();
+    let charge = till.clone();
+    let done = all_seen(rabbit.consumer(), DELIVERIES);
     rabbit
-        .run(
-            move |job| {
-                let total = Arc::clone(&total);
-                async move {
-                    let order: Order = job.json()?;
-                    // The charge: the one effect that must happen once.
-                    total.fetch_add(order.amount, Ordering::SeqCst);
-                    Ok::<_, Terminal>(order.amount)
-                }
-            },
-            all_seen,
-        )
+        .run(move |job| std::future::ready(charge.charge(&job)), done)
         .await?;
 
-    let stats = rabbit.consumer().stats();
-    println!(
-        "executed {}, duplicates replayed {}, dead-lettered {} (to {})",
-        stats.executed,
-        stats.replayed,
-        stats.dead_letters,
-        rabbit.dead_letter_queue()
-    );
-    println!(
-        "charged {} in total; 100 orders of 100..=10000 come to {}",
-        charged.load(Ordering::SeqCst),
-        (1..=100u64).map(|n| n * 100).sum::<u64>()
-    );
     for name in rabbit.queues() {
         channel
             .queue_delete(name.as_str().into(), Default::default())
             .await?;
     }
-    Ok(())
+    report(rabbit.consumer(), &till, &rabbit.dead_letter_queue())
 }

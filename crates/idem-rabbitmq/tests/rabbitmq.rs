@@ -14,20 +14,8 @@ use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, WindowError};
 use idem_rabbitmq::{RabbitConsumer, RabbitError};
 use idem_testkit::ledger::{eventually, order_handler};
-use idem_testkit::scenario;
 
-/// Not a test on its own: the worker process the other tests start. It
-/// consumes until it is killed.
-#[test]
-#[ignore = "a worker process, started by the multi-process tests"]
-fn worker_process() {
-    scenario::worker_process::<Setup>();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each() {
-    scenario::killed_worker::<Setup>("kill").await;
-}
+idem_testkit::killed_worker_test!(Setup, "kill");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_shutdown_settles_what_is_in_flight_and_loses_nothing() {

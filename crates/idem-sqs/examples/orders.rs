@@ -13,21 +13,15 @@
 
 #![allow(clippy::print_stdout)] // an example reports on stdout
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
-use idem::{Idempotency, Scope, Terminal};
+use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, KeyExtractor};
 use idem_dynamodb::DynamoStore;
 use idem_sqs::SqsConsumer;
 use idem_testkit::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
-
-#[derive(serde::Deserialize)]
-struct Order {
-    amount: u64,
-}
+use idem_testkit::till::{all_seen, report, sent_orders, Till, DELIVERIES};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -60,14 +54,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok_or("no queue URL")?;
     idem_dynamodb::create_table(&dynamo, &name).await?;
 
-    let mut bodies: Vec<String> = (1..=100)
-        .flat_map(|n| {
-            let body = format!(r#"{{"id": "order-{n}", "amount": {}}}"#, n * 100);
-            [body.clone(), body]
-        })
-        .collect();
-    bodies.push(r#"{"id": "order-bad", "amount": "lots"}"#.to_owned());
-    for body in &bodies {
+    for (_key, body) in &sent_orders() {
         sqs.send_message()
             .queue_url(&queue)
             .message_body(body)
@@ -84,53 +71,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .connect()
         .await?;
 
-    let charged = Arc::new(AtomicU64::new(0));
-    let total = Arc::clone(&charged);
-    let stats = orders.consumer().clone();
-    let all_seen = {
-        let stats = stats.clone();
-        async move {
-            loop {
-                let s = stats.stats();
-                if s.executed + s.replayed + s.dead_letters >= 201 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
+    // The charge is the one effect that must happen once.
+    let till = Till::default();
+    let charge = till.clone();
+    let consumer = orders.consumer().clone();
+    let done = all_seen(&consumer, DELIVERIES);
     orders
-        .run(
-            move |job| {
-                let total = Arc::clone(&total);
-                async move {
-                    let order: Order = job.json()?;
-                    // The charge: the one effect that must happen once.
-                    total.fetch_add(order.amount, Ordering::SeqCst);
-                    Ok::<_, Terminal>(order.amount)
-                }
-            },
-            all_seen,
-        )
+        .run(move |job| std::future::ready(charge.charge(&job)), done)
         .await?;
 
-    let stats = stats.stats();
-    let expected: u64 = (1..=100u64).map(|n| n * 100).sum();
-    let charged = charged.load(Ordering::SeqCst);
-    println!(
-        "executed {}, duplicates replayed {}, dead-lettered {} (to {})",
-        stats.executed,
-        stats.replayed,
-        stats.dead_letters,
-        orders.dead_letter_queue()
-    );
-    println!("charged {charged} in total; 100 orders of 100..=10000 come to {expected}");
     for url in [queue.as_str(), orders.dead_letter_queue()] {
         sqs.delete_queue().queue_url(url).send().await?;
     }
     dynamo.delete_table().table_name(&name).send().await?;
-    if charged != expected || stats.dead_letters != 1 {
-        return Err("an order was charged other than once".into());
-    }
-    Ok(())
+    report(&consumer, &till, orders.dead_letter_queue())
 }

@@ -22,18 +22,7 @@ use idem_testkit::scenario;
 
 use common::{dead_letters, Setup};
 
-/// Not a test on its own: the worker process the other tests start. It
-/// consumes until it is killed.
-#[test]
-#[ignore = "a worker process, started by the multi-process tests"]
-fn worker_process() {
-    scenario::worker_process::<Setup>();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each() {
-    scenario::killed_worker::<Setup>("kill").await;
-}
+idem_testkit::killed_worker_test!(Setup, "kill");
 
 /// A FIFO queue deduplicates for five minutes only, and only by the
 /// deduplication id: the same order sent with two ids (a producer retry

@@ -58,6 +58,8 @@ pub mod redis;
 #[cfg(feature = "consumers")]
 pub mod scenario;
 mod server;
+#[cfg(feature = "consumers")]
+pub mod till;
 pub mod tls;
 #[cfg(feature = "consumers")]
 pub mod under_test;

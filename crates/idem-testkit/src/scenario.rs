@@ -32,6 +32,7 @@
 
 use std::ffi::OsStr;
 use std::future::Future;
+use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -101,19 +102,34 @@ pub fn executor<S: Store>(store: S) -> Idempotency<S> {
         .expect("config")
 }
 
+/// How long a worker process whose stdin closed may take to stop cleanly
+/// before it exits anyway.
+pub const WORKER_GRACE: Duration = Duration::from_secs(15);
+
 /// A worker process's main: runs `work` on a multi-threaded runtime,
-/// and exits when its stdin closes: the parent (which holds the other end
-/// in its [`Child`]) is gone, even if it died without killing its workers.
-pub fn worker_main(work: impl Future<Output = ()>) {
-    std::thread::spawn(|| {
+/// handing it a shutdown future that resolves when the process's stdin
+/// closes. The parent closes it to make the worker leave cleanly
+/// ([`Child::stdin`] dropped); it also closes when the parent is gone,
+/// even if it died without killing its workers. A worker that has not
+/// stopped [`WORKER_GRACE`] later exits anyway.
+pub fn worker_main<F>(work: impl FnOnce(Pin<Box<dyn Future<Output = ()> + Send>>) -> F)
+where
+    F: Future<Output = ()>,
+{
+    let (closed, shutdown) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
         let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+        let _ = closed.send(());
+        std::thread::sleep(WORKER_GRACE);
         std::process::exit(0);
     });
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime")
-        .block_on(work);
+        .block_on(work(Box::pin(async {
+            let _ = shutdown.await;
+        })));
 }
 
 /// In a worker process: the handler its parent chose.
@@ -270,13 +286,14 @@ pub fn assert_bad_ones_dead(mut dead: Vec<(Option<String>, String)>) {
 }
 
 /// The body of an adapter's ignored `worker_process` test: consumes the
-/// setup its parent passed until it is killed; does nothing when the
-/// binary runs as a plain test.
+/// setup its parent passed until it is killed or its stdin closes (then
+/// it stops cleanly, see [`worker_main`]); does nothing when the binary
+/// runs as a plain test.
 pub fn worker_process<B: BrokerUnderTest>() {
     let Some(setup) = B::from_env() else {
         return;
     };
-    worker_main(async move { setup.consume(work()).await });
+    worker_main(|shutdown| async move { setup.consume(work(), shutdown).await });
 }
 
 /// The whole worker-kill scenario on broker `B`: publishes
@@ -310,4 +327,25 @@ pub fn assert_dead_letters(dead: Vec<DeadLetterSeen>) {
         assert_eq!(letter.consumer.as_deref(), Some("orders"), "{letter:?}");
     }
     assert_bad_ones_dead(dead.into_iter().map(|d| (d.key, d.reason)).collect());
+}
+
+/// An adapter's worker-kill test over its [`BrokerUnderTest`] `$setup`
+/// (the destination named after `$name`): the worker process the
+/// scenario starts and [`killed_worker`] as a test.
+#[macro_export]
+macro_rules! killed_worker_test {
+    ($setup:ty, $name:expr) => {
+        /// Not a test on its own: the worker process the other tests
+        /// start. It consumes until it is killed.
+        #[test]
+        #[ignore = "a worker process, started by the multi-process tests"]
+        fn worker_process() {
+            $crate::scenario::worker_process::<$setup>();
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each() {
+            $crate::scenario::killed_worker::<$setup>($name).await;
+        }
+    };
 }

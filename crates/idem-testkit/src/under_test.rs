@@ -48,9 +48,15 @@ pub trait BrokerUnderTest: Sized {
     fn publish(&self, key: Option<&str>, payload: &str) -> impl Future<Output = ()> + Send;
 
     /// Consumes with the handler of `work` (by
-    /// [`Work::handler`](crate::ledger::Work::handler)) until the process
-    /// is killed.
-    fn consume(&self, work: Work) -> impl Future<Output = ()>;
+    /// [`Work::handler`](crate::ledger::Work::handler)) until `shutdown`
+    /// resolves, then stops as the adapter's `run` does on shutdown
+    /// (finishing the deliveries in flight; a Kafka member commits and
+    /// leaves its group), or until the process is killed.
+    fn consume(
+        &self,
+        work: Work,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> impl Future<Output = ()>;
 
     /// Waits (a bounded time) until the broker holds nothing unsettled and
     /// at least `dead_letters` dead-letters are in (for brokers that

@@ -3,6 +3,7 @@
 //! producer, and worker processes to kill.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -289,10 +290,10 @@ impl BrokerUnderTest for Setup {
         self.producer().send(&self.topic, key, payload, None).await;
     }
 
-    async fn consume(&self, work: Work) {
+    async fn consume(&self, work: Work, shutdown: impl Future<Output = ()> + Send + 'static) {
         self.kafka()
             .await
-            .run(work.handler(self.ledger.clone()), std::future::pending())
+            .run(work.handler(self.ledger.clone()), shutdown)
             .await
             .expect("consume");
     }

@@ -1,6 +1,7 @@
 //! What the JetStream tests share: the server, a redis-server for the
 //! store, and worker processes to kill.
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -143,10 +144,10 @@ impl BrokerUnderTest for Setup {
         publish(&self.js().await, &self.subject(), key, payload).await;
     }
 
-    async fn consume(&self, work: Work) {
+    async fn consume(&self, work: Work, shutdown: impl Future<Output = ()> + Send + 'static) {
         self.nats()
             .await
-            .run(work.handler(self.ledger.clone()), std::future::pending())
+            .run(work.handler(self.ledger.clone()), shutdown)
             .await
             .expect("consume");
     }

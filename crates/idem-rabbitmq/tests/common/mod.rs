@@ -1,6 +1,7 @@
 //! What the RabbitMQ tests share: the broker, a redis-server for the
 //! store, an effects ledger on disk, and worker processes to kill.
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -136,10 +137,10 @@ impl BrokerUnderTest for Setup {
         publish(&channel, &self.queue, key, payload).await;
     }
 
-    async fn consume(&self, work: Work) {
+    async fn consume(&self, work: Work, shutdown: impl Future<Output = ()> + Send + 'static) {
         self.rabbit()
             .await
-            .run(work.handler(self.ledger.clone()), std::future::pending())
+            .run(work.handler(self.ledger.clone()), shutdown)
             .await
             .expect("consume");
     }

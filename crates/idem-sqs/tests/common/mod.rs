@@ -2,6 +2,7 @@
 //! ledger on disk, and worker processes to kill.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -267,10 +268,10 @@ impl BrokerUnderTest for Setup {
         self.send(key, payload, None).await;
     }
 
-    async fn consume(&self, work: Work) {
+    async fn consume(&self, work: Work, shutdown: impl Future<Output = ()> + Send + 'static) {
         self.sqs()
             .await
-            .run(work.handler(self.ledger.clone()), std::future::pending())
+            .run(work.handler(self.ledger.clone()), shutdown)
             .await
             .expect("consume");
     }

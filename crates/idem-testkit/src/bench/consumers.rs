@@ -56,9 +56,10 @@ pub trait BenchBroker {
 }
 
 /// Prints the table (one row per concurrency, medians of `rounds`) for
-/// `broker`, with Redis stores from `redis_store(namespace)` on `redis`.
+/// `broker`, with Redis stores connected by `redis_store(namespace)` to
+/// `redis`.
 #[allow(clippy::print_stdout)] // the benchmark's report
-pub async fn consumer_table<B, R, Fut, S>(
+pub async fn consumer_table<B, R, Fut, S, E>(
     broker: &B,
     redis: &RedisServer,
     redis_store: R,
@@ -68,8 +69,9 @@ pub async fn consumer_table<B, R, Fut, S>(
 ) where
     B: BenchBroker,
     R: Fn(String) -> Fut,
-    Fut: Future<Output = S>,
+    Fut: Future<Output = Result<S, E>>,
     S: ClaimMany,
+    E: std::fmt::Debug,
 {
     let (name, plain_name) = broker.names();
     println!(
@@ -103,7 +105,9 @@ pub async fn consumer_table<B, R, Fut, S>(
                             drained(broker, &dest, lane, consumer, concurrency, messages).await
                         }
                         Runner::Redis { ahead } => {
-                            let store = redis_store(format!("{dest}-{lane}")).await;
+                            let store = redis_store(format!("{dest}-{lane}"))
+                                .await
+                                .expect("a Redis store");
                             let consumer = consumer(store, ahead);
                             drained(broker, &dest, lane, consumer, concurrency, messages).await
                         }

@@ -6,6 +6,8 @@
 //! - a worker SIGKILLed (and replaced), mid-handler or anywhere else;
 //! - a worker SIGSTOPped for 1.5 to 3 leases, then SIGCONTed: a stale
 //!   holder that wakes up mid-handler;
+//! - a worker told to leave cleanly (it finishes what it holds; a Kafka
+//!   member commits and leaves its group) while a new one joins;
 //! - the broker killed and started again (it keeps what it stored);
 //! - the store killed and started again (a Redis of the run's own, with
 //!   an fsync-always append-only file; a store on the broker's own
@@ -24,7 +26,7 @@
 //! messages only.
 //!
 //! An adapter's tests run it with [`run`] over their [`ChaosBroker`];
-//! `scripts/chaos` runs the long version ([`ChaosPlan::from_env`]).
+//! `scripts/chaos-consumers` runs the long version ([`ChaosPlan::from_env`]).
 
 mod judge;
 
@@ -56,6 +58,10 @@ pub enum Fault {
     Kill,
     /// SIGSTOP a worker for 1.5 to 3 leases, then SIGCONT it.
     Stop,
+    /// Make a worker leave cleanly (its stdin closed: it stops taking
+    /// deliveries, finishes those in flight and, on Kafka, leaves its
+    /// group) while a new one joins in its place.
+    Leave,
     /// Kill the broker and start it again.
     BrokerRestart,
     /// Kill the store and start it again.
@@ -76,9 +82,10 @@ pub enum Fault {
 
 impl Fault {
     /// Every kind.
-    pub const ALL: [Fault; 10] = [
+    pub const ALL: [Fault; 11] = [
         Fault::Kill,
         Fault::Stop,
+        Fault::Leave,
         Fault::BrokerRestart,
         Fault::StoreRestart,
         Fault::BrokerReset,
@@ -94,6 +101,7 @@ impl Fault {
         match self {
             Fault::Kill => "kill",
             Fault::Stop => "stop",
+            Fault::Leave => "leave",
             Fault::BrokerRestart => "broker-restart",
             Fault::StoreRestart => "store-restart",
             Fault::BrokerReset => "broker-reset",
@@ -295,6 +303,7 @@ pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
     let mut workers = Workers {
         env: through.env(),
         running: Vec::new(),
+        leaving: Vec::new(),
         exits: 0,
     };
     for _ in 0..plan.workers {
@@ -337,6 +346,10 @@ pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
                     Some(pid) => faults.stopped.push((Instant::now() + pause, pid)),
                     None => continue,
                 }
+            }
+            Fault::Leave => {
+                let slot = workers.slot_of(ledger.latest_starter(), &mut faults.schedule.rng);
+                workers.leave(slot);
             }
             Fault::BrokerRestart => {
                 restarting.store(true, Ordering::SeqCst);
@@ -490,10 +503,12 @@ fn send(pid: u32, signal: &str) -> bool {
             .is_ok_and(|s| s.success())
 }
 
-/// The worker processes, by slot.
+/// The worker processes, by slot, and those leaving.
 struct Workers {
     env: Vec<(&'static str, String)>,
     running: Vec<Child>,
+    /// Workers told to leave, until they have exited.
+    leaving: Vec<Child>,
     exits: usize,
 }
 
@@ -519,6 +534,18 @@ impl Workers {
         *worker = spawn_worker(self.env.clone(), &Work::Fenced);
     }
 
+    /// Closes the stdin of the worker in `slot`, so that it stops cleanly
+    /// (see [`worker_main`](crate::scenario::worker_main)), and starts a
+    /// new one there.
+    fn leave(&mut self, slot: usize) {
+        let Some(worker) = self.running.get_mut(slot) else {
+            return;
+        };
+        let mut old = std::mem::replace(worker, spawn_worker(self.env.clone(), &Work::Fenced));
+        drop(old.stdin.take());
+        self.leaving.push(old);
+    }
+
     /// Stops (SIGSTOP) the worker in `slot`; its process id if it was
     /// stopped.
     fn stop(&self, slot: usize) -> Option<u32> {
@@ -527,15 +554,24 @@ impl Workers {
     }
 
     /// Continues worker process `pid` if it is still one of the running
-    /// workers (a stopped worker may have been killed and replaced since).
+    /// or leaving workers (a stopped worker may have been killed and
+    /// replaced since; one told to leave must run to leave).
     fn resume(&self, pid: u32) {
-        if self.running.iter().any(|w| w.id() == pid) {
+        if self
+            .running
+            .iter()
+            .chain(&self.leaving)
+            .any(|w| w.id() == pid)
+        {
             send(pid, "CONT");
         }
     }
 
-    /// Replaces workers that exited by themselves.
+    /// Replaces workers that exited by themselves, and forgets those
+    /// that left.
     fn replace_exited(&mut self) {
+        self.leaving
+            .retain_mut(|w| !matches!(w.try_wait(), Ok(Some(_))));
         for slot in 0..self.running.len() {
             if matches!(self.running[slot].try_wait(), Ok(Some(_))) {
                 self.exits += 1;
@@ -545,7 +581,7 @@ impl Workers {
     }
 
     fn stop_all(&mut self) {
-        for worker in &mut self.running {
+        for worker in self.running.iter_mut().chain(&mut self.leaving) {
             let _ = worker.kill();
             let _ = worker.wait();
         }
