@@ -153,9 +153,14 @@ impl ChaosPlan {
         }
     }
 
-    /// The plan with `IDEM_CHAOS_SECS`, `IDEM_CHAOS_SEED` and
-    /// `IDEM_CHAOS_KEYS` from the environment where set (a long run
-    /// scales its keys with its duration unless told).
+    /// The plan with `IDEM_CHAOS_SECS`, `IDEM_CHAOS_SEED`,
+    /// `IDEM_CHAOS_KEYS` and `IDEM_CHAOS_FAULTS` (fault names, comma
+    /// separated: `kill,leave`) from the environment where set (a long
+    /// run scales its keys with its duration unless told).
+    ///
+    /// # Panics
+    ///
+    /// On a fault name it does not know, naming the known ones.
     pub fn from_env(mut self) -> Self {
         let var = |name: &str| std::env::var(name).ok()?.parse::<u64>().ok();
         if let Some(secs) = var("IDEM_CHAOS_SECS") {
@@ -167,6 +172,20 @@ impl ChaosPlan {
         }
         if let Some(keys) = var("IDEM_CHAOS_KEYS") {
             self.keys = keys as usize;
+        }
+        if let Ok(names) = std::env::var("IDEM_CHAOS_FAULTS") {
+            self.faults = names
+                .split(',')
+                .map(|name| {
+                    Fault::ALL
+                        .into_iter()
+                        .find(|f| f.name() == name.trim())
+                        .unwrap_or_else(|| {
+                            let known: Vec<_> = Fault::ALL.iter().map(|f| f.name()).collect();
+                            panic!("IDEM_CHAOS_FAULTS: no fault {name:?}; known: {known:?}")
+                        })
+                })
+                .collect();
         }
         self
     }
