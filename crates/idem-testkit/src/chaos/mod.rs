@@ -339,6 +339,7 @@ pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
     let mut faults = Faults::new(&plan);
     let ledger = direct.ledger();
     let end = Instant::now() + plan.duration;
+    let mut last_leave: Option<Instant> = None;
     while Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(50)).await;
         workers.replace_exited();
@@ -367,8 +368,12 @@ pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
                 }
             }
             Fault::Leave => {
+                if last_leave.is_some_and(|at| at.elapsed() < B::LEAVE_GAP) {
+                    continue;
+                }
                 let slot = workers.slot_of(ledger.latest_starter(), &mut faults.schedule.rng);
                 workers.leave(slot);
+                last_leave = Some(Instant::now());
             }
             Fault::BrokerRestart => {
                 restarting.store(true, Ordering::SeqCst);
