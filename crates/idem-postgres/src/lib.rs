@@ -8,7 +8,10 @@
 //!   in this crate: `INSERT … ON CONFLICT … DO UPDATE … WHERE …
 //!   RETURNING` for a claim, a token-checked `UPDATE` for each write),
 //!   decided with the server's `now()`, in its own short transaction: no
-//!   transaction is held open while a handler runs. Leases are fenced by
+//!   transaction is held open while a handler runs. Claims made at the
+//!   same time share one `claim_many` statement, and completions one
+//!   `complete_many` statement (group commit,
+//!   [`PgStoreBuilder::batching`]), each still answered on its own. Leases are fenced by
 //!   tokens no other claim ever gets, and fencing numbers come from a
 //!   sequence, so they rise per key across expiry, delete and purge.
 //! - **[`inbox`]**, for effects that live in the same database: the dedup
@@ -94,6 +97,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{GenericClient, Statement};
 
 mod conn;
+mod group;
 pub mod inbox;
 mod many;
 mod notify;
@@ -177,6 +181,7 @@ pub struct PgStoreBuilder {
     response_timeout: Duration,
     listen: bool,
     setup: bool,
+    batching: bool,
 }
 
 impl PgStoreBuilder {
@@ -215,6 +220,18 @@ impl PgStoreBuilder {
         self
     }
 
+    /// Whether claims and completions that callers make at the same time
+    /// go to PostgreSQL together (group commit, default: yes): the claims
+    /// as one `claim_many` statement, the completions as one
+    /// `complete_many` statement, so many calls share one statement and
+    /// one WAL flush. Each stays atomic and is answered on its own; a
+    /// lone call runs its own statement at once. Under load this is what
+    /// lets the store keep up with a busy consumer or many HTTP callers.
+    pub fn batching(mut self, on: bool) -> Self {
+        self.batching = on;
+        self
+    }
+
     /// Whether [`connect`](Self::connect) applies the migrations it has not
     /// seen yet (default `true`). Turn it off when the tables are created
     /// by your own migration tool from [`migrations`].
@@ -248,7 +265,8 @@ impl PgStoreBuilder {
             url: url.clone(),
             reason,
         })?;
-        let store = PgStore {
+        let mut store = PgStore {
+            groups: None,
             inner: Arc::new(Inner {
                 pool,
                 sql: Sql::new(&self.schema),
@@ -265,6 +283,9 @@ impl PgStoreBuilder {
                 .await
                 .map_err(|source| ConnectError::Unavailable { url, source })?,
         );
+        if self.batching {
+            store.groups = Some(Arc::new(group::Groups::new(&store)));
+        }
         if self.setup {
             store.setup().await.map_err(|source| ConnectError::Setup {
                 schema: store.schema().to_owned(),
@@ -338,6 +359,9 @@ impl Sql {
 #[derive(Debug, Clone)]
 pub struct PgStore {
     inner: Arc<Inner>,
+    /// Claims and completions made together go together (unless turned
+    /// off); `None` in the copies the groups send through.
+    groups: Option<Arc<group::Groups>>,
 }
 
 #[derive(Debug)]
@@ -369,6 +393,7 @@ impl PgStore {
             response_timeout: parsed.response_timeout.unwrap_or(DEFAULT_RESPONSE_TIMEOUT),
             listen: parsed.listen.unwrap_or(true),
             setup: true,
+            batching: true,
         })
     }
 
@@ -591,6 +616,41 @@ fn lease_written(changed: u64) -> Result<(), StoreError> {
     }
 }
 
+impl PgStore {
+    /// One claim statement, on a connection of the pool.
+    async fn claim_single(
+        &self,
+        id: &RecordId,
+        params: &ClaimParams,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let client = self.client().await?;
+        let statement = self.prepare(&client, &self.inner.sql.claim).await?;
+        self.claim_on(&**client, &statement, id, params).await
+    }
+
+    /// One complete statement.
+    async fn complete_single(
+        &self,
+        lease: &Lease,
+        response: &[u8],
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let changed = self
+            .write(
+                &self.inner.sql.complete,
+                &[
+                    &lease.id.scope().as_str(),
+                    &lease.id.key().as_str(),
+                    &&token_bytes(lease.token)[..],
+                    &response,
+                    &ms(retention),
+                ],
+            )
+            .await?;
+        lease_written(changed)
+    }
+}
+
 impl Store for PgStore {
     async fn peek(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
         GetRecord::get(self, id).await
@@ -601,9 +661,10 @@ impl Store for PgStore {
     }
 
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
-        let client = self.client().await?;
-        let statement = self.prepare(&client, &self.inner.sql.claim).await?;
-        self.claim_on(&**client, &statement, id, params).await
+        match &self.groups {
+            Some(groups) => groups.claim(id, params).await,
+            None => self.claim_single(id, params).await,
+        }
     }
 
     async fn complete(
@@ -612,19 +673,10 @@ impl Store for PgStore {
         response: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let changed = self
-            .write(
-                &self.inner.sql.complete,
-                &[
-                    &lease.id.scope().as_str(),
-                    &lease.id.key().as_str(),
-                    &&token_bytes(lease.token)[..],
-                    &&response[..],
-                    &ms(retention),
-                ],
-            )
-            .await?;
-        lease_written(changed)
+        match &self.groups {
+            Some(groups) => groups.complete(lease, response, retention).await,
+            None => self.complete_single(lease, &response, retention).await,
+        }
     }
 
     async fn fail(

@@ -49,7 +49,7 @@ impl CompleteMany for PgStore {
         }?;
         for (i, c) in completions.iter().enumerate() {
             if results[i].is_none() {
-                let single = idem::Store::complete(self, &c.lease, c.response.clone(), c.retention);
+                let single = self.complete_single(&c.lease, &c.response, c.retention);
                 results[i] = Some(single.await);
             }
         }

@@ -107,7 +107,7 @@ mod scripts;
 mod slots;
 mod url;
 
-use batch::{Batcher, Call, Op};
+use batch::{Batcher, Call, Op, Scripted};
 use conn::{store_error, Conn, Options};
 use notify::Notifier;
 use replicas::ReplicaAcks;
@@ -284,11 +284,12 @@ impl RedisStoreBuilder {
             Target::Cluster { nodes, .. } => nodes.first().cloned().unwrap_or_default(),
         };
         let notifier = Notifier::new(notify_at, self.options.clone());
+        let scripts = Arc::new(Scripts::new());
         let batcher = match &conn {
             Conn::Standalone(server) => {
                 warn_if_evicting(&conn).await;
                 self.batching
-                    .then(|| Batcher::new(server.clone(), scripts::batch()))
+                    .then(|| Scripted::group(server.clone(), Arc::clone(&scripts)))
             }
             Conn::Cluster(_) => None,
         };
@@ -298,7 +299,7 @@ impl RedisStoreBuilder {
                 namespace: self.namespace,
                 grace_ms: Bytes::from(self.grace.as_millis().to_string()),
                 tokens: TokenMint::new(),
-                scripts: Scripts::new(),
+                scripts,
                 batcher,
                 notifier,
             }),
@@ -343,7 +344,7 @@ struct Inner {
     namespace: String,
     grace_ms: Bytes,
     tokens: TokenMint,
-    scripts: Scripts,
+    scripts: Arc<Scripts>,
     /// Sends the primitives in batches (a single server, unless turned
     /// off).
     batcher: Option<Arc<Batcher>>,
@@ -467,11 +468,12 @@ impl RedisStore {
     /// Runs one primitive: in the next batch on a single server, or as a
     /// script call of its own (a Cluster, or batching turned off).
     async fn primitive(&self, call: Call) -> Result<Value, StoreError> {
-        let single = self.inner.scripts.primitive(call.op);
         if let Some(batcher) = &self.inner.batcher {
-            return batcher.call(call, single).await;
+            return batcher.call(call).await;
         }
-        single
+        self.inner
+            .scripts
+            .primitive(call.op)
             .run(&self.inner.conn, &call.key, &call.arg_slices())
             .await
             .map_err(store_error)
@@ -624,7 +626,7 @@ impl RedisStore {
             }
             Err(e) => {
                 let e = store_error(e);
-                return calls.iter().map(|_| Err(copy_error(&e))).collect();
+                return calls.iter().map(|_| Err(e.copy())).collect();
             }
         };
         let mut out = Vec::with_capacity(calls.len());
@@ -647,7 +649,7 @@ impl RedisStore {
     /// every master). Optional: a server that lacks a script gets it on
     /// first use.
     pub async fn load_scripts(&self) -> Result<(), StoreError> {
-        let batch = self.inner.batcher.as_ref().map(|b| b.script());
+        let batch = self.inner.batcher.as_ref().map(|b| b.get_ref().script());
         for node in self.servers().await? {
             for script in self.inner.scripts.all().into_iter().chain(batch) {
                 self.inner
@@ -658,14 +660,6 @@ impl RedisStore {
             }
         }
         Ok(())
-    }
-}
-
-/// A copy of a store error for each call of a failed batch.
-pub(crate) fn copy_error(error: &StoreError) -> StoreError {
-    match error {
-        StoreError::Unavailable(e) => StoreError::Unavailable(e.to_string().into()),
-        other => StoreError::Backend(other.to_string().into()),
     }
 }
 

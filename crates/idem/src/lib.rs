@@ -59,6 +59,8 @@
 //! - The executor [`Idempotency`]: heartbeats, lease-loss signal,
 //!   retryable vs terminal failures, backoff, max attempts, compression,
 //!   size limits, fail-closed by default.
+//! - For store implementers: [`group`], group commit (calls made at the
+//!   same time sent as one batch).
 //! - Metric names in [`metrics`].
 //!
 //! The guarantees every store keeps are in [`contract`]; `idem-testkit`
@@ -74,6 +76,7 @@ pub mod derive;
 pub mod durable;
 mod executor;
 mod fingerprint;
+pub mod group;
 mod key;
 pub mod machine;
 mod memory;

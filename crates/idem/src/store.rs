@@ -54,6 +54,25 @@ pub enum StoreError {
     Backend(#[source] BoxError),
 }
 
+impl StoreError {
+    /// The same error again, for each entry of a batch that failed as a
+    /// whole: the same variant, the same text (sources as one line).
+    pub fn copy(&self) -> StoreError {
+        match self {
+            StoreError::LeaseLost => StoreError::LeaseLost,
+            StoreError::Unavailable(e) => StoreError::Unavailable(crate::error_chain(&**e).into()),
+            StoreError::CapacityExceeded { capacity } => StoreError::CapacityExceeded {
+                capacity: *capacity,
+            },
+            StoreError::Corrupt { id, reason } => StoreError::Corrupt {
+                id: id.clone(),
+                reason: reason.clone(),
+            },
+            StoreError::Backend(e) => StoreError::Backend(crate::error_chain(&**e).into()),
+        }
+    }
+}
+
 impl From<crate::machine::LeaseLost> for StoreError {
     fn from(_: crate::machine::LeaseLost) -> Self {
         StoreError::LeaseLost

@@ -62,9 +62,9 @@ impl<S: ClaimMany, C: Codec> Idempotency<S, C> {
                     )
                     .into(),
                 );
-                claims.iter().map(|_| Err(copy_error(&error))).collect()
+                claims.iter().map(|_| Err(error.copy())).collect()
             }
-            Err(error) => claims.iter().map(|_| Err(copy_error(&error))).collect(),
+            Err(error) => claims.iter().map(|_| Err(error.copy())).collect(),
         };
         claims
             .into_iter()
@@ -139,22 +139,5 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             }
         })
         .await
-    }
-}
-
-/// The same error for another entry of a failed batch: same kind, the
-/// first one's text.
-fn copy_error(error: &StoreError) -> StoreError {
-    match error {
-        StoreError::LeaseLost => StoreError::LeaseLost,
-        StoreError::Unavailable(e) => StoreError::Unavailable(e.to_string().into()),
-        StoreError::CapacityExceeded { capacity } => StoreError::CapacityExceeded {
-            capacity: *capacity,
-        },
-        StoreError::Corrupt { id, reason } => StoreError::Corrupt {
-            id: id.clone(),
-            reason: reason.clone(),
-        },
-        StoreError::Backend(e) => StoreError::Backend(e.to_string().into()),
     }
 }
