@@ -1,17 +1,19 @@
-//! Records per second through `KafkaConsumer` (Redis store, a handler that
-//! does nothing) against the same topic drained by a plain rdkafka loop
-//! that only stores each offset after reading it, in the same run: the
-//! overhead of the middleware at the broker's own throughput on this
-//! machine.
+//! Records per second through `KafkaConsumer` (a handler that does
+//! nothing) against the same records drained by a plain rdkafka loop that
+//! only stores each offset after reading it, in the same run.
 //!
 //! Run: `cargo bench -p idem-kafka --bench throughput [-- --messages N --rounds R]`
 //!
-//! Starts its own Tansu broker (in-memory storage) and redis-server. Each
-//! round fills a fresh topic with N records and drains it with the plain
-//! loop and then through the middleware three ways (offset order; offset
-//! order with 64 records claimed ahead; key order with 64 in flight), each
-//! in a group of its own. Time runs from the first record read to the
-//! last one done, so joining the group is not counted.
+//! Starts its own Tansu broker (in-memory storage), redis-server and
+//! PostgreSQL. First the table every broker's bench prints
+//! ([`idem_testkit::bench::consumers`]): topics of 4 partitions in key
+//! order, the concurrency being the records in flight per partition, the
+//! plain loop and the middleware on the in-memory, Redis and PostgreSQL
+//! stores. Then offset order (one record per partition at a time), the
+//! order a consumer that needs it pays for, with a Redis store: one claim
+//! each, and 64 claimed ahead, against the plain loop, at 4 and 16
+//! partitions. Each drain is a group of its own; time runs from the first
+//! record handled to the last, so joining the group is not counted.
 
 #![allow(clippy::print_stdout)] // a benchmark reports on stdout
 
@@ -19,11 +21,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use std::future::Future;
+
 use futures_util::StreamExt;
-use idem::{Idempotency, Scope};
+use idem::{Idempotency, Scope, Store};
 use idem_consumer::Consumer;
 use idem_kafka::{KafkaConsumer, PartitionOrder};
 use idem_redis::RedisStore;
+use idem_testkit::bench::consumers::BenchBroker;
 use idem_testkit::bench::{count_arg, median};
 use idem_testkit::kafka::KafkaServer;
 use idem_testkit::redis::RedisServer;
@@ -34,8 +39,11 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Message as _, Offset, TopicPartitionList};
 
-const PARTITIONS: [i32; 2] = [4, 16];
-/// Records of one partition claimed ahead, or in flight under key order.
+/// The partitions of the shared table's topics.
+const PARTITIONS: i32 = 4;
+/// The partitions of the offset-order table's topics.
+const OFFSET_PARTITIONS: [i32; 2] = [4, 16];
+/// Records of one partition claimed ahead in offset order.
 const IN_FLIGHT: usize = 64;
 
 /// Creates `topic` and produces `messages` small JSON records to it,
@@ -121,8 +129,6 @@ enum Mode {
     Offsets,
     /// One at a time, claimed [`IN_FLIGHT`] at once ahead of their runs.
     ClaimAhead,
-    /// Up to [`IN_FLIGHT`] different keys at once.
-    Keys,
 }
 
 /// Drains `topic` through the middleware, in a group (and a store
@@ -148,9 +154,6 @@ async fn through_idem(
     builder = match mode {
         Mode::Offsets => builder,
         Mode::ClaimAhead => builder.claim_ahead(IN_FLIGHT),
-        Mode::Keys => builder.partition_order(PartitionOrder::Keys {
-            max_in_flight: IN_FLIGHT,
-        }),
     };
     let kafka = builder.connect().await.expect("connect");
     let stats = kafka.consumer().clone();
@@ -188,30 +191,107 @@ async fn through_idem(
     messages as f64 / end.duration_since(*start).as_secs_f64()
 }
 
+/// Tansu as the shared benchmark drives it: a lane is a topic of its own.
+struct Kafka {
+    bootstrap: String,
+}
+
+impl BenchBroker for Kafka {
+    fn names(&self) -> (&'static str, &'static str) {
+        ("Kafka", "rdkafka")
+    }
+
+    async fn create(&self) -> String {
+        format!("bench-{:08x}", rand::random::<u32>())
+    }
+
+    async fn fill(&self, dest: &str, lane: &str, messages: usize) {
+        fill(
+            &self.bootstrap,
+            &format!("{dest}-{lane}"),
+            PARTITIONS,
+            messages,
+        )
+        .await;
+    }
+
+    async fn plain(&self, dest: &str, _concurrency: usize, messages: usize) -> f64 {
+        raw(&self.bootstrap, &format!("{dest}-plain"), messages).await
+    }
+
+    async fn run<S: Store>(
+        &self,
+        dest: &str,
+        lane: &str,
+        consumer: Consumer<S>,
+        concurrency: usize,
+        done: impl Future<Output = ()> + Send + 'static,
+    ) {
+        let topic = format!("{dest}-{lane}");
+        KafkaConsumer::builder(
+            &self.bootstrap,
+            &format!("{topic}-idem"),
+            &[&topic],
+            consumer,
+        )
+        .consumer_set("session.timeout.ms", "6000")
+        .partition_order(PartitionOrder::Keys {
+            max_in_flight: concurrency,
+        })
+        .connect()
+        .await
+        .expect("connect")
+        .run(|_job| async { Ok::<_, std::io::Error>(()) }, done)
+        .await
+        .expect("run");
+    }
+
+    async fn remove(&self, dest: &str) {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .create()
+            .expect("admin");
+        let topics: Vec<String> = ["plain", "memory", "redis", "ahead", "postgres"]
+            .iter()
+            .map(|lane| format!("{dest}-{lane}"))
+            .collect();
+        let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+        let _ = admin.delete_topics(&topics, &AdminOptions::new()).await;
+    }
+}
+
 #[tokio::main]
 async fn main() {
+    let broker = KafkaServer::start().expect("tansu");
+    let kafka = Kafka {
+        bootstrap: broker.bootstrap(),
+    };
+    idem_testkit::consumer_bench!(&kafka).await;
+    offset_order_table(&kafka.bootstrap).await;
+}
+
+/// Offset order with a Redis store, against the plain loop.
+#[allow(clippy::print_stdout)] // the benchmark's report
+async fn offset_order_table(bootstrap: &str) {
     let messages = count_arg("--messages", 20_000);
     let rounds = count_arg("--rounds", 3);
-    let broker = KafkaServer::start().expect("tansu");
     let redis = RedisServer::start().expect("redis-server");
-    let bootstrap = broker.bootstrap();
-    println!("Kafka consumer throughput, {messages} records per drain, median of {rounds} rounds");
+    println!("\nKafka offset order, {messages} records per drain, median of {rounds} rounds");
     println!(
-        "| partitions | plain rdkafka loop (rec/s) | idem, offset order (rec/s) | ratio | \
-         offset order, {IN_FLIGHT} claimed ahead (rec/s) | ratio | \
-         key order, {IN_FLIGHT} in flight (rec/s) | ratio |"
+        "| partitions | plain rdkafka loop (rec/s) | idem + Redis, offset order (rec/s) | ratio | \
+         offset order, {IN_FLIGHT} claimed ahead (rec/s) | ratio |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let modes = [Mode::Offsets, Mode::ClaimAhead, Mode::Keys];
-    for partitions in PARTITIONS {
+    println!("|---:|---:|---:|---:|---:|---:|");
+    let modes = [Mode::Offsets, Mode::ClaimAhead];
+    for partitions in OFFSET_PARTITIONS {
         let mut plain = Vec::new();
         let mut guarded: Vec<Vec<f64>> = modes.iter().map(|_| Vec::new()).collect();
         for _ in 0..rounds {
             let topic = format!("bench-{:08x}", rand::random::<u32>());
-            fill(&bootstrap, &topic, partitions, messages).await;
-            plain.push(raw(&bootstrap, &topic, messages).await);
+            fill(bootstrap, &topic, partitions, messages).await;
+            plain.push(raw(bootstrap, &topic, messages).await);
             for (mode, results) in modes.iter().zip(&mut guarded) {
-                results.push(through_idem(&bootstrap, &topic, &redis.url(), *mode, messages).await);
+                results.push(through_idem(bootstrap, &topic, &redis.url(), *mode, messages).await);
             }
         }
         let p = median(plain);

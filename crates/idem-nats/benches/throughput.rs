@@ -25,11 +25,8 @@ use futures_util::StreamExt;
 use idem::Store;
 use idem_consumer::Consumer;
 use idem_nats::NatsConsumer;
-use idem_redis::RedisStore;
-use idem_testkit::bench::consumers::{consumer_table, BenchBroker};
-use idem_testkit::bench::count_arg;
+use idem_testkit::bench::consumers::BenchBroker;
 use idem_testkit::nats::NatsServer;
-use idem_testkit::redis::RedisServer;
 
 /// Publishes in windows of 1,000 unacknowledged messages (the client
 /// holds back publishes beyond its in-flight ack limit).
@@ -168,17 +165,8 @@ impl BenchBroker for JetStream {
 #[tokio::main]
 async fn main() {
     let server = NatsServer::start().expect("nats-server");
-    let redis = RedisServer::start().expect("redis-server");
     let url = server.url();
     let js = jetstream::new(async_nats::connect(url.as_str()).await.expect("connect"));
     let broker = JetStream { url, js };
-    let redis_url = redis.url();
-    let redis_store = |namespace| {
-        RedisStore::builder(&redis_url)
-            .expect("url")
-            .namespace(namespace)
-            .connect()
-    };
-    let (messages, rounds) = (count_arg("--messages", 20_000), count_arg("--rounds", 3));
-    consumer_table(&broker, &redis, redis_store, &[16, 64], messages, rounds).await;
+    idem_testkit::consumer_bench!(&broker).await;
 }

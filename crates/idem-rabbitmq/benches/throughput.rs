@@ -22,11 +22,8 @@ use futures_util::StreamExt;
 use idem::{Idempotency, MemoryStore, Scope, Store};
 use idem_consumer::Consumer;
 use idem_rabbitmq::RabbitConsumer;
-use idem_redis::RedisStore;
-use idem_testkit::bench::consumers::{consumer_table, BenchBroker};
-use idem_testkit::bench::count_arg;
+use idem_testkit::bench::consumers::BenchBroker;
 use idem_testkit::rabbitmq::RabbitServer;
-use idem_testkit::redis::RedisServer;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, QueueDeleteOptions,
@@ -173,7 +170,6 @@ fn prefetch(concurrency: usize) -> u16 {
 #[tokio::main]
 async fn main() {
     let broker = RabbitServer::shared().expect("RabbitMQ");
-    let redis = RedisServer::start().expect("redis-server");
     let url = broker.url().to_owned();
     let connection = Connection::connect(&url, ConnectionProperties::default())
         .await
@@ -188,13 +184,5 @@ async fn main() {
         channel,
         declared: Mutex::default(),
     };
-    let redis_url = redis.url();
-    let redis_store = |namespace| {
-        RedisStore::builder(&redis_url)
-            .expect("url")
-            .namespace(namespace)
-            .connect()
-    };
-    let (messages, rounds) = (count_arg("--messages", 20_000), count_arg("--rounds", 3));
-    consumer_table(&rabbit, &redis, redis_store, &[16, 64], messages, rounds).await;
+    idem_testkit::consumer_bench!(&rabbit).await;
 }

@@ -87,35 +87,43 @@ fn redis_benchmark(
 ) -> f64 {
     // Aim for about `secs` of work at a rough first guess of the rate.
     let requests = ((secs * 40_000.0) as usize).max(20_000) * pipeline.min(4);
+    let token = "0".repeat(32);
+    let claim = [
+        "EVALSHA", sha, "1", KEY, &token, "", "30000", "3600000", "bench", "k", "60000",
+    ];
+    redis_benchmark_run(servers, clients, pipeline, requests, 100_000_000, &claim)
+}
+
+/// The key `redis-benchmark` fills in: `__rand_int__` is replaced by a
+/// random number; in cluster mode it routes by the `{tag}` it fills in
+/// per node.
+const KEY: &str = "bench:{__rand_int__}";
+
+/// `redis-benchmark` sending `command` `requests` times, with keys drawn
+/// from `keyspace`: requests per second.
+fn redis_benchmark_run(
+    servers: &Servers,
+    clients: usize,
+    pipeline: usize,
+    requests: usize,
+    keyspace: usize,
+    command: &[&str],
+) -> f64 {
     let mut cmd = Command::new("redis-benchmark");
     cmd.args(["-h", "127.0.0.1", "-p", &servers.port().to_string()])
         .args(["-c", &clients.to_string(), "-n", &requests.to_string()])
-        .args([
-            "-P",
-            &pipeline.to_string(),
-            "-r",
-            "100000000",
-            "--csv",
-            "-q",
-        ]);
-    // In cluster mode redis-benchmark routes by the `{tag}` it fills in
-    // per node.
-    let key = match servers {
-        Servers::Cluster(_) => {
-            cmd.arg("--cluster");
-            "bench:{tag}:__rand_int__"
-        }
-        Servers::One(_) => "bench:{__rand_int__}",
-    };
-    cmd.args(["EVALSHA", sha, "1", key]).args([
-        &"0".repeat(32),
-        "",
-        "30000",
-        "3600000",
-        "bench",
-        "k",
-        "60000",
-    ]);
+        .args(["-P", &pipeline.to_string(), "-r", &keyspace.to_string()])
+        .args(["--csv", "-q"]);
+    let cluster = matches!(servers, Servers::Cluster(_));
+    if cluster {
+        cmd.arg("--cluster");
+    }
+    for arg in command {
+        match *arg {
+            KEY if cluster => cmd.arg("bench:{tag}:__rand_int__"),
+            other => cmd.arg(other),
+        };
+    }
     let out = cmd
         .output()
         .expect("run redis-benchmark (apt-get install redis-tools)");
@@ -124,12 +132,33 @@ fn redis_benchmark(
     let line = text
         .lines()
         .rev()
-        .find(|l| l.starts_with("\"EVALSHA"))
+        .find(|l| l.starts_with(&format!("\"{}", command[0])))
         .unwrap_or_else(|| panic!("unexpected redis-benchmark output: {text}"));
     line.split(',')
         .nth(1)
         .and_then(|rps| rps.trim_matches('"').parse().ok())
         .unwrap_or_else(|| panic!("no rate in {line}"))
+}
+
+/// The least a pair can cost the server: Redis CPU in microseconds per
+/// plain `SET key value PX ms` (no script) of a fresh key and of a key
+/// that exists, from `redis-benchmark` with 64 clients pipelining 64.
+/// A pair writes its record twice: once new (the claim), once over
+/// itself (the completion, which also reads it first).
+fn write_floor(servers: &Servers) -> (f64, f64) {
+    let requests = 500_000;
+    let value = "x".repeat(120);
+    let set = ["SET", KEY, &value, "PX", "3600000"];
+    let per_set = |keyspace: usize| {
+        servers.flush();
+        if keyspace < requests {
+            redis_benchmark_run(servers, 64, 64, keyspace * 4, keyspace, &set);
+        }
+        let before = servers.cpu();
+        redis_benchmark_run(servers, 64, 64, requests, keyspace, &set);
+        servers.cpu().saturating_sub(before).as_secs_f64() * 1e6 / requests as f64
+    };
+    (per_set(1_000_000_000), per_set(10_000))
 }
 
 /// Claim+complete pairs per second on fresh keys, `callers` at a time,
@@ -233,6 +262,13 @@ async fn main() {
             unbatched / ceiling
         );
     }
+    let (fresh, again) = write_floor(&servers);
+    println!(
+        "\nThe floor, plain `SET key value PX ms` from redis-benchmark (64 clients, \
+         pipelined 64, no script): {fresh:.2} us of Redis CPU per SET of a fresh key, \
+         {again:.2} over an existing one; a pair writes twice: {:.2} us.",
+        fresh + again
+    );
     println!("\n| callers | single claims/s | claim_many({BATCH}) claims/s | batched/single | redis-benchmark -P {BATCH} claims/s | batched/ceiling |");
     println!("|---:|---:|---:|---:|---:|---:|");
     for (n, callers) in [1usize, 16].into_iter().enumerate() {

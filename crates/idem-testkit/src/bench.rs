@@ -120,7 +120,6 @@ impl CpuMeter {
     /// `/proc` is not there.
     pub fn stop(&self) -> CpuUse {
         let busy = machine_busy_ticks();
-        let ticks = |n: u64| Duration::from_secs_f64(n as f64 / TICKS);
         CpuUse {
             wall: self.started.elapsed(),
             machine: ticks(busy.saturating_sub(self.machine)),
@@ -149,17 +148,41 @@ fn machine_busy_ticks() -> u64 {
 
 /// This process's user and system ticks, from `/proc/self/stat`.
 fn process_ticks() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    proc_ticks("self").map_or(0, |t| t.own)
+}
+
+/// What `/proc/PID/stat` says of a process's CPU, in clock ticks.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ProcTicks {
+    /// User and system time of the process itself.
+    pub(crate) own: u64,
+    /// User and system time of its children that exited and were waited
+    /// for.
+    pub(crate) exited_children: u64,
+    /// Its parent's pid.
+    pub(crate) parent: u32,
+}
+
+/// The CPU ticks of process `pid` (`"self"` for this one), or `None`
+/// where `/proc` does not have it.
+pub(crate) fn proc_ticks(pid: &str) -> Option<ProcTicks> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which may hold spaces) start at the
-    // state, field 3; utime and stime are fields 14 and 15.
-    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<u64> = rest
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|n| n.parse().ok())
-        .collect();
-    fields.iter().sum()
+    // state, field 3: the parent is field 4, utime, stime, cutime and
+    // cstime fields 14 to 17.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let number = |i: usize| fields.get(i)?.parse::<u64>().ok();
+    Some(ProcTicks {
+        own: number(11)? + number(12)?,
+        exited_children: number(13)? + number(14)?,
+        parent: u32::try_from(number(1)?).ok()?,
+    })
+}
+
+/// Clock ticks as time.
+pub(crate) fn ticks(n: u64) -> Duration {
+    Duration::from_secs_f64(n as f64 / TICKS)
 }
 
 /// CPU per message of a consumer benchmark's phase, summed over its

@@ -132,6 +132,31 @@ impl PgServer {
         format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
     }
 
+    /// The CPU time the server has used so far: the postmaster's and its
+    /// processes' (backends, writers), those that exited included. Zero
+    /// where `/proc` is not there.
+    pub fn cpu(&self) -> Duration {
+        let Some(postmaster) = std::fs::read_to_string(self.dir.join("postmaster.pid"))
+            .ok()
+            .and_then(|pid| pid.lines().next().map(str::to_owned))
+        else {
+            return Duration::ZERO;
+        };
+        let Some(main) = crate::bench::proc_ticks(&postmaster) else {
+            return Duration::ZERO;
+        };
+        let parent: u32 = postmaster.parse().unwrap_or(0);
+        let children: u64 = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| crate::bench::proc_ticks(entry.file_name().to_str()?))
+            .filter(|t| t.parent == parent)
+            .map(|t| t.own)
+            .sum();
+        crate::bench::ticks(main.own + main.exited_children + children)
+    }
+
     /// Creates a database with a unique name starting with `prefix` and
     /// returns its name.
     pub fn create_database(&self, prefix: &str) -> Result<String, ServerError> {

@@ -3,7 +3,6 @@
 //! worker kill in [`scenario`](crate::scenario)) runs against it.
 
 use std::future::Future;
-use std::time::Duration;
 
 use idem::GetRecord;
 
@@ -98,13 +97,6 @@ pub trait ChaosBroker: BrokerUnderTest + Clone + Send + Sync + 'static {
     /// Whether a restart keeps what the broker stored; the run restarts
     /// only brokers that do (moto keeps everything in memory).
     const RESTARTS: bool = true;
-
-    /// The least time between two workers told to leave; zero, the
-    /// default, for brokers that take leaves in any rhythm. (Tansu, the
-    /// Kafka-protocol broker of the tests, stops assigning a group's
-    /// partitions for good when members leave cleanly in quick
-    /// succession, with any client.)
-    const LEAVE_GAP: Duration = Duration::ZERO;
 
     /// The loopback port of the store when it lives on the broker's own
     /// server (SQS with DynamoDB, both on moto); `None`, the default, for

@@ -402,13 +402,32 @@ mod tests {
         }
     }
 
-    fn gated() -> (Arc<Echo>, Arc<Notify>) {
+    /// A group with one slot, held by a lone call (0) until the gate is
+    /// opened, so that later calls queue.
+    async fn held() -> (
+        Arc<Echo>,
+        Arc<Notify>,
+        Arc<GroupCommit<Arc<Echo>>>,
+        tokio::task::JoinHandle<Option<u32>>,
+    ) {
         let gate = Arc::new(Notify::new());
         let echo = Arc::new(Echo {
             gate: Some(Arc::clone(&gate)),
             ..Echo::default()
         });
-        (echo, gate)
+        let limits = Limits {
+            senders: 1,
+            ..Limits::default()
+        };
+        let group = GroupCommit::new(Arc::clone(&echo), limits);
+        let first = tokio::spawn({
+            let group = Arc::clone(&group);
+            async move { group.call(0).await }
+        });
+        while echo.singles.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        (echo, gate, group, first)
     }
 
     #[tokio::test]
@@ -426,19 +445,7 @@ mod tests {
     /// and go as one batch, each answered with its own reply.
     #[tokio::test]
     async fn calls_made_while_the_slots_are_busy_go_together() {
-        let (echo, gate) = gated();
-        let limits = Limits {
-            senders: 1,
-            ..Limits::default()
-        };
-        let group = GroupCommit::new(Arc::clone(&echo), limits);
-        let first = tokio::spawn({
-            let group = Arc::clone(&group);
-            async move { group.call(0).await }
-        });
-        while echo.singles.load(Ordering::SeqCst) == 0 {
-            tokio::task::yield_now().await;
-        }
+        let (echo, gate, group, first) = held().await;
         let queued: Vec<_> = (1..=5)
             .map(|n| {
                 let group = Arc::clone(&group);
@@ -503,19 +510,7 @@ mod tests {
     /// runs and the others get theirs.
     #[tokio::test]
     async fn a_caller_that_gives_up_leaves_the_batch_to_the_others() {
-        let (echo, gate) = gated();
-        let limits = Limits {
-            senders: 1,
-            ..Limits::default()
-        };
-        let group = GroupCommit::new(Arc::clone(&echo), limits);
-        let first = tokio::spawn({
-            let group = Arc::clone(&group);
-            async move { group.call(0).await }
-        });
-        while echo.singles.load(Ordering::SeqCst) == 0 {
-            tokio::task::yield_now().await;
-        }
+        let (echo, gate, group, first) = held().await;
         let quitter = {
             let group = Arc::clone(&group);
             tokio::spawn(async move { group.call(1).await })

@@ -207,12 +207,6 @@ impl ChaosBroker for Setup {
     /// Tansu is tested with in-memory storage, which a restart empties.
     const RESTARTS: bool = false;
 
-    /// Tansu stops assigning a group's partitions for good when members
-    /// leave cleanly in quick succession (0.3 s apart with librdkafka's
-    /// and kafka-python's own consumers alike; members that vanish
-    /// without leaving are fine), so leaves come 10 s apart at the least.
-    const LEAVE_GAP: Duration = Duration::from_secs(10);
-
     fn start_server() -> Result<ChaosServer, ServerError> {
         let advertised = idem_testkit::free_port()?;
         Ok(ChaosServer {

@@ -339,7 +339,6 @@ pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
     let mut faults = Faults::new(&plan);
     let ledger = direct.ledger();
     let end = Instant::now() + plan.duration;
-    let mut last_leave: Option<Instant> = None;
     while Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(50)).await;
         workers.replace_exited();
@@ -368,12 +367,8 @@ pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
                 }
             }
             Fault::Leave => {
-                if last_leave.is_some_and(|at| at.elapsed() < B::LEAVE_GAP) {
-                    continue;
-                }
                 let slot = workers.slot_of(ledger.latest_starter(), &mut faults.schedule.rng);
                 workers.leave(slot);
-                last_leave = Some(Instant::now());
             }
             Fault::BrokerRestart => {
                 restarting.store(true, Ordering::SeqCst);
@@ -559,13 +554,17 @@ impl Workers {
     }
 
     /// Closes the stdin of the worker in `slot`, so that it stops cleanly
-    /// (see [`worker_main`](crate::scenario::worker_main)), and starts a
-    /// new one there.
+    /// (see [`worker_main`](crate::scenario::worker_main)); a new one
+    /// takes its place once it has gone, as in a rolling restart. (Tansu,
+    /// the Kafka-protocol broker of the tests, stops assigning a group's
+    /// partitions for good when a member leaves cleanly while another
+    /// joins.)
+    /// The last worker running is never told to leave.
     fn leave(&mut self, slot: usize) {
-        let Some(worker) = self.running.get_mut(slot) else {
+        if slot >= self.running.len() || self.running.len() < 2 {
             return;
-        };
-        let mut old = std::mem::replace(worker, spawn_worker(self.env.clone(), &Work::Fenced));
+        }
+        let mut old = self.running.remove(slot);
         drop(old.stdin.take());
         self.leaving.push(old);
     }
@@ -591,11 +590,15 @@ impl Workers {
         }
     }
 
-    /// Replaces workers that exited by themselves, and forgets those
-    /// that left.
+    /// Replaces workers that exited by themselves, and those that left
+    /// once they have gone.
     fn replace_exited(&mut self) {
+        let before = self.leaving.len();
         self.leaving
             .retain_mut(|w| !matches!(w.try_wait(), Ok(Some(_))));
+        for _ in self.leaving.len()..before {
+            self.spawn();
+        }
         for slot in 0..self.running.len() {
             if matches!(self.running[slot].try_wait(), Ok(Some(_))) {
                 self.exits += 1;
