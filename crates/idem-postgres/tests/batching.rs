@@ -43,8 +43,8 @@ fn params() -> ClaimParams {
     ClaimParams::new(Duration::from_secs(30), Duration::from_secs(3600))
 }
 
-/// 200 claims made at once (on one thread, so all but the first, which
-/// runs on its own, are queued before any is sent) take a handful of write
+/// 200 claims made at once (on one thread, so all but the first two,
+/// which run on their own, are queued before any is sent) take a handful of write
 /// transactions with batching and 200 without; the completes that follow
 /// do the same, and every record then replays its own response.
 #[tokio::test(flavor = "current_thread")]

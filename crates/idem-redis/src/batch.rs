@@ -147,6 +147,9 @@ impl Batch for Scripted {
             .filter(|(_, refused)| refused.is_none())
             .map(|(call, _)| call)
             .collect();
+        if sent.is_empty() {
+            return out.into_iter().flatten().collect();
+        }
         let keys: Vec<&str> = sent.iter().map(|c| c.key.as_str()).collect();
         let mut args: Vec<&[u8]> = Vec::with_capacity(sent.len() * 8);
         for call in &sent {

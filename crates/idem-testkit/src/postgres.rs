@@ -142,19 +142,27 @@ impl PgServer {
         else {
             return Duration::ZERO;
         };
-        let Some(main) = crate::bench::proc_ticks(&postmaster) else {
-            return Duration::ZERO;
-        };
         let parent: u32 = postmaster.parse().unwrap_or(0);
-        let children: u64 = std::fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|entry| crate::bench::proc_ticks(entry.file_name().to_str()?))
-            .filter(|t| t.parent == parent)
-            .map(|t| t.own)
-            .sum();
-        crate::bench::ticks(main.own + main.exited_children + children)
+        // A process that exits and is reaped between the two reads of the
+        // postmaster would count in neither: read again until none did.
+        for _ in 0..10 {
+            let Some(before) = crate::bench::proc_ticks(&postmaster) else {
+                return Duration::ZERO;
+            };
+            let children: u64 = std::fs::read_dir("/proc")
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|entry| crate::bench::proc_ticks(entry.file_name().to_str()?))
+                .filter(|t| t.parent == parent)
+                .map(|t| t.own)
+                .sum();
+            let after = crate::bench::proc_ticks(&postmaster).map(|t| t.exited_children);
+            if after == Some(before.exited_children) {
+                return crate::bench::ticks(before.own + before.exited_children + children);
+            }
+        }
+        Duration::ZERO
     }
 
     /// Creates a database with a unique name starting with `prefix` and

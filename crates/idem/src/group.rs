@@ -20,7 +20,11 @@
 //! gives up (its future dropped) takes nothing with it but its own answer;
 //! a sending task that never runs (its runtime shut down) answers the
 //! calls queued for it with [`Batch::lost`] instead of leaving them
-//! waiting for good.
+//! waiting for good. A sending task runs on the runtime of the caller
+//! that started it: a group shared between runtimes must not be called
+//! from one that stops being driven while it is still alive (a
+//! current-thread runtime between two `block_on`s), or the calls queued
+//! behind its task wait until it is driven again.
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -250,14 +254,19 @@ impl<B: Batch> GroupCommit<B> {
         }
     }
 
-    /// Gives back a sending slot that will send nothing more; the calls
-    /// queued for it are dropped (outside the lock), so their callers get
+    /// Gives back a sending slot that will send nothing more. When no
+    /// other slot is taken (whose holder would send them), the calls
+    /// queued are dropped (outside the lock), so their callers get
     /// [`Batch::lost`].
     fn give_up_sending(&self) {
         let stranded = {
             let mut queue = self.queue.lock();
             queue.sending -= 1;
-            std::mem::take(&mut queue.calls)
+            if queue.sending == 0 {
+                std::mem::take(&mut queue.calls)
+            } else {
+                Vec::new()
+            }
         };
         drop(stranded);
     }
@@ -527,6 +536,42 @@ mod tests {
         assert_eq!(first.await.expect("first"), Some(0));
         assert_eq!(stayer.await.expect("stayer"), Some(2));
         assert_eq!(*echo.batches.lock(), [vec![1, 2]]);
+    }
+
+    /// A sending task that never runs (spawned on a runtime that shut
+    /// down) while another slot is held leaves the queue to that slot's
+    /// holder, which sends it: the call is answered, not lost.
+    #[test]
+    fn a_sender_that_never_runs_leaves_the_queue_to_a_live_slot() {
+        let live = tokio::runtime::Runtime::new().expect("runtime");
+        let dead = tokio::runtime::Runtime::new().expect("runtime");
+        let dead_handle = dead.handle().clone();
+        drop(dead);
+        let gate = Arc::new(Notify::new());
+        let echo = Arc::new(Echo {
+            gate: Some(Arc::clone(&gate)),
+            ..Echo::default()
+        });
+        let group = GroupCommit::new(Arc::clone(&echo), Limits::default());
+        let first = live.spawn({
+            let group = Arc::clone(&group);
+            async move { group.call(0).await }
+        });
+        while echo.singles.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        let mut replies = {
+            let _entered = dead_handle.enter();
+            group.submit(vec![1])
+        };
+        let reply = replies.pop().expect("one reply");
+        gate.notify_one();
+        let answered = live.block_on(async {
+            tokio::time::timeout(Duration::from_secs(5), group.answer(reply)).await
+        });
+        assert_eq!(answered, Ok(Some(1)));
+        assert_eq!(live.block_on(first).expect("first"), Some(0));
+        assert_eq!(group.queue.lock().sending, 0, "every slot is given back");
     }
 
     /// A call queued from a runtime that has shut down (a caller dropped

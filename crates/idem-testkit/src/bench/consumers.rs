@@ -249,6 +249,14 @@ fn consumer<S: ClaimMany>(store: S, ahead: bool) -> Consumer<S> {
     }
 }
 
+/// What [`drained`] saw of a run: when the first executed message was
+/// seen and how many were done by then, and when the last one was.
+#[derive(Debug, Default, Clone, Copy)]
+struct Span {
+    first: Option<(Instant, u64)>,
+    last: Option<Instant>,
+}
+
 /// Runs `consumer` until it executed `messages`; messages per second,
 /// timed from the first message executed to the last, so that joining a
 /// group or subscribing is not counted.
@@ -261,7 +269,7 @@ async fn drained<B: BenchBroker, S: Store>(
     messages: usize,
 ) -> f64 {
     let stats = consumer.clone();
-    let span: Arc<Mutex<(Option<Instant>, Option<Instant>)>> = Arc::default();
+    let span: Arc<Mutex<Span>> = Arc::default();
     let done = {
         let span = Arc::clone(&span);
         async move {
@@ -271,11 +279,11 @@ async fn drained<B: BenchBroker, S: Store>(
                     let now = Instant::now();
                     let mut span = span.lock().expect("span");
                     if executed > 0 {
-                        span.0.get_or_insert(now);
+                        span.first.get_or_insert((now, executed));
                     }
                     let ended = executed >= messages as u64;
                     if ended {
-                        span.1 = Some(now);
+                        span.last = Some(now);
                     }
                     ended
                 };
@@ -289,10 +297,17 @@ async fn drained<B: BenchBroker, S: Store>(
     broker
         .run(dest, lane, consumer.clone(), concurrency, done)
         .await;
-    let (Some(first), Some(last)) = *span.lock().expect("span") else {
+    let Span {
+        first: Some((first, done_then)),
+        last: Some(last),
+    } = *span.lock().expect("span")
+    else {
         panic!("the run ended before every message was executed");
     };
-    let rate = messages as f64 / last.duration_since(first).as_secs_f64();
+    // Timed from the first message seen executed; those done by then are
+    // not counted (all of them, if the run took less than a poll).
+    let timed = last.duration_since(first).as_secs_f64().max(1e-3);
+    let rate = (messages as u64 - done_then.min(messages as u64)).max(1) as f64 / timed;
     let stats = consumer.stats();
     assert_eq!(
         (stats.executed, stats.dead_letters),

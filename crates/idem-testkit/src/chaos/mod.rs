@@ -368,7 +368,9 @@ pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
             }
             Fault::Leave => {
                 let slot = workers.slot_of(ledger.latest_starter(), &mut faults.schedule.rng);
-                workers.leave(slot);
+                if !workers.leave(slot) {
+                    continue;
+                }
             }
             Fault::BrokerRestart => {
                 restarting.store(true, Ordering::SeqCst);
@@ -559,14 +561,15 @@ impl Workers {
     /// the Kafka-protocol broker of the tests, stops assigning a group's
     /// partitions for good when a member leaves cleanly while another
     /// joins.)
-    /// The last worker running is never told to leave.
-    fn leave(&mut self, slot: usize) {
+    /// Whether it was told: the last worker running never is.
+    fn leave(&mut self, slot: usize) -> bool {
         if slot >= self.running.len() || self.running.len() < 2 {
-            return;
+            return false;
         }
         let mut old = self.running.remove(slot);
         drop(old.stdin.take());
         self.leaving.push(old);
+        true
     }
 
     /// Stops (SIGSTOP) the worker in `slot`; its process id if it was
