@@ -14,16 +14,16 @@
 //! each, and 64 claimed ahead, against the plain loop, at 4 and 16
 //! partitions; with a second plain loop whose local queue is kept small,
 //! which reads at the rate the broker serves fetches (the first reads
-//! what librdkafka fetched ahead into memory). Each drain is a group of its own; time runs from the first
-//! record handled to the last, so joining the group is not counted.
+//! what librdkafka fetched ahead into memory). Each drain is a group of
+//! its own; time runs from the first record handled to the last, so
+//! joining the group is not counted.
 
 #![allow(clippy::print_stdout)] // a benchmark reports on stdout
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-
-use std::future::Future;
 
 use futures_util::StreamExt;
 use idem::{Idempotency, Scope, Store};

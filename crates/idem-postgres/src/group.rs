@@ -73,7 +73,7 @@ impl Batch for Claims {
     }
 
     fn lost(&self) -> Self::Reply {
-        Err(lost())
+        Err(idem::group::lost())
     }
 }
 
@@ -98,14 +98,10 @@ impl Batch for Completions {
     }
 
     fn lost(&self) -> Self::Reply {
-        Err(lost())
+        Err(idem::group::lost())
     }
 
     fn bytes(&self, c: &Completion) -> usize {
         c.response.len()
     }
-}
-
-fn lost() -> StoreError {
-    StoreError::Unavailable("the task sending this call's batch ended before an answer".into())
 }

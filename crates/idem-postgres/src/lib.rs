@@ -11,9 +11,10 @@
 //!   transaction is held open while a handler runs. Claims made at the
 //!   same time share one `claim_many` statement, and completions one
 //!   `complete_many` statement (group commit,
-//!   [`PgStoreBuilder::batching`]), each still answered on its own. Leases are fenced by
-//!   tokens no other claim ever gets, and fencing numbers come from a
-//!   sequence, so they rise per key across expiry, delete and purge.
+//!   [`PgStoreBuilder::batching`]), each still answered on its own.
+//!   Leases are fenced by tokens no other claim ever gets, and fencing
+//!   numbers come from a sequence, so they rise per key across expiry,
+//!   delete and purge.
 //! - **[`inbox`]**, for effects that live in the same database: the dedup
 //!   row is written inside *your* transaction and commits or rolls back
 //!   with your business writes. It is the strongest mode; reach for it (or

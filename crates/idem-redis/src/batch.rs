@@ -12,67 +12,13 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use idem::group::{Batch, GroupCommit, Limits};
 use idem::StoreError;
 use redis::Value;
 
+use crate::call::Call;
 use crate::conn::{store_error, Server};
 use crate::scripts::{Script, Scripts};
-
-/// A primitive the batch script runs: its code there and how many
-/// arguments follow the code (see `lua/batch.lua`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Op {
-    Claim,
-    Complete,
-    Fail,
-    Extend,
-    Release,
-}
-
-impl Op {
-    /// Every primitive, in the order the batch script defines them.
-    pub(crate) const ALL: [Op; 5] = [Op::Claim, Op::Complete, Op::Fail, Op::Extend, Op::Release];
-
-    fn code(self) -> &'static [u8] {
-        match self {
-            Op::Claim => b"c",
-            Op::Complete => b"d",
-            Op::Fail => b"f",
-            Op::Extend => b"x",
-            Op::Release => b"r",
-        }
-    }
-
-    fn arity(self) -> usize {
-        match self {
-            Op::Claim => 7,
-            Op::Complete => 4,
-            Op::Fail => 5,
-            Op::Extend => 3,
-            Op::Release => 1,
-        }
-    }
-}
-
-/// One call of a primitive on one record.
-pub(crate) struct Call {
-    pub(crate) op: Op,
-    pub(crate) key: String,
-    pub(crate) args: Vec<Bytes>,
-}
-
-impl Call {
-    fn bytes(&self) -> usize {
-        self.key.len() + self.args.iter().map(Bytes::len).sum::<usize>()
-    }
-
-    /// The arguments as a script call takes them.
-    pub(crate) fn arg_slices(&self) -> Vec<&[u8]> {
-        self.args.iter().map(Bytes::as_ref).collect()
-    }
-}
 
 /// The batch form of the primitives on one server: one call of the batch
 /// script for many calls, each call's own script for a lone call.
@@ -189,9 +135,7 @@ impl Batch for Scripted {
     }
 
     fn lost(&self) -> Result<Value, StoreError> {
-        Err(StoreError::Unavailable(
-            "the task sending this call's batch ended before an answer".into(),
-        ))
+        Err(idem::group::lost())
     }
 
     fn bytes(&self, call: &Call) -> usize {

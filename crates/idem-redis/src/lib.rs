@@ -95,6 +95,7 @@ use sha2::{Digest, Sha256};
 
 mod batch;
 mod cache;
+mod call;
 mod conn;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
@@ -107,7 +108,8 @@ mod scripts;
 mod slots;
 mod url;
 
-use batch::{Batcher, Call, Op, Scripted};
+use batch::{Batcher, Scripted};
+use call::{Call, Op};
 use conn::{store_error, Conn, Options};
 use notify::Notifier;
 use replicas::ReplicaAcks;

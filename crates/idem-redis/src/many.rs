@@ -4,7 +4,7 @@
 use idem::{ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, Completion, RecordId, StoreError};
 use redis::Value;
 
-use crate::batch::{Call, Op};
+use crate::call::{Call, Op};
 use crate::{damaged, record, written, LeaseToken, RedisStore};
 
 impl RedisStore {

@@ -12,7 +12,7 @@
 
 use redis::{Cmd, RedisResult, ServerErrorKind, Value};
 
-use crate::batch::Op;
+use crate::call::Op;
 use crate::conn::{Conn, Server};
 
 /// One script: its full text and SHA-1.

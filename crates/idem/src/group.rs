@@ -84,6 +84,15 @@ pub trait Batch: Send + Sync + 'static {
     }
 }
 
+/// The answer of a store call whose batch will never be sent or answered
+/// (see [`Batch::lost`]): whether it ran is unknown, as when a store does
+/// not answer.
+pub fn lost() -> crate::StoreError {
+    crate::StoreError::Unavailable(
+        "the task sending this call's batch ended before an answer".into(),
+    )
+}
+
 /// How big batches get and how many go at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {

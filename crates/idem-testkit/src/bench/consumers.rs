@@ -5,7 +5,7 @@
 //!
 //! Each round fills a fresh destination with `messages` small JSON
 //! messages per phase, each with its own `Idempotency-Key`, and drains them
-//! four ways at the same concurrency: the plain loop that only acks, then
+//! five ways at the same concurrency: the plain loop that only acks, then
 //! through the adapter with the in-memory store (the consumer layer's own
 //! cost), with a Redis store (one claim and one complete per message,
 //! those made together in one script call), with a Redis store claiming
@@ -62,7 +62,7 @@ pub trait BenchBroker {
 /// A store server the benchmark runs the adapter over: how to connect a
 /// store in a namespace of its own, and the server's CPU so far. Made
 /// with [`Served`].
-pub trait BenchStore {
+trait BenchStore {
     /// The store.
     type Store: ClaimMany;
 
@@ -75,14 +75,14 @@ pub trait BenchStore {
 
 /// A [`BenchStore`] from a connect function (a line in each broker's
 /// bench, which knows the store crates) and the server it connects to.
-pub struct Served<'a, F> {
+struct Served<'a, F> {
     connect: F,
     cpu: Box<dyn Fn() -> Duration + 'a>,
 }
 
 impl<'a, F> Served<'a, F> {
     /// Stores on `server`, connected by `connect(namespace)`.
-    pub fn redis(server: &'a RedisServer, connect: F) -> Self {
+    fn redis(server: &'a RedisServer, connect: F) -> Self {
         Self {
             connect,
             cpu: Box::new(|| server.cpu().expect("INFO cpu")),
@@ -90,7 +90,7 @@ impl<'a, F> Served<'a, F> {
     }
 
     /// Stores on `server`, connected by `connect(schema)`.
-    pub fn postgres(server: &'a PgServer, connect: F) -> Self {
+    fn postgres(server: &'a PgServer, connect: F) -> Self {
         Self {
             connect,
             cpu: Box::new(|| server.cpu()),
@@ -175,7 +175,7 @@ where
 /// Prints the table (one row per concurrency, medians of `rounds`) for
 /// `broker`, with stores from `redis` and `postgres`.
 #[allow(clippy::print_stdout)] // the benchmark's report
-pub async fn consumer_table<B: BenchBroker>(
+async fn consumer_table<B: BenchBroker>(
     broker: &B,
     redis: &impl BenchStore,
     postgres: &impl BenchStore,
