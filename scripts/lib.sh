@@ -27,6 +27,26 @@ ensure_command() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$2"
 }
 
+# ensure_nginx: nginx as a program only (the gateway bench starts its own,
+# as a child on a loopback port). Debian's package would start a system
+# nginx on port 80 when installed: a policy-rc.d refuses that start.
+ensure_nginx() {
+    if command -v nginx >/dev/null 2>&1; then
+        return
+    fi
+    step "installing nginx-light (not started as a service)"
+    local sudo="" policy=/usr/sbin/policy-rc.d placed=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+        $sudo chmod +x "$policy"
+        placed=1
+    fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nginx-light
+    if [ -n "$placed" ]; then $sudo rm -f "$policy"; fi
+}
+
 # ensure_postgres_programs: the PostgreSQL server programs (initdb,
 # postgres, pg_isready, psql, pgbench) under /usr/lib/postgresql/*/bin.
 # The tests start their own server with them; nothing needs to be running.

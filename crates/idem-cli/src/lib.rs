@@ -219,6 +219,15 @@ pub struct ProxyArgs {
     /// when it does not ask [default: 0, answer 409 at once].
     #[arg(long, env = "IDEM_DEFAULT_WAIT")]
     pub default_wait: Option<String>,
+    /// Memory for replaying responses this gateway stored without asking
+    /// the store, bytes; 0 turns it off [default: 67108864].
+    #[arg(long, env = "IDEM_REPLAY_CACHE_BYTES")]
+    pub replay_cache_bytes: Option<usize>,
+    /// The longest a response is replayed from memory (never past the
+    /// retention): a record deleted by `idem release` elsewhere may be
+    /// replayed here this long; 0 turns it off [default: 60s].
+    #[arg(long, env = "IDEM_REPLAY_CACHE_TTL")]
+    pub replay_cache_ttl: Option<String>,
 }
 
 macro_rules! fill {
@@ -239,7 +248,8 @@ impl ProxyArgs {
             .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
         fill!(self, file; listen, upstream, admin_listen, store, methods, header, require_key,
               tenant_header, retention, lease, max_request_bytes, max_response_bytes, fail_open,
-              upstream_timeout, forward_takeovers, reject_old_uuid_v7, max_wait, default_wait);
+              upstream_timeout, forward_takeovers, reject_old_uuid_v7, max_wait, default_wait,
+              replay_cache_bytes, replay_cache_ttl);
         Ok(self)
     }
 
@@ -297,6 +307,13 @@ impl ProxyArgs {
             default_wait: wait(
                 "--default-wait",
                 self.default_wait.as_deref().unwrap_or("0"),
+            )?,
+            replay_cache_bytes: self
+                .replay_cache_bytes
+                .unwrap_or(idem::DEFAULT_REPLAY_CACHE_BYTES),
+            replay_cache_ttl: wait(
+                "--replay-cache-ttl",
+                self.replay_cache_ttl.as_deref().unwrap_or("60s"),
             )?,
         })
     }

@@ -62,6 +62,10 @@ pub struct ProxyConfig {
     /// How long a duplicate without `Prefer: wait` is held (zero: 409 at
     /// once).
     pub default_wait: Duration,
+    /// Memory for replays of responses stored here (zero: none).
+    pub replay_cache_bytes: usize,
+    /// The longest a response is replayed from memory (zero: never).
+    pub replay_cache_ttl: Duration,
 }
 
 #[derive(Clone)]
@@ -170,7 +174,9 @@ pub fn layer(store: AnyStore, config: &ProxyConfig) -> anyhow::Result<Idempotenc
         .forward_takeovers(config.forward_takeovers)
         .reject_old_uuid_v7(config.reject_old_uuid_v7)
         .max_wait(config.max_wait)
-        .default_wait(config.default_wait);
+        .default_wait(config.default_wait)
+        .replay_cache_bytes(config.replay_cache_bytes)
+        .replay_cache_ttl(config.replay_cache_ttl);
     if let Some(tenant) = &config.tenant_header {
         layer = layer.tenant_header(tenant.clone());
     }

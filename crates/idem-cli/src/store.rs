@@ -165,6 +165,10 @@ impl Store for AnyStore {
         each!(self, s => s.step_journal())
     }
 
+    fn local_now(&self) -> Option<idem::Timestamp> {
+        each!(self, s => s.local_now())
+    }
+
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
         each!(self, s => s.claim(id, params).await)
     }

@@ -37,6 +37,8 @@ pub struct IdempotencyLayerBuilder<S> {
     reject_old_uuid_v7: bool,
     max_wait: Duration,
     default_wait: Duration,
+    replay_cache_bytes: usize,
+    replay_cache_ttl: Duration,
 }
 
 impl<S: Store> IdempotencyLayerBuilder<S> {
@@ -225,6 +227,24 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
         self
     }
 
+    /// Memory for replays of responses this layer stored (default 64 MiB;
+    /// `0` turns it off): a retry of such a request is answered from
+    /// memory, without a round trip to the store. See
+    /// [`idem::IdempotencyBuilder::replay_cache_bytes`].
+    pub fn replay_cache_bytes(mut self, bytes: usize) -> Self {
+        self.replay_cache_bytes = bytes;
+        self
+    }
+
+    /// The longest a stored response is replayed from memory (default
+    /// 60 s, never past the retention): also how long a record deleted
+    /// outside this process may still be replayed here. See
+    /// [`idem::IdempotencyBuilder::replay_cache_ttl`].
+    pub fn replay_cache_ttl(mut self, ttl: Duration) -> Self {
+        self.replay_cache_ttl = ttl;
+        self
+    }
+
     /// Checks the configuration and builds the layer.
     pub fn build(self) -> Result<IdempotencyLayer<S>, ConfigError> {
         // Room for the head around the largest body.
@@ -237,6 +257,8 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
             // The client decides whether to retry a 5xx, however often.
             .max_attempts(NonZeroU32::MAX)
             .max_response_bytes(max_stored_bytes)
+            .replay_cache_bytes(self.replay_cache_bytes)
+            .replay_cache_ttl(self.replay_cache_ttl)
             .classify(|error| {
                 error
                     .downcast_ref::<Unstored>()
@@ -324,7 +346,8 @@ impl<S: Store> IdempotencyLayer<S> {
     /// covered, `Idempotency-Key` optional, fingerprint of method, path,
     /// query and body, 2xx and most 4xx stored, 1 MiB request and response
     /// limits, 24 h retention, 30 s leases, fail-closed, takeovers answered
-    /// as outcome unknown.
+    /// as outcome unknown, retries of responses stored here replayed from
+    /// memory for up to 60 s.
     pub fn builder(store: S) -> IdempotencyLayerBuilder<S> {
         IdempotencyLayerBuilder {
             store,
@@ -345,6 +368,8 @@ impl<S: Store> IdempotencyLayer<S> {
             reject_old_uuid_v7: false,
             max_wait: Duration::from_secs(10),
             default_wait: Duration::ZERO,
+            replay_cache_bytes: idem::DEFAULT_REPLAY_CACHE_BYTES,
+            replay_cache_ttl: idem::DEFAULT_REPLAY_CACHE_TTL,
         }
     }
 }

@@ -393,6 +393,10 @@ impl<C: Clock> Store for SqliteStore<C> {
         Some(journal_of(self.clone()))
     }
 
+    fn local_now(&self) -> Option<Timestamp> {
+        Some(self.inner.clock.now())
+    }
+
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
         // A claim that will only report what is there (an outcome, a live
         // lease, a mismatch) is answered from a read snapshot: correct as of

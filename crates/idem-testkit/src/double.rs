@@ -177,6 +177,10 @@ impl<S: Store, H: Hooks<S>> Store for Double<S, H> {
     fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
         self.hooks.step_journal(&self.inner)
     }
+
+    fn local_now(&self) -> Option<idem::Timestamp> {
+        self.inner.local_now()
+    }
 }
 
 impl<S: ClaimMany + CompleteMany, H: ManyHooks<S>> ClaimMany for Double<S, H> {

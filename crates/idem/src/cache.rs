@@ -21,6 +21,11 @@
 //! - **A broken cache is a slow cache.** Cache errors are logged and
 //!   counted; the claim then goes to the system of record.
 //!
+//! The executor keeps replays of the runs it completed itself in memory by
+//! default ([`IdempotencyBuilder::replay_cache_bytes`](crate::IdempotencyBuilder::replay_cache_bytes));
+//! [`Cached`] adds replays of records completed elsewhere, for stores that
+//! can say how long a record has left.
+//!
 //! A record deleted by an admin through the [`Cached`] store leaves the
 //! cache at once. A delete made elsewhere (another process with its own
 //! in-process cache, or straight on the system of record) is seen once the
@@ -383,6 +388,10 @@ impl<S: RecordTtl, R: ReplayCache> Store for Cached<S, R> {
     /// store's journal.
     fn step_journal(&self) -> Option<std::sync::Arc<dyn crate::store::DynStepJournal>> {
         self.store.step_journal()
+    }
+
+    fn local_now(&self) -> Option<Timestamp> {
+        self.store.local_now()
     }
 }
 

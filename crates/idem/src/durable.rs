@@ -170,8 +170,10 @@ where
             {
                 Ok(Claimed::Held { lease, sent }) => {
                     self.journal_input(&lease, bytes).await?;
-                    idem.execute(&lease, sent, |ctx| (inner.handler)(input, ctx))
-                        .await
+                    idem.execute(&lease, sent, params.fingerprint, |ctx| {
+                        (inner.handler)(input, ctx)
+                    })
+                    .await
                 }
                 Ok(Claimed::Unguarded) => {
                     idem.unguarded(&id, |ctx| (inner.handler)(input, ctx)).await
@@ -256,7 +258,9 @@ where
         let result = idem
             .instrumented(
                 &id,
-                idem.execute(&lease, sent, |ctx| (inner.handler)(input, ctx)),
+                idem.execute(&lease, sent, params.fingerprint, |ctx| {
+                    (inner.handler)(input, ctx)
+                }),
             )
             .await;
         match result {

@@ -93,7 +93,8 @@ pub use clock::{held, Clock, ManualClock, SystemClock, Timestamp, LONGEST_HELD};
 pub use codec::{Codec, Json};
 pub use executor::{
     default_classifier, Backoff, ClaimedAhead, Classifier, ConfigError, Context, Heartbeats,
-    Idempotency, IdempotencyBuilder, Outcome, RunError, Terminal, STORE_RETRY_AFTER,
+    Idempotency, IdempotencyBuilder, Outcome, RunError, Terminal, DEFAULT_REPLAY_CACHE_BYTES,
+    DEFAULT_REPLAY_CACHE_TTL, STORE_RETRY_AFTER,
 };
 pub use fingerprint::{canonical_json, Fingerprint, FingerprintError};
 pub use key::{Key, KeyError, KeyRules, RecordId, Scope, DEFAULT_MAX_KEY_LEN, MAX_SCOPE_LEN};

@@ -380,6 +380,10 @@ impl<C: Clock> Store for MemoryStore<C> {
         Some(journal_of(self.clone()))
     }
 
+    fn local_now(&self) -> Option<Timestamp> {
+        Some(self.inner.clock.now())
+    }
+
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
         // Every call finishes without waiting, so a loop of them would never
         // give its worker thread back to the runtime: each call is a yield

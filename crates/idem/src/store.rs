@@ -155,6 +155,15 @@ pub trait Store: Send + Sync + 'static {
     fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
         None
     }
+
+    /// The store's own clock, for stores that decide time on a local
+    /// [`Clock`](crate::Clock) rather than on a server's: the executor's
+    /// replay cache ends an entry when this clock passes the record's
+    /// expiry, so moving it (a manual clock in tests) ends both alike. The
+    /// default, `None`, is a networked store deciding on its server's clock.
+    fn local_now(&self) -> Option<Timestamp> {
+        None
+    }
 }
 
 /// A [`Store::wait_for_change`] for stores that cannot notify: calls
@@ -500,6 +509,9 @@ impl<S: Store> Store for Arc<S> {
     }
     fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
         (**self).step_journal()
+    }
+    fn local_now(&self) -> Option<Timestamp> {
+        (**self).local_now()
     }
 }
 

@@ -601,10 +601,13 @@ fn metrics_count_claims_replays_and_mismatches() {
         counter(idem::metrics::CLAIMS, Some(("outcome", "acquired"))),
         1
     );
+    // The two replays are answered from the executor's memory: no claim
+    // reaches the store for them.
     assert_eq!(
         counter(idem::metrics::CLAIMS, Some(("outcome", "completed"))),
-        2
+        0
     );
+    assert_eq!(counter(idem::cache::CACHE_HITS, None), 2);
     assert_eq!(counter(idem::metrics::REPLAYS, None), 2);
     assert_eq!(counter(idem::metrics::MISMATCHES, None), 1);
     assert_eq!(

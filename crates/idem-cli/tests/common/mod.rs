@@ -149,6 +149,8 @@ pub fn config(upstream: SocketAddr) -> ProxyConfig {
         reject_old_uuid_v7: false,
         max_wait: Duration::from_secs(10),
         default_wait: Duration::ZERO,
+        replay_cache_bytes: idem::DEFAULT_REPLAY_CACHE_BYTES,
+        replay_cache_ttl: idem::DEFAULT_REPLAY_CACHE_TTL,
     }
 }
 

@@ -3,6 +3,7 @@
 use std::error::Error as StdError;
 use std::future::Future;
 
+use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::time::Instant;
@@ -50,29 +51,55 @@ impl<S: ClaimMany, C: Codec> Idempotency<S, C> {
             .into_iter()
             .map(|(id, fingerprint)| (id, self.claim_params(fingerprint)))
             .collect();
+        // Duplicates of runs completed here are answered from memory; the
+        // rest are claimed in one round trip.
+        let remembered: Vec<Option<Bytes>> = claims
+            .iter()
+            .map(|(id, params)| self.remembered(id, params))
+            .collect();
+        let asked: Vec<(RecordId, ClaimParams)> = claims
+            .iter()
+            .zip(&remembered)
+            .filter(|(_, hit)| hit.is_none())
+            .map(|(claim, _)| claim.clone())
+            .collect();
         let sent = Instant::now();
-        let mut answers = match m::timed(m::OP_CLAIM, self.store.claim_many(&claims)).await {
-            Ok(answers) if answers.len() == claims.len() => answers,
-            Ok(answers) => {
-                let error = StoreError::Backend(
-                    format!(
-                        "claim_many answered {} claims of {}",
-                        answers.len(),
-                        claims.len()
-                    )
-                    .into(),
-                );
-                claims.iter().map(|_| Err(error.copy())).collect()
+        let mut answers = if asked.is_empty() {
+            Vec::new()
+        } else {
+            match m::timed(m::OP_CLAIM, self.store.claim_many(&asked)).await {
+                Ok(answers) if answers.len() == asked.len() => answers,
+                Ok(answers) => {
+                    let error = StoreError::Backend(
+                        format!(
+                            "claim_many answered {} claims of {}",
+                            answers.len(),
+                            asked.len()
+                        )
+                        .into(),
+                    );
+                    asked.iter().map(|_| Err(error.copy())).collect()
+                }
+                Err(error) => asked.iter().map(|_| Err(error.copy())).collect(),
             }
-            Err(error) => claims.iter().map(|_| Err(error.copy())).collect(),
-        };
+        }
+        .into_iter();
         claims
             .into_iter()
-            .zip(answers.drain(..))
-            .map(|((id, params), claim)| {
-                if let Ok(outcome) = &claim {
-                    m::count(m::CLAIMS, &[("outcome", outcome.label())]);
-                }
+            .zip(remembered)
+            .map(|((id, params), hit)| {
+                let claim = match hit {
+                    Some(response) => Ok(ClaimOutcome::Completed(response)),
+                    None => {
+                        let claim = answers.next().unwrap_or_else(|| {
+                            Err(StoreError::Backend("claim missing from batch".into()))
+                        });
+                        if let Ok(outcome) = &claim {
+                            m::count(m::CLAIMS, &[("outcome", outcome.label())]);
+                        }
+                        claim
+                    }
+                };
                 ClaimedAhead {
                     id,
                     params,
@@ -127,7 +154,8 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                     } else {
                         sent
                     };
-                    self.execute(&lease, sent, handler).await
+                    self.execute(&lease, sent, params.fingerprint, handler)
+                        .await
                 }
                 Ok(outcome) => self.answer(outcome),
                 Err(error @ StoreError::Unavailable(_)) if self.config.fail_open => {

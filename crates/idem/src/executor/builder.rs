@@ -5,6 +5,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::replays::{Replays, DEFAULT_REPLAY_CACHE_BYTES, DEFAULT_REPLAY_CACHE_TTL};
 use super::{default_classifier, Backoff, Classifier, Config, Idempotency};
 use crate::codec::{Codec, Json};
 use crate::record::FailureClass;
@@ -55,6 +56,8 @@ pub struct IdempotencyBuilder<S, C = Json> {
     fail_open: bool,
     classifier: Classifier,
     log_keys: bool,
+    replay_cache_bytes: usize,
+    replay_cache_ttl: Duration,
 }
 
 impl<S: Store, C: Codec> IdempotencyBuilder<S, C> {
@@ -165,7 +168,31 @@ impl<S: Store, C: Codec> IdempotencyBuilder<S, C> {
             fail_open: self.fail_open,
             classifier: self.classifier,
             log_keys: self.log_keys,
+            replay_cache_bytes: self.replay_cache_bytes,
+            replay_cache_ttl: self.replay_cache_ttl,
         }
+    }
+
+    /// How much memory replays of outcomes this executor stored may take
+    /// ([`DEFAULT_REPLAY_CACHE_BYTES`], 64 MiB): a duplicate of such a run
+    /// is answered from memory, without a round trip to the store. `0`
+    /// turns the cache off. What it keeps and for how long:
+    /// [`replay_cache_ttl`](Self::replay_cache_ttl).
+    pub fn replay_cache_bytes(mut self, bytes: usize) -> Self {
+        self.replay_cache_bytes = bytes;
+        self
+    }
+
+    /// The longest a replay is served from memory
+    /// ([`DEFAULT_REPLAY_CACHE_TTL`], 60 s), and never past the record's
+    /// retention. Records are deleted through
+    /// [`Idempotency::delete`] or [`Idempotency::forget`] leave the cache
+    /// at once; a delete made elsewhere (another process, the admin CLI)
+    /// is seen once this has passed, so keep it short where operators
+    /// delete records to let a key run again. Zero turns the cache off.
+    pub fn replay_cache_ttl(mut self, ttl: Duration) -> Self {
+        self.replay_cache_ttl = ttl;
+        self
     }
 
     /// Checks the configuration and builds the executor.
@@ -207,6 +234,7 @@ impl<S: Store, C: Codec> IdempotencyBuilder<S, C> {
                 fail_open: self.fail_open,
                 classifier: self.classifier,
                 log_keys: self.log_keys,
+                replays: Replays::new(self.replay_cache_bytes, self.replay_cache_ttl),
             }),
         })
     }
@@ -230,6 +258,8 @@ impl<S: Store> Idempotency<S, Json> {
             fail_open: false,
             classifier: Arc::new(default_classifier),
             log_keys: false,
+            replay_cache_bytes: DEFAULT_REPLAY_CACHE_BYTES,
+            replay_cache_ttl: DEFAULT_REPLAY_CACHE_TTL,
         }
     }
 }

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::{deadline, Idempotency, Outcome, RunError};
 use crate::codec::{self, Codec};
+use crate::fingerprint::Fingerprint;
 use crate::metrics as m;
 use crate::record::{Failure, FailureClass, Lease};
 use crate::store::{Store, StoreError};
@@ -49,6 +50,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     pub(super) async fn store_success<T: Serialize, E>(
         &self,
         lease: &Lease,
+        fingerprint: Option<Fingerprint>,
         value: T,
     ) -> Result<Outcome<T>, RunError<E>> {
         let encoded = match self.codec.encode(&value) {
@@ -74,6 +76,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         }
         let sealed = codec::seal(encoded, self.config.compress_above);
         let retention = self.config.retention;
+        let sent = (Instant::now(), self.store.local_now());
         let (stored, uncertain) = self
             .with_store_retries(
                 lease,
@@ -94,6 +97,9 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         match stored {
             Ok(()) => {
                 m::count(m::EXECUTIONS, &[("result", "ok")]);
+                self.config
+                    .replays
+                    .put(&lease.id, fingerprint, sealed, retention, sent);
                 Ok(Outcome::Executed {
                     value,
                     attempt: lease.attempt,

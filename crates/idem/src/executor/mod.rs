@@ -10,6 +10,7 @@ mod context;
 mod finish;
 mod heartbeat;
 mod outcome;
+mod replays;
 
 use std::error::Error as StdError;
 use std::future::Future;
@@ -29,7 +30,7 @@ use crate::key::RecordId;
 use crate::metrics as m;
 use crate::record::{ClaimParams, Failure, FailureClass, Lease};
 use crate::step::StepRun;
-use crate::store::{DynStepJournal, Store};
+use crate::store::{DeleteRecord, DynStepJournal, Store, StoreError};
 
 pub use ahead::ClaimedAhead;
 pub use builder::{ConfigError, IdempotencyBuilder};
@@ -38,6 +39,8 @@ pub use classify::{default_classifier, Backoff, Classifier, Terminal};
 pub use context::{Context, Heartbeats};
 use outcome::outcome_label;
 pub use outcome::{Outcome, RunError};
+use replays::Replays;
+pub use replays::{DEFAULT_REPLAY_CACHE_BYTES, DEFAULT_REPLAY_CACHE_TTL};
 
 /// How long to suggest waiting after a store error before trying again.
 pub const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -63,6 +66,7 @@ struct Config {
     classifier: Classifier,
     log_keys: bool,
     journal: Option<Arc<dyn DynStepJournal>>,
+    replays: Replays,
 }
 
 /// The executor: claims a key, runs the handler under a heartbeat, and
@@ -70,7 +74,9 @@ struct Config {
 ///
 /// Defaults: lease 30 s, heartbeat every 10 s, retention 24 h, at most 5
 /// attempts, responses compressed above 1 KiB and limited to 1 MiB, fail
-/// closed, no waiting for in-flight duplicates.
+/// closed, no waiting for in-flight duplicates, and duplicates of runs this
+/// executor completed answered from memory for up to 60 s (64 MiB at most;
+/// see [`IdempotencyBuilder::replay_cache_bytes`]).
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -129,6 +135,24 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     /// The retention of terminal failures.
     pub fn failure_retention(&self) -> Duration {
         self.config.failure_retention
+    }
+
+    /// Drops `id`'s replay from this executor's memory (see
+    /// [`IdempotencyBuilder::replay_cache_bytes`]): call it when the record
+    /// was deleted some other way and the key must run again at once.
+    pub fn forget(&self, id: &RecordId) {
+        self.config.replays.remove(id);
+    }
+
+    /// Deletes `id`'s record from the store and from this executor's
+    /// memory: the key's next run executes. Whether there was a record.
+    pub async fn delete(&self, id: &RecordId) -> Result<bool, StoreError>
+    where
+        S: DeleteRecord,
+    {
+        let deleted = self.store.delete(id).await;
+        self.forget(id);
+        deleted
     }
 
     /// How often a running handler's lease is extended.
@@ -199,7 +223,9 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         self.instrumented(id, async {
             let params = self.claim_params(fingerprint);
             match self.acquire(id, &params, self.config.fail_open, wait).await {
-                Ok(Claimed::Held { lease, sent }) => self.execute(&lease, sent, handler).await,
+                Ok(Claimed::Held { lease, sent }) => {
+                    self.execute(&lease, sent, fingerprint, handler).await
+                }
                 Ok(Claimed::Unguarded) => self.unguarded(id, handler).await,
                 Ok(Claimed::Answered(outcome)) => self.answer(outcome),
                 Err(error) => Err(RunError::Store(error)),
@@ -277,6 +303,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         &self,
         lease: &Lease,
         sent: Instant,
+        fingerprint: Option<Fingerprint>,
         handler: F,
     ) -> Result<Outcome<T>, RunError<E>>
     where
@@ -338,7 +365,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             return Err(self.park(lease, why).await);
         }
         match result {
-            Ok(value) => self.store_success(lease, value).await,
+            Ok(value) => self.store_success(lease, fingerprint, value).await,
             Err(error) => Err(self.store_failure(lease, error).await),
         }
     }
