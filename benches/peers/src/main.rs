@@ -271,7 +271,9 @@ async fn main() {
     let Some(python) = arg("--powertools") else {
         return;
     };
-    println!("\nPowertools (Python, one caller) on the same Redis, against idem at one caller above:\n");
+    println!(
+        "\nPowertools (Python, one caller) on the same Redis, against idem at one caller above:\n"
+    );
     println!("| case | Powertools ops/s | idem ops/s ÷ Powertools |");
     println!("|---|---|---|");
     let mut theirs: Vec<Vec<(String, f64)>> = Vec::new();
