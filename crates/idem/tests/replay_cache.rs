@@ -57,6 +57,16 @@ impl<S: ClaimMany + CompleteMany> ManyHooks<S> for Claims {
     }
 }
 
+/// A store on tokio's clock that counts the claims reaching it.
+fn counted() -> (Double<MemoryStore<TokioClock>, Claims>, Claims) {
+    let claims = Claims::default();
+    let store = Double::new(
+        MemoryStore::builder().clock(TokioClock::new()).build(),
+        claims.clone(),
+    );
+    (store, claims)
+}
+
 /// Runs `key` with `fingerprint`, counting executions in `runs`: the value
 /// and whether it ran.
 async fn run<S: Store>(
@@ -79,11 +89,7 @@ async fn run<S: Store>(
 
 #[tokio::test(start_paused = true)]
 async fn duplicates_of_a_run_completed_here_do_not_reach_the_store() {
-    let claims = Claims::default();
-    let store = Double::new(
-        MemoryStore::builder().clock(TokioClock::new()).build(),
-        claims.clone(),
-    );
+    let (store, claims) = counted();
     let idem = Idempotency::builder(store).build().expect("config");
     let runs = AtomicU32::new(0);
     let fp = Some(Fingerprint::of_bytes(b"order"));
@@ -181,11 +187,7 @@ async fn a_store_clock_moved_past_the_retention_ends_the_memory_too() {
 
 #[tokio::test(start_paused = true)]
 async fn turned_off_every_duplicate_asks_the_store() {
-    let claims = Claims::default();
-    let store = Double::new(
-        MemoryStore::builder().clock(TokioClock::new()).build(),
-        claims.clone(),
-    );
+    let (store, claims) = counted();
     let idem = Idempotency::builder(store)
         .replay_cache_bytes(0)
         .build()
@@ -200,11 +202,7 @@ async fn turned_off_every_duplicate_asks_the_store() {
 
 #[tokio::test(start_paused = true)]
 async fn claims_made_ahead_take_remembered_replays_from_memory() {
-    let claims = Claims::default();
-    let store = Double::new(
-        MemoryStore::builder().clock(TokioClock::new()).build(),
-        claims.clone(),
-    );
+    let (store, claims) = counted();
     let idem = Idempotency::builder(store).build().expect("config");
     let runs = AtomicU32::new(0);
     run(&idem, "done", None, &runs).await.expect("run");
