@@ -185,7 +185,7 @@ impl<S: Store, C: Codec> IdempotencyBuilder<S, C> {
 
     /// The longest a replay is served from memory
     /// ([`DEFAULT_REPLAY_CACHE_TTL`], 60 s), and never past the record's
-    /// retention. Records are deleted through
+    /// retention. Records deleted through
     /// [`Idempotency::delete`] or [`Idempotency::forget`] leave the cache
     /// at once; a delete made elsewhere (another process, the admin CLI)
     /// is seen once this has passed, so keep it short where operators
