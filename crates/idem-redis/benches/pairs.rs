@@ -65,6 +65,33 @@ impl Servers {
             .sum()
     }
 
+    /// Script calls so far, and the microseconds Redis spent inside them
+    /// (`INFO commandstats`: `EVALSHA` and `EVAL`, with the commands the
+    /// scripts call).
+    fn scripts(&self) -> (f64, f64) {
+        let mut calls = 0.0;
+        let mut usec = 0.0;
+        for node in self.nodes() {
+            let stats = node.cli("INFO commandstats").expect("INFO commandstats");
+            for line in stats.lines() {
+                let Some(rest) = line
+                    .strip_prefix("cmdstat_evalsha:")
+                    .or_else(|| line.strip_prefix("cmdstat_eval:"))
+                else {
+                    continue;
+                };
+                for field in rest.split(',') {
+                    match field.split_once('=') {
+                        Some(("calls", n)) => calls += n.parse::<f64>().expect("calls"),
+                        Some(("usec", n)) => usec += n.parse::<f64>().expect("usec"),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        (calls, usec)
+    }
+
     fn flush(&self) {
         for node in self.nodes() {
             node.cli("FLUSHALL").expect("flush");
@@ -161,15 +188,20 @@ fn write_floor(servers: &Servers) -> (f64, f64) {
     (per_set(1_000_000_000), per_set(10_000))
 }
 
-/// Claim+complete pairs per second on fresh keys, `callers` at a time,
-/// and the CPU per pair in microseconds of this process (the client) and
-/// of the servers.
-async fn pairs_of(
-    servers: &Servers,
-    store: RedisStore,
-    callers: usize,
-    secs: f64,
-) -> (f64, f64, f64) {
+/// What a run of pairs measured: pairs per second; CPU per pair in
+/// microseconds of this process (the client) and of the servers; and per
+/// pair, the script calls and the microseconds spent inside scripts.
+struct Pairs {
+    per_second: f64,
+    client: f64,
+    server: f64,
+    scripts: f64,
+    in_scripts: f64,
+}
+
+/// Claim+complete pairs on fresh keys, `callers` at a time.
+async fn pairs_of(servers: &Servers, store: RedisStore, callers: usize, secs: f64) -> Pairs {
+    let (calls_before, usec_before) = servers.scripts();
     let before = servers.cpu();
     let meter = CpuMeter::start();
     let per_second = rate(callers, secs, move |c, i| {
@@ -194,8 +226,15 @@ async fn pairs_of(
     let used = meter.stop();
     let pairs = per_second * used.wall.as_secs_f64();
     let server = servers.cpu().saturating_sub(before);
+    let (calls, usec) = servers.scripts();
     let micros = |d: Duration| d.as_secs_f64() * 1e6 / pairs;
-    (per_second, micros(used.process), micros(server))
+    Pairs {
+        per_second,
+        client: micros(used.process),
+        server: micros(server),
+        scripts: (calls - calls_before) / pairs,
+        in_scripts: (usec - usec_before) / pairs,
+    }
 }
 
 #[tokio::main]
@@ -230,16 +269,22 @@ async fn main() {
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---|---|");
     let mut single_claims = Vec::new();
+    let mut inside = Vec::new();
     for callers in CALLERS {
         servers.flush();
-        let (pairs, client, server) = pairs_of(&servers, store.clone(), callers, secs).await;
-        let (unbatched, unbatched_client, unbatched_server) = if cluster {
+        let batched = pairs_of(&servers, store.clone(), callers, secs).await;
+        let off = if cluster {
             // A Cluster runs one script call per primitive either way.
-            (pairs, client, server)
+            None
         } else {
             servers.flush();
-            pairs_of(&servers, unbatched.clone(), callers, secs).await
+            Some(pairs_of(&servers, unbatched.clone(), callers, secs).await)
         };
+        let off = off.as_ref().unwrap_or(&batched);
+        let (pairs, client, server) = (batched.per_second, batched.client, batched.server);
+        let (unbatched, unbatched_client, unbatched_server) =
+            (off.per_second, off.client, off.server);
+        inside.push((callers, batched.scripts, batched.in_scripts, off.in_scripts));
         servers.flush();
         let s = store.clone();
         let claims = rate(callers, secs, move |c, i| {
@@ -261,6 +306,11 @@ async fn main() {
             pairs / ceiling,
             unbatched / ceiling
         );
+    }
+    println!("\n| callers | script calls/pair | Redis us/pair inside scripts | batching off |");
+    println!("|---:|---:|---:|---:|");
+    for (callers, calls, usec, usec_off) in inside {
+        println!("| {callers} | {calls:.2} | {usec:.1} | {usec_off:.1} |");
     }
     let (fresh, again) = write_floor(&servers);
     println!(

@@ -18,14 +18,15 @@ local function claim(key, token, fp, lease, retention, scope, name, grace)
   end
 
   if not r or r.ex <= now then
-    local ex = now + retention
-    if r then
-      -- An expired record or a tombstone: start from an empty hash.
-      redis.call('DEL', key)
+    -- No record, an expired one or a tombstone: a new record (SET replaces
+    -- whatever the key held), with a new journal.
+    if r and r.j == 1 then
+      redis.call('DEL', journal(key, r))
     end
+    local ex = now + retention
     save(key, {st = 'p', at = 1, fe = fence, ca = now, ua = now, ex = ex,
-      lu = lease_until, tk = token, fp = fp, fc = '', fm = '', s = scope, k = name})
-    keep_until(key, ex, grace)
+      lu = lease_until, tk = token, fp = fp, fc = '', fm = '', s = scope,
+      k = name, g = fence, w = 0, j = 0, rs = ''}, ex + grace)
     return {'A', fence, 1, 0, lease_until}
   end
 
@@ -34,7 +35,7 @@ local function claim(key, token, fp, lease, retention, scope, name, grace)
   end
   local st = r.st
   if st == 'c' then
-    return {'C', redis.call('HGET', key, 'rs')}
+    return {'C', r.rs}
   elseif st == 'f' then
     return {'F', r.fc, r.fm}
   elseif st == 'p' and r.lu > now then
@@ -50,7 +51,6 @@ local function claim(key, token, fp, lease, retention, scope, name, grace)
   r.st, r.at, r.fe, r.ua, r.lu, r.tk = 'p', r.at + 1, fence, now, lease_until, token
   r.ex = math.max(r.ex, now + retention)
   r.fc, r.fm = '', ''
-  save(key, r)
-  keep_until(key, r.ex, grace)
+  save(key, r, r.ex + grace)
   return {'A', fence, r.at, takeover, lease_until}
 end

@@ -6,9 +6,8 @@ local function complete(key, token, response, retention, grace)
     return 0
   end
   r.st, r.ua, r.ex = 'c', now, now + tonumber(retention)
-  r.lu, r.tk, r.fc, r.fm = 0, '', '', ''
-  save(key, r, 'rs', response)
-  keep_until(key, r.ex, tonumber(grace))
-  ended(key)
+  r.lu, r.tk, r.fc, r.fm, r.rs = 0, '', '', '', response
+  save(key, r, r.ex + tonumber(grace))
+  ended(key, r)
   return 1
 end

@@ -1,7 +1,7 @@
 -- delete(KEYS[1] record; ARGV grace ms): the admin's force-release. The
 -- record becomes a tombstone that reads as absent at once and keeps only
--- its fence until Redis drops it `grace` ms later. 1 if a live record was
--- there, else 0.
+-- its fence until Redis drops it `grace` ms later; its journal goes at
+-- once. 1 if a live record was there, else 0.
 local key = KEYS[1]
 local r = load(key)
 if not r then
@@ -11,9 +11,12 @@ local live = 0
 if r.ex > now then
   live = 1
 end
-redis.call('DEL', key)
+if r.j == 1 then
+  redis.call('DEL', journal(key, r))
+end
+-- SET replaces a record kept as a hash too, its journal with it.
 save(key, {st = 'x', at = 0, fe = r.fe, ca = now, ua = now, ex = now, lu = 0,
-  tk = '', fp = '', fc = '', fm = '', s = '', k = ''})
-keep_until(key, now, tonumber(ARGV[1]))
-ended(key)
+  tk = '', fp = '', fc = '', fm = '', s = '', k = '', g = r.g, w = 0, j = 0,
+  rs = ''}, now + tonumber(ARGV[1]))
+ended(key, r)
 return live

@@ -8,7 +8,6 @@ local function extend(key, token, lease, grace)
   r.lu = math.max(now + tonumber(lease), r.lu)
   r.ex = math.max(r.ex, r.lu)
   r.ua = now
-  save(key, r)
-  keep_until(key, r.ex, tonumber(grace))
+  save(key, r, r.ex + tonumber(grace))
   return r.lu
 end

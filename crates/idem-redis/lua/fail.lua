@@ -12,8 +12,7 @@ local function fail(key, token, class, message, retention, grace)
   end
   r.fc, r.fm, r.ua, r.ex = class, message, now, now + tonumber(retention)
   r.lu, r.tk = 0, ''
-  save(key, r)
-  keep_until(key, r.ex, tonumber(grace))
-  ended(key)
+  save(key, r, r.ex + tonumber(grace))
+  ended(key, r)
   return 1
 end

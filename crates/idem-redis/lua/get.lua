@@ -21,7 +21,7 @@ if r.st == 'p' then
   add('tk', r.tk)
   add('lu', int(r.lu))
 elseif r.st == 'c' then
-  add('rs', redis.call('HGET', key, 'rs') or '')
+  add('rs', r.rs)
 end
 if r.fc ~= '' then
   add('fc', r.fc)

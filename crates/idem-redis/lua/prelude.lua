@@ -1,19 +1,34 @@
 -- Shared by every idem script (prepended when the scripts are built).
 --
--- A record is one hash: field 'm' holds the record packed with
--- struct.pack in the layout RECORD, 'rs' the response once completed, and
--- 'j:' .. name each journaled step. Packing keeps the hot path to one
--- field read and one field write per call: a claim used to read 9 fields
--- and write 13, which cost Redis more than the rest of the call.
+-- A record is one string: the record packed with struct.pack in the
+-- layout RECORD, its response last. One GET reads it and one SET (with
+-- PXAT, the key's expiry) writes it, so a claim makes two calls and a
+-- completion two: with the record in a hash, which needs HSET and
+-- PEXPIREAT apart and EXISTS to tell a foreign hash from no record, a
+-- claim and its completion made eight, and each call from Lua costs Redis
+-- about 1 us on top of the command.
 --
--- The fields of 'm', in order: st state (p in progress, c completed,
+-- The fields of RECORD, in order: st state (p in progress, c completed,
 -- f failed, r released, x deleted: a tombstone that keeps its fence), at
 -- attempt, fe fence, ca created ms, ua updated ms, ex retention deadline
 -- ms, lu lease deadline ms (0 unless in progress), tk token hex ('' unless
 -- in progress), fp fingerprint hex ('' for none), fc/fm failure class and
 -- message ('' unless failed, or released by a retryable failure), s scope,
--- k key. Numbers are doubles: exact for every millisecond and microsecond
--- time until the year 2255.
+-- k key, g generation (the fence of the claim that created the record: it
+-- names the record's journal), w 1 once someone waits for the record to
+-- end (only then does the end publish), j 1 once the record has a journal,
+-- rs the response ('' unless completed). Numbers are doubles: exact for
+-- every millisecond and microsecond time until the year 2255.
+--
+-- The step journal is a hash of its own, `<record key>:j:<generation>`
+-- (the same hash tag, so the same Cluster slot), kept until the record's
+-- own expiry. A new record has a new generation, so it never reads the
+-- journal of the record it replaced.
+--
+-- Builds before 2026-11-26 kept a record as a hash (RECORD_HASH in field
+-- 'm', the response in 'rs', each step in 'j:' .. name). Such a record is
+-- read as it is, and the first write turns it into a string, moving its
+-- journal out, so a store can be upgraded without draining it.
 --
 -- Time is the server's. Numbers given to Redis are formatted with '%d'
 -- because Lua's default formatting would round integers above 10^14.
@@ -22,7 +37,8 @@ local tm = redis.call('TIME')
 local now_us = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 local now = math.floor(now_us / 1000)
 
-local RECORD = '>c1I4dddddBc0Bc0Bc0I4c0I4c0I4c0'
+local RECORD = '>c1I4dddddBc0Bc0Bc0I4c0I4c0I4c0dBBI4c0'
+local RECORD_HASH = '>c1I4dddddBc0Bc0Bc0I4c0I4c0I4c0'
 local STATES = {p = true, c = true, f = true, r = true, x = true}
 
 local function int(n)
@@ -36,19 +52,10 @@ local function damaged(key, why)
   error({err = 'DAMAGED record ' .. key .. ': ' .. why})
 end
 
--- The record at `key` as a table, or nil when there is none.
-local function load(key)
-  local m = redis.call('HGET', key, 'm')
-  if not m then
-    -- Every write sets 'm', so a hash without it was not written by this
-    -- idem (the field-per-value layout of earlier builds, say). Taking it
-    -- for no record would restart its fence and run a finished key again.
-    if redis.call('EXISTS', key) == 1 then
-      damaged(key, "it has no packed record (field 'm')")
-    end
-    return nil
-  end
-  local ok, st, at, fe, ca, ua, ex, lu, tk, fp, fc, fm, s, k = pcall(struct.unpack, RECORD, m)
+-- The record packed in `m` with `layout`, as a table.
+local function unpacked(key, m, layout)
+  local ok, st, at, fe, ca, ua, ex, lu, tk, fp, fc, fm, s, k, g, w, j, rs =
+    pcall(struct.unpack, layout, m)
   if not ok then
     damaged(key, 'its fields do not unpack (' .. tostring(st) .. ')')
   end
@@ -56,29 +63,121 @@ local function load(key)
     damaged(key, 'unknown state ' .. string.format('%q', st))
   end
   return {st = st, at = at, fe = fe, ca = ca, ua = ua, ex = ex, lu = lu,
-    tk = tk, fp = fp, fc = fc, fm = fm, s = s, k = k}
+    tk = tk, fp = fp, fc = fc, fm = fm, s = s, k = k, g = g, w = w, j = j,
+    rs = rs}
 end
 
--- Writes `r` as the record at `key`, with any further field/value pairs
--- (the response).
-local function save(key, r, ...)
-  redis.call('HSET', key, 'm', struct.pack(RECORD, r.st, r.at, r.fe, r.ca, r.ua,
-    r.ex, r.lu, #r.tk, r.tk, #r.fp, r.fp, #r.fc, r.fc, #r.fm, r.fm, #r.s, r.s,
-    #r.k, r.k), ...)
+-- A record kept as a hash by an earlier build, marked `hash`. Its end
+-- always publishes (w), as those builds did.
+local function load_hash(key)
+  local m = redis.call('HGET', key, 'm')
+  if not m then
+    -- Every write of those builds set 'm', so a hash without it was not
+    -- written by idem (or by the field-per-value layout before them).
+    -- Taking it for no record would restart its fence and run a finished
+    -- key again.
+    damaged(key, "it has no packed record (field 'm')")
+  end
+  local r = unpacked(key, m, RECORD_HASH)
+  local rs = ''
+  if r.st == 'c' then
+    rs = redis.call('HGET', key, 'rs') or ''
+  end
+  r.g, r.w, r.j, r.rs, r.hash = r.fe, 1, 0, rs, true
+  return r
 end
 
--- The record stays in Redis `grace` ms past its retention deadline, so its
--- fence is still there to build on when the key is claimed again; Redis
--- reclaims the memory afterwards. Expiry itself is decided here, at read.
-local function keep_until(key, ex, grace)
-  redis.call('PEXPIREAT', key, int(ex + grace))
+-- The record at `key` as a table, or nil when there is none.
+local function load(key)
+  local m = redis.pcall('GET', key)
+  if type(m) == 'table' then
+    -- Not a string: a record of an earlier build, or a key of another type
+    -- (whose HGET fails as a wrong type).
+    return load_hash(key)
+  end
+  if not m then
+    return nil
+  end
+  return unpacked(key, m, RECORD)
+end
+
+-- The key of the record's step journal.
+local function journal(key, r)
+  return key .. ':j:' .. int(r.g)
+end
+
+-- Turns a record kept as a hash into a string in place, its steps moved to
+-- its journal. Returns the key's expiry (ms), or nil when it has none.
+local function unhash(key, r)
+  local all = redis.call('HGETALL', key)
+  local until_ms = redis.call('PEXPIRETIME', key)
+  redis.call('DEL', key)
+  r.hash = nil
+  local steps = journal(key, r)
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, 2) == 'j:' then
+      redis.call('HSET', steps, string.sub(all[i], 3), all[i + 1])
+      r.j = 1
+    end
+  end
+  if until_ms < 0 then
+    return nil
+  end
+  if r.j == 1 then
+    redis.call('PEXPIREAT', steps, int(until_ms))
+  end
+  return until_ms
+end
+
+-- Writes `r` as the record at `key`. `until_ms` is when Redis drops the key
+-- (and the journal); nil keeps the expiry it has.
+local function save(key, r, until_ms)
+  if r.hash then
+    local kept = unhash(key, r)
+    until_ms = until_ms or kept
+  end
+  local m = struct.pack(RECORD, r.st, r.at, r.fe, r.ca, r.ua, r.ex, r.lu,
+    #r.tk, r.tk, #r.fp, r.fp, #r.fc, r.fc, #r.fm, r.fm, #r.s, r.s, #r.k, r.k,
+    r.g, r.w, r.j, #r.rs, r.rs)
+  if not until_ms then
+    redis.call('SET', key, m, 'KEEPTTL')
+    return
+  end
+  redis.call('SET', key, m, 'PXAT', int(until_ms))
+  if r.j == 1 then
+    redis.call('PEXPIREAT', journal(key, r), int(until_ms))
+  end
+end
+
+-- The key of held record `r`'s journal, ready for a step: a record kept as
+-- a hash becomes a string first (its steps moved), and the record is
+-- marked as having a journal, so that its later writes keep the journal
+-- as long as the record.
+local function journaled(key, r)
+  if r.hash or r.j ~= 1 then
+    r.j = 1
+    save(key, r)
+  end
+  return journal(key, r)
+end
+
+-- Writes step `name` as `value` to `steps`, the journal of the record at
+-- `key`, which keeps it until the record's own expiry.
+local function journal_step(key, steps, name, value)
+  redis.call('HSET', steps, name, value)
+  local until_ms = redis.call('PEXPIRETIME', key)
+  if until_ms > 0 then
+    redis.call('PEXPIREAT', steps, until_ms)
+  end
 end
 
 -- Tells waiters (src/notify.rs) that the record at `key` has left "in
--- progress": a publish on its own channel, which carries its hash tag.
--- Cheap with nobody subscribed.
-local function ended(key)
-  redis.call('PUBLISH', key .. ':done', '')
+-- progress": a publish on its own channel, which carries its hash tag,
+-- made only once a waiter has marked the record (watch.lua).
+local function ended(key, r)
+  if r.w == 1 then
+    redis.call('PUBLISH', key .. ':done', '')
+  end
 end
 
 -- The record, or nil when it does not carry `token` in a live lease

@@ -7,6 +7,6 @@ local function release(key, token)
   end
   r.st, r.ua, r.lu, r.tk, r.fc, r.fm = 'r', now, 0, '', '', ''
   save(key, r)
-  ended(key)
+  ended(key, r)
   return 1
 end

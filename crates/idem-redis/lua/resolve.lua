@@ -7,15 +7,18 @@ local r = load(key)
 if not r or r.st ~= 'f' or r.fc ~= 'unknown' or r.ex <= now then
   return 'P'
 end
-local field = 'j:' .. ARGV[1]
-local v = redis.call('HGET', key, field)
+if r.hash then
+  save(key, r)
+end
+local steps = journal(key, r)
+local v = redis.call('HGET', steps, ARGV[1])
 if not v or string.sub(v, 1, 1) ~= 's' then
   return 'S'
 end
 if ARGV[2] == 'a' then
-  redis.call('HSET', key, field, 'd' .. ARGV[3])
+  journal_step(key, steps, ARGV[1], 'd' .. ARGV[3])
 else
-  redis.call('HDEL', key, field)
+  redis.call('HDEL', steps, ARGV[1])
 end
 r.st, r.ua, r.fc, r.fm = 'r', now, '', ''
 save(key, r)

@@ -16,30 +16,31 @@
 //!   fails that call alone. A busy consumer pays one round trip and one
 //!   script run for many messages instead of two each.
 //!   [`RedisStoreBuilder::batching`] turns it off.
-//! - **Compact records.** A record is one hash: its fields packed into one
-//!   hash field, the response in another, the step journal beside them, so
-//!   a claim reads one field and writes one. A record that cannot be read
-//!   is reported as [`StoreError::Corrupt`] and left as it is; so is a
-//!   hash without the packed field, such as one written by a build before
-//!   this layout (one hash field per value), which must be drained or
-//!   deleted before upgrading.
+//! - **Compact records.** A record is one string: its fields and its
+//!   response packed together, written with its expiry in one `SET`, so a
+//!   claim makes two calls inside the script (a read and a write), and so
+//!   does a completion. The step journal is a hash beside it, only for
+//!   runs that journal steps. A record that cannot be read is reported as
+//!   [`StoreError::Corrupt`] and left as it is. Records that builds before
+//!   2026-11-26 kept as hashes are read as they are and turned into
+//!   strings by their next write, so an upgrade needs no draining.
 //! - **The server's clock.** Scripts read Redis `TIME`; no decision
 //!   depends on client clocks agreeing.
 //! - **Expiry at read time.** A record past its retention deadline is
 //!   absent to every script whether or not Redis has dropped it yet. Redis
 //!   drops it by itself a grace period later ([`DEFAULT_GRACE`]), so
 //!   memory is reclaimed without a sweeper.
-//! - **Cluster-ready.** A record is one hash whose key carries its own hash
-//!   tag, so each script touches one slot and the same scripts run
+//! - **Cluster-ready.** A record's key (and its journal's) carries its own
+//!   hash tag, so each script touches one slot and the same scripts run
 //!   unchanged on a Cluster. No key is shared by all records: tokens are
 //!   made by the client (a random per-store instance id and a counter) and
 //!   fences rise per key from the record itself, or from the server clock
 //!   in microseconds once the record is gone.
 //! - **Waiters are woken, not polling.** A duplicate that waits for an
 //!   in-flight run (`wait_for_in_flight`, HTTP `Prefer: wait`) subscribes
-//!   to its record's channel, which the scripts that end a claim publish
-//!   on (`<record key>:done`, carrying the hash tag, so it works on a
-//!   Cluster too). One pub/sub connection per store, opened on first wait;
+//!   to its record's channel (`<record key>:done`, carrying the hash tag,
+//!   so it works on a Cluster too) and marks the record; the scripts that
+//!   end a claim publish there when the record is marked, and only then. One pub/sub connection per store, opened on first wait;
 //!   a read each second stays underneath as a safety net, and without
 //!   pub/sub the wait polls.
 //! - **Fails fast.** Connect and response timeouts are bounded, so a dead
@@ -426,9 +427,9 @@ impl RedisStore {
         match scope {
             Some(scope) => {
                 let hash = Sha256::digest(scope.as_str().as_bytes());
-                format!("{}:{}:*", self.inner.namespace, hex::encode(&hash[..8]))
+                format!("{}:{}:*}}", self.inner.namespace, hex::encode(&hash[..8]))
             }
-            None => format!("{}:*", self.inner.namespace),
+            None => format!("{}:*}}", self.inner.namespace),
         }
     }
 
@@ -804,13 +805,14 @@ impl Store for RedisStore {
         self.inner
             .notifier
             .wait(channel, timeout, || async {
-                let record = self
+                // Marks the record so that its end publishes (`lua/watch.lua`).
+                let watched = self
                     .inner
-                    .conn
-                    .query_key(redis::cmd("HGET").arg(&key).arg("m"), &key)
+                    .scripts
+                    .watch
+                    .run(&self.inner.conn, &key, &[])
                     .await;
-                // The packed record starts with its state (`lua/prelude.lua`).
-                matches!(&record, Ok(Value::BulkString(m)) if m.first() == Some(&b'p'))
+                matches!(watched, Ok(Value::Int(1)))
             })
             .await;
     }

@@ -154,7 +154,7 @@ pub(crate) fn record(
         }
     };
     if expected.is_some_and(|e| *e != id) {
-        return Err(corrupt(&id, "the record's hash holds another id"));
+        return Err(corrupt(&id, "the record holds another id"));
     }
     let number = |fields: &HashMap<String, Value>, name: &str| {
         fields

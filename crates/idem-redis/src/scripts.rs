@@ -147,6 +147,7 @@ pub(crate) struct Scripts {
     pub(crate) step_finish: Script,
     pub(crate) steps: Script,
     pub(crate) resolve: Script,
+    pub(crate) watch: Script,
 }
 
 impl Scripts {
@@ -164,11 +165,12 @@ impl Scripts {
             step_finish: script!("step_finish.lua"),
             steps: script!("steps.lua"),
             resolve: script!("resolve.lua"),
+            watch: script!("watch.lua"),
         }
     }
 
     /// Every script, for loading them all.
-    pub(crate) fn all(&self) -> [&Script; 12] {
+    pub(crate) fn all(&self) -> [&Script; 13] {
         [
             &self.claim,
             &self.complete,
@@ -182,6 +184,7 @@ impl Scripts {
             &self.step_finish,
             &self.steps,
             &self.resolve,
+            &self.watch,
         ]
     }
 

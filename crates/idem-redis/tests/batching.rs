@@ -109,9 +109,9 @@ async fn an_error_in_one_call_fails_that_call_alone() {
     let server = RedisServer::start().expect("redis-server");
     let store = store(&server, true).await;
     store.load_scripts().await.expect("load");
-    let bad = id("not-a-hash");
+    let bad = id("not-a-record");
     let key = store.record_key(&bad);
-    server.cli(&format!("SET {key} a-string")).expect("set");
+    server.cli(&format!("RPUSH {key} a-list")).expect("rpush");
     let mut ids: Vec<RecordId> = (0..30).map(|i| id(&format!("k{i}"))).collect();
     ids.insert(15, bad);
     let before = script_calls(&server);
@@ -129,8 +129,11 @@ async fn an_error_in_one_call_fails_that_call_alone() {
         }
     }
     assert_eq!(
-        server.cli(&format!("GET {key}")).expect("get").trim(),
-        "a-string"
+        server
+            .cli(&format!("LRANGE {key} 0 -1"))
+            .expect("lrange")
+            .trim(),
+        "a-list"
     );
 }
 

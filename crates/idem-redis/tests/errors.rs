@@ -82,33 +82,48 @@ async fn a_key_of_another_type_is_a_backend_error_and_is_left_alone() {
     let store = store().await;
     let id = RecordId::parse("errors", "string").expect("valid");
     let key = store.record_key(&id);
-    server().cli(&format!("SET {key} not-a-hash")).expect("set");
+    server()
+        .cli(&format!("RPUSH {key} not-a-record"))
+        .expect("rpush");
     let claim = store.claim(&id, &params()).await;
     assert!(matches!(claim, Err(StoreError::Backend(_))), "{claim:?}");
     assert_eq!(
-        server().cli(&format!("GET {key}")).expect("get").trim(),
-        "not-a-hash"
+        server()
+            .cli(&format!("LRANGE {key} 0 -1"))
+            .expect("lrange")
+            .trim(),
+        "not-a-record"
     );
 }
 
-/// Writes `value` as the hash field `field` of `key` (a record's packed
-/// fields are its field `m`, see `lua/prelude.lua`).
-async fn write_field(key: &str, field: &str, value: &[u8]) {
+/// A damaged record as it is written to Redis.
+enum Damaged {
+    /// The record value itself (a string, today's layout).
+    Value(Vec<u8>),
+    /// One field of a hash (the layouts of earlier builds).
+    Field(&'static str, Vec<u8>),
+}
+
+/// A command on the test server, through the `redis` crate (binary-safe).
+async fn query<T: redis::FromRedisValue>(cmd: &redis::Cmd) -> T {
     let client = redis::Client::open(server().url()).expect("url");
     let mut conn = client
         .get_multiplexed_async_connection()
         .await
         .expect("connect");
-    let _: i64 = redis::cmd("HSET")
-        .arg(key)
-        .arg(field)
-        .arg(value)
-        .query_async(&mut conn)
-        .await
-        .expect("hset");
+    cmd.query_async(&mut conn).await.expect("query")
 }
 
-/// The packed fields of a record in state `st`, otherwise well formed.
+/// Writes `damaged` at `key`.
+async fn write(key: &str, damaged: &Damaged) {
+    let _: redis::Value = match damaged {
+        Damaged::Value(m) => query(redis::cmd("SET").arg(key).arg(m)).await,
+        Damaged::Field(field, m) => query(redis::cmd("HSET").arg(key).arg(field).arg(m)).await,
+    };
+}
+
+/// The fields of a record in state `st` in the layout that builds before
+/// 2026-11-24 kept in the hash field `m`, otherwise well formed.
 fn packed(st: u8) -> Vec<u8> {
     let mut m = vec![st];
     m.extend(1u32.to_be_bytes());
@@ -124,13 +139,29 @@ fn packed(st: u8) -> Vec<u8> {
     m
 }
 
+/// A record in state `st` in today's layout (`lua/prelude.lua`): the
+/// fields above, then the generation, the waiter and journal flags, and
+/// an empty response.
+fn packed_value(st: u8) -> Vec<u8> {
+    let mut m = packed(st);
+    m.extend(1.0f64.to_be_bytes());
+    m.extend([0, 0]);
+    m.extend(0u32.to_be_bytes());
+    m
+}
+
 #[tokio::test]
 async fn a_damaged_record_reads_as_corrupt_naming_it_and_is_left_alone() {
-    for (field, m, reason) in [
-        ("m", packed(b'q'), "unknown state"),
-        ("m", b"q-not-packed".to_vec(), "do not unpack"),
+    for (damaged, reason) in [
+        (Damaged::Value(packed_value(b'q')), "unknown state"),
+        (Damaged::Value(b"q-not-packed".to_vec()), "do not unpack"),
+        (Damaged::Field("m", packed(b'q')), "unknown state"),
+        (
+            Damaged::Field("m", b"q-not-packed".to_vec()),
+            "do not unpack",
+        ),
         // The field-per-value layout of builds before the packed record.
-        ("st", b"c".to_vec(), "no packed record"),
+        (Damaged::Field("st", b"c".to_vec()), "no packed record"),
     ] {
         let namespace = format!("err-{:016x}", rand::random::<u64>());
         let connect = |batching: bool| {
@@ -144,7 +175,8 @@ async fn a_damaged_record_reads_as_corrupt_naming_it_and_is_left_alone() {
         let unbatched = connect(false).await.expect("connect");
         let id = RecordId::parse("errors", "damaged").expect("valid");
         let key = store.record_key(&id);
-        write_field(&key, field, &m).await;
+        write(&key, &damaged).await;
+        let before: Vec<u8> = query(redis::cmd("DUMP").arg(&key)).await;
         match store.get(&id).await {
             Err(StoreError::Corrupt {
                 id: named,
@@ -175,15 +207,7 @@ async fn a_damaged_record_reads_as_corrupt_naming_it_and_is_left_alone() {
             .await
             .expect_err("a list that meets a damaged record says so");
         assert!(matches!(listed, StoreError::Corrupt { .. }), "{listed:?}");
-        let fields = server().cli(&format!("HLEN {key}")).expect("hlen");
-        assert_eq!(fields.trim(), "1", "the damaged record was rewritten");
-        let stored = server()
-            .cli(&format!("HSTRLEN {key} {field}"))
-            .expect("hstrlen");
-        assert_eq!(
-            stored.trim(),
-            m.len().to_string(),
-            "the damaged record was rewritten"
-        );
+        let after: Vec<u8> = query(redis::cmd("DUMP").arg(&key)).await;
+        assert_eq!(before, after, "the damaged record was rewritten");
     }
 }
