@@ -95,7 +95,7 @@ impl<S: ClaimMany, C: Codec> Idempotency<S, C> {
                             Err(StoreError::Backend("claim missing from batch".into()))
                         });
                         if let Ok(outcome) = &claim {
-                            m::count(m::CLAIMS, &[("outcome", outcome.label())]);
+                            m::claim(outcome.label());
                         }
                         claim
                     }

@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{deadline, Context, Idempotency, Outcome, RunError};
+use super::{deadline, Context, Held, Idempotency, Outcome, RunError};
 use crate::cache::CACHE_HITS;
 use crate::codec::Codec;
 use crate::key::RecordId;
@@ -84,7 +84,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         }
         let sent = Instant::now();
         let outcome = m::timed(m::OP_CLAIM, self.store.claim(id, params)).await?;
-        m::count(m::CLAIMS, &[("outcome", outcome.label())]);
+        m::claim(outcome.label());
         Ok(match outcome {
             ClaimOutcome::Acquired(lease) => Claimed::Held { lease, sent },
             other => Claimed::Answered(other),
@@ -98,7 +98,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             .config
             .replays
             .get(id, params.fingerprint, || self.store.local_now())?;
-        m::count(CACHE_HITS, &[]);
+        m::add(m::key!(CACHE_HITS));
         Some(response)
     }
 
@@ -110,12 +110,12 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         match outcome {
             ClaimOutcome::Acquired(_) => unreachable!("an acquired claim is held, not answered"),
             ClaimOutcome::Completed(stored) => {
-                m::count(m::REPLAYS, &[]);
+                m::add(m::key!(m::REPLAYS));
                 self.decode(&stored)
                     .map(|value| Outcome::Replayed { value })
             }
             ClaimOutcome::Failed(failure) => {
-                m::count(m::REPLAYS, &[]);
+                m::add(m::key!(m::REPLAYS));
                 Err(RunError::Failed(failure))
             }
             ClaimOutcome::Mismatch => {
@@ -137,12 +137,10 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         F: FnOnce(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let (_tx, lost) = watch::channel(false);
-        let (_beat_tx, beats) = watch::channel(0);
+        let (_tx, held) = watch::channel(Held::default());
         let value = handler(Context {
             lease: None,
-            lost,
-            beats,
+            held,
             steps: Arc::new(StepRun::new(id.clone(), None, 0)),
         })
         .await

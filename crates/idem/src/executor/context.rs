@@ -17,12 +17,22 @@ use crate::step::{
 };
 use crate::store::{DynStepJournal, StoreError};
 
+/// What the heartbeat has found of a run's lease, shared with the run's
+/// [`Context`] through one watch channel (a channel costs a run its
+/// creation and the wake-up of its receivers when dropped).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Held {
+    /// The lease is known or feared lost.
+    pub(super) lost: bool,
+    /// Extensions the store has confirmed.
+    pub(super) beats: u64,
+}
+
 /// What a handler is told about its run.
 #[derive(Debug, Clone)]
 pub struct Context {
     pub(super) lease: Option<Lease>,
-    pub(super) lost: watch::Receiver<bool>,
-    pub(super) beats: watch::Receiver<u64>,
+    pub(super) held: watch::Receiver<Held>,
     pub(crate) steps: Arc<StepRun>,
 }
 
@@ -52,7 +62,7 @@ impl Context {
     /// Whether the lease is known to be lost (taken over, or not
     /// confirmed by a heartbeat before it ran out).
     pub fn is_lease_lost(&self) -> bool {
-        *self.lost.borrow()
+        self.held.borrow().lost
     }
 
     /// Check this before an irreversible step: `Err` once the lease is
@@ -67,8 +77,8 @@ impl Context {
 
     /// Resolves when the lease is lost (never, if it is not).
     pub async fn lease_lost(&self) {
-        let mut lost = self.lost.clone();
-        if lost.wait_for(|l| *l).await.is_err() {
+        let mut held = self.held.clone();
+        if held.wait_for(|h| h.lost).await.is_err() {
             std::future::pending::<()>().await;
         }
     }
@@ -82,20 +92,18 @@ impl Context {
     /// is still alive (JetStream in-progress acks, SQS visibility), so the
     /// broker keeps the message for exactly as long as the claim is held.
     pub fn heartbeats(&self) -> Heartbeats {
-        let mut beats = self.beats.clone();
-        beats.mark_unchanged();
-        Heartbeats {
-            beats,
-            lost: self.lost.clone(),
-        }
+        let mut held = self.held.clone();
+        let seen = held.borrow_and_update().beats;
+        Heartbeats { held, seen }
     }
 }
 
 /// Confirmed lease extensions of one run; see [`Context::heartbeats`].
 #[derive(Debug)]
 pub struct Heartbeats {
-    beats: watch::Receiver<u64>,
-    lost: watch::Receiver<bool>,
+    held: watch::Receiver<Held>,
+    /// The extensions counted when this last resolved.
+    seen: u64,
 }
 
 impl Heartbeats {
@@ -103,10 +111,12 @@ impl Heartbeats {
     /// held; pending forever once it is lost or the run has ended.
     pub async fn next(&mut self) {
         loop {
-            if self.beats.changed().await.is_err() {
+            if self.held.changed().await.is_err() {
                 return std::future::pending().await;
             }
-            if !*self.lost.borrow() {
+            let now = *self.held.borrow_and_update();
+            if !now.lost && now.beats != self.seen {
+                self.seen = now.beats;
                 return;
             }
         }

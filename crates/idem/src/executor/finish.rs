@@ -96,7 +96,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         };
         match stored {
             Ok(()) => {
-                m::count(m::EXECUTIONS, &[("result", "ok")]);
+                m::add(m::key!(m::EXECUTIONS, "result" => "ok"));
                 self.config
                     .replays
                     .put(&lease.id, fingerprint, sealed, retention, sent);

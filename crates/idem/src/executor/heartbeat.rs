@@ -5,7 +5,7 @@ use std::convert::Infallible;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{deadline, Idempotency};
+use super::{deadline, Held, Idempotency};
 use crate::codec::Codec;
 use crate::metrics as m;
 use crate::record::Lease;
@@ -21,21 +21,20 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         &self,
         lease: &Lease,
         claim_sent: Instant,
-        lost: watch::Sender<bool>,
-        beats: watch::Sender<u64>,
+        held: watch::Sender<Held>,
     ) -> Infallible {
         let lease_len = self.config.lease;
         let every = self.config.heartbeat;
         let mut confirmed_until = deadline(claim_sent, lease_len);
         let mut next_beat = deadline(claim_sent, every);
         let flag = |why: &'static str| {
-            if !lost.send_replace(true) {
+            if held.send_if_modified(|h| !std::mem::replace(&mut h.lost, true)) {
                 m::count(m::LEASE_LOST, &[("at", "heartbeat")]);
                 tracing::warn!(why, "lease lost");
             }
         };
         loop {
-            let flagged = *lost.borrow();
+            let flagged = held.borrow().lost;
             let wake = if flagged {
                 next_beat
             } else {
@@ -51,7 +50,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             let sent = Instant::now();
             let extend = m::timed(m::OP_EXTEND, self.store.extend(lease, lease_len));
             tokio::pin!(extend);
-            let result = if *lost.borrow() {
+            let result = if held.borrow().lost {
                 extend.await
             } else {
                 tokio::select! {
@@ -66,8 +65,8 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             match result {
                 Ok(_) => {
                     confirmed_until = deadline(sent, lease_len);
-                    if !*lost.borrow() {
-                        beats.send_modify(|n| *n += 1);
+                    if !held.borrow().lost {
+                        held.send_modify(|h| h.beats += 1);
                     }
                 }
                 Err(StoreError::LeaseLost) => {

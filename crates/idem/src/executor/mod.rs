@@ -36,6 +36,7 @@ pub use ahead::ClaimedAhead;
 pub use builder::{ConfigError, IdempotencyBuilder};
 pub(crate) use claim::Claimed;
 pub use classify::{default_classifier, Backoff, Classifier, Terminal};
+use context::Held;
 pub use context::{Context, Heartbeats};
 use outcome::outcome_label;
 pub use outcome::{Outcome, RunError};
@@ -338,8 +339,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                 "took over an expired lease; an earlier attempt may have partly run"
             );
         }
-        let (lost_tx, lost) = watch::channel(false);
-        let (beat_tx, beats) = watch::channel(0);
+        let (held_tx, held) = watch::channel(Held::default());
         let steps = Arc::new(StepRun::new(
             lease.id.clone(),
             self.config.journal.clone(),
@@ -347,13 +347,12 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         ));
         let ctx = Context {
             lease: Some(lease.clone()),
-            lost,
-            beats,
+            held,
             steps: Arc::clone(&steps),
         };
         let result = {
             let work = handler(ctx);
-            let beat = self.heartbeat(lease, sent, lost_tx, beat_tx);
+            let beat = self.heartbeat(lease, sent, held_tx);
             tokio::pin!(work, beat);
             tokio::select! {
                 biased;

@@ -20,6 +20,7 @@
 //!   once. A delete made elsewhere is seen once `max_ttl` has passed.
 //! - **Bounded in bytes**, least recently used evicted first.
 
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -41,6 +42,8 @@ pub const DEFAULT_REPLAY_CACHE_TTL: Duration = Duration::from_secs(60);
 const OVERHEAD: usize = 96;
 
 struct Entry {
+    /// The entry's id (the map is keyed by its hash).
+    id: RecordId,
     fingerprint: Option<Fingerprint>,
     response: Bytes,
     /// Past this (monotonic) instant the entry is gone.
@@ -50,8 +53,30 @@ struct Entry {
     cost: usize,
 }
 
+/// The hasher of the map's keys, which are ids hashed already (with the
+/// random keys of [`Replays::ids`]): each call hashes its id once, and the
+/// map never hashes an id again as it grows.
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
 struct Entries {
-    map: lru::LruCache<RecordId, Entry>,
+    map: lru::LruCache<u64, Entry, BuildHasherDefault<Prehashed>>,
     bytes: usize,
 }
 
@@ -59,6 +84,9 @@ struct Entries {
 pub(crate) struct Replays {
     budget: usize,
     max_ttl: Duration,
+    /// Hashes ids for the map (SipHash with random keys: ids come from
+    /// clients).
+    ids: RandomState,
     entries: Mutex<Entries>,
 }
 
@@ -69,8 +97,9 @@ impl Replays {
         Self {
             budget,
             max_ttl,
+            ids: RandomState::new(),
             entries: Mutex::new(Entries {
-                map: lru::LruCache::unbounded(),
+                map: lru::LruCache::unbounded_with_hasher(BuildHasherDefault::default()),
                 bytes: 0,
             }),
         }
@@ -93,15 +122,16 @@ impl Replays {
         if !self.is_on() {
             return None;
         }
+        let hash = self.ids.hash_one(id);
         let mut entries = self.entries.lock();
-        let entry = entries.map.get(id)?;
+        let entry = entries.map.get(&hash).filter(|e| e.id == *id)?;
         let live = Instant::now() < entry.until
             && match (entry.expires, store_now()) {
                 (Some(expires), Some(now)) => now < expires,
                 _ => true,
             };
         if !live {
-            entries.remove(id);
+            entries.remove(hash);
             return None;
         }
         (entry.fingerprint == fingerprint).then(|| entry.response.clone())
@@ -129,7 +159,9 @@ impl Replays {
         if until <= Instant::now() {
             return;
         }
+        let hash = self.ids.hash_one(id);
         let entry = Entry {
+            id: id.clone(),
             fingerprint,
             response,
             until,
@@ -137,9 +169,11 @@ impl Replays {
             cost,
         };
         let mut entries = self.entries.lock();
-        entries.remove(id);
         entries.bytes += cost;
-        entries.map.put(id.clone(), entry);
+        // One lookup: `put` hands back the entry it replaced, if any.
+        if let Some(old) = entries.map.put(hash, entry) {
+            entries.bytes -= old.cost;
+        }
         while entries.bytes > self.budget {
             match entries.map.pop_lru() {
                 Some((_, old)) => entries.bytes -= old.cost,
@@ -150,7 +184,11 @@ impl Replays {
 
     /// Forgets `id`.
     pub(crate) fn remove(&self, id: &RecordId) {
-        self.entries.lock().remove(id);
+        let hash = self.ids.hash_one(id);
+        let mut entries = self.entries.lock();
+        if entries.map.peek(&hash).is_some_and(|e| e.id == *id) {
+            entries.remove(hash);
+        }
     }
 
     /// How many entries it holds, and their cost in bytes.
@@ -162,8 +200,8 @@ impl Replays {
 }
 
 impl Entries {
-    fn remove(&mut self, id: &RecordId) {
-        if let Some(old) = self.map.pop(id) {
+    fn remove(&mut self, hash: u64) {
+        if let Some(old) = self.map.pop(&hash) {
             self.bytes -= old.cost;
         }
     }
