@@ -5,7 +5,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::server;
+use common::{query, server};
 use idem::{
     ClaimMany, ClaimParams, GetRecord, ListQuery, ListRecords, RecordId, Store, StoreError,
 };
@@ -102,16 +102,6 @@ enum Damaged {
     Value(Vec<u8>),
     /// One field of a hash (the layouts of earlier builds).
     Field(&'static str, Vec<u8>),
-}
-
-/// A command on the test server, through the `redis` crate (binary-safe).
-async fn query<T: redis::FromRedisValue>(cmd: &redis::Cmd) -> T {
-    let client = redis::Client::open(server().url()).expect("url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    cmd.query_async(&mut conn).await.expect("query")
 }
 
 /// Writes `damaged` at `key`.

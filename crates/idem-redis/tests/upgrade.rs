@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 mod common;
 
 use bytes::Bytes;
-use common::server;
+use common::query;
 use idem::{ClaimOutcome, ClaimParams, GetRecord, RecordId, State, StepBegin, StepJournal, Store};
 
 fn params() -> ClaimParams {
@@ -63,16 +63,6 @@ impl Old<'_> {
         }
         m
     }
-}
-
-/// A command on the test server, through the `redis` crate (binary-safe).
-async fn query<T: redis::FromRedisValue>(cmd: &redis::Cmd) -> T {
-    let client = redis::Client::open(server().url()).expect("url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    cmd.query_async(&mut conn).await.expect("query")
 }
 
 /// Writes the hash an earlier build would hold for `old`, with further

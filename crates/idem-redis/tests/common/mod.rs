@@ -19,3 +19,15 @@ pub(crate) async fn store(prefix: &str) -> RedisStore {
         .await
         .expect("connect")
 }
+
+/// A command on [`server`] through the `redis` crate (binary-safe, unlike
+/// `redis-cli`), for tests that write or read a record's raw bytes.
+#[allow(dead_code)] // not every test binary that includes this module uses it
+pub(crate) async fn query<T: redis::FromRedisValue>(cmd: &redis::Cmd) -> T {
+    let client = redis::Client::open(server().url()).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    cmd.query_async(&mut conn).await.expect("query")
+}
