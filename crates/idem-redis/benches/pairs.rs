@@ -72,21 +72,10 @@ impl Servers {
         let mut calls = 0.0;
         let mut usec = 0.0;
         for node in self.nodes() {
-            let stats = node.cli("INFO commandstats").expect("INFO commandstats");
-            for line in stats.lines() {
-                let Some(rest) = line
-                    .strip_prefix("cmdstat_evalsha:")
-                    .or_else(|| line.strip_prefix("cmdstat_eval:"))
-                else {
-                    continue;
-                };
-                for field in rest.split(',') {
-                    match field.split_once('=') {
-                        Some(("calls", n)) => calls += n.parse::<f64>().expect("calls"),
-                        Some(("usec", n)) => usec += n.parse::<f64>().expect("usec"),
-                        _ => {}
-                    }
-                }
+            for command in ["evalsha", "eval"] {
+                let stats = node.command_stats(command).expect("INFO commandstats");
+                calls += stats.calls as f64;
+                usec += stats.usec as f64;
             }
         }
         (calls, usec)

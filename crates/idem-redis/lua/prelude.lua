@@ -3,10 +3,9 @@
 -- A record is one string: the record packed with struct.pack in the
 -- layout RECORD, its response last. One GET reads it and one SET (with
 -- PXAT, the key's expiry) writes it, so a claim makes two calls and a
--- completion two: with the record in a hash, which needs HSET and
+-- completion two. With the record in a hash, which needs HSET and
 -- PEXPIREAT apart and EXISTS to tell a foreign hash from no record, a
--- claim and its completion made eight, and each call from Lua costs Redis
--- about 1 us on top of the command.
+-- claim and its completion made eight.
 --
 -- The fields of RECORD, in order: st state (p in progress, c completed,
 -- f failed, r released, x deleted: a tombstone that keeps its fence), at

@@ -40,9 +40,10 @@
 //!   in-flight run (`wait_for_in_flight`, HTTP `Prefer: wait`) subscribes
 //!   to its record's channel (`<record key>:done`, carrying the hash tag,
 //!   so it works on a Cluster too) and marks the record; the scripts that
-//!   end a claim publish there when the record is marked, and only then. One pub/sub connection per store, opened on first wait;
-//!   a read each second stays underneath as a safety net, and without
-//!   pub/sub the wait polls.
+//!   end a claim publish there when the record is marked, and only then.
+//!   One pub/sub connection per store, opened on first wait; a read each
+//!   second stays underneath as a safety net, and without pub/sub the wait
+//!   polls.
 //! - **Fails fast.** Connect and response timeouts are bounded, so a dead
 //!   server is a [`StoreError::Unavailable`] within about a second, and the
 //!   connection recovers on its own when the server returns.

@@ -30,17 +30,9 @@ async fn store(server: &RedisServer, batching: bool) -> RedisStore {
 /// Script calls the server ran (`EVALSHA` and `EVAL`), from
 /// `INFO commandstats`.
 fn script_calls(server: &RedisServer) -> u64 {
-    let info = server.cli("INFO commandstats").expect("info");
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
+    ["evalsha", "eval"]
+        .iter()
+        .map(|c| server.command_stats(c).expect("info").calls)
         .sum()
 }
 

@@ -157,9 +157,7 @@ async fn woken_by_the_publish(url: &str, servers: &[idem_testkit::redis::RedisSe
     let calls = |command: &str| -> u64 {
         stats
             .iter()
-            .flat_map(|s| s.lines())
-            .filter_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-            .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+            .map(|s| idem_testkit::redis::CommandStats::of(s, command).calls)
             .sum()
     };
     // The waiter's first claim, its watch (and at most one more from the

@@ -217,6 +217,44 @@ impl RedisServer {
             .sum();
         Ok(Duration::from_secs_f64(seconds))
     }
+
+    /// How often the server has run `command` (lower case, as `INFO
+    /// commandstats` names it: `evalsha`, `hget`) since it started or
+    /// since `CONFIG RESETSTAT`, and the microseconds it spent in it; zero
+    /// for a command it never ran. Commands run by scripts count too.
+    pub fn command_stats(&self, command: &str) -> Result<CommandStats, ServerError> {
+        Ok(CommandStats::of(&self.cli("INFO commandstats")?, command))
+    }
+}
+
+/// One command's line of `INFO commandstats`
+/// ([`RedisServer::command_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommandStats {
+    /// How many times it ran.
+    pub calls: u64,
+    /// The microseconds it took, in all.
+    pub usec: u64,
+}
+
+impl CommandStats {
+    /// `command`'s line in `info`, the text of `INFO commandstats`; zero
+    /// for a command it does not list.
+    pub fn of(info: &str, command: &str) -> Self {
+        let prefix = format!("cmdstat_{command}:");
+        let mut stats = Self::default();
+        let Some(line) = info.lines().find_map(|l| l.strip_prefix(&prefix)) else {
+            return stats;
+        };
+        for field in line.trim().split(',') {
+            match field.split_once('=') {
+                Some(("calls", n)) => stats.calls = n.parse().unwrap_or(0),
+                Some(("usec", n)) => stats.usec = n.parse().unwrap_or(0),
+                _ => {}
+            }
+        }
+        stats
+    }
 }
 
 impl Drop for RedisServer {

@@ -52,15 +52,22 @@ where
     start.elapsed().as_nanos() as f64 / items.len() as f64
 }
 
+/// `run` of `id` with a handler that returns `value` at once.
+async fn run_once(idem: &Idempotency<MemoryStore>, id: &RecordId, value: u16) -> Outcome<u16> {
+    idem.run(id, None, |_| async move { Ok::<_, Infallible>(value) })
+        .await
+        .expect("run")
+}
+
 async fn round(round: usize, n: usize) -> [f64; 4] {
     let store = MemoryStore::new();
     let idem = Idempotency::builder(store.clone())
         .build()
         .expect("executor");
     let params = ClaimParams::new(Duration::from_secs(60), Duration::from_secs(3600));
+    let (bare_ids, run_ids) = (ids(round, "bare", n), ids(round, "run", n));
 
-    let fresh = ids(round, "bare", n);
-    let bare = per_item(&fresh, |id| {
+    let bare = per_item(&bare_ids, |id| {
         let (store, params) = (&store, &params);
         async move {
             let ClaimOutcome::Acquired(lease) = store.claim(&id, params).await.expect("claim")
@@ -79,20 +86,16 @@ async fn round(round: usize, n: usize) -> [f64; 4] {
     })
     .await;
 
-    let fresh = ids(round, "run", n);
-    let run = per_item(&fresh, |id| {
+    let run = per_item(&run_ids, |id| {
         let idem = &idem;
         async move {
-            let outcome = idem
-                .run(&id, None, |_| async { Ok::<_, Infallible>(201u16) })
-                .await
-                .expect("run");
+            let outcome = run_once(idem, &id, 201).await;
             assert!(matches!(outcome, Outcome::Executed { .. }));
         }
     })
     .await;
 
-    let bare_replay = per_item(&ids(round, "bare", n), |id| {
+    let bare_replay = per_item(&bare_ids, |id| {
         let (store, params) = (&store, &params);
         async move {
             let outcome = store.claim(&id, params).await.expect("claim");
@@ -101,13 +104,10 @@ async fn round(round: usize, n: usize) -> [f64; 4] {
     })
     .await;
 
-    let replay = per_item(&fresh, |id| {
+    let replay = per_item(&run_ids, |id| {
         let idem = &idem;
         async move {
-            let outcome = idem
-                .run(&id, None, |_| async { Ok::<_, Infallible>(0u16) })
-                .await
-                .expect("run");
+            let outcome = run_once(idem, &id, 0).await;
             assert!(matches!(outcome, Outcome::Replayed { value: 201 }));
         }
     })
