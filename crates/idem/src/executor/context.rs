@@ -75,6 +75,32 @@ impl Context {
         }
     }
 
+    /// The fence to pass to a write that can refuse an older holder's,
+    /// checked first: [`ensure_lease`](Self::ensure_lease) and
+    /// [`fence`](Self::fence) in one call, for code that runs only under a
+    /// lease. `Err` once the lease is known to be lost, and when the run is
+    /// unguarded (fail-open with the store down: there is no lease, so
+    /// nothing to fence with).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// # let idem = idem::Idempotency::builder(idem::MemoryStore::new()).build()?;
+    /// # let id = idem::RecordId::parse("payments", "order-7")?;
+    /// let receipt = idem
+    ///     .run(&id, None, |ctx| async move {
+    ///         let fence = ctx.checked_fence()?;
+    ///         Ok::<_, idem::LeaseLost>(format!("written under fence {fence}"))
+    ///     })
+    ///     .await?;
+    /// assert_eq!(receipt.value(), "written under fence 1");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn checked_fence(&self) -> Result<u64, LeaseLost> {
+        self.ensure_lease()?;
+        self.fence().ok_or(LeaseLost)
+    }
+
     /// Resolves when the lease is lost (never, if it is not).
     pub async fn lease_lost(&self) {
         let mut held = self.held.clone();
