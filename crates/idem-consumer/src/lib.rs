@@ -23,6 +23,10 @@
 //! refuses, at start-up, a record retention shorter than the broker's
 //! redelivery window.
 //!
+//! How each outcome becomes a disposition:
+//!
+#![doc = include_str!("../docs/dispositions.md")]
+//!
 //! The mapping avoids the classic ways to lose or duplicate a message:
 //!
 //! - a duplicate whose first delivery is still running elsewhere is

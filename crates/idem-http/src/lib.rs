@@ -5,22 +5,7 @@
 //! as pinned down in idem's design (§8); each refusal is a typed
 //! [`Rejection`]:
 //!
-//! | situation | response |
-//! |---|---|
-//! | method not covered | passed through untouched |
-//! | key missing, key required | 400 problem+json |
-//! | key malformed | 400 problem+json naming the rule |
-//! | UUIDv7 key older than the retention ([`reject_old_uuid_v7`](IdempotencyLayerBuilder::reject_old_uuid_v7)) | 422 `key-too-old` |
-//! | same key, request still running | 409 problem+json + `Retry-After` |
-//! | same, with `Prefer: wait=N` | held up to N s ([`max_wait`](IdempotencyLayerBuilder::max_wait)) for the outcome, then the replay or 409; `Preference-Applied` |
-//! | same key, different request (fingerprint) | 422 problem+json |
-//! | same key, completed | stored status, headers and body + `Idempotent-Replayed: true` |
-//! | client disconnects or times out mid-request | the request runs to completion; its response is stored for the retry |
-//! | the key's earlier attempt stopped without an outcome (its process died) | 422 `outcome-unknown`, key kept; or passed on again with [`forward_takeovers`](IdempotencyLayerBuilder::forward_takeovers) |
-//! | store unreachable (fail-closed) | 503 problem+json + `Retry-After`, saying whether the request ran |
-//! | request body over the limit | 413 problem+json, key not used |
-//! | inner service failed before acting ([`NotExecuted`]), or answered 5xx | 502 / its response; key released |
-//! | request may have reached the upstream, response lost ([`OutcomeUnknown`], a body that broke off, any other inner error) | 502 problem+json, key kept as unknown; later requests 422 |
+#![doc = include_str!("../docs/status.md")]
 //!
 //! Exactly one request per key runs at a time and at most one completes:
 //! concurrent duplicates get 409, later ones the stored response. 2xx and

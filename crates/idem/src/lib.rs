@@ -59,12 +59,23 @@
 //! - The executor [`Idempotency`]: heartbeats, lease-loss signal,
 //!   retryable vs terminal failures, backoff, max attempts, compression,
 //!   size limits, fail-closed by default.
+//!   Handlers see their run through [`Context`] ([`Context::checked_fence`]
+//!   before a fenced write); [`HandlerError`] is an error type for
+//!   handlers that have none of their own.
 //! - For store implementers: [`group`], group commit (calls made at the
 //!   same time sent as one batch).
 //! - Metric names in [`metrics`].
 //!
 //! The guarantees every store keeps are in [`contract`]; `idem-testkit`
 //! holds the conformance suite every store passes.
+//!
+//! ## What a run returns
+//!
+#![doc = include_str!("../docs/outcomes.md")]
+//!
+//! ## Choosing a store
+//!
+#![doc = include_str!("../docs/stores.md")]
 
 pub mod cache;
 mod chain;
@@ -92,9 +103,9 @@ pub use chain::error_chain;
 pub use clock::{held, Clock, ManualClock, SystemClock, Timestamp, LONGEST_HELD};
 pub use codec::{Codec, Json};
 pub use executor::{
-    default_classifier, Backoff, ClaimedAhead, Classifier, ConfigError, Context, Heartbeats,
-    Idempotency, IdempotencyBuilder, Outcome, RunError, Terminal, DEFAULT_REPLAY_CACHE_BYTES,
-    DEFAULT_REPLAY_CACHE_TTL, STORE_RETRY_AFTER,
+    default_classifier, Backoff, ClaimedAhead, Classifier, ConfigError, Context, HandlerError,
+    Heartbeats, Idempotency, IdempotencyBuilder, Outcome, RunError, Terminal,
+    DEFAULT_REPLAY_CACHE_BYTES, DEFAULT_REPLAY_CACHE_TTL, STORE_RETRY_AFTER,
 };
 pub use fingerprint::{canonical_json, Fingerprint, FingerprintError};
 pub use key::{Key, KeyError, KeyRules, RecordId, Scope, DEFAULT_MAX_KEY_LEN, MAX_SCOPE_LEN};

@@ -2,20 +2,7 @@
 //! facade. Install any recorder (e.g. a Prometheus exporter) to collect
 //! them; with none installed they cost next to nothing.
 //!
-//! | name | kind | labels |
-//! |---|---|---|
-//! | `idem_claims_total` | counter | `outcome`: acquired, takeover, in_progress, completed, failed, mismatch |
-//! | `idem_replays_total` | counter | (duplicates answered from a stored outcome) |
-//! | `idem_takeovers_total` | counter | |
-//! | `idem_lease_lost_total` | counter | `at`: heartbeat, complete, fail |
-//! | `idem_mismatches_total` | counter | |
-//! | `idem_executions_total` | counter | `result`: ok, retryable, terminal, unknown |
-//! | `idem_fail_open_total` | counter | (handler ran unguarded) |
-//! | `idem_store_errors_total` | counter | `op` |
-//! | `idem_store_seconds` | histogram | `op`: claim, complete, fail, extend |
-//! | `idem_steps_total` | counter | `result`: executed, replayed |
-//! | `idem_steps_in_doubt_total` | counter | `policy`: retry, skip, park |
-//! | `idem_parked_total` | counter | (runs that parked their record) |
+#![doc = include_str!("../docs/metrics.md")]
 //!
 //! The duplicate rate is `idem_replays_total / idem_claims_total`.
 

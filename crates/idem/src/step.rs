@@ -16,11 +16,7 @@
 //! **unknown** outcome: the earlier attempt may have crashed before the
 //! effect, during it or after it. Its policy decides:
 //!
-//! | policy | in doubt | guarantee |
-//! |---|---|---|
-//! | [`Retry`] | runs the step again, with the same [downstream key](StepCtx::key) | at least once; exactly once where the external API deduplicates on the key |
-//! | [`Skip`] | does not run it; the step's result is `None` | at most once |
-//! | [`Park`] | does not run it; the record is parked (failed, outcome unknown) until an operator resolves it | neither: a person decides |
+#![doc = include_str!("../docs/steps.md")]
 //!
 //! A step whose work returns an error stays started (in doubt): an error
 //! from a network call does not prove the effect did not happen. Check
