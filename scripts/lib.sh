@@ -131,3 +131,21 @@ ensure_tansu() {
 ensure_stripe_sdk() {
     ensure_pip_tool stripe "stripe==16.1.0"
 }
+
+# The guide (docs/guide) is built with mdBook, installed from crates.io
+# into the tool cache (without its file watcher and web server).
+MDBOOK_VERSION=0.5.4
+ensure_mdbook() {
+    local root="${HOME}/.cache/idem/tools/mdbook"
+    if ! "$root/bin/mdbook" --version 2>/dev/null | grep -q "v${MDBOOK_VERSION}"; then
+        step "installing mdbook ${MDBOOK_VERSION} into $root"
+        cargo install mdbook --version "${MDBOOK_VERSION}" --locked \
+            --no-default-features --features search --root "$root" --quiet
+    fi
+    MDBOOK="$root/bin/mdbook"
+}
+
+# A loopback port nobody listens on right now.
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
