@@ -22,7 +22,8 @@
 //! the one window a lease cannot close: for effects in your own database
 //! use a transactional inbox (the dedup record written in the same
 //! transaction); for external APIs, journaled steps with derived downstream
-//! keys. Both are on the README's roadmap.
+//! keys. Both exist: see the guide's chapters "Natural idempotency first"
+//! and "Side effects: steps and durable handlers" (docs/guide).
 //!
 //! Run: `cargo run --release -p idem-examples --example exactly_once [messages]`
 
