@@ -175,8 +175,10 @@ pub struct ProxyArgs {
     /// Refuse covered requests without a key (400).
     #[arg(long, env = "IDEM_REQUIRE_KEY")]
     pub require_key: Option<bool>,
-    /// Separate keys per value of this header (e.g. authorization), so no
-    /// client can replay another's response.
+    /// Separate keys per value of this header, so no client can replay
+    /// another's response. Use one that stays the same between a request
+    /// and its retries, set by your authentication proxy (e.g.
+    /// x-account-id), not a bearer token that is refreshed.
     #[arg(long, env = "IDEM_TENANT_HEADER")]
     pub tenant_header: Option<String>,
     /// How long completed keys are remembered [default: 24h].

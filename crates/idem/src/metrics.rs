@@ -4,7 +4,8 @@
 //!
 #![doc = include_str!("../docs/metrics.md")]
 //!
-//! The duplicate rate is `idem_replays_total / idem_claims_total`.
+//! The duplicate rate, as a share of the runs that finished, is
+//! `idem_replays_total / (idem_replays_total + idem_executions_total)`.
 
 use std::future::Future;
 use std::time::Instant;
