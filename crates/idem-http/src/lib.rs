@@ -33,7 +33,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use axum::{routing::post, Extension, Router};
+//! use axum::{http::StatusCode, routing::post, Extension, Router};
 //! use idem_http::IdempotencyLayer;
 //!
 //! /// Set by your authentication layer once it has verified the caller.
@@ -42,14 +42,15 @@
 //!     id: u64,
 //! }
 //!
-//! async fn charge(Extension(run): Extension<idem::Context>) -> String {
-//!     // Pass the fence to writes that can refuse an older holder's.
-//!     let fence = run.fence().unwrap_or(0);
+//! async fn charge(Extension(run): Extension<idem::Context>) -> Result<String, StatusCode> {
+//!     // Pass the fence to writes that can refuse an older holder's; Err
+//!     // once the lease is lost (another attempt owns the key now).
+//!     let fence = run.checked_fence().map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?;
 //!     if run.is_takeover() {
 //!         // Only with forward_takeovers(true): an earlier attempt died
 //!         // and may have partly run; check before acting again.
 //!     }
-//!     format!("charged under fence {fence}")
+//!     Ok(format!("charged under fence {fence}"))
 //! }
 //!
 //! let store = idem_sqlite::SqliteStore::open("idem.db")?;

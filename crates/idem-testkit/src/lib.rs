@@ -2,13 +2,22 @@
 //! `idem::contract`).
 //!
 //! A store crate adds one line to a test file, naming an `async fn` that
-//! builds a [`Fixture`] for a case:
+//! builds a [`Fixture`] for a case (here `MemoryStore`'s own, from
+//! `crates/idem/tests/memory_conformance.rs`; a server store would use
+//! [`Fixture::real_time`] with a connected store):
 //!
-//! ```ignore
-//! async fn fixture(case: &'static str) -> idem_testkit::Fixture<MyStore> {
-//!     idem_testkit::Fixture::real_time(MyStore::connect(URL).await.unwrap(), case)
+//! ```
+//! use idem::{ManualClock, MemoryStore};
+//! use idem_testkit::Fixture;
+//!
+//! async fn fixture(case: &'static str) -> Fixture<MemoryStore<ManualClock>> {
+//!     let clock = ManualClock::default();
+//!     let store = MemoryStore::builder().clock(clock.clone()).build();
+//!     Fixture::manual(store, clock, case)
 //! }
+//!
 //! idem_testkit::conformance_suite!(fixture);
+//! # fn main() {}
 //! ```
 //!
 //! Each case becomes its own `#[tokio::test]` (multi-threaded), so the test

@@ -15,18 +15,24 @@
 //! ignored test `worker_process` with [`order_handler`](crate::ledger::order_handler).
 //!
 //! An adapter's tests implement [`BrokerUnderTest`] and run the scenario
-//! with two lines each:
+//! with two lines each: a worker entry point, marked `#[test]` and
+//! `#[ignore = "a worker process, started by the multi-process tests"]`,
+//! and the scenario, marked
+//! `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]`. Here
+//! they are written for any `B` (an adapter names its own type):
 //!
-//! ```ignore
-//! #[test]
-//! #[ignore = "a worker process, started by the multi-process tests"]
-//! fn worker_process() {
-//!     scenario::worker_process::<MyBroker>();
+//! ```
+//! use idem_testkit::scenario;
+//! use idem_testkit::under_test::BrokerUnderTest;
+//!
+//! pub fn worker_process<B: BrokerUnderTest>() {
+//!     scenario::worker_process::<B>();
 //! }
 //!
-//! #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-//! async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each() {
-//!     scenario::killed_worker::<MyBroker>("kill").await;
+//! pub async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each<
+//!     B: BrokerUnderTest,
+//! >() {
+//!     scenario::killed_worker::<B>("kill").await;
 //! }
 //! ```
 

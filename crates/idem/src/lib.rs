@@ -21,9 +21,9 @@
 //!     let charges = &charges;
 //!     let receipt = idem
 //!         .run(&id, Some(fp), |ctx| async move {
-//!             ctx.ensure_lease()?; // about to do something irreversible
+//!             let fence = ctx.checked_fence()?; // still ours: about to do something irreversible
 //!             charges.fetch_add(1, Ordering::SeqCst);
-//!             Ok::<_, idem::LeaseLost>(format!("charged with fence {:?}", ctx.fence()))
+//!             Ok::<_, idem::HandlerError>(format!("charged with fence {fence}"))
 //!         })
 //!         .await?;
 //!     assert!(receipt.value().starts_with("charged"));
@@ -32,7 +32,7 @@
 //!
 //! // Same key, different payload: refused, never silently replayed.
 //! let other = Fingerprint::of_json(br#"{"amount": 9999, "currency": "EUR"}"#)?;
-//! let err = idem.run(&id, Some(other), |_| async { Ok::<u8, idem::LeaseLost>(0) }).await;
+//! let err = idem.run(&id, Some(other), |_| async { Ok::<u8, idem::HandlerError>(0) }).await;
 //! assert!(matches!(err, Err(RunError::Mismatch)));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # }).unwrap();
