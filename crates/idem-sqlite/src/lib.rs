@@ -207,8 +207,11 @@ impl<C: Clock> SqliteStoreBuilder<C> {
 
     /// Opens the file, migrating its schema, and starts the writer.
     pub fn open(self) -> Result<SqliteStore<C>, OpenError> {
-        let mut conn = schema::connect(&self.path, self.durability, self.busy, Role::Writer)?;
-        let store_id = schema::migrate(&mut conn, &self.path, self.busy)?;
+        let (conn, store_id) = schema::retry_busy(self.busy, || {
+            let mut conn = schema::connect(&self.path, self.durability, self.busy, Role::Writer)?;
+            let store_id = schema::migrate(&mut conn, &self.path, self.busy)?;
+            Ok((conn, store_id))
+        })?;
         let (tx, rx) = mpsc::channel(self.queue);
         let clock = Arc::new(self.clock);
         let changed = Arc::new(Notify::new());

@@ -2,7 +2,7 @@
 //! and the clear errors for files that cannot be used.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
 
@@ -190,6 +190,28 @@ pub(crate) fn connect(
         conn.pragma_update(None, "query_only", true).map_err(fail)?;
     }
     Ok(conn)
+}
+
+/// Runs `step` again while SQLite answers busy or locked, until `busy` has
+/// passed. A connection that meets another one turning a new file to WAL,
+/// or recovering its WAL, is told busy at once, without its busy handler
+/// (SQLite does not wait where waiting could deadlock): processes started
+/// together on a new file would otherwise fail to open it.
+pub(crate) fn retry_busy<T>(
+    busy: Duration,
+    mut step: impl FnMut() -> Result<T, OpenError>,
+) -> Result<T, OpenError> {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(2);
+    loop {
+        match step() {
+            Err(OpenError::Locked { .. }) if started.elapsed() + pause < busy => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Brings the file to [`SCHEMA_VERSION`] and returns the store's id.

@@ -1,6 +1,7 @@
 //! Several processes on one store file: SIGKILL at random moments loses no
 //! acknowledged completion and leaves no half-written record; two processes
-//! racing over the same keys acquire each key exactly once.
+//! racing over the same keys acquire each key exactly once; processes that
+//! start at once on a new file all open it.
 //!
 //! The child processes are this test binary run again in a child mode
 //! (the ignored `child` test, selected by an environment variable). They
@@ -218,6 +219,34 @@ fn two_processes_acquire_each_key_exactly_once() {
     assert_eq!(acquired.get("hot"), Some(&1));
 }
 
+/// Processes started together (several workers, or two gateways) on a
+/// file that does not exist yet all open it: one creates the schema, the
+/// others wait for it, none fails as locked.
+#[test]
+fn processes_opening_a_new_file_at_once_all_open_it() {
+    for round in 0..10 {
+        let dir = tempfile::Builder::new()
+            .prefix("open")
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .expect("tempdir");
+        let path = dir.path().join("idem.db");
+        let go = path.with_extension("go");
+        let mut children: Vec<_> = (0..6).map(|_| spawn_child("open", &path)).collect();
+        let readers: Vec<_> = children.iter_mut().map(reported_lines).collect();
+        std::thread::sleep(Duration::from_millis(300));
+        std::fs::write(&go, b"go").expect("start signal");
+        let mut acquired = 0;
+        for (child, reader) in children.iter_mut().zip(readers) {
+            let status = child.wait().expect("child finishes");
+            let lines = reader.join().expect("reader");
+            let opened = lines.iter().find_map(|l| report(l, "OPEN "));
+            assert_eq!(opened, Some("ok"), "round {round}: {lines:?} ({status})");
+            acquired += lines.iter().filter(|l| report(l, "ACQ ").is_some()).count();
+        }
+        assert_eq!(acquired, 1, "round {round}: one process acquires the key");
+    }
+}
+
 /// The child side: does nothing unless started by the tests above.
 #[test]
 #[ignore = "child process of the multi-process tests"]
@@ -226,6 +255,9 @@ fn child() {
         return;
     };
     let path = PathBuf::from(path);
+    if mode == "open" {
+        return runtime().block_on(open_child(&path));
+    }
     runtime().block_on(async move {
         let store = Arc::new(SqliteStore::open(&path).expect("child opens the store"));
         match mode.as_str() {
@@ -234,6 +266,27 @@ fn child() {
             other => panic!("unknown child mode {other}"),
         }
     });
+}
+
+/// Opens the store when the parent says go, and claims one shared key.
+#[allow(clippy::print_stdout)]
+async fn open_child(path: &Path) {
+    let go = path.with_extension("go");
+    while !go.exists() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let store = match SqliteStore::open(path) {
+        Ok(store) => store,
+        Err(error) => {
+            println!("OPEN {error}");
+            return;
+        }
+    };
+    println!("OPEN ok");
+    let id = RecordId::parse("open", "shared").expect("valid");
+    if let ClaimOutcome::Acquired(_) = store.claim(&id, &claim_params()).await.expect("claim") {
+        println!("ACQ shared");
+    }
 }
 
 #[allow(clippy::print_stdout)]
