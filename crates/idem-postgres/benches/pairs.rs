@@ -25,7 +25,7 @@ use bytes::Bytes;
 use idem::cache::{Cached, LruCache};
 use idem::{ClaimMany, ClaimOutcome, ClaimParams, RecordId, Store};
 use idem_postgres::PgStore;
-use idem_testkit::bench::{rate, secs_arg};
+use idem_testkit::bench::{pair, rate, secs_arg};
 use idem_testkit::postgres::{pgbench_command, PgServer};
 use idem_testkit::redis::RedisServer;
 
@@ -72,13 +72,14 @@ async fn pairs(store: &PgStore, callers: usize, secs: f64) -> f64 {
         let s = s.clone();
         async move {
             let id = RecordId::parse("bench", &format!("p{c}-{i}")).expect("valid");
-            let ClaimOutcome::Acquired(lease) = s.claim(&id, &params()).await.expect("claim")
-            else {
-                panic!("fresh keys are acquired")
-            };
-            s.complete(&lease, Bytes::from_static(b"{}"), Duration::from_secs(3600))
-                .await
-                .expect("complete");
+            pair(
+                &s,
+                &id,
+                &params(),
+                Bytes::from_static(b"{}"),
+                Duration::from_secs(3600),
+            )
+            .await;
             1
         }
     })
@@ -189,18 +190,8 @@ async fn main() {
     truncate();
     for n in 0..HOT_KEYS {
         let id = RecordId::parse("hot", &format!("h{n}")).expect("valid");
-        let ClaimOutcome::Acquired(lease) = store.claim(&id, &params()).await.expect("claim")
-        else {
-            panic!("fresh")
-        };
-        store
-            .complete(
-                &lease,
-                Bytes::from_static(b"{\"ok\":true}"),
-                Duration::from_secs(3600),
-            )
-            .await
-            .expect("complete");
+        let response = Bytes::from_static(b"{\"ok\":true}");
+        pair(&store, &id, &params(), response, Duration::from_secs(3600)).await;
     }
     let redis = RedisServer::start().expect("start redis-server");
     let redis_cache = idem_redis::RedisStore::connect(&redis.url())

@@ -22,9 +22,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::{ClaimMany, ClaimOutcome, ClaimParams, RecordId, Store};
+use idem::{ClaimMany, ClaimParams, RecordId, Store};
 use idem_redis::RedisStore;
-use idem_testkit::bench::{rate, secs_arg, CpuMeter};
+use idem_testkit::bench::{pair, rate, secs_arg, CpuMeter};
 use idem_testkit::redis::{RedisCluster, RedisServer};
 
 const CALLERS: [usize; 3] = [1, 16, 64];
@@ -197,17 +197,8 @@ async fn pairs_of(servers: &Servers, store: RedisStore, callers: usize, secs: f6
         let s = store.clone();
         async move {
             let id = RecordId::parse("bench", &format!("p{c}-{i}")).expect("valid");
-            let ClaimOutcome::Acquired(lease) = s.claim(&id, &params()).await.expect("claim")
-            else {
-                panic!("fresh keys are acquired")
-            };
-            s.complete(
-                &lease,
-                Bytes::from_static(b"{\"ok\":true}"),
-                Duration::from_secs(3600),
-            )
-            .await
-            .expect("complete");
+            let response = Bytes::from_static(b"{\"ok\":true}");
+            pair(&s, &id, &params(), response, Duration::from_secs(3600)).await;
             1
         }
     })

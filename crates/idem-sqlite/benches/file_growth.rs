@@ -16,8 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use idem::{ClaimOutcome, ClaimParams, ManualClock, RecordId, Store};
+use idem::{ClaimParams, ManualClock, RecordId};
 use idem_sqlite::SqliteStore;
+use idem_testkit::bench::pair;
 
 const RETENTION: Duration = Duration::from_secs(10);
 const CALLERS: u64 = 64;
@@ -77,15 +78,14 @@ fn main() {
                             break;
                         }
                         let id = RecordId::parse("growth", &format!("msg-{i}")).expect("valid");
-                        let ClaimOutcome::Acquired(lease) =
-                            store.claim(&id, &params).await.expect("claim")
-                        else {
-                            panic!("fresh keys are acquired");
-                        };
-                        store
-                            .complete(&lease, Bytes::from_static(&[7u8; 200]), RETENTION)
-                            .await
-                            .expect("complete");
+                        pair(
+                            &store,
+                            &id,
+                            &params,
+                            Bytes::from_static(&[7u8; 200]),
+                            RETENTION,
+                        )
+                        .await;
                         clock.advance(Duration::from_millis(1));
                         let n = done.fetch_add(1, Ordering::Relaxed) + 1;
                         if n % REPORT_EVERY == 0 {

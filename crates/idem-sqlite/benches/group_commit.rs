@@ -37,8 +37,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use idem::{ClaimOutcome, ClaimParams, RecordId, Store};
+use idem::{ClaimParams, RecordId};
 use idem_sqlite::{Durability, SqliteStore};
+use idem_testkit::bench::pair;
 use rusqlite::{params, Connection};
 
 const RESPONSE: &[u8] = br#"{"status":201,"charge":"ch_123"}"#;
@@ -242,19 +243,14 @@ async fn idem_store(store: SqliteStore, callers: usize, keys: Keys, run: Duratio
                         Keys::Callers => format!("order-{c}-{i}:charge:v1"),
                     };
                     let id = RecordId::parse("bench", &key).expect("valid");
-                    let ClaimOutcome::Acquired(lease) =
-                        store.claim(&id, &params).await.expect("claim")
-                    else {
-                        panic!("fresh keys are acquired");
-                    };
-                    store
-                        .complete(
-                            &lease,
-                            Bytes::from_static(RESPONSE),
-                            Duration::from_secs(3600),
-                        )
-                        .await
-                        .expect("complete");
+                    pair(
+                        &*store,
+                        &id,
+                        &params,
+                        Bytes::from_static(RESPONSE),
+                        Duration::from_secs(3600),
+                    )
+                    .await;
                     pairs.fetch_add(1, Ordering::Relaxed);
                     i += 1;
                 }

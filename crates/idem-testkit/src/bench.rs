@@ -7,6 +7,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use idem::{ClaimOutcome, ClaimParams, RecordId, Store};
+
 #[cfg(feature = "consumers")]
 pub mod consumers;
 
@@ -43,6 +46,28 @@ where
         task.await.expect("bench task");
     }
     done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// One claim and completion of a fresh key: the pair the store
+/// benchmarks count.
+///
+/// # Panics
+///
+/// If the key is not acquired, or the store fails.
+pub async fn pair<S: Store + ?Sized>(
+    store: &S,
+    id: &RecordId,
+    params: &ClaimParams,
+    response: Bytes,
+    retention: Duration,
+) {
+    let ClaimOutcome::Acquired(lease) = store.claim(id, params).await.expect("claim") else {
+        panic!("fresh keys are acquired");
+    };
+    store
+        .complete(&lease, response, retention)
+        .await
+        .expect("complete");
 }
 
 /// The seconds per point a benchmark was given as `--secs N` on its

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use idem::{ClaimOutcome, ClaimParams, Idempotency, MemoryStore, Outcome, RecordId, Store};
+use idem_testkit::bench::pair;
 
 const RESPONSE: &[u8] = br#"{"status":201,"charge":"ch_123"}"#;
 
@@ -70,18 +71,14 @@ async fn round(round: usize, n: usize) -> [f64; 4] {
     let bare = per_item(&bare_ids, |id| {
         let (store, params) = (&store, &params);
         async move {
-            let ClaimOutcome::Acquired(lease) = store.claim(&id, params).await.expect("claim")
-            else {
-                panic!("fresh keys are acquired")
-            };
-            store
-                .complete(
-                    &lease,
-                    Bytes::from_static(RESPONSE),
-                    Duration::from_secs(3600),
-                )
-                .await
-                .expect("complete");
+            pair(
+                store,
+                &id,
+                params,
+                Bytes::from_static(RESPONSE),
+                Duration::from_secs(3600),
+            )
+            .await;
         }
     })
     .await;
