@@ -15,6 +15,7 @@ pub mod admin;
 pub mod bench;
 mod deadline;
 pub mod proxy;
+pub mod serve;
 pub mod store;
 
 use store::{StoreUrl, DEFAULT_STORE};
@@ -39,6 +40,8 @@ pub struct Cli {
 pub enum Command {
     /// Serve an Idempotency-Key gateway in front of an HTTP service.
     Proxy(Box<ProxyArgs>),
+    /// Serve the claim API (HTTP and JSON) for programs in any language.
+    Serve(serve::ServeArgs),
     /// Print one record as JSON.
     Inspect {
         /// The record's scope (for the gateway: `http METHOD ROUTE`).
@@ -361,7 +364,7 @@ pub fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
 }
 
 /// A wait: a duration, or `0` for none.
-fn wait(flag: &str, text: &str) -> anyhow::Result<Duration> {
+pub(crate) fn wait(flag: &str, text: &str) -> anyhow::Result<Duration> {
     if text.trim() == "0" {
         return Ok(Duration::ZERO);
     }
@@ -395,10 +398,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         return run_proxy(args).await;
     }
+    if let Command::Serve(args) = &cli.command {
+        return run_serve(cli.store.as_deref(), args).await;
+    }
     let url: StoreUrl = cli.store.as_deref().unwrap_or(DEFAULT_STORE).parse()?;
     let store = url.open().await?;
     match cli.command {
-        Command::Proxy(_) => unreachable!("handled above"),
+        Command::Proxy(_) | Command::Serve(_) => unreachable!("handled above"),
         Command::Inspect { scope, key } => {
             match admin::inspect(&store, &record_id(&scope, &key)?).await? {
                 Some(record) => print_json(&record),
@@ -516,6 +522,28 @@ async fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
         "idem proxy ready"
     );
     proxy::serve(store, &config, listener, admin, shutdown_signal()).await
+}
+
+async fn run_serve(store: Option<&str>, args: &serve::ServeArgs) -> anyhow::Result<()> {
+    let config = args.config()?;
+    let url: StoreUrl = store.unwrap_or(DEFAULT_STORE).parse()?;
+    let store = url.open().await?;
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+    if config.tenants.is_open() {
+        tracing::warn!(
+            "no --tokens: every caller acts as tenant {:?}",
+            serve::OPEN_TENANT
+        );
+    }
+    tracing::info!(
+        listen = %proxy::local_addr(&listener),
+        store = %url,
+        tenants = config.tenants.count(),
+        "idem serve ready"
+    );
+    serve::serve(store, config, listener, shutdown_signal()).await
 }
 
 async fn shutdown_signal() {

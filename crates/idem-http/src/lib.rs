@@ -84,7 +84,7 @@ pub use body::IdemBody;
 pub use header::{parse_key, KeyHeaderError};
 pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder};
 pub use marker::{NotExecuted, OutcomeUnknown};
-pub use problem::types as problem_types;
+pub use problem::{types as problem_types, Problem};
 pub use rejection::Rejection;
 pub use request::{LIFETIME_HEADER, REPLAYED_HEADER};
 pub use rules::{default_stored, FingerprintHook, FingerprintRule};

@@ -36,9 +36,11 @@ pub mod types {
     pub const STORED_UNREADABLE: &str = "https://idem.dev/problems/stored-response-unreadable";
 }
 
-/// A problem answer under construction.
+/// An `application/problem+json` answer under construction: a status, a
+/// stable `type` URI, a short title, a detail for people and, for answers
+/// worth retrying, a `Retry-After`.
 #[derive(Debug)]
-pub(crate) struct Problem {
+pub struct Problem {
     status: StatusCode,
     kind: &'static str,
     title: &'static str,
@@ -47,7 +49,8 @@ pub(crate) struct Problem {
 }
 
 impl Problem {
-    pub(crate) fn new(
+    /// A problem with this status, `type` URI, title and detail.
+    pub fn new(
         status: StatusCode,
         kind: &'static str,
         title: &'static str,
@@ -62,12 +65,14 @@ impl Problem {
         }
     }
 
-    pub(crate) fn retry_after(mut self, after: Duration) -> Self {
+    /// Adds a `Retry-After` header: whole seconds, rounded up, at least one.
+    pub fn retry_after(mut self, after: Duration) -> Self {
         self.retry_after = Some(after);
         self
     }
 
-    pub(crate) fn into_response(self) -> Response<Bytes> {
+    /// The answer.
+    pub fn into_response(self) -> Response<Bytes> {
         let body = serde_json::json!({
             "type": self.kind,
             "title": self.title,

@@ -1,0 +1,313 @@
+//! The claim API's operations over a store: each takes a tenant and a
+//! checked request, and answers JSON or a problem.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::StatusCode;
+use idem::{
+    ClaimOutcome, ClaimParams, Failure, Fingerprint, GetRecord, KeyRules, Lease, LeaseToken,
+    RecordId, Scope, State, StepBegin, StepJournal, Store, StoreError, Timestamp, LONGEST_HELD,
+    MAX_SCOPE_LEN,
+};
+use idem_http::Problem;
+use tokio_util::task::TaskTracker;
+
+use super::problems::{self, bad_request, store_problem};
+use super::wire::{
+    stored_json, ClaimAnswer, ClaimRequest, CompleteRequest, ExtendAnswer, ExtendRequest,
+    FailRequest, LeaseJson, RecordAnswer, ReleaseRequest, StepBeginAnswer, StepBeginRequest,
+    StepFinishRequest, StepJson, StepsAnswer,
+};
+use super::ServeConfig;
+use crate::store::AnyStore;
+
+/// The API's state: the store, the settings, and the writes still
+/// running for callers that went away.
+pub(crate) struct Api {
+    pub(crate) store: AnyStore,
+    pub(crate) config: ServeConfig,
+    /// Writes run detached from their request, so that a caller that
+    /// disconnects cannot cut one short; shutdown waits for them.
+    pub(crate) writes: TaskTracker,
+}
+
+type Answer<T> = Result<T, Problem>;
+
+impl Api {
+    /// The record `key` of the caller's `scope`, kept under its tenant.
+    fn id(&self, tenant: &str, scope: &str, key: &str) -> Answer<RecordId> {
+        Scope::new(scope).map_err(|e| bad_request(format!("scope: {e}")))?;
+        let key = KeyRules::default()
+            .parse(key)
+            .map_err(|e| bad_request(format!("key: {e}")))?;
+        let scope = Scope::new(&format!("{tenant}/{scope}")).map_err(|_| {
+            bad_request(format!(
+                "scope: longer than {} bytes, the most this tenant's scopes may have",
+                MAX_SCOPE_LEN - tenant.len() - 1
+            ))
+        })?;
+        Ok(RecordId::new(scope, key))
+    }
+
+    /// The lease a caller passed back.
+    fn lease(&self, tenant: &str, lease: &LeaseJson) -> Answer<Lease> {
+        let token = LeaseToken::from_hex(&lease.token)
+            .ok_or_else(|| bad_request("lease.token: not the 32 hex digits a claim hands out"))?;
+        Ok(Lease {
+            id: self.id(tenant, &lease.scope, &lease.key)?,
+            token,
+            fence: lease.fence,
+            attempt: lease.attempt,
+            takeover: false,
+            lease_until: Timestamp::ZERO,
+        })
+    }
+
+    /// Runs a write to its end even if the caller goes away meanwhile.
+    async fn detached<T: Send + 'static>(
+        &self,
+        write: impl std::future::Future<Output = Answer<T>> + Send + 'static,
+    ) -> Answer<T> {
+        self.writes.spawn(write).await.map_err(|e| {
+            Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                problems::STORE_ERROR,
+                "store error",
+                format!("the write stopped: {e}"),
+            )
+        })?
+    }
+
+    pub(crate) async fn claim(&self, tenant: &str, request: ClaimRequest) -> Answer<ClaimAnswer> {
+        let id = self.id(tenant, &request.scope, &request.key)?;
+        let lease = millis("lease_ms", request.lease_ms, self.config.lease)?;
+        let retention = millis("retention_ms", request.retention_ms, self.config.retention)?;
+        let mut params = ClaimParams::new(lease, retention.max(lease));
+        if let Some(fingerprint) = &request.fingerprint {
+            params = params.fingerprint(Fingerprint::of_bytes(fingerprint.as_bytes()));
+        }
+        let wait = Duration::from_millis(request.wait_ms.unwrap_or(0)).min(self.config.max_wait);
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let outcome = self
+                .store
+                .claim(&id, &params)
+                .await
+                .map_err(store_problem)?;
+            return Ok(match outcome {
+                ClaimOutcome::Acquired(lease) => ClaimAnswer::Acquired {
+                    lease: LeaseJson {
+                        scope: request.scope,
+                        key: request.key,
+                        token: lease.token.to_hex(),
+                        fence: lease.fence,
+                        attempt: lease.attempt,
+                    },
+                    takeover: lease.takeover,
+                    lease_until_ms: lease.lease_until.as_millis(),
+                },
+                ClaimOutcome::InProgress { retry_after } => {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    if !left.is_zero() {
+                        self.store
+                            .wait_for_change(&id, left.min(retry_after.max(MIN_POLL)))
+                            .await;
+                        continue;
+                    }
+                    ClaimAnswer::InProgress {
+                        retry_after_ms: retry_after.as_millis().try_into().unwrap_or(u64::MAX),
+                    }
+                }
+                ClaimOutcome::Completed(response) => ClaimAnswer::Completed {
+                    response: stored_json(&response).map_err(problems::unreadable)?,
+                },
+                ClaimOutcome::Failed(failure) => ClaimAnswer::Failed {
+                    class: failure.class.as_str(),
+                    message: failure.message,
+                },
+                ClaimOutcome::Mismatch => ClaimAnswer::Mismatch,
+            });
+        }
+    }
+
+    pub(crate) async fn complete(&self, tenant: &str, request: CompleteRequest) -> Answer<()> {
+        let lease = self.lease(tenant, &request.lease)?;
+        let retention = millis("retention_ms", request.retention_ms, self.config.retention)?;
+        let response = Bytes::from(String::from(Box::<str>::from(request.response)));
+        let store = self.store.clone();
+        self.detached(async move {
+            let done = store.complete(&lease, response.clone(), retention).await;
+            landed(&store, &lease, done, |state| {
+                state.completed_with(&response)
+            })
+            .await
+        })
+        .await
+    }
+
+    pub(crate) async fn fail(&self, tenant: &str, request: FailRequest) -> Answer<()> {
+        let lease = self.lease(tenant, &request.lease)?;
+        let retention = millis("retention_ms", request.retention_ms, self.config.retention)?;
+        let failure = Failure::new(request.class.into(), request.message);
+        let store = self.store.clone();
+        self.detached(async move {
+            let done = store.fail(&lease, failure.clone(), retention).await;
+            landed(&store, &lease, done, |state| match state {
+                State::Failed { failure: stored } => *stored == failure,
+                State::Released {
+                    last_failure: Some(stored),
+                } => *stored == failure,
+                _ => false,
+            })
+            .await
+        })
+        .await
+    }
+
+    pub(crate) async fn extend(
+        &self,
+        tenant: &str,
+        request: ExtendRequest,
+    ) -> Answer<ExtendAnswer> {
+        let lease = self.lease(tenant, &request.lease)?;
+        let duration = millis("lease_ms", request.lease_ms, self.config.lease)?;
+        let until = self
+            .store
+            .extend(&lease, duration)
+            .await
+            .map_err(store_problem)?;
+        Ok(ExtendAnswer {
+            lease_until_ms: until.as_millis(),
+        })
+    }
+
+    pub(crate) async fn release(&self, tenant: &str, request: ReleaseRequest) -> Answer<()> {
+        let lease = self.lease(tenant, &request.lease)?;
+        let store = self.store.clone();
+        self.detached(async move {
+            let done = store.release(&lease).await;
+            landed(&store, &lease, done, |state| {
+                matches!(state, State::Released { last_failure: None })
+            })
+            .await
+        })
+        .await
+    }
+
+    pub(crate) async fn begin_step(
+        &self,
+        tenant: &str,
+        request: StepBeginRequest,
+    ) -> Answer<StepBeginAnswer> {
+        let lease = self.lease(tenant, &request.lease)?;
+        step_name(&request.step)?;
+        let downstream_key = idem::step::downstream_key(&lease.id, &request.step);
+        let begun = StepJournal::begin_step(&self.store, &lease, &request.step)
+            .await
+            .map_err(store_problem)?;
+        Ok(match begun {
+            StepBegin::Fresh => StepBeginAnswer::Fresh { downstream_key },
+            StepBegin::InDoubt { attempt } => StepBeginAnswer::InDoubt {
+                attempt,
+                downstream_key,
+            },
+            StepBegin::Done(result) if result.is_empty() => StepBeginAnswer::Skipped,
+            StepBegin::Done(result) => StepBeginAnswer::Done {
+                result: stored_json(&result).map_err(problems::unreadable)?,
+            },
+        })
+    }
+
+    pub(crate) async fn finish_step(&self, tenant: &str, request: StepFinishRequest) -> Answer<()> {
+        let lease = self.lease(tenant, &request.lease)?;
+        step_name(&request.step)?;
+        let result = Bytes::from(String::from(Box::<str>::from(request.result)));
+        let store = self.store.clone();
+        self.detached(async move {
+            StepJournal::finish_step(&store, &lease, &request.step, result)
+                .await
+                .map_err(store_problem)
+        })
+        .await
+    }
+
+    pub(crate) async fn record(
+        &self,
+        tenant: &str,
+        scope: &str,
+        key: &str,
+    ) -> Answer<RecordAnswer> {
+        let id = self.id(tenant, scope, key)?;
+        let record = GetRecord::get(&self.store, &id)
+            .await
+            .map_err(store_problem)?
+            .ok_or_else(|| problems::not_found(scope, key))?;
+        RecordAnswer::new(scope, key, &record).map_err(problems::unreadable)
+    }
+
+    pub(crate) async fn steps(&self, tenant: &str, scope: &str, key: &str) -> Answer<StepsAnswer> {
+        let id = self.id(tenant, scope, key)?;
+        let entries = StepJournal::steps(&self.store, &id)
+            .await
+            .map_err(store_problem)?;
+        let steps = entries
+            .into_iter()
+            .map(StepJson::new)
+            .collect::<Result<_, _>>()
+            .map_err(problems::unreadable)?;
+        Ok(StepsAnswer { steps })
+    }
+}
+
+/// The shortest pause between two claims of a key held elsewhere while a
+/// claim waits, for stores that wake waiters early.
+const MIN_POLL: Duration = Duration::from_millis(5);
+
+/// A duration field, in whole milliseconds: its default when absent,
+/// refused when zero or longer than idem keeps anything.
+fn millis(field: &str, value: Option<u64>, default: Duration) -> Answer<Duration> {
+    let Some(ms) = value else {
+        return Ok(default);
+    };
+    let d = Duration::from_millis(ms);
+    if ms == 0 || d > LONGEST_HELD {
+        return Err(bad_request(format!(
+            "{field}: {ms} is outside 1..={} (a century, the longest idem keeps anything)",
+            LONGEST_HELD.as_millis()
+        )));
+    }
+    Ok(d)
+}
+
+fn step_name(name: &str) -> Answer<()> {
+    idem::step::check_step_name(name).map_err(|rule| bad_request(format!("step: {rule}")))
+}
+
+/// A write's result, where a lost lease may be the caller's own earlier
+/// try of the same write (its answer lost on the way back): the record
+/// then holds the claim's fence in the state the write leaves, and the
+/// write is reported as done, not as a lost lease.
+async fn landed(
+    store: &AnyStore,
+    lease: &Lease,
+    done: Result<(), StoreError>,
+    leaves: impl Fn(&State) -> bool,
+) -> Answer<()> {
+    match done {
+        Err(StoreError::LeaseLost) => {
+            let record = GetRecord::get(store, &lease.id)
+                .await
+                .map_err(store_problem)?;
+            match record {
+                Some(record) if record.fence == lease.fence && leaves(&record.state) => Ok(()),
+                _ => Err(store_problem(StoreError::LeaseLost)),
+            }
+        }
+        other => other.map_err(store_problem),
+    }
+}
+
+/// The API, shared by the routes.
+pub(crate) type Shared = Arc<Api>;

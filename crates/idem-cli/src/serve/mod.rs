@@ -1,0 +1,322 @@
+//! `idem serve`: the claim API, so that programs in any language get the
+//! same records, leases, fences and step journal as the Rust library, over
+//! HTTP and JSON. `openapi.yaml` (served at `/openapi.yaml`) describes it;
+//! the Python and TypeScript clients in `clients/` call it.
+//!
+//! Each bearer token acts for one tenant, and every record a caller names
+//! is kept under its tenant's name: no token can see or touch another
+//! tenant's records.
+
+mod api;
+pub mod problems;
+mod tenants;
+mod wire;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{RawQuery, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use idem_http::Problem;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio_util::task::TaskTracker;
+
+use api::{Api, Shared};
+pub use tenants::{Tenants, MAX_TENANT_LEN, MIN_TOKEN_LEN, OPEN_TENANT};
+
+use crate::store::AnyStore;
+
+/// The OpenAPI 3.1 description of the API, as committed in the repository.
+pub const OPENAPI: &str = include_str!("../../openapi.yaml");
+
+/// `idem serve` settings: each from its flag, else its `IDEM_*` variable,
+/// else the default.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Where the API listens.
+    #[arg(long, env = "IDEM_SERVE_LISTEN", default_value = "127.0.0.1:8700")]
+    pub listen: String,
+    /// A TOML file giving each tenant its bearer tokens
+    /// (`[tenants]` then `shop = ["TOKEN"]`). Without it every caller is
+    /// one tenant, and only a loopback address may be listened on.
+    #[arg(long, env = "IDEM_TOKENS")]
+    pub tokens: Option<PathBuf>,
+    /// The lease of a claim that does not say.
+    #[arg(long, env = "IDEM_LEASE", default_value = "30s")]
+    pub lease: String,
+    /// How long outcomes are kept when a write does not say.
+    #[arg(long, env = "IDEM_RETENTION", default_value = "24h")]
+    pub retention: String,
+    /// The longest a claim may wait for a running duplicate's outcome
+    /// (`wait_ms`); longer asks are cut to it. 0 never waits.
+    #[arg(long, env = "IDEM_MAX_WAIT", default_value = "30s")]
+    pub max_wait: String,
+    /// The largest request body, bytes (a stored response or step result
+    /// is at most this).
+    #[arg(long, env = "IDEM_MAX_REQUEST_BYTES", default_value_t = 1 << 20)]
+    pub max_request_bytes: usize,
+}
+
+/// The claim API's settings, checked.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Who may call, as which tenant.
+    pub tenants: Tenants,
+    /// A claim's lease when it does not say.
+    pub lease: Duration,
+    /// An outcome's retention when a write does not say.
+    pub retention: Duration,
+    /// The longest a claim waits for a running duplicate.
+    pub max_wait: Duration,
+    /// The largest request body, bytes.
+    pub max_request_bytes: usize,
+}
+
+impl ServeArgs {
+    /// The settings, checked; the tokens file is read.
+    pub fn config(&self) -> anyhow::Result<ServeConfig> {
+        let tenants = match &self.tokens {
+            Some(path) => Tenants::from_file(path)?,
+            None => {
+                let loopback = self
+                    .listen
+                    .parse::<SocketAddr>()
+                    .map(|a| a.ip().is_loopback())
+                    .unwrap_or(self.listen.starts_with("localhost:"));
+                anyhow::ensure!(
+                    loopback,
+                    "--listen {}: without --tokens, idem serve lets anyone who can reach it \
+                     act on every record, so it only listens on a loopback address",
+                    self.listen
+                );
+                Tenants::open()
+            }
+        };
+        Ok(ServeConfig {
+            tenants,
+            lease: crate::duration("--lease", &self.lease)?,
+            retention: crate::duration("--retention", &self.retention)?,
+            max_wait: crate::wait("--max-wait", &self.max_wait)?,
+            max_request_bytes: self.max_request_bytes,
+        })
+    }
+}
+
+/// The API's routes over `store`, and the tracker of writes still running
+/// for callers that went away.
+pub fn router(store: AnyStore, config: ServeConfig) -> (Router, TaskTracker) {
+    let writes = TaskTracker::new();
+    let api: Shared = Arc::new(Api {
+        store,
+        config,
+        writes: writes.clone(),
+    });
+    let router = Router::new()
+        .route("/v1/claim", post(claim))
+        .route("/v1/complete", post(complete))
+        .route("/v1/fail", post(fail))
+        .route("/v1/extend", post(extend))
+        .route("/v1/release", post(release))
+        .route("/v1/steps/begin", post(begin_step))
+        .route("/v1/steps/finish", post(finish_step))
+        .route("/v1/record", get(record))
+        .route("/v1/steps", get(steps))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/openapi.yaml", get(openapi))
+        .fallback(|uri: Uri| async move { problem(problems::no_route(uri.path())) })
+        .with_state(api);
+    (router, writes)
+}
+
+/// Serves the API on `listener` until `shutdown` resolves; then stops
+/// accepting, and returns once in-flight requests, and writes whose
+/// callers went away, have finished.
+pub async fn serve(
+    store: AnyStore,
+    config: ServeConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let _purger = store.spawn_purger();
+    let (router, writes) = router(store, config);
+    let served = axum::serve(listener, router)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            tracing::info!("shutting down: finishing in-flight requests");
+        })
+        .await;
+    writes.close();
+    writes.wait().await;
+    served?;
+    Ok(())
+}
+
+async fn openapi() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/yaml")],
+        OPENAPI.to_owned(),
+    )
+        .into_response()
+}
+
+fn problem(problem: Problem) -> Response {
+    problem.into_response().map(Body::from)
+}
+
+fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(body) => {
+            let mut response = Response::new(Body::from(body));
+            *response.status_mut() = status;
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            response
+        }
+        Err(e) => problem(Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            problems::STORE_ERROR,
+            "answer not encoded",
+            e.to_string(),
+        )),
+    }
+}
+
+/// The caller's tenant, from its bearer token.
+fn tenant(api: &Api, headers: &HeaderMap) -> Result<Arc<str>, Problem> {
+    api.config
+        .tenants
+        .tenant(
+            headers
+                .get(header::AUTHORIZATION)
+                .map(HeaderValue::as_bytes),
+        )
+        .ok_or_else(problems::unauthorized)
+}
+
+/// The request body as `T`, read up to the size limit.
+async fn read<T: DeserializeOwned>(api: &Api, body: Body) -> Result<T, Problem> {
+    let limit = api.config.max_request_bytes;
+    let bytes = match Limited::new(body, limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            return Err(problems::too_large(limit))
+        }
+        Err(e) => {
+            return Err(problems::bad_request(format!(
+                "the body could not be read: {e}"
+            )))
+        }
+    };
+    let mut json = serde_json::Deserializer::from_slice(&bytes);
+    let value = serde_path_to_error::deserialize(&mut json).map_err(|e| {
+        let at = e.path().to_string();
+        let at = if at == "." {
+            String::new()
+        } else {
+            format!("{at}: ")
+        };
+        problems::bad_request(format!(
+            "the body is not the JSON expected: {at}{}",
+            e.inner()
+        ))
+    })?;
+    json.end()
+        .map_err(|e| problems::bad_request(format!("the body is not the JSON expected: {e}")))?;
+    Ok(value)
+}
+
+/// The `scope` and `key` of a query string.
+fn scope_and_key(query: Option<&str>) -> Result<(String, String), Problem> {
+    let (mut scope, mut key) = (None, None);
+    for (name, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        match &*name {
+            "scope" => scope = Some(value.into_owned()),
+            "key" => key = Some(value.into_owned()),
+            other => {
+                return Err(problems::bad_request(format!(
+                    "unknown query parameter {other:?} (scope and key are taken)"
+                )))
+            }
+        }
+    }
+    match (scope, key) {
+        (Some(scope), Some(key)) => Ok((scope, key)),
+        _ => Err(problems::bad_request(
+            "the query must give both scope and key",
+        )),
+    }
+}
+
+/// One POST route: the tenant, the body as `$request`, the operation, and
+/// its answer as JSON (or 204 when it has none).
+macro_rules! post_route {
+    ($name:ident, $request:ty, $status:expr) => {
+        async fn $name(State(api): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+            let answered = async {
+                let tenant = tenant(&api, &headers)?;
+                let request: $request = read(&api, body).await?;
+                api.$name(&tenant, request).await
+            }
+            .await;
+            match answered {
+                Ok(answer) => answer_with($status, &answer),
+                Err(p) => problem(p),
+            }
+        }
+    };
+}
+
+/// A JSON answer, or an empty 204 for `()`.
+fn answer_with<T: Serialize>(status: StatusCode, answer: &T) -> Response {
+    if status == StatusCode::NO_CONTENT {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        json(status, answer)
+    }
+}
+
+post_route!(claim, wire::ClaimRequest, StatusCode::OK);
+post_route!(complete, wire::CompleteRequest, StatusCode::NO_CONTENT);
+post_route!(fail, wire::FailRequest, StatusCode::NO_CONTENT);
+post_route!(extend, wire::ExtendRequest, StatusCode::OK);
+post_route!(release, wire::ReleaseRequest, StatusCode::NO_CONTENT);
+post_route!(begin_step, wire::StepBeginRequest, StatusCode::OK);
+post_route!(finish_step, wire::StepFinishRequest, StatusCode::NO_CONTENT);
+
+/// One GET route on a record: the tenant, `scope` and `key` from the
+/// query, the operation, and its answer as JSON.
+macro_rules! get_route {
+    ($name:ident) => {
+        async fn $name(
+            State(api): State<Shared>,
+            headers: HeaderMap,
+            RawQuery(query): RawQuery,
+        ) -> Response {
+            let answered = async {
+                let tenant = tenant(&api, &headers)?;
+                let (scope, key) = scope_and_key(query.as_deref())?;
+                api.$name(&tenant, &scope, &key).await
+            }
+            .await;
+            match answered {
+                Ok(answer) => json(StatusCode::OK, &answer),
+                Err(p) => problem(p),
+            }
+        }
+    };
+}
+
+get_route!(record);
+get_route!(steps);
