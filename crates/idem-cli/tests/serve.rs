@@ -173,7 +173,12 @@ async fn a_run_is_claimed_completed_and_replayed_byte_for_byte() {
 async fn a_takeover_fences_out_the_old_holder_and_a_resent_write_is_done_once() {
     let server = Server::start().await;
     let old = server
-        .claim(SHOP, "jobs", "k", json!({ "lease_ms": 100 }))
+        .claim(
+            SHOP,
+            "jobs",
+            "k",
+            json!({ "lease_ms": 100.0, "wait_ms": null }),
+        )
         .await;
     assert_eq!(old["outcome"], "acquired");
     tokio::time::sleep(Duration::from_millis(250)).await;
@@ -438,8 +443,8 @@ async fn bad_input_gets_a_problem_that_says_what_was_wrong() {
         ("/v1/claim", json!({ "scope": "", "key": "k" }), "scope:"),
         (
             "/v1/claim",
-            json!({ "scope": "s".repeat(510), "key": "k" }),
-            "most this tenant's scopes may have",
+            json!({ "scope": "s".repeat(448), "key": "k" }),
+            "scope: longer than 447 bytes",
         ),
         (
             "/v1/claim",
@@ -455,6 +460,11 @@ async fn bad_input_gets_a_problem_that_says_what_was_wrong() {
             "/v1/claim",
             json!({ "scope": "s", "key": "k", "lease_ms": -1 }),
             "lease_ms",
+        ),
+        (
+            "/v1/claim",
+            json!({ "scope": "s", "key": "k", "lease_ms": 1.5 }),
+            "lease_ms: 1.5 is not a whole number",
         ),
         (
             "/v1/claim",

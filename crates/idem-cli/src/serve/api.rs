@@ -18,7 +18,7 @@ use super::problems::{self, bad_request, store_problem};
 use super::wire::{
     stored_json, ClaimAnswer, ClaimRequest, CompleteRequest, ExtendAnswer, ExtendRequest,
     FailRequest, LeaseJson, RecordAnswer, ReleaseRequest, StepBeginAnswer, StepBeginRequest,
-    StepFinishRequest, StepJson, StepsAnswer,
+    StepFinishRequest, StepJson, StepsAnswer, MAX_API_SCOPE_LEN,
 };
 use super::ServeConfig;
 use crate::store::AnyStore;
@@ -39,15 +39,17 @@ impl Api {
     /// The record `key` of the caller's `scope`, kept under its tenant.
     fn id(&self, tenant: &str, scope: &str, key: &str) -> Answer<RecordId> {
         Scope::new(scope).map_err(|e| bad_request(format!("scope: {e}")))?;
+        if scope.len() > MAX_API_SCOPE_LEN {
+            return Err(bad_request(format!(
+                "scope: longer than {MAX_API_SCOPE_LEN} bytes (the store's {MAX_SCOPE_LEN}, \
+                 less room for the tenant's name)"
+            )));
+        }
         let key = KeyRules::default()
             .parse(key)
             .map_err(|e| bad_request(format!("key: {e}")))?;
-        let scope = Scope::new(&format!("{tenant}/{scope}")).map_err(|_| {
-            bad_request(format!(
-                "scope: longer than {} bytes, the most this tenant's scopes may have",
-                MAX_SCOPE_LEN - tenant.len() - 1
-            ))
-        })?;
+        let scope = Scope::new(&format!("{tenant}/{scope}"))
+            .map_err(|e| bad_request(format!("scope: {e}")))?;
         Ok(RecordId::new(scope, key))
     }
 
@@ -88,7 +90,10 @@ impl Api {
         if let Some(fingerprint) = &request.fingerprint {
             params = params.fingerprint(Fingerprint::of_bytes(fingerprint.as_bytes()));
         }
-        let wait = Duration::from_millis(request.wait_ms.unwrap_or(0)).min(self.config.max_wait);
+        let wait = match request.wait_ms {
+            None | Some(0) => Duration::ZERO,
+            Some(ms) => millis("wait_ms", Some(ms), Duration::ZERO)?.min(self.config.max_wait),
+        };
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let outcome = self

@@ -4,8 +4,34 @@
 //! any JSON value, stored and replayed byte for byte.
 
 use idem::{FailureClass, Record, State, StepEntry, StepState};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
+
+/// The longest scope a caller may name: what a store keeps, less the
+/// longest tenant name and the `/` after it.
+pub(crate) const MAX_API_SCOPE_LEN: usize =
+    idem::MAX_SCOPE_LEN - super::tenants::MAX_TENANT_LEN - 1;
+
+/// A whole number of `T`, sent as JSON's `7` or `7.0` (JSON Schema's
+/// `integer` takes both).
+fn whole<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<T, D::Error> {
+    let n = serde_json::Number::deserialize(d)?;
+    n.as_u64()
+        .or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && (0.0..u64::MAX as f64).contains(f))
+                .map(|f| f as u64)
+        })
+        .and_then(|n| T::try_from(n).ok())
+        .ok_or_else(|| serde::de::Error::custom(format!("{n} is not a whole number in range")))
+}
+
+/// [`whole`], or `None` when absent or `null`.
+fn whole_or_null<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    struct Whole(#[serde(deserialize_with = "whole")] u64);
+    Ok(Option::<Whole>::deserialize(d)?.map(|w| w.0))
+}
 
 /// A held claim, as the API hands it out and takes it back: the caller
 /// passes it unchanged to every write of the run.
@@ -17,8 +43,10 @@ pub(crate) struct LeaseJson {
     /// The lease token, 32 hex digits.
     pub(crate) token: String,
     /// The claim's fencing number.
+    #[serde(deserialize_with = "whole")]
     pub(crate) fence: u64,
     /// Which attempt this is (1 for the first).
+    #[serde(deserialize_with = "whole")]
     pub(crate) attempt: u32,
 }
 
@@ -32,13 +60,13 @@ pub(crate) struct ClaimRequest {
     /// request, say); a later claim with another is a mismatch.
     #[serde(default)]
     pub(crate) fingerprint: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole_or_null")]
     pub(crate) lease_ms: Option<u64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole_or_null")]
     pub(crate) retention_ms: Option<u64>,
     /// Wait up to this long for a running duplicate's outcome (capped by
     /// the server's `--max-wait`).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole_or_null")]
     pub(crate) wait_ms: Option<u64>,
 }
 
@@ -48,7 +76,7 @@ pub(crate) struct ClaimRequest {
 pub(crate) struct CompleteRequest {
     pub(crate) lease: LeaseJson,
     pub(crate) response: Box<RawValue>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole_or_null")]
     pub(crate) retention_ms: Option<u64>,
 }
 
@@ -78,7 +106,7 @@ pub(crate) struct FailRequest {
     pub(crate) lease: LeaseJson,
     pub(crate) class: ClassJson,
     pub(crate) message: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole_or_null")]
     pub(crate) retention_ms: Option<u64>,
 }
 
@@ -87,7 +115,7 @@ pub(crate) struct FailRequest {
 #[serde(deny_unknown_fields)]
 pub(crate) struct ExtendRequest {
     pub(crate) lease: LeaseJson,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole_or_null")]
     pub(crate) lease_ms: Option<u64>,
 }
 
