@@ -145,6 +145,14 @@ ensure_mdbook() {
     MDBOOK="$root/bin/mdbook"
 }
 
+# cargo's target folder as an absolute path (CARGO_TARGET_DIR may be
+# relative, absolute or unset).
+target_dir() {
+    local target=${CARGO_TARGET_DIR:-target}
+    case "$target" in /*) ;; *) target="$PWD/$target" ;; esac
+    echo "$target"
+}
+
 # A loopback port nobody listens on right now.
 free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'

@@ -1,0 +1,195 @@
+"""One claimed run: its lease kept alive by a background heartbeat, its
+fence, its journaled steps, and the write that ends it."""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import threading
+from typing import Any, Callable, Optional, TypeVar
+
+from ._errors import IdemError, LeaseLost, StepInDoubt, Terminal
+from ._transport import Transport
+
+T = TypeVar("T")
+
+_current: contextvars.ContextVar[Optional["Run"]] = contextvars.ContextVar(
+    "idem_current_run", default=None
+)
+
+
+def current_run() -> "Run":
+    """The run of the idempotent call this code runs in (inside a function
+    decorated with ``Idem.idempotent``): its ``fence``, ``attempt``,
+    ``takeover`` and ``step``."""
+    run = _current.get()
+    if run is None:
+        raise IdemError("current_run() is only available inside an idempotent call")
+    return run
+
+
+class Run:
+    """A claim of ``scope``/``key``.
+
+    When ``replayed`` is true, the key ran before: ``result`` is its stored
+    result, and there is nothing to do. Otherwise the caller holds the key:
+    do the work, pass ``fence`` to downstream writes, and end with
+    ``complete(result)``, ``fail(...)`` or ``release()``. While the run is
+    held, a background thread extends its lease every third of it;
+    ``lease_lost`` is set if the lease is lost all the same.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        scope: str,
+        key: str,
+        answer: dict[str, Any],
+        lease_ms: int,
+        retention_ms: Optional[int],
+    ) -> None:
+        self.scope = scope
+        self.key = key
+        self.lease_lost = threading.Event()
+        self._transport = transport
+        self._retention_ms = retention_ms
+        self._finished = False
+        self._stop = threading.Event()
+        self._beat: Optional[threading.Thread] = None
+        self.replayed = answer["outcome"] == "completed"
+        self.result: Any = answer.get("response")
+        lease = answer.get("lease")
+        self._lease: Optional[dict[str, Any]] = lease
+        self.fence: Optional[int] = lease["fence"] if lease else None
+        self.attempt: Optional[int] = lease["attempt"] if lease else None
+        self.takeover: bool = bool(answer.get("takeover", False))
+        if lease is not None:
+            self._lease_ms = lease_ms
+            self._beat = threading.Thread(
+                target=self._heartbeat, name=f"idem-heartbeat {scope}/{key}", daemon=True
+            )
+            self._beat.start()
+
+    def _heartbeat(self) -> None:
+        interval = self._lease_ms / 3000.0
+        while not self._stop.wait(interval):
+            try:
+                self._transport.call(
+                    "POST", "/v1/extend", {"lease": self._lease, "lease_ms": self._lease_ms}
+                )
+            except LeaseLost:
+                self.lease_lost.set()
+                return
+            except IdemError:
+                continue
+        self._transport.close()
+
+    def _end(self) -> None:
+        self._finished = True
+        self._stop.set()
+        if self._beat is not None and self._beat is not threading.current_thread():
+            self._beat.join()
+
+    def _ending(self, write: Callable[[], Any]) -> None:
+        # The heartbeat goes on while the write is tried (and tried again),
+        # so the lease cannot lapse under a slow store.
+        self._finished = True
+        try:
+            write()
+        finally:
+            self._end()
+
+    def _held(self) -> dict[str, Any]:
+        if self._lease is None:
+            raise IdemError(f"{self.scope}/{self.key} was replayed: there is no claim to act on")
+        if self._finished:
+            raise IdemError(f"{self.scope}/{self.key}: the run has already ended")
+        return self._lease
+
+    def check(self) -> None:
+        """Raises :class:`LeaseLost` if the lease was lost: call it before
+        an irreversible step."""
+        if self.lease_lost.is_set():
+            raise LeaseLost(f"{self.scope}/{self.key}: the lease was lost; stop")
+
+    def complete(self, result: Any) -> None:
+        """Stores ``result`` (anything ``json.dumps`` takes); every later
+        claim of the key gets it back."""
+        lease = self._held()
+        body: dict[str, Any] = {"lease": lease, "response": result}
+        if self._retention_ms is not None:
+            body["retention_ms"] = self._retention_ms
+        json.dumps(result)
+        self._ending(lambda: self._transport.call("POST", "/v1/complete", body))
+
+    def fail(self, message: str, terminal: bool = False, unknown: bool = False) -> None:
+        """Records a failure: by default retryable (the key is released and
+        the next claim runs it again); ``terminal`` is stored and replayed;
+        ``unknown`` parks the record for ``idem resolve``."""
+        lease = self._held()
+        failure_class = "unknown" if unknown else "terminal" if terminal else "retryable"
+        body: dict[str, Any] = {"lease": lease, "class": failure_class, "message": message}
+        if self._retention_ms is not None:
+            body["retention_ms"] = self._retention_ms
+        self._ending(lambda: self._transport.call("POST", "/v1/fail", body))
+
+    def release(self) -> None:
+        """Gives the claim back without an outcome: the next claim runs the
+        work."""
+        lease = self._held()
+        self._ending(lambda: self._transport.call("POST", "/v1/release", {"lease": lease}))
+
+    def step(self, name: str, fn: Callable[[str], T], policy: str = "retry") -> T:
+        """A journaled step: runs ``fn(downstream_key)`` once across every
+        attempt of the run, and returns its result (JSON-encodable), from
+        the journal when an earlier attempt finished it.
+
+        Pass ``downstream_key`` to an external API that deduplicates on a
+        key (a payment provider's Idempotency-Key). If an earlier attempt
+        started the step and never finished, its effect is in doubt:
+        ``policy="retry"`` runs it again with the same downstream key;
+        ``policy="park"`` fails the run as ``unknown`` and raises
+        :class:`StepInDoubt`.
+        """
+        if policy not in ("retry", "park"):
+            raise ValueError(f"step policy {policy!r}: use 'retry' or 'park'")
+        lease = self._held()
+        self.check()
+        begun = self._transport.call("POST", "/v1/steps/begin", {"lease": lease, "step": name})
+        state = begun["state"]
+        if state == "done":
+            return begun["result"]
+        if state == "skipped":
+            return None  # type: ignore[return-value]
+        if state == "in_doubt" and policy == "park":
+            self.fail(
+                f"step {name!r} in doubt: started by attempt {begun['attempt']}, never finished",
+                unknown=True,
+            )
+            raise StepInDoubt(name, begun["attempt"])
+        value = fn(begun["downstream_key"])
+        self._transport.call(
+            "POST", "/v1/steps/finish", {"lease": lease, "step": name, "result": value}
+        )
+        return value
+
+    def _exit(self, error: Optional[BaseException]) -> None:
+        if self._lease is None or self._finished:
+            return
+        if error is None:
+            self.release()
+            raise IdemError(
+                f"{self.scope}/{self.key}: the block ended without run.complete(result); "
+                "the claim was released"
+            )
+        try:
+            if isinstance(error, LeaseLost):
+                self._end()
+            elif isinstance(error, Terminal):
+                self.fail(str(error) or type(error).__name__, terminal=True)
+            else:
+                self.fail(f"{type(error).__name__}: {error}")
+        except IdemError:
+            # The handler's own error says more; an unrecorded failure
+            # only leaves the claim to run out, as a crash would.
+            self._end()
