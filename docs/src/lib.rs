@@ -24,6 +24,8 @@ pub mod guide {
     pub mod consumers {}
     #[doc = include_str!("../guide/src/steps.md")]
     pub mod steps {}
+    #[doc = include_str!("../guide/src/languages.md")]
+    pub mod languages {}
     #[doc = include_str!("../guide/src/stores.md")]
     pub mod stores {}
     #[doc = include_str!("../guide/src/natural.md")]
