@@ -206,3 +206,13 @@ def test_bad_input_gets_a_clear_error_and_leaves_no_claim(server):
     assert idem.record("s", "k2")["state"] == "released"
     with pytest.raises(ValueError):
         Idem("ftp://x")
+
+
+def test_ended_runs_do_not_pile_up_in_the_heartbeats(server):
+    idem = Idem(server.url, SHOP)
+    for i in range(300):
+        with idem.claim("pile", f"k{i}") as run:
+            run.complete(i)
+    # One heartbeat thread serves every run; entries of ended runs are
+    # dropped once they outnumber the live ones.
+    assert len(idem._heartbeats._due) <= 64

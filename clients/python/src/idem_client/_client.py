@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Union
 
 from ._errors import ApiError, InProgress, Mismatch, ReplayedFailure
+from ._heartbeat import Heartbeats
 from ._run import Run, _current
 from ._transport import Transport
 
@@ -77,6 +78,7 @@ class Idem:
         self._transport = Transport(url, token, timeout=timeout, retries=retries)
         self._lease_ms = _millis(lease, "lease")
         self._retention_ms = None if retention is None else _millis(retention, "retention")
+        self._heartbeats = Heartbeats()
 
     @contextmanager
     def claim(
@@ -122,7 +124,9 @@ class Idem:
             raise Mismatch(scope, key)
         if outcome == "failed":
             raise ReplayedFailure(scope, key, answer["class"], answer["message"])
-        run = Run(self._transport, scope, key, answer, self._lease_ms, self._retention_ms)
+        run = Run(
+            self._transport, scope, key, answer, self._lease_ms, self._retention_ms, self._heartbeats
+        )
         try:
             yield run
         except BaseException as error:

@@ -9,6 +9,7 @@ import threading
 from typing import Any, Callable, Optional, TypeVar
 
 from ._errors import IdemError, LeaseLost, StepInDoubt, Terminal
+from ._heartbeat import Heartbeats
 from ._transport import Transport
 
 T = TypeVar("T")
@@ -35,7 +36,7 @@ class Run:
     result, and there is nothing to do. Otherwise the caller holds the key:
     do the work, pass ``fence`` to downstream writes, and end with
     ``complete(result)``, ``fail(...)`` or ``release()``. While the run is
-    held, a background thread extends its lease every third of it;
+    held, the client's heartbeat thread extends its lease every third of it;
     ``lease_lost`` is set if the lease is lost all the same.
     """
 
@@ -47,6 +48,7 @@ class Run:
         answer: dict[str, Any],
         lease_ms: int,
         retention_ms: Optional[int],
+        heartbeats: Heartbeats,
     ) -> None:
         self.scope = scope
         self.key = key
@@ -55,7 +57,7 @@ class Run:
         self._retention_ms = retention_ms
         self._finished = False
         self._stop = threading.Event()
-        self._beat: Optional[threading.Thread] = None
+        self._heartbeats: Optional[Heartbeats] = None
         self.replayed = answer["outcome"] == "completed"
         self.result: Any = answer.get("response")
         lease = answer.get("lease")
@@ -65,30 +67,32 @@ class Run:
         self.takeover: bool = bool(answer.get("takeover", False))
         if lease is not None:
             self._lease_ms = lease_ms
-            self._beat = threading.Thread(
-                target=self._heartbeat, name=f"idem-heartbeat {scope}/{key}", daemon=True
-            )
-            self._beat.start()
+            self._heartbeats = heartbeats
+            heartbeats.add(lease_ms / 3000.0, self._heartbeat, self._stop)
 
-    def _heartbeat(self) -> None:
-        interval = self._lease_ms / 3000.0
-        while not self._stop.wait(interval):
-            try:
-                self._transport.call(
-                    "POST", "/v1/extend", {"lease": self._lease, "lease_ms": self._lease_ms}
-                )
-            except LeaseLost:
+    def _heartbeat(self) -> bool:
+        """One heartbeat: extends the lease; ``False`` once the run no
+        longer needs them."""
+        if self._stop.is_set():
+            return False
+        try:
+            self._transport.call(
+                "POST", "/v1/extend", {"lease": self._lease, "lease_ms": self._lease_ms}
+            )
+        except LeaseLost:
+            if not self._stop.is_set():
                 self.lease_lost.set()
-                return
-            except IdemError:
-                continue
-        self._transport.close()
+            return False
+        except IdemError:
+            pass
+        return not self._stop.is_set()
 
     def _end(self) -> None:
         self._finished = True
-        self._stop.set()
-        if self._beat is not None and self._beat is not threading.current_thread():
-            self._beat.join()
+        if not self._stop.is_set():
+            self._stop.set()
+            if self._heartbeats is not None:
+                self._heartbeats.stopped()
 
     def _ending(self, write: Callable[[], Any]) -> None:
         # The heartbeat goes on while the write is tried (and tried again),

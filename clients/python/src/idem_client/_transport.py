@@ -5,15 +5,88 @@ as done, and a claim sent twice finds its own claim in progress)."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import random
+import socket
+import ssl
 import threading
 import time
 import urllib.parse
 from typing import Any, Optional
 
 from ._errors import ApiError, LeaseLost, Unavailable
+
+
+class _Connection:
+    """One keep-alive HTTP/1.1 connection. The API's answers are small JSON
+    bodies with a Content-Length: reading them needs none of http.client's
+    header machinery, which cost more than the rest of a call."""
+
+    def __init__(self, host: str, port: int, https: bool, timeout: float) -> None:
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if https:
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
+        self.sock = sock
+        self.buffer = b""
+        self.open = True
+
+    def close(self) -> None:
+        self.open = False
+        self.sock.close()
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("idem serve closed the connection")
+        self.buffer += chunk
+
+    def exchange(self, request: bytes, timeout: float) -> tuple[int, dict[bytes, bytes], bytes]:
+        self.sock.settimeout(timeout)
+        self.sock.sendall(request)
+        while b"\r\n\r\n" not in self.buffer:
+            self._fill()
+        head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split(b" ", 2)[1])
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip()
+        if b"content-length" in headers:
+            length = int(headers[b"content-length"])
+            while len(self.buffer) < length:
+                self._fill()
+            body, self.buffer = self.buffer[:length], self.buffer[length:]
+        elif headers.get(b"transfer-encoding", b"").lower() == b"chunked":
+            body = self._chunked()
+        elif status == 204 or status == 304 or status < 200:
+            body = b""
+        else:
+            while True:
+                try:
+                    self._fill()
+                except ConnectionError:
+                    break
+            body, self.buffer = self.buffer, b""
+            self.open = False
+        if headers.get(b"connection", b"").lower() == b"close":
+            self.close()
+        return status, headers, body
+
+    def _chunked(self) -> bytes:
+        body = b""
+        while True:
+            while b"\r\n" not in self.buffer:
+                self._fill()
+            size_line, _, self.buffer = self.buffer.partition(b"\r\n")
+            size = int(size_line.split(b";")[0], 16)
+            while len(self.buffer) < size + 2:
+                self._fill()
+            body += self.buffer[:size]
+            self.buffer = self.buffer[size + 2 :]
+            if size == 0:
+                return body
 
 
 class Transport:
@@ -33,33 +106,27 @@ class Transport:
         self._host = parts.hostname
         self._port = parts.port or (443 if self._https else 80)
         self._base = parts.path.rstrip("/")
-        self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        head = f"Host: {parts.netloc}\r\nContent-Type: application/json\r\nAccept: application/json\r\n"
         if token:
-            self._headers["Authorization"] = f"Bearer {token}"
+            head += f"Authorization: Bearer {token}\r\n"
+        self._head = head.encode()
         self._timeout = timeout
         self._retries = retries
         self._local = threading.local()
 
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+    def _connection(self) -> _Connection:
         conn = getattr(self._local, "conn", None)
-        if conn is None:
-            kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            conn = kind(self._host, self._port, timeout=timeout)
+        if conn is None or not conn.open:
+            conn = _Connection(self._host, self._port, self._https, self._timeout)
             self._local.conn = conn
-        conn.timeout = timeout
-        if conn.sock is not None:
-            conn.sock.settimeout(timeout)
         return conn
 
-    def _drop(self) -> None:
+    def close(self) -> None:
+        """Closes this thread's connection."""
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()
             self._local.conn = None
-
-    def close(self) -> None:
-        """Closes this thread's connection."""
-        self._drop()
 
     def call(
         self,
@@ -74,34 +141,39 @@ class Transport:
         target = self._base + path
         if query:
             target += "?" + urllib.parse.urlencode(query)
-        payload = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        payload = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
+        request = (
+            f"{method} {target} HTTP/1.1\r\n".encode()
+            + self._head
+            + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
         delay = 0.05
         for attempt in range(self._retries + 1):
             last = attempt == self._retries
             try:
-                conn = self._connection(self._timeout + extra_time)
-                conn.request(method, target, body=payload, headers=self._headers)
-                response = conn.getresponse()
-                data = response.read()
-            except (OSError, http.client.HTTPException) as e:
-                self._drop()
+                status, headers, data = self._connection().exchange(
+                    request, self._timeout + extra_time
+                )
+            except (OSError, ValueError, IndexError) as e:
+                self.close()
                 if last:
                     raise Unavailable(f"idem serve at {self._host}:{self._port}: {e}") from e
                 time.sleep(delay * (1 + random.random()))
                 delay = min(delay * 2, 2.0)
                 continue
-            if response.status == 204:
+            if status == 204:
                 return None
             answer = json.loads(data) if data else None
-            if response.status < 400:
+            if status < 400:
                 return answer
             problem = answer if isinstance(answer, dict) else {"detail": data.decode(errors="replace")}
-            error = ApiError(response.status, problem)
+            error = ApiError(status, problem)
             if error.kind == "lease-lost":
                 raise LeaseLost(error.detail)
-            if response.status == 503 and not last:
-                after = response.getheader("Retry-After")
-                time.sleep(max(float(after) if after and after.isdigit() else 0.0, delay))
+            if status == 503 and not last:
+                after = headers.get(b"retry-after", b"")
+                time.sleep(max(float(after) if after.isdigit() else 0.0, delay))
                 delay = min(delay * 2, 2.0)
                 continue
             raise error
