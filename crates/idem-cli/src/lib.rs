@@ -14,6 +14,7 @@ use serde::Deserialize;
 pub mod admin;
 pub mod bench;
 mod deadline;
+pub mod logging;
 pub mod proxy;
 pub mod serve;
 pub mod store;
@@ -30,6 +31,16 @@ pub struct Cli {
     /// for TLS), or `redis+cluster://host:port,host:port` for a Cluster.
     #[arg(long, env = "IDEM_STORE", global = true)]
     pub store: Option<String>,
+    /// How log lines on standard error look: text (coloured only on a
+    /// terminal) or json (one object per line).
+    #[arg(
+        long,
+        env = "IDEM_LOG_FORMAT",
+        global = true,
+        value_enum,
+        default_value_t
+    )]
+    pub log_format: logging::LogFormat,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
