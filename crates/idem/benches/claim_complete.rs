@@ -3,7 +3,7 @@
 //! run: insert-if-absent of the record, then an update of it with the
 //! response. Each pair uses a fresh key, as first deliveries do.
 //!
-//! Run: `cargo bench -p idem --bench claim_complete`
+//! Run: `cargo bench -p idem-core --bench claim_complete`
 //! (`IDEM_BENCH_PAIRS` sets the pairs per thread, default 1,000,000).
 
 #![allow(clippy::print_stdout, missing_docs)]

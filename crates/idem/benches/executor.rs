@@ -7,7 +7,7 @@
 //! cache. Duplicates are measured the same way: `run` of a completed key
 //! (answered from the replay cache) beside the store's `claim` of it.
 //!
-//! Run: `cargo bench -p idem --bench executor`
+//! Run: `cargo bench -p idem-core --bench executor`
 //! (`IDEM_BENCH_RUNS` sets the runs per round, default 200,000; 3 rounds).
 //! Under callgrind, one round of few runs shows where the time goes:
 //! `IDEM_BENCH_RUNS=20000 IDEM_BENCH_ROUNDS=1 valgrind --tool=callgrind
