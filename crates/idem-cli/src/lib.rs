@@ -14,6 +14,7 @@ use serde::Deserialize;
 pub mod admin;
 pub mod bench;
 mod deadline;
+pub mod forwarded;
 pub mod logging;
 pub mod proxy;
 pub mod serve;
@@ -244,6 +245,15 @@ pub struct ProxyArgs {
     /// replayed here this long; 0 turns it off [default: 60s].
     #[arg(long, env = "IDEM_REPLAY_CACHE_TTL")]
     pub replay_cache_ttl: Option<String>,
+    /// Keep the client's Forwarded and X-Forwarded-* headers and add this
+    /// hop to them, for a gateway behind a proxy that sets them; otherwise
+    /// they are replaced by what this gateway saw [default: false].
+    #[arg(long, env = "IDEM_TRUST_FORWARDED")]
+    pub trust_forwarded: Option<bool>,
+    /// Send the client's Host header to the upstream; false sends the
+    /// upstream's own host:port [default: true].
+    #[arg(long, env = "IDEM_PRESERVE_HOST")]
+    pub preserve_host: Option<bool>,
 }
 
 macro_rules! fill {
@@ -265,7 +275,7 @@ impl ProxyArgs {
         fill!(self, file; listen, upstream, admin_listen, store, methods, header, require_key,
               tenant_header, retention, lease, max_request_bytes, max_response_bytes, fail_open,
               upstream_timeout, forward_takeovers, reject_old_uuid_v7, max_wait, default_wait,
-              replay_cache_bytes, replay_cache_ttl);
+              replay_cache_bytes, replay_cache_ttl, trust_forwarded, preserve_host);
         Ok(self)
     }
 
@@ -331,6 +341,10 @@ impl ProxyArgs {
                 "--replay-cache-ttl",
                 self.replay_cache_ttl.as_deref().unwrap_or("60s"),
             )?,
+            forwarded: forwarded::ForwardedPolicy {
+                trust_incoming: self.trust_forwarded.unwrap_or(false),
+                preserve_host: self.preserve_host.unwrap_or(true),
+            },
         })
     }
 }

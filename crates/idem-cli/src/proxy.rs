@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -19,6 +19,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
 use crate::deadline::Deadline;
+use crate::forwarded::{self, ForwardedPolicy};
 use crate::store::AnyStore;
 
 /// What the gateway does; see `idem proxy --help` for each setting.
@@ -66,6 +67,8 @@ pub struct ProxyConfig {
     pub replay_cache_bytes: usize,
     /// The longest a response is replayed from memory (zero: never).
     pub replay_cache_ttl: Duration,
+    /// Forwarding headers and `Host`.
+    pub forwarded: ForwardedPolicy,
 }
 
 #[derive(Clone)]
@@ -74,7 +77,10 @@ struct Upstream {
     base: Uri,
     /// `base` without its trailing slash, made once rather than per request.
     origin: String,
+    /// `base`'s `host:port`, for `Host` when it is not preserved.
+    authority: String,
     timeout: Duration,
+    forwarded: ForwardedPolicy,
 }
 
 /// The gateway's own 502: nothing was sent to the upstream, so the layer
@@ -132,6 +138,17 @@ async fn forward(State(upstream): State<Arc<Upstream>>, request: Request) -> Res
         Err(e) => return bad_gateway(format!("cannot build the upstream URL {target:?}: {e}")),
     };
     strip_hop_by_hop(&mut parts.headers);
+    let client = parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0);
+    forwarded::apply(
+        &mut parts.headers,
+        client,
+        "http",
+        &upstream.authority,
+        upstream.forwarded,
+    );
     let sent = upstream
         .client
         .request(http::Request::from_parts(parts, body));
@@ -197,7 +214,12 @@ pub fn router(layer: IdempotencyLayer<AnyStore>, config: &ProxyConfig) -> Router
         client: Client::builder(TokioExecutor::new()).build(connector),
         base: config.upstream.clone(),
         origin: config.upstream.to_string().trim_end_matches('/').to_owned(),
+        authority: config
+            .upstream
+            .authority()
+            .map_or_else(String::new, |a| a.to_string()),
         timeout: config.upstream_timeout,
+        forwarded: config.forwarded,
     });
     Router::new()
         .fallback(forward)
@@ -261,13 +283,16 @@ pub async fn serve(
                 .await
         })
     });
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            tracing::info!("shutting down: finishing in-flight requests");
-            let _ = stop_tx.send(true);
-        })
-        .await;
+    let served = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move {
+        shutdown.await;
+        tracing::info!("shutting down: finishing in-flight requests");
+        let _ = stop_tx.send(true);
+    })
+    .await;
     // Requests whose clients disconnected are not connections any more;
     // their runs still finish before the process exits.
     if layer.running() > 0 {

@@ -112,6 +112,26 @@ pub async fn read(State(up): State<Upstream>) -> Response {
     format!("read {}", up.bump("/read")).into_response()
 }
 
+/// The request's headers as JSON (the last value of each), as the
+/// upstream received them.
+pub async fn headers(State(up): State<Upstream>, headers: HeaderMap) -> Response {
+    up.bump("/headers");
+    let seen: HashMap<String, String> = headers
+        .iter()
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        serde_json::to_string(&seen).expect("json"),
+    )
+        .into_response()
+}
+
 pub async fn start_upstream_on(listener: TcpListener) -> Upstream {
     let up = Upstream::default();
     let app = Router::new()
@@ -121,6 +141,7 @@ pub async fn start_upstream_on(listener: TcpListener) -> Upstream {
         .route("/status/{code}", routing::post(status))
         .route("/big", routing::post(big))
         .route("/read", get(read))
+        .route("/headers", routing::post(headers).get(headers))
         .with_state(up.clone());
     tokio::spawn(async move { axum::serve(listener, app).await });
     up
@@ -151,6 +172,7 @@ pub fn config(upstream: SocketAddr) -> ProxyConfig {
         default_wait: Duration::ZERO,
         replay_cache_bytes: idem::DEFAULT_REPLAY_CACHE_BYTES,
         replay_cache_ttl: idem::DEFAULT_REPLAY_CACHE_TTL,
+        forwarded: Default::default(),
     }
 }
 

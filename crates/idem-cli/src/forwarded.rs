@@ -1,0 +1,197 @@
+//! What the gateway tells the upstream about the request, as reverse
+//! proxies do: who sent it (`Forwarded: for=`, `X-Forwarded-For`), over
+//! which scheme (`proto`, `X-Forwarded-Proto`) and to which host (`host`,
+//! `X-Forwarded-Host`), and which `Host` the upstream sees.
+
+use std::net::SocketAddr;
+
+use http::header::{HeaderMap, HeaderName, HeaderValue, FORWARDED, HOST};
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// How the gateway treats forwarding headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForwardedPolicy {
+    /// Keep `Forwarded` and `X-Forwarded-*` from the client and add this
+    /// hop to them: only behind a proxy that sets them itself. Otherwise
+    /// they are replaced by what this gateway saw, so a client cannot make
+    /// the upstream believe it came from elsewhere.
+    pub trust_incoming: bool,
+    /// Send the client's `Host` on (the default); otherwise the upstream's
+    /// own authority, for upstreams that route by it.
+    pub preserve_host: bool,
+}
+
+impl Default for ForwardedPolicy {
+    fn default() -> Self {
+        Self {
+            trust_incoming: false,
+            preserve_host: true,
+        }
+    }
+}
+
+/// Adds this hop to `headers` (a request about to be forwarded to the
+/// upstream at `upstream_authority`), received from `client` over
+/// `scheme`.
+pub(crate) fn apply(
+    headers: &mut HeaderMap,
+    client: Option<SocketAddr>,
+    scheme: &'static str,
+    upstream_authority: &str,
+    policy: ForwardedPolicy,
+) {
+    let host = headers.get(HOST).cloned();
+    if !policy.trust_incoming {
+        for name in [
+            FORWARDED,
+            X_FORWARDED_FOR,
+            X_FORWARDED_PROTO,
+            X_FORWARDED_HOST,
+        ] {
+            headers.remove(name);
+        }
+    }
+    let ip = client.map(|c| c.ip());
+    if let Some(ip) = ip {
+        append(headers, X_FORWARDED_FOR, &ip.to_string());
+    }
+    if !headers.contains_key(X_FORWARDED_PROTO) {
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(scheme));
+    }
+    if let Some(host) = &host {
+        if !headers.contains_key(X_FORWARDED_HOST) {
+            headers.insert(X_FORWARDED_HOST, host.clone());
+        }
+    }
+    // RFC 7239: for=<node>;host=<host>;proto=<scheme>, one element a hop.
+    let mut element = String::new();
+    if let Some(ip) = ip {
+        element.push_str("for=");
+        element.push_str(&quoted(&match ip {
+            std::net::IpAddr::V4(v4) => v4.to_string(),
+            std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+        }));
+        element.push(';');
+    }
+    if let Some(host) = host.as_ref().and_then(|h| h.to_str().ok()) {
+        element.push_str("host=");
+        element.push_str(&quoted(host));
+        element.push(';');
+    }
+    element.push_str("proto=");
+    element.push_str(scheme);
+    append(headers, FORWARDED, &element);
+    if !policy.preserve_host {
+        if let Ok(authority) = HeaderValue::from_str(upstream_authority) {
+            headers.insert(HOST, authority);
+        }
+    }
+}
+
+/// Adds `value` to the list in header `name` (one comma-separated value,
+/// as proxies write these lists).
+fn append(headers: &mut HeaderMap, name: HeaderName, value: &str) {
+    let joined = match headers.get(&name).and_then(|v| v.to_str().ok()) {
+        Some(existing) if !existing.trim().is_empty() => format!("{existing}, {value}"),
+        _ => value.to_owned(),
+    };
+    if let Ok(joined) = HeaderValue::from_str(&joined) {
+        headers.insert(name, joined);
+    }
+}
+
+/// A `Forwarded` parameter value: a token as it is, anything else quoted
+/// (RFC 7239 §4: an IPv6 address or a host with a port must be quoted).
+fn quoted(value: &str) -> String {
+    let token = !value.is_empty()
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+    if token {
+        value.to_owned()
+    } else {
+        format!("\"{}\"", value.replace('\\', "\\\\").replace('"', "\\\""))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn forwarded(incoming: &[(&str, &str)], client: &str, policy: ForwardedPolicy) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in incoming {
+            headers.append(
+                HeaderName::from_bytes(name.as_bytes()).expect("name"),
+                HeaderValue::from_str(value).expect("value"),
+            );
+        }
+        apply(
+            &mut headers,
+            client.parse().ok(),
+            "http",
+            "10.0.0.9:3000",
+            policy,
+        );
+        headers
+    }
+
+    fn get<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+        headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    #[test]
+    fn a_hop_is_added_and_spoofed_headers_are_replaced() {
+        let h = forwarded(
+            &[
+                ("host", "api.example.com"),
+                ("x-forwarded-for", "6.6.6.6"),
+                ("forwarded", "for=6.6.6.6"),
+                ("x-forwarded-proto", "https"),
+            ],
+            "192.0.2.7:5123",
+            ForwardedPolicy::default(),
+        );
+        assert_eq!(get(&h, "x-forwarded-for"), Some("192.0.2.7"));
+        assert_eq!(get(&h, "x-forwarded-proto"), Some("http"));
+        assert_eq!(get(&h, "x-forwarded-host"), Some("api.example.com"));
+        assert_eq!(
+            get(&h, "forwarded"),
+            Some("for=192.0.2.7;host=api.example.com;proto=http")
+        );
+        assert_eq!(get(&h, "host"), Some("api.example.com"));
+    }
+
+    #[test]
+    fn behind_a_trusted_proxy_the_chain_grows() {
+        let h = forwarded(
+            &[
+                ("host", "api.example.com:8443"),
+                ("x-forwarded-for", "198.51.100.1"),
+                ("forwarded", "for=198.51.100.1;proto=https"),
+                ("x-forwarded-proto", "https"),
+            ],
+            "[2001:db8::1]:443",
+            ForwardedPolicy {
+                trust_incoming: true,
+                preserve_host: false,
+            },
+        );
+        assert_eq!(
+            get(&h, "x-forwarded-for"),
+            Some("198.51.100.1, 2001:db8::1")
+        );
+        assert_eq!(get(&h, "x-forwarded-proto"), Some("https"));
+        assert_eq!(
+            get(&h, "forwarded"),
+            Some(
+                "for=198.51.100.1;proto=https, \
+                 for=\"[2001:db8::1]\";host=\"api.example.com:8443\";proto=http"
+            )
+        );
+        assert_eq!(get(&h, "host"), Some("10.0.0.9:3000"));
+    }
+}
