@@ -254,6 +254,11 @@ pub struct ProxyArgs {
     /// upstream's own host:port [default: true].
     #[arg(long, env = "IDEM_PRESERVE_HOST")]
     pub preserve_host: Option<bool>,
+    /// Stored response headers left out of replays, comma-separated
+    /// (e.g. set-cookie); replays always carry a Date of their own
+    /// [default: none].
+    #[arg(long, env = "IDEM_REPLAY_DROP_HEADERS")]
+    pub replay_drop_headers: Option<String>,
 }
 
 macro_rules! fill {
@@ -275,7 +280,8 @@ impl ProxyArgs {
         fill!(self, file; listen, upstream, admin_listen, store, methods, header, require_key,
               tenant_header, retention, lease, max_request_bytes, max_response_bytes, fail_open,
               upstream_timeout, forward_takeovers, reject_old_uuid_v7, max_wait, default_wait,
-              replay_cache_bytes, replay_cache_ttl, trust_forwarded, preserve_host);
+              replay_cache_bytes, replay_cache_ttl, trust_forwarded, preserve_host,
+              replay_drop_headers);
         Ok(self)
     }
 
@@ -341,6 +347,14 @@ impl ProxyArgs {
                 "--replay-cache-ttl",
                 self.replay_cache_ttl.as_deref().unwrap_or("60s"),
             )?,
+            replay_drop_headers: self
+                .replay_drop_headers
+                .as_deref()
+                .unwrap_or("")
+                .split(',')
+                .filter(|h| !h.trim().is_empty())
+                .map(|h| header_name("--replay-drop-headers", h))
+                .collect::<anyhow::Result<_>>()?,
             forwarded: forwarded::ForwardedPolicy {
                 trust_incoming: self.trust_forwarded.unwrap_or(false),
                 preserve_host: self.preserve_host.unwrap_or(true),

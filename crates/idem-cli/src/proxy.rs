@@ -67,6 +67,8 @@ pub struct ProxyConfig {
     pub replay_cache_bytes: usize,
     /// The longest a response is replayed from memory (zero: never).
     pub replay_cache_ttl: Duration,
+    /// Stored response headers left out of replays.
+    pub replay_drop_headers: Vec<HeaderName>,
     /// Forwarding headers and `Host`.
     pub forwarded: ForwardedPolicy,
 }
@@ -193,7 +195,8 @@ pub fn layer(store: AnyStore, config: &ProxyConfig) -> anyhow::Result<Idempotenc
         .max_wait(config.max_wait)
         .default_wait(config.default_wait)
         .replay_cache_bytes(config.replay_cache_bytes)
-        .replay_cache_ttl(config.replay_cache_ttl);
+        .replay_cache_ttl(config.replay_cache_ttl)
+        .replay_drop_headers(config.replay_drop_headers.clone());
     if let Some(tenant) = &config.tenant_header {
         layer = layer.tenant_header(tenant.clone());
     }

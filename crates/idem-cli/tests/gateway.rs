@@ -486,3 +486,21 @@ async fn a_duplicate_that_prefers_to_wait_gets_the_stored_response() {
     assert_eq!(up.runs("/charge"), 1);
     gw.shutdown().await;
 }
+
+#[tokio::test]
+async fn replays_leave_out_the_headers_the_gateway_is_told_to() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (up, upstream) = start_upstream().await;
+    let mut config = config(upstream);
+    config.replay_drop_headers = vec![http::header::SET_COOKIE];
+    let gateway = Gateway::start(sqlite(&dir), config).await;
+    let url = format!("{}/charge", gateway.url);
+    let first = post(&url, Some("cookie-1")).await;
+    assert_eq!(first.headers().get_all("set-cookie").iter().count(), 2);
+    let again = post(&url, Some("cookie-1")).await;
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.headers().get_all("set-cookie").iter().count(), 0);
+    assert!(again.headers().contains_key("date"));
+    assert_eq!(up.runs("/charge"), 1);
+    gateway.shutdown().await;
+}

@@ -39,6 +39,8 @@ pub struct IdempotencyLayerBuilder<S> {
     default_wait: Duration,
     replay_cache_bytes: usize,
     replay_cache_ttl: Duration,
+    replay_drop: Vec<HeaderName>,
+    replay_redate: bool,
 }
 
 impl<S: Store> IdempotencyLayerBuilder<S> {
@@ -245,6 +247,25 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
         self
     }
 
+    /// Stored response headers left out of replays (default: none), such
+    /// as `set-cookie`, so that a session cookie given to the first answer
+    /// is not handed out again with every retry. The stored response keeps
+    /// them: changing this list changes the replays of stored records too.
+    pub fn replay_drop_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.replay_drop = names.into_iter().collect();
+        self
+    }
+
+    /// Whether a replay carries a `Date` of its own time (`true`, the
+    /// default), as any fresh answer does, or the stored response's
+    /// (`false`). Caches and clients read `Date` as when the answer was
+    /// made; `Age`-style reasoning about the original is left to the
+    /// `Idempotent-Replayed` header.
+    pub fn replay_redate(mut self, redate: bool) -> Self {
+        self.replay_redate = redate;
+        self
+    }
+
     /// Checks the configuration and builds the layer.
     pub fn build(self) -> Result<IdempotencyLayer<S>, ConfigError> {
         // Room for the head around the largest body.
@@ -285,6 +306,8 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
                 reject_old_uuid_v7: self.reject_old_uuid_v7,
                 max_wait: self.max_wait,
                 default_wait: self.default_wait.min(self.max_wait),
+                replay_drop: self.replay_drop,
+                replay_redate: self.replay_redate,
                 runs: TaskTracker::new(),
             }),
         })
@@ -370,6 +393,8 @@ impl<S: Store> IdempotencyLayer<S> {
             default_wait: Duration::ZERO,
             replay_cache_bytes: idem::DEFAULT_REPLAY_CACHE_BYTES,
             replay_cache_ttl: idem::DEFAULT_REPLAY_CACHE_TTL,
+            replay_drop: Vec::new(),
+            replay_redate: true,
         }
     }
 }

@@ -62,6 +62,10 @@ pub(crate) struct Settings<S> {
     pub(crate) reject_old_uuid_v7: bool,
     pub(crate) max_wait: Duration,
     pub(crate) default_wait: Duration,
+    /// Stored headers left out of replays.
+    pub(crate) replay_drop: Vec<HeaderName>,
+    /// Replays carry the time of the replay as `Date`.
+    pub(crate) replay_redate: bool,
     /// The runs going on now, detached from their connections.
     pub(crate) runs: TaskTracker,
 }
@@ -274,6 +278,21 @@ impl<S: Store> Settings<S> {
         self.finish(rejection.into_response().map(IdemBody::full))
     }
 
+    /// A replay's headers: the stored ones less those left out, a `Date`
+    /// of now, and `Idempotent-Replayed: true`.
+    fn replay_headers(&self, headers: &mut http::HeaderMap) {
+        for name in &self.replay_drop {
+            headers.remove(name);
+        }
+        if self.replay_redate {
+            let now = httpdate::fmt_http_date(std::time::SystemTime::now());
+            if let Ok(now) = HeaderValue::from_str(&now) {
+                headers.insert(http::header::DATE, now);
+            }
+        }
+        headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    }
+
     fn answer(
         &self,
         result: Result<Outcome<StoredResponse>, RunError<Unstored>>,
@@ -286,9 +305,7 @@ impl<S: Store> Settings<S> {
                 return match outcome.into_value().to_response() {
                     Ok(mut response) => {
                         if replayed {
-                            response
-                                .headers_mut()
-                                .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+                            self.replay_headers(response.headers_mut());
                         }
                         response.map(IdemBody::full)
                     }

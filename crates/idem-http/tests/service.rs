@@ -501,3 +501,61 @@ async fn a_duplicate_that_prefers_to_wait_gets_the_outcome_when_it_is_stored() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+/// Answers 201 with a cookie, a date from long ago and a request id.
+fn with_cookie() -> Inner {
+    BoxCloneService::new(service_fn(|_: Request<Body>| async {
+        Ok::<_, Infallible>(
+            Response::builder()
+                .status(201)
+                .header("date", "Sun, 06 Nov 1994 08:49:37 GMT")
+                .header("set-cookie", "session=abc; HttpOnly")
+                .header("x-request-id", "r-1")
+                .body(Full::new(Bytes::from_static(b"charged")))
+                .expect("response"),
+        )
+    }))
+}
+
+#[tokio::test]
+async fn replays_are_dated_now_and_leave_out_the_headers_asked() {
+    let layer = IdempotencyLayer::builder(MemoryStore::new())
+        .replay_drop_headers([http::header::SET_COOKIE])
+        .build()
+        .expect("layer");
+    let service = layer.layer(with_cookie());
+    let first = service
+        .clone()
+        .oneshot(post("order-9"))
+        .await
+        .expect("first");
+    assert_eq!(first.headers()["set-cookie"], "session=abc; HttpOnly");
+    assert_eq!(first.headers()["date"], "Sun, 06 Nov 1994 08:49:37 GMT");
+    let replay = service.oneshot(post("order-9")).await.expect("replay");
+    assert_eq!(replay.status(), StatusCode::CREATED);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert!(replay.headers().get("set-cookie").is_none());
+    assert_eq!(replay.headers()["x-request-id"], "r-1");
+    let date = replay.headers()["date"].to_str().expect("date");
+    let age = httpdate::parse_http_date(date)
+        .expect("an HTTP date")
+        .elapsed()
+        .unwrap_or_default();
+    assert!(age < Duration::from_secs(60), "{date}");
+    assert_eq!(body(replay).await, "charged");
+
+    // Kept as stored when asked.
+    let layer = IdempotencyLayer::builder(MemoryStore::new())
+        .replay_redate(false)
+        .build()
+        .expect("layer");
+    let service = layer.layer(with_cookie());
+    service
+        .clone()
+        .oneshot(post("order-10"))
+        .await
+        .expect("first");
+    let replay = service.oneshot(post("order-10")).await.expect("replay");
+    assert_eq!(replay.headers()["date"], "Sun, 06 Nov 1994 08:49:37 GMT");
+    assert_eq!(replay.headers()["set-cookie"], "session=abc; HttpOnly");
+}

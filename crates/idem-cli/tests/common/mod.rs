@@ -172,6 +172,7 @@ pub fn config(upstream: SocketAddr) -> ProxyConfig {
         default_wait: Duration::ZERO,
         replay_cache_bytes: idem::DEFAULT_REPLAY_CACHE_BYTES,
         replay_cache_ttl: idem::DEFAULT_REPLAY_CACHE_TTL,
+        replay_drop_headers: Vec::new(),
         forwarded: Default::default(),
     }
 }
