@@ -29,7 +29,9 @@ pub struct Cli {
     /// Where records live: `sqlite:PATH` (the embedded durable store, the
     /// default: `sqlite:idem.db` in the working directory), `memory:`,
     /// `redis://[user:pass@]host:port[/db][?namespace=NAME]` (or `rediss://`
-    /// for TLS), or `redis+cluster://host:port,host:port` for a Cluster.
+    /// for TLS), `redis+cluster://host:port,host:port` for a Cluster,
+    /// `postgres://user@host/db[?schema=S]`, or, in a build with the
+    /// `dynamodb` feature, `dynamodb://TABLE[?endpoint=URL&region=R&create=true]`.
     #[arg(long, env = "IDEM_STORE", global = true)]
     pub store: Option<String>,
     /// How log lines on standard error look: text (coloured only on a

@@ -30,15 +30,79 @@ pub enum StoreUrl {
     /// `postgres://…`, `postgresql://…`: PostgreSQL (the URL as
     /// [`idem_postgres`] reads it; the tables are created on first use).
     Postgres(String),
+    /// `dynamodb://TABLE[?endpoint=URL][&region=R][&create=true]`: a
+    /// DynamoDB table (the binary's `dynamodb` feature). Credentials come
+    /// from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` (and
+    /// `AWS_SESSION_TOKEN`), the region from `region=` or `AWS_REGION`;
+    /// `endpoint=` names a DynamoDB-compatible server (DynamoDB Local,
+    /// moto); `create=true` creates the table if it is missing.
+    DynamoDb(DynamoUrl),
+}
+
+/// A `dynamodb://` store URL, read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DynamoUrl {
+    /// The table.
+    pub table: String,
+    /// A DynamoDB-compatible endpoint, if not AWS's own.
+    pub endpoint: Option<String>,
+    /// The region, if not from the environment.
+    pub region: Option<String>,
+    /// Create the table if it is missing.
+    pub create: bool,
+}
+
+impl DynamoUrl {
+    fn parse(url: &str, rest: &str) -> Result<Self, StoreUrlError> {
+        let bad = |why: String| StoreUrlError::Invalid {
+            url: url.to_owned(),
+            why,
+        };
+        let (table, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let table = table.trim_end_matches('/');
+        // DynamoDB's rule for table names.
+        if !(3..=255).contains(&table.len())
+            || !table
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+        {
+            return Err(bad(format!(
+                "the table name {table:?} must be 3 to 255 characters of A-Z a-z 0-9 _ . -"
+            )));
+        }
+        let mut parsed = DynamoUrl {
+            table: table.to_owned(),
+            endpoint: None,
+            region: None,
+            create: false,
+        };
+        for (name, value) in form_urlencoded::parse(query.as_bytes()) {
+            match &*name {
+                "endpoint" => parsed.endpoint = Some(value.into_owned()),
+                "region" => parsed.region = Some(value.into_owned()),
+                "create" => {
+                    parsed.create = value
+                        .parse()
+                        .map_err(|_| bad(format!("create={value} is not true or false")))?
+                }
+                other => {
+                    return Err(bad(format!(
+                        "unknown parameter {other:?} (endpoint, region and create are taken)"
+                    )))
+                }
+            }
+        }
+        Ok(parsed)
+    }
 }
 
 /// Why a store URL was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreUrlError {
-    /// A scheme whose store is not in this build yet.
+    /// A scheme whose store is not in this build.
     #[error(
-        "store URL {url:?}: the {scheme} store is not available in this build yet \
-         (available: memory:, sqlite:PATH, redis://, redis+cluster://, postgres://)"
+        "store URL {url:?}: the {scheme} store is not in this build \
+         (build with `cargo install idem-cli --features {scheme}`)"
     )]
     NotYet {
         /// The URL given.
@@ -46,10 +110,19 @@ pub enum StoreUrlError {
         /// Its scheme.
         scheme: String,
     },
+    /// A URL of a known scheme with something wrong in it.
+    #[error("store URL {url:?}: {why}")]
+    Invalid {
+        /// The URL given.
+        url: String,
+        /// What is wrong.
+        why: String,
+    },
     /// Not a store URL at all.
     #[error(
         "store URL {url:?} is not understood \
-         (use memory:, sqlite:PATH, a file path, redis://, redis+cluster:// or postgres://)"
+         (use memory:, sqlite:PATH, a file path, redis://, redis+cluster://, postgres:// \
+         or dynamodb://)"
     )]
     Unknown {
         /// The URL given.
@@ -81,6 +154,9 @@ impl std::str::FromStr for StoreUrl {
                     Ok(StoreUrl::Redis(url.to_owned()))
                 }
                 "postgres" | "postgresql" => Ok(StoreUrl::Postgres(url.to_owned())),
+                "dynamodb" if cfg!(feature = "dynamodb") => Ok(StoreUrl::DynamoDb(
+                    DynamoUrl::parse(url, &url["dynamodb://".len()..])?,
+                )),
                 "dynamodb" => Err(StoreUrlError::NotYet {
                     url: url.to_owned(),
                     scheme: scheme.to_owned(),
@@ -109,8 +185,43 @@ impl StoreUrl {
             })?),
             StoreUrl::Redis(url) => AnyStore::Redis(RedisStore::connect(url).await?),
             StoreUrl::Postgres(url) => AnyStore::Postgres(PgStore::connect(url).await?),
+            StoreUrl::DynamoDb(url) => open_dynamodb(url).await?,
         })
     }
+}
+
+#[cfg(feature = "dynamodb")]
+async fn open_dynamodb(url: &DynamoUrl) -> anyhow::Result<AnyStore> {
+    let client = match &url.region {
+        Some(region) => {
+            let var = |name: &str| {
+                std::env::var(name)
+                    .map_err(|_| anyhow::anyhow!("environment variable {name} is not set"))
+            };
+            idem_dynamodb::client_for(
+                url.endpoint.as_deref(),
+                region,
+                &var("AWS_ACCESS_KEY_ID")?,
+                &var("AWS_SECRET_ACCESS_KEY")?,
+                std::env::var("AWS_SESSION_TOKEN").ok(),
+            )?
+        }
+        None => idem_dynamodb::client_from_env(url.endpoint.as_deref())?,
+    };
+    if url.create {
+        idem_dynamodb::create_table(&client, &url.table)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot create the table {}: {e}", url.table))?;
+    }
+    Ok(AnyStore::DynamoDb(idem_dynamodb::DynamoStore::new(
+        client,
+        url.table.clone(),
+    )))
+}
+
+#[cfg(not(feature = "dynamodb"))]
+async fn open_dynamodb(_: &DynamoUrl) -> anyhow::Result<AnyStore> {
+    anyhow::bail!("the dynamodb store is not in this build (--features dynamodb)")
 }
 
 impl std::fmt::Display for StoreUrl {
@@ -120,6 +231,7 @@ impl std::fmt::Display for StoreUrl {
             StoreUrl::Sqlite(path) => write!(f, "sqlite:{}", path.display()),
             StoreUrl::Redis(url) => f.write_str(&idem_redis::redact_url(url)),
             StoreUrl::Postgres(url) => f.write_str(&idem_postgres::redact_url(url)),
+            StoreUrl::DynamoDb(url) => write!(f, "dynamodb://{}", url.table),
         }
     }
 }
@@ -135,6 +247,9 @@ pub enum AnyStore {
     Redis(RedisStore),
     /// PostgreSQL.
     Postgres(PgStore),
+    /// DynamoDB.
+    #[cfg(feature = "dynamodb")]
+    DynamoDb(idem_dynamodb::DynamoStore),
 }
 
 impl AnyStore {
@@ -152,6 +267,8 @@ macro_rules! each {
             AnyStore::Sqlite($s) => $e,
             AnyStore::Redis($s) => $e,
             AnyStore::Postgres($s) => $e,
+            #[cfg(feature = "dynamodb")]
+            AnyStore::DynamoDb($s) => $e,
         }
     };
 }
@@ -291,13 +408,36 @@ mod tests {
                 .as_deref(),
             Some("postgres://app:***@127.0.0.1/test?schema=idem")
         );
-        let not_yet = "dynamodb://127.0.0.1/test"
-            .parse::<StoreUrl>()
-            .expect_err("not yet");
-        assert!(
-            not_yet.to_string().contains("not available in this build"),
-            "{not_yet}"
-        );
+        if cfg!(feature = "dynamodb") {
+            assert_eq!(
+                "dynamodb://idem_records?endpoint=http://127.0.0.1:5000&create=true"
+                    .parse::<StoreUrl>()
+                    .ok(),
+                Some(StoreUrl::DynamoDb(DynamoUrl {
+                    table: "idem_records".into(),
+                    endpoint: Some("http://127.0.0.1:5000".into()),
+                    region: None,
+                    create: true,
+                }))
+            );
+            for (url, needle) in [
+                ("dynamodb://ab", "3 to 255"),
+                ("dynamodb://t%20x", "3 to 255"),
+                ("dynamodb://table?create=yes", "not true or false"),
+                ("dynamodb://table?port=1", "unknown parameter"),
+            ] {
+                let error = url.parse::<StoreUrl>().expect_err(url).to_string();
+                assert!(error.contains(needle), "{url}: {error}");
+            }
+        } else {
+            let not_yet = "dynamodb://idem_records"
+                .parse::<StoreUrl>()
+                .expect_err("not in this build");
+            assert!(
+                not_yet.to_string().contains("--features dynamodb"),
+                "{not_yet}"
+            );
+        }
         let unknown = "ftp://x".parse::<StoreUrl>().expect_err("unknown");
         assert!(unknown.to_string().contains("not understood"), "{unknown}");
     }
