@@ -196,9 +196,20 @@ def test_bad_input_gets_a_clear_error_and_leaves_no_claim(server):
     def not_json(k):
         return object()
 
+    # It ran: a result that cannot be stored must not let it run again.
     with pytest.raises(TypeError):
         not_json("k1")
-    assert idem.record("s", "k1")["state"] == "released"
+    assert idem.record("s", "k1")["state"] == "failed"
+    with pytest.raises(ReplayedFailure, match="cannot be stored"):
+        not_json("k1")
+
+    @idem.idempotent(scope="s", key="k")
+    def nan(k):
+        return float("nan")
+
+    with pytest.raises(TypeError):
+        nan("k3")
+    assert idem.record("s", "k3")["state"] == "failed"
 
     with pytest.raises(IdemError, match="without run.complete"):
         with idem.claim("s", "k2"):

@@ -118,12 +118,26 @@ export class Idem {
     let value: T;
     try {
       value = await fn(run);
-      JSON.stringify(value ?? null);
     } catch (error) {
       await settle(run, error);
       throw error;
     }
-    await run.complete(value);
+    // The work has run: a result that cannot be stored must not let it run
+    // again, so the run ends failed with the reason.
+    try {
+      JSON.stringify(value ?? null);
+    } catch (error) {
+      await run.refused(`the result cannot be stored as JSON: ${String(error)}`);
+      throw error;
+    }
+    try {
+      await run.complete(value);
+    } catch (error) {
+      if (error instanceof ApiError && (error.status === 400 || error.status === 413)) {
+        await run.refused(`idem serve refused the result: ${error.detail}`);
+      }
+      throw error;
+    }
     return { kind: "executed", value, fence: run.fence, attempt: run.attempt, takeover: run.takeover };
   }
 

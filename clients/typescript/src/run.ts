@@ -37,7 +37,10 @@ export class Run {
   readonly signal: AbortSignal;
   private readonly lost = new AbortController();
   private readonly timer: NodeJS.Timeout;
+  /** No more heartbeats: the run's end was written, or it was stopped. */
   private ended = false;
+  /** The write that ends the run has begun: no other write may start. */
+  private ending_ = false;
 
   constructor(
     private readonly transport: Transport,
@@ -57,7 +60,11 @@ export class Run {
       if (beating || this.ended) return;
       beating = true;
       try {
-        await this.transport.call("POST", "/v1/extend", { lease: this.lease, lease_ms: this.leaseMs });
+        // One try within a sixth of the lease: the next beat comes soon enough.
+        await this.transport.call("POST", "/v1/extend", { lease: this.lease, lease_ms: this.leaseMs }, undefined, 0, {
+          retries: 0,
+          timeoutMs: Math.max(200, Math.floor(this.leaseMs / 6)),
+        });
       } catch (error) {
         if (error instanceof LeaseLost) {
           this.lost.abort(error);
@@ -72,7 +79,7 @@ export class Run {
 
   /** Whether the run has been completed, failed or released. */
   get finished(): boolean {
-    return this.ended;
+    return this.ended || this.ending_;
   }
 
   /** Throws LeaseLost if the lease was lost. */
@@ -130,17 +137,33 @@ export class Run {
   }
 
   private async ending(write: () => Promise<unknown>): Promise<void> {
-    // The heartbeat goes on while the write is tried (and tried again).
-    this.ended = true;
+    // The heartbeat goes on while the write is tried (and tried again), so
+    // the lease cannot lapse under a slow store.
+    this.ending_ = true;
     try {
       await write();
     } finally {
-      clearInterval(this.timer);
+      this.stop();
+    }
+  }
+
+  /**
+   * The work ran but its result cannot be stored: the run ends failed
+   * (terminal) with the reason, replayed to later claims and never run again.
+   */
+  async refused(reason: string): Promise<void> {
+    this.ending_ = true;
+    try {
+      await this.transport.call("POST", "/v1/fail", { lease: this.lease, class: "terminal", message: reason });
+    } catch {
+      // The caller's own error says more; the claim then runs out.
+    } finally {
+      this.stop();
     }
   }
 
   private held(): LeaseJson {
-    if (this.ended) throw new IdemError(`${this.scope}/${this.key}: the run has already ended`);
+    if (this.finished) throw new IdemError(`${this.scope}/${this.key}: the run has already ended`);
     return this.lease;
   }
 }

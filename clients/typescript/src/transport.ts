@@ -28,19 +28,26 @@ export class Transport {
     if (token) this.headers.authorization = `Bearer ${token}`;
   }
 
-  /** Sends one request and returns the decoded answer (undefined for 204). */
+  /**
+   * Sends one request, trying again (`retries` times, the client's by
+   * default) after a lost connection or a 502, 503 or 504, and returns the
+   * decoded answer (undefined for 204).
+   */
   async call(
     method: "GET" | "POST",
     path: string,
     body?: unknown,
     query?: Record<string, string>,
     extraMs = 0,
+    tries?: { retries?: number; timeoutMs?: number },
   ): Promise<any> {
     const target = this.base + path + (query ? `?${new URLSearchParams(query)}` : "");
     const payload = body === undefined ? undefined : JSON.stringify(body);
+    const retries = tries?.retries ?? this.retries;
+    const timeoutMs = tries?.timeoutMs ?? this.timeoutMs;
     let delay = 50;
     for (let attempt = 0; ; attempt++) {
-      const last = attempt === this.retries;
+      const last = attempt === retries;
       let response: Response;
       let text: string;
       try {
@@ -48,7 +55,7 @@ export class Transport {
           method,
           headers: this.headers,
           body: payload,
-          signal: AbortSignal.timeout(this.timeoutMs + extraMs),
+          signal: AbortSignal.timeout(timeoutMs + extraMs),
         });
         text = await response.text();
       } catch (error) {
@@ -58,11 +65,20 @@ export class Transport {
         continue;
       }
       if (response.status === 204) return undefined;
-      const answer = text ? JSON.parse(text) : undefined;
-      if (response.status < 400) return answer;
-      const error = new ApiError(response.status, answer ?? { detail: text });
+      let answer: any;
+      try {
+        answer = text ? JSON.parse(text) : undefined;
+      } catch {
+        // Not idem serve's own answer: a proxy's page, say.
+        answer = undefined;
+      }
+      if (response.status < 400 && answer !== undefined) return answer;
+      const error = new ApiError(
+        response.status,
+        typeof answer === "object" && answer !== null ? answer : { detail: `${response.status}: ${text.slice(0, 200)}` },
+      );
       if (error.kind === "lease-lost") throw new LeaseLost(error.detail);
-      if (response.status === 503 && !last) {
+      if ([502, 503, 504].includes(response.status) && !last) {
         const after = Number(response.headers.get("retry-after") ?? "0") * 1000;
         await sleep(Math.max(after, delay));
         delay = Math.min(delay * 2, 2000);

@@ -171,8 +171,13 @@ test("bad input gets a clear error and leaves no claim", async () => {
   assert.equal(bad.status, 400);
   assert.equal(bad.kind, "bad-request");
   assert.match(bad.detail, /key/);
+  // It ran: a result that cannot be stored must not let it run again.
   await assert.rejects(idem.withIdempotency("k1", () => ({ big: 10n })), TypeError);
-  assert.equal((await idem.record("k1")).state, "released");
+  assert.equal((await idem.record("k1")).state, "failed");
+  await assert.rejects(idem.withIdempotency("k1", () => 1), /cannot be stored/);
+  const huge = await idem.withIdempotency("k2", () => "x".repeat(3_000_000)).catch((e) => e);
+  assert.ok(huge instanceof ApiError && huge.status === 413, String(huge));
+  assert.equal((await idem.record("k2")).state, "failed");
   assert.throws(() => new Idem({ url: "ftp://x" }), TypeError);
   assert.throws(() => new Idem({ url: server.url, leaseMs: 0 }), RangeError);
 });

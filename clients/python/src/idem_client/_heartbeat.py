@@ -30,7 +30,7 @@ class Heartbeats:
         with self._cond:
             self._live += 1
             self._push(interval, beat, stop)
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="idem-heartbeats", daemon=True)
                 self._thread.start()
             self._cond.notify()
@@ -56,6 +56,10 @@ class Heartbeats:
                         _, _, interval, beat, stop = heapq.heappop(self._due)
                         break
                     self._cond.wait(self._due[0][0] - now if self._due else None)
-            if not stop.is_set() and beat() and not stop.is_set():
+            try:
+                again = not stop.is_set() and beat()
+            except Exception:  # noqa: BLE001 - one bad beat must not end all of them
+                again = True
+            if again and not stop.is_set():
                 with self._cond:
                     self._push(interval, beat, stop)

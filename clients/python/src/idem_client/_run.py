@@ -8,7 +8,7 @@ import json
 import threading
 from typing import Any, Callable, Optional, TypeVar
 
-from ._errors import IdemError, LeaseLost, StepInDoubt, Terminal
+from ._errors import ApiError, IdemError, LeaseLost, StepInDoubt, Terminal
 from ._heartbeat import Heartbeats
 from ._transport import Transport
 
@@ -76,8 +76,14 @@ class Run:
         if self._stop.is_set():
             return False
         try:
+            # One try, within a sixth of the lease: the beats of every run
+            # share a thread, and the next beat comes soon enough.
             self._transport.call(
-                "POST", "/v1/extend", {"lease": self._lease, "lease_ms": self._lease_ms}
+                "POST",
+                "/v1/extend",
+                {"lease": self._lease, "lease_ms": self._lease_ms},
+                retries=0,
+                timeout=max(0.2, self._lease_ms / 6000.0),
             )
         except LeaseLost:
             if not self._stop.is_set():
@@ -117,14 +123,40 @@ class Run:
             raise LeaseLost(f"{self.scope}/{self.key}: the lease was lost; stop")
 
     def complete(self, result: Any) -> None:
-        """Stores ``result`` (anything ``json.dumps`` takes); every later
-        claim of the key gets it back."""
+        """Stores ``result`` (anything ``json.dumps`` takes, without NaN
+        or infinities); every later claim of the key gets it back.
+
+        The work has run by now, so a result that cannot be stored (not
+        JSON, or refused by idem serve as too large) is recorded as a
+        terminal failure with the reason, replayed to later claims, and
+        never run again; the error is raised."""
         lease = self._held()
         body: dict[str, Any] = {"lease": lease, "response": result}
         if self._retention_ms is not None:
             body["retention_ms"] = self._retention_ms
-        json.dumps(result)
-        self._ending(lambda: self._transport.call("POST", "/v1/complete", body))
+        try:
+            json.dumps(result, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            self._refused(f"the result cannot be stored as JSON: {e}")
+            raise TypeError(f"{self.scope}/{self.key}: the result is not JSON: {e}") from e
+        try:
+            self._ending(lambda: self._transport.call("POST", "/v1/complete", body))
+        except ApiError as e:
+            if e.status in (400, 413):
+                self._refused(f"idem serve refused the result: {e.detail}")
+            raise
+
+    def _refused(self, reason: str) -> None:
+        # A definite refusal after the work ran ends the record failed, so
+        # that no later claim runs the work again.
+        body = {"lease": self._lease, "class": "terminal", "message": reason}
+        self._finished = True
+        try:
+            self._transport.call("POST", "/v1/fail", body)
+        except IdemError:
+            pass
+        finally:
+            self._end()
 
     def fail(self, message: str, terminal: bool = False, unknown: bool = False) -> None:
         """Records a failure: by default retryable (the key is released and

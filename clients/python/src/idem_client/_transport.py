@@ -135,13 +135,22 @@ class Transport:
         body: Optional[dict[str, Any]] = None,
         query: Optional[dict[str, str]] = None,
         extra_time: float = 0.0,
+        retries: Optional[int] = None,
+        timeout: Optional[float] = None,
     ) -> Any:
-        """Sends one request, trying again after a lost connection or a
-        503, and returns the decoded JSON answer (``None`` for 204)."""
+        """Sends one request, trying again (``retries`` times, the
+        client's by default) after a lost connection or a 502, 503 or 504,
+        and returns the decoded JSON answer (``None`` for 204)."""
         target = self._base + path
         if query:
             target += "?" + urllib.parse.urlencode(query)
-        payload = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
+        payload = (
+            b""
+            if body is None
+            else json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+        )
+        retries = self._retries if retries is None else retries
+        timeout = self._timeout if timeout is None else timeout
         request = (
             f"{method} {target} HTTP/1.1\r\n".encode()
             + self._head
@@ -149,12 +158,10 @@ class Transport:
             + payload
         )
         delay = 0.05
-        for attempt in range(self._retries + 1):
-            last = attempt == self._retries
+        for attempt in range(retries + 1):
+            last = attempt == retries
             try:
-                status, headers, data = self._connection().exchange(
-                    request, self._timeout + extra_time
-                )
+                status, headers, data = self._connection().exchange(request, timeout + extra_time)
             except (OSError, ValueError, IndexError) as e:
                 self.close()
                 if last:
@@ -164,14 +171,22 @@ class Transport:
                 continue
             if status == 204:
                 return None
-            answer = json.loads(data) if data else None
-            if status < 400:
+            try:
+                answer = json.loads(data) if data else None
+            except ValueError:
+                # Not idem serve's own answer: a proxy's page, say.
+                answer = None
+            if status < 400 and answer is not None:
                 return answer
-            problem = answer if isinstance(answer, dict) else {"detail": data.decode(errors="replace")}
+            problem = (
+                answer
+                if isinstance(answer, dict)
+                else {"detail": f"{status}: {data[:200].decode(errors='replace')!r}"}
+            )
             error = ApiError(status, problem)
             if error.kind == "lease-lost":
                 raise LeaseLost(error.detail)
-            if status == 503 and not last:
+            if status in (502, 503, 504) and not last:
                 after = headers.get(b"retry-after", b"")
                 time.sleep(max(float(after) if after.isdigit() else 0.0, delay))
                 delay = min(delay * 2, 2.0)
