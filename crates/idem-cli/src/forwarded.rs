@@ -11,6 +11,18 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
+/// Headers other proxies use to say who the client is, dropped with the
+/// rest when the incoming ones are not trusted.
+const UNVOUCHED: [&str; 7] = [
+    "x-real-ip",
+    "x-forwarded-port",
+    "x-forwarded-prefix",
+    "x-forwarded-server",
+    "x-forwarded-ssl",
+    "x-client-ip",
+    "true-client-ip",
+];
+
 /// How the gateway treats forwarding headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ForwardedPolicy {
@@ -53,6 +65,11 @@ pub(crate) fn apply(
         ] {
             headers.remove(name);
         }
+        // The others of the family, which this gateway does not set: a
+        // client's own would reach the upstream as if vouched for.
+        for name in UNVOUCHED {
+            headers.remove(name);
+        }
     }
     let ip = client.map(|c| c.ip());
     if let Some(ip) = ip {
@@ -91,14 +108,18 @@ pub(crate) fn apply(
     }
 }
 
-/// Adds `value` to the list in header `name` (one comma-separated value,
-/// as proxies write these lists).
+/// Adds `value` to the list in header `name`, written as one
+/// comma-separated value as proxies write these lists; a list that came
+/// in several header lines is joined in order (RFC 9110 §5.3).
 fn append(headers: &mut HeaderMap, name: HeaderName, value: &str) {
-    let joined = match headers.get(&name).and_then(|v| v.to_str().ok()) {
-        Some(existing) if !existing.trim().is_empty() => format!("{existing}, {value}"),
-        _ => value.to_owned(),
-    };
-    if let Ok(joined) = HeaderValue::from_str(&joined) {
+    let mut parts: Vec<String> = headers
+        .get_all(&name)
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).trim().to_owned())
+        .filter(|v| !v.is_empty())
+        .collect();
+    parts.push(value.to_owned());
+    if let Ok(joined) = HeaderValue::from_str(&parts.join(", ")) {
         headers.insert(name, joined);
     }
 }
@@ -163,6 +184,32 @@ mod tests {
             Some("for=192.0.2.7;host=api.example.com;proto=http")
         );
         assert_eq!(get(&h, "host"), Some("api.example.com"));
+    }
+
+    #[test]
+    fn a_chain_in_several_lines_is_kept_whole_and_other_claims_are_dropped() {
+        let trusted = forwarded(
+            &[
+                ("x-forwarded-for", "198.51.100.1"),
+                ("x-forwarded-for", "198.51.100.2"),
+            ],
+            "192.0.2.7:1",
+            ForwardedPolicy {
+                trust_incoming: true,
+                preserve_host: true,
+            },
+        );
+        assert_eq!(
+            get(&trusted, "x-forwarded-for"),
+            Some("198.51.100.1, 198.51.100.2, 192.0.2.7")
+        );
+        let untrusted = forwarded(
+            &[("x-real-ip", "6.6.6.6"), ("true-client-ip", "6.6.6.6")],
+            "192.0.2.7:1",
+            ForwardedPolicy::default(),
+        );
+        assert_eq!(get(&untrusted, "x-real-ip"), None);
+        assert_eq!(get(&untrusted, "true-client-ip"), None);
     }
 
     #[test]
