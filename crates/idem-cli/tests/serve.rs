@@ -40,6 +40,7 @@ impl Server {
             retention: Duration::from_secs(3600),
             max_wait: Duration::from_secs(5),
             max_request_bytes: 64 * 1024,
+            max_lease: Duration::from_secs(3600),
         };
         change(&mut config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -190,7 +191,10 @@ async fn a_takeover_fences_out_the_old_holder_and_a_resent_write_is_done_once() 
 
     // The old holder can neither extend nor complete: nothing is written.
     for (path, body) in [
-        ("/v1/extend", json!({ "lease": old["lease"] })),
+        (
+            "/v1/extend",
+            json!({ "lease": old["lease"], "lease_ms": 1000 }),
+        ),
         (
             "/v1/complete",
             json!({ "lease": old["lease"], "response": "stale" }),
@@ -273,7 +277,10 @@ async fn no_token_can_see_or_touch_another_tenants_records() {
             "/v1/complete",
             json!({ "lease": shop["lease"], "response": "billing wrote this" }),
         ),
-        ("/v1/extend", json!({ "lease": shop["lease"] })),
+        (
+            "/v1/extend",
+            json!({ "lease": shop["lease"], "lease_ms": 1000 }),
+        ),
         ("/v1/release", json!({ "lease": shop["lease"] })),
         (
             "/v1/steps/begin",
@@ -304,6 +311,16 @@ async fn no_token_can_see_or_touch_another_tenants_records() {
         assert_eq!(status, StatusCode::UNAUTHORIZED, "{token:?}: {answer}");
         assert_eq!(problem_type(&answer), "unauthorized");
     }
+    let refused = server
+        .client
+        .post(format!("http://{}/v1/claim", server.addr))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(
+        refused.headers()["www-authenticate"],
+        "Bearer realm=\"idem\""
+    );
     server.stop().await;
 }
 
@@ -359,13 +376,32 @@ async fn steps_are_journaled_resumed_and_found_in_doubt_after_a_takeover() {
         .await;
     assert_eq!(doubt["state"], "in_doubt", "{doubt}");
     assert_eq!(doubt["attempt"], 1);
+    // A finish sent again after its answer was lost, once the claim has
+    // ended, is done if it had landed; another result is not.
+    let finish = json!({ "lease": second["lease"], "step": "pickup", "result": "booked" });
+    let (status, _) = server.post(SHOP, "/v1/steps/finish", finish.clone()).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _) = server
+        .post(SHOP, "/v1/release", json!({ "lease": second["lease"] }))
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, answer) = server.post(SHOP, "/v1/steps/finish", finish).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{answer}");
+    let (status, _) = server
+        .post(
+            SHOP,
+            "/v1/steps/finish",
+            json!({ "lease": second["lease"], "step": "pickup", "result": "other" }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
     let (status, steps) = server.get(SHOP, "/v1/steps", "ship", "s-1").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         steps,
         json!({ "steps": [
             { "state": "finished", "name": "label", "result": {"tracking": "T1"} },
-            { "state": "started", "name": "pickup", "attempt": 2 },
+            { "state": "finished", "name": "pickup", "result": "booked" },
         ]})
     );
     server.stop().await;
@@ -468,6 +504,16 @@ async fn bad_input_gets_a_problem_that_says_what_was_wrong() {
         ),
         (
             "/v1/claim",
+            json!({ "scope": "s", "key": "k", "lease_ms": 3_600_001 }),
+            "over the server's --max-lease",
+        ),
+        (
+            "/v1/extend",
+            json!({ "lease": lease }),
+            "missing field `lease_ms`",
+        ),
+        (
+            "/v1/claim",
             json!({ "scope": "s", "key": "k", "extra": 1 }),
             "unknown field `extra`",
         ),
@@ -518,6 +564,9 @@ async fn bad_input_gets_a_problem_that_says_what_was_wrong() {
     let (status, answer) = server.get(SHOP, "/v1/nope", "s", "k").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(problem_type(&answer), "not-found");
+    let (status, answer) = server.get(SHOP, "/v1/claim", "s", "k").await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{answer}");
+    assert!(answer["detail"].as_str().unwrap_or("").contains("GET"));
     let (status, answer) = server
         .send(
             server

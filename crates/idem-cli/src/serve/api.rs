@@ -8,8 +8,8 @@ use bytes::Bytes;
 use http::StatusCode;
 use idem::{
     ClaimOutcome, ClaimParams, Failure, Fingerprint, GetRecord, KeyRules, Lease, LeaseToken,
-    RecordId, Scope, State, StepBegin, StepJournal, Store, StoreError, Timestamp, LONGEST_HELD,
-    MAX_SCOPE_LEN,
+    RecordId, Scope, State, StepBegin, StepJournal, StepState, Store, StoreError, Timestamp,
+    LONGEST_HELD, MAX_SCOPE_LEN,
 };
 use idem_http::Problem;
 use tokio_util::task::TaskTracker;
@@ -67,6 +67,21 @@ impl Api {
         })
     }
 
+    /// A lease asked for (the server's `--lease` when not): at most
+    /// `--max-lease`.
+    fn lease_ms(&self, asked: Option<u64>) -> Answer<Duration> {
+        let lease = millis("lease_ms", asked, self.config.lease)?;
+        if lease > self.config.max_lease {
+            return Err(bad_request(format!(
+                "lease_ms: {} is over the server's --max-lease ({} ms); extend a shorter \
+                 lease while the work runs",
+                lease.as_millis(),
+                self.config.max_lease.as_millis()
+            )));
+        }
+        Ok(lease)
+    }
+
     /// Runs a write to its end even if the caller goes away meanwhile.
     async fn detached<T: Send + 'static>(
         &self,
@@ -84,7 +99,7 @@ impl Api {
 
     pub(crate) async fn claim(&self, tenant: &str, request: ClaimRequest) -> Answer<ClaimAnswer> {
         let id = self.id(tenant, &request.scope, &request.key)?;
-        let lease = millis("lease_ms", request.lease_ms, self.config.lease)?;
+        let lease = self.lease_ms(request.lease_ms)?;
         let retention = millis("retention_ms", request.retention_ms, self.config.retention)?;
         let mut params = ClaimParams::new(lease, retention.max(lease));
         if let Some(fingerprint) = &request.fingerprint {
@@ -177,7 +192,7 @@ impl Api {
         request: ExtendRequest,
     ) -> Answer<ExtendAnswer> {
         let lease = self.lease(tenant, &request.lease)?;
-        let duration = millis("lease_ms", request.lease_ms, self.config.lease)?;
+        let duration = self.lease_ms(Some(request.lease_ms))?;
         let until = self
             .store
             .extend(&lease, duration)
@@ -231,9 +246,31 @@ impl Api {
         let result = Bytes::from(String::from(Box::<str>::from(request.result)));
         let store = self.store.clone();
         self.detached(async move {
-            StepJournal::finish_step(&store, &lease, &request.step, result)
-                .await
-                .map_err(store_problem)
+            let step = request.step;
+            match StepJournal::finish_step(&store, &lease, &step, result.clone()).await {
+                // Its own earlier try, whose answer was lost, may have
+                // journaled it before the lease was lost.
+                Err(StoreError::LeaseLost) => {
+                    let journaled = StepJournal::steps(&store, &lease.id)
+                        .await
+                        .map_err(store_problem)?
+                        .into_iter()
+                        .any(|e| {
+                            e.name == step
+                                && matches!(&e.state, StepState::Done { result: r } if *r == result)
+                        });
+                    let same_claim = GetRecord::get(&store, &lease.id)
+                        .await
+                        .map_err(store_problem)?
+                        .is_some_and(|r| r.fence == lease.fence);
+                    if journaled && same_claim {
+                        Ok(())
+                    } else {
+                        Err(store_problem(StoreError::LeaseLost))
+                    }
+                }
+                other => other.map_err(store_problem),
+            }
         })
         .await
     }

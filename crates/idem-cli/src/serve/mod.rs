@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{RawQuery, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -65,6 +65,11 @@ pub struct ServeArgs {
     /// is at most this).
     #[arg(long, env = "IDEM_MAX_REQUEST_BYTES", default_value_t = 1 << 20)]
     pub max_request_bytes: usize,
+    /// The longest lease a claim may ask for: a holder that dies keeps its
+    /// key from everyone this long. Long work extends a short lease
+    /// instead.
+    #[arg(long, env = "IDEM_MAX_LEASE", default_value = "1h")]
+    pub max_lease: String,
 }
 
 /// The claim API's settings, checked.
@@ -80,6 +85,8 @@ pub struct ServeConfig {
     pub max_wait: Duration,
     /// The largest request body, bytes.
     pub max_request_bytes: usize,
+    /// The longest lease a claim or heartbeat may ask for.
+    pub max_lease: Duration,
 }
 
 impl ServeArgs {
@@ -108,6 +115,7 @@ impl ServeArgs {
             retention: crate::duration("--retention", &self.retention)?,
             max_wait: crate::wait("--max-wait", &self.max_wait)?,
             max_request_bytes: self.max_request_bytes,
+            max_lease: crate::duration("--max-lease", &self.max_lease)?,
         })
     }
 }
@@ -134,6 +142,9 @@ pub fn router(store: AnyStore, config: ServeConfig) -> (Router, TaskTracker) {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/openapi.yaml", get(openapi))
         .fallback(|uri: Uri| async move { problem(problems::no_route(uri.path())) })
+        .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
+            problem(problems::wrong_method(&method, uri.path()))
+        })
         .with_state(api);
     (router, writes)
 }
@@ -170,7 +181,15 @@ async fn openapi() -> Response {
 }
 
 fn problem(problem: Problem) -> Response {
-    problem.into_response().map(Body::from)
+    let mut response = problem.into_response().map(Body::from);
+    if response.status() == StatusCode::UNAUTHORIZED {
+        // RFC 9110 §11.6.1: a 401 names the scheme it wants.
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"idem\""),
+        );
+    }
+    response
 }
 
 fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {

@@ -58,6 +58,15 @@ pub(crate) fn no_route(path: &str) -> Problem {
     )
 }
 
+pub(crate) fn wrong_method(method: &http::Method, path: &str) -> Problem {
+    Problem::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        BAD_REQUEST,
+        "method not allowed",
+        format!("{path} does not take {method} (see /openapi.yaml)"),
+    )
+}
+
 pub(crate) fn too_large(limit: usize) -> Problem {
     Problem::new(
         StatusCode::PAYLOAD_TOO_LARGE,

@@ -66,11 +66,13 @@ impl Tenants {
                     token.bytes().all(|b| (0x21..=0x7E).contains(&b)),
                     "a token of tenant {tenant:?} has a character outside visible ASCII"
                 );
-                if let Some(other) = by_digest.insert(digest(token), tenant.clone()) {
-                    anyhow::bail!(
+                match by_digest.insert(digest(token), tenant.clone()) {
+                    Some(other) if other != tenant => anyhow::bail!(
                         "the same token is given to tenants {other:?} and {tenant:?}: \
                          a token must act for one tenant"
-                    );
+                    ),
+                    Some(_) => anyhow::bail!("a token of tenant {tenant:?} is listed twice"),
+                    None => {}
                 }
             }
         }
@@ -187,6 +189,10 @@ mod tests {
                 "same token",
             ),
             (vec![("a", &[][..])], "has no token"),
+            (
+                vec![("a", &[shared[0].clone(), shared[0].clone()][..])],
+                "listed twice",
+            ),
             (vec![], "no tenant"),
         ] {
             let error = Tenants::new(tenants).expect_err(needle).to_string();

@@ -115,8 +115,10 @@ pub(crate) struct FailRequest {
 #[serde(deny_unknown_fields)]
 pub(crate) struct ExtendRequest {
     pub(crate) lease: LeaseJson,
-    #[serde(default, deserialize_with = "whole_or_null")]
-    pub(crate) lease_ms: Option<u64>,
+    /// The new lease from now: the store does not keep the claim's, so
+    /// the caller says it each time.
+    #[serde(deserialize_with = "whole")]
+    pub(crate) lease_ms: u64,
 }
 
 /// `POST /v1/release`.
