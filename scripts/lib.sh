@@ -145,6 +145,20 @@ ensure_mdbook() {
     MDBOOK="$root/bin/mdbook"
 }
 
+# A scratch folder ($work) and the children a script starts ($pids: add
+# each with pids+=($!)); on exit the children are stopped by their own PIDs
+# and the folder removed.
+with_scratch() {
+    work=$(mktemp -d)
+    pids=()
+    trap stop_children EXIT
+}
+stop_children() {
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+    rm -rf "$work"
+}
+
 # cargo's target folder as an absolute path (CARGO_TARGET_DIR may be
 # relative, absolute or unset).
 target_dir() {
