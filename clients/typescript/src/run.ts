@@ -40,7 +40,7 @@ export class Run {
   /** No more heartbeats: the run's end was written, or it was stopped. */
   private ended = false;
   /** The write that ends the run has begun: no other write may start. */
-  private ending_ = false;
+  private closing = false;
 
   constructor(
     private readonly transport: Transport,
@@ -79,7 +79,7 @@ export class Run {
 
   /** Whether the run has been completed, failed or released. */
   get finished(): boolean {
-    return this.ended || this.ending_;
+    return this.ended || this.closing;
   }
 
   /** Throws LeaseLost if the lease was lost. */
@@ -139,7 +139,7 @@ export class Run {
   private async ending(write: () => Promise<unknown>): Promise<void> {
     // The heartbeat goes on while the write is tried (and tried again), so
     // the lease cannot lapse under a slow store.
-    this.ending_ = true;
+    this.closing = true;
     try {
       await write();
     } finally {
@@ -152,7 +152,7 @@ export class Run {
    * (terminal) with the reason, replayed to later claims and never run again.
    */
   async refused(reason: string): Promise<void> {
-    this.ending_ = true;
+    this.closing = true;
     try {
       await this.transport.call("POST", "/v1/fail", { lease: this.lease, class: "terminal", message: reason });
     } catch {

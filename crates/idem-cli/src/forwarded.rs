@@ -13,14 +13,14 @@ const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host")
 
 /// Headers other proxies use to say who the client is, dropped with the
 /// rest when the incoming ones are not trusted.
-const UNVOUCHED: [&str; 7] = [
-    "x-real-ip",
-    "x-forwarded-port",
-    "x-forwarded-prefix",
-    "x-forwarded-server",
-    "x-forwarded-ssl",
-    "x-client-ip",
-    "true-client-ip",
+const UNVOUCHED: [HeaderName; 7] = [
+    HeaderName::from_static("x-real-ip"),
+    HeaderName::from_static("x-forwarded-port"),
+    HeaderName::from_static("x-forwarded-prefix"),
+    HeaderName::from_static("x-forwarded-server"),
+    HeaderName::from_static("x-forwarded-ssl"),
+    HeaderName::from_static("x-client-ip"),
+    HeaderName::from_static("true-client-ip"),
 ];
 
 /// How the gateway treats forwarding headers.

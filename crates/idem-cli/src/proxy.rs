@@ -14,7 +14,7 @@ use http::{header, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use idem_http::{strip_hop_by_hop, IdempotencyLayer, OutcomeUnknown};
+use idem_http::{strip_hop_by_hop, IdempotencyLayer, OutcomeUnknown, Problem};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
@@ -113,19 +113,10 @@ fn outcome_unknown(detail: String) -> Response {
     response
 }
 
-fn problem_502(kind: &str, title: &str, detail: String) -> Response {
-    let body = serde_json::json!({
-        "type": kind,
-        "title": title,
-        "status": 502,
-        "detail": detail,
-    });
-    (
-        StatusCode::BAD_GATEWAY,
-        [(header::CONTENT_TYPE, "application/problem+json")],
-        body.to_string(),
-    )
+fn problem_502(kind: &'static str, title: &'static str, detail: String) -> Response {
+    Problem::new(StatusCode::BAD_GATEWAY, kind, title, detail)
         .into_response()
+        .map(Body::from)
 }
 
 async fn forward(State(upstream): State<Arc<Upstream>>, request: Request) -> Response {

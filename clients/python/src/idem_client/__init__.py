@@ -14,7 +14,7 @@ client of ``idem serve``.
 Every call with the same ``order_id`` has the effect of one call.
 """
 
-from ._client import Executed, Idem, Outcome, Replayed, fingerprint_of, retry_in_progress
+from ._client import Executed, Idem, Outcome, Replayed, fingerprint_of
 from ._errors import (
     ApiError,
     IdemError,
@@ -45,7 +45,6 @@ __all__ = [
     "Unavailable",
     "current_run",
     "fingerprint_of",
-    "retry_in_progress",
 ]
 
 __version__ = "0.1.0"

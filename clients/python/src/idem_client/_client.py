@@ -7,7 +7,6 @@ import functools
 import hashlib
 import inspect
 import json
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Union
@@ -201,14 +200,3 @@ class Idem:
 
         return wrap
 
-
-def retry_in_progress(call: Callable[[], Any], attempts: int = 50) -> Any:
-    """Calls ``call`` until it does not raise :class:`InProgress`, sleeping
-    for the ``retry_after`` each time (at most 1 s), as a broker's
-    redelivery would."""
-    for _ in range(attempts - 1):
-        try:
-            return call()
-        except InProgress as e:
-            time.sleep(min(e.retry_after, 1.0))
-    return call()
