@@ -220,6 +220,35 @@ async fn lost_lease_is_signalled_and_the_stale_result_is_not_stored() {
     );
 }
 
+/// A handler whose process stalls past its lease (a blocking call, a
+/// pause, a starved machine) must not be told the lease is held when it
+/// resumes: the heartbeat has had no chance to run and flag it, so the
+/// check itself looks at the clock. On the old code, `ensure_lease`
+/// answered `Ok` here while another worker could already have taken over.
+#[tokio::test]
+async fn a_stall_past_the_lease_is_seen_before_the_heartbeat_runs() {
+    let idem = Idempotency::builder(MemoryStore::new())
+        .lease(Duration::from_millis(300))
+        .build()
+        .expect("config");
+    let seen = idem
+        .run(&id("stalled"), None, |ctx| async move {
+            let before = (ctx.ensure_lease().is_ok(), ctx.checked_fence().is_ok());
+            std::thread::sleep(Duration::from_millis(450));
+            let after = (ctx.is_lease_lost(), ctx.ensure_lease().is_err());
+            Ok::<_, Io>((before, after, ctx.checked_fence().is_err()))
+        })
+        .await;
+    let (before, after, fence_refused) = match seen {
+        Ok(receipt) => receipt.into_value(),
+        Err(RunError::LeaseLost) => panic!("the run ended before its handler could look"),
+        Err(other) => panic!("{other:?}"),
+    };
+    assert_eq!(before, (true, true), "held while the lease ran");
+    assert_eq!(after, (true, true), "lost once the lease ran out");
+    assert!(fence_refused, "no fence for a lost lease");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_dropped_run_leaves_the_record_to_expire_then_a_takeover_runs() {
     let store = paused_store();

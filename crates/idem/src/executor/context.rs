@@ -4,11 +4,13 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::machine::LeaseLost;
 use crate::record::{Lease, StepBegin};
@@ -26,6 +28,25 @@ pub(super) struct Held {
     pub(super) lost: bool,
     /// Extensions the store has confirmed.
     pub(super) beats: u64,
+    /// When the lease as last confirmed runs out, measured from when the
+    /// confirming request was sent; `None` when running unguarded.
+    pub(super) until: Option<Instant>,
+}
+
+impl Held {
+    /// A lease claimed by a request sent at `sent`, held for `lease`.
+    pub(super) fn claimed(sent: Instant, lease: Duration) -> Self {
+        Self {
+            until: Some(super::deadline(sent, lease)),
+            ..Self::default()
+        }
+    }
+
+    /// Lost as flagged, or run out by the clock: a handler resuming after
+    /// a stall is polled before the heartbeat that would flag it.
+    fn is_lost(&self) -> bool {
+        self.lost || self.until.is_some_and(|until| Instant::now() >= until)
+    }
 }
 
 /// What a handler is told about its run.
@@ -60,9 +81,11 @@ impl Context {
     }
 
     /// Whether the lease is known to be lost (taken over, or not
-    /// confirmed by a heartbeat before it ran out).
+    /// confirmed by a heartbeat before it ran out). Reads the clock, so it
+    /// is right even when the heartbeat has not run for a while (a
+    /// blocking call, a paused or starved process).
     pub fn is_lease_lost(&self) -> bool {
-        self.held.borrow().lost
+        self.held.borrow().is_lost()
     }
 
     /// Check this before an irreversible step: `Err` once the lease is

@@ -66,7 +66,10 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                 Ok(_) => {
                     confirmed_until = deadline(sent, lease_len);
                     if !held.borrow().lost {
-                        held.send_modify(|h| h.beats += 1);
+                        held.send_modify(|h| {
+                            h.beats += 1;
+                            h.until = Some(confirmed_until);
+                        });
                     }
                 }
                 Err(StoreError::LeaseLost) => {

@@ -341,7 +341,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                 "took over an expired lease; an earlier attempt may have partly run"
             );
         }
-        let (held_tx, held) = watch::channel(Held::default());
+        let (held_tx, held) = watch::channel(Held::claimed(sent, self.config.lease));
         let steps = Arc::new(StepRun::new(
             lease.id.clone(),
             self.config.journal.clone(),
