@@ -137,9 +137,14 @@ async fn a_handler_longer_than_the_visibility_timeout_keeps_its_message_hidden()
             .map(|()| sqs.consumer().stats())
         })
     };
+    // The spy starts once the handler runs: before that, it could win the
+    // first receive from the consumer, which is a race, not a redelivery.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while ran.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let spy = setup.client();
     let mut seen_by_spy = 0;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while !done.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
         seen_by_spy += spy
             .receive_message()
