@@ -148,6 +148,21 @@ def test_a_stalled_holder_is_fenced_out_by_the_takeover(server):
     assert record["response"] == {"by": "taker"}
 
 
+def test_a_holder_cut_off_from_idem_serve_sees_its_lease_run_out(server):
+    """No extension can be confirmed once idem serve is gone, so another
+    worker may take the key over when the lease runs out: the holder must
+    be told, not left to act on a lease nobody extended."""
+    idem = Idem(server.url, SHOP, lease=0.6)
+    with pytest.raises(LeaseLost):
+        with idem.claim("cut-off", "k") as run:
+            run.check()
+            server.process.kill()
+            server.process.wait()
+            time.sleep(0.8)
+            run.check()
+    assert run.lease_lost.is_set()
+
+
 def test_steps_are_journaled_and_not_run_again_by_a_later_attempt(server):
     idem = Idem(server.url, SHOP)
     effects = []

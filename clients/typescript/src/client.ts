@@ -103,6 +103,7 @@ export class Idem {
     if (options.fingerprint !== undefined) body.fingerprint = fingerprintOf(options.fingerprint);
     const waitMs = Math.max(0, Math.round(options.waitMs ?? 0));
     if (waitMs > 0) body.wait_ms = waitMs;
+    const sent = performance.now();
     const answer = await this.transport.call("POST", "/v1/claim", body, undefined, waitMs);
     switch (answer.outcome) {
       case "completed":
@@ -114,7 +115,8 @@ export class Idem {
       case "failed":
         throw new ReplayedFailure(scope, key, answer.class, answer.message);
     }
-    const run = new Run(this.transport, scope, key, answer.lease, answer.takeover, this.leaseMs, this.retentionMs);
+    const run = new Run(this.transport, scope, key, answer.lease, answer.takeover, this.leaseMs, this.retentionMs, sent);
+    await run.ready;
     let value: T;
     try {
       value = await fn(run);

@@ -24,7 +24,10 @@ export type FailureClass = "retryable" | "terminal" | "unknown";
 /**
  * The run of one key that the caller holds. Pass `fence` to downstream writes
  * that can refuse an older holder's; `signal` is aborted if the lease is lost
- * all the same (check it, or call `check()`, before irreversible work).
+ * all the same: taken over, or run out with no extension confirmed (idem
+ * serve unreachable, the event loop blocked). Call `check()` before
+ * irreversible work: it reads the clock as well, so it is right even when
+ * the heartbeat has not run.
  */
 export class Run {
   /** Strictly larger for each claim of the key. */
@@ -41,6 +44,13 @@ export class Run {
   private ended = false;
   /** The write that ends the run has begun: no other write may start. */
   private closing = false;
+  /**
+   * When the lease as last confirmed runs out (`performance.now()` time),
+   * measured from when the confirming request was sent.
+   */
+  private confirmedUntil: number;
+  /** Settles once the lease is confirmed fresh enough for the work to start. */
+  readonly ready: Promise<void>;
 
   constructor(
     private readonly transport: Transport,
@@ -50,31 +60,49 @@ export class Run {
     takeover: boolean,
     private readonly leaseMs: number,
     private readonly retentionMs: number | undefined,
+    claimSent: number,
   ) {
     this.fence = lease.fence;
     this.attempt = lease.attempt;
     this.takeover = takeover;
     this.signal = this.lost.signal;
+    this.confirmedUntil = claimSent + leaseMs;
     let beating = false;
-    this.timer = setInterval(async () => {
+    const beat = async (): Promise<void> => {
       if (beating || this.ended) return;
       beating = true;
+      const sent = performance.now();
       try {
         // One try within a sixth of the lease: the next beat comes soon enough.
         await this.transport.call("POST", "/v1/extend", { lease: this.lease, lease_ms: this.leaseMs }, undefined, 0, {
           retries: 0,
           timeoutMs: Math.max(200, Math.floor(this.leaseMs / 6)),
         });
+        this.confirmedUntil = sent + this.leaseMs;
       } catch (error) {
         if (error instanceof LeaseLost) {
           this.lost.abort(error);
           clearInterval(this.timer);
+        } else {
+          this.ranOut();
         }
       } finally {
         beating = false;
       }
-    }, Math.max(1, Math.floor(leaseMs / 3)));
+    };
+    this.timer = setInterval(beat, Math.max(1, Math.floor(leaseMs / 3)));
     this.timer.unref();
+    // A claim that waited (or was retried) may have been granted late in its
+    // call: confirm the lease before the work starts.
+    this.ready = performance.now() - claimSent > leaseMs / 6 ? beat() : Promise.resolve();
+  }
+
+  /** Aborts `signal` once the lease as last confirmed has run out; whether it is aborted. */
+  private ranOut(): boolean {
+    if (!this.signal.aborted && performance.now() >= this.confirmedUntil) {
+      this.lost.abort(new LeaseLost(`${this.scope}/${this.key}: no extension was confirmed before the lease ran out`));
+    }
+    return this.signal.aborted;
   }
 
   /** Whether the run has been completed, failed or released. */
@@ -84,7 +112,7 @@ export class Run {
 
   /** Throws LeaseLost if the lease was lost. */
   check(): void {
-    if (this.signal.aborted) throw new LeaseLost(`${this.scope}/${this.key}: the lease was lost; stop`);
+    if (this.ranOut()) throw new LeaseLost(`${this.scope}/${this.key}: the lease was lost; stop`);
   }
 
   /**

@@ -135,6 +135,39 @@ test("a lost lease aborts the run's signal", async () => {
   assert.equal(await idem.record("k"), undefined);
 });
 
+test("a blocked event loop sees its lease run out before the heartbeat runs", async () => {
+  const idem = new Idem({ url: server.url, token: SHOP, scope: "blocked", leaseMs: 300 });
+  const outcome = idem.withIdempotency("k", (run) => {
+    run.check();
+    const until = performance.now() + 450;
+    while (performance.now() < until) {
+      // a synchronous stall: no timer, so no heartbeat, can run
+    }
+    run.check();
+    return "acted on a lease nobody extended";
+  });
+  await assert.rejects(outcome, LeaseLost);
+});
+
+test("a holder cut off from idem serve sees its lease run out", async () => {
+  const own = await startServer();
+  const idem = new Idem({ url: own.url, token: SHOP, scope: "cut-off", leaseMs: 600, retries: 0 });
+  let signalled;
+  try {
+    const outcome = idem.withIdempotency("k", async (run) => {
+      run.check();
+      await own.stop();
+      await sleep(800);
+      signalled = run.signal.aborted;
+      run.check();
+    });
+    await assert.rejects(outcome, LeaseLost);
+  } finally {
+    await own.stop();
+  }
+  assert.equal(signalled, true, "the heartbeat noticed too");
+});
+
 test("steps are journaled and not run again by a later attempt", async () => {
   const idem = new Idem({ url: server.url, token: SHOP, scope: "ship" });
   const effects = [];

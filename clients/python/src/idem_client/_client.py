@@ -7,6 +7,7 @@ import functools
 import hashlib
 import inspect
 import json
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Union
@@ -115,6 +116,7 @@ class Idem:
         wait_ms = 0 if wait is None else max(0, round(wait * 1000))
         if wait_ms:
             body["wait_ms"] = wait_ms
+        sent = time.monotonic()
         answer = self._transport.call("POST", "/v1/claim", body, extra_time=wait_ms / 1000)
         outcome = answer["outcome"]
         if outcome == "in_progress":
@@ -124,7 +126,7 @@ class Idem:
         if outcome == "failed":
             raise ReplayedFailure(scope, key, answer["class"], answer["message"])
         run = Run(
-            self._transport, scope, key, answer, self._lease_ms, self._retention_ms, self._heartbeats
+            self._transport, scope, key, answer, self._lease_ms, self._retention_ms, self._heartbeats, sent
         )
         try:
             yield run

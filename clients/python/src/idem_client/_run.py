@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextvars
 import json
 import threading
+import time
 from typing import Any, Callable, Optional, TypeVar
 
 from ._errors import ApiError, IdemError, LeaseLost, StepInDoubt, Terminal
@@ -37,7 +38,10 @@ class Run:
     do the work, pass ``fence`` to downstream writes, and end with
     ``complete(result)``, ``fail(...)`` or ``release()``. While the run is
     held, the client's heartbeat thread extends its lease every third of it;
-    ``lease_lost`` is set if the lease is lost all the same.
+    ``lease_lost`` is set if the lease is lost all the same: taken over, or
+    run out with no extension confirmed (idem serve unreachable, the
+    process stalled). ``check()`` reads the clock as well, so it is right
+    even when the heartbeat thread has not run.
     """
 
     def __init__(
@@ -49,6 +53,7 @@ class Run:
         lease_ms: int,
         retention_ms: Optional[int],
         heartbeats: Heartbeats,
+        claim_sent: float,
     ) -> None:
         self.scope = scope
         self.key = key
@@ -65,8 +70,15 @@ class Run:
         self.fence: Optional[int] = lease["fence"] if lease else None
         self.attempt: Optional[int] = lease["attempt"] if lease else None
         self.takeover: bool = bool(answer.get("takeover", False))
+        # The lease as last confirmed runs out at this monotonic time,
+        # measured from when the confirming request was sent.
+        self._confirmed_until = claim_sent + lease_ms / 1000.0
         if lease is not None:
             self._lease_ms = lease_ms
+            if time.monotonic() - claim_sent > lease_ms / 6000.0:
+                # A claim that waited (or was retried) may have been granted
+                # late in its call: confirm the lease before the work starts.
+                self._heartbeat()
             self._heartbeats = heartbeats
             heartbeats.add(lease_ms / 3000.0, self._heartbeat, self._stop)
 
@@ -75,6 +87,7 @@ class Run:
         longer needs them."""
         if self._stop.is_set():
             return False
+        sent = time.monotonic()
         try:
             # One try, within a sixth of the lease: the beats of every run
             # share a thread, and the next beat comes soon enough.
@@ -85,13 +98,21 @@ class Run:
                 retries=0,
                 timeout=max(0.2, self._lease_ms / 6000.0),
             )
+            self._confirmed_until = sent + self._lease_ms / 1000.0
         except LeaseLost:
             if not self._stop.is_set():
                 self.lease_lost.set()
             return False
         except IdemError:
-            pass
+            self._ran_out()
         return not self._stop.is_set()
+
+    def _ran_out(self) -> bool:
+        """Sets ``lease_lost`` once the lease as last confirmed has run
+        out; whether it is set."""
+        if not self.lease_lost.is_set() and time.monotonic() >= self._confirmed_until:
+            self.lease_lost.set()
+        return self.lease_lost.is_set()
 
     def _end(self) -> None:
         self._finished = True
@@ -119,7 +140,7 @@ class Run:
     def check(self) -> None:
         """Raises :class:`LeaseLost` if the lease was lost: call it before
         an irreversible step."""
-        if self.lease_lost.is_set():
+        if self._lease is not None and self._ran_out():
             raise LeaseLost(f"{self.scope}/{self.key}: the lease was lost; stop")
 
     def complete(self, result: Any) -> None:
