@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
@@ -31,6 +32,14 @@ impl IdemBody {
                 .map_err(|never| match never {})
                 .boxed_unsync(),
         )
+    }
+
+    /// Bytes held in memory, then `trailers`.
+    pub fn full_with_trailers(bytes: Bytes, trailers: HeaderMap) -> Self {
+        Self::new(Held {
+            data: Some(bytes).filter(|b| !b.is_empty()),
+            trailers: Some(trailers),
+        })
     }
 
     /// `prefix` (already read from `rest`), then the remainder of `rest`.
@@ -93,5 +102,35 @@ where
             return Poll::Ready(Some(Ok(Frame::data(prefix))));
         }
         self.rest.as_mut().poll_frame(cx).map_err(Into::into)
+    }
+}
+
+/// A body held in memory that ends with trailers.
+struct Held {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl Body for Held {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let frame = match self.data.take() {
+            Some(data) => Some(Frame::data(data)),
+            None => self.trailers.take().map(Frame::trailers),
+        };
+        Poll::Ready(frame.map(Ok))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none() && self.trailers.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
     }
 }

@@ -29,7 +29,8 @@
 //! client can replay another client's response. Take the tenant from the
 //! verified principal ([`tenant_principal`](IdempotencyLayerBuilder::tenant_principal)),
 //! not from a token that changes when it is refreshed. Stored responses keep
-//! repeated headers and drop hop-by-hop ones; trailers are not stored.
+//! repeated headers and trailers (gRPC's `grpc-status`) and drop hop-by-hop
+//! headers.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {

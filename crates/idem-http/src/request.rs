@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::request::Parts;
-use http::{header, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
-use http_body::Body;
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Limited};
 use idem::derive::{uuid_v7_age, KeyAge};
 use idem::{
@@ -230,16 +230,25 @@ impl<S: Store> Settings<S> {
                     limit: self.max_response_bytes,
                 };
                 match read_up_to(Box::pin(body), self.max_response_bytes).await {
-                    Read::All(bytes)
-                        if StoredResponse::size_bound(&head.headers, bytes.len())
-                            > self.max_stored_bytes =>
+                    Read::All(bytes, trailers)
+                        if StoredResponse::size_bound(
+                            &head.headers,
+                            bytes.len(),
+                            trailers.as_ref(),
+                        ) > self.max_stored_bytes =>
                     {
                         // The body fits but the head does not: the client
                         // that caused it still gets its response.
-                        keep(Response::from_parts(head, IdemBody::full(bytes)));
+                        keep(Response::from_parts(head, full(bytes, trailers)));
                         Err(too_large)
                     }
-                    Read::All(bytes) => Ok(StoredResponse::new(head.status, head.headers, bytes)),
+                    Read::All(bytes, trailers) => {
+                        let stored = StoredResponse::new(head.status, head.headers, bytes);
+                        Ok(match trailers {
+                            Some(trailers) => stored.with_trailers(&trailers),
+                            None => stored,
+                        })
+                    }
                     Read::Over { prefix, rest } => {
                         keep(Response::from_parts(head, IdemBody::chain(prefix, rest)));
                         Err(too_large)
@@ -302,12 +311,16 @@ impl<S: Store> Settings<S> {
         let replayed = matches!(result, Ok(Outcome::Replayed { .. }));
         let rejection = match result {
             Ok(outcome) => {
-                return match outcome.into_value().to_response() {
-                    Ok(mut response) => {
+                let stored = outcome.into_value();
+                return match stored
+                    .to_response()
+                    .and_then(|response| stored.trailer_map().map(|trailers| (response, trailers)))
+                {
+                    Ok((mut response, trailers)) => {
                         if replayed {
                             self.replay_headers(response.headers_mut());
                         }
-                        response.map(IdemBody::full)
+                        response.map(|bytes| full(bytes, trailers))
                     }
                     Err(reason) => Rejection::StoredUnreadable { reason }
                         .into_response()
@@ -547,35 +560,52 @@ fn default_route(parts: &Parts) -> String {
     parts.uri.path().to_owned()
 }
 
+/// A body held in memory, with its trailers if it had any.
+fn full(bytes: Bytes, trailers: Option<HeaderMap>) -> IdemBody {
+    match trailers {
+        Some(trailers) => IdemBody::full_with_trailers(bytes, trailers),
+        None => IdemBody::full(bytes),
+    }
+}
+
 enum Read<B> {
-    All(Bytes),
-    Over { prefix: Bytes, rest: B },
+    /// The whole body, and its trailers if it had any.
+    All(Bytes, Option<HeaderMap>),
+    Over {
+        prefix: Bytes,
+        rest: B,
+    },
     Failed(BoxError),
 }
 
-/// Reads `body` whole if it is at most `limit` bytes; otherwise stops
-/// past the limit and hands back what was read and the rest.
+/// Reads `body` whole, trailers included, if it is at most `limit` bytes;
+/// otherwise stops past the limit and hands back what was read and the
+/// rest.
 async fn read_up_to<B>(mut body: B, limit: usize) -> Read<B>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
 {
     let mut buf = BytesMut::new();
+    let mut trailers: Option<HeaderMap> = None;
     while let Some(frame) = body.frame().await {
-        match frame {
-            Ok(frame) => {
-                if let Ok(data) = frame.into_data() {
-                    buf.extend_from_slice(&data);
-                    if buf.len() > limit {
-                        return Read::Over {
-                            prefix: buf.freeze(),
-                            rest: body,
-                        };
-                    }
+        match frame.map(Frame::into_data) {
+            Ok(Ok(data)) => {
+                buf.extend_from_slice(&data);
+                if buf.len() > limit {
+                    return Read::Over {
+                        prefix: buf.freeze(),
+                        rest: body,
+                    };
+                }
+            }
+            Ok(Err(frame)) => {
+                if let Ok(more) = frame.into_trailers() {
+                    trailers.get_or_insert_with(HeaderMap::new).extend(more);
                 }
             }
             Err(error) => return Read::Failed(error.into()),
         }
     }
-    Read::All(buf.freeze())
+    Read::All(buf.freeze(), trailers)
 }

@@ -39,16 +39,23 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Header fields as stored: names and values in their original order,
+/// repeats kept, values byte for byte.
+type Fields = Vec<(String, serde_bytes::ByteBuf)>;
+
 /// A response kept for replay: status, end-to-end headers in order (a
-/// name may repeat) and the body, byte for byte.
+/// name may repeat), the body byte for byte, and the trailers (gRPC's
+/// `grpc-status`, say).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredResponse {
     /// The status code.
     pub status: u16,
     /// End-to-end headers in their original order, repeats kept.
-    pub headers: Vec<(String, serde_bytes::ByteBuf)>,
+    pub headers: Fields,
     /// The body.
     pub body: serde_bytes::ByteBuf,
+    /// Trailer fields in their original order; empty when there were none.
+    pub trailers: Fields,
 }
 
 impl StoredResponse {
@@ -56,52 +63,79 @@ impl StoredResponse {
     /// [`strip_hop_by_hop`]), and `body`.
     pub fn new(status: StatusCode, mut headers: HeaderMap, body: Bytes) -> Self {
         strip_hop_by_hop(&mut headers);
-        let headers = headers
-            .iter()
-            .map(|(name, value)| {
-                (
-                    name.as_str().to_owned(),
-                    serde_bytes::ByteBuf::from(value.as_bytes().to_vec()),
-                )
-            })
-            .collect();
         Self {
             status: status.as_u16(),
-            headers,
+            headers: fields(&headers),
             body: serde_bytes::ByteBuf::from(body.to_vec()),
+            trailers: Vec::new(),
         }
     }
 
-    /// At least as many bytes as a response with these headers and a body
-    /// of `body_len` bytes takes once stored (before compression), so a
-    /// response can be checked against the store's limit before it is
-    /// encoded.
-    pub fn size_bound(headers: &HeaderMap, body_len: usize) -> usize {
-        // Each length is a varint of at most 10 bytes.
-        let headers: usize = headers
-            .iter()
-            .map(|(name, value)| name.as_str().len() + value.len() + 20)
-            .sum();
-        32 + headers + body_len
+    /// Keeps `trailers` too.
+    #[must_use]
+    pub fn with_trailers(mut self, trailers: &HeaderMap) -> Self {
+        self.trailers = fields(trailers);
+        self
     }
 
-    /// The response again. A stored part that no longer parses (a record
-    /// written by something else) is an error, not a guess.
+    /// At least as many bytes as a response with these headers, a body
+    /// of `body_len` bytes and these trailers takes once stored (before
+    /// compression), so a response can be checked against the store's
+    /// limit before it is encoded.
+    pub fn size_bound(headers: &HeaderMap, body_len: usize, trailers: Option<&HeaderMap>) -> usize {
+        // Each length is a varint of at most 10 bytes.
+        let bound = |fields: &HeaderMap| -> usize {
+            fields
+                .iter()
+                .map(|(name, value)| name.as_str().len() + value.len() + 20)
+                .sum()
+        };
+        42 + bound(headers) + body_len + trailers.map_or(0, bound)
+    }
+
+    /// The response again, without its trailers (see
+    /// [`trailer_map`](Self::trailer_map)). A stored part that no longer
+    /// parses (a record written by something else) is an error, not a
+    /// guess.
     pub fn to_response(&self) -> Result<Response<Bytes>, String> {
         let status = StatusCode::from_u16(self.status)
             .map_err(|_| format!("stored status {} is not a status code", self.status))?;
         let mut response = Response::new(Bytes::copy_from_slice(&self.body));
         *response.status_mut() = status;
-        let headers = response.headers_mut();
-        for (name, value) in &self.headers {
-            let name = HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| format!("stored header name {name:?} is invalid"))?;
-            let value = HeaderValue::from_bytes(value)
-                .map_err(|_| format!("stored value of {name} is invalid"))?;
-            headers.append(name, value);
-        }
+        *response.headers_mut() = header_map(&self.headers, "header")?;
         Ok(response)
     }
+
+    /// The stored trailers, `None` when there were none.
+    pub fn trailer_map(&self) -> Result<Option<HeaderMap>, String> {
+        if self.trailers.is_empty() {
+            return Ok(None);
+        }
+        header_map(&self.trailers, "trailer").map(Some)
+    }
+}
+
+fn fields(map: &HeaderMap) -> Fields {
+    map.iter()
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                serde_bytes::ByteBuf::from(value.as_bytes().to_vec()),
+            )
+        })
+        .collect()
+}
+
+fn header_map(fields: &Fields, what: &str) -> Result<HeaderMap, String> {
+    let mut map = HeaderMap::with_capacity(fields.len());
+    for (name, value) in fields {
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("stored {what} name {name:?} is invalid"))?;
+        let value = HeaderValue::from_bytes(value)
+            .map_err(|_| format!("stored value of {what} {name} is invalid"))?;
+        map.append(name, value);
+    }
+    Ok(map)
 }
 
 /// Stores responses with postcard: compact and binary-safe (JSON would
@@ -125,7 +159,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hop_by_hop_headers_are_dropped_and_repeats_kept() {
+    fn hop_by_hop_headers_are_dropped_and_repeats_and_trailers_kept() {
         let mut headers = HeaderMap::new();
         headers.append("set-cookie", HeaderValue::from_static("a=1"));
         headers.append("connection", HeaderValue::from_static("close, x-private"));
@@ -136,13 +170,19 @@ mod tests {
             "x-bin",
             HeaderValue::from_bytes(&[0xff, b'a']).expect("value"),
         );
+        let mut trailers = HeaderMap::new();
+        trailers.append("grpc-status", HeaderValue::from_static("0"));
+        trailers.append("x-t", HeaderValue::from_static("1"));
+        trailers.append("x-t", HeaderValue::from_static("2"));
         let stored = StoredResponse::new(
             StatusCode::CREATED,
             headers,
             Bytes::from_static(&[0, 1, 255]),
-        );
+        )
+        .with_trailers(&trailers);
         let encoded = Binary.encode(&stored).expect("encode");
         let decoded: StoredResponse = Binary.decode(&encoded).expect("decode");
+        assert_eq!(decoded.trailer_map().expect("valid"), Some(trailers));
         let response = decoded.to_response().expect("valid");
         assert_eq!(response.status(), StatusCode::CREATED);
         assert_eq!(response.body().as_ref(), &[0, 1, 255]);
