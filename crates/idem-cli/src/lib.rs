@@ -19,6 +19,8 @@ pub mod logging;
 pub mod proxy;
 pub mod serve;
 pub mod store;
+pub mod tls;
+pub mod upstream;
 
 use store::{StoreUrl, DEFAULT_STORE};
 
@@ -173,9 +175,26 @@ pub struct ProxyArgs {
     /// Where the gateway listens [default: 127.0.0.1:8080].
     #[arg(long, env = "IDEM_LISTEN")]
     pub listen: Option<String>,
-    /// The service behind the gateway, e.g. http://127.0.0.1:3000.
+    /// Serve HTTPS with this certificate chain (PEM, leaf first), read
+    /// again on SIGHUP; needs --tls-key. HTTP/2 and HTTP/1.1 are offered.
+    #[arg(long, env = "IDEM_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert, read again on SIGHUP.
+    #[arg(long, env = "IDEM_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// The service behind the gateway, e.g. http://127.0.0.1:3000 or
+    /// https://orders.internal.
     #[arg(long, env = "IDEM_UPSTREAM")]
     pub upstream: Option<String>,
+    /// PEM certificates of a private CA to trust for an https://
+    /// upstream, besides the platform's roots.
+    #[arg(long, env = "IDEM_UPSTREAM_CA")]
+    pub upstream_ca: Option<PathBuf>,
+    /// Speak HTTP/2 only to the upstream: h2c (prior knowledge) to an
+    /// http:// one, as gRPC servers expect. https:// upstreams get HTTP/2
+    /// whenever they offer it, without this [default: false].
+    #[arg(long, env = "IDEM_UPSTREAM_HTTP2")]
+    pub upstream_http2: Option<bool>,
     /// Where /metrics and /healthz are served [default: 127.0.0.1:9090;
     /// "off" for none].
     #[arg(long, env = "IDEM_ADMIN_LISTEN")]
@@ -279,7 +298,7 @@ impl ProxyArgs {
             .map_err(|e| anyhow::anyhow!("cannot read the config file {}: {e}", path.display()))?;
         let file: ProxyArgs = toml::from_str(&text)
             .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
-        fill!(self, file; listen, upstream, admin_listen, store, methods, header, require_key,
+        fill!(self, file; listen, tls_cert, tls_key, upstream, upstream_ca, upstream_http2, admin_listen, store, methods, header, require_key,
               tenant_header, retention, lease, max_request_bytes, max_response_bytes, fail_open,
               upstream_timeout, forward_takeovers, reject_old_uuid_v7, max_wait, default_wait,
               replay_cache_bytes, replay_cache_ttl, trust_forwarded, preserve_host,
@@ -296,8 +315,9 @@ impl ProxyArgs {
             .parse()
             .map_err(|e| anyhow::anyhow!("--upstream: {e}"))?;
         anyhow::ensure!(
-            upstream.scheme_str() == Some("http") && upstream.authority().is_some(),
-            "--upstream must be an http:// URL with a host, got {upstream}"
+            matches!(upstream.scheme_str(), Some("http" | "https"))
+                && upstream.authority().is_some(),
+            "--upstream must be an http:// or https:// URL with a host, got {upstream}"
         );
         let methods = self
             .methods
@@ -315,6 +335,10 @@ impl ProxyArgs {
         };
         Ok(proxy::ProxyConfig {
             upstream,
+            upstream_protocol: crate::upstream::UpstreamProtocol {
+                ca_file: self.upstream_ca.clone(),
+                http2_only: self.upstream_http2.unwrap_or(false),
+            },
             methods,
             header: header_name(
                 "--header",
@@ -360,6 +384,14 @@ impl ProxyArgs {
             forwarded: forwarded::ForwardedPolicy {
                 trust_incoming: self.trust_forwarded.unwrap_or(false),
                 preserve_host: self.preserve_host.unwrap_or(true),
+            },
+            tls: match (&self.tls_cert, &self.tls_key) {
+                (Some(cert), Some(key)) => Some(tls::TlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                }),
+                (None, None) => None,
+                _ => anyhow::bail!("--tls-cert and --tls-key go together: give both or neither"),
             },
         })
     }

@@ -11,9 +11,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use http::{header, HeaderName, HeaderValue, Method, StatusCode, Uri};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use idem_http::{strip_hop_by_hop, IdempotencyLayer, OutcomeUnknown, Problem};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
@@ -21,12 +18,17 @@ use tokio::net::TcpListener;
 use crate::deadline::Deadline;
 use crate::forwarded::{self, ForwardedPolicy};
 use crate::store::AnyStore;
+use crate::tls::{self, TlsFiles};
+use crate::upstream::{self, UpstreamClient, UpstreamProtocol};
 
 /// What the gateway does; see `idem proxy --help` for each setting.
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {
-    /// The upstream's base URL (`http://127.0.0.1:3000`).
+    /// The upstream's base URL (`http://127.0.0.1:3000`,
+    /// `https://orders.internal`).
     pub upstream: Uri,
+    /// TLS roots and HTTP version for the upstream.
+    pub upstream_protocol: UpstreamProtocol,
     /// Covered methods.
     pub methods: Vec<Method>,
     /// The key header.
@@ -71,11 +73,14 @@ pub struct ProxyConfig {
     pub replay_drop_headers: Vec<HeaderName>,
     /// Forwarding headers and `Host`.
     pub forwarded: ForwardedPolicy,
+    /// Serve TLS with these files (reloaded on SIGHUP) instead of
+    /// cleartext.
+    pub tls: Option<TlsFiles>,
 }
 
 #[derive(Clone)]
 struct Upstream {
-    client: Client<HttpConnector, Body>,
+    client: UpstreamClient,
     base: Uri,
     /// `base` without its trailing slash, made once rather than per request.
     origin: String,
@@ -121,6 +126,18 @@ fn problem_502(kind: &'static str, title: &'static str, detail: String) -> Respo
 
 async fn forward(State(upstream): State<Arc<Upstream>>, request: Request) -> Response {
     let (mut parts, body) = request.into_parts();
+    // An HTTP/2 request names its host in the URI (`:authority`), not in
+    // `Host`; the upstream connection decides the version it goes out in.
+    if !parts.headers.contains_key(header::HOST) {
+        if let Some(host) = parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        {
+            parts.headers.insert(header::HOST, host);
+        }
+    }
+    parts.version = http::Version::HTTP_11;
     let target = format!(
         "{}{}",
         upstream.origin,
@@ -130,15 +147,28 @@ async fn forward(State(upstream): State<Arc<Upstream>>, request: Request) -> Res
         Ok(uri) => uri,
         Err(e) => return bad_gateway(format!("cannot build the upstream URL {target:?}: {e}")),
     };
+    // `TE: trailers` is the one TE a proxy passes on (RFC 9110 §10.1.4):
+    // gRPC servers ask for it, and trailers are forwarded and stored.
+    let trailers = wants_trailers(&parts.headers);
     strip_hop_by_hop(&mut parts.headers);
+    if trailers {
+        parts
+            .headers
+            .insert(header::TE, HeaderValue::from_static("trailers"));
+    }
     let client = parts
         .extensions
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0);
+    let proto = if parts.extensions.get::<http::uri::Scheme>() == Some(&http::uri::Scheme::HTTPS) {
+        "https"
+    } else {
+        "http"
+    };
     forwarded::apply(
         &mut parts.headers,
         client,
-        "http",
+        proto,
         &upstream.authority,
         upstream.forwarded,
     );
@@ -194,18 +224,26 @@ pub fn layer(store: AnyStore, config: &ProxyConfig) -> anyhow::Result<Idempotenc
     Ok(layer.build()?)
 }
 
+/// Whether a request's `TE` header accepts trailers.
+fn wants_trailers(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+}
+
 /// The gateway's router: every request forwarded to the upstream, covered
-/// ones through `layer`.
-pub fn router(layer: IdempotencyLayer<AnyStore>, config: &ProxyConfig) -> Router {
+/// ones through `layer`. Fails on upstream TLS settings that cannot work
+/// (an unreadable CA file).
+pub fn router(layer: IdempotencyLayer<AnyStore>, config: &ProxyConfig) -> anyhow::Result<Router> {
     // Connecting gets its own, shorter limit, so an upstream that is down
     // is told apart (nothing sent: the key is released) from one that took
     // the request and never answered (the key is kept).
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(
-        (config.upstream_timeout / 2).min(Duration::from_secs(5)),
-    ));
+    let connect_timeout = (config.upstream_timeout / 2).min(Duration::from_secs(5));
     let upstream = Arc::new(Upstream {
-        client: Client::builder(TokioExecutor::new()).build(connector),
+        client: upstream::client(&config.upstream_protocol, connect_timeout)?,
         base: config.upstream.clone(),
         origin: config.upstream.to_string().trim_end_matches('/').to_owned(),
         authority: config
@@ -215,10 +253,10 @@ pub fn router(layer: IdempotencyLayer<AnyStore>, config: &ProxyConfig) -> Router
         timeout: config.upstream_timeout,
         forwarded: config.forwarded,
     });
-    Router::new()
+    Ok(Router::new()
         .fallback(forward)
         .with_state(upstream)
-        .layer(layer)
+        .layer(layer))
 }
 
 /// The admin listener's router: `/metrics` (Prometheus text) and
@@ -264,7 +302,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let layer = layer(store.clone(), config)?;
-    let app = router(layer.clone(), config);
+    let app = router(layer.clone(), config)?;
     let _purger = store.spawn_purger();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let admin_task = admin.map(|(listener, metrics)| {
@@ -277,16 +315,25 @@ pub async fn serve(
                 .await
         })
     });
-    let served = axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move {
+    let shutdown = async move {
         shutdown.await;
         tracing::info!("shutting down: finishing in-flight requests");
         let _ = stop_tx.send(true);
-    })
-    .await;
+    };
+    let served = match &config.tls {
+        Some(files) => {
+            let certificate = tls::Certificate::load(files.clone())?;
+            tls::reload_on_hangup(Arc::clone(&certificate));
+            tls::serve(listener, certificate.acceptor(), app, shutdown).await
+        }
+        None => axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(Into::into),
+    };
     // Requests whose clients disconnected are not connections any more;
     // their runs still finish before the process exits.
     if layer.running() > 0 {

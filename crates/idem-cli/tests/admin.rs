@@ -153,7 +153,14 @@ fn proxy_settings_come_from_flags_then_file_then_defaults() {
         ..ProxyArgs::default()
     };
     let err = bad.proxy_config().expect_err("not http");
-    assert!(err.to_string().contains("http:// URL"), "{err}");
+    assert!(err.to_string().contains("http:// or https:// URL"), "{err}");
+    let half = ProxyArgs {
+        upstream: Some("https://x".to_owned()),
+        tls_cert: Some("cert.pem".into()),
+        ..ProxyArgs::default()
+    };
+    let err = half.proxy_config().expect_err("a certificate without its key");
+    assert!(err.to_string().contains("give both or neither"), "{err}");
     let bad = ProxyArgs {
         upstream: Some("http://x".to_owned()),
         retention: Some("5 parsecs".to_owned()),

@@ -132,7 +132,14 @@ pub async fn headers(State(up): State<Upstream>, headers: HeaderMap) -> Response
         .into_response()
 }
 
-pub async fn start_upstream_on(listener: TcpListener) -> Upstream {
+/// The HTTP version a request came in with, as text (`HTTP/2.0`).
+pub async fn version(State(up): State<Upstream>, request: axum::extract::Request) -> Response {
+    up.bump("/version");
+    format!("{:?}", request.version()).into_response()
+}
+
+/// The test upstream's routes, and its execution counts.
+pub fn upstream_app() -> (Upstream, Router) {
     let up = Upstream::default();
     let app = Router::new()
         .route("/charge", routing::post(charge))
@@ -142,7 +149,13 @@ pub async fn start_upstream_on(listener: TcpListener) -> Upstream {
         .route("/big", routing::post(big))
         .route("/read", get(read))
         .route("/headers", routing::post(headers).get(headers))
+        .route("/version", routing::post(version))
         .with_state(up.clone());
+    (up, app)
+}
+
+pub async fn start_upstream_on(listener: TcpListener) -> Upstream {
+    let (up, app) = upstream_app();
     tokio::spawn(async move { axum::serve(listener, app).await });
     up
 }
@@ -156,6 +169,7 @@ pub async fn start_upstream() -> (Upstream, SocketAddr) {
 pub fn config(upstream: SocketAddr) -> ProxyConfig {
     ProxyConfig {
         upstream: format!("http://{upstream}").parse().expect("uri"),
+        upstream_protocol: Default::default(),
         methods: vec![http::Method::POST, http::Method::PATCH],
         header: http::HeaderName::from_static("idempotency-key"),
         require_key: false,
@@ -174,6 +188,7 @@ pub fn config(upstream: SocketAddr) -> ProxyConfig {
         replay_cache_ttl: idem::DEFAULT_REPLAY_CACHE_TTL,
         replay_drop_headers: Vec::new(),
         forwarded: Default::default(),
+        tls: None,
     }
 }
 

@@ -1,0 +1,129 @@
+//! The gateway's client for its upstream: `http://` or `https://`
+//! (rustls with ring; the platform's root certificates, plus those of a
+//! private CA file), HTTP/1.1 or HTTP/2 (negotiated by ALPN over TLS, or
+//! spoken in cleartext with prior knowledge when asked: h2c).
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use http::Uri;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use idem::BoxError;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+use rustls::{ClientConfig, RootCertStore};
+
+/// The client the gateway forwards with.
+pub type UpstreamClient = Client<Timed<HttpsConnector<HttpConnector>>, Body>;
+
+/// How the gateway talks to its upstream.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UpstreamProtocol {
+    /// PEM certificates of a private CA trusted for `https://` upstreams,
+    /// besides the platform's roots.
+    pub ca_file: Option<PathBuf>,
+    /// Speak HTTP/2 only: h2c with prior knowledge to an `http://`
+    /// upstream (gRPC servers, say), h2 to an `https://` one. Without it,
+    /// `https://` upstreams get HTTP/2 when they offer it (ALPN) and
+    /// `http://` ones HTTP/1.1.
+    pub http2_only: bool,
+}
+
+/// The client for `protocol`. Connecting, TLS handshake included, is
+/// limited to `connect_timeout`, so an upstream that is down or never
+/// finishes its handshake is told apart (nothing was sent) from one that
+/// took the request and never answered.
+pub fn client(
+    protocol: &UpstreamProtocol,
+    connect_timeout: Duration,
+) -> anyhow::Result<UpstreamClient> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| anyhow::anyhow!("TLS settings for the upstream: {e}"))?
+        .with_root_certificates(roots(protocol.ca_file.as_deref())?)
+        .with_no_client_auth();
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(Some(connect_timeout));
+    let connector = HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(http);
+    Ok(Client::builder(TokioExecutor::new())
+        .http2_only(protocol.http2_only)
+        .build(Timed {
+            inner: connector,
+            limit: connect_timeout,
+        }))
+}
+
+/// The platform's root certificates and those in `ca_file`. An unreadable
+/// or empty CA file is an error at start-up, not a failed handshake later.
+fn roots(ca_file: Option<&Path>) -> anyhow::Result<RootCertStore> {
+    let mut roots = RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    for error in &native.errors {
+        tracing::debug!(%error, "a platform root certificate could not be read");
+    }
+    roots.add_parsable_certificates(native.certs);
+    if let Some(path) = ca_file {
+        let certs = CertificateDer::pem_file_iter(path)
+            .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+            .map_err(|e| anyhow::anyhow!("--upstream-ca {}: {e}", path.display()))?;
+        anyhow::ensure!(
+            !certs.is_empty(),
+            "--upstream-ca {}: no PEM certificate in it",
+            path.display()
+        );
+        for cert in certs {
+            roots
+                .add(cert)
+                .map_err(|e| anyhow::anyhow!("--upstream-ca {}: {e}", path.display()))?;
+        }
+    }
+    Ok(roots)
+}
+
+/// A connector whose whole connect (TCP and TLS) has a time limit.
+#[derive(Clone)]
+pub struct Timed<C> {
+    inner: C,
+    limit: Duration,
+}
+
+impl<C> tower_service::Service<Uri> for Timed<C>
+where
+    C: tower_service::Service<Uri> + Send,
+    C::Future: Send + 'static,
+    C::Error: Into<BoxError>,
+{
+    type Response = C::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<C::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.inner.call(uri);
+        let limit = self.limit;
+        Box::pin(async move {
+            match tokio::time::timeout(limit, connecting).await {
+                Ok(connected) => connected.map_err(Into::into),
+                Err(_) => Err(format!("no connection within {limit:?}").into()),
+            }
+        })
+    }
+}

@@ -1,0 +1,431 @@
+//! The gateway over the protocols of real deployments: an `https://`
+//! upstream signed by a private CA (HTTP/2 by ALPN), a TLS listener whose
+//! certificate is replaced on SIGHUP, HTTP/2 clients in cleartext (h2c),
+//! and gRPC unary calls (tonic on both sides) replayed with their trailers.
+
+mod common;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use common::{config, sqlite, start_upstream, upstream_app, Gateway, Upstream};
+use http::uri::PathAndQuery;
+use http_body_util::BodyExt;
+use idem_cli::tls::{self, Certificate, TlsFiles};
+use idem_cli::upstream::UpstreamProtocol;
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use tokio::net::TcpListener;
+
+/// A private CA and a certificate for `localhost` it signed, as PEM files.
+struct Pki {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+impl Pki {
+    /// A new CA named `name` and its `localhost` certificate, in `dir`.
+    fn new(dir: &Path, name: &str) -> Self {
+        let ca_key = KeyPair::generate().expect("CA key");
+        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(DnType::CommonName, format!("idem test CA {name}"));
+        let ca_cert = ca.clone().self_signed(&ca_key).expect("CA certificate");
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate().expect("key");
+        let cert = CertificateParams::new(vec!["localhost".to_owned()])
+            .expect("params")
+            .signed_by(&key, &issuer)
+            .expect("certificate");
+        let pki = Self {
+            ca: dir.join(format!("{name}-ca.pem")),
+            cert: dir.join(format!("{name}-cert.pem")),
+            key: dir.join(format!("{name}-key.pem")),
+        };
+        std::fs::write(&pki.ca, ca_cert.pem()).expect("write");
+        std::fs::write(&pki.cert, cert.pem()).expect("write");
+        std::fs::write(&pki.key, key.serialize_pem()).expect("write");
+        pki
+    }
+
+    fn files(&self) -> TlsFiles {
+        TlsFiles {
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+        }
+    }
+
+    fn root(&self) -> reqwest::Certificate {
+        reqwest::Certificate::from_pem(&std::fs::read(&self.ca).expect("read")).expect("PEM")
+    }
+}
+
+/// The test upstream over TLS with `pki`'s certificate; its port.
+async fn https_upstream(pki: &Pki) -> (Upstream, u16) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let (up, app) = upstream_app();
+    let acceptor = Certificate::load(pki.files()).expect("load").acceptor();
+    tokio::spawn(tls::serve(
+        listener,
+        acceptor,
+        app,
+        std::future::pending::<()>(),
+    ));
+    (up, port)
+}
+
+async fn post_keyed(client: &reqwest::Client, url: &str, key: &str) -> reqwest::Response {
+    client
+        .post(url)
+        .header("idempotency-key", key)
+        .body("{}")
+        .send()
+        .await
+        .expect("send")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_upstream_signed_by_a_private_ca_is_reached_over_http2_and_runs_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::new(dir.path(), "upstream");
+    let (up, port) = https_upstream(&pki).await;
+    let upstream: http::Uri = format!("https://localhost:{port}").parse().expect("uri");
+    let client = common::client();
+
+    // Without the CA the handshake fails: nothing was sent, so the key is
+    // released and the same request may be retried.
+    let mut untrusting = config("127.0.0.1:1".parse().expect("addr"));
+    untrusting.upstream = upstream.clone();
+    let gateway = Gateway::start(sqlite(&dir), untrusting).await;
+    let refused = post_keyed(&client, &format!("{}/version", gateway.url), "tls-1").await;
+    let detail = common::problem(refused, 502, "upstream-unavailable").await;
+    assert!(detail.contains("could not be reached"), "{detail}");
+    assert_eq!(up.runs("/version"), 0);
+    gateway.shutdown().await;
+
+    let mut trusting = config("127.0.0.1:1".parse().expect("addr"));
+    trusting.upstream = upstream;
+    trusting.upstream_protocol = UpstreamProtocol {
+        ca_file: Some(pki.ca.clone()),
+        http2_only: false,
+    };
+    let gateway = Gateway::start(sqlite(&dir), trusting).await;
+    let url = format!("{}/version", gateway.url);
+    let first = post_keyed(&client, &url, "tls-1").await;
+    assert_eq!(first.status(), 200);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    assert_eq!(first.text().await.expect("body"), "HTTP/2.0", "h2 by ALPN");
+    let again = post_keyed(&client, &url, "tls-1").await;
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.text().await.expect("body"), "HTTP/2.0");
+    assert_eq!(
+        up.runs("/version"),
+        1,
+        "the released key ran once, then replayed"
+    );
+    gateway.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_speaking_http2_in_cleartext_gets_one_execution_and_replays() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (up, upstream) = start_upstream().await;
+    let gateway = Gateway::start(sqlite(&dir), config(upstream)).await;
+    let h2 = reqwest::Client::builder()
+        .no_proxy()
+        .http2_prior_knowledge()
+        .build()
+        .expect("client");
+    let url = format!("{}/charge", gateway.url);
+    let first = post_keyed(&h2, &url, "h2c-1").await;
+    assert_eq!(first.version(), reqwest::Version::HTTP_2);
+    assert_eq!(first.status(), 201);
+    let body = first.text().await.expect("body");
+    let again = post_keyed(&h2, &url, "h2c-1").await;
+    assert_eq!(again.version(), reqwest::Version::HTTP_2);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let cookies: Vec<_> = again.headers().get_all("set-cookie").iter().collect();
+    assert_eq!(cookies, ["a=1", "b=2"]);
+    assert_eq!(again.text().await.expect("body"), body);
+    assert_eq!(up.runs("/charge"), 1);
+    gateway.shutdown().await;
+}
+
+/// Until `check` holds, at most `limit`.
+async fn eventually<F: Future<Output = bool>>(limit: Duration, mut check: impl FnMut() -> F) {
+    let deadline = Instant::now() + limit;
+    while !check().await {
+        assert!(Instant::now() < deadline, "not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether a new connection from a client trusting only `root` gets an
+/// answer from `url`.
+async fn trusted(root: &reqwest::Certificate, url: &str) -> bool {
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(root.clone())
+        .build()
+        .expect("client");
+    client.get(url).send().await.is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tls_listener_speaks_both_versions_and_takes_a_new_certificate_on_sighup() {
+    // A SIGHUP handler first: the signal must never meet the default
+    // action, which ends the process.
+    let mut hangups =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).expect("SIGHUP");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = Pki::new(dir.path(), "first");
+    let (up, upstream) = start_upstream().await;
+    let mut settings = config(upstream);
+    settings.tls = Some(first.files());
+    let gateway = Gateway::start(sqlite(&dir), settings).await;
+    let base = gateway.url.replace("http://127.0.0.1", "https://localhost");
+
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(first.root())
+        .build()
+        .expect("client");
+    let url = format!("{base}/headers");
+    let h2 = post_keyed(&client, &url, "tls-in-1").await;
+    assert_eq!(h2.version(), reqwest::Version::HTTP_2, "h2 by ALPN");
+    let seen: serde_json::Value = h2.json().await.expect("json");
+    assert_eq!(seen["x-forwarded-proto"], "https");
+    let h1 = reqwest::Client::builder()
+        .no_proxy()
+        .http1_only()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(first.root())
+        .build()
+        .expect("client");
+    let replay = post_keyed(&h1, &url, "tls-in-1").await;
+    assert_eq!(replay.version(), reqwest::Version::HTTP_11);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(up.runs("/headers"), 1);
+
+    // A renewed certificate (from another CA, to tell them apart) is put
+    // in place and the process told.
+    let second = Pki::new(dir.path(), "second");
+    std::fs::copy(&second.cert, &first.cert).expect("copy");
+    std::fs::copy(&second.key, &first.key).expect("copy");
+    hangup();
+    hangups.recv().await.expect("SIGHUP seen");
+    let (old, new) = (first.root(), second.root());
+    eventually(Duration::from_secs(10), || trusted(&new, &url)).await;
+    assert!(!trusted(&old, &url).await, "the old certificate is gone");
+
+    // A pair that does not load is refused; the one in use stays.
+    std::fs::write(&first.key, "not a key").expect("write");
+    hangup();
+    hangups.recv().await.expect("SIGHUP seen");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(trusted(&new, &url).await, "still served after a bad reload");
+    gateway.shutdown().await;
+}
+
+/// SIGHUP to this process (by its own, positive, PID).
+fn hangup() {
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &std::process::id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+}
+
+/// The gRPC messages, as `prost` would generate them.
+#[derive(Clone, PartialEq, prost::Message)]
+struct ChargeRequest {
+    #[prost(string, tag = "1")]
+    order: String,
+    #[prost(uint64, tag = "2")]
+    cents: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct ChargeReply {
+    #[prost(uint64, tag = "1")]
+    charge: u64,
+}
+
+const CHARGE: &str = "/shop.Payments/Charge";
+
+/// The server side of `shop.Payments/Charge`: counts its runs, declines
+/// orders named `declined` with FAILED_PRECONDITION.
+#[derive(Clone)]
+struct Payments(Upstream);
+
+impl tonic::server::UnaryService<ChargeRequest> for Payments {
+    type Response = ChargeReply;
+    type Future =
+        Pin<Box<dyn Future<Output = Result<tonic::Response<ChargeReply>, tonic::Status>> + Send>>;
+
+    fn call(&mut self, request: tonic::Request<ChargeRequest>) -> Self::Future {
+        let request = request.into_inner();
+        let n = self.0.bump(&format!("{CHARGE}/{}", request.order));
+        Box::pin(async move {
+            if request.order == "declined" {
+                return Err(tonic::Status::failed_precondition("card declined"));
+            }
+            Ok(tonic::Response::new(ChargeReply { charge: n }))
+        })
+    }
+}
+
+/// A tonic gRPC server in cleartext HTTP/2; its address.
+async fn grpc_upstream() -> (Upstream, std::net::SocketAddr) {
+    let up = Upstream::default();
+    let payments = Payments(up.clone());
+    let app = axum::Router::new().route_service(
+        CHARGE,
+        tower::service_fn(move |request: http::Request<axum::body::Body>| {
+            let payments = payments.clone();
+            async move {
+                let codec = tonic_prost::ProstCodec::<ChargeReply, ChargeRequest>::default();
+                let response = tonic::server::Grpc::new(codec)
+                    .unary(payments, request)
+                    .await;
+                Ok::<_, Infallible>(response.map(axum::body::Body::new))
+            }
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (up, addr)
+}
+
+async fn charge(
+    channel: &tonic::transport::Channel,
+    key: &str,
+    order: &str,
+) -> Result<tonic::Response<ChargeReply>, tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    grpc.ready().await.expect("channel ready");
+    let mut request = tonic::Request::new(ChargeRequest {
+        order: order.to_owned(),
+        cents: 1250,
+    });
+    request
+        .metadata_mut()
+        .insert("idempotency-key", key.parse().expect("metadata"));
+    grpc.unary(
+        request,
+        PathAndQuery::from_static(CHARGE),
+        tonic_prost::ProstCodec::<ChargeRequest, ChargeReply>::default(),
+    )
+    .await
+}
+
+/// One gRPC call's trailers, read off the wire by a plain HTTP/2 client.
+async fn grpc_trailers(url: &str, key: &str) -> http::HeaderMap {
+    use prost::Message as _;
+    let message = ChargeRequest {
+        order: "o-1".to_owned(),
+        cents: 1250,
+    }
+    .encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&u32::try_from(message.len()).expect("small").to_be_bytes());
+    framed.extend_from_slice(&message);
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let request = http::Request::post(format!("{url}{CHARGE}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("idempotency-key", key)
+        .body(http_body_util::Full::new(bytes::Bytes::from(framed)))
+        .expect("request");
+    let response = client.request(request).await.expect("response");
+    let collected = response.into_body().collect().await.expect("body");
+    collected.trailers().cloned().expect("trailers")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_unary_calls_through_the_gateway_run_once_and_replay_with_their_trailers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (up, upstream) = grpc_upstream().await;
+    let mut settings = config(upstream);
+    settings.upstream_protocol.http2_only = true;
+    let gateway = Gateway::start(sqlite(&dir), settings).await;
+    let channel = tonic::transport::Channel::from_shared(gateway.url.clone())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+
+    // A reply's grpc-status travels in trailers: without them a replay
+    // would not decode.
+    let first = charge(&channel, "g-1", "o-1").await.expect("charged");
+    assert_eq!(first.get_ref().charge, 1);
+    assert!(first.metadata().get("idempotent-replayed").is_none());
+    let again = charge(&channel, "g-1", "o-1").await.expect("replayed");
+    assert_eq!(again.get_ref(), first.get_ref());
+    assert_eq!(
+        again
+            .metadata()
+            .get("idempotent-replayed")
+            .map(|v| v.to_str().ok()),
+        Some(Some("true"))
+    );
+    assert_eq!(up.runs(&format!("{CHARGE}/o-1")), 1);
+    let replayed = grpc_trailers(&gateway.url, "g-1").await;
+    assert_eq!(replayed["grpc-status"], "0", "{replayed:?}");
+    assert_eq!(up.runs(&format!("{CHARGE}/o-1")), 1);
+
+    // An error status is an answer too, replayed as given.
+    for _ in 0..2 {
+        let declined = charge(&channel, "g-2", "declined")
+            .await
+            .expect_err("declined");
+        assert_eq!(declined.code(), tonic::Code::FailedPrecondition);
+        assert_eq!(declined.message(), "card declined");
+    }
+    assert_eq!(up.runs(&format!("{CHARGE}/declined")), 1);
+    gateway.shutdown().await;
+}
+
+#[test]
+fn certificate_files_that_cannot_work_are_refused_at_start_with_the_file_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::new(dir.path(), "start");
+    let other = Pki::new(dir.path(), "other");
+    let garbage = dir.path().join("garbage.pem");
+    std::fs::write(&garbage, "not a certificate").expect("write");
+
+    let err = idem_cli::upstream::client(
+        &UpstreamProtocol {
+            ca_file: Some(garbage.clone()),
+            http2_only: false,
+        },
+        Duration::from_secs(1),
+    )
+    .err()
+    .expect("no certificate in the CA file");
+    assert!(err.to_string().contains("--upstream-ca"), "{err}");
+    assert!(err.to_string().contains("garbage.pem"), "{err}");
+
+    let mismatched = TlsFiles {
+        cert: pki.cert.clone(),
+        key: other.key.clone(),
+    };
+    let err = Certificate::load(mismatched).expect_err("another certificate's key");
+    assert!(err.to_string().contains("do not make a pair"), "{err}");
+    let missing = TlsFiles {
+        cert: dir.path().join("absent.pem"),
+        key: pki.key.clone(),
+    };
+    let err = Certificate::load(missing).expect_err("no such file");
+    assert!(err.to_string().contains("absent.pem"), "{err}");
+}
