@@ -14,6 +14,7 @@ use http::{header, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use idem_http::{strip_hop_by_hop, IdempotencyLayer, OutcomeUnknown, Problem};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
+use tracing::Instrument as _;
 
 use crate::deadline::Deadline;
 use crate::forwarded::{self, ForwardedPolicy};
@@ -172,14 +173,25 @@ async fn forward(State(upstream): State<Arc<Upstream>>, request: Request) -> Res
         &upstream.authority,
         upstream.forwarded,
     );
+    // Until the head is in: the body streams after the span closes.
+    let span = tracing::info_span!(
+        "idem.upstream",
+        method = %parts.method,
+        url = %parts.uri,
+        status = tracing::field::Empty,
+    );
     let sent = upstream
         .client
         .request(http::Request::from_parts(parts, body));
     // One limit for the whole answer: a body that stalls is cut off too.
     let deadline = tokio::time::Instant::now() + upstream.timeout;
-    match tokio::time::timeout_at(deadline, sent).await {
+    match tokio::time::timeout_at(deadline, sent)
+        .instrument(span.clone())
+        .await
+    {
         Ok(Ok(response)) => {
             let (mut parts, body) = response.into_parts();
+            span.record("status", parts.status.as_u16());
             strip_hop_by_hop(&mut parts.headers);
             let body = Deadline::new(body, deadline, upstream.timeout);
             Response::from_parts(parts, Body::new(body))

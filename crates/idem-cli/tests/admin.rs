@@ -159,7 +159,9 @@ fn proxy_settings_come_from_flags_then_file_then_defaults() {
         tls_cert: Some("cert.pem".into()),
         ..ProxyArgs::default()
     };
-    let err = half.proxy_config().expect_err("a certificate without its key");
+    let err = half
+        .proxy_config()
+        .expect_err("a certificate without its key");
     assert!(err.to_string().contains("give both or neither"), "{err}");
     let bad = ProxyArgs {
         upstream: Some("http://x".to_owned()),

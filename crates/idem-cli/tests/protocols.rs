@@ -411,8 +411,7 @@ fn certificate_files_that_cannot_work_are_refused_at_start_with_the_file_named()
         },
         Duration::from_secs(1),
     )
-    .err()
-    .expect("no certificate in the CA file");
+    .expect_err("no certificate in the CA file");
     assert!(err.to_string().contains("--upstream-ca"), "{err}");
     assert!(err.to_string().contains("garbage.pem"), "{err}");
 

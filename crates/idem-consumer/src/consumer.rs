@@ -15,6 +15,7 @@ use idem::{
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tracing::Instrument as _;
 
 use crate::ahead::ClaimAhead;
 use crate::key::{KeyExtractor, KeyProblem};
@@ -423,6 +424,10 @@ impl<S: Store, C: Codec> Consumer<S, C> {
     /// what to do with it. Never panics on bad input: a delivery without a
     /// usable key, or whose payload the handler refuses as [`Terminal`],
     /// is a [`Disposition::DeadLetter`] with the reason.
+    ///
+    /// Each delivery runs in an `idem.delivery` span (INFO; the run's
+    /// `idem.run` inside it) with the consumer's name, the message id and
+    /// delivery count the broker gave, and the disposition.
     pub async fn process<M, T, E, H, Fut>(&self, message: Arc<M>, handler: H) -> Decision
     where
         M: Message,
@@ -431,16 +436,31 @@ impl<S: Store, C: Codec> Consumer<S, C> {
         H: FnOnce(Job<M>) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        match self.prepare(&*message) {
-            Ok((id, fingerprint)) => {
-                self.run_job(message, id, Start::Claim(fingerprint), handler)
-                    .await
+        let span = self.delivery_span(&*message);
+        let work = async {
+            match self.prepare(&*message) {
+                Ok((id, fingerprint)) => {
+                    self.run_job(message, id, Start::Claim(fingerprint), handler)
+                        .await
+                }
+                Err(problem) => {
+                    tracing::warn!(consumer = %self.inner.name, %problem, "delivery has no usable key");
+                    self.decide(None, dead_letter(problem.to_string()))
+                }
             }
-            Err(problem) => {
-                tracing::warn!(consumer = %self.inner.name, %problem, "delivery has no usable key");
-                self.decide(None, dead_letter(problem.to_string()))
-            }
-        }
+        };
+        work.instrument(span).await
+    }
+
+    /// The span of one delivery of `message`.
+    fn delivery_span<M: Message>(&self, message: &M) -> tracing::Span {
+        tracing::info_span!(
+            "idem.delivery",
+            consumer = %self.inner.name,
+            message_id = message.message_id(),
+            delivery_count = message.delivery_count(),
+            disposition = tracing::field::Empty,
+        )
     }
 
     /// Claims the deliveries' keys in one round trip (the store's
@@ -516,9 +536,10 @@ impl<S: Store, C: Codec> Consumer<S, C> {
         H: FnOnce(Job<M>) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        let span = self.delivery_span(&*message);
         let id = ahead.id().clone();
-        self.run_job(message, id, Start::Claimed(ahead), handler)
-            .await
+        let work = self.run_job(message, id, Start::Claimed(ahead), handler);
+        work.instrument(span).await
     }
 
     /// A delivery's record id and fingerprint, or why it has no usable
@@ -697,6 +718,8 @@ impl<S: Store, C: Codec> Consumer<S, C> {
             Disposition::DeadLetter { .. } => (&c.dead_letters, "dead_letter"),
         };
         counter.fetch_add(1, Ordering::Relaxed);
+        // The delivery's span, when called inside it.
+        tracing::Span::current().record("disposition", label);
         m::delivery(&self.inner.name, label, self.stats().duplicate_rate());
         if let Disposition::Retry { after, cause } = &disposition {
             tracing::debug!(consumer = %self.inner.name, ?after, %cause, "delivery to be retried");

@@ -11,10 +11,11 @@ use http::{Request, Response};
 use http_body::Body;
 use idem::{BoxError, Store};
 use tower_service::Service;
+use tracing::Instrument as _;
 
 use crate::body::IdemBody;
 use crate::rejection::Rejection;
-use crate::request::{Settings, Step};
+use crate::request::{Settings, Step, REPLAYED_HEADER};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -91,10 +92,17 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let settings = Arc::clone(&self.settings);
-        Box::pin(async move {
-            if !settings.covers(request.method()) {
-                return Ok(inner.call(request).await?.map(IdemBody::new));
-            }
+        if !settings.covers(request.method()) {
+            return Box::pin(async move { Ok(inner.call(request).await?.map(IdemBody::new)) });
+        }
+        let span = tracing::info_span!(
+            "idem.http",
+            method = %request.method(),
+            path = request.uri().path(),
+            status = tracing::field::Empty,
+            replayed = tracing::field::Empty,
+        );
+        let answer = async move {
             let prepared = match settings.prepare(request).await {
                 Step::Run(prepared) => prepared,
                 Step::PassThrough(unkeyed) => {
@@ -106,10 +114,10 @@ where
             // disconnects drops only this future, not the work.
             let run = {
                 let settings = Arc::clone(&settings);
-                settings
-                    .runs
-                    .clone()
-                    .spawn(async move { settings.run(prepared, inner).await })
+                settings.runs.clone().spawn(
+                    async move { settings.run(prepared, inner).await }
+                        .instrument(tracing::Span::current()),
+                )
             };
             Ok(match run.await {
                 Ok(response) => response,
@@ -117,6 +125,18 @@ where
                     detail: format!("the run stopped: {error}"),
                 }),
             })
-        })
+        };
+        Box::pin(
+            async move {
+                let answer = answer.await;
+                if let Ok(response) = &answer {
+                    let span = tracing::Span::current();
+                    span.record("status", response.status().as_u16());
+                    span.record("replayed", response.headers().contains_key(REPLAYED_HEADER));
+                }
+                answer
+            }
+            .instrument(span),
+        )
     }
 }

@@ -10,6 +10,8 @@
 use std::future::Future;
 use std::time::Instant;
 
+use tracing::Instrument as _;
+
 /// Claims by outcome.
 pub const CLAIMS: &str = "idem_claims_total";
 /// Duplicates answered with a stored outcome.
@@ -43,6 +45,8 @@ pub(crate) const OP_CLAIM: &str = "claim";
 pub(crate) const OP_COMPLETE: &str = "complete";
 pub(crate) const OP_FAIL: &str = "fail";
 pub(crate) const OP_EXTEND: &str = "extend";
+pub(crate) const OP_STEP_BEGIN: &str = "step_begin";
+pub(crate) const OP_STEP_FINISH: &str = "step_finish";
 
 /// Where the metrics counted through [`add`] and [`timed`] say they come
 /// from.
@@ -97,13 +101,19 @@ pub(crate) fn count(name: &'static str, labels: &[(&'static str, &'static str)])
 }
 
 /// Times a store operation and counts its errors (a lost lease is an
-/// answer, not an error of the store).
+/// answer, not an error of the store). It runs in an `idem.store` span
+/// (DEBUG: a span for each round trip is for when they are looked at)
+/// that names the operation and, on failure, the error.
 pub(crate) async fn timed<T>(
     op: &'static str,
     fut: impl Future<Output = Result<T, crate::StoreError>>,
 ) -> Result<T, crate::StoreError> {
+    let span = tracing::debug_span!("idem.store", op, error = tracing::field::Empty);
     let start = Instant::now();
-    let result = fut.await;
+    let result = fut.instrument(span.clone()).await;
+    if let Err(error) = &result {
+        span.record("error", tracing::field::display(error));
+    }
     let seconds = match op {
         OP_CLAIM => key!(STORE_SECONDS, "op" => OP_CLAIM),
         OP_COMPLETE => key!(STORE_SECONDS, "op" => OP_COMPLETE),

@@ -11,8 +11,10 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use crate::machine::LeaseLost;
+use crate::metrics as m;
 use crate::record::{Lease, StepBegin};
 use crate::step::{
     check_step_name, downstream_key, with_retries, InDoubt, StepCtx, StepError, StepRun,
@@ -187,7 +189,40 @@ impl Context {
     /// Names must be unique within a handler and stable across releases
     /// of your code: the journal is keyed by them. When the run is
     /// unguarded (fail-open, store down) `work` simply runs.
+    ///
+    /// The step runs in an `idem.step` span (INFO, inside the run's
+    /// `idem.run`) naming the step and saying whether it was replayed
+    /// from the journal and, on failure, why.
     pub async fn step<P, T, E, F, Fut>(
+        &self,
+        name: &str,
+        policy: P,
+        work: F,
+    ) -> Result<P::Output<T>, StepError<E>>
+    where
+        P: InDoubt,
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(StepCtx) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let span = tracing::info_span!(
+            "idem.step",
+            step = name,
+            policy = P::NAME,
+            replayed = tracing::field::Empty,
+            error = tracing::field::Empty,
+        );
+        let result = self
+            .run_step(name, policy, work)
+            .instrument(span.clone())
+            .await;
+        if let Err(error) = &result {
+            span.record("error", tracing::field::display(error));
+        }
+        result
+    }
+
+    async fn run_step<P, T, E, F, Fut>(
         &self,
         name: &str,
         _policy: P,
@@ -228,11 +263,14 @@ impl Context {
         if self.is_lease_lost() {
             return Err(StepError::LeaseLost { step: step() });
         }
-        let begun = with_retries(|| journal.begin_step(lease, name))
+        let begun = with_retries(|| m::timed(m::OP_STEP_BEGIN, journal.begin_step(lease, name)))
             .await
             .map_err(|e| store_error(name, e))?;
         let in_doubt = match begun {
-            StepBegin::Done(result) => return replay::<P, T, E>(name, &result),
+            StepBegin::Done(result) => {
+                tracing::Span::current().record("replayed", true);
+                return replay::<P, T, E>(name, &result);
+            }
             StepBegin::Fresh => false,
             StepBegin::InDoubt { attempt } => {
                 crate::metrics::count(crate::metrics::STEPS_IN_DOUBT, &[("policy", P::NAME)]);
@@ -282,6 +320,7 @@ impl Context {
         }
         self.finish(journal, lease, name, Bytes::from(encoded))
             .await?;
+        tracing::Span::current().record("replayed", false);
         crate::metrics::count(crate::metrics::STEPS, &[("result", "executed")]);
         Ok(P::ran(value))
     }
@@ -293,9 +332,14 @@ impl Context {
         name: &str,
         result: Bytes,
     ) -> Result<(), StepError<E>> {
-        with_retries(|| journal.finish_step(lease, name, result.clone()))
-            .await
-            .map_err(|e| store_error(name, e))
+        with_retries(|| {
+            m::timed(
+                m::OP_STEP_FINISH,
+                journal.finish_step(lease, name, result.clone()),
+            )
+        })
+        .await
+        .map_err(|e| store_error(name, e))
     }
 }
 
