@@ -9,23 +9,23 @@ use idem_http::Problem;
 
 /// The request is not what the API takes; `detail` says which field and
 /// which rule.
-pub const BAD_REQUEST: &str = "https://idem.dev/problems/bad-request";
+pub const BAD_REQUEST: &str = idem_http::problem_type!("bad-request");
 /// No token, or one that acts for no tenant.
-pub const UNAUTHORIZED: &str = "https://idem.dev/problems/unauthorized";
+pub const UNAUTHORIZED: &str = idem_http::problem_type!("unauthorized");
 /// No live record for the scope and key.
-pub const NOT_FOUND: &str = "https://idem.dev/problems/not-found";
+pub const NOT_FOUND: &str = idem_http::problem_type!("not-found");
 /// The request body is over `--max-request-bytes`.
-pub const BODY_TOO_LARGE: &str = "https://idem.dev/problems/body-too-large";
+pub const BODY_TOO_LARGE: &str = idem_http::problem_type!("body-too-large");
 /// The record no longer carries the lease: nothing was written.
-pub const LEASE_LOST: &str = "https://idem.dev/problems/lease-lost";
+pub const LEASE_LOST: &str = idem_http::problem_type!("lease-lost");
 /// The store could not be reached; try again after `Retry-After`.
-pub const STORE_UNAVAILABLE: &str = "https://idem.dev/problems/store-unavailable";
+pub const STORE_UNAVAILABLE: &str = idem_http::problem_type!("store-unavailable");
 /// The store is at its size limit.
-pub const STORE_FULL: &str = "https://idem.dev/problems/store-full";
+pub const STORE_FULL: &str = idem_http::problem_type!("store-full");
 /// The store answered with an error.
-pub const STORE_ERROR: &str = "https://idem.dev/problems/store-error";
+pub const STORE_ERROR: &str = idem_http::problem_type!("store-error");
 /// A stored record or result could not be read back.
-pub const UNREADABLE: &str = "https://idem.dev/problems/stored-record-unreadable";
+pub const UNREADABLE: &str = idem_http::problem_type!("stored-record-unreadable");
 
 pub(crate) fn bad_request(detail: impl Into<String>) -> Problem {
     Problem::new(StatusCode::BAD_REQUEST, BAD_REQUEST, "bad request", detail)
@@ -125,5 +125,53 @@ pub(crate) fn store_problem(error: StoreError) -> Problem {
             "store error",
             chain,
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use idem_http::problem_types as layer;
+
+    /// Every problem type idem answers with is described in the guide's
+    /// "Problem types" chapter, and the chapter describes no other.
+    #[test]
+    fn every_problem_type_is_documented_and_no_other() {
+        let chapter = include_str!("../../../../docs/guide/src/problems.md");
+        let documented: BTreeSet<&str> = chapter
+            .lines()
+            .filter_map(|l| l.strip_prefix("### "))
+            .collect();
+        let answered: BTreeSet<&str> = [
+            layer::KEY_MISSING,
+            layer::KEY_MALFORMED,
+            layer::KEY_TOO_OLD,
+            layer::IN_PROGRESS,
+            layer::MISMATCH,
+            layer::BODY_TOO_LARGE,
+            layer::BAD_BODY,
+            layer::STORE_UNAVAILABLE,
+            layer::UPSTREAM,
+            layer::OUTCOME_UNKNOWN,
+            layer::NOT_STORED,
+            layer::STORED_UNREADABLE,
+            super::BAD_REQUEST,
+            super::UNAUTHORIZED,
+            super::NOT_FOUND,
+            super::BODY_TOO_LARGE,
+            super::LEASE_LOST,
+            super::STORE_UNAVAILABLE,
+            super::STORE_FULL,
+            super::STORE_ERROR,
+            super::UNREADABLE,
+        ]
+        .iter()
+        .map(|uri| {
+            uri.strip_prefix(idem_http::problem_type!(""))
+                .expect("one base")
+        })
+        .collect();
+        assert_eq!(documented, answered);
     }
 }
