@@ -2,9 +2,9 @@
 //! in a journaled step, then the broker's duplicate of it, exported
 //! through `tracing-opentelemetry`.
 //!
-//! Each delivery is an `idem.delivery` span holding the run (`idem.run`),
-//! the step (`idem.step`) and every store round trip (`idem.store`, at
-//! DEBUG). The duplicate's run says `outcome = "replayed"` and has no
+//! Each delivery is an `idem.delivery` span (DEBUG) holding the run
+//! (`idem.run`), the step (`idem.step`) and every store round trip
+//! (`idem.store`, DEBUG). The duplicate's run says `outcome = "replayed"` and has no
 //! step: the handler did not run.
 //!
 //! This prints the spans on standard output. For a collector, replace the
@@ -33,7 +33,7 @@ pub(crate) fn otel_subscriber(
     provider: &SdkTracerProvider,
 ) -> impl tracing::Subscriber + Send + Sync {
     tracing_subscriber::registry()
-        .with(EnvFilter::new("info,idem=debug"))
+        .with(EnvFilter::new("info,idem=debug,idem_consumer=debug"))
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("orders")))
 }
 

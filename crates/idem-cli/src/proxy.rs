@@ -174,7 +174,7 @@ async fn forward(State(upstream): State<Arc<Upstream>>, request: Request) -> Res
         upstream.forwarded,
     );
     // Until the head is in: the body streams after the span closes.
-    let span = tracing::info_span!(
+    let span = tracing::debug_span!(
         "idem.upstream",
         method = %parts.method,
         url = %parts.uri,

@@ -45,6 +45,7 @@ async fn a_keyed_request_is_traced_through_the_gateway_and_its_trace_context_rea
 {
     let captured = Captured::default();
     let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
         .json()
         .with_span_list(true)
         .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)

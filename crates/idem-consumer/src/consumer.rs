@@ -425,7 +425,7 @@ impl<S: Store, C: Codec> Consumer<S, C> {
     /// usable key, or whose payload the handler refuses as [`Terminal`],
     /// is a [`Disposition::DeadLetter`] with the reason.
     ///
-    /// Each delivery runs in an `idem.delivery` span (INFO; the run's
+    /// Each delivery runs in an `idem.delivery` span (DEBUG; the run's
     /// `idem.run` inside it) with the consumer's name, the message id and
     /// delivery count the broker gave, and the disposition.
     pub async fn process<M, T, E, H, Fut>(&self, message: Arc<M>, handler: H) -> Decision
@@ -454,7 +454,7 @@ impl<S: Store, C: Codec> Consumer<S, C> {
 
     /// The span of one delivery of `message`.
     fn delivery_span<M: Message>(&self, message: &M) -> tracing::Span {
-        tracing::info_span!(
+        tracing::debug_span!(
             "idem.delivery",
             consumer = %self.inner.name,
             message_id = message.message_id(),

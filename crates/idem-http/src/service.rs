@@ -95,7 +95,7 @@ where
         if !settings.covers(request.method()) {
             return Box::pin(async move { Ok(inner.call(request).await?.map(IdemBody::new)) });
         }
-        let span = tracing::info_span!(
+        let span = tracing::debug_span!(
             "idem.http",
             method = %request.method(),
             path = request.uri().path(),
