@@ -3,13 +3,10 @@
 //! and the command line that drives them ([`Cli`]). `main` only parses
 //! and calls [`run`].
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use http::{HeaderName, Method, Uri};
 use idem::{RecordId, Scope, StateKind};
-use serde::Deserialize;
 
 pub mod admin;
 pub mod bench;
@@ -17,11 +14,13 @@ mod deadline;
 pub mod forwarded;
 pub mod logging;
 pub mod proxy;
+mod proxy_args;
 pub mod serve;
 pub mod store;
 pub mod tls;
 pub mod upstream;
 
+pub use proxy_args::ProxyArgs;
 use store::{StoreUrl, DEFAULT_STORE};
 
 /// Exactly-once effects over at-least-once delivery.
@@ -159,241 +158,6 @@ impl StateArg {
             StateArg::Failed | StateArg::Parked => StateKind::Failed,
             StateArg::Released => StateKind::Released,
         }
-    }
-}
-
-/// `idem proxy` settings. Each comes from its flag, else its `IDEM_*`
-/// environment variable, else the `--config` TOML file (same names, with
-/// underscores: `upstream = "http://127.0.0.1:3000"`), else the default.
-#[derive(Debug, Clone, Default, clap::Args, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProxyArgs {
-    /// A TOML file with any of these settings.
-    #[arg(long, env = "IDEM_CONFIG")]
-    #[serde(skip)]
-    pub config: Option<PathBuf>,
-    /// Where the gateway listens [default: 127.0.0.1:8080].
-    #[arg(long, env = "IDEM_LISTEN")]
-    pub listen: Option<String>,
-    /// Serve HTTPS with this certificate chain (PEM, leaf first), read
-    /// again on SIGHUP; needs --tls-key. HTTP/2 and HTTP/1.1 are offered.
-    #[arg(long, env = "IDEM_TLS_CERT", requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
-    /// The private key (PEM) of --tls-cert, read again on SIGHUP.
-    #[arg(long, env = "IDEM_TLS_KEY", requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
-    /// The service behind the gateway, e.g. http://127.0.0.1:3000 or
-    /// https://orders.internal.
-    #[arg(long, env = "IDEM_UPSTREAM")]
-    pub upstream: Option<String>,
-    /// PEM certificates of a private CA to trust for an https://
-    /// upstream, besides the platform's roots.
-    #[arg(long, env = "IDEM_UPSTREAM_CA")]
-    pub upstream_ca: Option<PathBuf>,
-    /// Speak HTTP/2 only to the upstream: h2c (prior knowledge) to an
-    /// http:// one, as gRPC servers expect. https:// upstreams get HTTP/2
-    /// whenever they offer it, without this [default: false].
-    #[arg(long, env = "IDEM_UPSTREAM_HTTP2")]
-    pub upstream_http2: Option<bool>,
-    /// Where /metrics and /healthz are served [default: 127.0.0.1:9090;
-    /// "off" for none].
-    #[arg(long, env = "IDEM_ADMIN_LISTEN")]
-    pub admin_listen: Option<String>,
-    /// The store (as the global --store; this one also reads the file).
-    #[arg(skip)]
-    pub store: Option<String>,
-    /// Covered methods, comma-separated [default: POST,PATCH].
-    #[arg(long, env = "IDEM_METHODS")]
-    pub methods: Option<String>,
-    /// The key header [default: Idempotency-Key].
-    #[arg(long, env = "IDEM_HEADER")]
-    pub header: Option<String>,
-    /// Refuse covered requests without a key (400).
-    #[arg(long, env = "IDEM_REQUIRE_KEY")]
-    pub require_key: Option<bool>,
-    /// Separate keys per value of this header, so no client can replay
-    /// another's response. Use one that stays the same between a request
-    /// and its retries, set by your authentication proxy (e.g.
-    /// x-account-id), not a bearer token that is refreshed.
-    #[arg(long, env = "IDEM_TENANT_HEADER")]
-    pub tenant_header: Option<String>,
-    /// How long completed keys are remembered [default: 24h].
-    #[arg(long, env = "IDEM_RETENTION")]
-    pub retention: Option<String>,
-    /// How long a claim lasts without a heartbeat [default: 30s].
-    #[arg(long, env = "IDEM_LEASE")]
-    pub lease: Option<String>,
-    /// The largest request body on covered methods, bytes [default: 1048576].
-    #[arg(long, env = "IDEM_MAX_REQUEST_BYTES")]
-    pub max_request_bytes: Option<usize>,
-    /// The largest response body stored, bytes [default: 1048576].
-    #[arg(long, env = "IDEM_MAX_RESPONSE_BYTES")]
-    pub max_response_bytes: Option<usize>,
-    /// Pass requests through unguarded when the store is unreachable.
-    #[arg(long, env = "IDEM_FAIL_OPEN")]
-    pub fail_open: Option<bool>,
-    /// How long the upstream may take to answer before 502 [default: 60s].
-    /// The request was sent, so its key is kept with an unknown outcome
-    /// (never sent twice); `idem release` it after checking the upstream.
-    #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT")]
-    pub upstream_timeout: Option<String>,
-    /// When a key's earlier request stopped without an outcome (a gateway
-    /// died mid-request), forward it again instead of answering 422
-    /// outcome-unknown [default: false]. Only for upstreams that
-    /// deduplicate on the forwarded Idempotency-Key themselves.
-    #[arg(long, env = "IDEM_FORWARD_TAKEOVERS")]
-    pub forward_takeovers: Option<bool>,
-    /// Refuse keys that are UUIDv7s older than the retention with 422
-    /// key-too-old: a retry that late cannot be told from a new request
-    /// [default: false].
-    #[arg(long, env = "IDEM_REJECT_OLD_UUID_V7")]
-    pub reject_old_uuid_v7: Option<bool>,
-    /// The longest a duplicate of a running request that asks
-    /// `Prefer: wait=N` is held for its outcome; 0 ignores the preference
-    /// [default: 10s].
-    #[arg(long, env = "IDEM_MAX_WAIT")]
-    pub max_wait: Option<String>,
-    /// How long a duplicate of a running request is held for its outcome
-    /// when it does not ask [default: 0, answer 409 at once].
-    #[arg(long, env = "IDEM_DEFAULT_WAIT")]
-    pub default_wait: Option<String>,
-    /// Memory for replaying responses this gateway stored without asking
-    /// the store, bytes; 0 turns it off [default: 67108864].
-    #[arg(long, env = "IDEM_REPLAY_CACHE_BYTES")]
-    pub replay_cache_bytes: Option<usize>,
-    /// The longest a response is replayed from memory (never past the
-    /// retention): a record deleted by `idem release` elsewhere may be
-    /// replayed here this long; 0 turns it off [default: 60s].
-    #[arg(long, env = "IDEM_REPLAY_CACHE_TTL")]
-    pub replay_cache_ttl: Option<String>,
-    /// Keep the client's Forwarded and X-Forwarded-* headers and add this
-    /// hop to them, for a gateway behind a proxy that sets them; otherwise
-    /// they are replaced by what this gateway saw [default: false].
-    #[arg(long, env = "IDEM_TRUST_FORWARDED")]
-    pub trust_forwarded: Option<bool>,
-    /// Send the client's Host header to the upstream; false sends the
-    /// upstream's own host:port [default: true].
-    #[arg(long, env = "IDEM_PRESERVE_HOST")]
-    pub preserve_host: Option<bool>,
-    /// Stored response headers left out of replays, comma-separated
-    /// (e.g. set-cookie); replays always carry a Date of their own
-    /// [default: none].
-    #[arg(long, env = "IDEM_REPLAY_DROP_HEADERS")]
-    pub replay_drop_headers: Option<String>,
-}
-
-macro_rules! fill {
-    ($into:ident, $from:ident; $($field:ident),*) => {
-        $( if $into.$field.is_none() { $into.$field = $from.$field; } )*
-    };
-}
-
-impl ProxyArgs {
-    /// Fills unset settings from the `--config` file, if any.
-    pub fn with_file(mut self) -> anyhow::Result<Self> {
-        let Some(path) = self.config.clone() else {
-            return Ok(self);
-        };
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| anyhow::anyhow!("cannot read the config file {}: {e}", path.display()))?;
-        let file: ProxyArgs = toml::from_str(&text)
-            .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
-        fill!(self, file; listen, tls_cert, tls_key, upstream, upstream_ca, upstream_http2, admin_listen, store, methods, header, require_key,
-              tenant_header, retention, lease, max_request_bytes, max_response_bytes, fail_open,
-              upstream_timeout, forward_takeovers, reject_old_uuid_v7, max_wait, default_wait,
-              replay_cache_bytes, replay_cache_ttl, trust_forwarded, preserve_host,
-              replay_drop_headers);
-        Ok(self)
-    }
-
-    /// The gateway's settings, checked.
-    pub fn proxy_config(&self) -> anyhow::Result<proxy::ProxyConfig> {
-        let upstream: Uri = self
-            .upstream
-            .as_deref()
-            .ok_or_else(|| anyhow::anyhow!("--upstream is required (e.g. http://127.0.0.1:3000)"))?
-            .parse()
-            .map_err(|e| anyhow::anyhow!("--upstream: {e}"))?;
-        anyhow::ensure!(
-            matches!(upstream.scheme_str(), Some("http" | "https"))
-                && upstream.authority().is_some(),
-            "--upstream must be an http:// or https:// URL with a host, got {upstream}"
-        );
-        let methods = self
-            .methods
-            .as_deref()
-            .unwrap_or("POST,PATCH")
-            .split(',')
-            .map(|m| {
-                Method::from_bytes(m.trim().to_ascii_uppercase().as_bytes())
-                    .map_err(|_| anyhow::anyhow!("--methods: {m:?} is not an HTTP method"))
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let header_name = |flag: &str, v: &str| {
-            HeaderName::from_bytes(v.trim().as_bytes())
-                .map_err(|_| anyhow::anyhow!("{flag}: {v:?} is not a header name"))
-        };
-        Ok(proxy::ProxyConfig {
-            upstream,
-            upstream_protocol: crate::upstream::UpstreamProtocol {
-                ca_file: self.upstream_ca.clone(),
-                http2_only: self.upstream_http2.unwrap_or(false),
-            },
-            methods,
-            header: header_name(
-                "--header",
-                self.header.as_deref().unwrap_or("idempotency-key"),
-            )?,
-            require_key: self.require_key.unwrap_or(false),
-            tenant_header: self
-                .tenant_header
-                .as_deref()
-                .map(|h| header_name("--tenant-header", h))
-                .transpose()?,
-            retention: duration("--retention", self.retention.as_deref().unwrap_or("24h"))?,
-            lease: duration("--lease", self.lease.as_deref().unwrap_or("30s"))?,
-            max_request_bytes: self.max_request_bytes.unwrap_or(1 << 20),
-            max_response_bytes: self.max_response_bytes.unwrap_or(1 << 20),
-            fail_open: self.fail_open.unwrap_or(false),
-            upstream_timeout: duration(
-                "--upstream-timeout",
-                self.upstream_timeout.as_deref().unwrap_or("60s"),
-            )?,
-            forward_takeovers: self.forward_takeovers.unwrap_or(false),
-            reject_old_uuid_v7: self.reject_old_uuid_v7.unwrap_or(false),
-            max_wait: wait("--max-wait", self.max_wait.as_deref().unwrap_or("10s"))?,
-            default_wait: wait(
-                "--default-wait",
-                self.default_wait.as_deref().unwrap_or("0"),
-            )?,
-            replay_cache_bytes: self
-                .replay_cache_bytes
-                .unwrap_or(idem::DEFAULT_REPLAY_CACHE_BYTES),
-            replay_cache_ttl: wait(
-                "--replay-cache-ttl",
-                self.replay_cache_ttl.as_deref().unwrap_or("60s"),
-            )?,
-            replay_drop_headers: self
-                .replay_drop_headers
-                .as_deref()
-                .unwrap_or("")
-                .split(',')
-                .filter(|h| !h.trim().is_empty())
-                .map(|h| header_name("--replay-drop-headers", h))
-                .collect::<anyhow::Result<_>>()?,
-            forwarded: forwarded::ForwardedPolicy {
-                trust_incoming: self.trust_forwarded.unwrap_or(false),
-                preserve_host: self.preserve_host.unwrap_or(true),
-            },
-            tls: match (&self.tls_cert, &self.tls_key) {
-                (Some(cert), Some(key)) => Some(tls::TlsFiles {
-                    cert: cert.clone(),
-                    key: key.clone(),
-                }),
-                (None, None) => None,
-                _ => anyhow::bail!("--tls-cert and --tls-key go together: give both or neither"),
-            },
-        })
     }
 }
 

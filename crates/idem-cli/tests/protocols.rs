@@ -165,15 +165,18 @@ async fn eventually<F: Future<Output = bool>>(limit: Duration, mut check: impl F
     }
 }
 
-/// Whether a new connection from a client trusting only `root` gets an
-/// answer from `url`.
-async fn trusted(root: &reqwest::Certificate, url: &str) -> bool {
-    let client = reqwest::Client::builder()
+/// A client that trusts only `root`.
+fn trusting(root: &reqwest::Certificate) -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
         .no_proxy()
         .tls_built_in_root_certs(false)
         .add_root_certificate(root.clone())
-        .build()
-        .expect("client");
+}
+
+/// Whether a new connection from a client trusting only `root` gets an
+/// answer from `url`.
+async fn trusted(root: &reqwest::Certificate, url: &str) -> bool {
+    let client = trusting(root).build().expect("client");
     client.get(url).send().await.is_ok()
 }
 
@@ -191,22 +194,14 @@ async fn the_tls_listener_speaks_both_versions_and_takes_a_new_certificate_on_si
     let gateway = Gateway::start(sqlite(&dir), settings).await;
     let base = gateway.url.replace("http://127.0.0.1", "https://localhost");
 
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .tls_built_in_root_certs(false)
-        .add_root_certificate(first.root())
-        .build()
-        .expect("client");
+    let client = trusting(&first.root()).build().expect("client");
     let url = format!("{base}/headers");
     let h2 = post_keyed(&client, &url, "tls-in-1").await;
     assert_eq!(h2.version(), reqwest::Version::HTTP_2, "h2 by ALPN");
     let seen: serde_json::Value = h2.json().await.expect("json");
     assert_eq!(seen["x-forwarded-proto"], "https");
-    let h1 = reqwest::Client::builder()
-        .no_proxy()
+    let h1 = trusting(&first.root())
         .http1_only()
-        .tls_built_in_root_certs(false)
-        .add_root_certificate(first.root())
         .build()
         .expect("client");
     let replay = post_keyed(&h1, &url, "tls-in-1").await;
