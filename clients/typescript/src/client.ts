@@ -117,6 +117,11 @@ export class Idem {
     }
     const run = new Run(this.transport, scope, key, answer.lease, answer.takeover, this.leaseMs, this.retentionMs, sent);
     await run.ready;
+    if (run.signal.aborted) {
+      // The claim was lost before the work began: it must not begin.
+      run.stop();
+      run.check();
+    }
     let value: T;
     try {
       value = await fn(run);

@@ -40,6 +40,8 @@ export class Run {
   readonly signal: AbortSignal;
   private readonly lost = new AbortController();
   private readonly timer: NodeJS.Timeout;
+  /** Fires when the lease as last confirmed runs out. */
+  private deadline: NodeJS.Timeout | undefined;
   /** No more heartbeats: the run's end was written, or it was stopped. */
   private ended = false;
   /** The write that ends the run has begun: no other write may start. */
@@ -67,6 +69,7 @@ export class Run {
     this.takeover = takeover;
     this.signal = this.lost.signal;
     this.confirmedUntil = claimSent + leaseMs;
+    this.armDeadline();
     let beating = false;
     const beat = async (): Promise<void> => {
       if (beating || this.ended) return;
@@ -79,6 +82,7 @@ export class Run {
           timeoutMs: Math.max(200, Math.floor(this.leaseMs / 6)),
         });
         this.confirmedUntil = sent + this.leaseMs;
+        this.armDeadline();
       } catch (error) {
         if (error instanceof LeaseLost) {
           this.lost.abort(error);
@@ -95,6 +99,14 @@ export class Run {
     // A claim that waited (or was retried) may have been granted late in its
     // call: confirm the lease before the work starts.
     this.ready = performance.now() - claimSent > leaseMs / 6 ? beat() : Promise.resolve();
+  }
+
+  /** Aborts `signal` when the lease as last confirmed runs out, unless a beat confirms it first. */
+  private armDeadline(): void {
+    clearTimeout(this.deadline);
+    if (this.ended || this.signal.aborted) return;
+    this.deadline = setTimeout(() => this.ranOut(), Math.max(0, this.confirmedUntil - performance.now()) + 1);
+    this.deadline.unref();
   }
 
   /** Aborts `signal` once the lease as last confirmed has run out; whether it is aborted. */
@@ -162,6 +174,7 @@ export class Run {
   stop(): void {
     this.ended = true;
     clearInterval(this.timer);
+    clearTimeout(this.deadline);
   }
 
   private async ending(write: () => Promise<unknown>): Promise<void> {

@@ -139,6 +139,7 @@ async fn forward(State(upstream): State<Arc<Upstream>>, request: Request) -> Res
         }
     }
     parts.version = http::Version::HTTP_11;
+    join_cookies(&mut parts.headers);
     let target = format!(
         "{}{}",
         upstream.origin,
@@ -234,6 +235,23 @@ pub fn layer(store: AnyStore, config: &ProxyConfig) -> anyhow::Result<Idempotenc
         layer = layer.tenant_header(tenant.clone());
     }
     Ok(layer.build()?)
+}
+
+/// One `Cookie` field for an HTTP/1.1 upstream: HTTP/2 clients may split
+/// it into several, which are joined with `"; "` (RFC 9113 §8.2.3).
+fn join_cookies(headers: &mut http::HeaderMap) {
+    let mut cookies = headers.get_all(header::COOKIE).iter();
+    if cookies.nth(1).is_none() {
+        return;
+    }
+    let joined: Vec<&[u8]> = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .map(HeaderValue::as_bytes)
+        .collect();
+    if let Ok(joined) = HeaderValue::from_bytes(&joined.join(&b"; "[..])) {
+        headers.insert(header::COOKIE, joined);
+    }
 }
 
 /// Whether a request's `TE` header accepts trailers.

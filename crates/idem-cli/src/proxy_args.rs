@@ -118,7 +118,9 @@ pub struct ProxyArgs {
     #[arg(long, env = "IDEM_TRUST_FORWARDED")]
     pub trust_forwarded: Option<bool>,
     /// Send the client's Host header to the upstream; false sends the
-    /// upstream's own host:port [default: true].
+    /// upstream's own host:port [default: true for an http:// upstream
+    /// spoken to in HTTP/1.1, false for https:// and --upstream-http2,
+    /// whose TLS name and :authority a client's Host would contradict].
     #[arg(long, env = "IDEM_PRESERVE_HOST")]
     pub preserve_host: Option<bool>,
     /// Stored response headers left out of replays, comma-separated
@@ -179,6 +181,11 @@ impl ProxyArgs {
             HeaderName::from_bytes(v.trim().as_bytes())
                 .map_err(|_| anyhow::anyhow!("{flag}: {v:?} is not a header name"))
         };
+        // An https:// or HTTP/2 upstream routes by the name it was
+        // reached by (SNI, :authority), which a client's Host would
+        // contradict; the client's still reaches it in X-Forwarded-Host.
+        let plain_http1 =
+            upstream.scheme_str() == Some("http") && !self.upstream_http2.unwrap_or(false);
         Ok(proxy::ProxyConfig {
             upstream,
             upstream_protocol: crate::upstream::UpstreamProtocol {
@@ -229,7 +236,7 @@ impl ProxyArgs {
                 .collect::<anyhow::Result<_>>()?,
             forwarded: forwarded::ForwardedPolicy {
                 trust_incoming: self.trust_forwarded.unwrap_or(false),
-                preserve_host: self.preserve_host.unwrap_or(true),
+                preserve_host: self.preserve_host.unwrap_or(plain_http1),
             },
             tls: match (&self.tls_cert, &self.tls_key) {
                 (Some(cert), Some(key)) => Some(tls::TlsFiles {

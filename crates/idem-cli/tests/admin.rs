@@ -154,6 +154,23 @@ fn proxy_settings_come_from_flags_then_file_then_defaults() {
     };
     let err = bad.proxy_config().expect_err("not http");
     assert!(err.to_string().contains("http:// or https:// URL"), "{err}");
+    for (upstream, http2, preserved) in [
+        ("http://x", None, true),
+        ("https://x", None, false),
+        ("http://x", Some(true), false),
+    ] {
+        let config = ProxyArgs {
+            upstream: Some(upstream.to_owned()),
+            upstream_http2: http2,
+            ..ProxyArgs::default()
+        }
+        .proxy_config()
+        .expect("valid");
+        assert_eq!(
+            config.forwarded.preserve_host, preserved,
+            "Host by default for {upstream} (http2 {http2:?})"
+        );
+    }
     let half = ProxyArgs {
         upstream: Some("https://x".to_owned()),
         tls_cert: Some("cert.pem".into()),

@@ -153,6 +153,19 @@ async fn a_client_speaking_http2_in_cleartext_gets_one_execution_and_replays() {
     assert_eq!(cookies, ["a=1", "b=2"]);
     assert_eq!(again.text().await.expect("body"), body);
     assert_eq!(up.runs("/charge"), 1);
+
+    // HTTP/2 lets a client split Cookie; an HTTP/1.1 upstream gets one.
+    let seen: serde_json::Value = h2
+        .get(format!("{}/headers", gateway.url))
+        .header("cookie", "a=1")
+        .header("cookie", "b=2")
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(seen["cookie"], "a=1; b=2");
     gateway.shutdown().await;
 }
 

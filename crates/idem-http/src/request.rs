@@ -601,7 +601,16 @@ where
             }
             Ok(Err(frame)) => {
                 if let Ok(more) = frame.into_trailers() {
-                    trailers.get_or_insert_with(HeaderMap::new).extend(more);
+                    let held = trailers.get_or_insert_with(HeaderMap::new);
+                    // Appended, not extended: a name repeated in a later
+                    // trailers frame keeps the earlier values.
+                    let mut name = None;
+                    for (next, value) in more {
+                        name = next.or(name);
+                        if let Some(name) = &name {
+                            held.append(name.clone(), value);
+                        }
+                    }
                 }
             }
             Err(error) => return Read::Failed(error.into()),

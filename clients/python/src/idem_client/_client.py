@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Union
 
-from ._errors import ApiError, InProgress, Mismatch, ReplayedFailure
+from ._errors import ApiError, InProgress, LeaseLost, Mismatch, ReplayedFailure
 from ._heartbeat import Heartbeats
 from ._run import Run, _current
 from ._transport import Transport
@@ -128,6 +128,13 @@ class Idem:
         run = Run(
             self._transport, scope, key, answer, self._lease_ms, self._retention_ms, self._heartbeats, sent
         )
+        if run.fence is not None:
+            try:
+                run.check()
+            except LeaseLost:
+                # The claim was lost before the work began: it must not begin.
+                run._end()
+                raise
         try:
             yield run
         except BaseException as error:
