@@ -269,7 +269,8 @@ struct ChargeReply {
 const CHARGE: &str = "/shop.Payments/Charge";
 
 /// The server side of `shop.Payments/Charge`: counts its runs, declines
-/// orders named `declined` with FAILED_PRECONDITION.
+/// orders named `declined` with FAILED_PRECONDITION, and answers the
+/// first run of `busy` with UNAVAILABLE.
 #[derive(Clone)]
 struct Payments(Upstream);
 
@@ -284,6 +285,9 @@ impl tonic::server::UnaryService<ChargeRequest> for Payments {
         Box::pin(async move {
             if request.order == "declined" {
                 return Err(tonic::Status::failed_precondition("card declined"));
+            }
+            if request.order == "busy" && n == 1 {
+                return Err(tonic::Status::unavailable("try again"));
             }
             Ok(tonic::Response::new(ChargeReply { charge: n }))
         })
@@ -401,6 +405,17 @@ async fn grpc_unary_calls_through_the_gateway_run_once_and_replay_with_their_tra
         assert_eq!(declined.message(), "card declined");
     }
     assert_eq!(up.runs(&format!("{CHARGE}/declined")), 1);
+
+    // UNAVAILABLE is gRPC's 503: not stored, the key released, and the
+    // client's retry runs.
+    let busy = charge(&channel, "g-3", "busy").await.expect_err("busy");
+    assert_eq!(busy.code(), tonic::Code::Unavailable);
+    let retried = charge(&channel, "g-3", "busy").await.expect("ran again");
+    assert_eq!(retried.get_ref().charge, 2);
+    assert!(retried.metadata().get("idempotent-replayed").is_none());
+    let replayed = charge(&channel, "g-3", "busy").await.expect("replayed");
+    assert_eq!(replayed.get_ref().charge, 2);
+    assert_eq!(up.runs(&format!("{CHARGE}/busy")), 2);
     gateway.shutdown().await;
 }
 

@@ -24,7 +24,7 @@ use crate::body::IdemBody;
 use crate::header::parse_key;
 use crate::marker::{is_not_executed, OutcomeUnknown};
 use crate::rejection::Rejection;
-use crate::rules::{FingerprintRule, Hook};
+use crate::rules::{grpc_status_stored, FingerprintRule, Hook};
 use crate::stored::{Binary, StoredResponse};
 
 /// The header replays carry.
@@ -80,6 +80,8 @@ pub(crate) enum Unstored {
     BrokeOff { status: StatusCode, error: String },
     #[error("status {0} is not stored; the key was released")]
     Status(StatusCode),
+    #[error("gRPC status {0} is not stored; the key was released")]
+    GrpcStatus(String),
     #[error("response over the {limit}-byte limit for stored responses (head and body)")]
     TooLarge { limit: usize },
     #[error("the inner service failed before acting on the request: {0}")]
@@ -101,7 +103,7 @@ impl Unstored {
             Self::Unknown | Self::BrokeOff { .. } | Self::Failed(_) | Self::Takeover { .. } => {
                 FailureClass::Unknown
             }
-            Self::Status(_) | Self::NotExecuted(_) => FailureClass::Retryable,
+            Self::Status(_) | Self::GrpcStatus(_) | Self::NotExecuted(_) => FailureClass::Retryable,
         }
     }
 }
@@ -226,6 +228,11 @@ impl<S: Store> Settings<S> {
                     keep(Response::from_parts(head, IdemBody::new(body)));
                     return Err(Unstored::Status(status));
                 }
+                // A gRPC error before any message comes in the head.
+                if let Some(code) = released_grpc_status(&head.headers, &head.headers) {
+                    keep(Response::from_parts(head, IdemBody::new(body)));
+                    return Err(Unstored::GrpcStatus(code));
+                }
                 let too_large = Unstored::TooLarge {
                     limit: self.max_response_bytes,
                 };
@@ -243,6 +250,14 @@ impl<S: Store> Settings<S> {
                         Err(too_large)
                     }
                     Read::All(bytes, trailers) => {
+                        // A gRPC error after a message comes in the trailers.
+                        if let Some(code) = trailers
+                            .as_ref()
+                            .and_then(|t| released_grpc_status(&head.headers, t))
+                        {
+                            keep(Response::from_parts(head, full(bytes, trailers)));
+                            return Err(Unstored::GrpcStatus(code));
+                        }
                         let stored = StoredResponse::new(head.status, head.headers, bytes);
                         Ok(match trailers {
                             Some(trailers) => stored.with_trailers(&trailers),
@@ -329,7 +344,10 @@ impl<S: Store> Settings<S> {
             }
             Err(RunError::Handler { error, .. }) => match (error, kept) {
                 (
-                    Unstored::Status(_) | Unstored::TooLarge { .. } | Unstored::Unknown,
+                    Unstored::Status(_)
+                    | Unstored::GrpcStatus(_)
+                    | Unstored::TooLarge { .. }
+                    | Unstored::Unknown,
                     Some(response),
                 ) => return response,
                 (error @ Unstored::Takeover { .. }, _) => Rejection::OutcomeUnknown {
@@ -558,6 +576,17 @@ fn default_route(parts: &Parts) -> String {
 #[cfg(not(feature = "axum"))]
 fn default_route(parts: &Parts) -> String {
     parts.uri.path().to_owned()
+}
+
+/// The `grpc-status` in `fields` of a gRPC answer (by `head`'s
+/// content type) that is not stored ([`grpc_status_stored`]).
+fn released_grpc_status(head: &HeaderMap, fields: &HeaderMap) -> Option<String> {
+    let grpc = head
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|t| t.as_bytes().starts_with(b"application/grpc"));
+    let code = fields.get("grpc-status").filter(|_| grpc)?;
+    (!grpc_status_stored(code.as_bytes()))
+        .then(|| String::from_utf8_lossy(code.as_bytes()).into_owned())
 }
 
 /// A body held in memory, with its trailers if it had any.
