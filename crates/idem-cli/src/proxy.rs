@@ -48,8 +48,10 @@ pub struct ProxyConfig {
     pub max_response_bytes: usize,
     /// Pass requests through when the store is unreachable.
     pub fail_open: bool,
-    /// How long the upstream may take to answer, head and body, before a
-    /// 502. The request was sent, so the key is kept with an unknown
+    /// How long the upstream may take to answer a covered request, head
+    /// and body, before a 502 (a gRPC client's `grpc-timeout` is not
+    /// forwarded: this bounds the call instead; requests passed through
+    /// are not bounded). The request was sent, so the key is kept with an unknown
     /// outcome (see [`OutcomeUnknown`]); connecting is limited to half of
     /// it (at most 5 s), and a failed connect releases the key.
     pub upstream_timeout: Duration,
@@ -91,6 +93,10 @@ struct Upstream {
     forwarded: ForwardedPolicy,
 }
 
+/// gRPC's deadline header: not forwarded with a covered call, whose
+/// upstream must not cancel it when the client stops waiting.
+const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+
 /// The gateway's own 502: nothing was sent to the upstream, so the layer
 /// releases the key.
 fn bad_gateway(detail: String) -> Response {
@@ -127,6 +133,12 @@ fn problem_502(kind: &'static str, title: &'static str, detail: String) -> Respo
 
 async fn forward(State(upstream): State<Arc<Upstream>>, request: Request) -> Response {
     let (mut parts, body) = request.into_parts();
+    // A covered request carries its run's context: it runs to completion
+    // under the gateway's own limit, whatever its client's deadline.
+    let covered = parts.extensions.get::<idem::Context>().is_some();
+    if covered {
+        parts.headers.remove(GRPC_TIMEOUT);
+    }
     // An HTTP/2 request names its host in the URI (`:authority`), not in
     // `Host`; the upstream connection decides the version it goes out in.
     if !parts.headers.contains_key(header::HOST) {
@@ -184,6 +196,22 @@ async fn forward(State(upstream): State<Arc<Upstream>>, request: Request) -> Res
     let sent = upstream
         .client
         .request(http::Request::from_parts(parts, body));
+    if !covered {
+        // Passed through (a GET, a download, a stream): its client's own
+        // limits govern it, and nothing is kept for it.
+        return match sent.instrument(span.clone()).await {
+            Ok(response) => {
+                span.record("status", response.status().as_u16());
+                let (mut parts, body) = response.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                Response::from_parts(parts, Body::new(body))
+            }
+            Err(e) => bad_gateway(format!(
+                "the upstream {} could not be reached or broke off: {e}",
+                upstream.base
+            )),
+        };
+    }
     // One limit for the whole answer: a body that stalls is cut off too.
     let deadline = tokio::time::Instant::now() + upstream.timeout;
     match tokio::time::timeout_at(deadline, sent)

@@ -78,9 +78,12 @@ pub struct ProxyArgs {
     /// Pass requests through unguarded when the store is unreachable.
     #[arg(long, env = "IDEM_FAIL_OPEN")]
     pub fail_open: Option<bool>,
-    /// How long the upstream may take to answer before 502 [default: 60s].
-    /// The request was sent, so its key is kept with an unknown outcome
-    /// (never sent twice); `idem release` it after checking the upstream.
+    /// How long the upstream may take to answer a covered request, head
+    /// and body, before 502 [default: 60s]. The request was sent, so its
+    /// key is kept with an unknown outcome (never sent twice); `idem
+    /// release` it after checking the upstream. This, not a gRPC client's
+    /// deadline, bounds a covered call; requests passed through are not
+    /// bounded (downloads, streams).
     #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT")]
     pub upstream_timeout: Option<String>,
     /// When a key's earlier request stopped without an outcome (a gateway

@@ -269,8 +269,8 @@ struct ChargeReply {
 const CHARGE: &str = "/shop.Payments/Charge";
 
 /// The server side of `shop.Payments/Charge`: counts its runs, declines
-/// orders named `declined` with FAILED_PRECONDITION, and answers the
-/// first run of `busy` with UNAVAILABLE.
+/// orders named `declined` with FAILED_PRECONDITION, answers the first run
+/// of `busy` with UNAVAILABLE, and takes 300 ms over `slow`.
 #[derive(Clone)]
 struct Payments(Upstream);
 
@@ -283,38 +283,65 @@ impl tonic::server::UnaryService<ChargeRequest> for Payments {
         let request = request.into_inner();
         let n = self.0.bump(&format!("{CHARGE}/{}", request.order));
         Box::pin(async move {
-            if request.order == "declined" {
-                return Err(tonic::Status::failed_precondition("card declined"));
-            }
-            if request.order == "busy" && n == 1 {
-                return Err(tonic::Status::unavailable("try again"));
+            match request.order.as_str() {
+                "declined" => return Err(tonic::Status::failed_precondition("card declined")),
+                "busy" if n == 1 => return Err(tonic::Status::unavailable("try again")),
+                "slow" => tokio::time::sleep(Duration::from_millis(300)).await,
+                _ => {}
             }
             Ok(tonic::Response::new(ChargeReply { charge: n }))
         })
     }
 }
 
-/// A tonic gRPC server in cleartext HTTP/2; its address.
+/// `shop.Payments` as the service a tonic server runs.
+#[derive(Clone)]
+struct PaymentsServer(Payments);
+
+impl tower::Service<http::Request<tonic::body::Body>> for PaymentsServer {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let payments = self.0.clone();
+        Box::pin(async move {
+            let codec = tonic_prost::ProstCodec::<ChargeReply, ChargeRequest>::default();
+            Ok(tonic::server::Grpc::new(codec)
+                .unary(payments, request)
+                .await)
+        })
+    }
+}
+
+/// A tonic gRPC server (tonic's own, which cancels a call at its
+/// `grpc-timeout`) in cleartext HTTP/2; its address.
 async fn grpc_upstream() -> (Upstream, std::net::SocketAddr) {
     let up = Upstream::default();
-    let payments = Payments(up.clone());
-    let app = axum::Router::new().route_service(
-        CHARGE,
-        tower::service_fn(move |request: http::Request<axum::body::Body>| {
-            let payments = payments.clone();
-            async move {
-                let codec = tonic_prost::ProstCodec::<ChargeReply, ChargeRequest>::default();
-                let response = tonic::server::Grpc::new(codec)
-                    .unary(payments, request)
-                    .await;
-                Ok::<_, Infallible>(response.map(axum::body::Body::new))
-            }
-        }),
-    );
+    let server = PaymentsServer(Payments(up.clone()));
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    tokio::spawn(tonic::transport::Server::builder().serve_with_incoming(
+        server,
+        tonic::transport::server::TcpIncoming::from(listener),
+    ));
     (up, addr)
+}
+
+/// A tonic client to the gateway at `url`.
+async fn grpc_channel(url: &str) -> tonic::transport::Channel {
+    tonic::transport::Channel::from_shared(url.to_owned())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect")
 }
 
 async fn charge(
@@ -322,21 +349,50 @@ async fn charge(
     key: &str,
     order: &str,
 ) -> Result<tonic::Response<ChargeReply>, tonic::Status> {
+    call(channel, Some(key), order, None).await
+}
+
+/// One call of `Charge`, with a key if given, and a deadline if given: sent
+/// as `grpc-timeout` and kept by the client, which gives up when it passes
+/// (as grpc-go and grpcio do).
+async fn call(
+    channel: &tonic::transport::Channel,
+    key: Option<&str>,
+    order: &str,
+    deadline: Option<Duration>,
+) -> Result<tonic::Response<ChargeReply>, tonic::Status> {
     let mut grpc = tonic::client::Grpc::new(channel.clone());
     grpc.ready().await.expect("channel ready");
     let mut request = tonic::Request::new(ChargeRequest {
         order: order.to_owned(),
         cents: 1250,
     });
-    request
-        .metadata_mut()
-        .insert("idempotency-key", key.parse().expect("metadata"));
-    grpc.unary(
-        request,
+    if let Some(key) = key {
+        request
+            .metadata_mut()
+            .insert("idempotency-key", key.parse().expect("metadata"));
+    }
+    let sent = grpc.unary(
+        request_with_deadline(request, deadline),
         PathAndQuery::from_static(CHARGE),
         tonic_prost::ProstCodec::<ChargeRequest, ChargeReply>::default(),
-    )
-    .await
+    );
+    match deadline {
+        Some(deadline) => tokio::time::timeout(deadline, sent)
+            .await
+            .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("client deadline"))),
+        None => sent.await,
+    }
+}
+
+fn request_with_deadline<T>(
+    mut request: tonic::Request<T>,
+    deadline: Option<Duration>,
+) -> tonic::Request<T> {
+    if let Some(deadline) = deadline {
+        request.set_timeout(deadline);
+    }
+    request
 }
 
 /// One gRPC call's trailers, read off the wire by a plain HTTP/2 client.
@@ -371,11 +427,7 @@ async fn grpc_unary_calls_through_the_gateway_run_once_and_replay_with_their_tra
     let mut settings = config(upstream);
     settings.upstream_protocol.http2_only = true;
     let gateway = Gateway::start(sqlite(&dir), settings).await;
-    let channel = tonic::transport::Channel::from_shared(gateway.url.clone())
-        .expect("url")
-        .connect()
-        .await
-        .expect("connect");
+    let channel = grpc_channel(&gateway.url).await;
 
     // A reply's grpc-status travels in trailers: without them a replay
     // would not decode.
@@ -416,6 +468,110 @@ async fn grpc_unary_calls_through_the_gateway_run_once_and_replay_with_their_tra
     let replayed = charge(&channel, "g-3", "busy").await.expect("replayed");
     assert_eq!(replayed.get_ref().charge, 2);
     assert_eq!(up.runs(&format!("{CHARGE}/busy")), 2);
+    gateway.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_client_deadline_neither_cancels_the_upstream_nor_frees_the_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (up, upstream) = grpc_upstream().await;
+    let mut settings = config(upstream);
+    settings.upstream_protocol.http2_only = true;
+    let gateway = Gateway::start(sqlite(&dir), settings).await;
+    let channel = grpc_channel(&gateway.url).await;
+
+    // The client gives up after 100 ms of a 300 ms call; the upstream must
+    // not be told to give up too (tonic's server would cancel the handler
+    // and answer CANCELLED, and a released key would run the retry again).
+    let deadline = Some(Duration::from_millis(100));
+    let first = call(&channel, Some("d-1"), "slow", deadline)
+        .await
+        .expect_err("past the client's deadline");
+    // tonic's channel keeps the deadline too: CANCELLED, "Timeout expired".
+    assert!(
+        matches!(
+            first.code(),
+            tonic::Code::Cancelled | tonic::Code::DeadlineExceeded
+        ),
+        "{first:?}"
+    );
+
+    // The retry is told to wait while the first call runs, then replayed.
+    let started = Instant::now();
+    let mut pushbacks = 0;
+    let replayed = loop {
+        match charge(&channel, "d-1", "slow").await {
+            Ok(reply) => break reply,
+            Err(status) if status.code() == tonic::Code::Aborted => {
+                let pushback: u64 = status
+                    .metadata()
+                    .get("grpc-retry-pushback-ms")
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .expect("ABORTED carries grpc-retry-pushback-ms");
+                assert!(pushback <= 1000, "{pushback}");
+                pushbacks += 1;
+                tokio::time::sleep(Duration::from_millis(pushback.min(100))).await;
+            }
+            Err(status) => panic!("retry: {status:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never replayed"
+        );
+    };
+    assert_eq!(replayed.get_ref().charge, 1, "the first run's reply");
+    assert_eq!(
+        replayed
+            .metadata()
+            .get("idempotent-replayed")
+            .map(|v| v.to_str().ok()),
+        Some(Some("true"))
+    );
+    assert!(pushbacks > 0, "the retry came while the first call ran");
+    assert_eq!(up.runs(&format!("{CHARGE}/slow")), 1);
+    gateway.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_callers_get_the_gateways_answers_as_grpc_statuses() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (up, upstream) = grpc_upstream().await;
+    let mut settings = config(upstream);
+    settings.upstream_protocol.http2_only = true;
+    settings.require_key = true;
+    let gateway = Gateway::start(sqlite(&dir), settings).await;
+    let channel = grpc_channel(&gateway.url).await;
+
+    let missing = call(&channel, None, "o-1", None).await.expect_err("no key");
+    assert_eq!(missing.code(), tonic::Code::InvalidArgument, "{missing:?}");
+    assert!(missing.message().contains("idempotency-key"), "{missing:?}");
+    let malformed = call(&channel, Some("has space"), "o-1", None)
+        .await
+        .expect_err("bad key");
+    assert_eq!(
+        malformed.code(),
+        tonic::Code::InvalidArgument,
+        "{malformed:?}"
+    );
+    assert!(malformed.message().contains("0x20"), "{malformed:?}");
+
+    charge(&channel, "m-1", "o-1").await.expect("charged");
+    let reused = charge(&channel, "m-1", "o-2")
+        .await
+        .expect_err("another request under a used key");
+    assert_eq!(reused.code(), tonic::Code::FailedPrecondition, "{reused:?}");
+    assert_eq!(up.runs(&format!("{CHARGE}/o-2")), 0);
+
+    // The store down (another connection holds its write lock past its
+    // busy timeout): UNAVAILABLE, nothing run.
+    let locker = rusqlite::Connection::open(dir.path().join("idem.db")).expect("open");
+    locker.execute_batch("BEGIN IMMEDIATE").expect("lock");
+    let down = charge(&channel, "s-1", "o-3")
+        .await
+        .expect_err("store down");
+    assert_eq!(down.code(), tonic::Code::Unavailable, "{down:?}");
+    assert_eq!(up.runs(&format!("{CHARGE}/o-3")), 0);
+    locker.execute_batch("ROLLBACK").expect("unlock");
     gateway.shutdown().await;
 }
 

@@ -71,6 +71,7 @@
 //! ```
 
 mod body;
+mod grpc;
 mod header;
 mod layer;
 mod marker;

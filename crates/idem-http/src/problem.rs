@@ -5,6 +5,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 
+use crate::grpc;
+
 /// The `type` URI of the problem named `$slug`: every problem idem
 /// answers with (this middleware, the gateway, `idem serve`) shares one
 /// base, and the last path segment is the stable name clients branch on.
@@ -83,7 +85,8 @@ impl Problem {
         self
     }
 
-    /// The answer.
+    /// The answer. A gRPC caller of the layer gets it as a trailers-only
+    /// status instead (DESIGN §8).
     pub fn into_response(self) -> Response<Bytes> {
         let body = serde_json::json!({
             "type": self.kind,
@@ -97,6 +100,12 @@ impl Problem {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        response.extensions_mut().insert(grpc::Status::new(
+            self.kind,
+            self.status,
+            format!("{}: {}", self.title, self.detail),
+            self.retry_after,
+        ));
         if let Some(after) = self.retry_after {
             // Whole seconds, rounded up, at least one (RFC 9110 §10.2.3).
             let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);

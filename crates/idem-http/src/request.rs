@@ -15,16 +15,17 @@ use http_body_util::{BodyExt, Limited};
 use idem::derive::{uuid_v7_age, KeyAge};
 use idem::{
     BoxError, FailureClass, Fingerprint, Idempotency, Key, KeyRules, Outcome, RecordId, RunError,
-    Scope, Store, StoreError, Timestamp,
+    Scope, Store, Timestamp,
 };
 use tokio_util::task::TaskTracker;
 use tower_service::Service;
 
 use crate::body::IdemBody;
+use crate::grpc::{self, Verdict};
 use crate::header::parse_key;
 use crate::marker::{is_not_executed, OutcomeUnknown};
 use crate::rejection::Rejection;
-use crate::rules::{grpc_status_stored, FingerprintRule, Hook};
+use crate::rules::{FingerprintRule, Hook};
 use crate::stored::{Binary, StoredResponse};
 
 /// The header replays carry.
@@ -82,6 +83,11 @@ pub(crate) enum Unstored {
     Status(StatusCode),
     #[error("gRPC status {0} is not stored; the key was released")]
     GrpcStatus(String),
+    #[error(
+        "the upstream answered gRPC status {0}: the call was cut off while it may have been \
+         acting on it"
+    )]
+    GrpcCutOff(String),
     #[error("response over the {limit}-byte limit for stored responses (head and body)")]
     TooLarge { limit: usize },
     #[error("the inner service failed before acting on the request: {0}")]
@@ -100,9 +106,11 @@ impl Unstored {
     pub(crate) fn class(&self) -> FailureClass {
         match self {
             Self::TooLarge { .. } => FailureClass::Terminal,
-            Self::Unknown | Self::BrokeOff { .. } | Self::Failed(_) | Self::Takeover { .. } => {
-                FailureClass::Unknown
-            }
+            Self::Unknown
+            | Self::GrpcCutOff(_)
+            | Self::BrokeOff { .. }
+            | Self::Failed(_)
+            | Self::Takeover { .. } => FailureClass::Unknown,
             Self::Status(_) | Self::GrpcStatus(_) | Self::NotExecuted(_) => FailureClass::Retryable,
         }
     }
@@ -229,9 +237,9 @@ impl<S: Store> Settings<S> {
                     return Err(Unstored::Status(status));
                 }
                 // A gRPC error before any message comes in the head.
-                if let Some(code) = released_grpc_status(&head.headers, &head.headers) {
+                if let Some(unstored) = grpc_unstored(&head.headers, &head.headers) {
                     keep(Response::from_parts(head, IdemBody::new(body)));
-                    return Err(Unstored::GrpcStatus(code));
+                    return Err(unstored);
                 }
                 let too_large = Unstored::TooLarge {
                     limit: self.max_response_bytes,
@@ -251,12 +259,12 @@ impl<S: Store> Settings<S> {
                     }
                     Read::All(bytes, trailers) => {
                         // A gRPC error after a message comes in the trailers.
-                        if let Some(code) = trailers
+                        if let Some(unstored) = trailers
                             .as_ref()
-                            .and_then(|t| released_grpc_status(&head.headers, t))
+                            .and_then(|t| grpc_unstored(&head.headers, t))
                         {
                             keep(Response::from_parts(head, full(bytes, trailers)));
-                            return Err(Unstored::GrpcStatus(code));
+                            return Err(unstored);
                         }
                         let stored = StoredResponse::new(head.status, head.headers, bytes);
                         Ok(match trailers {
@@ -346,6 +354,7 @@ impl<S: Store> Settings<S> {
                 (
                     Unstored::Status(_)
                     | Unstored::GrpcStatus(_)
+                    | Unstored::GrpcCutOff(_)
                     | Unstored::TooLarge { .. }
                     | Unstored::Unknown,
                     Some(response),
@@ -371,13 +380,9 @@ impl<S: Store> Settings<S> {
             // The store answered and refused the response (too large for
             // it, invalid): the run was recorded failed, so this is the
             // answer every retry gets too (DESIGN §5.5).
-            Err(RunError::Store(error))
-                if executed && !matches!(error, StoreError::Unavailable(_)) =>
-            {
-                Rejection::NotStored {
-                    detail: format!("the store refused it: {}", idem::error_chain(&error)),
-                }
-            }
+            Err(RunError::Store(error)) if executed && error.is_refusal() => Rejection::NotStored {
+                detail: format!("the store refused it: {}", idem::error_chain(&error)),
+            },
             Err(RunError::Store(error)) => Rejection::StoreUnavailable {
                 error: idem::error_chain(&error),
                 executed,
@@ -578,15 +583,16 @@ fn default_route(parts: &Parts) -> String {
     parts.uri.path().to_owned()
 }
 
-/// The `grpc-status` in `fields` of a gRPC answer (by `head`'s
-/// content type) that is not stored ([`grpc_status_stored`]).
-fn released_grpc_status(head: &HeaderMap, fields: &HeaderMap) -> Option<String> {
-    let grpc = head
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|t| t.as_bytes().starts_with(b"application/grpc"));
-    let code = fields.get("grpc-status").filter(|_| grpc)?;
-    (!grpc_status_stored(code.as_bytes()))
-        .then(|| String::from_utf8_lossy(code.as_bytes()).into_owned())
+/// Why the `grpc-status` in `fields` of a gRPC answer (by `head`'s
+/// content type) is not stored, if it is not ([`grpc::verdict`]).
+fn grpc_unstored(head: &HeaderMap, fields: &HeaderMap) -> Option<Unstored> {
+    let code = fields.get("grpc-status").filter(|_| grpc::is_grpc(head))?;
+    let name = || String::from_utf8_lossy(code.as_bytes()).into_owned();
+    match grpc::verdict(code.as_bytes()) {
+        Verdict::Stored => None,
+        Verdict::Released => Some(Unstored::GrpcStatus(name())),
+        Verdict::Unknown => Some(Unstored::GrpcCutOff(name())),
+    }
 }
 
 /// A body held in memory, with its trailers if it had any.

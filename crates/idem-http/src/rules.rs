@@ -51,16 +51,3 @@ pub fn default_stored(status: StatusCode) -> bool {
     status.is_success()
         || (status.is_client_error() && !matches!(status.as_u16(), 408 | 409 | 425 | 429))
 }
-
-/// Whether a gRPC answer with `grpc-status` `code` is stored: by the same
-/// rule as HTTP statuses, the codes gRPC maps to 5xx, 408, 409 or 429
-/// (CANCELLED, UNKNOWN, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED,
-/// UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS) release the key, so a
-/// retry runs again; OK and the other errors (a declined card is
-/// FAILED_PRECONDITION) are stored and replayed.
-pub(crate) fn grpc_status_stored(code: &[u8]) -> bool {
-    !matches!(
-        code,
-        b"1" | b"2" | b"4" | b"8" | b"10" | b"12" | b"13" | b"14" | b"15"
-    )
-}

@@ -14,6 +14,7 @@ use tower_service::Service;
 use tracing::Instrument as _;
 
 use crate::body::IdemBody;
+use crate::grpc;
 use crate::rejection::Rejection;
 use crate::request::{Settings, Step, REPLAYED_HEADER};
 
@@ -95,6 +96,8 @@ where
         if !settings.covers(request.method()) {
             return Box::pin(async move { Ok(inner.call(request).await?.map(IdemBody::new)) });
         }
+        // idem's own answers to a gRPC caller are gRPC statuses.
+        let grpc = grpc::is_grpc(request.headers());
         let span = tracing::debug_span!(
             "idem.http",
             method = %request.method(),
@@ -128,7 +131,13 @@ where
         };
         Box::pin(
             async move {
-                let answer = answer.await;
+                let answer = answer.await.map(|response| {
+                    if grpc {
+                        grpc::answer(response)
+                    } else {
+                        response
+                    }
+                });
                 if let Ok(response) = &answer {
                     let span = tracing::Span::current();
                     span.record("status", response.status().as_u16());
