@@ -42,3 +42,95 @@ async fn the_gateway_runs_each_key_once_on_a_dynamodb_table_named_by_its_url() {
     assert_eq!(up.runs("/charge"), 1);
     gateway.shutdown().await;
 }
+
+/// A result the store refuses (over DynamoDB's 400 KB item limit even
+/// compressed, within
+/// idem serve's own 1 MiB request limit) ends the claim as a terminal
+/// failure with the reason: the answer is final, and the next claim gets
+/// the failure instead of the work to run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idem_serve_ends_a_claim_whose_result_the_store_refused() {
+    use idem_cli::serve::{self, ServeConfig, Tenants};
+    use serde_json::{json, Value};
+    use std::time::Duration;
+
+    const TOKEN: &str = "shop-token-0123456789abcdef";
+    let moto = MotoServer::start_serial().expect("moto_server");
+    std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY);
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_KEY);
+    let url: StoreUrl = format!(
+        "dynamodb://idem-serve-refusal?endpoint={}&region={REGION}&create=true",
+        moto.url()
+    )
+    .parse()
+    .expect("a dynamodb URL");
+    let store = url.open().await.expect("open the table");
+    let tokens = vec![TOKEN.to_owned()];
+    let config = ServeConfig {
+        tenants: Tenants::new([("shop", tokens.as_slice())]).expect("tenants"),
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(3600),
+        max_wait: Duration::from_secs(5),
+        max_request_bytes: 1024 * 1024,
+        max_lease: Duration::from_secs(3600),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(serve::serve(store, config, listener, async move {
+        let _ = stopped.await;
+    }));
+    let client = reqwest::Client::new();
+    let post = |path: &str, body: Value| {
+        let request = client
+            .post(format!("{base}{path}"))
+            .bearer_auth(TOKEN)
+            .json(&body);
+        async move {
+            let response = request.send().await.expect("send");
+            let status = response.status().as_u16();
+            let text = response.text().await.expect("body");
+            (
+                status,
+                serde_json::from_str::<Value>(&text).unwrap_or(Value::Null),
+            )
+        }
+    };
+    let claim = json!({ "scope": "exports", "key": "big-1" });
+    let (status, claimed) = post("/v1/claim", claim.clone()).await;
+    assert_eq!(status, 200, "{claimed}");
+    assert_eq!(claimed["outcome"], "acquired", "{claimed}");
+
+    // Random letters: zstd (which the store applies) cannot pack them
+    // under the limit.
+    const LETTERS: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    let big: String = (0..900 * 1024)
+        .map(|_| char::from(LETTERS[usize::from(rand::random::<u8>()) % LETTERS.len()]))
+        .collect();
+    let (status, refused) = post(
+        "/v1/complete",
+        json!({ "lease": claimed["lease"], "response": big }),
+    )
+    .await;
+    assert_eq!(status, 422, "{refused}");
+    assert!(
+        refused["type"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("/response-not-stored")),
+        "{refused}"
+    );
+    let (status, again) = post("/v1/claim", claim).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["outcome"], "failed", "not run again: {again}");
+    assert_eq!(again["class"], "terminal", "{again}");
+    assert!(
+        again["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("refused its response")),
+        "{again}"
+    );
+    let _ = stop.send(());
+    served.await.expect("join").expect("served cleanly");
+}

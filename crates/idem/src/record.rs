@@ -146,6 +146,10 @@ pub struct Failure {
     pub message: String,
 }
 
+/// Failure messages are cut to this many bytes when the store refuses the
+/// whole message.
+const SHORT_FAILURE: usize = 256;
+
 impl Failure {
     /// A failure of the given class.
     pub fn new(class: FailureClass, message: impl Into<String>) -> Self {
@@ -153,6 +157,38 @@ impl Failure {
             class,
             message: message.into(),
         }
+    }
+
+    /// The terminal failure that ends a run whose result the store
+    /// refused ([`StoreError::is_refusal`](crate::StoreError::is_refusal)):
+    /// the work ran, so the record must not stay claimed to be taken over
+    /// and run again (DESIGN §5.5).
+    pub fn result_refused(refusal: &crate::StoreError) -> Self {
+        Self::new(
+            FailureClass::Terminal,
+            format!(
+                "the handler ran, but the store refused its response: {}",
+                crate::error_chain(refusal)
+            ),
+        )
+    }
+
+    /// This failure with its message cut to 256 bytes (at a character
+    /// boundary, marked as cut), for a store that refused the whole
+    /// message; `None` if it is that short already.
+    pub fn cut_short(&self) -> Option<Self> {
+        const MARK: &str = " [cut short]";
+        if self.message.len() <= SHORT_FAILURE - MARK.len() {
+            return None;
+        }
+        let mut end = SHORT_FAILURE - MARK.len();
+        while !self.message.is_char_boundary(end) {
+            end -= 1;
+        }
+        Some(Self::new(
+            self.class,
+            format!("{}{MARK}", &self.message[..end]),
+        ))
     }
 }
 

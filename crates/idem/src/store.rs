@@ -55,6 +55,16 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether the store answered and said no (too large, invalid,
+    /// corrupt, full): a definite refusal, that sending the same write
+    /// again will not change. Not a lost lease (the record moved on), and
+    /// never [`StoreError::Unavailable`], whose write may yet land: a
+    /// transient error is retried within the lease and read back
+    /// (DESIGN §5.5).
+    pub fn is_refusal(&self) -> bool {
+        !matches!(self, StoreError::LeaseLost | StoreError::Unavailable(_))
+    }
+
     /// The same error again, for each entry of a batch that failed as a
     /// whole: the same variant, the same text (sources as one line).
     pub fn copy(&self) -> StoreError {

@@ -157,12 +157,19 @@ impl Api {
         let retention = millis("retention_ms", request.retention_ms, self.config.retention)?;
         let response = Bytes::from(String::from(Box::<str>::from(request.response)));
         let store = self.store.clone();
+        let keep_failure = self.config.retention;
         self.detached(async move {
-            let done = store.complete(&lease, response.clone(), retention).await;
-            landed(&store, &lease, done, |state| {
-                state.completed_with(&response)
-            })
-            .await
+            match store.complete(&lease, response.clone(), retention).await {
+                Err(refusal) if refusal.is_refusal() => {
+                    Err(end_refused(&store, &lease, &refusal, keep_failure).await)
+                }
+                done => {
+                    landed(&store, &lease, done, |state| {
+                        state.completed_with(&response)
+                    })
+                    .await
+                }
+            }
         })
         .await
     }
@@ -348,6 +355,41 @@ async fn landed(
             }
         }
         other => other.map_err(store_problem),
+    }
+}
+
+/// Ends a claim whose result the store refused (too large for it, invalid)
+/// as the executor does: the work ran, so the record is failed, terminal,
+/// with the reason (cut short if the store refuses the whole message), and
+/// never left claimed to be taken over and run again (DESIGN §5.5). The
+/// answer is final: 422 `response-not-stored`, or the failure's own store
+/// problem if it could not be recorded either.
+async fn end_refused(
+    store: &AnyStore,
+    lease: &Lease,
+    refusal: &StoreError,
+    retention: Duration,
+) -> Problem {
+    let failure = Failure::result_refused(refusal);
+    let short = failure.cut_short();
+    let recorded = match (store.fail(lease, failure, retention).await, short) {
+        (Err(error), Some(short)) if error.is_refusal() => {
+            store.fail(lease, short, retention).await
+        }
+        (recorded, _) => recorded,
+    };
+    match recorded {
+        Ok(()) => Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            idem_http::problem_types::NOT_STORED,
+            "result not stored",
+            format!(
+                "the store refused the result ({}); the claim was ended as a terminal failure \
+                 with that reason, so the work will not run again under this key",
+                idem::error_chain(refusal)
+            ),
+        ),
+        Err(error) => store_problem(error),
     }
 }
 

@@ -16,24 +16,6 @@ use crate::metrics as m;
 use crate::record::{Failure, FailureClass, Lease};
 use crate::store::{Store, StoreError};
 
-/// Failure messages are cut to this many bytes when the store refuses the
-/// whole message.
-const SHORT_FAILURE: usize = 256;
-
-/// `message`, cut at a character boundary to fit [`SHORT_FAILURE`] with a
-/// mark that it was cut.
-fn cut_short(message: &str) -> String {
-    const MARK: &str = " [cut short]";
-    if message.len() <= SHORT_FAILURE - MARK.len() {
-        return message.to_owned();
-    }
-    let mut end = SHORT_FAILURE - MARK.len();
-    while !message.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{MARK}", &message[..end])
-}
-
 impl<S: Store, C: Codec> Idempotency<S, C> {
     /// Ends a run whose [`Park`](crate::step::Park) step was in doubt: the
     /// record is kept as failed with an unknown outcome until an operator
@@ -113,22 +95,16 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                 );
                 Err(RunError::LeaseLost)
             }
-            Err(error @ StoreError::Unavailable(_)) => Err(RunError::Store(error)),
-            Err(refused) => {
+            Err(refused) if refused.is_refusal() => {
                 // The store answered and said no (too large, invalid,
                 // corrupt): left in progress, the claim would be taken
                 // over and the handler run again (DESIGN §5.5).
                 tracing::error!(error = %refused, "the store refused the response; recording a terminal failure");
-                let failure = Failure::new(
-                    FailureClass::Terminal,
-                    format!(
-                        "the handler ran, but the store refused its response: {}",
-                        crate::error_chain(&refused)
-                    ),
-                );
-                self.record_failure(lease, failure).await;
+                self.record_failure(lease, Failure::result_refused(&refused))
+                    .await;
                 Err(RunError::Store(refused))
             }
+            Err(error) => Err(RunError::Store(error)),
         }
     }
 
@@ -172,13 +148,12 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                 .await;
             recorded
         };
-        let short = Failure::new(failure.class, cut_short(&failure.message));
-        let was_cut = short.message != failure.message;
-        let recorded = match fail(failure).await {
-            Err(StoreError::Backend(_) | StoreError::Corrupt { .. }) if was_cut => {
+        let short = failure.cut_short();
+        let recorded = match (fail(failure).await, short) {
+            (Err(StoreError::Backend(_) | StoreError::Corrupt { .. }), Some(short)) => {
                 fail(short).await
             }
-            other => other,
+            (other, _) => other,
         };
         if let Err(error) = recorded {
             if matches!(error, StoreError::LeaseLost) {
