@@ -4,10 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
-use idem::StoreError;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::config::SslMode;
-use tokio_postgres::error::SqlState;
 use tokio_postgres::NoTls;
 
 use crate::ConnectError;
@@ -242,61 +240,6 @@ pub(crate) fn pool(
         .recycle_timeout(Some(response))
         .build()
         .map_err(|e| e.to_string())
-}
-
-/// SQLSTATEs after which the server (or the connection) is gone for now:
-/// retrying later is the cure.
-fn server_gone(state: &SqlState) -> bool {
-    let code = state.code();
-    code.starts_with("08")
-        || *state == SqlState::ADMIN_SHUTDOWN
-        || *state == SqlState::CRASH_SHUTDOWN
-        || *state == SqlState::CANNOT_CONNECT_NOW
-        || *state == SqlState::TOO_MANY_CONNECTIONS
-}
-
-/// Maps a tokio-postgres error: lost connections and servers going down
-/// are [`StoreError::Unavailable`] (the executor fails closed); a missing
-/// table says how to create it; anything else is a backend error.
-pub(crate) fn pg_error(error: tokio_postgres::Error) -> StoreError {
-    match error.code() {
-        Some(state) if server_gone(state) => StoreError::Unavailable(Box::new(error)),
-        Some(state) if *state == SqlState::UNDEFINED_TABLE => StoreError::Backend(
-            format!(
-                "{} (run PgStore::setup, or apply idem_postgres::migrations())",
-                error
-                    .as_db_error()
-                    .map_or_else(|| error.to_string(), |d| d.message().to_owned())
-            )
-            .into(),
-        ),
-        Some(_) => StoreError::Backend(Box::new(error)),
-        None if error.is_closed() || io_error(&error) => StoreError::Unavailable(Box::new(error)),
-        None => StoreError::Backend(Box::new(error)),
-    }
-}
-
-fn io_error(error: &tokio_postgres::Error) -> bool {
-    let mut source = std::error::Error::source(error);
-    while let Some(e) = source {
-        if e.is::<std::io::Error>() {
-            return true;
-        }
-        source = e.source();
-    }
-    false
-}
-
-/// Maps a pool error: no connection in time, or none could be made, is
-/// [`StoreError::Unavailable`].
-pub(crate) fn pool_error(error: PoolError) -> StoreError {
-    match error {
-        PoolError::Backend(e) => pg_error(e),
-        PoolError::Timeout(_) | PoolError::Closed | PoolError::NoRuntimeSpecified => {
-            StoreError::Unavailable(Box::new(error))
-        }
-        PoolError::PostCreateHook(_) => StoreError::Backend(Box::new(error)),
-    }
 }
 
 #[cfg(test)]

@@ -96,14 +96,12 @@ pub enum InboxError {
 }
 
 impl InboxError {
-    /// Whether running the whole transaction again may succeed: a
-    /// serialization failure, a deadlock, or a lost connection.
+    /// Whether running the whole transaction again may succeed: the
+    /// store's transient SQLSTATEs (a serialization failure, a deadlock, a
+    /// lock or statement timeout, a failover, a server shutting down or
+    /// short of resources), or a lost connection.
     pub fn is_retryable(&self) -> bool {
-        let retryable_state = |code: &str| {
-            code == SqlState::T_R_SERIALIZATION_FAILURE.code()
-                || code == SqlState::T_R_DEADLOCK_DETECTED.code()
-                || code.starts_with("08")
-        };
+        let retryable_state = crate::error::transient_sqlstate;
         match self {
             InboxError::Postgres(e) => match e.code() {
                 Some(state) => retryable_state(state.code()),

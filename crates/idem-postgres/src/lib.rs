@@ -94,10 +94,10 @@ use idem::{
     TokenMint,
 };
 use sha2::{Digest, Sha256};
-use tokio_postgres::error::SqlState;
 use tokio_postgres::{GenericClient, Statement};
 
 mod conn;
+mod error;
 mod group;
 pub mod inbox;
 mod many;
@@ -107,7 +107,7 @@ mod schema;
 #[cfg(feature = "tls")]
 mod tls;
 
-use conn::{pg_error, pool_error};
+use error::{pg_error, pool_error};
 use row::{ms, token_bytes};
 pub use schema::{migrations, Migration};
 
@@ -600,13 +600,6 @@ impl StepJournal for PgStore {
             .await?;
         row::resolved(id, rows.first())
     }
-}
-
-/// Whether PostgreSQL aborted the statement to break a lock cycle.
-fn deadlock(e: &StoreError) -> bool {
-    matches!(e, StoreError::Backend(source)
-        if source.downcast_ref::<tokio_postgres::Error>()
-            .and_then(tokio_postgres::Error::code) == Some(&SqlState::T_R_DEADLOCK_DETECTED))
 }
 
 fn lease_written(changed: u64) -> Result<(), StoreError> {

@@ -1,15 +1,19 @@
 //! Batches: many claims (`sql/claim_many.sql`) or many completions
 //! (`sql/complete_many.sql`) in one statement, rows locked in the keys'
 //! byte order, the same in every batch, so two batches never wait on each
-//! other in a cycle.
+//! other in a cycle. A statement PostgreSQL refuses and rolls back (a lock
+//! or statement timeout, a deadlock with another session's writes, one
+//! item it cannot take) is run again item by item, so one item's trouble
+//! never fails its neighbours, and an error is only ever that item's.
 
 use idem::{
     ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, Completion, LeaseToken, RecordId,
     StoreError,
 };
 
+use crate::error::rolled_back;
 use crate::row::{ms, token_bytes};
-use crate::{deadlock, row, PgStore};
+use crate::{row, PgStore};
 
 impl ClaimMany for PgStore {
     async fn claim_many(
@@ -20,9 +24,14 @@ impl ClaimMany for PgStore {
             return Ok(Vec::new());
         }
         match self.batch(claims).await {
-            // Another session's claims formed a lock cycle with this
-            // batch; PostgreSQL aborted it, so run it once more.
-            Err(e) if deadlock(&e) => self.batch(claims).await,
+            Err(e) if rolled_back(&e) => {
+                tracing::debug!(error = %e, "claim_many rolled back; claiming one by one");
+                let mut results = Vec::with_capacity(claims.len());
+                for (id, params) in claims {
+                    results.push(self.claim_single(id, params).await);
+                }
+                Ok(results)
+            }
             other => other,
         }
     }
@@ -42,11 +51,12 @@ impl CompleteMany for PgStore {
             return Ok(Vec::new());
         }
         let mut results = match self.complete_distinct(completions).await {
-            // Another session's batch locked rows in another order
-            // (a single statement's own plan); run it once more.
-            Err(e) if deadlock(&e) => self.complete_distinct(completions).await,
-            other => other,
-        }?;
+            Err(e) if rolled_back(&e) => {
+                tracing::debug!(error = %e, "complete_many rolled back; completing one by one");
+                completions.iter().map(|_| None).collect()
+            }
+            other => other?,
+        };
         for (i, c) in completions.iter().enumerate() {
             if results[i].is_none() {
                 let single = self.complete_single(&c.lease, &c.response, c.retention);

@@ -1,0 +1,120 @@
+//! What PostgreSQL's errors mean for a record: transient (the write did
+//! not land, or may not have; retried within the lease and read back) or a
+//! definite refusal (DESIGN §5.5), and whether a failed statement was
+//! rolled back whole.
+
+use deadpool_postgres::PoolError;
+use idem::StoreError;
+use tokio_postgres::error::SqlState;
+
+/// Whether SQLSTATE `code` is transient: the statement was not applied,
+/// or may not have been, and running it again later can succeed. These
+/// are [`StoreError::Unavailable`] (retried within the lease, read back),
+/// never a definite refusal that would end a run whose effect happened:
+///
+/// - class 08: the connection failed;
+/// - class 40: serialization failure (40001), deadlock (40P01), statement
+///   completion unknown (40003);
+/// - class 53: insufficient resources (disk, memory, connections);
+/// - 55P03 `lock_not_available` (`lock_timeout`);
+/// - 57014 `query_canceled` (`statement_timeout`, a cancel);
+/// - 57P01–57P05: the server shutting down, starting, or cutting an idle
+///   session;
+/// - 25006 `read_only_sql_transaction`: a write to a primary demoted by a
+///   failover;
+/// - 25P03 `idle_in_transaction_session_timeout`;
+/// - 58000 and 58030: system and I/O errors of the server.
+pub(crate) fn transient_sqlstate(code: &str) -> bool {
+    ["08", "40", "53", "57P0"]
+        .iter()
+        .any(|class| code.starts_with(class))
+        || matches!(
+            code,
+            "55P03" | "57014" | "25006" | "25P03" | "58000" | "58030"
+        )
+}
+
+/// Maps a tokio-postgres error: transient SQLSTATEs
+/// ([`transient_sqlstate`]), lost connections and servers going down are
+/// [`StoreError::Unavailable`] (the executor retries within the lease and
+/// fails closed); a missing table says how to create it; anything else is a
+/// definite refusal, [`StoreError::Backend`].
+pub(crate) fn pg_error(error: tokio_postgres::Error) -> StoreError {
+    match error.code() {
+        Some(state) if transient_sqlstate(state.code()) => StoreError::Unavailable(Box::new(error)),
+        Some(state) if *state == SqlState::UNDEFINED_TABLE => StoreError::Backend(
+            format!(
+                "{} (run PgStore::setup, or apply idem_postgres::migrations())",
+                error
+                    .as_db_error()
+                    .map_or_else(|| error.to_string(), |d| d.message().to_owned())
+            )
+            .into(),
+        ),
+        Some(_) => StoreError::Backend(Box::new(error)),
+        None if error.is_closed() || io_error(&error) => StoreError::Unavailable(Box::new(error)),
+        None => StoreError::Backend(Box::new(error)),
+    }
+}
+
+/// Whether PostgreSQL answered `error` for a statement it then rolled
+/// back whole: it reported a SQLSTATE, and not one that leaves the
+/// statement's fate open (a lost connection, class 08; 40003). A batch
+/// that fails so can be run again item by item, with nothing applied
+/// twice.
+pub(crate) fn rolled_back(error: &StoreError) -> bool {
+    let (StoreError::Unavailable(source) | StoreError::Backend(source)) = error else {
+        return false;
+    };
+    source
+        .downcast_ref::<tokio_postgres::Error>()
+        .and_then(tokio_postgres::Error::code)
+        .is_some_and(|state| {
+            let code = state.code();
+            !code.starts_with("08") && code != "40003"
+        })
+}
+
+/// Maps a pool error: no connection in time, or none could be made, is
+/// [`StoreError::Unavailable`].
+pub(crate) fn pool_error(error: PoolError) -> StoreError {
+    match error {
+        PoolError::Backend(e) => pg_error(e),
+        PoolError::Timeout(_) | PoolError::Closed | PoolError::NoRuntimeSpecified => {
+            StoreError::Unavailable(Box::new(error))
+        }
+        PoolError::PostCreateHook(_) => StoreError::Backend(Box::new(error)),
+    }
+}
+
+fn io_error(error: &tokio_postgres::Error) -> bool {
+    let mut source = std::error::Error::source(error);
+    while let Some(e) = source {
+        if e.is::<std::io::Error>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::transient_sqlstate;
+
+    #[test]
+    fn timeouts_conflicts_failovers_and_shortages_are_transient() {
+        for code in [
+            "08006", "08P01", "40001", "40P01", "40003", "53000", "53100", "53200", "53300",
+            "53400", "55P03", "57014", "57P01", "57P02", "57P03", "57P04", "57P05", "25006",
+            "25P03", "58000", "58030",
+        ] {
+            assert!(transient_sqlstate(code), "{code}");
+        }
+        for code in [
+            "23505", "22001", "42P01", "54000", "XX001", "22P02", "42501",
+        ] {
+            assert!(!transient_sqlstate(code), "{code}");
+        }
+    }
+}
