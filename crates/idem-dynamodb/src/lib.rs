@@ -498,6 +498,24 @@ struct Update<'a> {
     returns: ReturnValue,
 }
 
+/// DynamoDB error codes after which the request was not applied and a
+/// later try can succeed: throttling, the service failing, and a
+/// conflict with a transaction on the same item (DESIGN §5.5).
+const TRANSIENT_CODES: &[&str] = &[
+    "ThrottlingException",
+    "ProvisionedThroughputExceededException",
+    "RequestLimitExceeded",
+    "InternalServerError",
+    "ServiceUnavailable",
+    "TransactionConflictException",
+    "ReplicatedWriteConflictException",
+];
+
+/// Whether a DynamoDB error code is transient ([`TRANSIENT_CODES`]).
+fn transient_code(code: &str) -> bool {
+    TRANSIENT_CODES.contains(&code)
+}
+
 /// Maps an SDK error: the service or the network failing (or throttling
 /// past the SDK's own retries) is `Unavailable`, so the executor fails
 /// closed; anything else (a missing table, a request DynamoDB refused) is
@@ -509,15 +527,6 @@ where
     let context = |e: &SdkError<E, HttpResponse>| -> idem::BoxError {
         format!("{}", aws_sdk_dynamodb::error::DisplayErrorContext(e)).into()
     };
-    const TRANSIENT: &[&str] = &[
-        "ThrottlingException",
-        "ProvisionedThroughputExceededException",
-        "RequestLimitExceeded",
-        "InternalServerError",
-        "ServiceUnavailable",
-        "TransactionConflictException",
-        "ReplicatedWriteConflictException",
-    ];
     match &e {
         SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
             StoreError::Unavailable(context(&e))
@@ -533,7 +542,7 @@ where
                 },
                 ctx.err().message().unwrap_or("no message")
             );
-            if TRANSIENT.contains(&code) || ctx.raw().status().is_server_error() {
+            if transient_code(code) || ctx.raw().status().is_server_error() {
                 StoreError::Unavailable(message.into())
             } else {
                 StoreError::Backend(message.into())
@@ -1056,5 +1065,34 @@ impl StepJournal for DynamoStore {
         Err(StoreError::Backend(
             "resolve lost too many races on its item".into(),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::transient_code;
+
+    #[test]
+    fn throttling_service_failures_and_transaction_conflicts_are_transient() {
+        for code in [
+            "ThrottlingException",
+            "ProvisionedThroughputExceededException",
+            "RequestLimitExceeded",
+            "InternalServerError",
+            "ServiceUnavailable",
+            "TransactionConflictException",
+            "ReplicatedWriteConflictException",
+        ] {
+            assert!(transient_code(code), "{code}");
+        }
+        for code in [
+            "ValidationException",
+            "ResourceNotFoundException",
+            "ConditionalCheckFailedException",
+            "ItemCollectionSizeLimitExceededException",
+            "AccessDeniedException",
+        ] {
+            assert!(!transient_code(code), "{code}");
+        }
     }
 }

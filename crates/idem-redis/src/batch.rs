@@ -153,7 +153,14 @@ fn own_reply(reply: Value) -> Result<Value, StoreError> {
                     Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
                     other => format!("{other:?}"),
                 };
-                return Err(StoreError::Backend(message.into()));
+                // Classified by its code, the message's first word, as
+                // a reply to the call alone would be.
+                let code = message.split_whitespace().next().unwrap_or("");
+                return Err(if crate::conn::transient_code(code) {
+                    StoreError::Unavailable(message.into())
+                } else {
+                    StoreError::Backend(message.into())
+                });
             }
         }
     }

@@ -518,35 +518,84 @@ pub(crate) fn timeout_error(what: &str) -> RedisError {
     ))
 }
 
+/// Server error codes after which the command did not run (or may not
+/// have) and a later try can succeed: a script running too long (`BUSY`),
+/// a server loading its data, a replica or a demoted master (`READONLY`),
+/// a master down or a Cluster resharding or failing (`MASTERDOWN`,
+/// `TRYAGAIN`, `CLUSTERDOWN`, `MOVED`, `ASK`), too few replicas for
+/// `min-replicas-to-write` (`NOREPLICAS`), and memory full under
+/// `maxmemory` (`OOM`, resource exhaustion, DESIGN §5.5).
+const TRANSIENT_CODES: &[&str] = &[
+    "BUSY",
+    "LOADING",
+    "READONLY",
+    "MASTERDOWN",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "MOVED",
+    "ASK",
+    "NOREPLICAS",
+    "OOM",
+];
+
+/// Whether a server error code is transient ([`TRANSIENT_CODES`]).
+pub(crate) fn transient_code(code: &str) -> bool {
+    TRANSIENT_CODES.contains(&code)
+}
+
 /// Whether the error means the server (or the Cluster) could not serve
-/// the request: not reachable, timed out, loading, failing over.
+/// the request: not reachable, timed out, or answering with a transient
+/// error code ([`TRANSIENT_CODES`]).
 pub(crate) fn is_unavailable(error: &RedisError) -> bool {
     error.is_io_error()
         || error.is_timeout()
         || error.is_connection_dropped()
         || error.is_connection_refusal()
-        || matches!(
-            error.kind(),
-            ErrorKind::ClusterConnectionNotFound
-                | ErrorKind::Server(
-                    ServerErrorKind::BusyLoading
-                        | ServerErrorKind::ClusterDown
-                        | ServerErrorKind::MasterDown
-                        | ServerErrorKind::TryAgain
-                        | ServerErrorKind::Moved
-                        | ServerErrorKind::Ask
-                        | ServerErrorKind::ReadOnly
-                )
-        )
+        || matches!(error.kind(), ErrorKind::ClusterConnectionNotFound)
+        || error.code().is_some_and(transient_code)
 }
 
-/// Maps a `redis` error to the store's error: unreachable servers are
-/// [`StoreError::Unavailable`] (the executor fails closed), anything else
-/// is [`StoreError::Backend`].
+/// Maps a `redis` error to the store's error: unreachable servers and
+/// transient errors are [`StoreError::Unavailable`] (the executor retries
+/// within the lease and fails closed), anything else is a definite
+/// refusal, [`StoreError::Backend`].
 pub(crate) fn store_error(error: RedisError) -> StoreError {
     if is_unavailable(&error) {
         StoreError::Unavailable(Box::new(error))
     } else {
         StoreError::Backend(Box::new(error))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::transient_code;
+
+    #[test]
+    fn busy_loading_failovers_reshards_and_shortages_are_transient() {
+        for code in [
+            "BUSY",
+            "LOADING",
+            "READONLY",
+            "MASTERDOWN",
+            "TRYAGAIN",
+            "CLUSTERDOWN",
+            "MOVED",
+            "ASK",
+            "NOREPLICAS",
+            "OOM",
+        ] {
+            assert!(transient_code(code), "{code}");
+        }
+        for code in [
+            "ERR",
+            "WRONGTYPE",
+            "NOSCRIPT",
+            "NOPERM",
+            "CROSSSLOT",
+            "EXECABORT",
+        ] {
+            assert!(!transient_code(code), "{code}");
+        }
     }
 }

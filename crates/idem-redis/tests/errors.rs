@@ -201,3 +201,72 @@ async fn a_damaged_record_reads_as_corrupt_naming_it_and_is_left_alone() {
         assert_eq!(before, after, "the damaged record was rewritten");
     }
 }
+
+/// Errors after which the command did not run and a later try can
+/// succeed are [`StoreError::Unavailable`] (retried within the lease and
+/// read back), never a definite refusal that would end a run whose effect
+/// happened (DESIGN §5.5): memory full (`OOM`), too few replicas
+/// (`NOREPLICAS`), a script running too long (`BUSY`). Each on a server of
+/// its own, set up to answer so; once it is set back, the same claim
+/// goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_full_too_few_replicas_and_busy_scripts_are_unavailable() {
+    let redis = idem_testkit::redis::RedisServer::start_with(
+        idem_testkit::free_port().expect("port"),
+        &["--busy-reply-threshold", "100"],
+    )
+    .expect("redis-server");
+    let store = RedisStore::builder(&redis.url())
+        .expect("url")
+        .namespace("transient")
+        .connect()
+        .await
+        .expect("connect");
+    let claim = |key: &str| {
+        let id = RecordId::parse("transient", key).expect("id");
+        let store = store.clone();
+        async move { store.claim(&id, &params()).await }
+    };
+    for (key, set, unset) in [
+        ("oom", "CONFIG SET maxmemory 1", "CONFIG SET maxmemory 0"),
+        (
+            "noreplicas",
+            "CONFIG SET min-replicas-to-write 1",
+            "CONFIG SET min-replicas-to-write 0",
+        ),
+    ] {
+        redis.cli(set).expect("set");
+        let refused = claim(key).await;
+        assert!(
+            matches!(refused, Err(StoreError::Unavailable(_))),
+            "{set}: {refused:?}"
+        );
+        redis.cli(unset).expect("unset");
+        claim(key).await.expect("claimed once set back");
+    }
+
+    // A script of another client's that runs past the threshold: the
+    // server answers BUSY to everyone else until it is killed.
+    let looping = tokio::task::spawn_blocking({
+        let redis_url = redis.url();
+        move || {
+            let client = redis::Client::open(redis_url).expect("client");
+            let mut conn = client.get_connection().expect("connection");
+            let _: redis::RedisResult<()> = redis::cmd("EVAL")
+                .arg("while true do end")
+                .arg(0)
+                .query(&mut conn);
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let busy = claim("busy").await;
+    assert!(
+        matches!(busy, Err(StoreError::Unavailable(_))),
+        "BUSY: {busy:?}"
+    );
+    redis.cli("SCRIPT KILL").expect("kill the script");
+    looping.await.expect("looping client");
+    claim("busy")
+        .await
+        .expect("claimed once the script is gone");
+}

@@ -186,3 +186,75 @@ async fn completions_survive_a_failover_and_the_dead_masters_replacement() {
     run_all(false).await;
     assert_eq!(ran.load(Ordering::SeqCst), 200, "each key ran once");
 }
+
+/// The executor reads back a completion whose answer was lost, and after
+/// a dropped connection it does so on a new one: the read-back must not
+/// confirm a completion no replica holds. It does not, because Redis sets
+/// a client's `WAIT` offset to the master's replication offset after
+/// every command, reads included, so the `WAIT` behind the read covers
+/// every write made before it, on any connection. Here the completion
+/// reaches the master while its replica sleeps, and another connection
+/// reads it back: not confirmed (unavailable) until the replica has it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_back_on_another_connection_waits_for_the_replicas_too() {
+    use idem::{ClaimOutcome, ClaimParams, Store};
+
+    let mut args = vec!["--repl-diskless-sync-delay", "0"];
+    args.extend(DEBUG);
+    let master = RedisServer::start_with(idem_testkit::free_port().expect("port"), &args)
+        .expect("redis-server");
+    let replica = RedisServer::replica_of(&master, &DEBUG).expect("replica");
+    let connect = || async {
+        RedisStore::builder(&master.url())
+            .expect("valid URL")
+            .replica_acks(1, Duration::from_millis(800))
+            .connect()
+            .await
+            .expect("connect")
+    };
+    let (writer, reader) = (connect().await, connect().await);
+    let params = ClaimParams::new(Duration::from_secs(30), Duration::from_secs(3600));
+    // The first acknowledgement may take a second after the replica's sync.
+    // (The replica then sleeps 6 s: each connection's first call of a
+    // script meets NOSCRIPT and waits out a replica timeout before its
+    // EVAL does.)
+    let mut tries = 0;
+    let (id, lease) = loop {
+        let id = RecordId::parse("orders", &format!("read-back-{tries}")).expect("valid");
+        tries += 1;
+        match writer.claim(&id, &params).await {
+            Ok(ClaimOutcome::Acquired(lease)) => break (id, lease),
+            Err(StoreError::Unavailable(_)) if tries < 5 => {}
+            other => panic!("no replica acknowledged {tries} claims: {other:?}"),
+        }
+    };
+    let port = replica.port();
+    let sleeper = std::thread::spawn(move || {
+        std::process::Command::new("redis-cli")
+            .args(["-p", &port.to_string(), "DEBUG", "SLEEP", "6"])
+            .output()
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let done = writer
+        .complete(&lease, "shipped".into(), Duration::from_secs(3600))
+        .await;
+    assert!(
+        matches!(&done, Err(StoreError::Unavailable(_))),
+        "no replica acknowledged it: {done:?}"
+    );
+    let seen = reader.peek(&id).await;
+    assert!(
+        matches!(&seen, Err(StoreError::Unavailable(_))),
+        "a completion no replica holds was confirmed on another connection: {seen:?}"
+    );
+    sleeper.join().expect("sleeper").expect("redis-cli");
+    let seen = loop {
+        match reader.peek(&id).await {
+            Ok(seen) => break seen,
+            Err(StoreError::Unavailable(_)) if tries < 20 => tries += 1,
+            other => panic!("the replica never caught up: {other:?}"),
+        }
+    };
+    let record = seen.expect("the record");
+    assert!(record.state.completed_with(b"shipped"), "{record:?}");
+}

@@ -77,15 +77,24 @@ pub(crate) struct Job {
 pub(crate) fn store_error(e: &rusqlite::Error) -> StoreError {
     let message: idem::BoxError = format!("sqlite: {e}").into();
     match e.sqlite_error_code() {
-        Some(
-            ErrorCode::DatabaseBusy
+        Some(code) if transient(code) => StoreError::Unavailable(message),
+        _ => StoreError::Backend(message),
+    }
+}
+
+/// Whether a SQLite error code is transient (DESIGN §5.5): the file
+/// locked by another connection past the busy timeout (`SQLITE_BUSY`,
+/// `SQLITE_LOCKED`), the disk full, an I/O error, or the file not opened;
+/// the write was not applied, and a later try can succeed.
+fn transient(code: ErrorCode) -> bool {
+    matches!(
+        code,
+        ErrorCode::DatabaseBusy
             | ErrorCode::DatabaseLocked
             | ErrorCode::SystemIoFailure
             | ErrorCode::DiskFull
-            | ErrorCode::CannotOpen,
-        ) => StoreError::Unavailable(message),
-        _ => StoreError::Backend(message),
-    }
+            | ErrorCode::CannotOpen
+    )
 }
 
 pub(crate) fn corrupt(id: &RecordId, reason: String) -> StoreError {
@@ -482,5 +491,34 @@ fn apply_write(
             }))
         }
         Err(lost) => Ok(Err(lost.into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::ErrorCode;
+
+    use super::transient;
+
+    #[test]
+    fn locks_a_full_disk_and_io_errors_are_transient_and_corruption_is_not() {
+        for code in [
+            ErrorCode::DatabaseBusy,
+            ErrorCode::DatabaseLocked,
+            ErrorCode::SystemIoFailure,
+            ErrorCode::DiskFull,
+            ErrorCode::CannotOpen,
+        ] {
+            assert!(transient(code), "{code:?}");
+        }
+        for code in [
+            ErrorCode::DatabaseCorrupt,
+            ErrorCode::NotADatabase,
+            ErrorCode::ConstraintViolation,
+            ErrorCode::TooBig,
+            ErrorCode::ReadOnly,
+        ] {
+            assert!(!transient(code), "{code:?}");
+        }
     }
 }
