@@ -634,3 +634,71 @@ fn without_tokens_only_loopback_is_served() {
         .to_string();
     assert!(error.contains("without --tokens"), "{error}");
 }
+
+#[test]
+fn a_default_lease_longer_than_the_longest_allowed_is_refused_at_start() {
+    use clap::Parser;
+    let cli = idem_cli::Cli::parse_from([
+        "idem",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--lease",
+        "2h",
+        "--max-lease",
+        "1h",
+    ]);
+    let idem_cli::Command::Serve(args) = cli.command else {
+        panic!("serve")
+    };
+    let error = args.config().expect_err("lease over max-lease").to_string();
+    assert!(
+        error.contains("--lease 2h is longer than --max-lease 1h"),
+        "{error}"
+    );
+}
+
+/// Without tokens, what a web page could send is refused: a request whose
+/// `Host` is a name of the page's own (DNS rebinding) and a POST that is
+/// not JSON (a form's `text/plain`, sent cross-origin without asking).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_tokens_only_json_addressed_to_a_loopback_name_is_served() {
+    let server = Server::with(|config| config.tenants = Tenants::open()).await;
+    let url = format!("http://{}/v1/claim", server.addr);
+    let body = r#"{"scope":"s","key":"k"}"#;
+    let send = |host: &str, content_type: &str| {
+        server
+            .client
+            .post(&url)
+            .header("host", host)
+            .header("content-type", content_type)
+            .body(body)
+    };
+    let (status, answer) = server
+        .send(send("attacker.example:8700", "application/json"))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    assert_eq!(problem_type(&answer), "forbidden");
+    assert!(answer["detail"]
+        .as_str()
+        .is_some_and(|d| d.contains("attacker.example")));
+    let (status, answer) = server.send(send("localhost:8700", "text/plain")).await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{answer}");
+    assert_eq!(problem_type(&answer), "forbidden");
+    let (status, answer) = server
+        .send(send("attacker.example", "application/json"))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    for host in [
+        "localhost:8700",
+        "127.0.0.1:8700",
+        "[::1]:8700",
+        "LOCALHOST",
+    ] {
+        let (status, answer) = server
+            .send(send(host, "application/json; charset=utf-8"))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{host}: {answer}");
+    }
+    server.stop().await;
+}

@@ -109,13 +109,22 @@ impl ServeArgs {
                 Tenants::open()
             }
         };
+        let lease = crate::duration("--lease", &self.lease)?;
+        let max_lease = crate::duration("--max-lease", &self.max_lease)?;
+        anyhow::ensure!(
+            lease <= max_lease,
+            "--lease {} is longer than --max-lease {}: every claim that does not say its \
+             lease would be refused",
+            self.lease,
+            self.max_lease
+        );
         Ok(ServeConfig {
             tenants,
-            lease: crate::duration("--lease", &self.lease)?,
+            lease,
             retention: crate::duration("--retention", &self.retention)?,
             max_wait: crate::wait("--max-wait", &self.max_wait)?,
             max_request_bytes: self.max_request_bytes,
-            max_lease: crate::duration("--max-lease", &self.max_lease)?,
+            max_lease,
         })
     }
 }
@@ -212,8 +221,19 @@ fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
     }
 }
 
-/// The caller's tenant, from its bearer token.
+/// The caller's tenant, from its bearer token. Without tokens, only a
+/// request addressed to a loopback name is served: a web page that
+/// reaches the port through a name of its own (DNS rebinding) is refused.
 fn tenant(api: &Api, headers: &HeaderMap) -> Result<Arc<str>, Problem> {
+    if api.config.tenants.is_open() {
+        let host = headers
+            .get(header::HOST)
+            .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
+            .unwrap_or_default();
+        if !loopback_host(&host) {
+            return Err(problems::not_loopback(&host));
+        }
+    }
     api.config
         .tenants
         .tenant(
@@ -222,6 +242,28 @@ fn tenant(api: &Api, headers: &HeaderMap) -> Result<Arc<str>, Problem> {
                 .map(HeaderValue::as_bytes),
         )
         .ok_or_else(problems::unauthorized)
+}
+
+/// Whether `host` (a `Host` header: a name or address, and maybe a port)
+/// names this machine's loopback interface.
+fn loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, _port)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Whether the request says its body is JSON.
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|t| t.to_str().ok())
+        .and_then(|t| t.split(';').next())
+        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
 }
 
 /// The request body as `T`, read up to the size limit.
@@ -285,6 +327,9 @@ macro_rules! post_route {
         async fn $name(State(api): State<Shared>, headers: HeaderMap, body: Body) -> Response {
             let answered = async {
                 let tenant = tenant(&api, &headers)?;
+                if api.config.tenants.is_open() && !is_json(&headers) {
+                    return Err(problems::not_json());
+                }
                 let request: $request = read(&api, body).await?;
                 api.$name(&tenant, request).await
             }

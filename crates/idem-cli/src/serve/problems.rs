@@ -12,6 +12,9 @@ use idem_http::Problem;
 pub const BAD_REQUEST: &str = idem_http::problem_type!("bad-request");
 /// No token, or one that acts for no tenant.
 pub const UNAUTHORIZED: &str = idem_http::problem_type!("unauthorized");
+/// Without `--tokens`: a request not addressed to a loopback name, or a
+/// POST that is not JSON (what a web page could send).
+pub const FORBIDDEN: &str = idem_http::problem_type!("forbidden");
 /// No live record for the scope and key.
 pub const NOT_FOUND: &str = idem_http::problem_type!("not-found");
 /// The request body is over `--max-request-bytes`.
@@ -37,6 +40,29 @@ pub(crate) fn unauthorized() -> Problem {
         UNAUTHORIZED,
         "unauthorized",
         "send Authorization: Bearer TOKEN with a token from the server's --tokens file",
+    )
+}
+
+pub(crate) fn not_loopback(host: &str) -> Problem {
+    Problem::new(
+        StatusCode::FORBIDDEN,
+        FORBIDDEN,
+        "not addressed to a loopback name",
+        format!(
+            "without --tokens, idem serve answers only requests whose Host is a loopback name \
+             (localhost, 127.0.0.1, [::1]); {host:?} is not one, as when a web page reaches \
+             this port through a name of its own (DNS rebinding)"
+        ),
+    )
+}
+
+pub(crate) fn not_json() -> Problem {
+    Problem::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        FORBIDDEN,
+        "not JSON",
+        "without --tokens, idem serve takes only bodies sent as Content-Type: \
+         application/json (which a web page cannot send to another origin without asking)",
     )
 }
 
@@ -158,6 +184,7 @@ mod tests {
             layer::STORED_UNREADABLE,
             super::BAD_REQUEST,
             super::UNAUTHORIZED,
+            super::FORBIDDEN,
             super::NOT_FOUND,
             super::BODY_TOO_LARGE,
             super::LEASE_LOST,
