@@ -14,15 +14,26 @@
 -- in progress), fp fingerprint hex ('' for none), fc/fm failure class and
 -- message ('' unless failed, or released by a retryable failure), s scope,
 -- k key, g generation (the fence of the claim that created the record: it
--- names the record's journal), w 1 once someone waits for the record to
--- end (only then does the end publish), j 1 once the record has a journal,
--- rs the response ('' unless completed). Numbers are doubles: exact for
--- every millisecond and microsecond time until the year 2255.
+-- named the record's journal in builds before 2026-11-27), w 1 once
+-- someone waits for the record to end (only then does the end publish), j
+-- 1 once the record has a journal, rs the response ('' unless completed).
+-- Numbers are doubles: exact for every millisecond and microsecond time
+-- until the year 2255.
 --
--- The step journal is a hash of its own, `<record key>:j:<generation>`
--- (the same hash tag, so the same Cluster slot), kept until the record's
--- own expiry. A new record has a new generation, so it never reads the
--- journal of the record it replaced.
+-- The step journal is a hash of its own, `<record key>:j` (the same hash
+-- tag, so the same Cluster slot), kept until the record's own expiry. Every
+-- script of one record declares it as KEYS[2] beside the record, so that a
+-- Cluster moving the slot answers TRYAGAIN while the two are apart instead
+-- of running the script on half of them. A record reads its journal only
+-- once it is marked as having one (j), and the mark is set by wiping the
+-- journal first, so a new record never reads the journal of the record it
+-- replaced.
+--
+-- Builds before 2026-11-27 named the journal `<record key>:j:<generation>`
+-- (g below) and did not declare it. A record of theirs that has a journal
+-- has it renamed to the declared name by the first script that needs it;
+-- the old name is read for that alone, and only for records those builds
+-- journaled (within their retention).
 --
 -- Builds before 2026-11-26 kept a record as a hash (RECORD_HASH in field
 -- 'm', the response in 'rs', each step in 'j:' .. name). Such a record is
@@ -100,9 +111,18 @@ local function load(key)
   return unpacked(key, m, RECORD)
 end
 
--- The key of the record's step journal.
+-- The key of the record's step journal (KEYS[2] of its scripts). A
+-- journal an earlier build kept under the generation's name is renamed to
+-- it first.
 local function journal(key, r)
-  return key .. ':j:' .. int(r.g)
+  local steps = key .. ':j'
+  if r.j == 1 and redis.call('EXISTS', steps) == 0 then
+    local old = key .. ':j:' .. int(r.g)
+    if redis.call('EXISTS', old) == 1 then
+      redis.call('RENAME', old, steps)
+    end
+  end
+  return steps
 end
 
 -- Turns a record kept as a hash into a string in place, its steps moved to
@@ -113,6 +133,7 @@ local function unhash(key, r)
   redis.call('DEL', key)
   r.hash = nil
   local steps = journal(key, r)
+  redis.call('DEL', steps)
   for i = 1, #all, 2 do
     if string.sub(all[i], 1, 2) == 'j:' then
       redis.call('HSET', steps, string.sub(all[i], 3), all[i + 1])
@@ -153,7 +174,13 @@ end
 -- marked as having a journal, so that its later writes keep the journal
 -- as long as the record.
 local function journaled(key, r)
-  if r.hash or r.j ~= 1 then
+  if r.hash then
+    save(key, r)
+  end
+  if r.j ~= 1 then
+    -- A journal left by a record that vanished without its own (never
+    -- through idem's scripts) is not this record's.
+    redis.call('DEL', journal(key, r))
     r.j = 1
     save(key, r)
   end

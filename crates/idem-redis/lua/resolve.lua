@@ -1,7 +1,7 @@
--- resolve(KEYS[1] record; ARGV step name, 'a' applied | 'n' not applied,
--- result): on a parked record (failed, outcome unknown) whose step is in
--- doubt, journals the finding and releases the record. Replies 'R'
--- released, 'P' not parked, 'S' step not in doubt.
+-- resolve(KEYS[1] record, KEYS[2] its journal; ARGV step name, 'a' applied
+-- | 'n' not applied, result): on a parked record (failed, outcome unknown)
+-- whose step is in doubt, journals the finding and releases the record.
+-- Replies 'R' released, 'P' not parked, 'S' step not in doubt.
 local key = KEYS[1]
 local r = load(key)
 if not r or r.st ~= 'f' or r.fc ~= 'unknown' or r.ex <= now then
@@ -9,6 +9,9 @@ if not r or r.st ~= 'f' or r.fc ~= 'unknown' or r.ex <= now then
 end
 if r.hash then
   save(key, r)
+end
+if r.j ~= 1 then
+  return 'S'
 end
 local steps = journal(key, r)
 local v = redis.call('HGET', steps, ARGV[1])

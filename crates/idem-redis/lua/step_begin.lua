@@ -1,6 +1,7 @@
--- begin_step(KEYS[1] record; ARGV token, step name, attempt). A step is a
--- field of the record's journal (see the prelude), named after the step.
--- Its value is 's' .. attempt while started and 'd' .. result once done.
+-- begin_step(KEYS[1] record, KEYS[2] its journal; ARGV token, step name,
+-- attempt). A step is a field of the record's journal (see the prelude),
+-- named after the step. Its value is 's' .. attempt while started and 'd'
+-- .. result once done.
 -- Replies:
 --   {'L'} lease lost | {'N'} fresh | {'I', attempt} in doubt | {'D', result} done
 local key = KEYS[1]

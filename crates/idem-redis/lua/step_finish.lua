@@ -1,5 +1,5 @@
--- finish_step(KEYS[1] record; ARGV token, step name, result): journals the
--- result. 1 if written, 0 if the lease was lost.
+-- finish_step(KEYS[1] record, KEYS[2] its journal; ARGV token, step name,
+-- result): journals the result. 1 if written, 0 if the lease was lost.
 local key = KEYS[1]
 local r = held(key, ARGV[1])
 if not r then

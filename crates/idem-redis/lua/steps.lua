@@ -1,6 +1,6 @@
--- steps(KEYS[1] record): the journal as a flat list of step name and
--- value ('s' .. attempt, or 'd' .. result), or an empty list when the
--- record is absent or past its retention deadline.
+-- steps(KEYS[1] record, KEYS[2] its journal): the journal as a flat list
+-- of step name and value ('s' .. attempt, or 'd' .. result), or an empty
+-- list when the record is absent or past its retention deadline.
 local key = KEYS[1]
 local r = load(key)
 if not r or r.ex <= now then

@@ -7,9 +7,10 @@
 //! Cluster, a connection to one node: Redis Cluster passes every publish
 //! to every node), then looks at the record, then sleeps until the message
 //! comes or its time is up ([`idem::wake`], whose slow poll stays
-//! underneath as a safety net for a message lost with a dropped connection
-//! or an unsubscribe that raced a new subscription); without a pub/sub
-//! connection the wait falls back to [`idem::poll_while`].
+//! underneath as a safety net for a message lost with a dropped
+//! connection); without a pub/sub connection the wait falls back to
+//! [`idem::poll_while`]. The last wait on a channel unsubscribes, after
+//! any subscribe in flight on the connection.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -31,8 +32,9 @@ pub(crate) struct Notifier {
     url: String,
     options: Options,
     waiters: Arc<Waiters>,
-    /// The pub/sub connection's sending half, once connected.
-    sink: tokio::sync::Mutex<Option<PubSubSink>>,
+    /// The pub/sub connection's sending half, once connected. Subscribing
+    /// and unsubscribing hold it, so the two never cross.
+    sink: Arc<tokio::sync::Mutex<Option<PubSubSink>>>,
 }
 
 // By hand: the URL may hold a password and the options TLS roots.
@@ -51,7 +53,7 @@ impl Notifier {
             url,
             options,
             waiters: Arc::default(),
-            sink: tokio::sync::Mutex::new(None),
+            sink: Arc::new(tokio::sync::Mutex::new(None)),
         }
     }
 
@@ -144,24 +146,35 @@ struct Subscription<'a> {
 
 impl Drop for Subscription<'_> {
     fn drop(&mut self) {
-        let left = self.waiter.leave();
-        if !(left.last && left.listening) {
+        if !self.waiter.leave().last {
             return;
         }
-        // A wait dropped outside a runtime (or while another subscribes)
-        // leaves the channel subscribed: harmless, its messages find no one.
-        let (Ok(runtime), Ok(sink)) = (
-            tokio::runtime::Handle::try_current(),
-            self.notifier.sink.try_lock(),
-        ) else {
+        // Also when the channel was never marked listening: a first wait
+        // cut off inside its SUBSCRIBE may have subscribed. Unsubscribing
+        // waits for the connection's lock (another wait may be subscribing
+        // with it) and is skipped if a new wait came for the channel
+        // meanwhile; only a wait dropped outside a runtime leaves its
+        // channel subscribed (harmless: its messages find no one).
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        if let Some(mut sink) = sink.clone() {
-            let channel = self.waiter.channel().to_owned();
-            runtime.spawn(async move {
-                let _ = sink.unsubscribe(channel).await;
-            });
-        }
+        let (sink, waiters) = (
+            Arc::clone(&self.notifier.sink),
+            Arc::clone(&self.notifier.waiters),
+        );
+        let (channel, limit) = (
+            self.waiter.channel().to_owned(),
+            self.notifier.options.response,
+        );
+        runtime.spawn(async move {
+            let mut sink = sink.lock().await;
+            if waiters.is_waited(&channel) {
+                return;
+            }
+            if let Some(sink) = sink.as_mut() {
+                let _ = tokio::time::timeout(limit, sink.unsubscribe(channel)).await;
+            }
+        });
     }
 }
 

@@ -59,6 +59,14 @@ pub(crate) fn batch() -> Script {
     Script::new(&format!("{}\n{}", functions.join("\n"), lua!("batch.lua")))
 }
 
+/// The step journal of the record `key` (`lua/prelude.lua`): a script of
+/// one record declares both, one slot by the record's hash tag. A
+/// Cluster that moves the slot then answers `TRYAGAIN` while the two are
+/// on different nodes, rather than running the script on one of them.
+fn journal_key(key: &str) -> String {
+    format!("{key}:j")
+}
+
 impl Script {
     fn new(source: &str) -> Self {
         let body = format!("{}\n{source}", include_str!("../lua/prelude.lua"));
@@ -66,9 +74,9 @@ impl Script {
         Self { body, sha }
     }
 
-    /// The `EVALSHA` command for `key` with `args`.
+    /// The `EVALSHA` command for the record `key` with `args`.
     pub(crate) fn evalsha(&self, key: &str, args: &[&[u8]]) -> Cmd {
-        self.command("EVALSHA", &self.sha, &[key], args)
+        self.command("EVALSHA", &self.sha, &[key, &journal_key(key)], args)
     }
 
     fn command(&self, name: &str, script: &str, keys: &[&str], args: &[&[u8]]) -> Cmd {
@@ -84,7 +92,7 @@ impl Script {
     pub(crate) async fn run(&self, conn: &Conn, key: &str, args: &[&[u8]]) -> RedisResult<Value> {
         match conn.query_key(&self.evalsha(key, args), key).await {
             Err(e) if is_noscript(&e) => {
-                let eval = self.command("EVAL", &self.body, &[key], args);
+                let eval = self.command("EVAL", &self.body, &[key, &journal_key(key)], args);
                 conn.query_key(&eval, key).await
             }
             other => other,
@@ -98,7 +106,7 @@ impl Script {
         key: &str,
         args: &[&[u8]],
     ) -> RedisResult<Value> {
-        self.run_many(server, &[key], args).await
+        self.run_many(server, &[key, &journal_key(key)], args).await
     }
 
     /// Runs the script with many `keys` on one server.

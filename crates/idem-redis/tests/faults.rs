@@ -1,11 +1,12 @@
 //! Faults against real servers: a Redis stopped mid-run and started again,
-//! and a Cluster resharded under load. Each test owns its servers.
+//! and a Cluster resharded under load (records and their step journals). Each test owns its servers.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idem::step::Retry;
 use idem::{
     ClaimOutcome, ClaimParams, Idempotency, Outcome, RecordId, RunError, Store, StoreError,
 };
@@ -188,6 +189,7 @@ async fn a_cluster_resharded_under_load_still_runs_each_key_once() {
     let store = RedisStore::connect(&cluster.url()).await.expect("connect");
     let idem = Idempotency::builder(store).build().expect("executor");
     let runs: Arc<Mutex<HashMap<usize, usize>>> = Arc::default();
+    let charges: Arc<Mutex<HashMap<usize, usize>>> = Arc::default();
     let resharding = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let batch_store = RedisStore::connect(&cluster.url()).await.expect("connect");
     batch_store.load_scripts().await.expect("load scripts");
@@ -208,9 +210,10 @@ async fn a_cluster_resharded_under_load_still_runs_each_key_once() {
     let timed_out = Arc::new(AtomicUsize::new(0));
     let workers: Vec<_> = (0..WORKERS)
         .map(|w| {
-            let (idem, runs, resharding, timed_out) = (
+            let (idem, runs, charges, resharding, timed_out) = (
                 idem.clone(),
                 Arc::clone(&runs),
+                Arc::clone(&charges),
                 Arc::clone(&resharding),
                 Arc::clone(&timed_out),
             );
@@ -223,11 +226,18 @@ async fn a_cluster_resharded_under_load_still_runs_each_key_once() {
                         let k = (i * 7 + w * 389) % KEYS;
                         let id = RecordId::parse("reshard", &format!("k{k}")).expect("valid");
                         loop {
-                            let runs = Arc::clone(&runs);
+                            let (runs, charges) = (Arc::clone(&runs), Arc::clone(&charges));
                             let result = idem
-                                .run(&id, None, |_| async move {
+                                .run(&id, None, |ctx| async move {
                                     *runs.lock().expect("lock").entry(k).or_default() += 1;
-                                    Ok::<_, std::io::Error>(k)
+                                    // A journaled step: its journal moves
+                                    // with the record, under the same scripts.
+                                    ctx.step("charge", Retry, |_| async move {
+                                        *charges.lock().expect("lock").entry(k).or_default() += 1;
+                                        Ok::<_, std::io::Error>(k)
+                                    })
+                                    .await
+                                    .map_err(|e| std::io::Error::other(idem::error_chain(&e)))
                                 })
                                 .await;
                             match result {
@@ -359,6 +369,13 @@ async fn a_cluster_resharded_under_load_still_runs_each_key_once() {
     let runs = runs.lock().expect("lock").clone();
     let doubled: Vec<_> = runs.iter().filter(|(_, n)| **n != 1).collect();
     assert!(doubled.is_empty(), "keys not run exactly once: {doubled:?}");
+    let charges = charges.lock().expect("lock").clone();
+    let doubled: Vec<_> = charges.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(
+        doubled.is_empty(),
+        "steps not run exactly once: {doubled:?}"
+    );
+    assert_eq!(charges.len(), KEYS, "every key's step ran");
     assert_eq!(runs.len(), KEYS, "every key ran");
     assert!(replayed >= KEYS * (2 * WORKERS - 1), "replays: {replayed}");
 
@@ -381,4 +398,154 @@ async fn a_cluster_resharded_under_load_still_runs_each_key_once() {
             Ok(ClaimOutcome::Completed(_))
         ));
     }
+}
+
+/// A wait that ends while another wait holds the pub/sub connection (to
+/// subscribe, slowly: every reply is 60 ms late here) still unsubscribes:
+/// subscriptions do not pile up on the server for the life of the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_that_end_while_another_subscribes_still_unsubscribe() {
+    let server = RedisServer::start().expect("start redis-server");
+    let addr = format!("127.0.0.1:{}", server.port())
+        .parse()
+        .expect("address");
+    let proxy = FaultProxy::start(addr).await.expect("proxy");
+    let store = RedisStore::builder(&format!("redis://{}", proxy.addr()))
+        .expect("valid URL")
+        .connect()
+        .await
+        .expect("connect");
+    let ids: Vec<RecordId> = (0..6)
+        .map(|n| RecordId::parse("waits", &format!("w{n}")).expect("valid id"))
+        .collect();
+    for id in &ids {
+        assert!(matches!(
+            store.claim(id, &held_params()).await,
+            Ok(ClaimOutcome::Acquired(_))
+        ));
+    }
+    proxy.set_delay(Duration::from_millis(60));
+    // Staggered so that each wait ends while a later one is subscribing.
+    let waits: Vec<_> = ids
+        .iter()
+        .enumerate()
+        .map(|(n, id)| {
+            let (store, id) = (store.clone(), id.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(90 * n as u64)).await;
+                store.wait_for_change(&id, Duration::from_millis(100)).await;
+            })
+        })
+        .collect();
+    for wait in waits {
+        wait.await.expect("wait");
+    }
+    proxy.set_delay(Duration::ZERO);
+    let mut left = String::new();
+    for _ in 0..50 {
+        left = server.cli("PUBSUB CHANNELS *").expect("pubsub");
+        if left.trim().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(left.trim().is_empty(), "still subscribed: {left}");
+}
+
+/// A slot caught mid-move with a record on one node and its step journal
+/// already on the other (a reshard moves keys one `MIGRATE` at a time):
+/// the step script declares both keys, so the Cluster answers TRYAGAIN
+/// (unavailable: try again) instead of running it on the record's node
+/// without its journal, where a finished step read as not begun, or the
+/// script failed as refused. Once the slot has moved, the step is found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_and_its_journal_split_by_a_move_are_never_read_apart() {
+    use idem::{StepBegin, StepJournal};
+    let cluster = RedisCluster::start().expect("start a Redis Cluster");
+    let store = RedisStore::builder(&cluster.url())
+        .expect("valid URL")
+        .response_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .expect("connect");
+    let id = RecordId::parse("split", "order-1").expect("valid id");
+    let ClaimOutcome::Acquired(lease) = store.claim(&id, &held_params()).await.expect("claim")
+    else {
+        panic!("a fresh key is acquired");
+    };
+    store.begin_step(&lease, "charge").await.expect("begin");
+    store
+        .finish_step(&lease, "charge", bytes::Bytes::from_static(b"ch_1"))
+        .await
+        .expect("finish");
+
+    let key = store.record_key(&id);
+    let journal = format!("{key}:j");
+    let slot = cluster
+        .cli(0, &format!("CLUSTER KEYSLOT {key}"))
+        .expect("keyslot")
+        .trim()
+        .to_owned();
+    let ids = cluster.node_ids().expect("ids");
+    let count = |node: usize| -> usize {
+        cluster
+            .cli(node, &format!("CLUSTER COUNTKEYSINSLOT {slot}"))
+            .expect("count")
+            .trim()
+            .parse()
+            .expect("a number")
+    };
+    let from = (0..3).find(|&n| count(n) > 0).expect("the slot's owner");
+    let to = (from + 1) % 3;
+    let to_port = cluster.nodes()[to].port();
+    cluster
+        .cli(
+            to,
+            &format!("CLUSTER SETSLOT {slot} IMPORTING {}", ids[from]),
+        )
+        .expect("importing");
+    cluster
+        .cli(
+            from,
+            &format!("CLUSTER SETSLOT {slot} MIGRATING {}", ids[to]),
+        )
+        .expect("migrating");
+    cluster
+        .cli(
+            from,
+            &format!("MIGRATE 127.0.0.1 {to_port} {journal} 0 5000"),
+        )
+        .expect("the journal moves first");
+
+    let split = store.begin_step(&lease, "charge").await;
+    assert!(
+        matches!(
+            split,
+            Err(StoreError::Unavailable(_)) | Ok(StepBegin::Done(_))
+        ),
+        "the record without its journal: {split:?}"
+    );
+
+    cluster
+        .cli(from, &format!("MIGRATE 127.0.0.1 {to_port} {key} 0 5000"))
+        .expect("the record follows");
+    for node in 0..3 {
+        cluster
+            .cli(node, &format!("CLUSTER SETSLOT {slot} NODE {}", ids[to]))
+            .expect("moved");
+    }
+    let mut tries = 0;
+    let moved = loop {
+        match store.begin_step(&lease, "charge").await {
+            Err(StoreError::Unavailable(_)) if tries < 20 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => break other,
+        }
+    };
+    assert_eq!(
+        moved.expect("found after the move"),
+        StepBegin::Done(bytes::Bytes::from_static(b"ch_1"))
+    );
 }

@@ -158,8 +158,8 @@ async fn an_abandoned_hash_record_is_taken_over_with_its_journal() {
         store.begin_step(&lease, "ship").await.expect("begin"),
         StepBegin::InDoubt { attempt: 1 }
     );
-    let journals: Vec<String> = query(redis::cmd("KEYS").arg(format!("{key}:j:*"))).await;
-    assert_eq!(journals.len(), 1, "{journals:?}");
+    let journals: Vec<String> = query(redis::cmd("KEYS").arg(format!("{key}:j*"))).await;
+    assert_eq!(journals, [format!("{key}:j")], "the declared journal alone");
     let journal_expiry: i64 = query(redis::cmd("PEXPIRETIME").arg(&journals[0])).await;
     assert_eq!(journal_expiry, expiry, "the journal goes with the record");
 
@@ -211,10 +211,38 @@ async fn a_new_record_on_the_same_key_starts_an_empty_journal() {
         "the old record's journal is not the new one's"
     );
     let key = store.record_key(&id);
-    let journals: Vec<String> = query(redis::cmd("KEYS").arg(format!("{key}:j:*"))).await;
+    let journals: Vec<String> = query(redis::cmd("KEYS").arg(format!("{key}:j*"))).await;
     assert_eq!(
-        journals.len(),
-        1,
-        "the old journal went with its record: {journals:?}"
+        journals,
+        [format!("{key}:j")],
+        "the old journal went with its record"
     );
+}
+
+/// Builds before 2026-11-27 named a record's journal after its generation
+/// (`<record>:j:<fence of its first claim>`); such a journal is found,
+/// and moved to the name the scripts declare.
+#[tokio::test]
+async fn a_journal_under_its_generations_name_is_found_and_moved() {
+    let store = common::store("upgrade").await;
+    let id = RecordId::parse("orders", "order-4").expect("valid");
+    let ClaimOutcome::Acquired(lease) = store.claim(&id, &params()).await.expect("claim") else {
+        panic!("a fresh key is acquired");
+    };
+    store.begin_step(&lease, "charge").await.expect("begin");
+    store
+        .finish_step(&lease, "charge", Bytes::from_static(b"\"ch_1\""))
+        .await
+        .expect("finish");
+    let key = store.record_key(&id);
+    let old_name = format!("{key}:j:{}", lease.fence);
+    let _: () = query(redis::cmd("RENAME").arg(format!("{key}:j")).arg(&old_name)).await;
+
+    assert_eq!(
+        store.begin_step(&lease, "charge").await.expect("begin"),
+        StepBegin::Done(Bytes::from_static(b"\"ch_1\"")),
+        "the step journaled under the old name is found"
+    );
+    let journals: Vec<String> = query(redis::cmd("KEYS").arg(format!("{key}:j*"))).await;
+    assert_eq!(journals, [format!("{key}:j")], "moved to the declared name");
 }

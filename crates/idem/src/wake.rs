@@ -85,6 +85,11 @@ impl Waiters {
     pub fn channels(&self) -> usize {
         self.channels.lock().len()
     }
+
+    /// Whether any wait is on `channel` now.
+    pub fn is_waited(&self, channel: &str) -> bool {
+        self.channels.lock().contains_key(channel)
+    }
 }
 
 /// One wait on a channel, from [`Waiters::enter`]; it leaves the channel
