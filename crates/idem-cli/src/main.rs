@@ -15,7 +15,9 @@ fn main() -> std::process::ExitCode {
     match runtime.block_on(idem_cli::run(cli)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("idem: {e:#}");
+            // One line, each cause once: a cause whose text its error
+            // already carries is not said again.
+            eprintln!("idem: {}", idem::error_chain(e.as_ref()));
             std::process::ExitCode::FAILURE
         }
     }

@@ -74,6 +74,11 @@ pub struct ProxyConfig {
     pub replay_cache_ttl: Duration,
     /// Stored response headers left out of replays.
     pub replay_drop_headers: Vec<HeaderName>,
+    /// Replay stored `Set-Cookie` headers (left out by default).
+    pub replay_set_cookie: bool,
+    /// The field of a gRPC request message holding its key when the
+    /// metadata does not (AIP-155 `request_id`).
+    pub grpc_request_id_field: Option<u32>,
     /// Forwarding headers and `Host`.
     pub forwarded: ForwardedPolicy,
     /// Serve TLS with these files (reloaded on SIGHUP) instead of
@@ -258,9 +263,13 @@ pub fn layer(store: AnyStore, config: &ProxyConfig) -> anyhow::Result<Idempotenc
         .default_wait(config.default_wait)
         .replay_cache_bytes(config.replay_cache_bytes)
         .replay_cache_ttl(config.replay_cache_ttl)
-        .replay_drop_headers(config.replay_drop_headers.clone());
+        .replay_drop_headers(config.replay_drop_headers.clone())
+        .replay_set_cookie(config.replay_set_cookie);
     if let Some(tenant) = &config.tenant_header {
         layer = layer.tenant_header(tenant.clone());
+    }
+    if let Some(field) = config.grpc_request_id_field {
+        layer = layer.grpc_request_id_field(field);
     }
     Ok(layer.build()?)
 }
@@ -359,6 +368,13 @@ pub async fn serve(
     admin: Option<(TcpListener, Option<PrometheusHandle>)>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    if let Some(warning) = listener
+        .local_addr()
+        .ok()
+        .and_then(|at| tenant_warning(config, at))
+    {
+        tracing::warn!("{warning}");
+    }
     let layer = layer(store.clone(), config)?;
     let app = router(layer.clone(), config)?;
     let _purger = store.spawn_purger();
@@ -406,6 +422,20 @@ pub async fn serve(
     }
     served?;
     Ok(())
+}
+
+/// What to warn of when a gateway listening on `at` keeps no tenant apart:
+/// on an address other machines reach, every client shares one key space,
+/// so one client's key, sent with the same body by another, replays the
+/// first client's response.
+pub fn tenant_warning(config: &ProxyConfig, at: SocketAddr) -> Option<String> {
+    (config.tenant_header.is_none() && !at.ip().is_loopback()).then(|| {
+        format!(
+            "listening on {at} with no --tenant-header: all clients share one key space, so \
+             a client that sends another's key and body gets the other's stored response; \
+             give the header your authentication proxy sets per caller"
+        )
+    })
 }
 
 /// The address a listener is bound to, for messages.

@@ -39,7 +39,7 @@ pub struct ProxyArgs {
     /// Speak HTTP/2 only to the upstream: h2c (prior knowledge) to an
     /// http:// one, as gRPC servers expect. https:// upstreams get HTTP/2
     /// whenever they offer it, without this [default: false].
-    #[arg(long, env = "IDEM_UPSTREAM_HTTP2")]
+    #[arg(long, env = "IDEM_UPSTREAM_HTTP2", num_args = 0..=1, default_missing_value = "true")]
     pub upstream_http2: Option<bool>,
     /// Where /metrics and /healthz are served [default: 127.0.0.1:9090;
     /// "off" for none].
@@ -55,7 +55,7 @@ pub struct ProxyArgs {
     #[arg(long, env = "IDEM_HEADER")]
     pub header: Option<String>,
     /// Refuse covered requests without a key (400).
-    #[arg(long, env = "IDEM_REQUIRE_KEY")]
+    #[arg(long, env = "IDEM_REQUIRE_KEY", num_args = 0..=1, default_missing_value = "true")]
     pub require_key: Option<bool>,
     /// Separate keys per value of this header, so no client can replay
     /// another's response. Use one that stays the same between a request
@@ -76,7 +76,7 @@ pub struct ProxyArgs {
     #[arg(long, env = "IDEM_MAX_RESPONSE_BYTES")]
     pub max_response_bytes: Option<usize>,
     /// Pass requests through unguarded when the store is unreachable.
-    #[arg(long, env = "IDEM_FAIL_OPEN")]
+    #[arg(long, env = "IDEM_FAIL_OPEN", num_args = 0..=1, default_missing_value = "true")]
     pub fail_open: Option<bool>,
     /// How long the upstream may take to answer a covered request, head
     /// and body, before 502 [default: 60s]. The request was sent, so its
@@ -90,12 +90,12 @@ pub struct ProxyArgs {
     /// died mid-request), forward it again instead of answering 422
     /// outcome-unknown [default: false]. Only for upstreams that
     /// deduplicate on the forwarded Idempotency-Key themselves.
-    #[arg(long, env = "IDEM_FORWARD_TAKEOVERS")]
+    #[arg(long, env = "IDEM_FORWARD_TAKEOVERS", num_args = 0..=1, default_missing_value = "true")]
     pub forward_takeovers: Option<bool>,
     /// Refuse keys that are UUIDv7s older than the retention with 422
     /// key-too-old: a retry that late cannot be told from a new request
     /// [default: false].
-    #[arg(long, env = "IDEM_REJECT_OLD_UUID_V7")]
+    #[arg(long, env = "IDEM_REJECT_OLD_UUID_V7", num_args = 0..=1, default_missing_value = "true")]
     pub reject_old_uuid_v7: Option<bool>,
     /// The longest a duplicate of a running request that asks
     /// `Prefer: wait=N` is held for its outcome; 0 ignores the preference
@@ -118,19 +118,30 @@ pub struct ProxyArgs {
     /// Keep the client's Forwarded and X-Forwarded-* headers and add this
     /// hop to them, for a gateway behind a proxy that sets them; otherwise
     /// they are replaced by what this gateway saw [default: false].
-    #[arg(long, env = "IDEM_TRUST_FORWARDED")]
+    #[arg(long, env = "IDEM_TRUST_FORWARDED", num_args = 0..=1, default_missing_value = "true")]
     pub trust_forwarded: Option<bool>,
     /// Send the client's Host header to the upstream; false sends the
     /// upstream's own host:port [default: true for an http:// upstream
     /// spoken to in HTTP/1.1, false for https:// and --upstream-http2,
     /// whose TLS name and :authority a client's Host would contradict].
-    #[arg(long, env = "IDEM_PRESERVE_HOST")]
+    #[arg(long, env = "IDEM_PRESERVE_HOST", num_args = 0..=1, default_missing_value = "true")]
     pub preserve_host: Option<bool>,
     /// Stored response headers left out of replays, comma-separated
-    /// (e.g. set-cookie); replays always carry a Date of their own
-    /// [default: none].
+    /// (e.g. x-request-id); replays always carry a Date of their own, and
+    /// leave out Set-Cookie unless --replay-set-cookie [default: none].
     #[arg(long, env = "IDEM_REPLAY_DROP_HEADERS")]
     pub replay_drop_headers: Option<String>,
+    /// Replay the stored Set-Cookie headers: a session cookie given to
+    /// the first answer is then handed to anyone who sends the same key
+    /// and body again [default: false].
+    #[arg(long, env = "IDEM_REPLAY_SET_COOKIE", num_args = 0..=1, default_missing_value = "true")]
+    pub replay_set_cookie: Option<bool>,
+    /// For gRPC calls without an idempotency-key metadata entry, the
+    /// number of the request message's top-level string field that holds
+    /// the key (AIP-155's `request_id`, e.g. `string request_id = 3;`)
+    /// [default: none].
+    #[arg(long, env = "IDEM_GRPC_REQUEST_ID_FIELD")]
+    pub grpc_request_id_field: Option<u32>,
 }
 
 macro_rules! fill {
@@ -153,7 +164,7 @@ impl ProxyArgs {
               tenant_header, retention, lease, max_request_bytes, max_response_bytes, fail_open,
               upstream_timeout, forward_takeovers, reject_old_uuid_v7, max_wait, default_wait,
               replay_cache_bytes, replay_cache_ttl, trust_forwarded, preserve_host,
-              replay_drop_headers);
+              replay_drop_headers, replay_set_cookie, grpc_request_id_field);
         Ok(self)
     }
 
@@ -237,6 +248,8 @@ impl ProxyArgs {
                 .filter(|h| !h.trim().is_empty())
                 .map(|h| header_name("--replay-drop-headers", h))
                 .collect::<anyhow::Result<_>>()?,
+            replay_set_cookie: self.replay_set_cookie.unwrap_or(false),
+            grpc_request_id_field: self.grpc_request_id_field,
             forwarded: forwarded::ForwardedPolicy {
                 trust_incoming: self.trust_forwarded.unwrap_or(false),
                 preserve_host: self.preserve_host.unwrap_or(plain_http1),

@@ -315,3 +315,58 @@ async fn parked_records_are_listed_inspected_and_resolved() {
         .expect("list")
         .is_empty());
 }
+
+/// The gateway's yes/no settings are switches, as clap and every other
+/// CLI teach: the flag alone turns one on, `=false` off, and the old
+/// `--flag true` form still reads.
+#[test]
+fn yes_no_settings_are_switches() {
+    use clap::Parser;
+    let parse = |extra: &[&str]| {
+        let mut argv = vec!["idem", "proxy", "--upstream", "http://127.0.0.1:3000"];
+        argv.extend_from_slice(extra);
+        let cli = idem_cli::Cli::try_parse_from(argv).expect("parsed");
+        let idem_cli::Command::Proxy(args) = cli.command else {
+            panic!("proxy")
+        };
+        args.proxy_config().expect("valid")
+    };
+    let on = parse(&[
+        "--upstream-http2",
+        "--require-key",
+        "--fail-open",
+        "--forward-takeovers",
+        "--reject-old-uuid-v7",
+        "--trust-forwarded",
+        "--preserve-host",
+        "--replay-set-cookie",
+    ]);
+    assert!(on.upstream_protocol.http2_only && on.require_key && on.fail_open);
+    assert!(on.forward_takeovers && on.reject_old_uuid_v7 && on.replay_set_cookie);
+    assert!(on.forwarded.trust_incoming && on.forwarded.preserve_host);
+    let off = parse(&["--require-key=false", "--preserve-host=false"]);
+    assert!(!off.require_key && !off.forwarded.preserve_host);
+    let old_form = parse(&["--require-key", "true", "--fail-open", "false"]);
+    assert!(old_form.require_key && !old_form.fail_open);
+    let defaults = parse(&[]);
+    assert!(!defaults.require_key && !defaults.replay_set_cookie);
+}
+
+/// A gateway others can reach with no tenant source is warned about at
+/// start: every client would share one key space.
+#[test]
+fn a_shared_key_space_on_a_reachable_address_is_warned_about() {
+    let mut config = ProxyArgs {
+        upstream: Some("http://127.0.0.1:3000".to_owned()),
+        ..ProxyArgs::default()
+    }
+    .proxy_config()
+    .expect("valid");
+    let public: std::net::SocketAddr = "0.0.0.0:8080".parse().expect("addr");
+    let loopback: std::net::SocketAddr = "127.0.0.1:8080".parse().expect("addr");
+    let warning = idem_cli::proxy::tenant_warning(&config, public).expect("warned");
+    assert!(warning.contains("--tenant-header"), "{warning}");
+    assert!(idem_cli::proxy::tenant_warning(&config, loopback).is_none());
+    config.tenant_header = Some(http::HeaderName::from_static("x-account-id"));
+    assert!(idem_cli::proxy::tenant_warning(&config, public).is_none());
+}

@@ -26,8 +26,16 @@ async fn sequential_duplicates_run_once_and_replay_byte_for_byte() {
         let again = post(&url, Some("order-1")).await;
         assert_eq!(again.status(), 201);
         assert_eq!(again.headers()["idempotent-replayed"], "true");
-        let cookies: Vec<_> = again.headers().get_all("set-cookie").iter().collect();
-        assert_eq!(cookies, ["a=1", "b=2"], "repeated headers kept, in order");
+        let links: Vec<_> = again.headers().get_all("link").iter().collect();
+        assert_eq!(
+            links,
+            ["</a>; rel=a", "</b>; rel=b"],
+            "repeated headers kept, in order"
+        );
+        assert!(
+            again.headers().get("set-cookie").is_none(),
+            "cookies are not handed out again by default"
+        );
         assert_eq!(again.headers()["x-charge"], "1");
         assert_eq!(again.headers()["content-type"], "application/json");
         assert_eq!(again.bytes().await.expect("body"), first_body);
@@ -492,15 +500,35 @@ async fn replays_leave_out_the_headers_the_gateway_is_told_to() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (up, upstream) = start_upstream().await;
     let mut config = config(upstream);
-    config.replay_drop_headers = vec![http::header::SET_COOKIE];
+    config.replay_drop_headers = vec![http::header::LINK];
     let gateway = Gateway::start(sqlite(&dir), config).await;
     let url = format!("{}/charge", gateway.url);
     let first = post(&url, Some("cookie-1")).await;
     assert_eq!(first.headers().get_all("set-cookie").iter().count(), 2);
+    assert_eq!(first.headers().get_all("link").iter().count(), 2);
     let again = post(&url, Some("cookie-1")).await;
     assert_eq!(again.headers()["idempotent-replayed"], "true");
-    assert_eq!(again.headers().get_all("set-cookie").iter().count(), 0);
+    assert_eq!(again.headers().get_all("link").iter().count(), 0);
+    assert_eq!(
+        again.headers().get_all("set-cookie").iter().count(),
+        0,
+        "nor cookies, by default"
+    );
     assert!(again.headers().contains_key("date"));
+    assert_eq!(up.runs("/charge"), 1);
+    gateway.shutdown().await;
+
+    // --replay-set-cookie brings them back.
+    let (up, upstream) = start_upstream().await;
+    let mut config = common::config(upstream);
+    config.replay_set_cookie = true;
+    let gateway = Gateway::start(sqlite(&dir), config).await;
+    let url = format!("{}/charge", gateway.url);
+    post(&url, Some("cookie-2")).await;
+    let again = post(&url, Some("cookie-2")).await;
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let cookies: Vec<_> = again.headers().get_all("set-cookie").iter().collect();
+    assert_eq!(cookies, ["a=1", "b=2"]);
     assert_eq!(up.runs("/charge"), 1);
     gateway.shutdown().await;
 }

@@ -61,3 +61,22 @@ fn json_logs_are_one_object_per_line() {
         .is_some_and(|l| l.starts_with("127.0.0.1:")));
     assert!(ready["timestamp"].is_string());
 }
+
+/// A failure is one line, each cause once: the Redis client's error
+/// carries its I/O cause in its own text, and was printed twice.
+#[test]
+fn a_failure_says_each_cause_once() {
+    let output = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["--store", "redis://127.0.0.1:1/", "stats"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run idem");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let line = stderr.lines().last().expect("an error line");
+    assert!(
+        line.starts_with("idem: could not connect to Redis"),
+        "{line}"
+    );
+    assert_eq!(line.matches("refused").count(), 1, "{line}");
+}

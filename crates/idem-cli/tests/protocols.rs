@@ -149,8 +149,8 @@ async fn a_client_speaking_http2_in_cleartext_gets_one_execution_and_replays() {
     let again = post_keyed(&h2, &url, "h2c-1").await;
     assert_eq!(again.version(), reqwest::Version::HTTP_2);
     assert_eq!(again.headers()["idempotent-replayed"], "true");
-    let cookies: Vec<_> = again.headers().get_all("set-cookie").iter().collect();
-    assert_eq!(cookies, ["a=1", "b=2"]);
+    let links: Vec<_> = again.headers().get_all("link").iter().collect();
+    assert_eq!(links, ["</a>; rel=a", "</b>; rel=b"]);
     assert_eq!(again.text().await.expect("body"), body);
     assert_eq!(up.runs("/charge"), 1);
 
@@ -258,6 +258,9 @@ struct ChargeRequest {
     order: String,
     #[prost(uint64, tag = "2")]
     cents: u64,
+    /// AIP-155: a UUID the client keeps across its retries.
+    #[prost(string, tag = "3")]
+    request_id: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -366,6 +369,7 @@ async fn call(
     let mut request = tonic::Request::new(ChargeRequest {
         order: order.to_owned(),
         cents: 1250,
+        request_id: String::new(),
     });
     if let Some(key) = key {
         request
@@ -401,6 +405,7 @@ async fn grpc_trailers(url: &str, key: &str) -> http::HeaderMap {
     let message = ChargeRequest {
         order: "o-1".to_owned(),
         cents: 1250,
+        request_id: String::new(),
     }
     .encode_to_vec();
     let mut framed = vec![0u8];
@@ -572,6 +577,96 @@ async fn grpc_callers_get_the_gateways_answers_as_grpc_statuses() {
     assert_eq!(down.code(), tonic::Code::Unavailable, "{down:?}");
     assert_eq!(up.runs(&format!("{CHARGE}/o-3")), 0);
     locker.execute_batch("ROLLBACK").expect("unlock");
+    gateway.shutdown().await;
+}
+
+/// A gRPC call without a key in its metadata is keyed by its message's
+/// AIP-155 `request_id` field when the gateway is told which field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_request_id_field_keys_calls_without_metadata() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (up, upstream) = grpc_upstream().await;
+    let mut settings = config(upstream);
+    settings.upstream_protocol.http2_only = true;
+    settings.require_key = true;
+    settings.grpc_request_id_field = Some(3);
+    let gateway = Gateway::start(sqlite(&dir), settings).await;
+    let channel = grpc_channel(&gateway.url).await;
+    let charge_with_id = |request_id: &str, order: &str| {
+        let message = ChargeRequest {
+            order: order.to_owned(),
+            cents: 1250,
+            request_id: request_id.to_owned(),
+        };
+        let channel = channel.clone();
+        async move {
+            let mut grpc = tonic::client::Grpc::new(channel);
+            grpc.ready().await.expect("channel ready");
+            grpc.unary(
+                tonic::Request::new(message),
+                PathAndQuery::from_static(CHARGE),
+                tonic_prost::ProstCodec::<ChargeRequest, ChargeReply>::default(),
+            )
+            .await
+        }
+    };
+    let id = "018f6b1e-2c3d-7a4b-8c9d-0e1f2a3b4c5d";
+    let first = charge_with_id(id, "aip-1").await.expect("charged");
+    let again = charge_with_id(id, "aip-1").await.expect("replayed");
+    assert_eq!(again.get_ref(), first.get_ref());
+    assert_eq!(
+        again
+            .metadata()
+            .get("idempotent-replayed")
+            .map(|v| v.to_str().ok()),
+        Some(Some("true"))
+    );
+    assert_eq!(up.runs(&format!("{CHARGE}/aip-1")), 1);
+    // Neither metadata nor request_id: the key is missing.
+    let missing = charge_with_id("", "aip-2").await.expect_err("no key");
+    assert_eq!(missing.code(), tonic::Code::InvalidArgument, "{missing:?}");
+    let bad = charge_with_id("has space", "aip-2")
+        .await
+        .expect_err("bad key");
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
+    assert!(bad.message().contains("request_id"), "{bad:?}");
+    assert_eq!(up.runs(&format!("{CHARGE}/aip-2")), 0);
+    gateway.shutdown().await;
+}
+
+/// `Trailer` names a response's trailer fields; an HTTP/1.1 peer is sent
+/// only the trailers it names, so it is forwarded and replayed, not
+/// stripped as hop-by-hop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trailers_reach_http1_clients_first_and_on_replay() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (up, upstream) = start_upstream().await;
+    let gateway = Gateway::start(sqlite(&dir), config(upstream)).await;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    for round in 0..2 {
+        let request = http::Request::post(format!("{}/trailers", gateway.url))
+            .header("te", "trailers")
+            .header("idempotency-key", "t-1")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .expect("request");
+        let response = client.request(request).await.expect("response");
+        assert_eq!(response.version(), http::Version::HTTP_11);
+        assert_eq!(response.headers()["trailer"], "x-checksum", "round {round}");
+        assert_eq!(
+            response.headers().contains_key("idempotent-replayed"),
+            round == 1
+        );
+        let collected = response.into_body().collect().await.expect("body");
+        let trailers = collected.trailers().cloned();
+        assert_eq!(
+            trailers.as_ref().and_then(|t| t.get("x-checksum")),
+            Some(&http::HeaderValue::from_static("1")),
+            "round {round}: {trailers:?}"
+        );
+        assert_eq!(collected.to_bytes(), "exported");
+    }
+    assert_eq!(up.runs("/trailers"), 1);
     gateway.shutdown().await;
 }
 

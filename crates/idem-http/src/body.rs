@@ -130,7 +130,16 @@ impl Body for Held {
         self.data.is_none() && self.trailers.is_none()
     }
 
+    /// Not exact while trailers are to come: an HTTP/1.1 server then
+    /// sends the body chunked, the one framing that carries trailers,
+    /// instead of with a `Content-Length`.
     fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
+        let len = self.data.as_ref().map_or(0, |d| d.len() as u64);
+        if self.trailers.is_none() {
+            return SizeHint::with_exact(len);
+        }
+        let mut hint = SizeHint::new();
+        hint.set_lower(len);
+        hint
     }
 }

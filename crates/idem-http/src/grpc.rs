@@ -42,6 +42,73 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
         .is_some_and(|t| t.as_bytes().starts_with(b"application/grpc"))
 }
 
+/// The string in top-level field `field` of a unary gRPC request's
+/// message (AIP-155's `request_id`): `Ok(None)` when the message has no
+/// such field; `Err` saying why when the body is not one uncompressed
+/// gRPC message that protobuf can read.
+pub(crate) fn request_id(body: &[u8], field: u32) -> Result<Option<String>, String> {
+    let [compressed, a, b, c, d, message @ ..] = body else {
+        return Err("the body is not a gRPC message (shorter than its 5-byte prefix)".into());
+    };
+    if *compressed != 0 {
+        return Err(
+            "the message is compressed, so its request_id cannot be read: send the key in \
+             the idempotency-key metadata instead"
+                .into(),
+        );
+    }
+    let length = u32::from_be_bytes([*a, *b, *c, *d]) as usize;
+    if length != message.len() {
+        return Err(format!(
+            "the body holds {} bytes after its prefix, which says {length}: one unary \
+             message is expected",
+            message.len()
+        ));
+    }
+    let mut rest = message;
+    while !rest.is_empty() {
+        let tag = varint(&mut rest)?;
+        let (number, wire) = (tag >> 3, tag & 7);
+        let len = match wire {
+            0 => {
+                varint(&mut rest)?;
+                0
+            }
+            1 => 8,
+            5 => 4,
+            2 => usize::try_from(varint(&mut rest)?).map_err(|_| "a length past memory")?,
+            other => return Err(format!("protobuf wire type {other} is not read here")),
+        };
+        if rest.len() < len {
+            return Err("the message ends inside a field".into());
+        }
+        let (value, after) = rest.split_at(len);
+        if wire == 2 && u32::try_from(number) == Ok(field) {
+            return String::from_utf8(value.to_vec())
+                .map(Some)
+                .map_err(|_| format!("field {field} is not a UTF-8 string"));
+        }
+        rest = after;
+    }
+    Ok(None)
+}
+
+/// Reads one protobuf varint off the front of `bytes`.
+fn varint(bytes: &mut &[u8]) -> Result<u64, String> {
+    let mut value = 0u64;
+    for shift in (0..64).step_by(7) {
+        let (&byte, rest) = bytes
+            .split_first()
+            .ok_or("the message ends inside a number")?;
+        *bytes = rest;
+        value |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Ok(value);
+        }
+    }
+    Err("a number longer than ten bytes".into())
+}
+
 /// gRPC status codes idem answers with.
 mod code {
     pub(super) const UNKNOWN: u8 = 2;
@@ -208,6 +275,34 @@ mod tests {
             detail: "lease ran out".into(),
         });
         assert_eq!(unknown["grpc-status"], "15");
+    }
+
+    /// A gRPC frame of `message`.
+    fn framed(message: &[u8]) -> Vec<u8> {
+        let mut body = vec![0u8];
+        body.extend_from_slice(&u32::try_from(message.len()).expect("small").to_be_bytes());
+        body.extend_from_slice(message);
+        body
+    }
+
+    #[test]
+    fn the_request_id_is_read_from_its_field_past_the_others() {
+        // order = "o-1" (1), cents = 1250 (2, varint), fixed64 (4),
+        // request_id = "r-9" (3).
+        let mut message = vec![0x0a, 3, b'o', b'-', b'1', 0x10, 0xe2, 0x09];
+        message.extend_from_slice(&[0x21, 1, 2, 3, 4, 5, 6, 7, 8]);
+        message.extend_from_slice(&[0x1a, 3, b'r', b'-', b'9']);
+        let body = framed(&message);
+        assert_eq!(request_id(&body, 3), Ok(Some("r-9".to_owned())));
+        assert_eq!(request_id(&body, 7), Ok(None));
+        assert_eq!(request_id(&framed(&[]), 3), Ok(None));
+        let mut compressed = body.clone();
+        compressed[0] = 1;
+        assert!(request_id(&compressed, 3).is_err_and(|e| e.contains("compressed")));
+        assert!(request_id(&body[..body.len() - 1], 3).is_err());
+        assert!(request_id(&framed(&[0x1a, 9, b'r']), 3).is_err_and(|e| e.contains("ends")));
+        assert!(request_id(&framed(&[0x1a, 2, 0xff, 0xfe]), 3).is_err_and(|e| e.contains("UTF-8")));
+        assert!(request_id(&[0, 0], 3).is_err());
     }
 
     #[test]

@@ -40,7 +40,9 @@ pub struct IdempotencyLayerBuilder<S> {
     replay_cache_bytes: usize,
     replay_cache_ttl: Duration,
     replay_drop: Vec<HeaderName>,
+    replay_set_cookie: bool,
     replay_redate: bool,
+    grpc_request_id: Option<u32>,
 }
 
 impl<S: Store> IdempotencyLayerBuilder<S> {
@@ -247,12 +249,32 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
         self
     }
 
-    /// Stored response headers left out of replays (default: none), such
-    /// as `set-cookie`, so that a session cookie given to the first answer
-    /// is not handed out again with every retry. The stored response keeps
-    /// them: changing this list changes the replays of stored records too.
+    /// Stored response headers left out of replays (default: none besides
+    /// `set-cookie`, see [`replay_set_cookie`](Self::replay_set_cookie)).
+    /// The stored response keeps them: changing this list changes the
+    /// replays of stored records too.
     pub fn replay_drop_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         self.replay_drop = names.into_iter().collect();
+        self
+    }
+
+    /// Takes the key of a gRPC call that has no key header from field
+    /// `field` of its request message, as AIP-155 designs `request_id`
+    /// (`string request_id = N;` at the top level of the message, a UUID
+    /// the client keeps across its retries). The header still wins when
+    /// both are sent; a call whose message cannot be read (compressed, not
+    /// protobuf) is refused as a malformed key.
+    pub fn grpc_request_id_field(mut self, field: u32) -> Self {
+        self.grpc_request_id = Some(field);
+        self
+    }
+
+    /// Whether replays carry the stored `Set-Cookie` headers (default
+    /// `false`): a session cookie given to the first answer would be
+    /// handed to anyone who sends the same key and body again. The first
+    /// answer always carries them.
+    pub fn replay_set_cookie(mut self, replay: bool) -> Self {
+        self.replay_set_cookie = replay;
         self
     }
 
@@ -286,6 +308,10 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
                     .map_or(FailureClass::Retryable, Unstored::class)
             })
             .build()?;
+        let mut replay_drop = self.replay_drop;
+        if !self.replay_set_cookie && !replay_drop.contains(&http::header::SET_COOKIE) {
+            replay_drop.push(http::header::SET_COOKIE);
+        }
         Ok(IdempotencyLayer {
             settings: Arc::new(Settings {
                 idem,
@@ -306,8 +332,9 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
                 reject_old_uuid_v7: self.reject_old_uuid_v7,
                 max_wait: self.max_wait,
                 default_wait: self.default_wait.min(self.max_wait),
-                replay_drop: self.replay_drop,
+                replay_drop,
                 replay_redate: self.replay_redate,
+                grpc_request_id: self.grpc_request_id,
                 runs: TaskTracker::new(),
             }),
         })
@@ -394,7 +421,9 @@ impl<S: Store> IdempotencyLayer<S> {
             replay_cache_bytes: idem::DEFAULT_REPLAY_CACHE_BYTES,
             replay_cache_ttl: idem::DEFAULT_REPLAY_CACHE_TTL,
             replay_drop: Vec::new(),
+            replay_set_cookie: false,
             replay_redate: true,
+            grpc_request_id: None,
         }
     }
 }

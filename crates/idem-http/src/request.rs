@@ -67,6 +67,9 @@ pub(crate) struct Settings<S> {
     pub(crate) replay_drop: Vec<HeaderName>,
     /// Replays carry the time of the replay as `Date`.
     pub(crate) replay_redate: bool,
+    /// The field of a gRPC request's message that holds its key when the
+    /// header does not (AIP-155 `request_id`).
+    pub(crate) grpc_request_id: Option<u32>,
     /// The runs going on now, detached from their connections.
     pub(crate) runs: TaskTracker,
 }
@@ -151,19 +154,38 @@ impl<S: Store> Settings<S> {
         B::Error: Into<BoxError>,
     {
         let (parts, body) = request.into_parts();
+        // Without the header, a gRPC call may carry its key in its
+        // message's request_id field (AIP-155), once the body is read.
+        let in_message = self
+            .grpc_request_id
+            .filter(|_| grpc::is_grpc(&parts.headers));
         let key = match self.key(&parts) {
-            Ok(Some(key)) => key,
+            Ok(Some(key)) => Some(key),
+            Ok(None) | Err(Rejection::KeyMissing { .. }) if in_message.is_some() => None,
             Ok(None) => return Step::PassThrough(Request::from_parts(parts, body)),
             Err(rejection) => return Step::Refused(self.reject(rejection)),
         };
         let prepared = async {
-            self.check_age(&key)?;
+            if let Some(key) = &key {
+                self.check_age(key)?;
+            }
             let body = self.read_body(&parts, body).await?;
+            let key = match (key, in_message) {
+                (Some(key), _) => Some(key),
+                (None, Some(field)) => self.key_in_message(&body, field)?,
+                (None, None) => None,
+            };
+            let Some(key) = key else {
+                return Ok(Err(body));
+            };
+            self.check_age(&key)?;
             let fingerprint = self.fingerprint(&parts, &body)?;
-            Ok::<_, Rejection>((body, fingerprint))
+            Ok::<_, Rejection>(Ok((key, body, fingerprint)))
         };
-        let (body, fingerprint) = match prepared.await {
-            Ok(prepared) => prepared,
+        let (key, body, fingerprint) = match prepared.await {
+            Ok(Ok(prepared)) => prepared,
+            // No key in the message either, and none required.
+            Ok(Err(body)) => return Step::PassThrough(Request::from_parts(parts, B::from(body))),
             Err(rejection) => return Step::Refused(self.reject(rejection)),
         };
         let preferred = preferred_wait(&parts.headers);
@@ -420,6 +442,26 @@ impl<S: Store> Settings<S> {
             .map_err(|e| Rejection::KeyMalformed {
                 detail: e.to_string(),
             })
+    }
+
+    /// The key in field `field` of a gRPC request's message (AIP-155's
+    /// `request_id`): `None` when it has none and none is required.
+    fn key_in_message(&self, body: &[u8], field: u32) -> Result<Option<Key>, Rejection> {
+        let malformed = |detail: String| Rejection::KeyMalformed { detail };
+        match grpc::request_id(body, field) {
+            Ok(Some(id)) => self
+                .key_rules
+                .parse(&id)
+                .map(Some)
+                .map_err(|e| malformed(format!("the request_id (field {field}): {e}"))),
+            Ok(None) if self.required => Err(Rejection::KeyMissing {
+                header: self.header.clone(),
+            }),
+            Ok(None) => Ok(None),
+            Err(why) => Err(malformed(format!(
+                "the key was to be read from the message's request_id (field {field}), but {why}"
+            ))),
+        }
     }
 
     /// Refuses a UUIDv7 key older than the retention, when configured.

@@ -7,15 +7,16 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 /// Headers that describe one connection, not the message (RFC 9110
-/// §7.6.1), whether listed here or named by `Connection`.
-const HOP_BY_HOP: [&str; 9] = [
+/// §7.6.1), whether listed here or named by `Connection`. `Trailer` is not
+/// one: it names the message's trailer fields, and an HTTP/1.1 peer is
+/// sent only the trailers it names.
+const HOP_BY_HOP: [&str; 8] = [
     "connection",
     "keep-alive",
     "proxy-authenticate",
     "proxy-authorization",
     "proxy-connection",
     "te",
-    "trailer",
     "transfer-encoding",
     "upgrade",
 ];

@@ -72,8 +72,28 @@ pub async fn charge(State(up): State<Upstream>, headers: HeaderMap, body: Bytes)
     let h = response.headers_mut();
     h.append("set-cookie", HeaderValue::from_static("a=1"));
     h.append("set-cookie", HeaderValue::from_static("b=2"));
+    h.append("link", HeaderValue::from_static("</a>; rel=a"));
+    h.append("link", HeaderValue::from_static("</b>; rel=b"));
     h.insert("x-charge", HeaderValue::from(n));
     response
+}
+
+/// 200 with a body and a trailer field (`x-checksum`), named in
+/// `Trailer`, as HTTP/1.1 requires for a peer to be sent it.
+pub async fn trailers(State(up): State<Upstream>) -> Response {
+    use http_body_util::StreamBody;
+    let n = up.bump("/trailers");
+    let mut trailers = HeaderMap::new();
+    trailers.insert("x-checksum", HeaderValue::from(n));
+    let frames = futures_util::stream::iter([
+        Ok::<_, std::convert::Infallible>(http_body::Frame::data(Bytes::from_static(b"exported"))),
+        Ok(http_body::Frame::trailers(trailers)),
+    ]);
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("trailer", "x-checksum")
+        .body(axum::body::Body::new(StreamBody::new(frames)))
+        .expect("response")
 }
 
 pub async fn binary(State(up): State<Upstream>) -> Response {
@@ -150,6 +170,7 @@ pub fn upstream_app() -> (Upstream, Router) {
         .route("/read", get(read))
         .route("/headers", routing::post(headers).get(headers))
         .route("/version", routing::post(version))
+        .route("/trailers", routing::post(trailers))
         .with_state(up.clone());
     (up, app)
 }
@@ -187,6 +208,8 @@ pub fn config(upstream: SocketAddr) -> ProxyConfig {
         replay_cache_bytes: idem::DEFAULT_REPLAY_CACHE_BYTES,
         replay_cache_ttl: idem::DEFAULT_REPLAY_CACHE_TTL,
         replay_drop_headers: Vec::new(),
+        replay_set_cookie: false,
+        grpc_request_id_field: None,
         forwarded: Default::default(),
         tls: None,
     }
