@@ -73,6 +73,7 @@ async fn idem_serve_ends_a_claim_whose_result_the_store_refused() {
         max_wait: Duration::from_secs(5),
         max_request_bytes: 1024 * 1024,
         max_lease: Duration::from_secs(3600),
+        tls: None,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

@@ -41,6 +41,7 @@ impl Server {
             max_wait: Duration::from_secs(5),
             max_request_bytes: 64 * 1024,
             max_lease: Duration::from_secs(3600),
+            tls: None,
         };
         change(&mut config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -700,5 +701,53 @@ async fn without_tokens_only_json_addressed_to_a_loopback_name_is_served() {
             .await;
         assert_eq!(status, StatusCode::OK, "{host}: {answer}");
     }
+    server.stop().await;
+}
+
+/// With --tls-cert and --tls-key the claim API is HTTPS, so bearer tokens
+/// never cross the network in cleartext.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_is_served_over_tls_when_given_a_certificate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certified =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("certificate");
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, certified.cert.pem()).expect("write");
+    std::fs::write(&key, certified.signing_key.serialize_pem()).expect("write");
+    let server = Server::with(|config| {
+        config.tls = Some(idem_cli::tls::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+        })
+    })
+    .await;
+    let root = reqwest::Certificate::from_pem(certified.cert.pem().as_bytes()).expect("root");
+    let client = reqwest::Client::builder()
+        .add_root_certificate(root)
+        .no_proxy()
+        .build()
+        .expect("client");
+    let url = format!("https://localhost:{}/v1/claim", server.addr.port());
+    let answer: Value = client
+        .post(&url)
+        .bearer_auth(SHOP)
+        .json(&json!({ "scope": "tls", "key": "k-1" }))
+        .send()
+        .await
+        .expect("sent over TLS")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(answer["outcome"], "acquired", "{answer}");
+    let cleartext = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{}/v1/claim", server.addr.port()))
+        .bearer_auth(SHOP)
+        .json(&json!({ "scope": "tls", "key": "k-2" }))
+        .send()
+        .await;
+    assert!(
+        cleartext.map_or(true, |r| !r.status().is_success()),
+        "cleartext is not served"
+    );
     server.stop().await;
 }

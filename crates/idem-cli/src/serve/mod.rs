@@ -35,6 +35,7 @@ use api::{Api, Shared};
 pub use tenants::{Tenants, MAX_TENANT_LEN, MIN_TOKEN_LEN, OPEN_TENANT};
 
 use crate::store::AnyStore;
+use crate::tls::{self, TlsFiles};
 
 /// The OpenAPI 3.1 description of the API, as committed in the repository.
 pub const OPENAPI: &str = include_str!("../../openapi.yaml");
@@ -70,6 +71,14 @@ pub struct ServeArgs {
     /// instead.
     #[arg(long, env = "IDEM_MAX_LEASE", default_value = "1h")]
     pub max_lease: String,
+    /// Serve HTTPS with this certificate chain (PEM, leaf first), read
+    /// again on SIGHUP; needs --tls-key. Bearer tokens sent to any address
+    /// but loopback should only ever travel this way.
+    #[arg(long, env = "IDEM_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert, read again on SIGHUP.
+    #[arg(long, env = "IDEM_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// The claim API's settings, checked.
@@ -87,6 +96,9 @@ pub struct ServeConfig {
     pub max_request_bytes: usize,
     /// The longest lease a claim or heartbeat may ask for.
     pub max_lease: Duration,
+    /// Serve TLS with these files (reloaded on SIGHUP) instead of
+    /// cleartext.
+    pub tls: Option<TlsFiles>,
 }
 
 impl ServeArgs {
@@ -125,6 +137,14 @@ impl ServeArgs {
             max_wait: crate::wait("--max-wait", &self.max_wait)?,
             max_request_bytes: self.max_request_bytes,
             max_lease,
+            tls: match (&self.tls_cert, &self.tls_key) {
+                (Some(cert), Some(key)) => Some(TlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                }),
+                (None, None) => None,
+                _ => anyhow::bail!("--tls-cert and --tls-key go together: give both or neither"),
+            },
         })
     }
 }
@@ -168,17 +188,34 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let _purger = store.spawn_purger();
+    let tls = config.tls.clone();
+    if tls.is_none() && !config.tenants.is_open() {
+        if let Some(at) = listener.local_addr().ok().filter(|a| !a.ip().is_loopback()) {
+            tracing::warn!(
+                "listening on {at} in cleartext: bearer tokens cross the network readable; \
+                 give --tls-cert and --tls-key"
+            );
+        }
+    }
     let (router, writes) = router(store, config);
-    let served = axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            tracing::info!("shutting down: finishing in-flight requests");
-        })
-        .await;
+    let shutdown = async move {
+        shutdown.await;
+        tracing::info!("shutting down: finishing in-flight requests");
+    };
+    let served = match tls {
+        Some(files) => {
+            let certificate = tls::Certificate::load(files)?;
+            tls::reload_on_hangup(Arc::clone(&certificate));
+            tls::serve(listener, certificate.acceptor(), router, shutdown).await
+        }
+        None => axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(Into::into),
+    };
     writes.close();
     writes.wait().await;
-    served?;
-    Ok(())
+    served
 }
 
 async fn openapi() -> Response {
