@@ -165,6 +165,7 @@ impl Target {
             // moto keeps its tables in memory only.
             .filter(|k| *k != FaultKind::StoreRestart || self != Target::DynamoLease)
             .filter(|k| *k != FaultKind::Migrate || self == Target::RedisClusterLease)
+            .filter(|k| *k != FaultKind::Locks || self.on_postgres())
             .collect()
     }
 
@@ -208,11 +209,17 @@ pub enum FaultKind {
     /// Move slots, with their records, from one Cluster master to
     /// another under load (clients meet ASK, then MOVED).
     Migrate,
+    /// Hold idem's PostgreSQL table locked against writes for 100 to
+    /// 600 ms from a session of its own, while the workers' sessions give
+    /// up on a lock after 100 ms (`lock_timeout`) and on a statement after
+    /// 250 ms (`statement_timeout`): transient errors, which must never end
+    /// a run whose effect happened.
+    Locks,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 9] = [
+    pub const ALL: [FaultKind; 10] = [
         FaultKind::Kill,
         FaultKind::Stop,
         FaultKind::StoreRestart,
@@ -222,6 +229,7 @@ impl FaultKind {
         FaultKind::Cut,
         FaultKind::Clock,
         FaultKind::Migrate,
+        FaultKind::Locks,
     ];
 
     /// Its name in reports and on the command line.
@@ -236,6 +244,7 @@ impl FaultKind {
             FaultKind::Cut => "cut",
             FaultKind::Clock => "clock",
             FaultKind::Migrate => "migrate",
+            FaultKind::Locks => "locks",
         }
     }
 

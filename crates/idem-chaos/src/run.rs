@@ -580,7 +580,7 @@ impl Broker {
                         .await
                         .map_err(harness)?
                         .map_err(|source| ChaosError::Server {
-                            what: "a store fault (restart, failover or slot move)",
+                            what: "a store fault (restart, failover, slot move or lock hold)",
                             source,
                         })?;
                 }
@@ -798,6 +798,16 @@ impl Injector {
                     self.deferred.get_or_insert(kind);
                 }
                 applied
+            }
+            FaultKind::Locks => {
+                let hold = self.schedule.millis(100..600);
+                if restart.is_none() {
+                    *restart = Some(servers.hold_locks(hold));
+                    true
+                } else {
+                    self.deferred.get_or_insert(kind);
+                    false
+                }
             }
             proxied => self
                 .proxy_faults

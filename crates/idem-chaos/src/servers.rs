@@ -41,6 +41,11 @@ pub(crate) struct Servers {
 /// response timeout).
 const REPLICA_TIMEOUT: &str = "400ms";
 
+/// The workers' PostgreSQL session settings (URL-encoded `options`): a
+/// lock waited on for 100 ms, or a statement running for 250 ms, is given
+/// up with SQLSTATE 55P03 or 57014.
+const PG_TIMEOUTS: &str = "-c%20lock_timeout%3D100ms%20-c%20statement_timeout%3D250ms";
+
 /// The DynamoDB table of a run.
 pub(crate) const TABLE: &str = "idem-chaos";
 
@@ -155,8 +160,50 @@ impl Servers {
             Target::RedisClusterLease => (self.cluster_url(self.replica_acks), self.pg_url()),
             Target::SqliteLease => (sqlite_file(dir).to_string_lossy().into_owned(), proxied_pg),
             Target::DynamoLease => (format!("http://127.0.0.1:{port}#{TABLE}"), self.pg_url()),
+            // The sessions give up on locks and statements soon, as a
+            // deployment with timeouts set does; `locks` faults meet them.
+            Target::PgLease | Target::PgInbox => {
+                (format!("{proxied_pg}?options={PG_TIMEOUTS}"), self.pg_url())
+            }
             _ => (proxied_pg, self.pg_url()),
         }
+    }
+
+    /// Locks idem's table on PostgreSQL (the inbox's for the inbox mode)
+    /// against writes for `hold`, from a session of its own; errors (the
+    /// server restarting meanwhile) end it early.
+    pub(crate) fn hold_locks(
+        &self,
+        hold: Duration,
+    ) -> tokio::task::JoinHandle<Result<(), ServerError>> {
+        let (url, table) = (
+            self.pg_url(),
+            if self.target == Target::PgInbox {
+                "idem_inbox"
+            } else {
+                "idem_records"
+            },
+        );
+        tokio::spawn(async move {
+            let Ok((client, connection)) =
+                tokio_postgres::connect(&url, tokio_postgres::NoTls).await
+            else {
+                return Ok(());
+            };
+            let connection = tokio::spawn(connection);
+            let locked = client
+                .batch_execute(&format!(
+                    "BEGIN; LOCK TABLE public.{table} IN EXCLUSIVE MODE"
+                ))
+                .await;
+            if locked.is_ok() {
+                tokio::time::sleep(hold).await;
+                let _ = client.batch_execute("COMMIT").await;
+            }
+            drop(client);
+            let _ = connection.await;
+            Ok(())
+        })
     }
 
     /// The Cluster's URL (through the proxies), its writes waiting for a

@@ -53,6 +53,48 @@ async fn pg_lease_completes_every_key_once_under_faults() {
     assert!(report.executions >= report.keys as u64);
 }
 
+/// PostgreSQL under lock and statement timeout pressure alone: idem's
+/// table held locked against writes again and again while the workers'
+/// sessions give up on a lock after 100 ms. Every key still completes
+/// once (a completion refused as final would leave its record failed:
+/// a violation), and the inbox commits one effect per key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lock_and_statement_timeouts_end_no_run_that_took_effect() {
+    for target in [Target::PgLease, Target::PgInbox] {
+        let plan = Plan {
+            seed: 3,
+            keys: 400,
+            duration: Duration::from_secs(6),
+            fault_every: Duration::from_millis(400),
+            faults: vec![FaultKind::Locks],
+            ..Plan::new(target, env!("CARGO_BIN_EXE_idem-chaos"))
+        };
+        let report = idem_chaos::run(&plan, |_| {})
+            .await
+            .expect("the run itself works");
+        eprint!("{}", Report::table(std::slice::from_ref(&report)));
+        assert!(
+            report.violations.is_empty(),
+            "{}: violations:\n{}",
+            target.name(),
+            report.violation_lines(50)
+        );
+        assert!(
+            report.faults_of(FaultKind::Locks) >= 5,
+            "{:?}",
+            report.faults
+        );
+        assert_eq!(
+            report.acked_executed + report.acked_replayed,
+            report.deliveries as u64,
+            "every delivery is acknowledged once"
+        );
+        if target == Target::PgInbox {
+            assert_eq!(report.executions, report.keys as u64, "one effect per key");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_lease_completes_every_key_once_under_faults() {
     let report = short_run(Target::RedisLease).await;
