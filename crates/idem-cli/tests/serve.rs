@@ -690,6 +690,24 @@ async fn without_tokens_only_json_addressed_to_a_loopback_name_is_served() {
         .send(send("attacker.example", "application/json"))
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    let (status, _) = server
+        .send(send("[::1]evil.example", "application/json"))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    // HTTP/2 names the host in :authority, which is checked instead.
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .expect("client");
+    let answer = h2
+        .post(format!("http://localhost:{}/v1/claim", server.addr.port()))
+        .header("content-type", "application/json")
+        .body(r#"{"scope":"s","key":"h2"}"#)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(answer.version(), reqwest::Version::HTTP_2);
+    assert_eq!(answer.status(), StatusCode::OK);
     for host in [
         "localhost:8700",
         "127.0.0.1:8700",

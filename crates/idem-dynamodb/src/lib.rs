@@ -542,7 +542,14 @@ where
                 },
                 ctx.err().message().unwrap_or("no message")
             );
-            if transient_code(code) || ctx.raw().status().is_server_error() {
+            if matches!(
+                code,
+                "TransactionConflictException" | "ReplicatedWriteConflictException"
+            ) {
+                // Another write on the item: the key is busy, not the store
+                // down, so never a reason to fail open.
+                StoreError::contended(message)
+            } else if transient_code(code) || ctx.raw().status().is_server_error() {
                 StoreError::Unavailable(message.into())
             } else {
                 StoreError::Backend(message.into())

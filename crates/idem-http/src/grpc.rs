@@ -15,9 +15,9 @@ pub(crate) enum Verdict {
     /// An answer: stored and replayed (OK, and errors such as a declined
     /// card's FAILED_PRECONDITION).
     Stored,
-    /// The upstream did not act and says so (UNAVAILABLE, ABORTED,
+    /// The codes gRPC maps to 5xx, 409 or 429 (UNAVAILABLE, ABORTED,
     /// RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL, DATA_LOSS): the key is
-    /// released, as for a 5xx, 409 or 429.
+    /// released, as for those HTTP statuses (DESIGN §8's default).
     Released,
     /// The call was cut off while the upstream may have been acting on it
     /// (CANCELLED, UNKNOWN, DEADLINE_EXCEEDED): the outcome is unknown,
@@ -35,11 +35,14 @@ pub(crate) fn verdict(code: &[u8]) -> Verdict {
 }
 
 /// Whether `headers` are those of a gRPC request or response
-/// (`content-type: application/grpc`, `application/grpc+proto`, ...).
+/// (`content-type: application/grpc`, `application/grpc+proto`, ...), not
+/// gRPC-Web (`application/grpc-web`), whose framing differs.
 pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|t| t.as_bytes().starts_with(b"application/grpc"))
+    headers.get(header::CONTENT_TYPE).is_some_and(|t| {
+        let t = t.as_bytes();
+        t.strip_prefix(b"application/grpc")
+            .is_some_and(|rest| rest.is_empty() || rest[0] == b'+' || rest[0] == b';')
+    })
 }
 
 /// The string in top-level field `field` of a unary gRPC request's
@@ -303,6 +306,21 @@ mod tests {
         assert!(request_id(&framed(&[0x1a, 9, b'r']), 3).is_err_and(|e| e.contains("ends")));
         assert!(request_id(&framed(&[0x1a, 2, 0xff, 0xfe]), 3).is_err_and(|e| e.contains("UTF-8")));
         assert!(request_id(&[0, 0], 3).is_err());
+    }
+
+    #[test]
+    fn grpc_web_is_not_grpc() {
+        let with = |t: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(t));
+            is_grpc(&headers)
+        };
+        assert!(with("application/grpc"));
+        assert!(with("application/grpc+proto"));
+        assert!(with("application/grpc; charset=utf-8"));
+        assert!(!with("application/grpc-web"));
+        assert!(!with("application/grpc-web-text"));
+        assert!(!with("application/json"));
     }
 
     #[test]

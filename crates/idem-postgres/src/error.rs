@@ -5,7 +5,7 @@
 
 use deadpool_postgres::PoolError;
 use idem::StoreError;
-use tokio_postgres::error::SqlState;
+use tokio_postgres::error::{Severity, SqlState};
 
 /// Whether SQLSTATE `code` is transient: the statement was not applied,
 /// or may not have been, and running it again later can succeed. These
@@ -13,8 +13,9 @@ use tokio_postgres::error::SqlState;
 /// never a definite refusal that would end a run whose effect happened:
 ///
 /// - class 08: the connection failed;
-/// - class 40: serialization failure (40001), deadlock (40P01), statement
-///   completion unknown (40003);
+/// - serialization failure (40001), deadlock (40P01), statement
+///   completion unknown (40003), but not 40002 (a constraint found broken
+///   at commit: a refusal);
 /// - class 53: insufficient resources (disk, memory, connections);
 /// - 55P03 `lock_not_available` (`lock_timeout`);
 /// - 57014 `query_canceled` (`statement_timeout`, a cancel);
@@ -25,13 +26,22 @@ use tokio_postgres::error::SqlState;
 /// - 25P03 `idle_in_transaction_session_timeout`;
 /// - 58000 and 58030: system and I/O errors of the server.
 pub(crate) fn transient_sqlstate(code: &str) -> bool {
-    ["08", "40", "53", "57P0"]
+    ["08", "53", "57P0"]
         .iter()
         .any(|class| code.starts_with(class))
         || matches!(
             code,
-            "55P03" | "57014" | "25006" | "25P03" | "58000" | "58030"
+            "40001" | "40P01" | "40003" | "55P03" | "57014" | "25006" | "25P03" | "58000" | "58030"
         )
+}
+
+/// Whether SQLSTATE `code` says the statement met another session's on
+/// the same rows: a serialization failure, a deadlock, a lock or
+/// statement timeout (a statement that waited on a lock). The server is
+/// up and the key is busy: [`StoreError::contended`], never a reason to
+/// fail open.
+fn contention(code: &str) -> bool {
+    matches!(code, "40001" | "40P01" | "55P03" | "57014")
 }
 
 /// Maps a tokio-postgres error: transient SQLSTATEs
@@ -41,6 +51,7 @@ pub(crate) fn transient_sqlstate(code: &str) -> bool {
 /// definite refusal, [`StoreError::Backend`].
 pub(crate) fn pg_error(error: tokio_postgres::Error) -> StoreError {
     match error.code() {
+        Some(state) if contention(state.code()) => StoreError::contended(error),
         Some(state) if transient_sqlstate(state.code()) => StoreError::Unavailable(Box::new(error)),
         Some(state) if *state == SqlState::UNDEFINED_TABLE => StoreError::Backend(
             format!(
@@ -57,22 +68,32 @@ pub(crate) fn pg_error(error: tokio_postgres::Error) -> StoreError {
     }
 }
 
-/// Whether PostgreSQL answered `error` for a statement it then rolled
-/// back whole: it reported a SQLSTATE, and not one that leaves the
-/// statement's fate open (a lost connection, class 08; 40003). A batch
-/// that fails so can be run again item by item, with nothing applied
-/// twice.
-pub(crate) fn rolled_back(error: &StoreError) -> bool {
+/// Whether a batch statement failed with `error` for what one of its
+/// items may have caused alone, so that running the items one by one
+/// lets the others through: PostgreSQL answered an ERROR (not FATAL or
+/// PANIC, so the statement was rolled back whole and nothing of it
+/// applied) for a lock or conflict on some row ([`contention`]), or for
+/// one item's data (class 22, class 23, 54000 a value over a limit).
+/// Errors that hit every item alike (the server going away, short of
+/// resources, a demoted primary) fail the batch as one: running its items
+/// one by one would only add load where it hurts.
+pub(crate) fn one_item_may_cause(error: &StoreError) -> bool {
     let (StoreError::Unavailable(source) | StoreError::Backend(source)) = error else {
         return false;
     };
-    source
+    let source = match source.downcast_ref::<idem::Contended>() {
+        Some(contended) => &contended.0,
+        None => source,
+    };
+    let Some(db) = source
         .downcast_ref::<tokio_postgres::Error>()
-        .and_then(tokio_postgres::Error::code)
-        .is_some_and(|state| {
-            let code = state.code();
-            !code.starts_with("08") && code != "40003"
-        })
+        .and_then(tokio_postgres::Error::as_db_error)
+    else {
+        return false;
+    };
+    let code = db.code().code();
+    db.parsed_severity() == Some(Severity::Error)
+        && (contention(code) || code.starts_with("22") || code.starts_with("23") || code == "54000")
 }
 
 /// Maps a pool error: no connection in time, or none could be made, is

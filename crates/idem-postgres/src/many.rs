@@ -1,17 +1,17 @@
 //! Batches: many claims (`sql/claim_many.sql`) or many completions
 //! (`sql/complete_many.sql`) in one statement, rows locked in the keys'
 //! byte order, the same in every batch, so two batches never wait on each
-//! other in a cycle. A statement PostgreSQL refuses and rolls back (a lock
-//! or statement timeout, a deadlock with another session's writes, one
-//! item it cannot take) is run again item by item, so one item's trouble
-//! never fails its neighbours, and an error is only ever that item's.
+//! other in a cycle. A statement PostgreSQL refuses and rolls back for
+//! what one item may have caused (a lock or statement timeout on a row, a
+//! deadlock with another session's writes, one item it cannot take) is run
+//! again item by item, so one item's trouble never fails its neighbours.
 
 use idem::{
     ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, Completion, LeaseToken, RecordId,
     StoreError,
 };
 
-use crate::error::rolled_back;
+use crate::error::one_item_may_cause;
 use crate::row::{ms, token_bytes};
 use crate::{row, PgStore};
 
@@ -24,7 +24,7 @@ impl ClaimMany for PgStore {
             return Ok(Vec::new());
         }
         match self.batch(claims).await {
-            Err(e) if rolled_back(&e) => {
+            Err(e) if one_item_may_cause(&e) => {
                 tracing::debug!(error = %e, "claim_many rolled back; claiming one by one");
                 let mut results = Vec::with_capacity(claims.len());
                 for (id, params) in claims {
@@ -51,7 +51,7 @@ impl CompleteMany for PgStore {
             return Ok(Vec::new());
         }
         let mut results = match self.complete_distinct(completions).await {
-            Err(e) if rolled_back(&e) => {
+            Err(e) if one_item_may_cause(&e) => {
                 tracing::debug!(error = %e, "complete_many rolled back; completing one by one");
                 completions.iter().map(|_| None).collect()
             }

@@ -176,3 +176,36 @@ async fn a_completion_that_meets_a_held_lock_is_retried_and_stored_not_failed() 
     assert!(again.is_replayed());
     assert_eq!(again.value(), "charged");
 }
+
+/// A claim that gives up on a lock held by another session's write to the
+/// same record (most likely a duplicate of this very request) is
+/// transient, but not "the store is down": even with fail-open, the
+/// handler does not run unguarded beside the holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contended_claim_never_fails_open() {
+    let (store, schema) = store("lock_timeout=200ms", false).await;
+    let id = RecordId::parse("transient", "open").expect("id");
+    let lease = claim_all(&store, std::slice::from_ref(&id)).await.remove(0);
+    store
+        .release(&lease)
+        .await
+        .expect("released: claimable again");
+    let idem = Idempotency::builder(store.clone())
+        .fail_open(true)
+        .build()
+        .expect("executor");
+    let holder = lock_row(&schema, "open", Duration::from_secs(2)).await;
+    let ran = std::sync::atomic::AtomicBool::new(false);
+    let result = idem
+        .run(&id, None, |_ctx| async {
+            ran.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok::<_, std::io::Error>("ran".to_owned())
+        })
+        .await;
+    assert!(
+        matches!(&result, Err(idem::RunError::Store(e)) if e.is_contention()),
+        "{result:?}"
+    );
+    assert!(!ran.load(std::sync::atomic::Ordering::SeqCst), "ran unguarded");
+    holder.await.expect("holder");
+}

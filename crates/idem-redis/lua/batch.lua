@@ -4,6 +4,9 @@
 -- scripts would run them. The reply has one entry per operation: what its
 -- own script replies, or {'!', message} if it raised an error, in which
 -- case the operations after it still run.
+-- A batch runs on a single server only (never a Cluster), where touching
+-- a journal no KEYS entry names is allowed.
+journal_declared = true
 local ops = {
   c = {claim, 7},
   d = {complete, 4},

@@ -21,13 +21,17 @@
 -- until the year 2255.
 --
 -- The step journal is a hash of its own, `<record key>:j` (the same hash
--- tag, so the same Cluster slot), kept until the record's own expiry. Every
--- script of one record declares it as KEYS[2] beside the record, so that a
--- Cluster moving the slot answers TRYAGAIN while the two are apart instead
--- of running the script on half of them. A record reads its journal only
--- once it is marked as having one (j), and the mark is set by wiping the
--- journal first, so a new record never reads the journal of the record it
--- replaced.
+-- tag, so the same Cluster slot), kept until the record's own expiry. A
+-- script touches it only when it is declared as KEYS[2] beside the record,
+-- so that a Cluster moving the slot answers TRYAGAIN while the two are
+-- apart instead of running the script on half of them: a script about to
+-- touch an undeclared journal stops first, before any write, with the
+-- error JOURNAL, and the client sends it again with the journal declared.
+-- (On a Cluster the client declares it only then: a record without a
+-- journal is one key, which a moving slot serves by ASK as before.) A
+-- record reads its journal only once it is marked as having one (j), and
+-- the mark is set by wiping the journal first, so a new record never reads
+-- the journal of the record it replaced.
 --
 -- Builds before 2026-11-27 named the journal `<record key>:j:<generation>`
 -- (g below) and did not declare it. A record of theirs that has a journal
@@ -42,6 +46,9 @@
 --
 -- Time is the server's. Numbers given to Redis are formatted with '%d'
 -- because Lua's default formatting would round integers above 10^14.
+
+-- Whether the script's caller declared the record's journal (KEYS[2]).
+local journal_declared = KEYS[2] ~= nil
 
 local tm = redis.call('TIME')
 local now_us = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
@@ -115,6 +122,9 @@ end
 -- journal an earlier build kept under the generation's name is renamed to
 -- it first.
 local function journal(key, r)
+  if not journal_declared then
+    error({err = 'JOURNAL record ' .. key .. ' needs its step journal declared'})
+  end
   local steps = key .. ':j'
   if r.j == 1 and redis.call('EXISTS', steps) == 0 then
     local old = key .. ':j:' .. int(r.g)
@@ -128,11 +138,11 @@ end
 -- Turns a record kept as a hash into a string in place, its steps moved to
 -- its journal. Returns the key's expiry (ms), or nil when it has none.
 local function unhash(key, r)
+  local steps = journal(key, r)
   local all = redis.call('HGETALL', key)
   local until_ms = redis.call('PEXPIRETIME', key)
   redis.call('DEL', key)
   r.hash = nil
-  local steps = journal(key, r)
   redis.call('DEL', steps)
   for i = 1, #all, 2 do
     if string.sub(all[i], 1, 2) == 'j:' then
@@ -163,9 +173,11 @@ local function save(key, r, until_ms)
     redis.call('SET', key, m, 'KEEPTTL')
     return
   end
+  -- Named before the first write: an undeclared journal stops the script.
+  local steps = r.j == 1 and journal(key, r)
   redis.call('SET', key, m, 'PXAT', int(until_ms))
-  if r.j == 1 then
-    redis.call('PEXPIREAT', journal(key, r), int(until_ms))
+  if steps then
+    redis.call('PEXPIREAT', steps, int(until_ms))
   end
 end
 

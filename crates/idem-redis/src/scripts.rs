@@ -59,12 +59,19 @@ pub(crate) fn batch() -> Script {
     Script::new(&format!("{}\n{}", functions.join("\n"), lua!("batch.lua")))
 }
 
-/// The step journal of the record `key` (`lua/prelude.lua`): a script of
-/// one record declares both, one slot by the record's hash tag. A
-/// Cluster that moves the slot then answers `TRYAGAIN` while the two are
-/// on different nodes, rather than running the script on one of them.
+/// The step journal of the record `key` (`lua/prelude.lua`), in the
+/// record's slot by its hash tag. A script that touches it declares it
+/// beside the record, so a Cluster moving the slot answers `TRYAGAIN`
+/// while the two are on different nodes, rather than running the script
+/// on one of them.
 fn journal_key(key: &str) -> String {
     format!("{key}:j")
+}
+
+/// Whether a script stopped, before any write, because it needs the
+/// record's journal declared (`JOURNAL`, see `lua/prelude.lua`).
+fn needs_journal(error: &redis::RedisError) -> bool {
+    error.code() == Some("JOURNAL")
 }
 
 impl Script {
@@ -74,7 +81,8 @@ impl Script {
         Self { body, sha }
     }
 
-    /// The `EVALSHA` command for the record `key` with `args`.
+    /// The `EVALSHA` command for the record `key` (and its journal) with
+    /// `args`, for a pipeline to a single server.
     pub(crate) fn evalsha(&self, key: &str, args: &[&[u8]]) -> Cmd {
         self.command("EVALSHA", &self.sha, &[key, &journal_key(key)], args)
     }
@@ -88,11 +96,35 @@ impl Script {
         cmd
     }
 
-    /// Runs the script on `key`'s server.
+    /// Runs the script on `key`'s server. A single server gets the
+    /// record's journal declared every time; a Cluster only when the
+    /// script asks for it (the record has a journal): a record without one
+    /// stays one key, which a slot on the move serves by `ASK`.
     pub(crate) async fn run(&self, conn: &Conn, key: &str, args: &[&[u8]]) -> RedisResult<Value> {
-        match conn.query_key(&self.evalsha(key, args), key).await {
+        let journal = journal_key(key);
+        let both = [key, journal.as_str()];
+        let first = match conn {
+            Conn::Cluster(_) => &both[..1],
+            Conn::Standalone(_) => &both[..],
+        };
+        match self.run_keys(conn, key, first, args).await {
+            Err(e) if needs_journal(&e) => self.run_keys(conn, key, &both, args).await,
+            other => other,
+        }
+    }
+
+    /// Runs the script with `keys` on the server of `key` (the first).
+    async fn run_keys(
+        &self,
+        conn: &Conn,
+        key: &str,
+        keys: &[&str],
+        args: &[&[u8]],
+    ) -> RedisResult<Value> {
+        let evalsha = self.command("EVALSHA", &self.sha, keys, args);
+        match conn.query_key(&evalsha, key).await {
             Err(e) if is_noscript(&e) => {
-                let eval = self.command("EVAL", &self.body, &[key, &journal_key(key)], args);
+                let eval = self.command("EVAL", &self.body, keys, args);
                 conn.query_key(&eval, key).await
             }
             other => other,

@@ -117,7 +117,7 @@ pub use record::{
     Resolution, Resolved, State, StateKind, StepBegin, StepEntry, StepState, TokenMint,
 };
 pub use store::{
-    journal_of, poll_while, BoxError, BoxFuture, ClaimMany, CompleteMany, Completion, DeleteRecord,
-    DynStepJournal, FindAbandoned, GetRecord, ListPage, ListQuery, ListRecords, PurgeExpired,
-    RecordTtl, StepJournal, Store, StoreError,
+    journal_of, poll_while, BoxError, BoxFuture, ClaimMany, CompleteMany, Completion, Contended,
+    DeleteRecord, DynStepJournal, FindAbandoned, GetRecord, ListPage, ListQuery, ListRecords,
+    PurgeExpired, RecordTtl, StepJournal, Store, StoreError,
 };

@@ -54,7 +54,29 @@ pub enum StoreError {
     Backend(#[source] BoxError),
 }
 
+/// The source of a [`StoreError::Unavailable`] raised when a write met
+/// another on the same record: a lock waited on too long, a deadlock, a
+/// conflict with a concurrent transaction. The store is up and the key is
+/// busy, most likely with a duplicate of this very request: retried like
+/// any transient error, but never a reason to fail open, which would run
+/// the duplicate beside it ([`StoreError::is_contention`]).
+#[derive(Debug, thiserror::Error)]
+#[error("contended: {0}")]
+pub struct Contended(pub BoxError);
+
 impl StoreError {
+    /// A transient error that met a concurrent write on the record
+    /// ([`Contended`]).
+    pub fn contended(source: impl Into<BoxError>) -> Self {
+        StoreError::Unavailable(Box::new(Contended(source.into())))
+    }
+
+    /// Whether this is a [`Contended`] error: the key is busy, the store
+    /// is not down.
+    pub fn is_contention(&self) -> bool {
+        matches!(self, StoreError::Unavailable(source) if source.is::<Contended>())
+    }
+
     /// Whether the store answered and said no (too large, invalid,
     /// corrupt, full): a definite refusal, that sending the same write
     /// again will not change. Not a lost lease (the record moved on), and
@@ -70,6 +92,9 @@ impl StoreError {
     pub fn copy(&self) -> StoreError {
         match self {
             StoreError::LeaseLost => StoreError::LeaseLost,
+            StoreError::Unavailable(e) if e.is::<Contended>() => {
+                StoreError::contended(crate::error_chain(&**e))
+            }
             StoreError::Unavailable(e) => StoreError::Unavailable(crate::error_chain(&**e).into()),
             StoreError::CapacityExceeded { capacity } => StoreError::CapacityExceeded {
                 capacity: *capacity,

@@ -157,11 +157,10 @@ impl Api {
         let retention = millis("retention_ms", request.retention_ms, self.config.retention)?;
         let response = Bytes::from(String::from(Box::<str>::from(request.response)));
         let store = self.store.clone();
-        let keep_failure = self.config.retention;
         self.detached(async move {
             match store.complete(&lease, response.clone(), retention).await {
                 Err(refusal) if refusal.is_refusal() => {
-                    Err(end_refused(&store, &lease, &refusal, keep_failure).await)
+                    Err(end_refused(&store, &lease, &refusal, retention).await)
                 }
                 done => {
                     landed(&store, &lease, done, |state| {

@@ -261,11 +261,13 @@ fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
 /// The caller's tenant, from its bearer token. Without tokens, only a
 /// request addressed to a loopback name is served: a web page that
 /// reaches the port through a name of its own (DNS rebinding) is refused.
-fn tenant(api: &Api, headers: &HeaderMap) -> Result<Arc<str>, Problem> {
+fn tenant(api: &Api, headers: &HeaderMap, uri: &Uri) -> Result<Arc<str>, Problem> {
     if api.config.tenants.is_open() {
+        // HTTP/2 names the host in the URI (`:authority`), not in `Host`.
         let host = headers
             .get(header::HOST)
             .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
+            .or_else(|| uri.authority().map(|a| a.as_str().to_owned()))
             .unwrap_or_default();
         if !loopback_host(&host) {
             return Err(problems::not_loopback(&host));
@@ -285,7 +287,10 @@ fn tenant(api: &Api, headers: &HeaderMap) -> Result<Arc<str>, Problem> {
 /// names this machine's loopback interface.
 fn loopback_host(host: &str) -> bool {
     let name = match host.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or(""),
+        Some(v6) => match v6.split_once(']') {
+            Some((address, rest)) if rest.is_empty() || rest.starts_with(':') => address,
+            _ => return false,
+        },
         None => host.rsplit_once(':').map_or(host, |(name, _port)| name),
     };
     name.eq_ignore_ascii_case("localhost")
@@ -361,9 +366,14 @@ fn scope_and_key(query: Option<&str>) -> Result<(String, String), Problem> {
 /// its answer as JSON (or 204 when it has none).
 macro_rules! post_route {
     ($name:ident, $request:ty, $status:expr) => {
-        async fn $name(State(api): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+        async fn $name(
+            State(api): State<Shared>,
+            uri: Uri,
+            headers: HeaderMap,
+            body: Body,
+        ) -> Response {
             let answered = async {
-                let tenant = tenant(&api, &headers)?;
+                let tenant = tenant(&api, &headers, &uri)?;
                 if api.config.tenants.is_open() && !is_json(&headers) {
                     return Err(problems::not_json());
                 }
@@ -402,11 +412,12 @@ macro_rules! get_route {
     ($name:ident) => {
         async fn $name(
             State(api): State<Shared>,
+            uri: Uri,
             headers: HeaderMap,
             RawQuery(query): RawQuery,
         ) -> Response {
             let answered = async {
-                let tenant = tenant(&api, &headers)?;
+                let tenant = tenant(&api, &headers, &uri)?;
                 let (scope, key) = scope_and_key(query.as_deref())?;
                 api.$name(&tenant, &scope, &key).await
             }

@@ -158,7 +158,9 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                         .await
                 }
                 Ok(outcome) => self.answer(outcome),
-                Err(error @ StoreError::Unavailable(_)) if self.config.fail_open => {
+                Err(error @ StoreError::Unavailable(_))
+                    if self.config.fail_open && !error.is_contention() =>
+                {
                     tracing::warn!(%error, "store unreachable; running unguarded (fail-open)");
                     m::count(m::FAIL_OPEN, &[]);
                     self.unguarded(&id, handler).await

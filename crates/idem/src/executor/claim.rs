@@ -49,7 +49,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         loop {
             let outcome = match self.claim_once(id, params).await {
                 Ok(Claimed::Answered(outcome)) => outcome,
-                Err(error @ StoreError::Unavailable(_)) if fail_open => {
+                Err(error @ StoreError::Unavailable(_)) if fail_open && !error.is_contention() => {
                     tracing::warn!(%error, "store unreachable; running unguarded (fail-open)");
                     m::count(m::FAIL_OPEN, &[]);
                     return Ok(Claimed::Unguarded);
