@@ -206,6 +206,9 @@ async fn a_contended_claim_never_fails_open() {
         matches!(&result, Err(idem::RunError::Store(e)) if e.is_contention()),
         "{result:?}"
     );
-    assert!(!ran.load(std::sync::atomic::Ordering::SeqCst), "ran unguarded");
+    assert!(
+        !ran.load(std::sync::atomic::Ordering::SeqCst),
+        "ran unguarded"
+    );
     holder.await.expect("holder");
 }
