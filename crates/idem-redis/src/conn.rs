@@ -544,14 +544,19 @@ pub(crate) fn transient_code(code: &str) -> bool {
 }
 
 /// Whether the error means the server (or the Cluster) could not serve
-/// the request: not reachable, timed out, or answering with a transient
-/// error code ([`TRANSIENT_CODES`]).
+/// the request, or its answer was lost: not reachable, timed out, a reply
+/// cut off or garbled on the way (the command may have run: it is read
+/// back, never taken as a refusal), or a transient error code
+/// ([`TRANSIENT_CODES`]).
 pub(crate) fn is_unavailable(error: &RedisError) -> bool {
     error.is_io_error()
         || error.is_timeout()
         || error.is_connection_dropped()
         || error.is_connection_refusal()
-        || matches!(error.kind(), ErrorKind::ClusterConnectionNotFound)
+        || matches!(
+            error.kind(),
+            ErrorKind::ClusterConnectionNotFound | ErrorKind::Parse
+        )
         || error.code().is_some_and(transient_code)
 }
 
