@@ -169,6 +169,29 @@ impl Target {
             .collect()
     }
 
+    /// The distinct keys a second of faults carries by default: what the
+    /// target settles within the harness's settle limit on two cores.
+    /// DynamoDB's is half the others': moto serves one request at a time.
+    pub fn keys_per_second(self) -> usize {
+        if self == Target::DynamoLease {
+            50
+        } else {
+            100
+        }
+    }
+
+    /// The deliveries (HTTP targets: requests) each worker has in flight
+    /// by default. An HTTP client waits on each request, retries
+    /// included, so the HTTP targets need many more at once to carry the
+    /// same workload.
+    pub fn inflight(self) -> usize {
+        if self.is_http() {
+            64
+        } else {
+            8
+        }
+    }
+
     /// Whether this is a run of workers whose idem store is PostgreSQL.
     pub fn on_postgres(self) -> bool {
         matches!(self, Target::PgInbox | Target::PgLease)

@@ -64,18 +64,20 @@ struct RunArgs {
     /// Seeds the workload and the faults.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Distinct keys.
-    #[arg(long, default_value_t = 300)]
-    keys: usize,
+    /// Distinct keys (default: 100 for each second of `--duration`, 50 on
+    /// dynamodb-lease).
+    #[arg(long)]
+    keys: Option<usize>,
     /// The share of deliveries that are duplicates (0 to 0.95).
     #[arg(long, default_value_t = 0.33)]
     duplicates: f64,
     /// Worker processes (HTTP targets: client processes).
     #[arg(long, default_value_t = 4)]
     workers: usize,
-    /// Deliveries each worker works on at once.
-    #[arg(long, default_value_t = 8)]
-    inflight: usize,
+    /// Deliveries each worker works on at once (default: 8; 64 on the
+    /// HTTP targets, whose clients wait on each request).
+    #[arg(long)]
+    inflight: Option<usize>,
     /// The executor's lease.
     #[arg(long, default_value = "1s", value_parser = idem::url::parse_duration)]
     lease: Duration,
@@ -155,10 +157,12 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
     for target in targets {
         let plan = Plan {
             seed: args.seed,
-            keys: args.keys,
+            keys: args.keys.unwrap_or_else(|| {
+                target.keys_per_second() * args.duration.as_secs().max(1) as usize
+            }),
             duplicates: args.duplicates,
             workers: args.workers,
-            inflight: args.inflight,
+            inflight: args.inflight.unwrap_or(target.inflight()),
             lease: args.lease,
             duration: args.duration,
             fault_every: args.fault_every,
