@@ -11,7 +11,7 @@ pub enum ChaosError {
     #[error("invalid plan: {0}")]
     Plan(String),
     /// A server could not be started or set up.
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Server {
         /// Which.
         what: &'static str,

@@ -37,7 +37,7 @@ pub enum KeyHeaderError {
         problem: &'static str,
     },
     /// The key inside broke a key rule.
-    #[error("the {header} header: {source}")]
+    #[error("the {header} header")]
     Key {
         /// The header's name.
         header: String,

@@ -30,10 +30,11 @@ pub struct OutcomeUnknown;
 /// ```
 /// use idem_http::NotExecuted;
 /// let refused = NotExecuted::new(std::io::Error::other("connection refused"));
-/// assert_eq!(refused.to_string(), "not executed: connection refused");
+/// assert_eq!(refused.to_string(), "not executed");
+/// assert_eq!(idem::error_chain(&refused), "not executed: connection refused");
 /// ```
 #[derive(Debug, thiserror::Error)]
-#[error("not executed: {source}")]
+#[error("not executed")]
 pub struct NotExecuted {
     #[source]
     source: BoxError,

@@ -242,9 +242,9 @@ impl<S: Store> Settings<S> {
                     Err(error) => {
                         let error: BoxError = error.into();
                         return Err(if is_not_executed(&*error) {
-                            Unstored::NotExecuted(error.to_string())
+                            Unstored::NotExecuted(idem::error_chain(&*error))
                         } else {
-                            Unstored::Failed(error.to_string())
+                            Unstored::Failed(idem::error_chain(&*error))
                         });
                     }
                 };
@@ -440,7 +440,7 @@ impl<S: Store> Settings<S> {
         parse_key(self.header.as_str(), value, &self.key_rules)
             .map(Some)
             .map_err(|e| Rejection::KeyMalformed {
-                detail: e.to_string(),
+                detail: idem::error_chain(&e),
             })
     }
 

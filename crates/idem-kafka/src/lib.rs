@@ -182,7 +182,7 @@ const OWNED_SETTINGS: [(&str, &str, &str); 2] = [
 #[non_exhaustive]
 pub enum KafkaConsumerError {
     /// A librdkafka client could not be created (a bad setting).
-    #[error("cannot create the Kafka {which}: {source}")]
+    #[error("cannot create the Kafka {which}")]
     Client {
         /// `consumer`, `producer` or `admin client`.
         which: &'static str,
@@ -203,7 +203,7 @@ pub enum KafkaConsumerError {
     #[error("no topic to consume")]
     NoTopics,
     /// The broker could not be asked (down, unreachable, timed out).
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Broker {
         /// What was being done.
         what: String,

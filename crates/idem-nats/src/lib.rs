@@ -94,7 +94,7 @@ pub const SEQUENCE_HEADER: &str = "Idem-Stream-Sequence";
 #[non_exhaustive]
 pub enum NatsError {
     /// The server could not be reached.
-    #[error("cannot connect to NATS at {url}: {source}")]
+    #[error("cannot connect to NATS at {url}")]
     Connect {
         /// The URL, password masked.
         url: String,
@@ -103,7 +103,7 @@ pub enum NatsError {
         source: async_nats::ConnectError,
     },
     /// A JetStream request failed (stream missing, consumer refused).
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     JetStream {
         /// What was being done.
         what: String,

@@ -133,7 +133,7 @@ pub const RETRIES_HEADER: &str = "x-idem-retries";
 #[non_exhaustive]
 pub enum RabbitError {
     /// The broker could not be reached or refused the login.
-    #[error("cannot connect to RabbitMQ at {url}: {source}")]
+    #[error("cannot connect to RabbitMQ at {url}")]
     Connect {
         /// The URL, password masked.
         url: String,
@@ -142,7 +142,7 @@ pub enum RabbitError {
         source: lapin::Error,
     },
     /// Declaring a queue failed, e.g. it exists with other arguments.
-    #[error("cannot declare queue {queue:?}: {source}")]
+    #[error("cannot declare queue {queue:?}")]
     Declare {
         /// The queue.
         queue: String,
@@ -157,7 +157,7 @@ pub enum RabbitError {
     #[error(transparent)]
     Window(#[from] idem_consumer::WindowError),
     /// The channel or connection failed while consuming.
-    #[error("RabbitMQ channel failed while consuming {queue:?}: {source}")]
+    #[error("RabbitMQ channel failed while consuming {queue:?}")]
     Consume {
         /// The queue.
         queue: String,

@@ -214,7 +214,7 @@ pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> boo
 #[derive(Debug, thiserror::Error)]
 pub enum OrderError {
     /// A message no retry can fix.
-    #[error("poison: {0}")]
+    #[error("poison")]
     Poison(#[from] Terminal),
     /// A downstream hiccup on the first attempt.
     #[error("flaky downstream on attempt {0}")]
@@ -223,7 +223,7 @@ pub enum OrderError {
     #[error("lease lost before the effect")]
     LeaseLost(#[from] LeaseLost),
     /// The downstream write failed.
-    #[error("downstream write failed: {0}")]
+    #[error("downstream write failed")]
     Downstream(#[from] std::io::Error),
 }
 

@@ -114,7 +114,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         error: E,
     ) -> RunError<E> {
         let mut class = (self.config.classifier)(&error);
-        let mut message = error.to_string();
+        let mut message = crate::error_chain(&error);
         let max = self.config.max_attempts.get();
         if class == FailureClass::Retryable && lease.attempt >= max {
             class = FailureClass::Terminal;
