@@ -78,7 +78,7 @@ pub struct ProxyConfig {
     pub replay_set_cookie: bool,
     /// The field of a gRPC request message holding its key when the
     /// metadata does not (AIP-155 `request_id`).
-    pub grpc_request_id_field: Option<u32>,
+    pub grpc_request_id_fields: Vec<(Option<String>, u32)>,
     /// Forwarding headers and `Host`.
     pub forwarded: ForwardedPolicy,
     /// Serve TLS with these files (reloaded on SIGHUP) instead of
@@ -268,8 +268,11 @@ pub fn layer(store: AnyStore, config: &ProxyConfig) -> anyhow::Result<Idempotenc
     if let Some(tenant) = &config.tenant_header {
         layer = layer.tenant_header(tenant.clone());
     }
-    if let Some(field) = config.grpc_request_id_field {
-        layer = layer.grpc_request_id_field(field);
+    for (method, field) in &config.grpc_request_id_fields {
+        layer = match method {
+            Some(path) => layer.grpc_request_id_field_of(path.clone(), *field),
+            None => layer.grpc_request_id_field(*field),
+        };
     }
     Ok(layer.build()?)
 }

@@ -138,10 +138,13 @@ pub struct ProxyArgs {
     pub replay_set_cookie: Option<bool>,
     /// For gRPC calls without an idempotency-key metadata entry, the
     /// number of the request message's top-level string field that holds
-    /// the key (AIP-155's `request_id`, e.g. `string request_id = 3;`)
-    /// [default: none].
+    /// the key (AIP-155's `request_id`, e.g. `string request_id = 3;`),
+    /// per method (`/shop.Orders/Create=3`, comma-separated) or, as a
+    /// bare number, for every method (only for services whose methods are
+    /// all unary: such a call's request stream is read to its end before
+    /// it is passed on) [default: none].
     #[arg(long, env = "IDEM_GRPC_REQUEST_ID_FIELD")]
-    pub grpc_request_id_field: Option<u32>,
+    pub grpc_request_id_field: Option<String>,
 }
 
 macro_rules! fill {
@@ -249,7 +252,14 @@ impl ProxyArgs {
                 .map(|h| header_name("--replay-drop-headers", h))
                 .collect::<anyhow::Result<_>>()?,
             replay_set_cookie: self.replay_set_cookie.unwrap_or(false),
-            grpc_request_id_field: self.grpc_request_id_field,
+            grpc_request_id_fields: self
+                .grpc_request_id_field
+                .as_deref()
+                .unwrap_or("")
+                .split(',')
+                .filter(|f| !f.trim().is_empty())
+                .map(request_id_field)
+                .collect::<anyhow::Result<_>>()?,
             forwarded: forwarded::ForwardedPolicy {
                 trust_incoming: self.trust_forwarded.unwrap_or(false),
                 preserve_host: self.preserve_host.unwrap_or(plain_http1),
@@ -263,5 +273,59 @@ impl ProxyArgs {
                 _ => anyhow::bail!("--tls-cert and --tls-key go together: give both or neither"),
             },
         })
+    }
+}
+
+/// One `--grpc-request-id-field` entry: `N` (every method) or
+/// `/package.Service/Method=N`.
+fn request_id_field(entry: &str) -> anyhow::Result<(Option<String>, u32)> {
+    let entry = entry.trim();
+    let (method, number) = match entry.rsplit_once('=') {
+        Some((method, number)) => (Some(method.trim()), number.trim()),
+        None => (None, entry),
+    };
+    let field = number
+        .parse::<u32>()
+        .ok()
+        .filter(|n| (1..=536_870_911).contains(n))
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "--grpc-request-id-field {entry:?}: {number:?} is not a protobuf field number \
+                 (1 to 536870911)"
+            )
+        })?;
+    match method {
+        Some(path) if !path.starts_with('/') || path[1..].split('/').count() != 2 => {
+            anyhow::bail!(
+                "--grpc-request-id-field {entry:?}: {path:?} is not a gRPC method path \
+                 (/package.Service/Method)"
+            )
+        }
+        method => Ok((method.map(str::to_owned), field)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::request_id_field;
+
+    #[test]
+    fn request_id_fields_are_numbers_for_every_method_or_per_method_path() {
+        assert_eq!(request_id_field("3").expect("every method"), (None, 3));
+        assert_eq!(
+            request_id_field(" /shop.Orders/Create = 7 ").expect("one method"),
+            (Some("/shop.Orders/Create".to_owned()), 7)
+        );
+        for bad in [
+            "0",
+            "x",
+            "536870912",
+            "Create=3",
+            "/shop.Orders=3",
+            "/a/b/c=3",
+        ] {
+            let error = request_id_field(bad).expect_err(bad).to_string();
+            assert!(error.contains("--grpc-request-id-field"), "{bad}: {error}");
+        }
     }
 }

@@ -581,7 +581,8 @@ async fn grpc_callers_get_the_gateways_answers_as_grpc_statuses() {
 }
 
 /// A gRPC call without a key in its metadata is keyed by its message's
-/// AIP-155 `request_id` field when the gateway is told which field.
+/// AIP-155 `request_id` field when the gateway is told which field of
+/// which method's message; other methods' messages are not read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grpc_request_id_field_keys_calls_without_metadata() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -589,10 +590,10 @@ async fn a_grpc_request_id_field_keys_calls_without_metadata() {
     let mut settings = config(upstream);
     settings.upstream_protocol.http2_only = true;
     settings.require_key = true;
-    settings.grpc_request_id_field = Some(3);
+    settings.grpc_request_id_fields = vec![(Some(CHARGE.to_owned()), 3)];
     let gateway = Gateway::start(sqlite(&dir), settings).await;
     let channel = grpc_channel(&gateway.url).await;
-    let charge_with_id = |request_id: &str, order: &str| {
+    let call_with_id = |method: &'static str, request_id: &str, order: &str| {
         let message = ChargeRequest {
             order: order.to_owned(),
             cents: 1250,
@@ -604,12 +605,13 @@ async fn a_grpc_request_id_field_keys_calls_without_metadata() {
             grpc.ready().await.expect("channel ready");
             grpc.unary(
                 tonic::Request::new(message),
-                PathAndQuery::from_static(CHARGE),
+                PathAndQuery::from_static(method),
                 tonic_prost::ProstCodec::<ChargeRequest, ChargeReply>::default(),
             )
             .await
         }
     };
+    let charge_with_id = |request_id: &str, order: &str| call_with_id(CHARGE, request_id, order);
     let id = "018f6b1e-2c3d-7a4b-8c9d-0e1f2a3b4c5d";
     let first = charge_with_id(id, "aip-1").await.expect("charged");
     let again = charge_with_id(id, "aip-1").await.expect("replayed");
@@ -631,6 +633,13 @@ async fn a_grpc_request_id_field_keys_calls_without_metadata() {
     assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
     assert!(bad.message().contains("request_id"), "{bad:?}");
     assert_eq!(up.runs(&format!("{CHARGE}/aip-2")), 0);
+    // Another method's message is not read for a key: the same bad
+    // request_id is a missing key there, not a malformed one.
+    let other = call_with_id("/shop.Payments/Refund", "has space", "aip-3")
+        .await
+        .expect_err("no key for this method");
+    assert_eq!(other.code(), tonic::Code::InvalidArgument, "{other:?}");
+    assert!(!other.message().contains("request_id"), "{other:?}");
     gateway.shutdown().await;
 }
 

@@ -2,6 +2,7 @@
 //! and idem's own answers (problems) said the way gRPC clients read them,
 //! as trailers-only statuses (DESIGN §8).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
@@ -43,6 +44,24 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
         t.strip_prefix(b"application/grpc")
             .is_some_and(|rest| rest.is_empty() || rest[0] == b'+' || rest[0] == b';')
     })
+}
+
+/// Which field of a gRPC call's request message holds its key when its
+/// metadata has none (AIP-155's `request_id`): per method, or for every
+/// method.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RequestIdFields {
+    /// The field for methods not named in `methods`.
+    pub(crate) every: Option<u32>,
+    /// By method path (`/package.Service/Method`).
+    pub(crate) methods: HashMap<String, u32>,
+}
+
+impl RequestIdFields {
+    /// The field to read for the method at `path`, if any.
+    pub(crate) fn field(&self, path: &str) -> Option<u32> {
+        self.methods.get(path).copied().or(self.every)
+    }
 }
 
 /// The string in top-level field `field` of a unary gRPC request's

@@ -11,6 +11,7 @@ use idem::{ConfigError, FailureClass, Idempotency, KeyRules, Store};
 use tokio_util::task::TaskTracker;
 use tower_layer::Layer;
 
+use crate::grpc;
 use crate::request::{Settings, Unstored};
 use crate::rules::{default_stored, FingerprintRule, Hook};
 use crate::service::IdempotencyService;
@@ -42,7 +43,7 @@ pub struct IdempotencyLayerBuilder<S> {
     replay_drop: Vec<HeaderName>,
     replay_set_cookie: bool,
     replay_redate: bool,
-    grpc_request_id: Option<u32>,
+    grpc_request_id: grpc::RequestIdFields,
 }
 
 impl<S: Store> IdempotencyLayerBuilder<S> {
@@ -261,11 +262,30 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
     /// Takes the key of a gRPC call that has no key header from field
     /// `field` of its request message, as AIP-155 designs `request_id`
     /// (`string request_id = N;` at the top level of the message, a UUID
-    /// the client keeps across its retries). The header still wins when
-    /// both are sent; a call whose message cannot be read (compressed, not
-    /// protobuf) is refused as a malformed key.
+    /// the client keeps across its retries), for every method not given
+    /// a field of its own by [`grpc_request_id_field_of`]. The header
+    /// still wins when both are sent; a call whose message cannot be read
+    /// (compressed, not protobuf, more than one message) is refused as a
+    /// malformed key.
+    ///
+    /// Such a call's whole request stream is read before it is passed
+    /// on, so use this only when every method of the service is unary
+    /// (or server-streaming); name the methods with
+    /// [`grpc_request_id_field_of`] otherwise.
+    ///
+    /// [`grpc_request_id_field_of`]: Self::grpc_request_id_field_of
     pub fn grpc_request_id_field(mut self, field: u32) -> Self {
-        self.grpc_request_id = Some(field);
+        self.grpc_request_id.every = Some(field);
+        self
+    }
+
+    /// Takes the key of calls to the method at `path`
+    /// (`/package.Service/Method`) that have no key header from field
+    /// `field` of their request message, as
+    /// [`grpc_request_id_field`](Self::grpc_request_id_field) does for
+    /// every method. Calls to other methods are untouched.
+    pub fn grpc_request_id_field_of(mut self, path: impl Into<String>, field: u32) -> Self {
+        self.grpc_request_id.methods.insert(path.into(), field);
         self
     }
 
@@ -423,7 +443,7 @@ impl<S: Store> IdempotencyLayer<S> {
             replay_drop: Vec::new(),
             replay_set_cookie: false,
             replay_redate: true,
-            grpc_request_id: None,
+            grpc_request_id: grpc::RequestIdFields::default(),
         }
     }
 }

@@ -69,7 +69,7 @@ pub(crate) struct Settings<S> {
     pub(crate) replay_redate: bool,
     /// The field of a gRPC request's message that holds its key when the
     /// header does not (AIP-155 `request_id`).
-    pub(crate) grpc_request_id: Option<u32>,
+    pub(crate) grpc_request_id: grpc::RequestIdFields,
     /// The runs going on now, detached from their connections.
     pub(crate) runs: TaskTracker,
 }
@@ -156,9 +156,9 @@ impl<S: Store> Settings<S> {
         let (parts, body) = request.into_parts();
         // Without the header, a gRPC call may carry its key in its
         // message's request_id field (AIP-155), once the body is read.
-        let in_message = self
-            .grpc_request_id
-            .filter(|_| grpc::is_grpc(&parts.headers));
+        let in_message = Some(&parts)
+            .filter(|parts| grpc::is_grpc(&parts.headers))
+            .and_then(|parts| self.grpc_request_id.field(parts.uri.path()));
         let key = match self.key(&parts) {
             Ok(Some(key)) => Some(key),
             Ok(None) | Err(Rejection::KeyMissing { .. }) if in_message.is_some() => None,
@@ -178,7 +178,6 @@ impl<S: Store> Settings<S> {
             let Some(key) = key else {
                 return Ok(Err(body));
             };
-            self.check_age(&key)?;
             let fingerprint = self.fingerprint(&parts, &body)?;
             Ok::<_, Rejection>(Ok((key, body, fingerprint)))
         };
@@ -445,15 +444,19 @@ impl<S: Store> Settings<S> {
     }
 
     /// The key in field `field` of a gRPC request's message (AIP-155's
-    /// `request_id`): `None` when it has none and none is required.
+    /// `request_id`), its age checked as a header key's is: `None` when
+    /// it has none and none is required.
     fn key_in_message(&self, body: &[u8], field: u32) -> Result<Option<Key>, Rejection> {
         let malformed = |detail: String| Rejection::KeyMalformed { detail };
         match grpc::request_id(body, field) {
-            Ok(Some(id)) => self
-                .key_rules
-                .parse(&id)
-                .map(Some)
-                .map_err(|e| malformed(format!("the request_id (field {field}): {e}"))),
+            Ok(Some(id)) => {
+                let key = self
+                    .key_rules
+                    .parse(&id)
+                    .map_err(|e| malformed(format!("the request_id (field {field}): {e}")))?;
+                self.check_age(&key)?;
+                Ok(Some(key))
+            }
             Ok(None) if self.required => Err(Rejection::KeyMissing {
                 header: self.header.clone(),
             }),

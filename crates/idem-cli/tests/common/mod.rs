@@ -209,7 +209,7 @@ pub fn config(upstream: SocketAddr) -> ProxyConfig {
         replay_cache_ttl: idem::DEFAULT_REPLAY_CACHE_TTL,
         replay_drop_headers: Vec::new(),
         replay_set_cookie: false,
-        grpc_request_id_field: None,
+        grpc_request_id_fields: Vec::new(),
         forwarded: Default::default(),
         tls: None,
     }
