@@ -2,9 +2,10 @@
 //! [`StoreError`].
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::config::SslMode;
 use tokio_postgres::NoTls;
 
@@ -209,15 +210,42 @@ fn percent_decode(value: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// When a connection of the pool last found its server was no longer the
+/// primary (SQLSTATE 25006 `read_only_sql_transaction`: a failover
+/// demoted it while the connection stayed up). Every connection made
+/// before then is dropped when next taken from the pool, so the new ones
+/// follow the address to the new primary instead of retrying a standby
+/// for the whole lease.
+#[derive(Debug, Default)]
+pub(crate) struct Demotion(Mutex<Option<Instant>>);
+
+impl Demotion {
+    /// Notes that a connection just met a demoted server.
+    pub(crate) fn seen(&self) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+    }
+
+    /// Whether a connection made at `created` may be to the demoted
+    /// server.
+    fn outdates(&self, created: Instant) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some_and(|at| created <= at)
+    }
+}
+
 /// A pool of connections made from `config`. Connections that the server
-/// closed (a restart, an idle timeout) are dropped when handed back, so
-/// the pool heals itself once the server is back.
+/// closed (a restart, an idle timeout) are dropped when handed back, and
+/// connections older than a demotion seen on any of them when next taken,
+/// so the pool heals itself once the server (or the new primary) is back.
 pub(crate) fn pool(
     mut config: tokio_postgres::Config,
     tls: &Tls,
     size: usize,
     connect: Duration,
     response: Duration,
+    demotion: Arc<Demotion>,
 ) -> Result<Pool, String> {
     config.connect_timeout(connect);
     let manager_config = ManagerConfig {
@@ -238,6 +266,13 @@ pub(crate) fn pool(
         .create_timeout(Some(connect))
         .wait_timeout(Some(response))
         .recycle_timeout(Some(response))
+        .pre_recycle(Hook::sync_fn(move |_, metrics| {
+            if demotion.outdates(metrics.created) {
+                Err(HookError::message("made before its server was demoted"))
+            } else {
+                Ok(())
+            }
+        }))
         .build()
         .map_err(|e| e.to_string())
 }

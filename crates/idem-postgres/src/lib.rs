@@ -94,6 +94,7 @@ use idem::{
     TokenMint,
 };
 use sha2::{Digest, Sha256};
+use tokio_postgres::error::SqlState;
 use tokio_postgres::{GenericClient, Statement};
 
 mod conn;
@@ -255,12 +256,14 @@ impl PgStoreBuilder {
             self.connect_timeout,
             self.response_timeout,
         );
+        let demotion = Arc::new(conn::Demotion::default());
         let pool = conn::pool(
             self.config,
             &self.tls,
             self.pool_size,
             self.connect_timeout,
             self.response_timeout,
+            demotion.clone(),
         )
         .map_err(|reason| ConnectError::InvalidUrl {
             url: url.clone(),
@@ -275,6 +278,7 @@ impl PgStoreBuilder {
                 response_timeout: self.response_timeout,
                 tokens: TokenMint::new(),
                 listener,
+                demotion,
             }),
         };
         // One connection, to check the server answers; it goes back to the pool.
@@ -373,6 +377,8 @@ struct Inner {
     response_timeout: Duration,
     tokens: TokenMint,
     listener: notify::Listener,
+    /// A failover seen by a connection of `pool`.
+    demotion: Arc<conn::Demotion>,
 }
 
 impl PgStore {
@@ -453,6 +459,10 @@ impl PgStore {
         fut: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
     ) -> Result<T, StoreError> {
         match tokio::time::timeout(self.inner.response_timeout, fut).await {
+            Ok(Err(error)) if error.code() == Some(&SqlState::READ_ONLY_SQL_TRANSACTION) => {
+                self.inner.demotion.seen();
+                Err(pg_error(error))
+            }
             Ok(result) => result.map_err(pg_error),
             Err(_) => Err(StoreError::Unavailable(
                 format!(

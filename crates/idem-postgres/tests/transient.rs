@@ -12,6 +12,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use idem::{ClaimOutcome, ClaimParams, Idempotency, Lease, RecordId, Store, StoreError};
 use idem_postgres::PgStore;
+use idem_testkit::postgres::PgServer;
 use tokio_postgres::NoTls;
 
 /// A store in a schema of its own whose sessions give up on a row lock
@@ -211,4 +212,68 @@ async fn a_contended_claim_never_fails_open() {
         "ran unguarded"
     );
     holder.await.expect("holder");
+}
+
+/// A failover that demotes the primary while the pool's connections stay
+/// up answers their writes with 25006 `read_only_sql_transaction`: a
+/// transient error, and the pool then drops every connection made before
+/// it, so the next write reaches the writable server behind the same
+/// address instead of failing on the standby for the whole lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_to_a_demoted_primary_are_dropped_and_the_next_write_lands() {
+    // A server of its own: the demotion is a server-wide setting.
+    let server = tokio::task::spawn_blocking(PgServer::start)
+        .await
+        .expect("join")
+        .expect("start postgres");
+    let db = server.create_database("demoted").expect("database");
+    let url = server.url(&db);
+    let store = PgStore::builder(&url)
+        .expect("valid URL")
+        .pool_size(3)
+        .connect()
+        .await
+        .expect("connect");
+    let ids: Vec<RecordId> = (0..3)
+        .map(|i| RecordId::parse("demoted", &format!("before-{i}")).expect("id"))
+        .collect();
+    // The pool's connections are open.
+    claim_all(&store, &ids).await;
+
+    // The sessions open now turn read-only, as on a demoted primary;
+    // sessions opened from now on are writable (the role's setting wins
+    // over the server's), as on the new primary behind the same address.
+    let (admin, connection) = tokio_postgres::connect(&url, NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    // One statement at a time: ALTER SYSTEM refuses a transaction block.
+    for sql in [
+        "ALTER ROLE postgres SET default_transaction_read_only = off",
+        "ALTER SYSTEM SET default_transaction_read_only = on",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin.batch_execute(sql).await.expect(sql);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let first = store
+        .claim(
+            &RecordId::parse("demoted", "after-0").expect("id"),
+            &params(),
+        )
+        .await;
+    assert!(
+        unavailable(&first),
+        "a standby's refusal is transient: {first:?}"
+    );
+    let text = idem::error_chain(&first.expect_err("refused"));
+    assert!(text.contains("read-only"), "{text}");
+
+    for i in 1..4 {
+        let id = RecordId::parse("demoted", &format!("after-{i}")).expect("id");
+        let claimed = store.claim(&id, &params()).await;
+        assert!(
+            matches!(claimed, Ok(ClaimOutcome::Acquired(_))),
+            "claim {i} after the demotion was seen: {claimed:?}"
+        );
+    }
 }
