@@ -73,10 +73,15 @@ pub(crate) struct Job {
 
 /// Maps a SQLite error to the store contract: lock waits and I/O trouble
 /// are "unavailable" (the write may or may not have happened elsewhere;
-/// the caller may retry), anything else is a backend error.
+/// the caller may retry), anything else is a backend error. A lock held
+/// by another connection past the busy timeout is contention
+/// ([`StoreError::contended`]): the file is there and another writer,
+/// perhaps a duplicate of this very request in another process, holds it,
+/// so fail-open must not run the work beside it.
 pub(crate) fn store_error(e: &rusqlite::Error) -> StoreError {
     let message: idem::BoxError = format!("sqlite: {e}").into();
     match e.sqlite_error_code() {
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StoreError::contended(message),
         Some(code) if transient(code) => StoreError::Unavailable(message),
         _ => StoreError::Backend(message),
     }

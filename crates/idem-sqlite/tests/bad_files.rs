@@ -101,6 +101,31 @@ async fn a_write_lock_held_elsewhere_makes_the_store_unavailable_not_wrong() {
         .expect("take the write lock");
     let err = store.claim(&id, &params()).await.expect_err("locked out");
     assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    assert!(
+        err.is_contention(),
+        "another writer holds the file: {err:?}"
+    );
+    // Not "the store is down": even with fail-open, nothing runs beside
+    // the lock's holder (which may be running this very key).
+    let idem = idem::Idempotency::builder(store.clone())
+        .fail_open(true)
+        .build()
+        .expect("executor");
+    let ran = std::sync::atomic::AtomicBool::new(false);
+    let run = idem
+        .run(&id, None, |_| async {
+            ran.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok::<_, std::io::Error>(())
+        })
+        .await;
+    assert!(
+        matches!(&run, Err(idem::RunError::Store(e)) if e.is_contention()),
+        "{run:?}"
+    );
+    assert!(
+        !ran.load(std::sync::atomic::Ordering::SeqCst),
+        "ran unguarded"
+    );
     holder.execute_batch("ROLLBACK").expect("release the lock");
     assert!(matches!(
         store.claim(&id, &params()).await,
