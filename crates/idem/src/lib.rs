@@ -82,7 +82,7 @@ mod chain;
 mod clock;
 #[doc = include_str!("../docs/contract.md")]
 pub mod contract {}
-mod codec;
+pub mod codec;
 pub mod derive;
 pub mod durable;
 mod executor;
@@ -103,9 +103,9 @@ pub use chain::error_chain;
 pub use clock::{held, Clock, ManualClock, SystemClock, Timestamp, LONGEST_HELD};
 pub use codec::{Codec, Json};
 pub use executor::{
-    default_classifier, Backoff, ClaimedAhead, Classifier, ConfigError, Context, HandlerError,
-    Heartbeats, Idempotency, IdempotencyBuilder, Outcome, RunError, Terminal,
-    DEFAULT_REPLAY_CACHE_BYTES, DEFAULT_REPLAY_CACHE_TTL, STORE_RETRY_AFTER,
+    default_classifier, Backoff, Begun, ClaimedAhead, Classifier, ConfigError, Context,
+    HandlerError, Heartbeats, HeldRun, Idempotency, IdempotencyBuilder, Outcome, RunError,
+    Terminal, DEFAULT_REPLAY_CACHE_BYTES, DEFAULT_REPLAY_CACHE_TTL, STORE_RETRY_AFTER,
 };
 pub use fingerprint::{canonical_json, Fingerprint, FingerprintError};
 pub use key::{Key, KeyError, KeyRules, RecordId, Scope, DEFAULT_MAX_KEY_LEN, MAX_SCOPE_LEN};

@@ -45,6 +45,7 @@ pub(crate) const OP_CLAIM: &str = "claim";
 pub(crate) const OP_COMPLETE: &str = "complete";
 pub(crate) const OP_FAIL: &str = "fail";
 pub(crate) const OP_EXTEND: &str = "extend";
+pub(crate) const OP_RELEASE: &str = "release";
 pub(crate) const OP_STEP_BEGIN: &str = "step_begin";
 pub(crate) const OP_STEP_FINISH: &str = "step_finish";
 

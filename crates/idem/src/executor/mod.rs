@@ -10,6 +10,7 @@ mod context;
 mod finish;
 mod handler_error;
 mod heartbeat;
+mod held;
 mod outcome;
 mod replays;
 
@@ -40,6 +41,7 @@ pub use classify::{default_classifier, Backoff, Classifier, Terminal};
 use context::Held;
 pub use context::{Context, Heartbeats};
 pub use handler_error::HandlerError;
+pub use held::{Begun, HeldRun};
 use outcome::outcome_label;
 pub use outcome::{Outcome, RunError};
 use replays::Replays;
@@ -315,6 +317,30 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         F: FnOnce(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        let (ctx, held_tx) = self.open(lease, sent).await?;
+        let steps = Arc::clone(&ctx.steps);
+        let result = {
+            let work = handler(ctx);
+            let beat = self.heartbeat(lease, sent, held_tx);
+            tokio::pin!(work, beat);
+            tokio::select! {
+                biased;
+                result = &mut work => result,
+                never = &mut beat => match never {},
+            }
+        };
+        self.close(lease, fingerprint, &steps, result).await
+    }
+
+    /// Starts a run under `lease` (claimed at `sent`): its context, and
+    /// the sender its heartbeat reports on. A lease past the attempts
+    /// limit (earlier attempts never finished) ends as a terminal failure
+    /// instead.
+    async fn open<E>(
+        &self,
+        lease: &Lease,
+        sent: Instant,
+    ) -> Result<(Context, watch::Sender<Held>), RunError<E>> {
         tracing::Span::current().record("attempt", lease.attempt);
         let max = self.config.max_attempts.get();
         if lease.attempt > max {
@@ -350,18 +376,25 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         let ctx = Context {
             lease: Some(lease.clone()),
             held,
-            steps: Arc::clone(&steps),
+            steps,
         };
-        let result = {
-            let work = handler(ctx);
-            let beat = self.heartbeat(lease, sent, held_tx);
-            tokio::pin!(work, beat);
-            tokio::select! {
-                biased;
-                result = &mut work => result,
-                never = &mut beat => match never {},
-            }
-        };
+        Ok((ctx, held_tx))
+    }
+
+    /// Ends a run under `lease` with the handler's `result`: parked if a
+    /// step was in doubt under the park policy, else its response stored
+    /// or its failure recorded.
+    async fn close<T, E>(
+        &self,
+        lease: &Lease,
+        fingerprint: Option<Fingerprint>,
+        steps: &StepRun,
+        result: Result<T, E>,
+    ) -> Result<Outcome<T>, RunError<E>>
+    where
+        T: Serialize,
+        E: StdError + Send + Sync + 'static,
+    {
         if let Some(why) = steps.parked() {
             return Err(self.park(lease, why).await);
         }
