@@ -51,15 +51,22 @@ pub(crate) fn seal(encoded: Vec<u8>, compress_above: usize) -> Bytes {
             }
         }
     }
+    plain(&encoded)
+}
+
+/// `encoded` in the plain (uncompressed) envelope: what a store that
+/// keeps responses in another form (the claim API keeps JSON) hands back
+/// to the executor.
+pub fn plain(encoded: &[u8]) -> Bytes {
     let mut out = Vec::with_capacity(encoded.len() + 1);
     out.push(PLAIN);
-    out.extend_from_slice(&encoded);
+    out.extend_from_slice(encoded);
     out.into()
 }
 
 /// Opens an envelope, refusing to inflate past `max_len` bytes (a corrupt
-/// or hostile record cannot exhaust memory).
-pub(crate) fn open(stored: &[u8], max_len: usize) -> Result<Cow<'_, [u8]>, String> {
+/// or hostile record cannot exhaust memory): the codec's bytes.
+pub fn open(stored: &[u8], max_len: usize) -> Result<Cow<'_, [u8]>, String> {
     match stored.split_first() {
         Some((&PLAIN, body)) => Ok(Cow::Borrowed(body)),
         Some((&ZSTD, body)) => inflate(body, max_len).map(Cow::Owned),

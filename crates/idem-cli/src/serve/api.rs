@@ -12,16 +12,21 @@ use idem::{
     LONGEST_HELD, MAX_SCOPE_LEN,
 };
 use idem_http::Problem;
+use idem_remote::wire::{
+    stored_json, ClaimAnswer, ClaimRequest, CompleteRequest, ExtendAnswer, ExtendRequest,
+    FailRequest, LeaseJson, RecordAnswer, ReleaseRequest, StepBeginAnswer, StepBeginRequest,
+    StepFinishRequest, StepJson, StepsAnswer,
+};
 use tokio_util::task::TaskTracker;
 
 use super::problems::{self, bad_request, store_problem};
-use super::wire::{
-    stored_json, ClaimAnswer, ClaimRequest, CompleteRequest, ExtendAnswer, ExtendRequest,
-    FailRequest, LeaseJson, RecordAnswer, ReleaseRequest, StepBeginAnswer, StepBeginRequest,
-    StepFinishRequest, StepJson, StepsAnswer, MAX_API_SCOPE_LEN,
-};
+use super::tenants::MAX_TENANT_LEN;
 use super::ServeConfig;
 use crate::store::AnyStore;
+
+/// The longest scope a caller may name: what a store keeps, less the
+/// longest tenant name and the `/` after it.
+const MAX_API_SCOPE_LEN: usize = MAX_SCOPE_LEN - MAX_TENANT_LEN - 1;
 
 /// The API's state: the store, the settings, and the writes still
 /// running for callers that went away.
@@ -144,7 +149,7 @@ impl Api {
                     response: stored_json(&response).map_err(problems::unreadable)?,
                 },
                 ClaimOutcome::Failed(failure) => ClaimAnswer::Failed {
-                    class: failure.class.as_str(),
+                    class: failure.class.into(),
                     message: failure.message,
                 },
                 ClaimOutcome::Mismatch => ClaimAnswer::Mismatch,

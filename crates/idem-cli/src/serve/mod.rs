@@ -10,7 +10,6 @@
 mod api;
 pub mod problems;
 mod tenants;
-mod wire;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -398,13 +397,29 @@ fn answer_with<T: Serialize>(status: StatusCode, answer: &T) -> Response {
     }
 }
 
-post_route!(claim, wire::ClaimRequest, StatusCode::OK);
-post_route!(complete, wire::CompleteRequest, StatusCode::NO_CONTENT);
-post_route!(fail, wire::FailRequest, StatusCode::NO_CONTENT);
-post_route!(extend, wire::ExtendRequest, StatusCode::OK);
-post_route!(release, wire::ReleaseRequest, StatusCode::NO_CONTENT);
-post_route!(begin_step, wire::StepBeginRequest, StatusCode::OK);
-post_route!(finish_step, wire::StepFinishRequest, StatusCode::NO_CONTENT);
+post_route!(claim, idem_remote::wire::ClaimRequest, StatusCode::OK);
+post_route!(
+    complete,
+    idem_remote::wire::CompleteRequest,
+    StatusCode::NO_CONTENT
+);
+post_route!(fail, idem_remote::wire::FailRequest, StatusCode::NO_CONTENT);
+post_route!(extend, idem_remote::wire::ExtendRequest, StatusCode::OK);
+post_route!(
+    release,
+    idem_remote::wire::ReleaseRequest,
+    StatusCode::NO_CONTENT
+);
+post_route!(
+    begin_step,
+    idem_remote::wire::StepBeginRequest,
+    StatusCode::OK
+);
+post_route!(
+    finish_step,
+    idem_remote::wire::StepFinishRequest,
+    StatusCode::NO_CONTENT
+);
 
 /// One GET route on a record: the tenant, `scope` and `key` from the
 /// query, the operation, and its answer as JSON.

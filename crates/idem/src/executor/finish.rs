@@ -13,7 +13,7 @@ use super::{deadline, Idempotency, Outcome, RunError};
 use crate::codec::{self, Codec};
 use crate::fingerprint::Fingerprint;
 use crate::metrics as m;
-use crate::record::{Failure, FailureClass, Lease};
+use crate::record::{Failure, FailureClass, Lease, State};
 use crate::store::{Store, StoreError};
 
 impl<S: Store, C: Codec> Idempotency<S, C> {
@@ -194,16 +194,27 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         }
     }
 
-    /// Whether the record already holds `sealed` as its completed response.
-    /// Read with [`Store::peek`], never with a claim: a claim of a key
-    /// deleted or expired meanwhile would create a record, bound to this
-    /// request's fingerprint, that refuses a new request as a mismatch for
-    /// a whole retention.
+    /// Whether the record already holds `sealed` as its completed response
+    /// (the same bytes once opened: a store may keep them in another
+    /// envelope). Read with [`Store::peek`], never with a claim: a claim
+    /// of a key deleted or expired meanwhile would create a record, bound
+    /// to this request's fingerprint, that refuses a new request as a
+    /// mismatch for a whole retention.
     async fn stored_already(&self, lease: &Lease, sealed: &[u8]) -> bool {
-        match self.store.peek(&lease.id).await {
-            Ok(Some(record)) => record.state.completed_with(sealed),
-            _ => false,
+        let Ok(Some(record)) = self.store.peek(&lease.id).await else {
+            return false;
+        };
+        if record.state.completed_with(sealed) {
+            return true;
         }
+        let State::Completed { response } = &record.state else {
+            return false;
+        };
+        let max = self.config.max_response_bytes;
+        matches!(
+            (codec::open(response, max), codec::open(sealed, max)),
+            (Ok(stored), Ok(ours)) if stored == ours
+        )
     }
 
     pub(super) fn decode<T: DeserializeOwned, E>(&self, stored: &[u8]) -> Result<T, RunError<E>> {

@@ -1,0 +1,282 @@
+//! idem's own executor over `idem serve` (`idem_remote::RemoteStore`),
+//! `idem serve` on a real listener over the embedded SQLite store: runs
+//! once among concurrent duplicates, replays, fails by class, journals
+//! steps, and a run whose completion finds `idem serve` restarting is
+//! completed once it is back, not taken over and run again.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem::step::Retry;
+use idem::{FailureClass, HandlerError, Idempotency, Outcome, RecordId, RunError};
+use idem_cli::serve::{self, ServeConfig, Tenants};
+use idem_cli::store::AnyStore;
+use idem_remote::RemoteStore;
+use idem_sqlite::SqliteStore;
+
+const TOKEN: &str = "shop-token-0123456789abcdef";
+
+/// `idem serve` over one SQLite file, stopped and started again on the
+/// same port.
+struct Server {
+    addr: SocketAddr,
+    file: PathBuf,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Server {
+    async fn start(file: PathBuf) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let mut server = Self {
+            addr: listener.local_addr().expect("addr"),
+            file,
+            stop: None,
+            task: None,
+        };
+        server.serve(listener);
+        server
+    }
+
+    fn serve(&mut self, listener: tokio::net::TcpListener) {
+        let store = AnyStore::Sqlite(SqliteStore::open(&self.file).expect("open"));
+        let tokens = vec![TOKEN.to_owned()];
+        let config = ServeConfig {
+            tenants: Tenants::new([("shop", tokens.as_slice())]).expect("tenants"),
+            lease: Duration::from_secs(30),
+            retention: Duration::from_secs(3600),
+            max_wait: Duration::from_secs(5),
+            max_request_bytes: 1 << 20,
+            max_lease: Duration::from_secs(3600),
+            tls: None,
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        self.stop = Some(stop);
+        self.task = Some(tokio::spawn(serve::serve(
+            store,
+            config,
+            listener,
+            async move {
+                let _ = stopped.await;
+            },
+        )));
+    }
+
+    async fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.expect("join").expect("served cleanly");
+        }
+    }
+
+    async fn start_again(&mut self) {
+        let listener = tokio::net::TcpListener::bind(self.addr)
+            .await
+            .expect("bind the same port");
+        self.serve(listener);
+    }
+
+    fn store(&self) -> RemoteStore {
+        RemoteStore::builder(&format!("http://{}", self.addr))
+            .expect("url")
+            .token(TOKEN)
+            .timeout(Duration::from_secs(2))
+            .build()
+            .expect("store")
+    }
+}
+
+fn id(key: &str) -> RecordId {
+    RecordId::parse("remote", key).expect("id")
+}
+
+type Io = std::io::Error;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_executor_over_idem_serve_runs_once_replays_and_fails_by_class() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut server = Server::start(dir.path().join("idem.db")).await;
+    let idem = Idempotency::builder(server.store())
+        .build()
+        .expect("executor");
+
+    let runs = Arc::new(AtomicU32::new(0));
+    let duplicates = (0..16).map(|_| {
+        let (idem, runs) = (idem.clone(), runs.clone());
+        tokio::spawn(async move {
+            idem.run(&id("charge"), None, |ctx| async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                Ok::<_, Io>(format!("charged under fence {}", ctx.fence().unwrap_or(0)))
+            })
+            .await
+        })
+    });
+    let mut executed = 0;
+    for run in duplicates.collect::<Vec<_>>() {
+        match run.await.expect("task") {
+            Ok(Outcome::Executed { value, .. }) => {
+                executed += 1;
+                assert_eq!(value, "charged under fence 1");
+            }
+            Ok(Outcome::Replayed { value }) => assert_eq!(value, "charged under fence 1"),
+            Err(RunError::InProgress { .. }) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((executed, runs.load(Ordering::SeqCst)), (1, 1));
+    // A new executor: the replay comes from idem serve, not from memory.
+    let idem = Idempotency::builder(server.store())
+        .build()
+        .expect("executor");
+    let again = idem
+        .run(&id("charge"), None, |_| async {
+            Ok::<_, Io>("ran twice".to_owned())
+        })
+        .await
+        .expect("replayed");
+    assert_eq!(
+        again,
+        Outcome::Replayed {
+            value: "charged under fence 1".to_owned()
+        }
+    );
+
+    let declined = idem
+        .run(&id("declined"), None, |_| async {
+            Err::<String, _>(HandlerError::terminal("card declined"))
+        })
+        .await;
+    assert!(
+        matches!(
+            &declined,
+            Err(RunError::Handler {
+                class: FailureClass::Terminal,
+                ..
+            })
+        ),
+        "{declined:?}"
+    );
+    let replayed = idem
+        .run(&id("declined"), None, |_| async {
+            Ok::<_, HandlerError>("ran".to_owned())
+        })
+        .await;
+    assert!(
+        matches!(&replayed, Err(RunError::Failed(f)) if f.message == "card declined"),
+        "{replayed:?}"
+    );
+    server.stop().await;
+}
+
+/// A step journaled through the API is not run again by a later attempt
+/// of the same record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_are_journaled_through_the_api() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut server = Server::start(dir.path().join("idem.db")).await;
+    let idem = Idempotency::builder(server.store())
+        .build()
+        .expect("executor");
+    let charged = Arc::new(AtomicU32::new(0));
+    for attempt in 1..=2 {
+        let charged = charged.clone();
+        let run = idem
+            .run(&id("steps"), None, |ctx| async move {
+                let receipt: String = ctx
+                    .step("charge", Retry, |_| async {
+                        charged.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, Io>("rcpt-1".to_owned())
+                    })
+                    .await?;
+                if attempt == 1 {
+                    return Err(HandlerError::new(Io::other("shipping is down")));
+                }
+                Ok(format!("{receipt} shipped"))
+            })
+            .await;
+        match (attempt, run) {
+            (
+                1,
+                Err(RunError::Handler {
+                    class: FailureClass::Retryable,
+                    ..
+                }),
+            ) => {}
+            (
+                2,
+                Ok(Outcome::Executed {
+                    value, attempt: 2, ..
+                }),
+            ) => assert_eq!(value, "rcpt-1 shipped"),
+            (n, other) => panic!("attempt {n}: {other:?}"),
+        }
+    }
+    assert_eq!(charged.load(Ordering::SeqCst), 1);
+    server.stop().await;
+}
+
+/// `idem serve` goes away for 2 s while a finished run's completion is
+/// being sent: the executor keeps sending it (within the lease) until the
+/// server is back, the run is stored once, and the next claim replays it.
+/// (The Python and TypeScript clients this replaces gave up after 1 to 4
+/// s and left the claim to be taken over and run again.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_waits_out_a_restart_of_idem_serve() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(dir.path().join("idem.db")).await;
+    let store = server.store();
+    let server = Arc::new(tokio::sync::Mutex::new(server));
+    let idem = Idempotency::builder(store)
+        .lease(Duration::from_secs(10))
+        .build()
+        .expect("executor");
+    let runs = AtomicU32::new(0);
+    let started = Instant::now();
+    let restarted = {
+        let server = server.clone();
+        let key = id("restart");
+        let run = idem.run(&key, None, |_| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            server.lock().await.stop().await;
+            Ok::<_, Io>("shipped".to_owned())
+        });
+        let back = async {
+            // Wait until the run has stopped the server, then 2 s more.
+            while server.lock().await.task.is_some() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            server.lock().await.start_again().await;
+        };
+        let (run, ()) = tokio::join!(run, back);
+        run
+    };
+    assert!(
+        matches!(&restarted, Ok(Outcome::Executed { value, .. }) if value == "shipped"),
+        "{restarted:?}"
+    );
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    let store = server.lock().await.store();
+    let fresh = Idempotency::builder(store).build().expect("executor");
+    let again = fresh
+        .run(&id("restart"), None, |_| async {
+            Ok::<_, Io>("ran twice".to_owned())
+        })
+        .await;
+    assert_eq!(
+        again.expect("replayed"),
+        Outcome::Replayed {
+            value: "shipped".to_owned()
+        }
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    server.lock().await.stop().await;
+}
