@@ -430,6 +430,14 @@ impl std::fmt::Debug for Conn {
 }
 
 impl Conn {
+    /// Whether every command waits for replica acknowledgements.
+    pub(crate) fn acks_replicas(&self) -> bool {
+        match self {
+            Conn::Standalone(server) => server.0.options.replica_acks.is_some(),
+            Conn::Cluster(cluster) => cluster.options.replica_acks.is_some(),
+        }
+    }
+
     pub(crate) async fn open(target: &Target, options: &Options) -> RedisResult<Self> {
         match target {
             Target::Standalone(url) => Ok(Conn::Standalone(Server::connect(url, options).await?)),

@@ -922,13 +922,22 @@ impl StepJournal for RedisStore {
 }
 
 impl GetRecord for RedisStore {
+    /// With replica acknowledgements on, the read counts only once the
+    /// replicas have the record as read (it is written again as it is, so
+    /// that the `WAIT` behind it covers the writes of other connections):
+    /// a read-back never confirms a write a failover could lose.
     async fn get(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
         let key = self.record_key(id);
+        let sync: &[&[u8]] = if self.inner.conn.acks_replicas() {
+            &[b"sync"]
+        } else {
+            &[]
+        };
         let reply = self
             .inner
             .scripts
             .get
-            .run(&self.inner.conn, &key, &[])
+            .run(&self.inner.conn, &key, sync)
             .await
             .map_err(|e| damaged(id, store_error(e)))?;
         Ok(record::record(Some(id), reply)?.map(|(_, r)| r))

@@ -189,12 +189,14 @@ async fn completions_survive_a_failover_and_the_dead_masters_replacement() {
 
 /// The executor reads back a completion whose answer was lost, and after
 /// a dropped connection it does so on a new one: the read-back must not
-/// confirm a completion no replica holds. It does not, because Redis sets
-/// a client's `WAIT` offset to the master's replication offset after
-/// every command, reads included, so the `WAIT` behind the read covers
-/// every write made before it, on any connection. Here the completion
-/// reaches the master while its replica sleeps, and another connection
-/// reads it back: not confirmed (unavailable) until the replica has it.
+/// confirm a completion no replica holds. Redis 7.0 moves a client's
+/// `WAIT` offset to the master's replication offset after every command,
+/// but 7.2 and later only after a command that propagated, so the read
+/// writes the record again as it is (`get.lua`, 'sync') and the `WAIT`
+/// behind it covers every write made before it, on any connection, on
+/// either. Here the completion reaches the master while its replica
+/// sleeps, and another connection reads it back: not confirmed
+/// (unavailable) until the replica has it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_back_on_another_connection_waits_for_the_replicas_too() {
     use idem::{ClaimOutcome, ClaimParams, Store};
