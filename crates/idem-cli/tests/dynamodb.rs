@@ -50,9 +50,8 @@ async fn the_gateway_runs_each_key_once_on_a_dynamodb_table_named_by_its_url() {
 /// the failure instead of the work to run again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idem_serve_ends_a_claim_whose_result_the_store_refused() {
-    use idem_cli::serve::{self, ServeConfig, Tenants};
+    use idem_cli::serve::{self, Tenants};
     use serde_json::{json, Value};
-    use std::time::Duration;
 
     const TOKEN: &str = "shop-token-0123456789abcdef";
     let moto = MotoServer::start_serial().expect("moto_server");
@@ -66,15 +65,8 @@ async fn idem_serve_ends_a_claim_whose_result_the_store_refused() {
     .expect("a dynamodb URL");
     let store = url.open().await.expect("open the table");
     let tokens = vec![TOKEN.to_owned()];
-    let config = ServeConfig {
-        tenants: Tenants::new([("shop", tokens.as_slice())]).expect("tenants"),
-        lease: Duration::from_secs(30),
-        retention: Duration::from_secs(3600),
-        max_wait: Duration::from_secs(5),
-        max_request_bytes: 1024 * 1024,
-        max_lease: Duration::from_secs(3600),
-        tls: None,
-    };
+    let config =
+        common::serve_config(Tenants::new([("shop", tokens.as_slice())]).expect("tenants"));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

@@ -4,6 +4,8 @@
 //! steps, and a run whose completion finds `idem serve` restarting is
 //! completed once it is back, not taken over and run again.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -12,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use idem::step::Retry;
 use idem::{FailureClass, HandlerError, Idempotency, Outcome, RecordId, RunError};
-use idem_cli::serve::{self, ServeConfig, Tenants};
+use idem_cli::serve::{self, Tenants};
 use idem_cli::store::AnyStore;
 use idem_remote::RemoteStore;
 use idem_sqlite::SqliteStore;
@@ -46,15 +48,8 @@ impl Server {
     fn serve(&mut self, listener: tokio::net::TcpListener) {
         let store = AnyStore::Sqlite(SqliteStore::open(&self.file).expect("open"));
         let tokens = vec![TOKEN.to_owned()];
-        let config = ServeConfig {
-            tenants: Tenants::new([("shop", tokens.as_slice())]).expect("tenants"),
-            lease: Duration::from_secs(30),
-            retention: Duration::from_secs(3600),
-            max_wait: Duration::from_secs(5),
-            max_request_bytes: 1 << 20,
-            max_lease: Duration::from_secs(3600),
-            tls: None,
-        };
+        let config =
+            common::serve_config(Tenants::new([("shop", tokens.as_slice())]).expect("tenants"));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         self.stop = Some(stop);
         self.task = Some(tokio::spawn(serve::serve(
@@ -279,4 +274,49 @@ async fn a_completion_waits_out_a_restart_of_idem_serve() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     server.lock().await.stop().await;
+}
+
+/// What the store answers when `idem serve` is not there or refuses the
+/// caller: no answer is transient (the executor fails closed, nothing
+/// runs); a wrong token is a refusal that names the status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_away_fails_closed_and_a_wrong_token_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut server = Server::start(dir.path().join("idem.db")).await;
+    let wrong = RemoteStore::builder(&format!("http://:not-a-token@{}", server.addr))
+        .expect("url")
+        .build()
+        .expect("store");
+    let refused = Idempotency::builder(wrong)
+        .build()
+        .expect("executor")
+        .run(&id("wrong-token"), None, |_| async { Ok::<_, Io>(()) })
+        .await;
+    match &refused {
+        Err(RunError::Store(error)) => {
+            assert!(error.is_refusal(), "{error:?}");
+            assert!(idem::error_chain(error).contains("401"), "{error}");
+        }
+        other => panic!("{other:?}"),
+    }
+
+    let store = server.store();
+    server.stop().await;
+    let ran = AtomicU32::new(0);
+    let away = Idempotency::builder(store)
+        .build()
+        .expect("executor")
+        .run(&id("away"), None, |_| async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Io>(())
+        })
+        .await;
+    assert!(
+        matches!(
+            &away,
+            Err(RunError::Store(idem::StoreError::Unavailable(_)))
+        ),
+        "{away:?}"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "fail closed");
 }

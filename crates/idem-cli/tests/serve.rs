@@ -3,6 +3,8 @@
 //! writes sent again after a lost answer, tenant isolation, the step
 //! journal, bounded waits, real concurrency, and bad input.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -34,14 +36,11 @@ impl Server {
         let shop = vec![SHOP.to_owned()];
         let billing = vec![BILLING.to_owned()];
         let mut config = ServeConfig {
-            tenants: Tenants::new([("shop", shop.as_slice()), ("billing", billing.as_slice())])
-                .expect("tenants"),
-            lease: Duration::from_secs(30),
-            retention: Duration::from_secs(3600),
-            max_wait: Duration::from_secs(5),
             max_request_bytes: 64 * 1024,
-            max_lease: Duration::from_secs(3600),
-            tls: None,
+            ..common::serve_config(
+                Tenants::new([("shop", shop.as_slice()), ("billing", billing.as_slice())])
+                    .expect("tenants"),
+            )
         };
         change(&mut config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

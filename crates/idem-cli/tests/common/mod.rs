@@ -337,3 +337,18 @@ pub async fn misbehaving_upstream(
     });
     (seen, addr)
 }
+
+/// The claim API's settings the `idem serve` tests start from: `tenants`,
+/// a 30 s lease, an hour's retention and longest lease, 5 s of waiting
+/// and 1 MiB bodies.
+pub fn serve_config(tenants: idem_cli::serve::Tenants) -> idem_cli::serve::ServeConfig {
+    idem_cli::serve::ServeConfig {
+        tenants,
+        lease: Duration::from_secs(30),
+        retention: Duration::from_secs(3600),
+        max_wait: Duration::from_secs(5),
+        max_request_bytes: 1 << 20,
+        max_lease: Duration::from_secs(3600),
+        tls: None,
+    }
+}
