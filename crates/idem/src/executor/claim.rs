@@ -137,19 +137,34 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         F: FnOnce(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let (_tx, held) = watch::channel(Held::default());
-        let value = handler(Context {
-            lease: None,
-            held,
-            steps: Arc::new(StepRun::new(id.clone(), None, 0)),
-        })
-        .await
-        .map_err(|error| RunError::Handler {
+        let value = handler(unguarded_context(id))
+            .await
+            .map_err(|error| self.unguarded_failure(error))?;
+        Ok(Outcome::Unguarded { value })
+    }
+
+    /// A handler's `error` in a run with no claim: classified, nothing
+    /// recorded (there is no record to write to).
+    pub(crate) fn unguarded_failure<E: StdError + Send + Sync + 'static>(
+        &self,
+        error: E,
+    ) -> RunError<E> {
+        RunError::Handler {
             class: (self.config.classifier)(&error),
             error,
             attempt: 0,
             retry_after: None,
-        })?;
-        Ok(Outcome::Unguarded { value })
+        }
+    }
+}
+
+/// The context of a run of `id` with no claim (fail-open, the store
+/// unreachable): no lease, no journal.
+pub(crate) fn unguarded_context(id: &RecordId) -> Context {
+    let (_, held) = watch::channel(Held::default());
+    Context {
+        lease: None,
+        held,
+        steps: Arc::new(StepRun::new(id.clone(), None, 0)),
     }
 }

@@ -8,22 +8,19 @@
 
 use std::error::Error as StdError;
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::claim::Claimed;
-use super::{Context, Held, Idempotency, Outcome, RunError};
+use super::claim::{unguarded_context, Claimed};
+use super::{Context, Idempotency, Outcome, RunError};
 use crate::codec::{Codec, Json};
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
 use crate::metrics as m;
 use crate::record::Lease;
-use crate::step::StepRun;
 use crate::store::{Store, StoreError};
 
 /// What [`Idempotency::begin`] found: a run to do, or the answer a
@@ -117,16 +114,11 @@ impl<S: Store + Clone, C: Codec + Clone> Idempotency<S, C> {
         let (lease, sent) = match claimed {
             Claimed::Held { lease, sent } => (lease, sent),
             Claimed::Unguarded => {
-                let (_, held) = watch::channel(Held::default());
                 return Ok(Begun::Held(Box::new(HeldRun {
                     idem: self.clone(),
                     lease: None,
                     fingerprint,
-                    ctx: Context {
-                        lease: None,
-                        held,
-                        steps: Arc::new(StepRun::new(id.clone(), None, 0)),
-                    },
+                    ctx: unguarded_context(id),
                     beat: None,
                 })));
             }
@@ -209,12 +201,7 @@ impl<S: Store, C: Codec> HeldRun<S, C> {
         let Some(lease) = &self.lease else {
             return match result {
                 Ok(value) => Ok(Outcome::Unguarded { value }),
-                Err(error) => Err(RunError::Handler {
-                    class: (self.idem.config.classifier)(&error),
-                    error,
-                    attempt: 0,
-                    retry_after: None,
-                }),
+                Err(error) => Err(self.idem.unguarded_failure(error)),
             };
         };
         self.idem
