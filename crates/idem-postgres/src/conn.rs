@@ -2,7 +2,8 @@
 //! [`StoreError`].
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
@@ -216,22 +217,38 @@ fn percent_decode(value: &str) -> String {
 /// before then is dropped when next taken from the pool, so the new ones
 /// follow the address to the new primary instead of retrying a standby
 /// for the whole lease.
-#[derive(Debug, Default)]
-pub(crate) struct Demotion(Mutex<Option<Instant>>);
+///
+/// Read on every checkout, so kept without a lock: nanoseconds since
+/// `since`, plus one (0: never seen).
+#[derive(Debug)]
+pub(crate) struct Demotion {
+    since: Instant,
+    at: AtomicU64,
+}
+
+impl Default for Demotion {
+    fn default() -> Self {
+        Self {
+            since: Instant::now(),
+            at: AtomicU64::new(0),
+        }
+    }
+}
 
 impl Demotion {
     /// Notes that a connection just met a demoted server.
     pub(crate) fn seen(&self) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        let nanos = u64::try_from(self.since.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
+        self.at.fetch_max(nanos + 1, Ordering::Relaxed);
     }
 
     /// Whether a connection made at `created` may be to the demoted
     /// server.
     fn outdates(&self, created: Instant) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some_and(|at| created <= at)
+        match self.at.load(Ordering::Relaxed) {
+            0 => false,
+            at => created <= self.since + Duration::from_nanos(at - 1),
+        }
     }
 }
 
