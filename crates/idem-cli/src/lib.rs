@@ -16,10 +16,10 @@ pub mod logging;
 pub mod proxy;
 mod proxy_args;
 pub mod serve;
-pub mod store;
 pub mod tls;
 pub mod upstream;
 
+pub use idem_engine::store;
 pub use proxy_args::ProxyArgs;
 use store::{StoreUrl, DEFAULT_STORE};
 

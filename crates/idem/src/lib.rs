@@ -104,8 +104,9 @@ pub use clock::{held, Clock, ManualClock, SystemClock, Timestamp, LONGEST_HELD};
 pub use codec::{Codec, Json};
 pub use executor::{
     default_classifier, Backoff, Begun, ClaimedAhead, Classifier, ConfigError, Context,
-    HandlerError, Heartbeats, HeldRun, Idempotency, IdempotencyBuilder, Outcome, RunError,
-    Terminal, DEFAULT_REPLAY_CACHE_BYTES, DEFAULT_REPLAY_CACHE_TTL, STORE_RETRY_AFTER,
+    HandlerError, Heartbeats, HeldRun, Idempotency, IdempotencyBuilder, OpenStep, Outcome,
+    RunError, StepStart, Terminal, DEFAULT_REPLAY_CACHE_BYTES, DEFAULT_REPLAY_CACHE_TTL,
+    STORE_RETRY_AFTER,
 };
 pub use fingerprint::{canonical_json, Fingerprint, FingerprintError};
 pub use key::{Key, KeyError, KeyRules, RecordId, Scope, DEFAULT_MAX_KEY_LEN, MAX_SCOPE_LEN};

@@ -149,6 +149,34 @@ impl Context {
     }
 }
 
+/// What [`Context::begin_step`] found.
+#[derive(Debug)]
+pub enum StepStart {
+    /// The step finished on an earlier attempt: its journaled result
+    /// (JSON), or `None` if it was skipped in doubt under
+    /// [`Skip`](crate::step::Skip). The work must not run.
+    Done(Option<Bytes>),
+    /// The step is this run's to do: run the work, then
+    /// [`finish_step`](Context::finish_step).
+    Open(OpenStep),
+}
+
+/// A step begun by [`Context::begin_step`] and not yet journaled.
+#[derive(Debug)]
+pub struct OpenStep {
+    ctx: StepCtx,
+    /// Journaled under a lease (not an unguarded run's step).
+    guarded: bool,
+}
+
+impl OpenStep {
+    /// What the step's work is given: its downstream key, fence, and
+    /// whether it is in doubt.
+    pub fn ctx(&self) -> &StepCtx {
+        &self.ctx
+    }
+}
+
 /// Confirmed lease extensions of one run; see [`Context::heartbeats`].
 #[derive(Debug)]
 pub struct Heartbeats {
@@ -225,7 +253,7 @@ impl Context {
     async fn run_step<P, T, E, F, Fut>(
         &self,
         name: &str,
-        _policy: P,
+        policy: P,
         work: F,
     ) -> Result<P::Output<T>, StepError<E>>
     where
@@ -234,6 +262,40 @@ impl Context {
         F: FnOnce(StepCtx) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        let open = match self.begin_step(name, policy).await? {
+            StepStart::Done(result) => return replay::<P, T, E>(name, result.as_deref()),
+            StepStart::Open(open) => open,
+        };
+        let value = work(open.ctx.clone())
+            .await
+            .map_err(|error| StepError::Failed {
+                step: name.to_owned(),
+                error,
+            })?;
+        let encoded = serde_json::to_vec(&value).map_err(|e| StepError::Encode {
+            step: name.to_owned(),
+            reason: e.to_string(),
+        })?;
+        self.finish_step(open, Bytes::from(encoded)).await?;
+        Ok(P::ran(value))
+    }
+
+    /// The first half of [`step`](Self::step), for work that is not a
+    /// closure (another language's callback, a promise): checks the name,
+    /// refuses a name already begun in this run, and asks the journal.
+    ///
+    /// - [`StepStart::Done`]: the step finished (or was skipped in doubt
+    ///   under [`Skip`](crate::step::Skip)) before; do not run it.
+    /// - [`StepStart::Open`]: run the work with the [`StepCtx`] it
+    ///   carries, then journal its result with
+    ///   [`finish_step`](Self::finish_step).
+    ///
+    /// A step in doubt follows `policy` as in [`step`](Self::step).
+    pub async fn begin_step<P: InDoubt, E>(
+        &self,
+        name: &str,
+        _policy: P,
+    ) -> Result<StepStart, StepError<E>> {
         let step = || name.to_owned();
         check_step_name(name).map_err(|problem| StepError::InvalidName {
             name: name.to_owned(),
@@ -244,18 +306,16 @@ impl Context {
         }
         let Some(lease) = self.lease() else {
             // Unguarded: nothing to journal under.
-            let ctx = StepCtx {
-                key: downstream_key(&self.steps.id, name),
-                name: step(),
-                attempt: 0,
-                fence: None,
-                in_doubt: false,
-            };
-            let value = work(ctx).await.map_err(|error| StepError::Failed {
-                step: step(),
-                error,
-            })?;
-            return Ok(P::ran(value));
+            return Ok(StepStart::Open(OpenStep {
+                ctx: StepCtx {
+                    key: downstream_key(&self.steps.id, name),
+                    name: step(),
+                    attempt: 0,
+                    fence: None,
+                    in_doubt: false,
+                },
+                guarded: false,
+            }));
         };
         let Some(journal) = self.steps.journal.as_deref() else {
             return Err(StepError::Unsupported { step: step() });
@@ -269,7 +329,20 @@ impl Context {
         let in_doubt = match begun {
             StepBegin::Done(result) => {
                 tracing::Span::current().record("replayed", true);
-                return replay::<P, T, E>(name, &result);
+                crate::metrics::count(crate::metrics::STEPS, &[("result", "replayed")]);
+                if !result.is_empty() {
+                    return Ok(StepStart::Done(Some(result)));
+                }
+                if P::skipped::<()>().is_none() {
+                    return Err(StepError::Decode {
+                        step: step(),
+                        reason: format!(
+                            "an earlier attempt skipped it in doubt, and its policy is now {}",
+                            P::NAME
+                        ),
+                    });
+                }
+                return Ok(StepStart::Done(None));
             }
             StepBegin::Fresh => false,
             StepBegin::InDoubt { attempt } => {
@@ -280,9 +353,9 @@ impl Context {
                     policy = P::NAME,
                     "step in doubt: an earlier attempt started it and never finished"
                 );
-                if let Some(skipped) = P::skipped::<T>() {
+                if P::skipped::<()>().is_some() {
                     self.finish(journal, lease, name, Bytes::new()).await?;
-                    return Ok(skipped);
+                    return Ok(StepStart::Done(None));
                 }
                 if P::PARKS {
                     *self.steps.parked.lock() = Some(format!(
@@ -296,33 +369,44 @@ impl Context {
                 true
             }
         };
-        let ctx = StepCtx {
-            key: downstream_key(&lease.id, name),
-            name: step(),
-            attempt: lease.attempt,
-            fence: Some(lease.fence),
-            in_doubt,
-        };
-        let value = work(ctx).await.map_err(|error| StepError::Failed {
-            step: step(),
-            error,
-        })?;
-        let encoded = serde_json::to_vec(&value).map_err(|e| StepError::Encode {
-            step: step(),
-            reason: e.to_string(),
-        })?;
+        Ok(StepStart::Open(OpenStep {
+            ctx: StepCtx {
+                key: downstream_key(&lease.id, name),
+                name: step(),
+                attempt: lease.attempt,
+                fence: Some(lease.fence),
+                in_doubt,
+            },
+            guarded: true,
+        }))
+    }
+
+    /// The second half of [`step`](Self::step): journals `result` (the
+    /// work's JSON) as the result of the step `open` began, so no later
+    /// attempt runs it again. A result over the journal's limit is
+    /// refused ([`StepError::Encode`]); an unguarded step journals
+    /// nothing.
+    pub async fn finish_step<E>(&self, open: OpenStep, result: Bytes) -> Result<(), StepError<E>> {
+        let name = open.ctx.name.as_str();
         let limit = self.steps.max_result_bytes;
-        if encoded.len() > limit {
+        if result.len() > limit {
             return Err(StepError::Encode {
-                step: step(),
-                reason: format!("{} bytes exceeds the limit of {limit} bytes", encoded.len()),
+                step: name.to_owned(),
+                reason: format!("{} bytes exceeds the limit of {limit} bytes", result.len()),
             });
         }
-        self.finish(journal, lease, name, Bytes::from(encoded))
-            .await?;
+        if !open.guarded {
+            return Ok(());
+        }
+        let (Some(lease), Some(journal)) = (self.lease(), self.steps.journal.as_deref()) else {
+            return Err(StepError::Unsupported {
+                step: name.to_owned(),
+            });
+        };
+        self.finish(journal, lease, name, result).await?;
         tracing::Span::current().record("replayed", false);
         crate::metrics::count(crate::metrics::STEPS, &[("result", "executed")]);
-        Ok(P::ran(value))
+        Ok(())
     }
 
     async fn finish<E>(
@@ -355,25 +439,21 @@ fn store_error<E>(step: &str, error: StoreError) -> StepError<E> {
     }
 }
 
-/// A finished step's journaled result, as the policy's output.
+/// A finished step's journaled result (`None`: skipped in doubt), as
+/// the policy's output.
 fn replay<P: InDoubt, T: DeserializeOwned, E>(
     name: &str,
-    result: &[u8],
+    result: Option<&[u8]>,
 ) -> Result<P::Output<T>, StepError<E>> {
-    crate::metrics::count(crate::metrics::STEPS, &[("result", "replayed")]);
-    if result.is_empty() {
-        return P::skipped::<T>().ok_or_else(|| StepError::Decode {
-            step: name.to_owned(),
-            reason: format!(
-                "an earlier attempt skipped it in doubt, and its policy is now {}",
-                P::NAME
-            ),
-        });
+    let decode = |reason: String| StepError::Decode {
+        step: name.to_owned(),
+        reason,
+    };
+    match result {
+        None => P::skipped::<T>()
+            .ok_or_else(|| decode(format!("it was skipped, and its policy is {}", P::NAME))),
+        Some(result) => serde_json::from_slice(result)
+            .map(P::ran)
+            .map_err(|e| decode(e.to_string())),
     }
-    serde_json::from_slice(result)
-        .map(P::ran)
-        .map_err(|e| StepError::Decode {
-            step: name.to_owned(),
-            reason: e.to_string(),
-        })
 }

@@ -39,7 +39,7 @@ pub use builder::{ConfigError, IdempotencyBuilder};
 pub(crate) use claim::Claimed;
 pub use classify::{default_classifier, Backoff, Classifier, Terminal};
 use context::Held;
-pub use context::{Context, Heartbeats};
+pub use context::{Context, Heartbeats, OpenStep, StepStart};
 pub use handler_error::HandlerError;
 pub use held::{Begun, HeldRun};
 use outcome::outcome_label;

@@ -1,20 +1,17 @@
-//! Opening a store from a URL.
+//! Store URLs: what each scheme names, and opening it.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
-use bytes::Bytes;
-use idem::{
-    ClaimOutcome, ClaimParams, DeleteRecord, Failure, GetRecord, Lease, ListPage, ListQuery,
-    ListRecords, MemoryStore, PurgeExpired, Record, RecordId, Resolution, Resolved, StepBegin,
-    StepEntry, StepJournal, Store, StoreError, Timestamp,
-};
+use idem::MemoryStore;
 use idem_postgres::PgStore;
 use idem_redis::RedisStore;
+use idem_remote::RemoteStore;
 use idem_sqlite::SqliteStore;
 
-/// The store file used when no `--store` is given: `idem.db` in the
-/// working directory.
+use super::AnyStore;
+
+/// The store used when none is named: the file `idem.db` in the working
+/// directory.
 pub const DEFAULT_STORE: &str = "sqlite:idem.db";
 
 /// Where records live, as given on the command line.
@@ -37,6 +34,10 @@ pub enum StoreUrl {
     /// `endpoint=` names a DynamoDB-compatible server (DynamoDB Local,
     /// moto); `create=true` creates the table if it is missing.
     DynamoDb(DynamoUrl),
+    /// `http://…`, `https://…`: a remote `idem serve` (its claim API, as
+    /// [`idem_remote`] reads the URL), authenticated with the token given
+    /// to [`StoreUrl::open_with`].
+    Remote(String),
 }
 
 /// A `dynamodb://` store URL, read.
@@ -102,7 +103,7 @@ pub enum StoreUrlError {
     /// A scheme whose store is not in this build.
     #[error(
         "store URL {url:?}: the {scheme} store is not in this build \
-         (build with `cargo install idem-cli --features {scheme}`)"
+         (build with the `{scheme}` feature)"
     )]
     NotYet {
         /// The URL given.
@@ -121,8 +122,8 @@ pub enum StoreUrlError {
     /// Not a store URL at all.
     #[error(
         "store URL {url:?} is not understood \
-         (use memory:, sqlite:PATH, a file path, redis://, redis+cluster://, postgres:// \
-         or dynamodb://)"
+         (use memory:, sqlite:PATH, a file path, redis://, redis+cluster://, postgres://, \
+         dynamodb:// or http(s):// for a remote idem serve)"
     )]
     Unknown {
         /// The URL given.
@@ -154,6 +155,7 @@ impl std::str::FromStr for StoreUrl {
                     Ok(StoreUrl::Redis(url.to_owned()))
                 }
                 "postgres" | "postgresql" => Ok(StoreUrl::Postgres(url.to_owned())),
+                "http" | "https" => Ok(StoreUrl::Remote(url.to_owned())),
                 "dynamodb" if cfg!(feature = "dynamodb") => Ok(StoreUrl::DynamoDb(
                     DynamoUrl::parse(url, &url["dynamodb://".len()..])?,
                 )),
@@ -175,28 +177,79 @@ impl std::str::FromStr for StoreUrl {
     }
 }
 
+/// Why a store named by a valid URL could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The store file could not be opened or created.
+    #[error("cannot open the store file {path}")]
+    File {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: idem_sqlite::OpenError,
+    },
+    /// The networked store refused the connection or its settings.
+    #[error("cannot open the store {url}")]
+    Connect {
+        /// The URL, its password hidden.
+        url: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
 impl StoreUrl {
-    /// Opens the store (connecting to it, for a networked one).
-    pub async fn open(&self) -> anyhow::Result<AnyStore> {
+    /// Opens the store (connecting to it, for a networked one), with no
+    /// token for a remote `idem serve`.
+    pub async fn open(&self) -> Result<AnyStore, OpenError> {
+        self.open_with(None).await
+    }
+
+    /// Opens the store, sending `token` (as `Authorization: Bearer`) to a
+    /// remote `idem serve`; other stores ignore it.
+    pub async fn open_with(&self, token: Option<&str>) -> Result<AnyStore, OpenError> {
+        let connect = |source: Box<dyn std::error::Error + Send + Sync>| OpenError::Connect {
+            url: self.to_string(),
+            source,
+        };
         Ok(match self {
             StoreUrl::Memory => AnyStore::Memory(MemoryStore::new()),
-            StoreUrl::Sqlite(path) => AnyStore::Sqlite(SqliteStore::open(path).map_err(|e| {
-                anyhow::anyhow!("cannot open the store file {}: {e}", path.display())
-            })?),
-            StoreUrl::Redis(url) => AnyStore::Redis(RedisStore::connect(url).await?),
-            StoreUrl::Postgres(url) => AnyStore::Postgres(PgStore::connect(url).await?),
-            StoreUrl::DynamoDb(url) => open_dynamodb(url).await?,
+            StoreUrl::Sqlite(path) => {
+                AnyStore::Sqlite(SqliteStore::open(path).map_err(|source| OpenError::File {
+                    path: path.display().to_string(),
+                    source,
+                })?)
+            }
+            StoreUrl::Redis(url) => AnyStore::Redis(
+                RedisStore::connect(url)
+                    .await
+                    .map_err(|e| connect(e.into()))?,
+            ),
+            StoreUrl::Postgres(url) => {
+                AnyStore::Postgres(PgStore::connect(url).await.map_err(|e| connect(e.into()))?)
+            }
+            StoreUrl::DynamoDb(url) => open_dynamodb(url).await.map_err(connect)?,
+            StoreUrl::Remote(url) => {
+                let mut builder = RemoteStore::builder(url).map_err(|e| connect(e.into()))?;
+                if let Some(token) = token {
+                    builder = builder.token(token);
+                }
+                AnyStore::Remote(builder.build().map_err(|e| connect(e.into()))?)
+            }
         })
     }
 }
 
 #[cfg(feature = "dynamodb")]
-async fn open_dynamodb(url: &DynamoUrl) -> anyhow::Result<AnyStore> {
+async fn open_dynamodb(
+    url: &DynamoUrl,
+) -> Result<AnyStore, Box<dyn std::error::Error + Send + Sync>> {
     let client = match &url.region {
         Some(region) => {
             let var = |name: &str| {
-                std::env::var(name)
-                    .map_err(|_| anyhow::anyhow!("environment variable {name} is not set"))
+                std::env::var(name).map_err(|_| format!("environment variable {name} is not set"))
             };
             idem_dynamodb::client_for(
                 url.endpoint.as_deref(),
@@ -211,7 +264,7 @@ async fn open_dynamodb(url: &DynamoUrl) -> anyhow::Result<AnyStore> {
     if url.create {
         idem_dynamodb::create_table(&client, &url.table)
             .await
-            .map_err(|e| anyhow::anyhow!("cannot create the table {}: {e}", url.table))?;
+            .map_err(|e| format!("cannot create the table {}: {e}", url.table))?;
     }
     Ok(AnyStore::DynamoDb(idem_dynamodb::DynamoStore::new(
         client,
@@ -220,8 +273,10 @@ async fn open_dynamodb(url: &DynamoUrl) -> anyhow::Result<AnyStore> {
 }
 
 #[cfg(not(feature = "dynamodb"))]
-async fn open_dynamodb(_: &DynamoUrl) -> anyhow::Result<AnyStore> {
-    anyhow::bail!("the dynamodb store is not in this build (--features dynamodb)")
+async fn open_dynamodb(
+    _: &DynamoUrl,
+) -> Result<AnyStore, Box<dyn std::error::Error + Send + Sync>> {
+    Err("the dynamodb store is not in this build (the `dynamodb` feature)".into())
 }
 
 impl std::fmt::Display for StoreUrl {
@@ -232,144 +287,8 @@ impl std::fmt::Display for StoreUrl {
             StoreUrl::Redis(url) => f.write_str(&idem_redis::redact_url(url)),
             StoreUrl::Postgres(url) => f.write_str(&idem_postgres::redact_url(url)),
             StoreUrl::DynamoDb(url) => write!(f, "dynamodb://{}", url.table),
+            StoreUrl::Remote(url) => f.write_str(url),
         }
-    }
-}
-
-/// Any store the binary can use, chosen at run time.
-#[derive(Debug, Clone)]
-pub enum AnyStore {
-    /// In memory.
-    Memory(MemoryStore),
-    /// The embedded file.
-    Sqlite(SqliteStore),
-    /// Redis or a Redis Cluster.
-    Redis(RedisStore),
-    /// PostgreSQL.
-    Postgres(PgStore),
-    /// DynamoDB.
-    #[cfg(feature = "dynamodb")]
-    DynamoDb(idem_dynamodb::DynamoStore),
-}
-
-impl AnyStore {
-    /// Starts purging expired records in the background (every 10 s, 1,000
-    /// per transaction); stops when the handle is dropped.
-    pub fn spawn_purger(&self) -> idem::PurgerHandle {
-        idem::spawn_purger(self.clone(), Duration::from_secs(10), 1_000)
-    }
-}
-
-macro_rules! each {
-    ($self:ident, $s:ident => $e:expr) => {
-        match $self {
-            AnyStore::Memory($s) => $e,
-            AnyStore::Sqlite($s) => $e,
-            AnyStore::Redis($s) => $e,
-            AnyStore::Postgres($s) => $e,
-            #[cfg(feature = "dynamodb")]
-            AnyStore::DynamoDb($s) => $e,
-        }
-    };
-}
-
-impl Store for AnyStore {
-    async fn peek(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
-        GetRecord::get(self, id).await
-    }
-
-    fn step_journal(&self) -> Option<std::sync::Arc<dyn idem::DynStepJournal>> {
-        each!(self, s => s.step_journal())
-    }
-
-    fn local_now(&self) -> Option<idem::Timestamp> {
-        each!(self, s => s.local_now())
-    }
-
-    async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
-        each!(self, s => s.claim(id, params).await)
-    }
-
-    async fn complete(
-        &self,
-        lease: &Lease,
-        response: Bytes,
-        retention: Duration,
-    ) -> Result<(), StoreError> {
-        each!(self, s => s.complete(lease, response, retention).await)
-    }
-
-    async fn fail(
-        &self,
-        lease: &Lease,
-        failure: Failure,
-        retention: Duration,
-    ) -> Result<(), StoreError> {
-        each!(self, s => s.fail(lease, failure, retention).await)
-    }
-
-    async fn extend(&self, lease: &Lease, duration: Duration) -> Result<Timestamp, StoreError> {
-        each!(self, s => s.extend(lease, duration).await)
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
-        each!(self, s => s.release(lease).await)
-    }
-
-    async fn wait_for_change(&self, id: &RecordId, timeout: Duration) {
-        each!(self, s => s.wait_for_change(id, timeout).await)
-    }
-}
-
-impl GetRecord for AnyStore {
-    async fn get(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
-        each!(self, s => s.get(id).await)
-    }
-}
-
-impl DeleteRecord for AnyStore {
-    async fn delete(&self, id: &RecordId) -> Result<bool, StoreError> {
-        each!(self, s => s.delete(id).await)
-    }
-}
-
-impl ListRecords for AnyStore {
-    async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
-        each!(self, s => s.list(query).await)
-    }
-}
-
-impl StepJournal for AnyStore {
-    async fn begin_step(&self, lease: &Lease, step: &str) -> Result<StepBegin, StoreError> {
-        each!(self, s => s.begin_step(lease, step).await)
-    }
-
-    async fn finish_step(
-        &self,
-        lease: &Lease,
-        step: &str,
-        result: Bytes,
-    ) -> Result<(), StoreError> {
-        each!(self, s => s.finish_step(lease, step, result).await)
-    }
-
-    async fn steps(&self, id: &RecordId) -> Result<Vec<StepEntry>, StoreError> {
-        each!(self, s => s.steps(id).await)
-    }
-
-    async fn resolve_step(
-        &self,
-        id: &RecordId,
-        step: &str,
-        resolution: Resolution,
-    ) -> Result<Resolved, StoreError> {
-        each!(self, s => s.resolve_step(id, step, resolution).await)
-    }
-}
-
-impl PurgeExpired for AnyStore {
-    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
-        each!(self, s => s.purge_expired(limit).await)
     }
 }
 
@@ -434,7 +353,7 @@ mod tests {
                 .parse::<StoreUrl>()
                 .expect_err("not in this build");
             assert!(
-                not_yet.to_string().contains("--features dynamodb"),
+                not_yet.to_string().contains("`dynamodb` feature"),
                 "{not_yet}"
             );
         }

@@ -1,0 +1,209 @@
+//! [`Run`]: a held run whose work is done in another language, ended with
+//! JSON.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem::step::{Park, Retry, Skip};
+use idem::{Context, FailureClass, HeldRun, LeaseLost, OpenStep, RunError, StepStart};
+use serde_json::value::RawValue;
+
+use crate::engine::Local;
+use crate::error::EngineError;
+use crate::store::AnyStore;
+
+/// A handler's failure, as the binding reports it: its message and how
+/// the handler's language classified it (a `Terminal` exception is
+/// terminal, anything else retryable).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct HandlerFailure {
+    /// What failed (the exception's text).
+    pub message: String,
+    /// How it failed.
+    pub class: FailureClass,
+}
+
+/// What [`Run::fail`] recorded.
+#[derive(Debug, Clone, Copy)]
+pub struct Failed {
+    /// How it was recorded (a retryable failure past the attempt limit is
+    /// terminal).
+    pub class: FailureClass,
+    /// The attempt that failed.
+    pub attempt: u32,
+    /// For a retryable failure, the backoff before the next attempt.
+    pub retry_after: Option<Duration>,
+}
+
+/// What a step in doubt does (DESIGN §7): see [`idem::step`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepPolicy {
+    /// Run it again, with the same downstream key.
+    Retry,
+    /// Do not run it; it answers "skipped".
+    Skip,
+    /// Park the record as failed (outcome unknown) until an operator
+    /// resolves it.
+    Park,
+}
+
+/// A run in progress: its lease is held (the heartbeat on the engine's
+/// runtime) until it is ended with [`complete`](Self::complete),
+/// [`fail`](Self::fail) or [`release`](Self::release). Dropped without
+/// that, the lease runs out and the key is taken over, as after a crash.
+pub struct Run {
+    local: Arc<Local>,
+    held: Option<Box<HeldRun<AnyStore>>>,
+    ctx: Context,
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Run")
+            .field("fence", &self.ctx.fence())
+            .field("attempt", &self.ctx.attempt())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Run {
+    pub(crate) fn new(local: Arc<Local>, held: Box<HeldRun<AnyStore>>) -> Self {
+        let ctx = held.context().clone();
+        Self {
+            local,
+            held: Some(held),
+            ctx,
+        }
+    }
+
+    /// The run's fencing number (`None` when running unguarded).
+    pub fn fence(&self) -> Option<u64> {
+        self.ctx.fence()
+    }
+
+    /// Which attempt of the key this is (1 for the first).
+    pub fn attempt(&self) -> u32 {
+        self.ctx.attempt()
+    }
+
+    /// Whether this run took the key over from a worker whose lease ran
+    /// out.
+    pub fn is_takeover(&self) -> bool {
+        self.ctx.is_takeover()
+    }
+
+    /// `Err` once the lease is known lost: read from the heartbeat's last
+    /// confirmed deadline and the clock, so a stalled process finds out
+    /// before its next write.
+    pub fn check(&self) -> Result<(), EngineError> {
+        self.ctx
+            .ensure_lease()
+            .map_err(|LeaseLost| EngineError::LeaseLost)
+    }
+
+    /// The fence, checked first ([`check`](Self::check)); `Err` when
+    /// running unguarded.
+    pub fn checked_fence(&self) -> Result<u64, EngineError> {
+        self.ctx
+            .checked_fence()
+            .map_err(|LeaseLost| EngineError::LeaseLost)
+    }
+
+    /// The run's context, for steps begun while another call ends it.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    fn take(&mut self) -> Result<Box<HeldRun<AnyStore>>, EngineError> {
+        if self.local.pid != std::process::id() {
+            return Err(EngineError::OtherProcess {
+                began_in: self.local.pid,
+            });
+        }
+        self.held
+            .take()
+            .ok_or_else(|| EngineError::Unexpected("the run has ended".to_owned()))
+    }
+
+    /// Ends the run with its result (JSON): stored, retried while the
+    /// store is away for up to a lease, and replayed to every duplicate.
+    pub async fn complete(mut self, result: Vec<u8>) -> Result<(), EngineError> {
+        let held = self.take()?;
+        let raw =
+            RawValue::from_string(String::from_utf8(result).map_err(|e| json("the result", e))?)
+                .map_err(|e| json("the result", e))?;
+        held.complete::<_, Infallible>(raw).await?;
+        Ok(())
+    }
+
+    /// Ends the run with the handler's failure: a retryable one frees the
+    /// key for the next delivery, a terminal one is stored and replayed.
+    pub async fn fail(mut self, failure: HandlerFailure) -> Result<Failed, EngineError> {
+        let held = self.take()?;
+        match held.fail(failure).await {
+            RunError::Handler {
+                class,
+                attempt,
+                retry_after,
+                ..
+            } => Ok(Failed {
+                class,
+                attempt,
+                retry_after,
+            }),
+            other => Err(other.into()),
+        }
+    }
+
+    /// Ends the run with nothing recorded: the key is free at once.
+    pub async fn release(mut self) -> Result<(), EngineError> {
+        let held = self.take()?;
+        held.release().await.map_err(|e| match e {
+            idem::StoreError::LeaseLost => EngineError::LeaseLost,
+            other => EngineError::Store(other),
+        })
+    }
+
+    /// Begins the journaled step `name` (see
+    /// [`Context::begin_step`]).
+    pub async fn begin_step(
+        &self,
+        name: &str,
+        policy: StepPolicy,
+    ) -> Result<StepStart, EngineError> {
+        Ok(match policy {
+            StepPolicy::Retry => self.ctx.begin_step(name, Retry).await?,
+            StepPolicy::Skip => self.ctx.begin_step(name, Skip).await?,
+            StepPolicy::Park => self.ctx.begin_step(name, Park).await?,
+        })
+    }
+
+    /// Journals `result` (JSON) as the result of the step `open`.
+    pub async fn finish_step(&self, open: OpenStep, result: Vec<u8>) -> Result<(), EngineError> {
+        serde_json::from_slice::<&RawValue>(&result).map_err(|e| json("the step's result", e))?;
+        self.ctx.finish_step(open, Bytes::from(result)).await?;
+        Ok(())
+    }
+}
+
+fn json(what: &'static str, error: impl std::fmt::Display) -> EngineError {
+    EngineError::Json {
+        what,
+        reason: error.to_string(),
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        if self.local.pid != std::process::id() {
+            // A forked child's copy of its parent's run: the parent's to
+            // end. Dropping it would touch the parent's runtime, whose
+            // threads are not here (see `Engine::here`).
+            std::mem::forget(self.held.take());
+            std::mem::forget(Arc::clone(&self.local));
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! [`AnyStore`]: every store, chosen at run time.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem::{
+    ClaimOutcome, ClaimParams, DeleteRecord, Failure, GetRecord, Lease, ListPage, ListQuery,
+    ListRecords, MemoryStore, PurgeExpired, Record, RecordId, Resolution, Resolved, StepBegin,
+    StepEntry, StepJournal, Store, StoreError, Timestamp,
+};
+use idem_postgres::PgStore;
+use idem_redis::RedisStore;
+use idem_remote::RemoteStore;
+use idem_sqlite::SqliteStore;
+
+/// Any store, chosen at run time (from a [`StoreUrl`](super::StoreUrl)).
+#[derive(Debug, Clone)]
+pub enum AnyStore {
+    /// In memory.
+    Memory(MemoryStore),
+    /// The embedded file.
+    Sqlite(SqliteStore),
+    /// Redis or a Redis Cluster.
+    Redis(RedisStore),
+    /// PostgreSQL.
+    Postgres(PgStore),
+    /// DynamoDB.
+    #[cfg(feature = "dynamodb")]
+    DynamoDb(idem_dynamodb::DynamoStore),
+    /// A remote `idem serve`: records, claims and steps only; the
+    /// operator's commands (list, delete, resolve) go to its own store.
+    Remote(RemoteStore),
+}
+
+impl AnyStore {
+    /// Starts purging expired records in the background (every 10 s, 1,000
+    /// per transaction); stops when the handle is dropped.
+    pub fn spawn_purger(&self) -> idem::PurgerHandle {
+        idem::spawn_purger(self.clone(), Duration::from_secs(10), 1_000)
+    }
+}
+
+macro_rules! each {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self {
+            AnyStore::Memory($s) => $e,
+            AnyStore::Sqlite($s) => $e,
+            AnyStore::Redis($s) => $e,
+            AnyStore::Postgres($s) => $e,
+            #[cfg(feature = "dynamodb")]
+            AnyStore::DynamoDb($s) => $e,
+            AnyStore::Remote($s) => $e,
+        }
+    };
+}
+
+impl Store for AnyStore {
+    async fn peek(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
+        GetRecord::get(self, id).await
+    }
+
+    fn step_journal(&self) -> Option<std::sync::Arc<dyn idem::DynStepJournal>> {
+        each!(self, s => s.step_journal())
+    }
+
+    fn local_now(&self) -> Option<idem::Timestamp> {
+        each!(self, s => s.local_now())
+    }
+
+    async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
+        each!(self, s => s.claim(id, params).await)
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        response: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        each!(self, s => s.complete(lease, response, retention).await)
+    }
+
+    async fn fail(
+        &self,
+        lease: &Lease,
+        failure: Failure,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        each!(self, s => s.fail(lease, failure, retention).await)
+    }
+
+    async fn extend(&self, lease: &Lease, duration: Duration) -> Result<Timestamp, StoreError> {
+        each!(self, s => s.extend(lease, duration).await)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        each!(self, s => s.release(lease).await)
+    }
+
+    async fn wait_for_change(&self, id: &RecordId, timeout: Duration) {
+        each!(self, s => s.wait_for_change(id, timeout).await)
+    }
+}
+
+impl GetRecord for AnyStore {
+    async fn get(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
+        each!(self, s => s.get(id).await)
+    }
+}
+
+/// What the claim API does not offer: an operator's command, meant for
+/// the store behind `idem serve`.
+fn not_remote(what: &str) -> StoreError {
+    StoreError::Backend(
+        format!("{what} is an operator's command: run it against the store behind idem serve")
+            .into(),
+    )
+}
+
+/// The stores with every operator's command (all but the remote one).
+macro_rules! local {
+    ($self:ident, $what:literal, $s:ident => $e:expr) => {
+        match $self {
+            AnyStore::Memory($s) => $e,
+            AnyStore::Sqlite($s) => $e,
+            AnyStore::Redis($s) => $e,
+            AnyStore::Postgres($s) => $e,
+            #[cfg(feature = "dynamodb")]
+            AnyStore::DynamoDb($s) => $e,
+            AnyStore::Remote(_) => Err(not_remote($what)),
+        }
+    };
+}
+
+impl DeleteRecord for AnyStore {
+    async fn delete(&self, id: &RecordId) -> Result<bool, StoreError> {
+        local!(self, "deleting a record", s => s.delete(id).await)
+    }
+}
+
+impl ListRecords for AnyStore {
+    async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
+        local!(self, "listing records", s => s.list(query).await)
+    }
+}
+
+impl StepJournal for AnyStore {
+    async fn begin_step(&self, lease: &Lease, step: &str) -> Result<StepBegin, StoreError> {
+        each!(self, s => s.begin_step(lease, step).await)
+    }
+
+    async fn finish_step(
+        &self,
+        lease: &Lease,
+        step: &str,
+        result: Bytes,
+    ) -> Result<(), StoreError> {
+        each!(self, s => s.finish_step(lease, step, result).await)
+    }
+
+    async fn steps(&self, id: &RecordId) -> Result<Vec<StepEntry>, StoreError> {
+        each!(self, s => s.steps(id).await)
+    }
+
+    async fn resolve_step(
+        &self,
+        id: &RecordId,
+        step: &str,
+        resolution: Resolution,
+    ) -> Result<Resolved, StoreError> {
+        each!(self, s => s.resolve_step(id, step, resolution).await)
+    }
+}
+
+impl PurgeExpired for AnyStore {
+    /// Purges up to `limit` expired records; a remote `idem serve` purges
+    /// its own store, so through it this purges none.
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        match self {
+            AnyStore::Remote(_) => Ok(0),
+            _ => local!(self, "purging", s => s.purge_expired(limit).await),
+        }
+    }
+}

@@ -1,0 +1,8 @@
+//! Every store by URL: [`StoreUrl`] reads one, [`AnyStore`] is the store
+//! it opens.
+
+mod any;
+mod url;
+
+pub use any::AnyStore;
+pub use url::{DynamoUrl, OpenError, StoreUrl, StoreUrlError, DEFAULT_STORE};

@@ -1,0 +1,148 @@
+//! The engine on the embedded store: held runs ended with JSON, failures,
+//! steps, and the refusals a binding maps to exceptions.
+
+use idem::{FailureClass, StepStart};
+use idem_engine::{Begin, Engine, EngineError, EngineOptions, HandlerFailure, StepPolicy};
+
+fn engine(dir: &tempfile::TempDir) -> Engine {
+    let url = format!("sqlite:{}", dir.path().join("idem.db").display());
+    Engine::open(&url, EngineOptions::default()).expect("the store opens")
+}
+
+fn run(begin: Begin) -> idem_engine::Run {
+    match begin {
+        Begin::Run(run) => run,
+        Begin::Replayed(json) => panic!("replayed {}", String::from_utf8_lossy(&json)),
+    }
+}
+
+#[test]
+fn a_completed_run_is_replayed_byte_for_byte_and_a_terminal_failure_too() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let engine = engine(&dir);
+    let here = engine.here().expect("this process");
+    let first = run(here
+        .block_on(here.begin("charges", "a", Some(b"{\"n\": 1}"), None))
+        .expect("claims"));
+    assert_eq!(first.fence(), Some(1));
+    here.block_on(first.complete(b"{\"b\": 1,  \"a\": [2]}".to_vec()))
+        .expect("completes");
+    match here.block_on(here.begin("charges", "a", Some(b"{\"n\":1}"), None)) {
+        Ok(Begin::Replayed(json)) => assert_eq!(json, b"{\"b\": 1,  \"a\": [2]}"),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    let mismatch = here.block_on(here.begin("charges", "a", Some(b"{\"n\":2}"), None));
+    assert!(
+        matches!(mismatch, Err(EngineError::Mismatch)),
+        "{mismatch:?}"
+    );
+
+    let doomed = run(here
+        .block_on(here.begin("charges", "b", None, None))
+        .expect("claims"));
+    let failed = here
+        .block_on(doomed.fail(HandlerFailure {
+            message: "card declined".into(),
+            class: FailureClass::Terminal,
+        }))
+        .expect("recorded");
+    assert_eq!(failed.class, FailureClass::Terminal);
+    match here.block_on(here.begin("charges", "b", None, None)) {
+        Err(EngineError::ReplayedFailure { class, message }) => {
+            assert_eq!(class, FailureClass::Terminal);
+            assert_eq!(message, "card declined");
+        }
+        other => panic!("expected the stored failure, got {other:?}"),
+    }
+
+    let retry = run(here
+        .block_on(here.begin("charges", "c", None, None))
+        .expect("claims"));
+    here.block_on(retry.fail(HandlerFailure {
+        message: "timeout".into(),
+        class: FailureClass::Retryable,
+    }))
+    .expect("recorded");
+    let again = run(here
+        .block_on(here.begin("charges", "c", None, None))
+        .expect("runs again"));
+    assert_eq!(again.attempt(), 2);
+    let invalid = here.block_on(again.complete(b"{not json".to_vec()));
+    assert!(
+        matches!(invalid, Err(EngineError::Json { .. })),
+        "{invalid:?}"
+    );
+}
+
+#[test]
+fn a_step_is_journaled_once_and_cannot_be_begun_twice_in_one_run() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let engine = engine(&dir);
+    let here = engine.here().expect("this process");
+    let first = run(here
+        .block_on(here.begin("orders", "o1", None, None))
+        .expect("claims"));
+    let StepStart::Open(open) = here
+        .block_on(first.begin_step("charge", StepPolicy::Retry))
+        .expect("begins")
+    else {
+        panic!("a new step is open")
+    };
+    assert_eq!(open.ctx().key().len(), 69);
+    here.block_on(first.finish_step(open, b"\"ch_1\"".to_vec()))
+        .expect("journaled");
+    let twice = here.block_on(first.begin_step("charge", StepPolicy::Retry));
+    assert!(
+        matches!(&twice, Err(EngineError::Step(e)) if e.to_string().contains("already used")),
+        "{twice:?}"
+    );
+    here.block_on(first.fail(HandlerFailure {
+        message: "later step failed".into(),
+        class: FailureClass::Retryable,
+    }))
+    .expect("recorded");
+    let second = run(here
+        .block_on(here.begin("orders", "o1", None, None))
+        .expect("claims"));
+    match here.block_on(second.begin_step("charge", StepPolicy::Retry)) {
+        Ok(StepStart::Done(Some(json))) => assert_eq!(&json[..], b"\"ch_1\""),
+        other => panic!("expected the journaled result, got {other:?}"),
+    }
+    let StepStart::Open(open) = here
+        .block_on(second.begin_step("ship", StepPolicy::Park))
+        .expect("begins")
+    else {
+        panic!("a new step is open")
+    };
+    drop(open);
+    here.block_on(second.release()).expect("released");
+    let third = run(here
+        .block_on(here.begin("orders", "o1", None, None))
+        .expect("claims"));
+    let parked = here.block_on(third.begin_step("ship", StepPolicy::Park));
+    assert!(
+        matches!(&parked, Err(EngineError::Step(e)) if e.to_string().contains("in doubt")),
+        "{parked:?}"
+    );
+}
+
+#[test]
+fn bad_urls_and_keys_are_typed_errors() {
+    let bad = Engine::open("ftp://x", EngineOptions::default());
+    assert!(matches!(bad, Err(EngineError::Url(_))), "{bad:?}");
+    let missing = Engine::open(
+        "sqlite:/nonexistent-dir/x/idem.db",
+        EngineOptions::default(),
+    );
+    assert!(matches!(missing, Err(EngineError::Open(_))), "{missing:?}");
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let engine = engine(&dir);
+    let here = engine.here().expect("this process");
+    let key = here.block_on(here.begin("s", "has space", None, None));
+    assert!(matches!(key, Err(EngineError::Key(_))), "{key:?}");
+    let fingerprint = here.block_on(here.begin("s", "k", Some(b"{"), None));
+    assert!(
+        matches!(fingerprint, Err(EngineError::Json { .. })),
+        "{fingerprint:?}"
+    );
+}
