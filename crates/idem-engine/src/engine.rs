@@ -7,7 +7,8 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{default_classifier, Begun, Fingerprint, GetRecord, Idempotency, RecordId};
+use bytes::Bytes;
+use idem::{default_classifier, Begun, Fingerprint, GetRecord, Idempotency, RecordId, State};
 use parking_lot::Mutex;
 use serde_json::value::RawValue;
 use tokio::runtime::Runtime;
@@ -229,7 +230,7 @@ impl Local {
     /// answers it (JSON), or `None` if there is none.
     pub async fn record(&self, scope: &str, key: &str) -> Result<Option<Vec<u8>>, EngineError> {
         let id = RecordId::parse(scope, key)?;
-        let Some(record) = self
+        let Some(mut record) = self
             .idem()
             .store()
             .get(&id)
@@ -238,6 +239,17 @@ impl Local {
         else {
             return Ok(None);
         };
+        // The executor stores its results in an envelope (maybe
+        // compressed); the record shows the JSON inside.
+        if let State::Completed { response } = &mut record.state {
+            let opened = idem::codec::open(response, self.idem().max_response_bytes()).map_err(
+                |reason| EngineError::Json {
+                    what: "the stored result",
+                    reason,
+                },
+            )?;
+            *response = Bytes::copy_from_slice(&opened);
+        }
         let answer =
             idem_remote::wire::RecordAnswer::new(scope, key, &record).map_err(|reason| {
                 EngineError::Json {

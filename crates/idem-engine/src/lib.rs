@@ -25,8 +25,8 @@
 //! let Begin::Run(run) = here.block_on(here.begin("charges", "order-7", None, None))? else {
 //!     panic!("the first claim runs")
 //! };
-//! let fence = run.checked_fence()?;
-//! here.block_on(run.complete(format!(r#"{{"fence":{fence}}}"#).into_bytes()))?;
+//! let fence = run.context().checked_fence()?;
+//! here.block_on(run.complete(Ok(format!(r#"{{"fence":{fence}}}"#).into_bytes())))?;
 //!
 //! let again = here.block_on(here.begin("charges", "order-7", None, None))?;
 //! assert!(matches!(again, Begin::Replayed(json) if json == br#"{"fence":1}"#));
@@ -40,4 +40,4 @@ pub mod store;
 
 pub use engine::{Begin, Engine, EngineOptions, Local};
 pub use error::EngineError;
-pub use run::{Failed, HandlerFailure, Run, StepPolicy};
+pub use run::{Failed, HandlerFailure, Run, RunContext, StepPolicy};

@@ -79,64 +79,58 @@ impl Run {
         }
     }
 
-    /// The run's fencing number (`None` when running unguarded).
-    pub fn fence(&self) -> Option<u64> {
-        self.ctx.fence()
+    /// What the work is told about its run, and its steps: a handle
+    /// that stays usable while another call ends the run.
+    pub fn context(&self) -> RunContext {
+        RunContext {
+            local: Arc::clone(&self.local),
+            ctx: self.ctx.clone(),
+        }
     }
 
-    /// Which attempt of the key this is (1 for the first).
-    pub fn attempt(&self) -> u32 {
-        self.ctx.attempt()
-    }
-
-    /// Whether this run took the key over from a worker whose lease ran
-    /// out.
-    pub fn is_takeover(&self) -> bool {
-        self.ctx.is_takeover()
-    }
-
-    /// `Err` once the lease is known lost: read from the heartbeat's last
-    /// confirmed deadline and the clock, so a stalled process finds out
-    /// before its next write.
-    pub fn check(&self) -> Result<(), EngineError> {
-        self.ctx
-            .ensure_lease()
-            .map_err(|LeaseLost| EngineError::LeaseLost)
-    }
-
-    /// The fence, checked first ([`check`](Self::check)); `Err` when
-    /// running unguarded.
-    pub fn checked_fence(&self) -> Result<u64, EngineError> {
-        self.ctx
-            .checked_fence()
-            .map_err(|LeaseLost| EngineError::LeaseLost)
-    }
-
-    /// The run's context, for steps begun while another call ends it.
-    pub fn context(&self) -> &Context {
-        &self.ctx
+    /// The engine the run was begun on, if this is the process that
+    /// began it (`Err` in a forked child: the parent's runtime has no
+    /// threads there).
+    pub fn local(&self) -> Result<&Arc<Local>, EngineError> {
+        here(&self.local)
     }
 
     fn take(&mut self) -> Result<Box<HeldRun<AnyStore>>, EngineError> {
-        if self.local.pid != std::process::id() {
-            return Err(EngineError::OtherProcess {
-                began_in: self.local.pid,
-            });
-        }
+        here(&self.local)?;
         self.held
             .take()
             .ok_or_else(|| EngineError::Unexpected("the run has ended".to_owned()))
     }
 
-    /// Ends the run with its result (JSON): stored, retried while the
-    /// store is away for up to a lease, and replayed to every duplicate.
-    pub async fn complete(mut self, result: Vec<u8>) -> Result<(), EngineError> {
+    /// Ends the run with its result: stored, retried while the store is
+    /// away for up to a lease, and replayed to every duplicate.
+    ///
+    /// `result` is the JSON, or why the handler's language could not
+    /// encode the value. The work has run by now, so a result that cannot
+    /// be stored (not JSON, over the size limit) is recorded as a terminal
+    /// failure saying why, and the key is never run again.
+    pub async fn complete(mut self, result: Result<Vec<u8>, String>) -> Result<(), EngineError> {
         let held = self.take()?;
-        let raw =
-            RawValue::from_string(String::from_utf8(result).map_err(|e| json("the result", e))?)
-                .map_err(|e| json("the result", e))?;
-        held.complete::<_, Infallible>(raw).await?;
-        Ok(())
+        let raw = result.and_then(|bytes| {
+            let text = String::from_utf8(bytes).map_err(|e| e.to_string())?;
+            RawValue::from_string(text).map_err(|e| e.to_string())
+        });
+        match raw {
+            Ok(raw) => {
+                held.complete::<_, Infallible>(raw).await?;
+                Ok(())
+            }
+            Err(reason) => {
+                let failure = HandlerFailure {
+                    message: format!("the result cannot be stored as JSON: {reason}"),
+                    class: FailureClass::Terminal,
+                };
+                match held.fail(failure).await {
+                    RunError::Handler { .. } => Err(json("the result", reason)),
+                    other => Err(other.into()),
+                }
+            }
+        }
     }
 
     /// Ends the run with the handler's failure: a retryable one frees the
@@ -166,14 +160,69 @@ impl Run {
             other => EngineError::Store(other),
         })
     }
+}
 
-    /// Begins the journaled step `name` (see
-    /// [`Context::begin_step`]).
+/// What the work is told about its run, and its journaled steps; from
+/// [`Run::context`].
+#[derive(Debug, Clone)]
+pub struct RunContext {
+    local: Arc<Local>,
+    ctx: Context,
+}
+
+impl RunContext {
+    /// The run's fencing number (`None` when running unguarded).
+    pub fn fence(&self) -> Option<u64> {
+        self.ctx.fence()
+    }
+
+    /// Which attempt of the key this is (1 for the first).
+    pub fn attempt(&self) -> u32 {
+        self.ctx.attempt()
+    }
+
+    /// Whether this run took the key over from a worker whose lease ran
+    /// out.
+    pub fn is_takeover(&self) -> bool {
+        self.ctx.is_takeover()
+    }
+
+    /// Whether the lease is known lost (the heartbeat's last confirmed
+    /// deadline has passed, or the record moved on).
+    pub fn is_lease_lost(&self) -> bool {
+        self.ctx.is_lease_lost()
+    }
+
+    /// `Err` once the lease is known lost: read from the heartbeat's last
+    /// confirmed deadline and the clock, so a stalled process finds out
+    /// before its next write.
+    pub fn check(&self) -> Result<(), EngineError> {
+        self.ctx
+            .ensure_lease()
+            .map_err(|LeaseLost| EngineError::LeaseLost)
+    }
+
+    /// The fence, checked first ([`check`](Self::check)); `Err` when
+    /// running unguarded.
+    pub fn checked_fence(&self) -> Result<u64, EngineError> {
+        self.ctx
+            .checked_fence()
+            .map_err(|LeaseLost| EngineError::LeaseLost)
+    }
+
+    /// The engine the run was begun on, if this is the process that
+    /// began it (see [`Run::local`]).
+    pub fn local(&self) -> Result<&Arc<Local>, EngineError> {
+        here(&self.local)
+    }
+
+    /// Begins the journaled step `name` (see [`Context::begin_step`]).
     pub async fn begin_step(
         &self,
         name: &str,
         policy: StepPolicy,
     ) -> Result<StepStart, EngineError> {
+        self.local()?;
         Ok(match policy {
             StepPolicy::Retry => self.ctx.begin_step(name, Retry).await?,
             StepPolicy::Skip => self.ctx.begin_step(name, Skip).await?,
@@ -183,9 +232,20 @@ impl Run {
 
     /// Journals `result` (JSON) as the result of the step `open`.
     pub async fn finish_step(&self, open: OpenStep, result: Vec<u8>) -> Result<(), EngineError> {
+        self.local()?;
         serde_json::from_slice::<&RawValue>(&result).map_err(|e| json("the step's result", e))?;
         self.ctx.finish_step(open, Bytes::from(result)).await?;
         Ok(())
+    }
+}
+
+fn here(local: &Arc<Local>) -> Result<&Arc<Local>, EngineError> {
+    if local.pid == std::process::id() {
+        Ok(local)
+    } else {
+        Err(EngineError::OtherProcess {
+            began_in: local.pid,
+        })
     }
 }
 
@@ -203,7 +263,6 @@ impl Drop for Run {
             // end. Dropping it would touch the parent's runtime, whose
             // threads are not here (see `Engine::here`).
             std::mem::forget(self.held.take());
-            std::mem::forget(Arc::clone(&self.local));
         }
     }
 }

@@ -24,8 +24,8 @@ fn a_completed_run_is_replayed_byte_for_byte_and_a_terminal_failure_too() {
     let first = run(here
         .block_on(here.begin("charges", "a", Some(b"{\"n\": 1}"), None))
         .expect("claims"));
-    assert_eq!(first.fence(), Some(1));
-    here.block_on(first.complete(b"{\"b\": 1,  \"a\": [2]}".to_vec()))
+    assert_eq!(first.context().fence(), Some(1));
+    here.block_on(first.complete(Ok(b"{\"b\": 1,  \"a\": [2]}".to_vec())))
         .expect("completes");
     match here.block_on(here.begin("charges", "a", Some(b"{\"n\":1}"), None)) {
         Ok(Begin::Replayed(json)) => assert_eq!(json, b"{\"b\": 1,  \"a\": [2]}"),
@@ -66,12 +66,19 @@ fn a_completed_run_is_replayed_byte_for_byte_and_a_terminal_failure_too() {
     let again = run(here
         .block_on(here.begin("charges", "c", None, None))
         .expect("runs again"));
-    assert_eq!(again.attempt(), 2);
-    let invalid = here.block_on(again.complete(b"{not json".to_vec()));
+    assert_eq!(again.context().attempt(), 2);
+    let invalid = here.block_on(again.complete(Ok(b"{not json".to_vec())));
     assert!(
         matches!(invalid, Err(EngineError::Json { .. })),
         "{invalid:?}"
     );
+    match here.block_on(here.begin("charges", "c", None, None)) {
+        Err(EngineError::ReplayedFailure { class, message }) => {
+            assert_eq!(class, FailureClass::Terminal);
+            assert!(message.contains("cannot be stored as JSON"), "{message}");
+        }
+        other => panic!("a result that cannot be stored ends the key failed, got {other:?}"),
+    }
 }
 
 #[test]
@@ -83,15 +90,15 @@ fn a_step_is_journaled_once_and_cannot_be_begun_twice_in_one_run() {
         .block_on(here.begin("orders", "o1", None, None))
         .expect("claims"));
     let StepStart::Open(open) = here
-        .block_on(first.begin_step("charge", StepPolicy::Retry))
+        .block_on(first.context().begin_step("charge", StepPolicy::Retry))
         .expect("begins")
     else {
         panic!("a new step is open")
     };
     assert_eq!(open.ctx().key().len(), 69);
-    here.block_on(first.finish_step(open, b"\"ch_1\"".to_vec()))
+    here.block_on(first.context().finish_step(open, b"\"ch_1\"".to_vec()))
         .expect("journaled");
-    let twice = here.block_on(first.begin_step("charge", StepPolicy::Retry));
+    let twice = here.block_on(first.context().begin_step("charge", StepPolicy::Retry));
     assert!(
         matches!(&twice, Err(EngineError::Step(e)) if e.to_string().contains("already used")),
         "{twice:?}"
@@ -104,12 +111,12 @@ fn a_step_is_journaled_once_and_cannot_be_begun_twice_in_one_run() {
     let second = run(here
         .block_on(here.begin("orders", "o1", None, None))
         .expect("claims"));
-    match here.block_on(second.begin_step("charge", StepPolicy::Retry)) {
+    match here.block_on(second.context().begin_step("charge", StepPolicy::Retry)) {
         Ok(StepStart::Done(Some(json))) => assert_eq!(&json[..], b"\"ch_1\""),
         other => panic!("expected the journaled result, got {other:?}"),
     }
     let StepStart::Open(open) = here
-        .block_on(second.begin_step("ship", StepPolicy::Park))
+        .block_on(second.context().begin_step("ship", StepPolicy::Park))
         .expect("begins")
     else {
         panic!("a new step is open")
@@ -119,7 +126,7 @@ fn a_step_is_journaled_once_and_cannot_be_begun_twice_in_one_run() {
     let third = run(here
         .block_on(here.begin("orders", "o1", None, None))
         .expect("claims"));
-    let parked = here.block_on(third.begin_step("ship", StepPolicy::Park));
+    let parked = here.block_on(third.context().begin_step("ship", StepPolicy::Park));
     assert!(
         matches!(&parked, Err(EngineError::Step(e)) if e.to_string().contains("in doubt")),
         "{parked:?}"

@@ -175,6 +175,11 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         self.config.backoff
     }
 
+    /// The largest response stored, in bytes (encoded, before compression).
+    pub fn max_response_bytes(&self) -> usize {
+        self.config.max_response_bytes
+    }
+
     /// Runs `handler` at most once (in effect) for `id`.
     ///
     /// 1. Claims `id`. A completed record is replayed

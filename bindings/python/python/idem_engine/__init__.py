@@ -1,11 +1,12 @@
-"""Exactly-once effects over at-least-once delivery, from Python: the
-client of ``idem serve``.
+"""Exactly-once effects over at-least-once delivery, from Python: idem's
+own executor (Rust) in this process, over SQLite (the default, no
+server), Redis, PostgreSQL, DynamoDB or a remote ``idem serve``.
 
 ::
 
-    from idem_client import Idem
+    from idem_engine import Idem
 
-    idem = Idem("http://127.0.0.1:8700", token="...")
+    idem = Idem("sqlite:idem.db")
 
     @idem.idempotent(scope="charges", key="order_id")
     def charge(order_id, amount):
@@ -14,31 +15,37 @@ client of ``idem serve``.
 Every call with the same ``order_id`` has the effect of one call.
 """
 
-from ._client import Executed, Idem, Outcome, Replayed, fingerprint_of
 from ._errors import (
-    ApiError,
     IdemError,
     InProgress,
+    InvalidInput,
+    InvalidStep,
     LeaseLost,
     Mismatch,
     ReplayedFailure,
+    ResultTooLarge,
     StepInDoubt,
     Terminal,
     Unavailable,
 )
+from ._idem import DEFAULT_STORE, Claim, Executed, Idem, Outcome, Replayed, fingerprint_of
 from ._run import Run, current_run
 
 __all__ = [
-    "ApiError",
+    "DEFAULT_STORE",
+    "Claim",
     "Executed",
     "Idem",
     "IdemError",
     "InProgress",
+    "InvalidInput",
+    "InvalidStep",
     "LeaseLost",
     "Mismatch",
     "Outcome",
     "Replayed",
     "ReplayedFailure",
+    "ResultTooLarge",
     "Run",
     "StepInDoubt",
     "Terminal",

@@ -1,5 +1,6 @@
 """Several worker processes handle every key several times over while
-workers are SIGKILLed mid-handler and started again; afterwards every key
+workers are SIGKILLed mid-handler and started again, on each store
+(SQLite shared by the processes, Redis, idem serve); afterwards every key
 is completed once, by the holder whose fenced effect the downstream keeps,
 and every re-execution is a takeover of a killed holder's claim."""
 
@@ -13,8 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import SHOP
-from idem_client import Idem
+from idem_engine import Idem
 
 WORKERS = 4
 KEYS = 120
@@ -22,10 +22,11 @@ COPIES = 2
 KILLS = 6
 
 
-def start_worker(server, ledger: Path, downstream: Path, seed: int) -> subprocess.Popen:
+def start_worker(store, ledger: Path, downstream: Path, seed: int) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, str(Path(__file__).parent / "worker.py"), server.url, SHOP,
-         str(ledger), str(downstream), str(KEYS), str(COPIES), str(seed)],
+        [sys.executable, str(Path(__file__).parent / "worker.py"), store.url,
+         store.options.get("token", ""), str(ledger), str(downstream), str(KEYS), str(COPIES),
+         str(seed)],
     )
 
 
@@ -34,14 +35,14 @@ def last_line_of(ledger: Path, pid: int) -> str:
     return mine[-1] if mine else ""
 
 
-def test_workers_killed_mid_handler_leave_every_key_done_once(server, tmp_path):
+def test_workers_killed_mid_handler_leave_every_key_done_once(store, tmp_path):
     ledger, downstream = tmp_path / "ledger", tmp_path / "downstream.db"
     with sqlite3.connect(downstream) as db:
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("CREATE TABLE effects (key TEXT PRIMARY KEY, fence INTEGER, writer INTEGER)")
     ledger.touch()
     rng = random.Random(7)
-    workers = [start_worker(server, ledger, downstream, seed) for seed in range(WORKERS)]
+    workers = [start_worker(store, ledger, downstream, seed) for seed in range(WORKERS)]
     kills = 0
     try:
         deadline = time.monotonic() + 60
@@ -61,7 +62,7 @@ def test_workers_killed_mid_handler_leave_every_key_done_once(server, tmp_path):
                     kills += 1
                     break
                 time.sleep(0.002)
-            workers[victim] = start_worker(server, ledger, downstream, 100 + kills)
+            workers[victim] = start_worker(store, ledger, downstream, 100 + kills)
             time.sleep(rng.uniform(0.05, 0.15))
         for process in workers:
             assert process.wait(timeout=120) == 0
@@ -83,7 +84,7 @@ def test_workers_killed_mid_handler_leave_every_key_done_once(server, tmp_path):
     with sqlite3.connect(downstream) as db:
         effects = dict(db.execute("SELECT key, fence FROM effects"))
 
-    idem = Idem(server.url, SHOP)
+    idem = Idem(store.url, **store.options)
     reruns = 0
     for i in range(KEYS):
         key = f"order-{i}"

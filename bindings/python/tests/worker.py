@@ -4,7 +4,7 @@ to a shared downstream table as the effect. It writes what it does to a
 shared ledger, one line per event, so the test can check the run after
 workers are SIGKILLed mid-handler.
 
-Usage: worker.py URL TOKEN LEDGER DOWNSTREAM KEYS COPIES SEED
+Usage: worker.py STORE_URL TOKEN LEDGER DOWNSTREAM KEYS COPIES SEED
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sqlite3
 import sys
 import time
 
-from idem_client import Idem, InProgress, LeaseLost
+from idem_engine import Idem, InProgress, LeaseLost
 
 
 def main() -> None:
@@ -45,7 +45,7 @@ def main() -> None:
         downstream.execute("COMMIT")
         return True
 
-    idem = Idem(url, token, lease=1.0)
+    idem = Idem(url, token=token or None, lease=1.0)
     deliveries = [f"order-{i}" for i in range(keys) for _ in range(copies)]
     rng.shuffle(deliveries)
     while deliveries:

@@ -1,0 +1,231 @@
+"""One claimed run, as the ``with`` block and the decorated function see
+it: the engine's run behind Python values."""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import json
+from typing import Any, Awaitable, Callable, Optional, TypeVar, Union
+
+from . import _native
+from ._errors import IdemError, LeaseLost, Terminal
+
+T = TypeVar("T")
+
+_current: contextvars.ContextVar[Optional["Run"]] = contextvars.ContextVar(
+    "idem_current_run", default=None
+)
+
+
+def current_run() -> "Run":
+    """The run of the idempotent call this code runs in (inside a function
+    decorated with ``Idem.idempotent``): its ``fence``, ``attempt``,
+    ``takeover`` and ``step``."""
+    run = _current.get()
+    if run is None:
+        raise IdemError("current_run() is only available inside an idempotent call")
+    return run
+
+
+def dumps(value: Any) -> bytes:
+    """``value`` as the JSON idem stores (no NaN or infinities)."""
+    return json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _encoded(value: Any) -> tuple[Optional[bytes], Optional[str]]:
+    try:
+        return dumps(value), None
+    except (TypeError, ValueError) as e:
+        return None, str(e)
+
+
+def _failure(error: BaseException) -> tuple[str, str]:
+    if isinstance(error, Terminal):
+        return str(error) or type(error).__name__, "terminal"
+    return f"{type(error).__name__}: {error}", "retryable"
+
+
+class Run:
+    """A claim of ``scope``/``key``.
+
+    When ``replayed`` is true, the key ran before: ``result`` is its stored
+    result, and there is nothing to do. Otherwise the caller holds the key:
+    do the work, pass ``fence`` to downstream writes, and end with
+    ``complete(result)``, ``fail(...)`` or ``release()`` (or their
+    ``a``-prefixed awaitables). While the run is held, the engine's own
+    threads extend its lease every third of it, whatever this thread does;
+    ``check()`` raises :class:`LeaseLost` once the lease is known lost.
+    """
+
+    def __init__(
+        self, scope: str, key: str, native: Union[_native.Run, bytes]
+    ) -> None:
+        self.scope = scope
+        self.key = key
+        self.replayed = isinstance(native, bytes)
+        self.result: Any = json.loads(native) if isinstance(native, bytes) else None
+        self._native: Optional[_native.Run] = None if isinstance(native, bytes) else native
+        self._ended = self.replayed
+
+    def _held(self) -> _native.Run:
+        if self._native is None:
+            raise IdemError(f"{self.scope}/{self.key} was replayed: there is no claim to act on")
+        if self._ended:
+            raise IdemError(f"{self.scope}/{self.key}: the run has already ended")
+        return self._native
+
+    @property
+    def fence(self) -> Optional[int]:
+        """The fencing number: pass it to downstream writes that refuse an
+        older holder's (``None`` for a replay)."""
+        return None if self._native is None else self._native.fence
+
+    @property
+    def attempt(self) -> Optional[int]:
+        """Which attempt of the key this is (1 for the first)."""
+        return None if self._native is None else self._native.attempt
+
+    @property
+    def takeover(self) -> bool:
+        """Whether this run took the key over from a worker that stalled or
+        died."""
+        return self._native is not None and self._native.takeover
+
+    @property
+    def lease_lost(self) -> bool:
+        """Whether the lease is known lost (see :meth:`check`)."""
+        return self._native is not None and self._native.lease_lost
+
+    def check(self) -> None:
+        """Raises :class:`LeaseLost` if the lease was lost: call it before
+        an irreversible step. It reads the engine's last confirmed deadline
+        and the clock, so a process that stalled finds out at once."""
+        if self._native is not None:
+            self._native.check()
+
+    def complete(self, result: Any) -> None:
+        """Stores ``result`` (anything ``json.dumps`` takes, without NaN or
+        infinities); every later claim of the key gets it back. While the
+        store is away, the engine retries for up to a lease.
+
+        The work has run by now, so a result that cannot be stored (not
+        JSON, or over ``max_result_bytes``) is recorded as a terminal
+        failure with the reason, and the error is raised."""
+        native = self._held()
+        self._ended = True
+        native.complete(*_encoded(result))
+
+    async def acomplete(self, result: Any) -> None:
+        """:meth:`complete`, awaited without blocking the event loop."""
+        native = self._held()
+        self._ended = True
+        await native.complete_async(*_encoded(result))
+
+    def fail(self, message: str, terminal: bool = False, unknown: bool = False) -> None:
+        """Records a failure: by default retryable (the key is released and
+        the next claim runs it again); ``terminal`` is stored and replayed;
+        ``unknown`` parks the record for ``idem resolve``."""
+        native = self._held()
+        self._ended = True
+        native.fail(message, "unknown" if unknown else "terminal" if terminal else "retryable")
+
+    async def afail(self, message: str, terminal: bool = False, unknown: bool = False) -> None:
+        """:meth:`fail`, awaited."""
+        native = self._held()
+        self._ended = True
+        await native.fail_async(
+            message, "unknown" if unknown else "terminal" if terminal else "retryable"
+        )
+
+    def release(self) -> None:
+        """Gives the claim back without an outcome: the next claim runs the
+        work."""
+        native = self._held()
+        self._ended = True
+        native.release()
+
+    async def arelease(self) -> None:
+        """:meth:`release`, awaited."""
+        native = self._held()
+        self._ended = True
+        await native.release_async()
+
+    def step(self, name: str, fn: Callable[[str], T], policy: str = "retry") -> T:
+        """A journaled step: runs ``fn(downstream_key)`` once across every
+        attempt of the run and returns its result (JSON-encodable), from
+        the journal when an earlier attempt finished it.
+
+        Pass ``downstream_key`` to an external API that deduplicates on a
+        key (a payment provider's Idempotency-Key). If an earlier attempt
+        began the step and never finished, its effect is in doubt:
+        ``policy="retry"`` runs it again with the same downstream key;
+        ``"skip"`` returns ``None`` without running it; ``"park"`` raises
+        :class:`StepInDoubt` and the run ends failed as ``unknown``. A name
+        used twice in one run raises :class:`InvalidStep`.
+        """
+        native = self._held()
+        begun = native.begin_step(name, policy)
+        if not isinstance(begun, _native.Step):
+            return None if begun is None else json.loads(begun)  # type: ignore[return-value]
+        value = fn(begun.key)
+        native.finish_step(begun, dumps(value))
+        return value
+
+    async def astep(
+        self, name: str, fn: Callable[[str], Union[T, Awaitable[T]]], policy: str = "retry"
+    ) -> T:
+        """:meth:`step` for asyncio: ``fn`` may be a coroutine function."""
+        native = self._held()
+        begun = await native.begin_step_async(name, policy)
+        if not isinstance(begun, _native.Step):
+            return None if begun is None else json.loads(begun)  # type: ignore[return-value]
+        value = fn(begun.key)
+        if inspect.isawaitable(value):
+            value = await value
+        await native.finish_step_async(begun, dumps(value))
+        return value  # type: ignore[return-value]
+
+    def _on_exit(self, error: Optional[BaseException]) -> Union[None, str, tuple[str, bool]]:
+        """What leaving the block does: nothing (``None``), ``"release"``
+        (it ended without an outcome), or a failure ``(message, terminal)``
+        to record."""
+        if self._ended:
+            return None
+        if error is None:
+            return "release"
+        if isinstance(error, LeaseLost):
+            self._ended = True
+            return None
+        message, failure_class = _failure(error)
+        return message, failure_class == "terminal"
+
+    def _unfinished(self) -> IdemError:
+        return IdemError(
+            f"{self.scope}/{self.key}: the block ended without run.complete(result); "
+            "the claim was released"
+        )
+
+    def _exit(self, error: Optional[BaseException]) -> None:
+        action = self._on_exit(error)
+        if action == "release":
+            self.release()
+            raise self._unfinished()
+        if isinstance(action, tuple):
+            try:
+                self.fail(action[0], terminal=action[1])
+            except IdemError:
+                # The handler's own error says more; an unrecorded failure
+                # leaves the claim to run out, as a crash would.
+                pass
+
+    async def _aexit(self, error: Optional[BaseException]) -> None:
+        action = self._on_exit(error)
+        if action == "release":
+            await self.arelease()
+            raise self._unfinished()
+        if isinstance(action, tuple):
+            try:
+                await self.afail(action[0], terminal=action[1])
+            except IdemError:
+                pass
