@@ -1,7 +1,7 @@
-"""idem's Python client through `idem serve` beside AWS Lambda Powertools'
-idempotency utility, both on one Redis, in one run, with redis-py doing the
-raw work (SET NX, then SET) as the anchor. Run by `scripts/bench-clients`,
-which starts the Redis server and `idem serve --store redis://` on it.
+"""idem's Python package (the engine in-process) beside AWS Lambda
+Powertools' idempotency utility, both on one Redis, in one run, with
+redis-py doing the raw work (SET NX, then SET) as the anchor. Run by
+`scripts/bench-clients`, which starts the Redis server.
 
 Each round calls, one library after the other, for SECONDS each:
 - unique keys: every call runs the function (claim, run, complete);
@@ -9,7 +9,7 @@ Each round calls, one library after the other, for SECONDS each:
 at 1 caller and at 8 threads. Prints one line per measurement:
 `<case> <callers> <library> <ops/s> <p50 µs> <p99 µs> <client CPU µs/op>`.
 
-Usage: python python.py REDIS_PORT IDEM_URL IDEM_TOKEN SECONDS ROUNDS
+Usage: python python.py REDIS_PORT SECONDS ROUNDS
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import warnings
 import redis
 from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idempotent_function
 from aws_lambda_powertools.utilities.idempotency.persistence.redis import RedisCachePersistenceLayer
-from idem_client import Idem
+from idem_engine import Idem
 
 warnings.simplefilter("ignore")
-port, url, token = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-seconds, rounds = float(sys.argv[4]), int(sys.argv[5])
+port = int(sys.argv[1])
+seconds, rounds = float(sys.argv[2]), int(sys.argv[3])
 REPLAY_KEYS = 1000
 RESULT = {"ok": True, "charge": "ch_1"}
 
@@ -44,7 +44,7 @@ def powertools():
 
 
 def idem():
-    client = Idem(url, token, retention=3600)
+    client = Idem(f"redis://127.0.0.1:{port}", retention=3600)
 
     @client.idempotent(scope="bench", key="order_id")
     def charge(order_id):
