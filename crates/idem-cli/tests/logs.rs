@@ -75,7 +75,7 @@ fn a_failure_says_each_cause_once() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     let line = stderr.lines().last().expect("an error line");
     assert!(
-        line.starts_with("idem: could not connect to Redis"),
+        line.starts_with("idem: cannot open the Redis store: could not connect to Redis"),
         "{line}"
     );
     assert_eq!(line.matches("refused").count(), 1, "{line}");

@@ -189,11 +189,12 @@ pub enum OpenError {
         #[source]
         source: idem_sqlite::OpenError,
     },
-    /// The networked store refused the connection or its settings.
-    #[error("cannot open the store {url}")]
+    /// The networked store refused the connection or its settings (the
+    /// cause names the address).
+    #[error("cannot open the {store} store")]
     Connect {
-        /// The URL, its password hidden.
-        url: String,
+        /// Which store: Redis, PostgreSQL, DynamoDB, a remote idem serve.
+        store: &'static str,
         /// Why.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
@@ -210,10 +211,14 @@ impl StoreUrl {
     /// Opens the store, sending `token` (as `Authorization: Bearer`) to a
     /// remote `idem serve`; other stores ignore it.
     pub async fn open_with(&self, token: Option<&str>) -> Result<AnyStore, OpenError> {
-        let connect = |source: Box<dyn std::error::Error + Send + Sync>| OpenError::Connect {
-            url: self.to_string(),
-            source,
+        let store = match self {
+            StoreUrl::Redis(_) => "Redis",
+            StoreUrl::Postgres(_) => "PostgreSQL",
+            StoreUrl::DynamoDb(_) => "DynamoDB",
+            _ => "remote idem serve",
         };
+        let connect =
+            |source: Box<dyn std::error::Error + Send + Sync>| OpenError::Connect { store, source };
         Ok(match self {
             StoreUrl::Memory => AnyStore::Memory(MemoryStore::new()),
             StoreUrl::Sqlite(path) => {

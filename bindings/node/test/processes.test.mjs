@@ -1,5 +1,6 @@
 // Several worker processes handle every key several times over while
-// workers are SIGKILLed mid-handler and started again; afterwards every key
+// workers are SIGKILLed mid-handler and started again, on each store
+// (SQLite shared by the processes, Redis, idem serve); afterwards every key
 // is completed once, by the holder whose fenced effect the downstream keeps,
 // and every re-execution is a takeover of a killed holder's claim.
 
@@ -9,11 +10,11 @@ import { once } from "node:events";
 import { readFileSync, writeFileSync } from "node:fs";
 import { createServer } from "node:http";
 import { join } from "node:path";
-import { test } from "node:test";
+import { after, test } from "node:test";
 import { fileURLToPath } from "node:url";
 
-import { Idem } from "../dist/index.js";
-import { SHOP, startServer } from "./server.mjs";
+import { Idem } from "../idem.js";
+import { eachStore, scratch } from "./stores.mjs";
 
 const WORKERS = 4;
 const KEYS = 120;
@@ -36,15 +37,18 @@ async function startDownstream() {
   return { kept, server, url: `http://127.0.0.1:${server.address().port}/effect` };
 }
 
-test("workers killed mid-handler leave every key done once", async () => {
-  const idemServer = await startServer();
+const stores = await eachStore();
+after(() => stores.stop());
+
+for (const name of stores.names) test(`${name}: workers killed mid-handler leave every key done once`, async () => {
+  const options = stores.options(name);
   const downstream = await startDownstream();
-  const ledger = join(idemServer.folder, "ledger");
+  const ledger = join(scratch(), "ledger");
   writeFileSync(ledger, "");
   const worker = fileURLToPath(new URL("./worker.mjs", import.meta.url));
   const start = (seed) => {
     const child = spawn(process.execPath, [
-      worker, idemServer.url, SHOP, downstream.url, ledger, KEYS, COPIES, seed,
+      worker, options.url, options.token ?? "", downstream.url, ledger, KEYS, COPIES, seed,
     ], { stdio: "inherit" });
     child.exited = once(child, "exit");
     return child;
@@ -94,9 +98,9 @@ test("workers killed mid-handler leave every key done once", async () => {
     const into = event === "start" ? starts : event === "done" ? done : null;
     if (into) into.set(key, [...(into.get(key) ?? []), Number(fence)]);
   }
-  const idem = new Idem({ url: idemServer.url, token: SHOP, scope: "orders" });
+  const idem = new Idem({ ...options, scope: "orders" });
   let reruns = 0;
-  try {
+  {
     for (let i = 0; i < KEYS; i++) {
       const key = `order-${i}`;
       const record = await idem.record(key);
@@ -113,8 +117,6 @@ test("workers killed mid-handler leave every key done once", async () => {
       assert.ok(acked.length === 0 || (acked.length === 1 && acked[0] === stored), `${key}: ${acked}`);
       reruns += started.length - 1;
     }
-  } finally {
-    await idemServer.stop();
   }
   // Every re-execution took over a killed holder's claim: one at most per kill.
   assert.ok(reruns >= 1 && reruns <= kills, `${reruns} re-executions for ${kills} kills`);

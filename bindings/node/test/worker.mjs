@@ -4,11 +4,11 @@
 // does to a shared ledger, one line per event, so the test can check the
 // run after workers are SIGKILLed mid-handler.
 //
-// Usage: node worker.mjs URL TOKEN DOWNSTREAM LEDGER KEYS COPIES SEED
+// Usage: node worker.mjs STORE_URL TOKEN DOWNSTREAM LEDGER KEYS COPIES SEED
 
 import { appendFileSync } from "node:fs";
 
-import { Idem, InProgress, LeaseLost } from "../dist/index.js";
+import { Idem, InProgress, LeaseLost } from "../idem.js";
 
 const [url, token, downstream, ledger, keys, copies, seed] = process.argv.slice(2);
 let state = Number(seed) * 2654435761 + 1;
@@ -16,7 +16,7 @@ const random = () => ((state = (state * 1103515245 + 12345) % 2147483648) / 2147
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const note = (...fields) => appendFileSync(ledger, `${[process.pid, ...fields].join(" ")}\n`);
 
-const idem = new Idem({ url, token, scope: "orders", leaseMs: 1000 });
+const idem = new Idem({ url, token: token || undefined, scope: "orders", leaseMs: 1000 });
 const deliveries = [];
 for (let i = 0; i < Number(keys); i++) for (let c = 0; c < Number(copies); c++) deliveries.push(`order-${i}`);
 for (let i = deliveries.length - 1; i > 0; i--) {

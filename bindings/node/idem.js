@@ -1,0 +1,316 @@
+// idem-engine for Node: idem's executor (Rust, through napi-rs) in this
+// process. This file gives the native classes (native.js) the package's
+// API; every decision (key rules, fingerprints, leases, retries, fencing,
+// steps) is the engine's.
+
+"use strict";
+
+const native = require("./native.js");
+
+/** Anything idem throws. */
+class IdemError extends Error {
+  constructor(message) {
+    super(message);
+    this.name = this.constructor.name;
+  }
+}
+
+/**
+ * Throw it (or a subclass) from a handler for a failure that will happen the
+ * same way every time: it is stored and replayed to every later call with the
+ * key, instead of being retried.
+ */
+class Terminal extends Error {
+  constructor(message) {
+    super(message);
+    this.name = "Terminal";
+  }
+}
+
+/** A value idem was given breaks a rule (URL, key, setting, JSON). */
+class InvalidInput extends IdemError {}
+/** The store could not be opened, or did not answer for a whole lease. */
+class Unavailable extends IdemError {}
+/** Another holder runs the key right now; try again after `retryAfterMs`. */
+class InProgress extends IdemError {
+  constructor(message, retryAfterMs) {
+    super(message);
+    this.retryAfterMs = retryAfterMs;
+  }
+}
+/** The key was first used with another fingerprint (another request). */
+class Mismatch extends IdemError {}
+/** An earlier run of the key failed for good; its failure is replayed. */
+class ReplayedFailure extends IdemError {
+  constructor(message, failureClass, failure) {
+    super(message);
+    this.failureClass = failureClass;
+    this.failure = failure;
+  }
+}
+/** The claim is no longer held; nothing was written: stop acting on it. */
+class LeaseLost extends IdemError {}
+/** The result is over the store's limit; the key is recorded as failed. */
+class ResultTooLarge extends IdemError {}
+/** A step in doubt under the "park" policy: the run ends failed, unknown. */
+class StepInDoubt extends IdemError {
+  constructor(message, step, attempt) {
+    super(message);
+    this.step = step;
+    this.attempt = attempt;
+  }
+}
+/** A step misused: its name is invalid or already used in this run. */
+class InvalidStep extends IdemError {}
+
+/** The engine's error as the package's own class. */
+function translated(error) {
+  let info;
+  try {
+    info = JSON.parse(error.message);
+  } catch {
+    return error;
+  }
+  switch (info.kind) {
+    case "InProgress":
+      return new InProgress(info.message, info.retryAfterMs);
+    case "ReplayedFailure":
+      return new ReplayedFailure(info.message, info.failureClass, info.failure);
+    case "StepInDoubt":
+      return new StepInDoubt(info.message, info.step, info.attempt);
+    case "InvalidInput":
+      return new InvalidInput(info.message);
+    case "Unavailable":
+      return new Unavailable(info.message);
+    case "Mismatch":
+      return new Mismatch(info.message);
+    case "LeaseLost":
+      return new LeaseLost(info.message);
+    case "ResultTooLarge":
+      return new ResultTooLarge(info.message);
+    case "InvalidStep":
+      return new InvalidStep(info.message);
+    default:
+      return new IdemError(info.message);
+  }
+}
+
+async function call(work) {
+  try {
+    return await work();
+  } catch (error) {
+    throw translated(error);
+  }
+}
+
+function sync(work) {
+  try {
+    return work();
+  } catch (error) {
+    throw translated(error);
+  }
+}
+
+/** `value` as JSON, or why it is not: `[json, undefined]` or `[undefined, reason]`. */
+function encoded(value) {
+  try {
+    return [JSON.stringify(value === undefined ? null : value), undefined];
+  } catch (error) {
+    return [undefined, String(error)];
+  }
+}
+
+/** The fingerprint the engine takes of a JSON value (SHA-256 of its canonical JSON). */
+function fingerprintOf(value) {
+  return sync(() => native.fingerprint(JSON.stringify(value)));
+}
+
+/**
+ * A claimed run: do the work, pass `fence` to downstream writes, and end it
+ * with `complete`, `fail` or `release`. `signal` is aborted once the lease
+ * is known lost; `check()` throws `LeaseLost` then.
+ */
+class Run {
+  constructor(scope, key, run) {
+    this.scope = scope;
+    this.key = key;
+    this.native = run;
+    this.ended = false;
+    const lost = new AbortController();
+    this.signal = lost.signal;
+    // The engine's heartbeat runs on its own threads; this only reads what
+    // it found, so the signal can be awaited.
+    this.watch = setInterval(() => {
+      if (this.native.leaseLost) {
+        lost.abort(new LeaseLost(`${scope}/${key}: the lease was lost`));
+        clearInterval(this.watch);
+      }
+    }, 50);
+    this.watch.unref();
+  }
+
+  /** The fencing number, for writes that refuse an older holder's. */
+  get fence() {
+    return this.native.fence;
+  }
+
+  /** Which attempt of the key this is (1 for the first). */
+  get attempt() {
+    return this.native.attempt;
+  }
+
+  /** Whether this run took the key over from a stalled or dead worker. */
+  get takeover() {
+    return this.native.takeover;
+  }
+
+  /** Whether the lease is known lost. */
+  get leaseLost() {
+    return this.native.leaseLost;
+  }
+
+  /** Throws `LeaseLost` once the lease is known lost. */
+  check() {
+    sync(() => this.native.check());
+  }
+
+  ending() {
+    if (this.ended) throw new IdemError(`${this.scope}/${this.key}: the run has already ended`);
+    this.ended = true;
+    clearInterval(this.watch);
+  }
+
+  /** Stores `value` (JSON) and replays it to every later call with the key. */
+  async complete(value) {
+    this.ending();
+    const [json, reason] = encoded(value);
+    await call(() => this.native.complete(json, reason));
+  }
+
+  /** Records a failure: "retryable" (the default), "terminal" or "unknown". */
+  async fail(message, failureClass = "retryable") {
+    this.ending();
+    return call(() => this.native.fail(message, failureClass));
+  }
+
+  /** Gives the claim back without an outcome: the next claim runs the work. */
+  async release() {
+    this.ending();
+    await call(() => this.native.release());
+  }
+
+  /**
+   * A journaled step: runs `fn(downstreamKey)` once across every attempt of
+   * the run and returns its (JSON) result, from the journal when an earlier
+   * attempt finished it. In doubt (an earlier attempt began it and never
+   * finished): "retry" runs it again with the same key, "skip" returns null,
+   * "park" throws `StepInDoubt`. A name used twice in one run throws
+   * `InvalidStep`.
+   */
+  async step(name, fn, policy = "retry") {
+    const begun = await call(() => this.native.beginStep(name, policy));
+    if (begun === null || typeof begun === "string") {
+      return begun === null ? null : JSON.parse(begun);
+    }
+    const value = await fn(begun.key);
+    const [json, reason] = encoded(value);
+    if (json === undefined) throw new InvalidInput(`step ${JSON.stringify(name)}: ${reason}`);
+    await call(() => begun.finish(json));
+    return value;
+  }
+}
+
+/**
+ * idem's executor, in this process, over the store at `url`: `sqlite:PATH`
+ * (the default, `sqlite:idem.db`), `redis://`, `redis+cluster://`,
+ * `postgres://`, `dynamodb://TABLE`, `memory:`, or `http(s)://` for a remote
+ * `idem serve` (with `token`).
+ */
+class Idem {
+  constructor(options = {}) {
+    const { url = "sqlite:idem.db", scope = "default", ...rest } = options;
+    this.scope = scope;
+    this.engine = sync(
+      () =>
+        new native.Engine(url, {
+          token: rest.token,
+          leaseMs: rest.leaseMs,
+          retentionMs: rest.retentionMs,
+          failureRetentionMs: rest.failureRetentionMs,
+          waitMs: rest.waitMs,
+          maxAttempts: rest.maxAttempts,
+          maxResultBytes: rest.maxResultBytes,
+        }),
+    );
+  }
+
+  /** The store's URL, its password hidden. */
+  get url() {
+    return this.engine.url;
+  }
+
+  /**
+   * Claims `key`: `{ replayed: true, value }` if it ran before, else a `Run`
+   * to do and end.
+   */
+  async claim(key, options = {}) {
+    const scope = options.scope ?? this.scope;
+    const fingerprint = options.fingerprint === undefined ? undefined : JSON.stringify(options.fingerprint);
+    const begun = await call(() => this.engine.begin(scope, key, fingerprint, options.waitMs));
+    if (typeof begun === "string") return { replayed: true, value: JSON.parse(begun) };
+    return new Run(scope, key, begun);
+  }
+
+  /**
+   * Runs `fn` once for `key`: the first call runs it and stores its (JSON)
+   * result; every later call gets that result back without running it. An
+   * error out of `fn` is rethrown: a `Terminal` one is stored and replayed
+   * (as `ReplayedFailure`), any other releases the key for the next call.
+   */
+  async withIdempotency(key, fn, options = {}) {
+    const run = await this.claim(key, options);
+    if (!(run instanceof Run)) return { kind: "replayed", value: run.value };
+    let value;
+    try {
+      value = await fn(run);
+    } catch (error) {
+      if (!run.ended) {
+        try {
+          if (error instanceof LeaseLost) run.ending();
+          else if (error instanceof Terminal) await run.fail(error.message || error.name, "terminal");
+          else await run.fail(error instanceof Error ? `${error.name}: ${error.message}` : String(error));
+        } catch (failed) {
+          // The handler's own error says more; an unrecorded failure
+          // leaves the claim to run out, as a crash would.
+          if (!(failed instanceof IdemError)) throw failed;
+        }
+      }
+      throw error;
+    }
+    await run.complete(value);
+    return { kind: "executed", value, fence: run.fence, attempt: run.attempt, takeover: run.takeover };
+  }
+
+  /** The record of `key` as stored, or undefined if there is none. */
+  async record(key, scope = this.scope) {
+    const json = await call(() => this.engine.record(scope, key));
+    return json == null ? undefined : JSON.parse(json);
+  }
+}
+
+module.exports = {
+  Idem,
+  Run,
+  fingerprintOf,
+  IdemError,
+  InProgress,
+  InvalidInput,
+  InvalidStep,
+  LeaseLost,
+  Mismatch,
+  ReplayedFailure,
+  ResultTooLarge,
+  StepInDoubt,
+  Terminal,
+  Unavailable,
+};
