@@ -3,11 +3,9 @@
 
 use std::sync::Arc;
 
-use idem::{FailureClass, OpenStep, StepStart};
-use idem_engine::{EngineError, HandlerFailure, Local, RunContext, StepPolicy};
+use idem_engine::{result_of, HandlerFailure, Local, RunContext, StepBegun, StepPolicy};
 use napi::bindgen_prelude::{Either3, Null};
 use napi_derive::napi;
-use parking_lot::Mutex;
 
 use crate::errors::to_js;
 
@@ -15,7 +13,7 @@ use crate::errors::to_js;
 /// `complete`, `fail` or `release`.
 #[napi]
 pub struct Run {
-    run: Mutex<Option<idem_engine::Run>>,
+    run: Arc<idem_engine::Run>,
     ctx: RunContext,
 }
 
@@ -34,60 +32,20 @@ pub struct Failed {
 /// then `finish` it with the result.
 #[napi]
 pub struct Step {
-    open: Mutex<Option<OpenStep>>,
-    ctx: RunContext,
-    key: String,
-    in_doubt: bool,
+    step: Arc<idem_engine::Step>,
 }
 
 impl Run {
     pub(crate) fn new(run: idem_engine::Run) -> Self {
         let ctx = run.context();
         Self {
-            run: Mutex::new(Some(run)),
+            run: Arc::new(run),
             ctx,
         }
     }
 
-    fn take(&self) -> Result<(idem_engine::Run, Arc<Local>), EngineError> {
-        let local = Arc::clone(self.ctx.local()?);
-        let run = self
-            .run
-            .lock()
-            .take()
-            .ok_or_else(|| EngineError::Config("the run has already ended".to_owned()))?;
-        Ok((run, local))
-    }
-}
-
-fn class_of(class: &str) -> Result<FailureClass, EngineError> {
-    match class {
-        "retryable" => Ok(FailureClass::Retryable),
-        "terminal" => Ok(FailureClass::Terminal),
-        "unknown" => Ok(FailureClass::Unknown),
-        other => Err(EngineError::Config(format!(
-            "failure class {other:?}: use \"retryable\", \"terminal\" or \"unknown\""
-        ))),
-    }
-}
-
-fn policy_of(policy: &str) -> Result<StepPolicy, EngineError> {
-    match policy {
-        "retry" => Ok(StepPolicy::Retry),
-        "skip" => Ok(StepPolicy::Skip),
-        "park" => Ok(StepPolicy::Park),
-        other => Err(EngineError::Config(format!(
-            "step policy {other:?}: use \"retry\", \"skip\" or \"park\""
-        ))),
-    }
-}
-
-/// The result as the engine takes it: the JSON, or why it is none.
-fn result_of(result: Option<String>, unencodable: Option<String>) -> Result<Vec<u8>, String> {
-    match (result, unencodable) {
-        (Some(json), None) => Ok(json.into_bytes()),
-        (_, Some(reason)) => Err(reason),
-        (None, None) => Err("no result was given".to_owned()),
+    fn local(&self) -> napi::Result<Arc<Local>> {
+        self.run.local().map(Arc::clone).map_err(to_js)
     }
 }
 
@@ -133,10 +91,10 @@ impl Run {
         result: Option<String>,
         unencodable: Option<String>,
     ) -> napi::Result<()> {
-        let (run, local) = self.take().map_err(to_js)?;
-        let result = result_of(result, unencodable);
+        let (local, run) = (self.local()?, Arc::clone(&self.run));
+        let result = result_of(result.map(String::into_bytes), unencodable);
         local
-            .spawn(run.complete(result))
+            .spawn(async move { run.complete(result).await })
             .await
             .and_then(|done| done)
             .map_err(to_js)
@@ -146,13 +104,10 @@ impl Run {
     /// "terminal" or "unknown").
     #[napi]
     pub async fn fail(&self, message: String, class: String) -> napi::Result<Failed> {
-        let failure = HandlerFailure {
-            message,
-            class: class_of(&class).map_err(to_js)?,
-        };
-        let (run, local) = self.take().map_err(to_js)?;
+        let failure = HandlerFailure::named(message, &class).map_err(to_js)?;
+        let (local, run) = (self.local()?, Arc::clone(&self.run));
         let failed = local
-            .spawn(run.fail(failure))
+            .spawn(async move { run.fail(failure).await })
             .await
             .and_then(|failed| failed)
             .map_err(to_js)?;
@@ -166,9 +121,9 @@ impl Run {
     /// Ends the run with nothing recorded: the key is free at once.
     #[napi]
     pub async fn release(&self) -> napi::Result<()> {
-        let (run, local) = self.take().map_err(to_js)?;
+        let (local, run) = (self.local()?, Arc::clone(&self.run));
         local
-            .spawn(run.release())
+            .spawn(async move { run.release().await })
             .await
             .and_then(|done| done)
             .map_err(to_js)
@@ -182,23 +137,18 @@ impl Run {
         name: String,
         policy: String,
     ) -> napi::Result<Either3<Step, String, Null>> {
-        let policy = policy_of(&policy).map_err(to_js)?;
-        let local = Arc::clone(self.ctx.local().map_err(to_js)?);
-        let ctx = self.ctx.clone();
-        let work = ctx.clone();
-        let start = local
-            .spawn(async move { work.begin_step(&name, policy).await })
+        let policy: StepPolicy = policy.parse().map_err(to_js)?;
+        let (local, ctx) = (self.local()?, self.ctx.clone());
+        let begun = local
+            .spawn(async move { ctx.begin_step(&name, policy).await })
             .await
-            .and_then(|start| start)
+            .and_then(|begun| begun)
             .map_err(to_js)?;
-        Ok(match start {
-            StepStart::Done(Some(json)) => Either3::B(String::from_utf8_lossy(&json).into_owned()),
-            StepStart::Done(None) => Either3::C(Null),
-            StepStart::Open(open) => Either3::A(Step {
-                key: open.ctx().key().to_owned(),
-                in_doubt: open.ctx().in_doubt(),
-                open: Mutex::new(Some(open)),
-                ctx,
+        Ok(match begun {
+            StepBegun::Done(Some(json)) => Either3::B(String::from_utf8_lossy(&json).into_owned()),
+            StepBegun::Done(None) => Either3::C(Null),
+            StepBegun::Open(step) => Either3::A(Step {
+                step: Arc::from(step),
             }),
         })
     }
@@ -210,28 +160,22 @@ impl Step {
     /// deduplicates.
     #[napi(getter)]
     pub fn key(&self) -> String {
-        self.key.clone()
+        self.step.ctx().key().to_owned()
     }
 
     /// Whether an earlier attempt began the step and never finished it.
     #[napi(getter)]
     pub fn in_doubt(&self) -> bool {
-        self.in_doubt
+        self.step.ctx().in_doubt()
     }
 
     /// Journals `result` (JSON) as the step's result.
     #[napi]
     pub async fn finish(&self, result: String) -> napi::Result<()> {
-        let open = self
-            .open
-            .lock()
-            .take()
-            .ok_or_else(|| EngineError::Config("the step has already been finished".to_owned()))
-            .map_err(to_js)?;
-        let local = Arc::clone(self.ctx.local().map_err(to_js)?);
-        let ctx = self.ctx.clone();
+        let local = Arc::clone(self.step.local().map_err(to_js)?);
+        let step = Arc::clone(&self.step);
         local
-            .spawn(async move { ctx.finish_step(open, result.into_bytes()).await })
+            .spawn(async move { step.finish(result.into_bytes()).await })
             .await
             .and_then(|done| done)
             .map_err(to_js)

@@ -3,9 +3,7 @@
 
 use std::sync::Arc;
 
-use idem::{FailureClass, OpenStep, StepStart};
-use idem_engine::{EngineError, Failed, HandlerFailure, Local, RunContext, StepPolicy};
-use parking_lot::Mutex;
+use idem_engine::{result_of, Failed, HandlerFailure, Local, RunContext, StepBegun, StepPolicy};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -16,74 +14,27 @@ use crate::errors::to_py;
 /// `complete`, `fail` or `release`.
 #[pyclass(module = "idem_engine._native", frozen)]
 pub(crate) struct Run {
-    run: Mutex<Option<idem_engine::Run>>,
+    run: Arc<idem_engine::Run>,
     ctx: RunContext,
 }
 
 /// A journaled step begun and not yet finished.
 #[pyclass(module = "idem_engine._native", frozen)]
 pub(crate) struct Step {
-    open: Mutex<Option<OpenStep>>,
-    /// The step's downstream key: pass it to an external API that
-    /// deduplicates.
-    #[pyo3(get)]
-    key: String,
-    /// Whether an earlier attempt began the step and never finished it.
-    #[pyo3(get)]
-    in_doubt: bool,
+    step: Arc<idem_engine::Step>,
 }
 
 impl Run {
     pub(crate) fn new(run: idem_engine::Run) -> Self {
         let ctx = run.context();
         Self {
-            run: Mutex::new(Some(run)),
+            run: Arc::new(run),
             ctx,
         }
     }
 
-    /// The run, to end it, and the engine to end it on.
-    fn take(&self, py: Python<'_>) -> PyResult<(idem_engine::Run, Arc<Local>)> {
-        let local = Arc::clone(self.ctx.local().map_err(|e| to_py(py, e))?);
-        let run = self.run.lock().take().ok_or_else(|| {
-            to_py(
-                py,
-                EngineError::Config("the run has already ended".to_owned()),
-            )
-        })?;
-        Ok((run, local))
-    }
-
     fn local(&self, py: Python<'_>) -> PyResult<Arc<Local>> {
-        self.ctx.local().map(Arc::clone).map_err(|e| to_py(py, e))
-    }
-}
-
-fn class_of(py: Python<'_>, class: &str) -> PyResult<FailureClass> {
-    match class {
-        "retryable" => Ok(FailureClass::Retryable),
-        "terminal" => Ok(FailureClass::Terminal),
-        "unknown" => Ok(FailureClass::Unknown),
-        other => Err(to_py(
-            py,
-            EngineError::Config(format!(
-                "failure class {other:?}: use 'retryable', 'terminal' or 'unknown'"
-            )),
-        )),
-    }
-}
-
-fn policy_of(py: Python<'_>, policy: &str) -> PyResult<StepPolicy> {
-    match policy {
-        "retry" => Ok(StepPolicy::Retry),
-        "skip" => Ok(StepPolicy::Skip),
-        "park" => Ok(StepPolicy::Park),
-        other => Err(to_py(
-            py,
-            EngineError::Config(format!(
-                "step policy {other:?}: use 'retry', 'skip' or 'park'"
-            )),
-        )),
+        self.run.local().map(Arc::clone).map_err(|e| to_py(py, e))
     }
 }
 
@@ -99,28 +50,18 @@ fn failed_to_py(py: Python<'_>, failed: Failed) -> PyResult<Py<PyAny>> {
         .unbind())
 }
 
-fn step_to_py(py: Python<'_>, start: StepStart) -> PyResult<Py<PyAny>> {
-    Ok(match start {
-        StepStart::Done(Some(json)) => PyBytes::new(py, &json).into_any().unbind(),
-        StepStart::Done(None) => py.None(),
-        StepStart::Open(open) => {
-            let step = Step {
-                key: open.ctx().key().to_owned(),
-                in_doubt: open.ctx().in_doubt(),
-                open: Mutex::new(Some(open)),
-            };
-            Py::new(py, step)?.into_any()
-        }
+fn step_to_py(py: Python<'_>, begun: StepBegun) -> PyResult<Py<PyAny>> {
+    Ok(match begun {
+        StepBegun::Done(Some(json)) => PyBytes::new(py, &json).into_any().unbind(),
+        StepBegun::Done(None) => py.None(),
+        StepBegun::Open(step) => Py::new(
+            py,
+            Step {
+                step: Arc::from(step),
+            },
+        )?
+        .into_any(),
     })
-}
-
-/// The result as the engine takes it: the JSON, or why it is none.
-fn result_of(result: Option<Vec<u8>>, unencodable: Option<String>) -> Result<Vec<u8>, String> {
-    match (result, unencodable) {
-        (Some(json), None) => Ok(json),
-        (_, Some(reason)) => Err(reason),
-        (None, None) => Err("no result was given".to_owned()),
-    }
 }
 
 #[pymethods]
@@ -163,9 +104,9 @@ impl Run {
         result: Option<Vec<u8>>,
         unencodable: Option<String>,
     ) -> PyResult<()> {
-        let (run, local) = self.take(py)?;
+        let local = self.local(py)?;
         let result = result_of(result, unencodable);
-        py.detach(|| local.block_on(run.complete(result)))
+        py.detach(|| local.block_on(self.run.complete(result)))
             .map_err(|e| to_py(py, e))
     }
 
@@ -177,21 +118,18 @@ impl Run {
         result: Option<Vec<u8>>,
         unencodable: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (run, local) = self.take(py)?;
-        let result = result_of(result, unencodable);
-        awaitable(py, &local, run.complete(result), none)
+        let local = self.local(py)?;
+        let (run, result) = (Arc::clone(&self.run), result_of(result, unencodable));
+        awaitable(py, &local, async move { run.complete(result).await }, none)
     }
 
     /// Ends the run with the handler's failure (`class`: 'retryable',
     /// 'terminal' or 'unknown'); returns (class recorded, attempt, retry
     /// after in seconds or None).
     fn fail(&self, py: Python<'_>, message: String, class: &str) -> PyResult<Py<PyAny>> {
-        let failure = HandlerFailure {
-            message,
-            class: class_of(py, class)?,
-        };
-        let (run, local) = self.take(py)?;
-        let failed = py.detach(|| local.block_on(run.fail(failure)));
+        let failure = HandlerFailure::named(message, class).map_err(|e| to_py(py, e))?;
+        let local = self.local(py)?;
+        let failed = py.detach(|| local.block_on(self.run.fail(failure)));
         failed_to_py(py, failed.map_err(|e| to_py(py, e))?)
     }
 
@@ -202,34 +140,38 @@ impl Run {
         message: String,
         class: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let failure = HandlerFailure {
-            message,
-            class: class_of(py, class)?,
-        };
-        let (run, local) = self.take(py)?;
-        awaitable(py, &local, run.fail(failure), failed_to_py)
+        let failure = HandlerFailure::named(message, class).map_err(|e| to_py(py, e))?;
+        let local = self.local(py)?;
+        let run = Arc::clone(&self.run);
+        awaitable(
+            py,
+            &local,
+            async move { run.fail(failure).await },
+            failed_to_py,
+        )
     }
 
     /// Ends the run with nothing recorded: the key is free at once.
     fn release(&self, py: Python<'_>) -> PyResult<()> {
-        let (run, local) = self.take(py)?;
-        py.detach(|| local.block_on(run.release()))
+        let local = self.local(py)?;
+        py.detach(|| local.block_on(self.run.release()))
             .map_err(|e| to_py(py, e))
     }
 
     /// `release`, awaitable.
     fn release_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let (run, local) = self.take(py)?;
-        awaitable(py, &local, run.release(), none)
+        let local = self.local(py)?;
+        let run = Arc::clone(&self.run);
+        awaitable(py, &local, async move { run.release().await }, none)
     }
 
     /// Begins step `name`: a `Step` to run, its journaled result (JSON
     /// bytes), or `None` (skipped in doubt).
     fn begin_step(&self, py: Python<'_>, name: &str, policy: &str) -> PyResult<Py<PyAny>> {
-        let policy = policy_of(py, policy)?;
+        let policy: StepPolicy = policy.parse().map_err(|e| to_py(py, e))?;
         let local = self.local(py)?;
-        let start = py.detach(|| local.block_on(self.ctx.begin_step(name, policy)));
-        step_to_py(py, start.map_err(|e| to_py(py, e))?)
+        let begun = py.detach(|| local.block_on(self.ctx.begin_step(name, policy)));
+        step_to_py(py, begun.map_err(|e| to_py(py, e))?)
     }
 
     /// `begin_step`, awaitable.
@@ -239,7 +181,7 @@ impl Run {
         name: String,
         policy: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let policy = policy_of(py, policy)?;
+        let policy: StepPolicy = policy.parse().map_err(|e| to_py(py, e))?;
         let local = self.local(py)?;
         let ctx = self.ctx.clone();
         awaitable(
@@ -249,41 +191,34 @@ impl Run {
             step_to_py,
         )
     }
+}
 
-    /// Journals `result` (JSON bytes) as `step`'s result.
-    fn finish_step(&self, py: Python<'_>, step: &Step, result: Vec<u8>) -> PyResult<()> {
-        let open = step.take(py)?;
-        let local = self.local(py)?;
-        py.detach(|| local.block_on(self.ctx.finish_step(open, result)))
+#[pymethods]
+impl Step {
+    /// The step's downstream key: pass it to an external API that
+    /// deduplicates.
+    #[getter]
+    fn key(&self) -> &str {
+        self.step.ctx().key()
+    }
+
+    /// Whether an earlier attempt began the step and never finished it.
+    #[getter]
+    fn in_doubt(&self) -> bool {
+        self.step.ctx().in_doubt()
+    }
+
+    /// Journals `result` (JSON bytes) as the step's result.
+    fn finish(&self, py: Python<'_>, result: Vec<u8>) -> PyResult<()> {
+        let local = Arc::clone(self.step.local().map_err(|e| to_py(py, e))?);
+        py.detach(|| local.block_on(self.step.finish(result)))
             .map_err(|e| to_py(py, e))
     }
 
-    /// `finish_step`, awaitable.
-    fn finish_step_async<'py>(
-        &self,
-        py: Python<'py>,
-        step: &Step,
-        result: Vec<u8>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let open = step.take(py)?;
-        let local = self.local(py)?;
-        let ctx = self.ctx.clone();
-        awaitable(
-            py,
-            &local,
-            async move { ctx.finish_step(open, result).await },
-            none,
-        )
-    }
-}
-
-impl Step {
-    fn take(&self, py: Python<'_>) -> PyResult<OpenStep> {
-        self.open.lock().take().ok_or_else(|| {
-            to_py(
-                py,
-                EngineError::Config("the step has already been finished".to_owned()),
-            )
-        })
+    /// `finish`, awaitable.
+    fn finish_async<'py>(&self, py: Python<'py>, result: Vec<u8>) -> PyResult<Bound<'py, PyAny>> {
+        let local = Arc::clone(self.step.local().map_err(|e| to_py(py, e))?);
+        let step = Arc::clone(&self.step);
+        awaitable(py, &local, async move { step.finish(result).await }, none)
     }
 }

@@ -40,4 +40,4 @@ pub mod store;
 
 pub use engine::{Begin, Engine, EngineOptions, Local};
 pub use error::EngineError;
-pub use run::{Failed, HandlerFailure, Run, RunContext, StepPolicy};
+pub use run::{result_of, Failed, HandlerFailure, Run, RunContext, Step, StepBegun, StepPolicy};

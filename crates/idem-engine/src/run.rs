@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::step::{Park, Retry, Skip};
+use idem::step::{Park, Retry, Skip, StepCtx};
 use idem::{Context, FailureClass, HeldRun, LeaseLost, OpenStep, RunError, StepStart};
+use parking_lot::Mutex;
 use serde_json::value::RawValue;
 
 use crate::engine::Local;
@@ -26,6 +27,29 @@ pub struct HandlerFailure {
     pub class: FailureClass,
 }
 
+impl HandlerFailure {
+    /// A failure of the class named `class` (`retryable`, `terminal` or
+    /// `unknown`, as [`FailureClass::as_str`] names them).
+    pub fn named(message: String, class: &str) -> Result<Self, EngineError> {
+        let class = FailureClass::parse(class).ok_or_else(|| {
+            EngineError::Config(format!(
+                "failure class {class:?}: use \"retryable\", \"terminal\" or \"unknown\""
+            ))
+        })?;
+        Ok(Self { message, class })
+    }
+}
+
+/// A run's result as a binding hands it over: the JSON, or why the
+/// value is not JSON (its language's encoder refused it).
+pub fn result_of(json: Option<Vec<u8>>, unencodable: Option<String>) -> Result<Vec<u8>, String> {
+    match (json, unencodable) {
+        (_, Some(reason)) => Err(reason),
+        (Some(json), None) => Ok(json),
+        (None, None) => Err("no result was given".to_owned()),
+    }
+}
+
 /// What [`Run::fail`] recorded.
 #[derive(Debug, Clone, Copy)]
 pub struct Failed {
@@ -38,7 +62,7 @@ pub struct Failed {
     pub retry_after: Option<Duration>,
 }
 
-/// What a step in doubt does (DESIGN §7): see [`idem::step`].
+/// What a step in doubt does: see [`idem::step`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StepPolicy {
     /// Run it again, with the same downstream key.
@@ -50,13 +74,30 @@ pub enum StepPolicy {
     Park,
 }
 
+impl std::str::FromStr for StepPolicy {
+    type Err = EngineError;
+
+    /// `retry`, `skip` or `park`.
+    fn from_str(policy: &str) -> Result<Self, EngineError> {
+        match policy {
+            "retry" => Ok(StepPolicy::Retry),
+            "skip" => Ok(StepPolicy::Skip),
+            "park" => Ok(StepPolicy::Park),
+            other => Err(EngineError::Config(format!(
+                "step policy {other:?}: use \"retry\", \"skip\" or \"park\""
+            ))),
+        }
+    }
+}
+
 /// A run in progress: its lease is held (the heartbeat on the engine's
 /// runtime) until it is ended with [`complete`](Self::complete),
-/// [`fail`](Self::fail) or [`release`](Self::release). Dropped without
-/// that, the lease runs out and the key is taken over, as after a crash.
+/// [`fail`](Self::fail) or [`release`](Self::release), once; share it
+/// (`Arc`) between the calls of a binding. Dropped without that, the lease
+/// runs out and the key is taken over, as after a crash.
 pub struct Run {
     local: Arc<Local>,
-    held: Option<Box<HeldRun<AnyStore>>>,
+    held: Mutex<Option<Box<HeldRun<AnyStore>>>>,
     ctx: Context,
 }
 
@@ -74,7 +115,7 @@ impl Run {
         let ctx = held.context().clone();
         Self {
             local,
-            held: Some(held),
+            held: Mutex::new(Some(held)),
             ctx,
         }
     }
@@ -95,11 +136,12 @@ impl Run {
         here(&self.local)
     }
 
-    fn take(&mut self) -> Result<Box<HeldRun<AnyStore>>, EngineError> {
+    fn take(&self) -> Result<Box<HeldRun<AnyStore>>, EngineError> {
         here(&self.local)?;
         self.held
+            .lock()
             .take()
-            .ok_or_else(|| EngineError::Unexpected("the run has ended".to_owned()))
+            .ok_or_else(|| EngineError::Config("the run has already ended".to_owned()))
     }
 
     /// Ends the run with its result: stored, retried while the store is
@@ -109,7 +151,7 @@ impl Run {
     /// encode the value. The work has run by now, so a result that cannot
     /// be stored (not JSON, over the size limit) is recorded as a terminal
     /// failure saying why, and the key is never run again.
-    pub async fn complete(mut self, result: Result<Vec<u8>, String>) -> Result<(), EngineError> {
+    pub async fn complete(&self, result: Result<Vec<u8>, String>) -> Result<(), EngineError> {
         let held = self.take()?;
         let raw = result.and_then(|bytes| {
             let text = String::from_utf8(bytes).map_err(|e| e.to_string())?;
@@ -135,7 +177,7 @@ impl Run {
 
     /// Ends the run with the handler's failure: a retryable one frees the
     /// key for the next delivery, a terminal one is stored and replayed.
-    pub async fn fail(mut self, failure: HandlerFailure) -> Result<Failed, EngineError> {
+    pub async fn fail(&self, failure: HandlerFailure) -> Result<Failed, EngineError> {
         let held = self.take()?;
         match held.fail(failure).await {
             RunError::Handler {
@@ -153,7 +195,7 @@ impl Run {
     }
 
     /// Ends the run with nothing recorded: the key is free at once.
-    pub async fn release(mut self) -> Result<(), EngineError> {
+    pub async fn release(&self) -> Result<(), EngineError> {
         let held = self.take()?;
         held.release().await.map_err(|e| match e {
             idem::StoreError::LeaseLost => EngineError::LeaseLost,
@@ -221,20 +263,65 @@ impl RunContext {
         &self,
         name: &str,
         policy: StepPolicy,
-    ) -> Result<StepStart, EngineError> {
+    ) -> Result<StepBegun, EngineError> {
         self.local()?;
-        Ok(match policy {
+        let start = match policy {
             StepPolicy::Retry => self.ctx.begin_step(name, Retry).await?,
             StepPolicy::Skip => self.ctx.begin_step(name, Skip).await?,
             StepPolicy::Park => self.ctx.begin_step(name, Park).await?,
+        };
+        Ok(match start {
+            StepStart::Done(result) => StepBegun::Done(result.map(|json| json.to_vec())),
+            StepStart::Open(open) => StepBegun::Open(Box::new(Step {
+                ctx: open.ctx().clone(),
+                open: Mutex::new(Some(open)),
+                run: self.clone(),
+            })),
         })
     }
+}
 
-    /// Journals `result` (JSON) as the result of the step `open`.
-    pub async fn finish_step(&self, open: OpenStep, result: Vec<u8>) -> Result<(), EngineError> {
+/// What [`RunContext::begin_step`] found.
+#[derive(Debug)]
+pub enum StepBegun {
+    /// Finished before: its journaled result (JSON), or `None` if it was
+    /// skipped in doubt. The work must not run.
+    Done(Option<Vec<u8>>),
+    /// The step is this run's to do: run the work with the step's key,
+    /// then [`Step::finish`].
+    Open(Box<Step>),
+}
+
+/// A step begun and not yet journaled; share it (`Arc`) between a
+/// binding's calls.
+#[derive(Debug)]
+pub struct Step {
+    ctx: StepCtx,
+    open: Mutex<Option<OpenStep>>,
+    run: RunContext,
+}
+
+impl Step {
+    /// What the step's work is given: its downstream key, fence, and
+    /// whether it is in doubt.
+    pub fn ctx(&self) -> &StepCtx {
+        &self.ctx
+    }
+
+    /// The run's engine, in the process that began it.
+    pub fn local(&self) -> Result<&Arc<Local>, EngineError> {
+        self.run.local()
+    }
+
+    /// Journals `result` (JSON) as the step's result, once.
+    pub async fn finish(&self, result: Vec<u8>) -> Result<(), EngineError> {
         self.local()?;
         serde_json::from_slice::<&RawValue>(&result).map_err(|e| json("the step's result", e))?;
-        self.ctx.finish_step(open, Bytes::from(result)).await?;
+        let open =
+            self.open.lock().take().ok_or_else(|| {
+                EngineError::Config("the step has already been finished".to_owned())
+            })?;
+        self.run.ctx.finish_step(open, Bytes::from(result)).await?;
         Ok(())
     }
 }
@@ -262,7 +349,7 @@ impl Drop for Run {
             // A forked child's copy of its parent's run: the parent's to
             // end. Dropping it would touch the parent's runtime, whose
             // threads are not here (see `Engine::here`).
-            std::mem::forget(self.held.take());
+            std::mem::forget(self.held.get_mut().take());
         }
     }
 }

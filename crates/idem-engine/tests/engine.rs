@@ -1,8 +1,10 @@
 //! The engine on the embedded store: held runs ended with JSON, failures,
 //! steps, and the refusals a binding maps to exceptions.
 
-use idem::{FailureClass, StepStart};
-use idem_engine::{Begin, Engine, EngineError, EngineOptions, HandlerFailure, StepPolicy};
+use idem::FailureClass;
+use idem_engine::{
+    Begin, Engine, EngineError, EngineOptions, HandlerFailure, StepBegun, StepPolicy,
+};
 
 fn engine(dir: &tempfile::TempDir) -> Engine {
     let url = format!("sqlite:{}", dir.path().join("idem.db").display());
@@ -27,6 +29,8 @@ fn a_completed_run_is_replayed_byte_for_byte_and_a_terminal_failure_too() {
     assert_eq!(first.context().fence(), Some(1));
     here.block_on(first.complete(Ok(b"{\"b\": 1,  \"a\": [2]}".to_vec())))
         .expect("completes");
+    let twice = here.block_on(first.complete(Ok(b"2".to_vec())));
+    assert!(matches!(twice, Err(EngineError::Config(_))), "{twice:?}");
     match here.block_on(here.begin("charges", "a", Some(b"{\"n\":1}"), None)) {
         Ok(Begin::Replayed(json)) => assert_eq!(json, b"{\"b\": 1,  \"a\": [2]}"),
         other => panic!("expected a replay, got {other:?}"),
@@ -89,14 +93,14 @@ fn a_step_is_journaled_once_and_cannot_be_begun_twice_in_one_run() {
     let first = run(here
         .block_on(here.begin("orders", "o1", None, None))
         .expect("claims"));
-    let StepStart::Open(open) = here
+    let StepBegun::Open(step) = here
         .block_on(first.context().begin_step("charge", StepPolicy::Retry))
         .expect("begins")
     else {
         panic!("a new step is open")
     };
-    assert_eq!(open.ctx().key().len(), 69);
-    here.block_on(first.context().finish_step(open, b"\"ch_1\"".to_vec()))
+    assert_eq!(step.ctx().key().len(), 69);
+    here.block_on(step.finish(b"\"ch_1\"".to_vec()))
         .expect("journaled");
     let twice = here.block_on(first.context().begin_step("charge", StepPolicy::Retry));
     assert!(
@@ -112,16 +116,16 @@ fn a_step_is_journaled_once_and_cannot_be_begun_twice_in_one_run() {
         .block_on(here.begin("orders", "o1", None, None))
         .expect("claims"));
     match here.block_on(second.context().begin_step("charge", StepPolicy::Retry)) {
-        Ok(StepStart::Done(Some(json))) => assert_eq!(&json[..], b"\"ch_1\""),
+        Ok(StepBegun::Done(Some(json))) => assert_eq!(&json[..], b"\"ch_1\""),
         other => panic!("expected the journaled result, got {other:?}"),
     }
-    let StepStart::Open(open) = here
+    let StepBegun::Open(step) = here
         .block_on(second.context().begin_step("ship", StepPolicy::Park))
         .expect("begins")
     else {
         panic!("a new step is open")
     };
-    drop(open);
+    drop(step);
     here.block_on(second.release()).expect("released");
     let third = run(here
         .block_on(here.begin("orders", "o1", None, None))

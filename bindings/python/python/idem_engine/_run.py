@@ -169,7 +169,7 @@ class Run:
         if not isinstance(begun, _native.Step):
             return None if begun is None else json.loads(begun)  # type: ignore[return-value]
         value = fn(begun.key)
-        native.finish_step(begun, dumps(value))
+        begun.finish(dumps(value))
         return value
 
     async def astep(
@@ -183,7 +183,7 @@ class Run:
         value = fn(begun.key)
         if inspect.isawaitable(value):
             value = await value
-        await native.finish_step_async(begun, dumps(value))
+        await begun.finish_async(dumps(value))
         return value  # type: ignore[return-value]
 
     def _on_exit(self, error: Optional[BaseException]) -> Union[None, str, tuple[str, bool]]:
