@@ -1,8 +1,8 @@
 //! `Engine`: an executor over one store, opened from its URL.
 
-use std::num::NonZeroU32;
 use std::time::Duration;
 
+use idem_engine::input::{self, Unit};
 use idem_engine::{Begin, EngineError, EngineOptions};
 use napi::bindgen_prelude::Either;
 use napi_derive::napi;
@@ -29,16 +29,9 @@ pub struct Options {
     pub token: Option<String>,
 }
 
-/// Milliseconds from JavaScript as a duration: finite, not negative.
-pub(crate) fn millis(name: &str, ms: Option<f64>) -> Result<Option<Duration>, EngineError> {
-    ms.map(|ms| {
-        Duration::try_from_secs_f64(ms / 1000.0).map_err(|_| {
-            EngineError::Config(format!(
-                "{name} must be a finite, non-negative number of milliseconds, got {ms}"
-            ))
-        })
-    })
-    .transpose()
+/// Milliseconds from JavaScript as a duration.
+fn millis(name: &str, ms: Option<f64>) -> Result<Option<Duration>, EngineError> {
+    input::duration(name, ms, Unit::Millis)
 }
 
 fn options(given: Option<Options>) -> Result<EngineOptions, EngineError> {
@@ -50,13 +43,7 @@ fn options(given: Option<Options>) -> Result<EngineOptions, EngineError> {
         retention: millis("retentionMs", given.retention_ms)?,
         failure_retention: millis("failureRetentionMs", given.failure_retention_ms)?,
         wait: millis("waitMs", given.wait_ms)?,
-        max_attempts: given
-            .max_attempts
-            .map(|n| {
-                NonZeroU32::new(n)
-                    .ok_or_else(|| EngineError::Config("maxAttempts must be at least 1".to_owned()))
-            })
-            .transpose()?,
+        max_attempts: input::attempts("maxAttempts", given.max_attempts)?,
         max_result_bytes: given.max_result_bytes.map(|n| n as usize),
         token: given.token,
     })

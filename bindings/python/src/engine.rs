@@ -1,9 +1,9 @@
 //! `Engine`: an executor over one store, opened from its URL.
 
-use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_engine::input::{self, Unit};
 use idem_engine::{Begin, EngineError, EngineOptions, Local};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -18,17 +18,9 @@ pub(crate) struct Engine {
     engine: idem_engine::Engine,
 }
 
-/// Seconds from Python as a duration: finite, not negative.
-pub(crate) fn duration(name: &str, seconds: Option<f64>) -> Result<Option<Duration>, EngineError> {
-    seconds
-        .map(|s| {
-            Duration::try_from_secs_f64(s).map_err(|_| {
-                EngineError::Config(format!(
-                    "{name} must be a finite, non-negative number of seconds, got {s}"
-                ))
-            })
-        })
-        .transpose()
+/// Seconds from Python as a duration.
+fn duration(name: &str, seconds: Option<f64>) -> Result<Option<Duration>, EngineError> {
+    input::duration(name, seconds, Unit::Seconds)
 }
 
 fn begin_to_py(py: Python<'_>, begin: Begin) -> PyResult<Py<PyAny>> {
@@ -77,13 +69,7 @@ impl Engine {
                 retention: duration("retention", retention)?,
                 failure_retention: duration("failure_retention", failure_retention)?,
                 wait: duration("wait", wait)?,
-                max_attempts: max_attempts
-                    .map(|n| {
-                        NonZeroU32::new(n).ok_or_else(|| {
-                            EngineError::Config("max_attempts must be at least 1".to_owned())
-                        })
-                    })
-                    .transpose()?,
+                max_attempts: input::attempts("max_attempts", max_attempts)?,
                 max_result_bytes,
                 token,
             })

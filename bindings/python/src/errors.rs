@@ -1,8 +1,6 @@
 //! Engine errors as the package's exceptions (defined in
 //! `idem_engine/_errors.py`, so they read as Python's own).
 
-use std::time::Duration;
-
 use idem::step::StepError;
 use idem_engine::EngineError;
 use pyo3::prelude::*;
@@ -22,35 +20,21 @@ where
     }
 }
 
-fn seconds(duration: Duration) -> f64 {
-    duration.as_secs_f64()
-}
-
-/// The exception for `error`: its class says what happened, its text
-/// what to do (the whole chain of causes, once).
+/// The exception for `error`: its class ([`EngineError::kind`]) says what
+/// happened, its text what to do (the whole chain of causes, once), and
+/// its fields what a caller branches on.
 pub(crate) fn to_py(py: Python<'_>, error: EngineError) -> PyErr {
-    let text = idem::error_chain(&error);
+    let (kind, text) = (error.kind(), idem::error_chain(&error));
     match error {
-        EngineError::Url(_)
-        | EngineError::Config(_)
-        | EngineError::Key(_)
-        | EngineError::Json { .. } => raise(py, "InvalidInput", (text,)),
-        EngineError::Open(_) | EngineError::Store(_) => raise(py, "Unavailable", (text,)),
         EngineError::InProgress { retry_after } => {
-            raise(py, "InProgress", (text, seconds(retry_after)))
+            raise(py, kind, (text, retry_after.as_secs_f64()))
         }
-        EngineError::Mismatch => raise(py, "Mismatch", (text,)),
         EngineError::ReplayedFailure { class, message } => {
-            raise(py, "ReplayedFailure", (text, class.as_str(), message))
+            raise(py, kind, (text, class.as_str(), message))
         }
-        EngineError::LeaseLost => raise(py, "LeaseLost", (text,)),
-        EngineError::TooLarge { .. } => raise(py, "ResultTooLarge", (text,)),
-        EngineError::Step(step) => match step {
-            StepError::Parked { step, attempt } => raise(py, "StepInDoubt", (text, step, attempt)),
-            StepError::LeaseLost { .. } => raise(py, "LeaseLost", (text,)),
-            StepError::Store { .. } => raise(py, "Unavailable", (text,)),
-            _ => raise(py, "InvalidStep", (text,)),
-        },
-        _ => raise(py, "IdemError", (text,)),
+        EngineError::Step(StepError::Parked { step, attempt }) => {
+            raise(py, kind, (text, step, attempt))
+        }
+        _ => raise(py, kind, (text,)),
     }
 }

@@ -87,6 +87,33 @@ pub enum EngineError {
 }
 
 impl EngineError {
+    /// The name of the exception every binding raises for this error:
+    /// `InvalidInput`, `Unavailable`, `InProgress`, `Mismatch`,
+    /// `ReplayedFailure`, `LeaseLost`, `ResultTooLarge`, `StepInDoubt`,
+    /// `InvalidStep`, or `IdemError` for the rest. One table, so the
+    /// languages cannot drift apart.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EngineError::Url(_)
+            | EngineError::Config(_)
+            | EngineError::Key(_)
+            | EngineError::Json { .. } => "InvalidInput",
+            EngineError::Open(_) | EngineError::Store(_) => "Unavailable",
+            EngineError::InProgress { .. } => "InProgress",
+            EngineError::Mismatch => "Mismatch",
+            EngineError::ReplayedFailure { .. } => "ReplayedFailure",
+            EngineError::LeaseLost => "LeaseLost",
+            EngineError::TooLarge { .. } => "ResultTooLarge",
+            EngineError::Step(step) => match step {
+                StepError::Parked { .. } => "StepInDoubt",
+                StepError::LeaseLost { .. } => "LeaseLost",
+                StepError::Store { .. } => "Unavailable",
+                _ => "InvalidStep",
+            },
+            _ => "IdemError",
+        }
+    }
+
     /// When trying again makes sense, if ever.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {

@@ -35,6 +35,7 @@
 
 mod engine;
 mod error;
+pub mod input;
 mod run;
 pub mod store;
 

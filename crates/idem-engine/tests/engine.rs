@@ -140,7 +140,14 @@ fn a_step_is_journaled_once_and_cannot_be_begun_twice_in_one_run() {
 #[test]
 fn bad_urls_and_keys_are_typed_errors() {
     let bad = Engine::open("ftp://x", EngineOptions::default());
-    assert!(matches!(bad, Err(EngineError::Url(_))), "{bad:?}");
+    assert!(matches!(&bad, Err(EngineError::Url(_))), "{bad:?}");
+    assert_eq!(bad.err().map(|e| e.kind()), Some("InvalidInput"));
+    let lease =
+        idem_engine::input::duration("leaseMs", Some(-1.0), idem_engine::input::Unit::Millis);
+    assert!(
+        matches!(&lease, Err(e) if e.kind() == "InvalidInput" && e.to_string().contains("milliseconds")),
+        "{lease:?}"
+    );
     let missing = Engine::open(
         "sqlite:/nonexistent-dir/x/idem.db",
         EngineOptions::default(),
