@@ -158,3 +158,28 @@ impl<E> From<RunError<E>> for EngineError {
         }
     }
 }
+
+/// A handler's failure, as the binding reports it: its message and how
+/// the handler's language classified it (a `Terminal` exception is
+/// terminal, anything else retryable).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct HandlerFailure {
+    /// What failed (the exception's text).
+    pub message: String,
+    /// How it failed.
+    pub class: FailureClass,
+}
+
+impl HandlerFailure {
+    /// A failure of the class named `class` (`retryable`, `terminal` or
+    /// `unknown`, as [`FailureClass::as_str`] names them).
+    pub fn named(message: String, class: &str) -> Result<Self, EngineError> {
+        let class = FailureClass::parse(class).ok_or_else(|| {
+            EngineError::Config(format!(
+                "failure class {class:?}: use \"retryable\", \"terminal\" or \"unknown\""
+            ))
+        })?;
+        Ok(Self { message, class })
+    }
+}

@@ -36,9 +36,13 @@
 mod engine;
 mod error;
 pub mod input;
+mod local;
+mod options;
 mod run;
 pub mod store;
 
-pub use engine::{Begin, Engine, EngineOptions, Local};
-pub use error::EngineError;
-pub use run::{result_of, Failed, HandlerFailure, Run, RunContext, Step, StepBegun, StepPolicy};
+pub use engine::Engine;
+pub use error::{EngineError, HandlerFailure};
+pub use local::Local;
+pub use options::EngineOptions;
+pub use run::{result_of, Begin, Failed, Run, RunContext, Step, StepBegun, StepPolicy};

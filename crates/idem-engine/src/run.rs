@@ -7,36 +7,53 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem::step::{Park, Retry, Skip, StepCtx};
-use idem::{Context, FailureClass, HeldRun, LeaseLost, OpenStep, RunError, StepStart};
+use idem::{
+    Begun, Context, FailureClass, Fingerprint, HeldRun, LeaseLost, OpenStep, RecordId, RunError,
+    StepStart,
+};
 use parking_lot::Mutex;
 use serde_json::value::RawValue;
 
-use crate::engine::Local;
-use crate::error::EngineError;
+use crate::error::{EngineError, HandlerFailure};
+use crate::local::Local;
 use crate::store::AnyStore;
 
-/// A handler's failure, as the binding reports it: its message and how
-/// the handler's language classified it (a `Terminal` exception is
-/// terminal, anything else retryable).
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{message}")]
-pub struct HandlerFailure {
-    /// What failed (the exception's text).
-    pub message: String,
-    /// How it failed.
-    pub class: FailureClass,
+/// What a claim found: a run to do, or a stored result.
+#[derive(Debug)]
+pub enum Begin {
+    /// The key is this caller's to run.
+    Run(Run),
+    /// The key ran before: its stored result, the JSON as stored.
+    Replayed(Vec<u8>),
 }
 
-impl HandlerFailure {
-    /// A failure of the class named `class` (`retryable`, `terminal` or
-    /// `unknown`, as [`FailureClass::as_str`] names them).
-    pub fn named(message: String, class: &str) -> Result<Self, EngineError> {
-        let class = FailureClass::parse(class).ok_or_else(|| {
-            EngineError::Config(format!(
-                "failure class {class:?}: use \"retryable\", \"terminal\" or \"unknown\""
-            ))
-        })?;
-        Ok(Self { message, class })
+impl Local {
+    /// Claims `scope`/`key` (with `fingerprint`, JSON, if given), waiting
+    /// up to `wait` for a duplicate in flight (`None`: the engine's
+    /// default).
+    pub async fn begin(
+        self: &Arc<Self>,
+        scope: &str,
+        key: &str,
+        fingerprint: Option<&[u8]>,
+        wait: Option<Duration>,
+    ) -> Result<Begin, EngineError> {
+        let id = RecordId::parse(scope, key)?;
+        let fingerprint = fingerprint
+            .map(Fingerprint::of_json)
+            .transpose()
+            .map_err(|e| EngineError::Json {
+                what: "the fingerprint",
+                reason: e.to_string(),
+            })?;
+        let begun = self
+            .idem()
+            .begin::<Box<RawValue>, Infallible>(&id, fingerprint, wait)
+            .await?;
+        Ok(match begun {
+            Begun::Held(held) => Begin::Run(Run::new(Arc::clone(self), held)),
+            Begun::Replayed(value) => Begin::Replayed(value.get().as_bytes().to_vec()),
+        })
     }
 }
 

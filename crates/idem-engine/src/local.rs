@@ -1,0 +1,162 @@
+//! [`Local`]: the engine as opened in one process, its runtime and its
+//! executor.
+
+use std::future::Future;
+
+use bytes::Bytes;
+use idem::{default_classifier, GetRecord, Idempotency, RecordId, State};
+use tokio::runtime::Runtime;
+
+use crate::error::{EngineError, HandlerFailure};
+use crate::options::EngineOptions;
+use crate::store::{AnyStore, StoreUrl};
+
+/// The engine as opened in one process: its runtime and its executor.
+pub struct Local {
+    pub(crate) pid: u32,
+    parts: Option<Parts>,
+}
+
+struct Parts {
+    runtime: Runtime,
+    idem: Idempotency<AnyStore>,
+}
+
+impl std::fmt::Debug for Local {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Local")
+            .field("pid", &self.pid)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Local {
+    pub(crate) fn open(url: &StoreUrl, options: &EngineOptions) -> Result<Self, EngineError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("idem-engine")
+            .enable_all()
+            .build()
+            .map_err(EngineError::Runtime)?;
+        let store = runtime.block_on(url.open_with(options.token.as_deref()))?;
+        let mut builder = Idempotency::builder(store).classify(|error| {
+            match error.downcast_ref::<HandlerFailure>() {
+                Some(failure) => failure.class,
+                None => default_classifier(error),
+            }
+        });
+        if let Some(lease) = options.lease {
+            builder = builder.lease(lease);
+        }
+        if let Some(retention) = options.retention {
+            builder = builder.retention(retention);
+        }
+        if let Some(retention) = options.failure_retention {
+            builder = builder.failure_retention(retention);
+        }
+        if let Some(wait) = options.wait {
+            builder = builder.wait_for_in_flight(wait);
+        }
+        if let Some(attempts) = options.max_attempts {
+            builder = builder.max_attempts(attempts);
+        }
+        if let Some(bytes) = options.max_result_bytes {
+            builder = builder.max_response_bytes(bytes);
+        }
+        let idem = builder
+            .build()
+            .map_err(|e| EngineError::Config(e.to_string()))?;
+        Ok(Self {
+            pid: std::process::id(),
+            parts: Some(Parts { runtime, idem }),
+        })
+    }
+
+    fn parts(&self) -> &Parts {
+        self.parts
+            .as_ref()
+            .expect("a Local's parts are taken only when it is dropped")
+    }
+
+    /// The executor.
+    pub fn idem(&self) -> &Idempotency<AnyStore> {
+        &self.parts().idem
+    }
+
+    /// Runs `work` to its end on the engine's runtime, blocking this
+    /// thread (release the GIL first). Not from inside a Tokio runtime.
+    pub fn block_on<F: Future>(&self, work: F) -> F::Output {
+        self.parts().runtime.block_on(work)
+    }
+
+    /// Starts `work` on the engine's runtime and resolves with its output,
+    /// for a caller that awaits it on an event loop of its own.
+    pub fn spawn<F>(&self, work: F) -> impl Future<Output = Result<F::Output, EngineError>>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let task = self.parts().runtime.spawn(work);
+        async move {
+            task.await
+                .map_err(|e| EngineError::Unexpected(format!("the engine's task ended: {e}")))
+        }
+    }
+
+    /// The record of `scope`/`key` as `idem serve`'s `GET /v1/record`
+    /// answers it (JSON), or `None` if there is none.
+    pub async fn record(&self, scope: &str, key: &str) -> Result<Option<Vec<u8>>, EngineError> {
+        let id = RecordId::parse(scope, key)?;
+        let Some(mut record) = self
+            .idem()
+            .store()
+            .get(&id)
+            .await
+            .map_err(EngineError::Store)?
+        else {
+            return Ok(None);
+        };
+        // The executor stores its results in an envelope (maybe
+        // compressed); the record shows the JSON inside.
+        if let State::Completed { response } = &mut record.state {
+            let opened = idem::codec::open(response, self.idem().max_response_bytes()).map_err(
+                |reason| EngineError::Json {
+                    what: "the stored result",
+                    reason,
+                },
+            )?;
+            *response = Bytes::copy_from_slice(&opened);
+        }
+        let answer =
+            idem_remote::wire::RecordAnswer::new(scope, key, &record).map_err(|reason| {
+                EngineError::Json {
+                    what: "the stored result",
+                    reason,
+                }
+            })?;
+        serde_json::to_vec(&answer)
+            .map(Some)
+            .map_err(|e| EngineError::Json {
+                what: "the record",
+                reason: e.to_string(),
+            })
+    }
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        let Some(parts) = self.parts.take() else {
+            return;
+        };
+        if self.pid == std::process::id() {
+            let Parts { runtime, idem } = parts;
+            drop(idem);
+            // Without waiting: this may run on one of the runtime's own
+            // threads (the last holder was a task).
+            runtime.shutdown_background();
+        } else {
+            // A forked child's copy of its parent's: see `Engine::here`.
+            std::mem::forget(parts);
+        }
+    }
+}

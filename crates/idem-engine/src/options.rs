@@ -1,0 +1,26 @@
+//! [`EngineOptions`]: how an engine runs its keys.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+/// How an [`Engine`](crate::Engine) runs its keys; `Default` is the executor's defaults
+/// (a 30 s lease, a day's retention, no waiting for a duplicate in flight).
+#[derive(Debug, Clone, Default)]
+pub struct EngineOptions {
+    /// How long a claim is held without a heartbeat (the heartbeat extends
+    /// it every third of it while the run lives).
+    pub lease: Option<Duration>,
+    /// How long results are kept and replayed.
+    pub retention: Option<Duration>,
+    /// How long terminal failures are kept and replayed.
+    pub failure_retention: Option<Duration>,
+    /// How long a claim waits for a duplicate in flight to finish, by
+    /// default.
+    pub wait: Option<Duration>,
+    /// Attempts after which a retryable failure is recorded as terminal.
+    pub max_attempts: Option<NonZeroU32>,
+    /// The largest result stored, in bytes.
+    pub max_result_bytes: Option<usize>,
+    /// The token for a remote `idem serve` (`http(s)://` URLs).
+    pub token: Option<String>,
+}
