@@ -105,7 +105,9 @@ ensure_pip_tool() {
     step "installing $requirement into $venv"
     rm -rf "$venv"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install -q "$requirement"
+    # One or more requirements, separated by spaces.
+    # shellcheck disable=SC2086
+    "$venv/bin/pip" install -q $requirement
     echo "$requirement" > "$venv/.requirement"
 }
 

@@ -11,6 +11,11 @@ use pyo3::prelude::*;
 /// How an answer becomes a Python value (with the GIL held).
 pub(crate) type Convert<T> = fn(Python<'_>, T) -> PyResult<Py<PyAny>>;
 
+/// `None`, for work that answers nothing.
+pub(crate) fn none(py: Python<'_>, (): ()) -> PyResult<Py<PyAny>> {
+    Ok(py.None())
+}
+
 /// An `asyncio.Future` of the running loop that `work`'s answer settles.
 pub(crate) fn awaitable<'py, T, F>(
     py: Python<'py>,

@@ -38,7 +38,7 @@ fn record_to_py(py: Python<'_>, record: Option<Vec<u8>>) -> PyResult<Py<PyAny>> 
 }
 
 impl Engine {
-    fn here(&self, py: Python<'_>) -> PyResult<Arc<Local>> {
+    pub(crate) fn here(&self, py: Python<'_>) -> PyResult<Arc<Local>> {
         py.detach(|| self.engine.here()).map_err(|e| to_py(py, e))
     }
 }

@@ -4,8 +4,10 @@
 //! gives it the package's API (the decorator, context managers, outcomes).
 
 mod aio;
+mod context;
 mod engine;
 mod errors;
+mod http;
 mod run;
 
 use pyo3::prelude::*;
@@ -15,7 +17,10 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::Engine>()?;
     m.add_class::<run::Run>()?;
-    m.add_class::<run::Step>()?;
+    m.add_class::<context::Context>()?;
+    m.add_class::<context::Step>()?;
+    m.add_class::<http::HttpGuard>()?;
+    m.add_class::<http::Turn>()?;
     m.add_function(wrap_pyfunction!(aio::settle, m)?)?;
     m.add_function(wrap_pyfunction!(engine::fingerprint, m)?)?;
     Ok(())

@@ -2,7 +2,8 @@
 loopback port and stopped with ``Popen.kill`` and ``wait``: ``idem serve``
 (the binary named by ``IDEM_BIN``, built by ``scripts/clients``) over an
 SQLite file, and ``redis-server``. The ``store`` fixture runs a test on
-each of SQLite (the default store), Redis and a remote ``idem serve``."""
+each of SQLite (the default store), Redis and a remote ``idem serve``;
+``local_store`` on the first two."""
 
 from __future__ import annotations
 
@@ -125,8 +126,7 @@ class Store:
     options: dict[str, Any]
 
 
-@pytest.fixture(params=["sqlite", "redis", "serve"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+def _open(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if request.param == "sqlite":
         return Store("sqlite", f"sqlite:{tmp_path / 'idem.db'}", {})
     if request.param == "redis":
@@ -135,3 +135,16 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
         return Store("redis", f"{url}/0?namespace=t{free_port()}", {})
     served = request.getfixturevalue("serve")
     return Store("serve", served.url, {"token": TOKEN})
+
+
+@pytest.fixture(params=["sqlite", "redis", "serve"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    return _open(request, tmp_path)
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def local_store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    """The stores the HTTP middleware opens itself (not ``idem serve``,
+    whose claim API keeps JSON results only)."""
+    return _open(request, tmp_path)
+

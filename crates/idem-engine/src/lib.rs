@@ -14,6 +14,8 @@
 //!   parent.
 //! - [`Run`]: a held run whose work is done elsewhere, ended with JSON:
 //!   the binding converts types and holds no logic of its own.
+//! - [`http`]: the `Idempotency-Key` middleware of every language, whose
+//!   decisions are the tower layer's.
 //!
 //! ```
 //! use idem_engine::{Begin, Engine, EngineOptions};
@@ -35,6 +37,7 @@
 
 mod engine;
 mod error;
+pub mod http;
 pub mod input;
 mod local;
 mod options;

@@ -140,10 +140,7 @@ impl Run {
     /// What the work is told about its run, and its steps: a handle
     /// that stays usable while another call ends the run.
     pub fn context(&self) -> RunContext {
-        RunContext {
-            local: Arc::clone(&self.local),
-            ctx: self.ctx.clone(),
-        }
+        RunContext::new(Arc::clone(&self.local), self.ctx.clone())
     }
 
     /// The engine the run was begun on, if this is the process that
@@ -230,6 +227,10 @@ pub struct RunContext {
 }
 
 impl RunContext {
+    pub(crate) fn new(local: Arc<Local>, ctx: Context) -> Self {
+        Self { local, ctx }
+    }
+
     /// The run's fencing number (`None` when running unguarded).
     pub fn fence(&self) -> Option<u64> {
         self.ctx.fence()

@@ -13,6 +13,8 @@ server), Redis, PostgreSQL, DynamoDB or a remote ``idem serve``.
         return payments.charge(order_id, amount)
 
 Every call with the same ``order_id`` has the effect of one call.
+``idem_engine.asgi`` and ``idem_engine.wsgi`` hold the ``Idempotency-Key``
+middleware for web frameworks.
 """
 
 from ._errors import (
@@ -29,7 +31,7 @@ from ._errors import (
     Unavailable,
 )
 from ._idem import DEFAULT_STORE, Claim, Executed, Idem, Outcome, Replayed, fingerprint_of
-from ._run import Run, current_run
+from ._run import Run, RunContext, current_run
 
 __all__ = [
     "DEFAULT_STORE",
@@ -47,6 +49,7 @@ __all__ = [
     "ReplayedFailure",
     "ResultTooLarge",
     "Run",
+    "RunContext",
     "StepInDoubt",
     "Terminal",
     "Unavailable",

@@ -1,7 +1,7 @@
 """The engine's classes (Rust, through PyO3); the package's API is in
 ``idem_engine``."""
 
-from typing import Any, Awaitable, Optional, Tuple, Union
+from typing import Any, Awaitable, List, Optional, Sequence, Tuple, Union
 
 def fingerprint(json: bytes) -> str: ...
 def settle(future: Any, ok: bool, value: Any) -> None: ...
@@ -12,12 +12,17 @@ class Step:
     def finish(self, result: bytes) -> None: ...
     def finish_async(self, result: bytes) -> Awaitable[None]: ...
 
-class Run:
+class Context:
     fence: Optional[int]
     attempt: int
     takeover: bool
     lease_lost: bool
     def check(self) -> None: ...
+    def begin_step(self, name: str, policy: str) -> Union[Step, bytes, None]: ...
+    def begin_step_async(self, name: str, policy: str) -> Awaitable[Union[Step, bytes, None]]: ...
+
+class Run:
+    context: Context
     def complete(self, result: Optional[bytes], unencodable: Optional[str] = None) -> None: ...
     def complete_async(
         self, result: Optional[bytes], unencodable: Optional[str] = None
@@ -26,8 +31,6 @@ class Run:
     def fail_async(self, message: str, cls: str) -> Awaitable[Tuple[str, int, Optional[float]]]: ...
     def release(self) -> None: ...
     def release_async(self) -> Awaitable[None]: ...
-    def begin_step(self, name: str, policy: str) -> Union[Step, bytes, None]: ...
-    def begin_step_async(self, name: str, policy: str) -> Awaitable[Union[Step, bytes, None]]: ...
 
 class Engine:
     url: str
@@ -50,3 +53,48 @@ class Engine:
         self, scope: str, key: str, fingerprint: Optional[bytes] = None, wait: Optional[float] = None
     ) -> Awaitable[Union[Run, bytes]]: ...
     def record(self, scope: str, key: str) -> Optional[bytes]: ...
+
+Headers = List[Tuple[str, bytes]]
+Answer = Tuple[int, Headers, bytes]
+
+class Turn:
+    context: Optional[Context]
+    def finish(self, status: int, headers: Headers, body: bytes) -> Answer: ...
+    def finish_async(self, status: int, headers: Headers, body: bytes) -> Awaitable[Answer]: ...
+
+class HttpGuard:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        methods: Optional[Sequence[str]] = None,
+        header: Optional[str] = None,
+        required: bool = False,
+        fingerprint: Union[str, Sequence[str], None] = None,
+        tenant: bool = False,
+        max_request_bytes: Optional[int] = None,
+        max_response_bytes: Optional[int] = None,
+        max_wait: Optional[float] = None,
+        default_wait: Optional[float] = None,
+        forward_takeovers: bool = False,
+        reject_old_uuid_v7: bool = False,
+    ) -> None: ...
+    def covers(self, method: str) -> bool: ...
+    def begin(
+        self,
+        method: str,
+        target: str,
+        headers: Headers,
+        body: bytes,
+        route: Optional[str] = None,
+        tenant: Optional[str] = None,
+    ) -> Union[Answer, Turn]: ...
+    def begin_async(
+        self,
+        method: str,
+        target: str,
+        headers: Headers,
+        body: bytes,
+        route: Optional[str] = None,
+        tenant: Optional[str] = None,
+    ) -> Awaitable[Union[Answer, Turn]]: ...

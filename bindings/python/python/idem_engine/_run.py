@@ -1,5 +1,7 @@
-"""One claimed run, as the ``with`` block and the decorated function see
-it: the engine's run behind Python values."""
+"""One run as its handler sees it (``RunContext``: the fence, the
+lease-lost check, steps) and as the ``with`` block and the decorated
+function hold it (``Run``: ended with ``complete``, ``fail`` or
+``release``): the engine's run behind Python values."""
 
 from __future__ import annotations
 
@@ -13,15 +15,16 @@ from ._errors import IdemError, LeaseLost, Terminal
 
 T = TypeVar("T")
 
-_current: contextvars.ContextVar[Optional["Run"]] = contextvars.ContextVar(
+_current: contextvars.ContextVar[Optional["RunContext"]] = contextvars.ContextVar(
     "idem_current_run", default=None
 )
 
 
-def current_run() -> "Run":
-    """The run of the idempotent call this code runs in (inside a function
-    decorated with ``Idem.idempotent``): its ``fence``, ``attempt``,
-    ``takeover`` and ``step``."""
+def current_run() -> "RunContext":
+    """The run this code runs in (inside a function decorated with
+    ``Idem.idempotent``, or a request handler behind the ASGI or WSGI
+    middleware): its ``fence``, ``attempt``, ``takeover``, ``check`` and
+    ``step``."""
     run = _current.get()
     if run is None:
         raise IdemError("current_run() is only available inside an idempotent call")
@@ -46,26 +49,107 @@ def _failure(error: BaseException) -> tuple[str, str]:
     return f"{type(error).__name__}: {error}", "retryable"
 
 
-class Run:
+class RunContext:
+    """A run as its handler sees it: pass ``fence`` to downstream writes
+    that refuse an older holder's, call ``check()`` before an irreversible
+    step, and journal side effects with ``step``. The engine's own threads
+    extend the lease every third of it, whatever this thread does.
+
+    A request that passed through the HTTP middleware unguarded (no key,
+    none required) has no run: ``fence`` is ``None`` and ``step`` raises.
+    """
+
+    def __init__(self, native: Optional[_native.Context], what: str) -> None:
+        self._ctx = native
+        self._what = what
+
+    def _live(self) -> _native.Context:
+        if self._ctx is None:
+            raise IdemError(f"{self._what}: there is no run to act on")
+        return self._ctx
+
+    @property
+    def fence(self) -> Optional[int]:
+        """The fencing number: pass it to downstream writes that refuse an
+        older holder's (``None`` without a run)."""
+        return None if self._ctx is None else self._ctx.fence
+
+    @property
+    def attempt(self) -> Optional[int]:
+        """Which attempt of the key this is (1 for the first)."""
+        return None if self._ctx is None else self._ctx.attempt
+
+    @property
+    def takeover(self) -> bool:
+        """Whether this run took the key over from a worker that stalled or
+        died."""
+        return self._ctx is not None and self._ctx.takeover
+
+    @property
+    def lease_lost(self) -> bool:
+        """Whether the lease is known lost (see :meth:`check`)."""
+        return self._ctx is not None and self._ctx.lease_lost
+
+    def check(self) -> None:
+        """Raises :class:`LeaseLost` if the lease was lost: call it before
+        an irreversible step. It reads the engine's last confirmed deadline
+        and the clock, so a process that stalled finds out at once."""
+        if self._ctx is not None:
+            self._ctx.check()
+
+    def step(self, name: str, fn: Callable[[str], T], policy: str = "retry") -> T:
+        """A journaled step: runs ``fn(downstream_key)`` once across every
+        attempt of the run and returns its result (JSON-encodable), from
+        the journal when an earlier attempt finished it.
+
+        Pass ``downstream_key`` to an external API that deduplicates on a
+        key (a payment provider's Idempotency-Key). If an earlier attempt
+        began the step and never finished, its effect is in doubt:
+        ``policy="retry"`` runs it again with the same downstream key;
+        ``"skip"`` returns ``None`` without running it; ``"park"`` raises
+        :class:`StepInDoubt` and the run ends failed as ``unknown``. A name
+        used twice in one run raises :class:`InvalidStep`.
+        """
+        begun = self._live().begin_step(name, policy)
+        if not isinstance(begun, _native.Step):
+            return None if begun is None else json.loads(begun)  # type: ignore[return-value]
+        value = fn(begun.key)
+        begun.finish(dumps(value))
+        return value
+
+    async def astep(
+        self, name: str, fn: Callable[[str], Union[T, Awaitable[T]]], policy: str = "retry"
+    ) -> T:
+        """:meth:`step` for asyncio: ``fn`` may be a coroutine function."""
+        begun = await self._live().begin_step_async(name, policy)
+        if not isinstance(begun, _native.Step):
+            return None if begun is None else json.loads(begun)  # type: ignore[return-value]
+        value = fn(begun.key)
+        if inspect.isawaitable(value):
+            value = await value
+        await begun.finish_async(dumps(value))
+        return value  # type: ignore[return-value]
+
+
+class Run(RunContext):
     """A claim of ``scope``/``key``.
 
     When ``replayed`` is true, the key ran before: ``result`` is its stored
     result, and there is nothing to do. Otherwise the caller holds the key:
-    do the work, pass ``fence`` to downstream writes, and end with
-    ``complete(result)``, ``fail(...)`` or ``release()`` (or their
-    ``a``-prefixed awaitables). While the run is held, the engine's own
-    threads extend its lease every third of it, whatever this thread does;
-    ``check()`` raises :class:`LeaseLost` once the lease is known lost.
+    do the work (see :class:`RunContext`) and end with ``complete(result)``,
+    ``fail(...)`` or ``release()`` (or their ``a``-prefixed awaitables).
     """
 
     def __init__(
         self, scope: str, key: str, native: Union[_native.Run, bytes]
     ) -> None:
+        held = None if isinstance(native, bytes) else native
+        super().__init__(None if held is None else held.context, f"{scope}/{key}")
         self.scope = scope
         self.key = key
-        self.replayed = isinstance(native, bytes)
+        self.replayed = held is None
         self.result: Any = json.loads(native) if isinstance(native, bytes) else None
-        self._native: Optional[_native.Run] = None if isinstance(native, bytes) else native
+        self._native = held
         self._ended = self.replayed
 
     def _held(self) -> _native.Run:
@@ -75,34 +159,9 @@ class Run:
             raise IdemError(f"{self.scope}/{self.key}: the run has already ended")
         return self._native
 
-    @property
-    def fence(self) -> Optional[int]:
-        """The fencing number: pass it to downstream writes that refuse an
-        older holder's (``None`` for a replay)."""
-        return None if self._native is None else self._native.fence
-
-    @property
-    def attempt(self) -> Optional[int]:
-        """Which attempt of the key this is (1 for the first)."""
-        return None if self._native is None else self._native.attempt
-
-    @property
-    def takeover(self) -> bool:
-        """Whether this run took the key over from a worker that stalled or
-        died."""
-        return self._native is not None and self._native.takeover
-
-    @property
-    def lease_lost(self) -> bool:
-        """Whether the lease is known lost (see :meth:`check`)."""
-        return self._native is not None and self._native.lease_lost
-
-    def check(self) -> None:
-        """Raises :class:`LeaseLost` if the lease was lost: call it before
-        an irreversible step. It reads the engine's last confirmed deadline
-        and the clock, so a process that stalled finds out at once."""
-        if self._native is not None:
-            self._native.check()
+    def _live(self) -> _native.Context:
+        self._held()
+        return super()._live()
 
     def complete(self, result: Any) -> None:
         """Stores ``result`` (anything ``json.dumps`` takes, without NaN or
@@ -150,41 +209,6 @@ class Run:
         native = self._held()
         self._ended = True
         await native.release_async()
-
-    def step(self, name: str, fn: Callable[[str], T], policy: str = "retry") -> T:
-        """A journaled step: runs ``fn(downstream_key)`` once across every
-        attempt of the run and returns its result (JSON-encodable), from
-        the journal when an earlier attempt finished it.
-
-        Pass ``downstream_key`` to an external API that deduplicates on a
-        key (a payment provider's Idempotency-Key). If an earlier attempt
-        began the step and never finished, its effect is in doubt:
-        ``policy="retry"`` runs it again with the same downstream key;
-        ``"skip"`` returns ``None`` without running it; ``"park"`` raises
-        :class:`StepInDoubt` and the run ends failed as ``unknown``. A name
-        used twice in one run raises :class:`InvalidStep`.
-        """
-        native = self._held()
-        begun = native.begin_step(name, policy)
-        if not isinstance(begun, _native.Step):
-            return None if begun is None else json.loads(begun)  # type: ignore[return-value]
-        value = fn(begun.key)
-        begun.finish(dumps(value))
-        return value
-
-    async def astep(
-        self, name: str, fn: Callable[[str], Union[T, Awaitable[T]]], policy: str = "retry"
-    ) -> T:
-        """:meth:`step` for asyncio: ``fn`` may be a coroutine function."""
-        native = self._held()
-        begun = await native.begin_step_async(name, policy)
-        if not isinstance(begun, _native.Step):
-            return None if begun is None else json.loads(begun)  # type: ignore[return-value]
-        value = fn(begun.key)
-        if inspect.isawaitable(value):
-            value = await value
-        await begun.finish_async(dumps(value))
-        return value  # type: ignore[return-value]
 
     def _on_exit(self, error: Optional[BaseException]) -> Union[None, str, tuple[str, bool]]:
         """What leaving the block does: nothing (``None``), ``"release"``

@@ -1,0 +1,157 @@
+//! [`HttpOptions`]: what an adapter's middleware covers and how, and the
+//! tower layer built from them over an engine's store.
+
+use std::time::Duration;
+
+use http::{HeaderName, Method};
+use idem_http::{FingerprintRule, IdempotencyLayer};
+
+use super::message::{Route, Tenant};
+use crate::error::EngineError;
+use crate::local::Local;
+use crate::store::AnyStore;
+
+/// What a request's fingerprint covers; a key reused with another
+/// fingerprint is answered 422.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum HttpFingerprint {
+    /// Method, path, query and body, a JSON body canonicalised first
+    /// (`request`, the default).
+    #[default]
+    Request,
+    /// Method and path, plus only these JSON-pointer fields of the body
+    /// (`/amount`).
+    JsonFields(Vec<String>),
+    /// None: any request under a used key gets the stored answer (`off`).
+    Off,
+}
+
+impl std::str::FromStr for HttpFingerprint {
+    type Err = EngineError;
+
+    fn from_str(name: &str) -> Result<Self, EngineError> {
+        match name {
+            "request" => Ok(Self::Request),
+            "off" => Ok(Self::Off),
+            other => Err(EngineError::Config(format!(
+                "fingerprint {other:?}: use \"request\", \"off\" or a list of JSON pointers \
+                 (\"/amount\")"
+            ))),
+        }
+    }
+}
+
+/// How the middleware treats requests; `Default` is the tower layer's
+/// defaults (POST and PATCH covered, keys optional, the whole request
+/// fingerprinted, 1 MiB bodies, 409 at once for a duplicate in flight
+/// unless it sends `Prefer: wait=N`, up to 10 s). The lease and the
+/// retention are the engine's.
+#[derive(Debug, Clone, Default)]
+pub struct HttpOptions {
+    /// The methods covered (default POST and PATCH).
+    pub methods: Option<Vec<String>>,
+    /// The key header (default `Idempotency-Key`).
+    pub header: Option<String>,
+    /// Whether a covered request without a key is refused with 400
+    /// (default: passed through unguarded).
+    pub required: bool,
+    /// What the fingerprint covers.
+    pub fingerprint: HttpFingerprint,
+    /// Whether keys are scoped per tenant: each request then carries its
+    /// verified caller in [`HttpRequest::tenant`](super::HttpRequest::tenant)
+    /// (hashed before it is stored; a request without one is `anonymous`),
+    /// so no caller can replay another's response.
+    pub tenant: bool,
+    /// The largest request body read, in bytes (413 beyond).
+    pub max_request_bytes: Option<usize>,
+    /// The largest response stored, in bytes (larger ones are answered
+    /// once and the key closed).
+    pub max_response_bytes: Option<usize>,
+    /// The longest a duplicate in flight is held for with `Prefer: wait`.
+    pub max_wait: Option<Duration>,
+    /// How long a duplicate in flight waits without `Prefer: wait`.
+    pub default_wait: Option<Duration>,
+    /// Whether a key whose earlier attempt died mid-request runs again
+    /// (default: answered 422 `outcome-unknown` until released).
+    pub forward_takeovers: bool,
+    /// Whether UUIDv7 keys older than the retention are refused (422).
+    pub reject_old_uuid_v7: bool,
+}
+
+fn invalid(what: &str, reason: impl std::fmt::Display) -> EngineError {
+    EngineError::Config(format!("{what}: {reason}"))
+}
+
+impl HttpOptions {
+    /// The tower layer over `local`'s store, lease and retention; refused
+    /// over a remote `idem serve`.
+    pub(crate) fn layer(&self, local: &Local) -> Result<IdempotencyLayer<AnyStore>, EngineError> {
+        let idem = local.idem();
+        if matches!(idem.store(), AnyStore::Remote(_)) {
+            // Its claim API stores JSON results; the layer stores
+            // responses as bytes, and would find out only after the
+            // handler ran.
+            return Err(EngineError::Config(
+                "the HTTP middleware cannot store responses through a remote idem serve (it \
+                 keeps JSON results only): open the store itself (sqlite:, redis://, \
+                 postgres://), or put the idem gateway in front of the service"
+                    .to_owned(),
+            ));
+        }
+        let mut builder = IdempotencyLayer::builder(idem.store().clone())
+            .lease(idem.lease())
+            .retention(idem.retention())
+            .required(self.required)
+            .forward_takeovers(self.forward_takeovers)
+            .reject_old_uuid_v7(self.reject_old_uuid_v7)
+            .fingerprint(match &self.fingerprint {
+                HttpFingerprint::Request => FingerprintRule::Request,
+                HttpFingerprint::JsonFields(fields) => FingerprintRule::JsonFields(fields.clone()),
+                HttpFingerprint::Off => FingerprintRule::Off,
+            })
+            .route(|parts| {
+                parts
+                    .extensions
+                    .get::<Route>()
+                    .map_or_else(|| parts.uri.path().to_owned(), |route| route.0.clone())
+            });
+        if self.tenant {
+            builder = builder.tenant(|parts| {
+                parts
+                    .extensions
+                    .get::<Tenant>()
+                    .map(|tenant| tenant.0.clone())
+            });
+        }
+        if let Some(methods) = &self.methods {
+            let methods = methods
+                .iter()
+                .map(|m| {
+                    Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                        .map_err(|e| invalid(&format!("the method {m:?}"), e))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            builder = builder.methods(methods);
+        }
+        if let Some(header) = &self.header {
+            let name = HeaderName::from_bytes(header.as_bytes())
+                .map_err(|e| invalid(&format!("the header name {header:?}"), e))?;
+            builder = builder.header(name);
+        }
+        if let Some(bytes) = self.max_request_bytes {
+            builder = builder.max_request_bytes(bytes);
+        }
+        if let Some(bytes) = self.max_response_bytes {
+            builder = builder.max_response_bytes(bytes);
+        }
+        if let Some(wait) = self.max_wait {
+            builder = builder.max_wait(wait);
+        }
+        if let Some(wait) = self.default_wait {
+            builder = builder.default_wait(wait);
+        }
+        builder
+            .build()
+            .map_err(|e| EngineError::Config(e.to_string()))
+    }
+}
