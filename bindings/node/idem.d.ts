@@ -72,16 +72,17 @@ export interface Failed {
   retryAfterMs?: number | null;
 }
 
-/** A claimed run, held by the engine's heartbeat until it is ended. */
-export class Run {
-  readonly scope: string;
-  readonly key: string;
+/**
+ * A run as its handler sees it. A request that passed through the HTTP
+ * middleware unguarded has no run: `fence` is null and `step` throws.
+ */
+export class RunContext {
   /** Aborted once the lease is known lost. */
   readonly signal: AbortSignal;
   /** The fencing number, for writes that refuse an older holder's. */
-  readonly fence: number;
+  readonly fence: number | null;
   /** Which attempt of the key this is (1 for the first). */
-  readonly attempt: number;
+  readonly attempt: number | null;
   /** Whether this run took the key over from a stalled or dead worker. */
   readonly takeover: boolean;
   /** Whether the lease is known lost. */
@@ -90,6 +91,16 @@ export class Run {
   check(): void;
   /** A journaled step: `fn(downstreamKey)` runs once across every attempt. */
   step<T>(name: string, fn: (downstreamKey: string) => T | Promise<T>, policy?: StepPolicy): Promise<T>;
+}
+
+/** A claimed run, held by the engine's heartbeat until it is ended. */
+export class Run extends RunContext {
+  readonly scope: string;
+  readonly key: string;
+  /** The fencing number, for writes that refuse an older holder's. */
+  readonly fence: number;
+  /** Which attempt of the key this is (1 for the first). */
+  readonly attempt: number;
   /** Stores `value` (JSON) and replays it to every later call with the key. */
   complete(value: unknown): Promise<void>;
   /** Records a failure [default: "retryable"]. */

@@ -6,110 +6,21 @@
 "use strict";
 
 const native = require("./native.js");
-
-/** Anything idem throws. */
-class IdemError extends Error {
-  constructor(message) {
-    super(message);
-    this.name = this.constructor.name;
-  }
-}
-
-/**
- * Throw it (or a subclass) from a handler for a failure that will happen the
- * same way every time: it is stored and replayed to every later call with the
- * key, instead of being retried.
- */
-class Terminal extends Error {
-  constructor(message) {
-    super(message);
-    this.name = "Terminal";
-  }
-}
-
-/** A value idem was given breaks a rule (URL, key, setting, JSON). */
-class InvalidInput extends IdemError {}
-/** The store could not be opened, or did not answer for a whole lease. */
-class Unavailable extends IdemError {}
-/** Another holder runs the key right now; try again after `retryAfterMs`. */
-class InProgress extends IdemError {
-  constructor(message, retryAfterMs) {
-    super(message);
-    this.retryAfterMs = retryAfterMs;
-  }
-}
-/** The key was first used with another fingerprint (another request). */
-class Mismatch extends IdemError {}
-/** An earlier run of the key failed for good; its failure is replayed. */
-class ReplayedFailure extends IdemError {
-  constructor(message, failureClass, failure) {
-    super(message);
-    this.failureClass = failureClass;
-    this.failure = failure;
-  }
-}
-/** The claim is no longer held; nothing was written: stop acting on it. */
-class LeaseLost extends IdemError {}
-/** The result is over the store's limit; the key is recorded as failed. */
-class ResultTooLarge extends IdemError {}
-/** A step in doubt under the "park" policy: the run ends failed, unknown. */
-class StepInDoubt extends IdemError {
-  constructor(message, step, attempt) {
-    super(message);
-    this.step = step;
-    this.attempt = attempt;
-  }
-}
-/** A step misused: its name is invalid or already used in this run. */
-class InvalidStep extends IdemError {}
-
-/** The engine's error as the package's own class. */
-function translated(error) {
-  let info;
-  try {
-    info = JSON.parse(error.message);
-  } catch {
-    return error;
-  }
-  switch (info.kind) {
-    case "InProgress":
-      return new InProgress(info.message, info.retryAfterMs);
-    case "ReplayedFailure":
-      return new ReplayedFailure(info.message, info.failureClass, info.failure);
-    case "StepInDoubt":
-      return new StepInDoubt(info.message, info.step, info.attempt);
-    case "InvalidInput":
-      return new InvalidInput(info.message);
-    case "Unavailable":
-      return new Unavailable(info.message);
-    case "Mismatch":
-      return new Mismatch(info.message);
-    case "LeaseLost":
-      return new LeaseLost(info.message);
-    case "ResultTooLarge":
-      return new ResultTooLarge(info.message);
-    case "InvalidStep":
-      return new InvalidStep(info.message);
-    default:
-      return new IdemError(info.message);
-  }
-}
-
-async function call(work) {
-  try {
-    return await work();
-  } catch (error) {
-    throw translated(error);
-  }
-}
-
-function sync(work) {
-  try {
-    return work();
-  } catch (error) {
-    throw translated(error);
-  }
-}
+const {
+  IdemError,
+  InProgress,
+  InvalidInput,
+  InvalidStep,
+  LeaseLost,
+  Mismatch,
+  ReplayedFailure,
+  ResultTooLarge,
+  StepInDoubt,
+  Terminal,
+  Unavailable,
+  call,
+  sync,
+} = require("./errors.js");
 
 /** `value` as JSON, or why it is not: `[json, undefined]` or `[undefined, reason]`. */
 function encoded(value) {
@@ -126,23 +37,25 @@ function fingerprintOf(value) {
 }
 
 /**
- * A claimed run: do the work, pass `fence` to downstream writes, and end it
- * with `complete`, `fail` or `release`. `signal` is aborted once the lease
- * is known lost; `check()` throws `LeaseLost` then.
+ * A run as its handler sees it: pass `fence` to downstream writes that
+ * refuse an older holder's, call `check()` before an irreversible step, and
+ * journal side effects with `step`. `signal` is aborted once the lease is
+ * known lost; `check()` throws `LeaseLost` then. A request that passed
+ * through the HTTP middleware unguarded has no run: `fence` is null and
+ * `step` throws.
  */
-class Run {
-  constructor(scope, key, run) {
-    this.scope = scope;
-    this.key = key;
-    this.native = run;
-    this.ended = false;
+class RunContext {
+  constructor(what, context) {
+    this.what = what;
+    this.native = context;
     const lost = new AbortController();
     this.signal = lost.signal;
+    if (context == null) return;
     // The engine's heartbeat runs on its own threads; this only reads what
     // it found, so the signal can be awaited.
     this.watch = setInterval(() => {
       if (this.native.leaseLost) {
-        lost.abort(new LeaseLost(`${scope}/${key}: the lease was lost`));
+        lost.abort(new LeaseLost(`${what}: the lease was lost`));
         clearInterval(this.watch);
       }
     }, 50);
@@ -151,52 +64,32 @@ class Run {
 
   /** The fencing number, for writes that refuse an older holder's. */
   get fence() {
-    return this.native.fence;
+    return this.native?.fence ?? null;
   }
 
   /** Which attempt of the key this is (1 for the first). */
   get attempt() {
-    return this.native.attempt;
+    return this.native?.attempt ?? null;
   }
 
   /** Whether this run took the key over from a stalled or dead worker. */
   get takeover() {
-    return this.native.takeover;
+    return this.native?.takeover ?? false;
   }
 
   /** Whether the lease is known lost. */
   get leaseLost() {
-    return this.native.leaseLost;
+    return this.native?.leaseLost ?? false;
   }
 
   /** Throws `LeaseLost` once the lease is known lost. */
   check() {
-    sync(() => this.native.check());
+    if (this.native != null) sync(() => this.native.check());
   }
 
-  ending() {
-    if (this.ended) throw new IdemError(`${this.scope}/${this.key}: the run has already ended`);
-    this.ended = true;
+  /** Stops watching the lease: the run has ended. */
+  unwatch() {
     clearInterval(this.watch);
-  }
-
-  /** Stores `value` (JSON) and replays it to every later call with the key. */
-  async complete(value) {
-    this.ending();
-    const [json, reason] = encoded(value);
-    await call(() => this.native.complete(json, reason));
-  }
-
-  /** Records a failure: "retryable" (the default), "terminal" or "unknown". */
-  async fail(message, failureClass = "retryable") {
-    this.ending();
-    return call(() => this.native.fail(message, failureClass));
-  }
-
-  /** Gives the claim back without an outcome: the next claim runs the work. */
-  async release() {
-    this.ending();
-    await call(() => this.native.release());
   }
 
   /**
@@ -208,6 +101,7 @@ class Run {
    * `InvalidStep`.
    */
   async step(name, fn, policy = "retry") {
+    if (this.native == null) throw new IdemError(`${this.what}: there is no run to act on`);
     const begun = await call(() => this.native.beginStep(name, policy));
     if (begun === null || typeof begun === "string") {
       return begun === null ? null : JSON.parse(begun);
@@ -217,6 +111,45 @@ class Run {
     if (json === undefined) throw new InvalidInput(`step ${JSON.stringify(name)}: ${reason}`);
     await call(() => begun.finish(json));
     return value;
+  }
+}
+
+/**
+ * A claimed run: do the work (see `RunContext`), and end it with
+ * `complete`, `fail` or `release`.
+ */
+class Run extends RunContext {
+  constructor(scope, key, run) {
+    super(`${scope}/${key}`, run.context);
+    this.scope = scope;
+    this.key = key;
+    this.held = run;
+    this.ended = false;
+  }
+
+  ending() {
+    if (this.ended) throw new IdemError(`${this.scope}/${this.key}: the run has already ended`);
+    this.ended = true;
+    this.unwatch();
+  }
+
+  /** Stores `value` (JSON) and replays it to every later call with the key. */
+  async complete(value) {
+    this.ending();
+    const [json, reason] = encoded(value);
+    await call(() => this.held.complete(json, reason));
+  }
+
+  /** Records a failure: "retryable" (the default), "terminal" or "unknown". */
+  async fail(message, failureClass = "retryable") {
+    this.ending();
+    return call(() => this.held.fail(message, failureClass));
+  }
+
+  /** Gives the claim back without an outcome: the next claim runs the work. */
+  async release() {
+    this.ending();
+    await call(() => this.held.release());
   }
 }
 
@@ -301,6 +234,7 @@ class Idem {
 module.exports = {
   Idem,
   Run,
+  RunContext,
   fingerprintOf,
   IdemError,
   InProgress,

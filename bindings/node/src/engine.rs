@@ -1,5 +1,6 @@
 //! `Engine`: an executor over one store, opened from its URL.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use idem_engine::input::{self, Unit};
@@ -52,7 +53,14 @@ fn options(given: Option<Options>) -> Result<EngineOptions, EngineError> {
 /// idem's executor over the store at a URL; see the package's `Idem`.
 #[napi]
 pub struct Engine {
-    engine: idem_engine::Engine,
+    engine: Arc<idem_engine::Engine>,
+}
+
+impl Engine {
+    /// The engine, for the middleware built over it.
+    pub(crate) fn shared(&self) -> Arc<idem_engine::Engine> {
+        Arc::clone(&self.engine)
+    }
 }
 
 #[napi]
@@ -62,7 +70,9 @@ impl Engine {
     pub fn new(url: String, options: Option<Options>) -> napi::Result<Self> {
         let options = self::options(options).map_err(to_js)?;
         let engine = idem_engine::Engine::open(&url, options).map_err(to_js)?;
-        Ok(Self { engine })
+        Ok(Self {
+            engine: Arc::new(engine),
+        })
     }
 
     /// The store's URL, its password hidden.

@@ -4,8 +4,10 @@
 //! Promise whose work runs on the engine's runtime, so the event loop never
 //! blocks. The JavaScript half (`idem.js`) gives it the package's API.
 
+mod context;
 mod engine;
 mod errors;
+mod http;
 mod run;
 
 pub use engine::fingerprint;
