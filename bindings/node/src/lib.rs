@@ -4,6 +4,7 @@
 //! Promise whose work runs on the engine's runtime, so the event loop never
 //! blocks. The JavaScript half (`idem.js`) gives it the package's API.
 
+mod consume;
 mod context;
 mod engine;
 mod errors;

@@ -4,6 +4,7 @@
 //! gives it the package's API (the decorator, context managers, outcomes).
 
 mod aio;
+mod consume;
 mod context;
 mod engine;
 mod errors;
@@ -21,6 +22,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<context::Step>()?;
     m.add_class::<http::HttpGuard>()?;
     m.add_class::<http::Turn>()?;
+    m.add_class::<consume::ConsumerGuard>()?;
+    m.add_class::<consume::DeliveryTurn>()?;
     m.add_function(wrap_pyfunction!(aio::settle, m)?)?;
     m.add_function(wrap_pyfunction!(engine::fingerprint, m)?)?;
     Ok(())

@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -148,3 +149,62 @@ def local_store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     whose claim API keeps JSON results only)."""
     return _open(request, tmp_path)
 
+
+
+RABBITMQ = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def amqp_url() -> Iterator[str]:
+    """The AMQP URL of a RabbitMQ broker: ``IDEM_TEST_AMQP_URL``, the
+    machine's own on 127.0.0.1:5672, or one started here on free ports
+    (stopped with SIGTERM, which its start script turns into a clean
+    stop, and ``wait``). Tests isolate themselves by queue names."""
+    if os.environ.get("IDEM_TEST_AMQP_URL"):
+        yield os.environ["IDEM_TEST_AMQP_URL"]
+        return
+    if _listening(5672):
+        yield "amqp://guest:guest@127.0.0.1:5672/"
+        return
+    if not Path(RABBITMQ).is_file():
+        pytest.fail("rabbitmq-server is not installed (scripts/test installs it)")
+    port, dist = free_port(), free_port()
+    folder = Path(tempfile.mkdtemp(prefix=f"idem-rabbitmq-{port}-"))
+    for name, text in [("enabled_plugins", "[].\n"), ("advanced.config", "[].\n"),
+                       ("rabbitmq-env.conf", ""),
+                       ("rabbitmq.conf", f"listeners.tcp.default = 127.0.0.1:{port}\n")]:
+        (folder / name).write_text(text)
+    env = dict(
+        os.environ,
+        RABBITMQ_NODENAME=f"idem-{port}@localhost",
+        RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+        RABBITMQ_NODE_PORT=str(port),
+        RABBITMQ_DIST_PORT=str(dist),
+        ERL_EPMD_ADDRESS="127.0.0.1",
+        RABBITMQ_MNESIA_BASE=str(folder / "mnesia"),
+        RABBITMQ_LOG_BASE=str(folder / "log"),
+        RABBITMQ_ENABLED_PLUGINS_FILE=str(folder / "enabled_plugins"),
+        RABBITMQ_CONFIG_FILE=str(folder / "rabbitmq.conf"),
+        RABBITMQ_CONF_ENV_FILE=str(folder / "rabbitmq-env.conf"),
+        RABBITMQ_ADVANCED_CONFIG_FILE=str(folder / "advanced.config"),
+    )
+    process = subprocess.Popen([RABBITMQ], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not _listening(port):
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop(process)
+            pytest.fail("rabbitmq-server did not start")
+        time.sleep(0.2)
+    yield f"amqp://guest:guest@127.0.0.1:{port}/"
+    process.terminate()
+    process.wait()
+    shutil.rmtree(folder, ignore_errors=True)

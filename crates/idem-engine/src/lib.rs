@@ -16,6 +16,8 @@
 //!   the binding converts types and holds no logic of its own.
 //! - [`http`]: the `Idempotency-Key` middleware of every language, whose
 //!   decisions are the tower layer's.
+//! - [`consume`]: the broker consumer of every language, whose decisions
+//!   are the consumer layer's.
 //!
 //! ```
 //! use idem_engine::{Begin, Engine, EngineOptions};
@@ -35,6 +37,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod consume;
 mod engine;
 mod error;
 pub mod http;

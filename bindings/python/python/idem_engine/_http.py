@@ -5,12 +5,11 @@ engine's, the same code as the Rust tower layer's."""
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Callable, Iterator, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, List, Optional, Tuple, TypeVar
 
 from . import _native
 from ._idem import Idem
-from ._run import RunContext, _current
+from ._run import RunContext
 
 #: Header lines: ``(lowercase name, value)``.
 Headers = List[Tuple[str, bytes]]
@@ -31,19 +30,9 @@ def guard(idem: Idem, tenant: Optional[Callable[[S], Optional[str]]], options: A
     return _native.HttpGuard(idem._engine, tenant=tenant is not None, **options)
 
 
-@contextlib.contextmanager
-def running(run: RunContext) -> Iterator[None]:
-    """``current_run()`` is ``run`` while the handler runs."""
-    token = _current.set(run)
-    try:
-        yield
-    finally:
-        _current.reset(token)
-
-
 def context_of(turn: Any, what: str) -> RunContext:
     """The handler's view of ``turn``'s run."""
     return RunContext(turn.context, what)
 
 
-__all__ = ["Answer", "Headers", "RAISED", "context_of", "guard", "running"]
+__all__ = ["Answer", "Headers", "RAISED", "context_of", "guard"]

@@ -98,3 +98,33 @@ class HttpGuard:
         route: Optional[str] = None,
         tenant: Optional[str] = None,
     ) -> Awaitable[Union[Answer, Turn]]: ...
+
+Settled = Tuple[str, Optional[float], Optional[str], bool, Optional[str], List[Tuple[str, str]]]
+
+class DeliveryTurn:
+    context: Context
+    key: str
+    def complete_async(
+        self, result: Optional[bytes], unencodable: Optional[str] = None
+    ) -> Awaitable[Settled]: ...
+    def fail_async(self, message: str, cls: str) -> Awaitable[Settled]: ...
+
+class ConsumerGuard:
+    def __init__(
+        self,
+        engine: Engine,
+        scope: str,
+        *,
+        keys: Optional[Sequence[str]] = None,
+        fingerprint: Optional[bool] = None,
+        name: Optional[str] = None,
+        min_retry_delay: Optional[float] = None,
+        max_retry_delay: Optional[float] = None,
+    ) -> None: ...
+    def begin_async(
+        self,
+        payload: bytes,
+        headers: List[Tuple[str, str]],
+        message_id: Optional[str] = None,
+        delivery_count: Optional[int] = None,
+    ) -> Awaitable[Union[Settled, DeliveryTurn]]: ...

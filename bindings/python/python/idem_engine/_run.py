@@ -5,10 +5,11 @@ function hold it (``Run``: ended with ``complete``, ``fail`` or
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import inspect
 import json
-from typing import Any, Awaitable, Callable, Optional, TypeVar, Union
+from typing import Any, Awaitable, Callable, Iterator, Optional, TypeVar, Union
 
 from . import _native
 from ._errors import IdemError, LeaseLost, Terminal
@@ -29,6 +30,16 @@ def current_run() -> "RunContext":
     if run is None:
         raise IdemError("current_run() is only available inside an idempotent call")
     return run
+
+
+@contextlib.contextmanager
+def running(run: "RunContext") -> Iterator[None]:
+    """``current_run()`` is ``run`` while a handler runs."""
+    token = _current.set(run)
+    try:
+        yield
+    finally:
+        _current.reset(token)
 
 
 def dumps(value: Any) -> bytes:

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, MutableMapping, Optional
 
-from ._http import RAISED, Answer, Headers, context_of, guard, running
+from ._http import RAISED, Answer, Headers, context_of, guard
 from ._idem import Idem
+from ._run import running
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -26,8 +26,9 @@ from http import HTTPStatus
 from typing import Any, Callable, Iterable, List, Optional, Tuple
 from urllib.parse import quote
 
-from ._http import RAISED, Answer, Headers, context_of, guard, running
+from ._http import RAISED, Answer, Headers, context_of, guard
 from ._idem import Idem
+from ._run import running
 
 Environ = dict
 StartResponse = Callable[..., Callable[[bytes], Any]]
