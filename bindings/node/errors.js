@@ -106,6 +106,21 @@ function sync(work) {
   }
 }
 
+/** `value` as JSON, or why it is not: `[json, undefined]` or `[undefined, reason]`. */
+function encoded(value) {
+  try {
+    return [JSON.stringify(value === undefined ? null : value), undefined];
+  } catch (error) {
+    return [undefined, String(error)];
+  }
+}
+
+/** A handler's error as the engine records it: `[message, class]`, terminal for `Terminal`. */
+function failureOf(error) {
+  if (error instanceof Terminal) return [error.message || error.name, "terminal"];
+  return [error instanceof Error ? `${error.name}: ${error.message}` : String(error), "retryable"];
+}
+
 module.exports = {
   IdemError,
   InProgress,
@@ -119,5 +134,7 @@ module.exports = {
   Terminal,
   Unavailable,
   call,
+  encoded,
+  failureOf,
   sync,
 };

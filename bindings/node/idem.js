@@ -19,17 +19,10 @@ const {
   Terminal,
   Unavailable,
   call,
+  encoded,
+  failureOf,
   sync,
 } = require("./errors.js");
-
-/** `value` as JSON, or why it is not: `[json, undefined]` or `[undefined, reason]`. */
-function encoded(value) {
-  try {
-    return [JSON.stringify(value === undefined ? null : value), undefined];
-  } catch (error) {
-    return [undefined, String(error)];
-  }
-}
 
 /** The fingerprint the engine takes of a JSON value (SHA-256 of its canonical JSON). */
 function fingerprintOf(value) {
@@ -210,8 +203,7 @@ class Idem {
       if (!run.ended) {
         try {
           if (error instanceof LeaseLost) run.ending();
-          else if (error instanceof Terminal) await run.fail(error.message || error.name, "terminal");
-          else await run.fail(error instanceof Error ? `${error.name}: ${error.message}` : String(error));
+          else await run.fail(...failureOf(error));
         } catch (failed) {
           // The handler's own error says more; an unrecorded failure
           // leaves the claim to run out, as a crash would.

@@ -28,7 +28,7 @@ const {
 
 const native = require("./native.js");
 const { RunContext } = require("./idem.js");
-const { Terminal, call, sync } = require("./errors.js");
+const { call, encoded, failureOf, sync } = require("./errors.js");
 
 /** The longest visibility SQS allows, s. */
 const MAX_VISIBILITY_S = 43_200;
@@ -46,19 +46,6 @@ function attributesOf(message) {
     if (value !== undefined) lines.push(name, value);
   }
   return lines;
-}
-
-function encoded(value) {
-  try {
-    return [JSON.stringify(value === undefined ? null : value), undefined];
-  } catch (error) {
-    return [undefined, String(error)];
-  }
-}
-
-function failure(error) {
-  if (error instanceof Terminal) return [error.message || error.name, "terminal"];
-  return [error instanceof Error ? `${error.name}: ${error.message}` : String(error), "retryable"];
 }
 
 /**
@@ -124,7 +111,7 @@ class SqsConsumer {
         const value = await handler(message, run);
         settlement = await call(() => begun.complete(...encoded(value)));
       } catch (error) {
-        settlement = await call(() => begun.fail(...failure(error)));
+        settlement = await call(() => begun.fail(...failureOf(error)));
       } finally {
         clearInterval(extend);
         run.unwatch();
