@@ -3,14 +3,13 @@
 //! ([`crate::servers`]) and gathering the evidence for the checker
 //! ([`crate::evidence`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::fs::File;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use idem_sqlite::SqliteStore;
-use idem_testkit::proxy::FaultProxy;
 use idem_testkit::ServerError;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -180,6 +179,12 @@ struct Delivery {
     acked: bool,
     /// The worker holding it, and since when.
     holder: Option<(usize, Instant)>,
+    /// When it is due in the queue, if it is queued. A delivery is queued
+    /// at most once: an answer that comes after its visibility timeout
+    /// moves it in the queue instead of queuing it a second time (twice
+    /// queued, it would be handed to two workers and one of them would
+    /// keep it as outstanding for ever, a slot lost).
+    queued: Option<Instant>,
 }
 
 /// The broker, the workers and the fault injector.
@@ -221,6 +226,7 @@ impl Broker {
                 attempt: 0,
                 acked: false,
                 holder: None,
+                queued: None,
             })
             .collect();
         let (events_tx, events) = mpsc::unbounded_channel();
@@ -329,10 +335,21 @@ impl Broker {
         let Some(worker) = self.workers[slot].as_mut() else {
             return;
         };
-        for id in worker.outstanding.drain() {
+        let held: Vec<usize> = worker.outstanding.drain().collect();
+        for id in held {
             self.deliveries[id].holder = None;
-            self.pending.insert((now, id));
+            self.queue(now, id);
         }
+    }
+
+    /// Queues delivery `id` to be handed out at `due`, moving it if it is
+    /// queued already.
+    fn queue(&mut self, due: Instant, id: usize) {
+        let d = &mut self.deliveries[id];
+        if let Some(old) = d.queued.replace(due) {
+            self.pending.remove(&(old, id));
+        }
+        self.pending.insert((due, id));
     }
 
     /// SIGKILLs every worker at once (through `Child::start_kill`), waits
@@ -463,7 +480,11 @@ impl Broker {
                 if !self.answered(id, attempt)? {
                     return Ok(());
                 }
-                self.deliveries[id].acked = true;
+                let d = &mut self.deliveries[id];
+                d.acked = true;
+                if let Some(due) = d.queued.take() {
+                    self.pending.remove(&(due, id));
+                }
                 self.acked += 1;
                 match outcome.as_str() {
                     "executed" => self.report.acked_executed += 1,
@@ -481,8 +502,7 @@ impl Broker {
                 if !self.answered(id, attempt)? {
                     return Ok(());
                 }
-                self.pending
-                    .insert((now + retry.min(Duration::from_secs(1)), id));
+                self.queue(now + retry.min(Duration::from_secs(1)), id);
             }
         }
         Ok(())
@@ -503,7 +523,7 @@ impl Broker {
         }
         for id in expired {
             self.take_back(id);
-            self.pending.insert((now, id));
+            self.queue(now, id);
         }
         let mut slots = self.running_slots();
         slots.shuffle(&mut self.rng);
@@ -523,6 +543,7 @@ impl Broker {
                 }
                 self.pending.pop_first();
                 let d = &mut self.deliveries[id];
+                d.queued = None;
                 if d.attempt > 0 {
                     self.report.redeliveries += 1;
                 }
@@ -571,7 +592,7 @@ impl Broker {
                 ((total as f64) * share) as usize
             };
             while self.published < due.min(total) {
-                self.pending.insert((now, self.published));
+                self.queue(now, self.published);
                 self.published += 1;
             }
             if restart.as_ref().is_some_and(|h| h.is_finished()) {
@@ -598,9 +619,11 @@ impl Broker {
                 }
             }
             if now < fault_end {
-                injector.step(now, self, servers, &mut restart).await?;
+                injector
+                    .step(now, true, self, servers, &mut restart)
+                    .await?;
             } else {
-                injector.heal(&servers.proxies);
+                injector.finish(now, self, servers, &mut restart).await?;
             }
             self.dispatch(now, plan.inflight).await;
             if now.duration_since(shown) > Duration::from_millis(250) {
@@ -644,7 +667,7 @@ impl Broker {
                             "held by worker {slot} for {:.1}s",
                             now.duration_since(since).as_secs_f64()
                         ),
-                        None if self.pending.iter().any(|(_, p)| *p == id) => "queued".to_owned(),
+                        None if d.queued.is_some() => "queued".to_owned(),
                         None => "neither held nor queued".to_owned(),
                     };
                     self.report.violations.push(Violation {
@@ -692,10 +715,12 @@ struct Injector {
     schedule: Schedule,
     proxy_faults: ProxyFaults,
     lease: Duration,
-    /// A store fault (restart, failover, slot move) that came due while
-    /// another was still under way: injected as soon as that one ends,
-    /// so a slow failover does not crowd the slot moves out of a run.
-    deferred: Option<FaultKind>,
+    /// Store faults (restart, failover, slot move, lock hold) that came
+    /// due while another was still under way, each kind once, those never
+    /// injected yet first: injected one by one as the one under way ends,
+    /// even after the fault phase, so a slow failover does not crowd the
+    /// slot moves out of a run.
+    deferred: VecDeque<FaultKind>,
 }
 
 impl Injector {
@@ -709,27 +734,33 @@ impl Injector {
             ),
             proxy_faults: ProxyFaults::new(1..64),
             lease: plan.lease,
-            deferred: None,
+            deferred: VecDeque::new(),
         }
     }
 
+    /// Injects the fault due at `now`, if one is and `dealing` (the fault
+    /// phase), or else a deferred store fault once none is under way.
     async fn step(
         &mut self,
         now: Instant,
+        dealing: bool,
         broker: &mut Broker,
         servers: &Servers,
         restart: &mut Option<tokio::task::JoinHandle<Result<(), ServerError>>>,
     ) -> Result<(), ChaosError> {
         self.proxy_faults.lift_due(now, &servers.proxies);
-        let kind = match self.schedule.due(now) {
+        let due = if dealing {
+            self.schedule.due(now)
+        } else {
+            None
+        };
+        let kind = match due {
             Some(kind) => kind,
-            None => match self.deferred.take() {
-                Some(kind) if restart.is_none() => kind,
-                other => {
-                    self.deferred = other;
-                    return Ok(());
-                }
+            None if restart.is_none() => match self.deferred.pop_front() {
+                Some(kind) => kind,
+                None => return Ok(()),
             },
+            None => return Ok(()),
         };
         // Drawn whether or not the fault can be injected, so the stream of
         // random numbers does not depend on timing.
@@ -781,7 +812,7 @@ impl Injector {
                     *restart = Some(servers.restart_store(down));
                     true
                 } else {
-                    self.deferred.get_or_insert(kind);
+                    self.defer(kind);
                     false
                 }
             }
@@ -795,7 +826,7 @@ impl Injector {
                 if applied {
                     *restart = handle;
                 } else if restart.is_some() {
-                    self.deferred.get_or_insert(kind);
+                    self.defer(kind);
                 }
                 applied
             }
@@ -805,7 +836,7 @@ impl Injector {
                     *restart = Some(servers.hold_locks(hold));
                     true
                 } else {
-                    self.deferred.get_or_insert(kind);
+                    self.defer(kind);
                     false
                 }
             }
@@ -815,11 +846,120 @@ impl Injector {
         };
         if applied {
             self.schedule.injected(kind);
+        } else if !self.deferred.contains(&kind) {
+            self.schedule.missed(kind);
         }
         Ok(())
     }
 
-    fn heal(&mut self, proxies: &[FaultProxy]) {
-        self.proxy_faults.heal(proxies);
+    /// Queues store fault `kind` for when the one under way ends.
+    fn defer(&mut self, kind: FaultKind) {
+        if self.deferred.contains(&kind) {
+            return;
+        }
+        if self.schedule.counts.contains_key(&kind) {
+            self.deferred.push_back(kind);
+        } else {
+            self.deferred.push_front(kind);
+        }
+    }
+
+    /// After the fault phase: lifts the proxies' faults and injects the
+    /// store faults still deferred, one at a time.
+    async fn finish(
+        &mut self,
+        now: Instant,
+        broker: &mut Broker,
+        servers: &Servers,
+        restart: &mut Option<tokio::task::JoinHandle<Result<(), ServerError>>>,
+    ) -> Result<(), ChaosError> {
+        self.proxy_faults.heal(&servers.proxies);
+        if restart.is_none() && !self.deferred.is_empty() {
+            self.step(now, false, broker, servers, restart).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn broker() -> Broker {
+        let plan = Plan {
+            keys: 3,
+            duplicates: 0.0,
+            ..Plan::new(Target::SqliteLease, "/nonexistent")
+        };
+        let config = WorkerConfig {
+            target: plan.target,
+            store_url: String::new(),
+            downstream_url: String::new(),
+            lease: plan.lease,
+            inflight: plan.inflight,
+            ledger_dir: PathBuf::new(),
+        };
+        Broker::new(&plan, config, PathBuf::new())
+    }
+
+    /// Hands delivery `id` to `slot` as `dispatch` does, without a worker.
+    fn hand_out(b: &mut Broker, id: usize, slot: usize, now: Instant) {
+        assert_eq!(b.pending.pop_first().map(|(_, p)| p), Some(id));
+        let d = &mut b.deliveries[id];
+        d.queued = None;
+        d.attempt += 1;
+        d.holder = Some((slot, now));
+    }
+
+    /// A delivery taken back at its visibility timeout, then answered by
+    /// the worker that held it, is queued once: queued twice it would be
+    /// handed to two workers and leak a slot in one of them, and the run
+    /// would stop handing out work (the DynamoDB short run's stalls).
+    #[test]
+    fn a_late_answer_moves_a_requeued_delivery_instead_of_queuing_it_again() {
+        let mut b = broker();
+        let now = Instant::now();
+        b.queue(now, 0);
+        hand_out(&mut b, 0, 1, now);
+        b.take_back(0);
+        b.queue(now, 0);
+        let nack = Said::Nack {
+            id: 0,
+            attempt: 1,
+            retry: Duration::from_millis(200),
+            reason: "busy".into(),
+        };
+        b.handle(
+            Event {
+                slot: 1,
+                generation: 0,
+                said: nack,
+            },
+            now,
+        )
+        .expect("a current answer");
+        assert_eq!(b.pending.len(), 1, "{:?}", b.pending);
+        assert_eq!(
+            b.deliveries[0].queued,
+            Some(now + Duration::from_millis(200))
+        );
+
+        // A late acknowledgement takes it out of the queue altogether.
+        let ack = Said::Ack {
+            id: 0,
+            attempt: 1,
+            outcome: "executed".into(),
+        };
+        b.handle(
+            Event {
+                slot: 1,
+                generation: 0,
+                said: ack,
+            },
+            now,
+        )
+        .expect("a current answer");
+        assert!(b.pending.is_empty(), "{:?}", b.pending);
+        assert_eq!(b.acked, 1);
     }
 }

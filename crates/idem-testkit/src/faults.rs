@@ -1,7 +1,8 @@
 //! A seeded fault schedule for fault-injection runs: when the next fault
 //! comes and which kind it is. Each round deals every kind once, in a
-//! seeded order, so even a short run sees them all; the same seed gives
-//! the same faults at the same offsets.
+//! seeded order, so even a short run sees them all; a kind that could not
+//! be injected when dealt is dealt again in the next round. The same seed
+//! gives the same faults at the same offsets.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -19,6 +20,8 @@ pub struct Schedule<K> {
     pub rng: StdRng,
     kinds: Vec<K>,
     deck: Vec<K>,
+    /// Kinds dealt but not injected, dealt again in the next round.
+    owed: Vec<K>,
     next: Instant,
     mean: Duration,
     /// Faults injected so far, by kind.
@@ -35,6 +38,7 @@ impl<K: Copy + Ord> Schedule<K> {
             rng,
             kinds,
             deck: Vec::new(),
+            owed: Vec::new(),
             next,
             mean,
             counts: BTreeMap::new(),
@@ -49,9 +53,20 @@ impl<K: Copy + Ord> Schedule<K> {
         self.next = now + self.mean.mul_f64(self.rng.random_range(0.5..1.5));
         if self.deck.is_empty() {
             self.deck = self.kinds.clone();
+            self.deck.append(&mut self.owed);
             self.deck.shuffle(&mut self.rng);
         }
         self.deck.pop()
+    }
+
+    /// Notes that `kind`, dealt by [`Schedule::due`], could not be
+    /// injected (no worker busy, another store fault under way): the next
+    /// round deals it once more besides its own turn. A kind that can
+    /// never be injected is owed once, not once per round.
+    pub fn missed(&mut self, kind: K) {
+        if !self.owed.contains(&kind) {
+            self.owed.push(kind);
+        }
     }
 
     /// A random duration in `range` milliseconds.
@@ -67,5 +82,53 @@ impl<K: Copy + Ord> Schedule<K> {
     /// Faults injected in all.
     pub fn total(&self) -> u64 {
         self.counts.values().sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deals every fault due over `rounds` rounds, `missing` never injected.
+    fn deal(schedule: &mut Schedule<u8>, rounds: usize, missing: u8) -> Vec<u8> {
+        let mut now = Instant::now();
+        let mut dealt = Vec::new();
+        while dealt.len() < rounds {
+            now += Duration::from_secs(2);
+            if let Some(kind) = schedule.due(now) {
+                if kind == missing {
+                    schedule.missed(kind);
+                } else {
+                    schedule.injected(kind);
+                }
+                dealt.push(kind);
+            }
+        }
+        dealt
+    }
+
+    #[test]
+    fn every_round_deals_every_kind_and_a_missed_one_again() {
+        let mut schedule = Schedule::new(7, vec![1, 2, 3], Duration::from_secs(1), Instant::now());
+        let dealt = deal(&mut schedule, 3 + 4 + 4, 2);
+        for round in [&dealt[0..3], &dealt[3..7], &dealt[7..11]] {
+            for kind in [1, 3] {
+                assert_eq!(round.iter().filter(|k| **k == kind).count(), 1, "{dealt:?}");
+            }
+        }
+        // Kind 2 was dealt in the first round, missed, and so dealt twice
+        // in every later one: owed once, not once per round.
+        assert_eq!(
+            dealt[3..7].iter().filter(|k| **k == 2).count(),
+            2,
+            "{dealt:?}"
+        );
+        assert_eq!(
+            dealt[7..11].iter().filter(|k| **k == 2).count(),
+            2,
+            "{dealt:?}"
+        );
+        assert_eq!(schedule.counts.get(&2), None);
+        assert_eq!(schedule.total(), 6);
     }
 }

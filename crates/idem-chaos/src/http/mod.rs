@@ -706,6 +706,8 @@ impl Injector {
         };
         if applied {
             self.schedule.injected(kind);
+        } else {
+            self.schedule.missed(kind);
         }
         Ok(())
     }
