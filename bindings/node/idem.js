@@ -41,18 +41,33 @@ class RunContext {
   constructor(what, context) {
     this.what = what;
     this.native = context;
-    const lost = new AbortController();
-    this.signal = lost.signal;
-    if (context == null) return;
-    // The engine's heartbeat runs on its own threads; this only reads what
-    // it found, so the signal can be awaited.
-    this.watch = setInterval(() => {
-      if (this.native.leaseLost) {
-        lost.abort(new LeaseLost(`${what}: the lease was lost`));
-        clearInterval(this.watch);
+    this.lost = null;
+    this.watch = null;
+    this.ended = false;
+  }
+
+  /**
+   * Aborted once the lease is known lost. Made on first use: the engine's
+   * heartbeat runs on its own threads, and only a run whose handler asks
+   * for the signal is watched (every 50 ms) for what it found.
+   */
+  get signal() {
+    if (this.lost == null) {
+      this.lost = new AbortController();
+      if (this.native != null && !this.ended) {
+        const look = () => {
+          if (!this.native.leaseLost) return false;
+          this.lost.abort(new LeaseLost(`${this.what}: the lease was lost`));
+          clearInterval(this.watch);
+          return true;
+        };
+        if (!look()) {
+          this.watch = setInterval(look, 50);
+          this.watch.unref();
+        }
       }
-    }, 50);
-    this.watch.unref();
+    }
+    return this.lost.signal;
   }
 
   /** The fencing number, for writes that refuse an older holder's. */
@@ -82,7 +97,8 @@ class RunContext {
 
   /** Stops watching the lease: the run has ended. */
   unwatch() {
-    clearInterval(this.watch);
+    this.ended = true;
+    if (this.watch != null) clearInterval(this.watch);
   }
 
   /**

@@ -9,12 +9,14 @@ use idem_engine::consume::{ConsumeOptions, ConsumerGuard as Guard, Delivered, De
 use idem_engine::consume::{DeliveryTurn as Turn, Settlement as Settled};
 use idem_engine::input::{self, Unit};
 use idem_engine::{result_of, HandlerFailure, Local};
-use napi::bindgen_prelude::{Buffer, Either};
+use napi::bindgen_prelude::{Buffer, Either, PromiseRaw};
+use napi::Env;
 use napi_derive::napi;
 
 use crate::context::Context;
 use crate::engine::Engine;
 use crate::errors::to_js;
+use crate::promise::promise;
 
 /// How the consumer runs its deliveries; unset: the consumer layer's
 /// defaults.
@@ -130,7 +132,11 @@ impl ConsumerGuard {
     /// Hands a message over: its settlement, or a `DeliveryTurn` to run
     /// the handler in.
     #[napi]
-    pub async fn begin(&self, message: Message) -> napi::Result<Either<Settlement, DeliveryTurn>> {
+    pub fn begin<'env>(
+        &self,
+        env: &'env Env,
+        message: Message,
+    ) -> napi::Result<PromiseRaw<'env, Either<Settlement, DeliveryTurn>>> {
         let local = self.engine.here().map_err(to_js)?;
         let work = self.guard.begin(
             &local,
@@ -141,12 +147,15 @@ impl ConsumerGuard {
                 delivery_count: message.delivery_count,
             },
         );
-        Ok(match work.await.map_err(to_js)? {
-            Delivered::Settled(settled) => Either::A(settlement(settled)),
-            Delivered::Turn(turn) => Either::B(DeliveryTurn {
-                local,
-                turn: Arc::new(turn),
-            }),
+        let held = Arc::clone(&local);
+        promise(env, &local, work, move |delivered| {
+            Ok(match delivered {
+                Delivered::Settled(settled) => Either::A(settlement(settled)),
+                Delivered::Turn(turn) => Either::B(DeliveryTurn {
+                    local: held,
+                    turn: Arc::new(turn),
+                }),
+            })
         })
     }
 }
@@ -168,33 +177,29 @@ impl DeliveryTurn {
     /// Stores `result` (JSON), or records `unencodable` (why the value is
     /// not JSON) as a terminal failure; resolves with the settlement.
     #[napi]
-    pub async fn complete(
+    pub fn complete<'env>(
         &self,
+        env: &'env Env,
         result: Option<String>,
         unencodable: Option<String>,
-    ) -> napi::Result<Settlement> {
+    ) -> napi::Result<PromiseRaw<'env, Settlement>> {
         let work = self
             .turn
             .complete(result_of(result.map(String::into_bytes), unencodable));
-        self.local
-            .spawn(work)
-            .await
-            .and_then(|settled| settled)
-            .map(settlement)
-            .map_err(to_js)
+        promise(env, &self.local, work, |settled| Ok(settlement(settled)))
     }
 
     /// Records the handler's failure ("retryable", "terminal" or
     /// "unknown"); resolves with the settlement.
     #[napi]
-    pub async fn fail(&self, message: String, failure_class: String) -> napi::Result<Settlement> {
+    pub fn fail<'env>(
+        &self,
+        env: &'env Env,
+        message: String,
+        failure_class: String,
+    ) -> napi::Result<PromiseRaw<'env, Settlement>> {
         let failure = HandlerFailure::named(message, &failure_class).map_err(to_js)?;
         let work = self.turn.fail(failure);
-        self.local
-            .spawn(work)
-            .await
-            .and_then(|settled| settled)
-            .map(settlement)
-            .map_err(to_js)
+        promise(env, &self.local, work, |settled| Ok(settlement(settled)))
     }
 }

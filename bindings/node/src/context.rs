@@ -5,10 +5,12 @@
 use std::sync::Arc;
 
 use idem_engine::{Local, RunContext, StepBegun, StepPolicy};
-use napi::bindgen_prelude::{Either3, Null};
+use napi::bindgen_prelude::{Either3, Null, PromiseRaw};
+use napi::Env;
 use napi_derive::napi;
 
 use crate::errors::to_js;
+use crate::promise::{promise, same, text};
 
 /// A run as its handler sees it.
 #[napi]
@@ -70,24 +72,23 @@ impl Context {
     /// Begins step `name`: a `Step` to run, its journaled result (JSON),
     /// or `null` (skipped in doubt).
     #[napi]
-    pub async fn begin_step(
+    pub fn begin_step<'env>(
         &self,
+        env: &'env Env,
         name: String,
         policy: String,
-    ) -> napi::Result<Either3<Step, String, Null>> {
+    ) -> napi::Result<PromiseRaw<'env, Either3<Step, String, Null>>> {
         let policy: StepPolicy = policy.parse().map_err(to_js)?;
         let (local, ctx) = (self.local()?, self.ctx.clone());
-        let begun = local
-            .spawn(async move { ctx.begin_step(&name, policy).await })
-            .await
-            .and_then(|begun| begun)
-            .map_err(to_js)?;
-        Ok(match begun {
-            StepBegun::Done(Some(json)) => Either3::B(String::from_utf8_lossy(&json).into_owned()),
-            StepBegun::Done(None) => Either3::C(Null),
-            StepBegun::Open(step) => Either3::A(Step {
-                step: Arc::from(step),
-            }),
+        let begin = async move { ctx.begin_step(&name, policy).await };
+        promise(env, &local, begin, |begun| {
+            Ok(match begun {
+                StepBegun::Done(Some(json)) => Either3::B(text(json)),
+                StepBegun::Done(None) => Either3::C(Null),
+                StepBegun::Open(step) => Either3::A(Step {
+                    step: Arc::from(step),
+                }),
+            })
         })
     }
 }
@@ -109,13 +110,18 @@ impl Step {
 
     /// Journals `result` (JSON) as the step's result.
     #[napi]
-    pub async fn finish(&self, result: String) -> napi::Result<()> {
+    pub fn finish<'env>(
+        &self,
+        env: &'env Env,
+        result: String,
+    ) -> napi::Result<PromiseRaw<'env, ()>> {
         let local = Arc::clone(self.step.local().map_err(to_js)?);
         let step = Arc::clone(&self.step);
-        local
-            .spawn(async move { step.finish(result.into_bytes()).await })
-            .await
-            .and_then(|done| done)
-            .map_err(to_js)
+        promise(
+            env,
+            &local,
+            async move { step.finish(result.into_bytes()).await },
+            same,
+        )
     }
 }

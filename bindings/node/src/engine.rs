@@ -5,10 +5,12 @@ use std::time::Duration;
 
 use idem_engine::input::{self, Unit};
 use idem_engine::{Begin, EngineError, EngineOptions};
-use napi::bindgen_prelude::Either;
+use napi::bindgen_prelude::{Either, PromiseRaw};
+use napi::Env;
 use napi_derive::napi;
 
 use crate::errors::to_js;
+use crate::promise::{promise, text};
 use crate::run::Run;
 
 /// How the engine runs its keys (milliseconds); unset: idem's defaults.
@@ -83,47 +85,47 @@ impl Engine {
 
     /// Claims `scope`/`key`: a `Run` to do, or the stored result (JSON).
     #[napi]
-    pub async fn begin(
+    pub fn begin<'env>(
         &self,
+        env: &'env Env,
         scope: String,
         key: String,
         fingerprint: Option<String>,
         wait_ms: Option<f64>,
-    ) -> napi::Result<Either<Run, String>> {
+    ) -> napi::Result<PromiseRaw<'env, Either<Run, String>>> {
         let local = self.engine.here().map_err(to_js)?;
         let wait = millis("waitMs", wait_ms).map_err(to_js)?;
-        let work = local.clone();
-        let begun = local
-            .spawn(async move {
-                work.begin(
-                    &scope,
-                    &key,
-                    fingerprint.as_deref().map(str::as_bytes),
-                    wait,
-                )
-                .await
-            })
+        let work = Arc::clone(&local);
+        let begin = async move {
+            work.begin(
+                &scope,
+                &key,
+                fingerprint.as_deref().map(str::as_bytes),
+                wait,
+            )
             .await
-            .and_then(|begun| begun)
-            .map_err(to_js)?;
-        Ok(match begun {
-            Begin::Run(run) => Either::A(Run::new(run)),
-            Begin::Replayed(json) => Either::B(String::from_utf8_lossy(&json).into_owned()),
+        };
+        promise(env, &local, begin, |begun| {
+            Ok(match begun {
+                Begin::Run(run) => Either::A(Run::new(run)),
+                Begin::Replayed(json) => Either::B(text(json)),
+            })
         })
     }
 
     /// The record of `scope`/`key` as JSON (as `idem serve`'s
     /// `GET /v1/record` answers), or `null`.
     #[napi]
-    pub async fn record(&self, scope: String, key: String) -> napi::Result<Option<String>> {
+    pub fn record<'env>(
+        &self,
+        env: &'env Env,
+        scope: String,
+        key: String,
+    ) -> napi::Result<PromiseRaw<'env, Option<String>>> {
         let local = self.engine.here().map_err(to_js)?;
-        let work = local.clone();
-        let record = local
-            .spawn(async move { work.record(&scope, &key).await })
-            .await
-            .and_then(|record| record)
-            .map_err(to_js)?;
-        Ok(record.map(|json| String::from_utf8_lossy(&json).into_owned()))
+        let work = Arc::clone(&local);
+        let record = async move { work.record(&scope, &key).await };
+        promise(env, &local, record, |record| Ok(record.map(text)))
     }
 }
 

@@ -9,12 +9,14 @@ use idem_engine::http::{Exchange, HttpFingerprint, HttpGuard as Guard, HttpOptio
 use idem_engine::http::{HttpRequest, HttpResponse};
 use idem_engine::input::{self, Unit};
 use idem_engine::{EngineError, Local};
-use napi::bindgen_prelude::{Buffer, Either};
+use napi::bindgen_prelude::{Buffer, Either, PromiseRaw};
+use napi::Env;
 use napi_derive::napi;
 
 use crate::context::Context;
 use crate::engine::Engine;
 use crate::errors::to_js;
+use crate::promise::promise;
 
 /// How the middleware treats requests; unset: the tower layer's defaults.
 #[napi(object)]
@@ -166,7 +168,11 @@ impl HttpGuard {
     /// Hands a request over: the answer to send, or a `Turn` to run the
     /// handler in.
     #[napi]
-    pub async fn begin(&self, request: Request) -> napi::Result<Either<Answer, Turn>> {
+    pub fn begin<'env>(
+        &self,
+        env: &'env Env,
+        request: Request,
+    ) -> napi::Result<PromiseRaw<'env, Either<Answer, Turn>>> {
         let local = self.engine.here().map_err(to_js)?;
         let work = self.guard.begin(
             &local,
@@ -179,12 +185,15 @@ impl HttpGuard {
                 tenant: request.tenant,
             },
         );
-        Ok(match work.await.map_err(to_js)? {
-            Exchange::Answer(response) => Either::A(answer(response)),
-            Exchange::Turn(turn) => Either::B(Turn {
-                local,
-                turn: Arc::new(turn),
-            }),
+        let held = Arc::clone(&local);
+        promise(env, &local, work, move |exchange| {
+            Ok(match exchange {
+                Exchange::Answer(response) => Either::A(answer(response)),
+                Exchange::Turn(turn) => Either::B(Turn {
+                    local: held,
+                    turn: Arc::new(turn),
+                }),
+            })
         })
     }
 }
@@ -201,7 +210,11 @@ impl Turn {
     /// Hands over the handler's response; resolves with the answer to
     /// send.
     #[napi]
-    pub async fn finish(&self, response: Answer) -> napi::Result<Answer> {
+    pub fn finish<'env>(
+        &self,
+        env: &'env Env,
+        response: Answer,
+    ) -> napi::Result<PromiseRaw<'env, Answer>> {
         let status = u16::try_from(response.status).map_err(|_| {
             to_js(EngineError::Config(format!(
                 "the handler's status {} is not an HTTP status",
@@ -213,11 +226,6 @@ impl Turn {
             headers: pairs(response.headers),
             body: response.body.to_vec(),
         });
-        self.local
-            .spawn(work)
-            .await
-            .and_then(|answer| answer)
-            .map(answer)
-            .map_err(to_js)
+        promise(env, &self.local, work, |response| Ok(answer(response)))
     }
 }

@@ -9,6 +9,7 @@ mod context;
 mod engine;
 mod errors;
 mod http;
+mod promise;
 mod run;
 
 pub use engine::fingerprint;

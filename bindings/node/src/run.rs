@@ -3,10 +3,13 @@
 use std::sync::Arc;
 
 use idem_engine::{result_of, HandlerFailure, Local};
+use napi::bindgen_prelude::PromiseRaw;
+use napi::Env;
 use napi_derive::napi;
 
 use crate::context::Context;
 use crate::errors::to_js;
+use crate::promise::{promise, same};
 
 /// A claimed run: its lease held by the engine's heartbeat until
 /// `complete`, `fail` or `release`.
@@ -47,46 +50,46 @@ impl Run {
     /// Ends the run with `result` (JSON), or records `unencodable` (why
     /// the value is not JSON) as a terminal failure.
     #[napi]
-    pub async fn complete(
+    pub fn complete<'env>(
         &self,
+        env: &'env Env,
         result: Option<String>,
         unencodable: Option<String>,
-    ) -> napi::Result<()> {
+    ) -> napi::Result<PromiseRaw<'env, ()>> {
         let (local, run) = (self.local()?, Arc::clone(&self.run));
         let result = result_of(result.map(String::into_bytes), unencodable);
-        local
-            .spawn(async move { run.complete(result).await })
-            .await
-            .and_then(|done| done)
-            .map_err(to_js)
+        promise(env, &local, async move { run.complete(result).await }, same)
     }
 
     /// Ends the run with the handler's failure (`class`: "retryable",
     /// "terminal" or "unknown").
     #[napi]
-    pub async fn fail(&self, message: String, failure_class: String) -> napi::Result<Failed> {
+    pub fn fail<'env>(
+        &self,
+        env: &'env Env,
+        message: String,
+        failure_class: String,
+    ) -> napi::Result<PromiseRaw<'env, Failed>> {
         let failure = HandlerFailure::named(message, &failure_class).map_err(to_js)?;
         let (local, run) = (self.local()?, Arc::clone(&self.run));
-        let failed = local
-            .spawn(async move { run.fail(failure).await })
-            .await
-            .and_then(|failed| failed)
-            .map_err(to_js)?;
-        Ok(Failed {
-            class: failed.class.as_str().to_owned(),
-            attempt: failed.attempt,
-            retry_after_ms: failed.retry_after.map(|d| d.as_secs_f64() * 1000.0),
-        })
+        promise(
+            env,
+            &local,
+            async move { run.fail(failure).await },
+            |failed| {
+                Ok(Failed {
+                    class: failed.class.as_str().to_owned(),
+                    attempt: failed.attempt,
+                    retry_after_ms: failed.retry_after.map(|d| d.as_secs_f64() * 1000.0),
+                })
+            },
+        )
     }
 
     /// Ends the run with nothing recorded: the key is free at once.
     #[napi]
-    pub async fn release(&self) -> napi::Result<()> {
+    pub fn release<'env>(&self, env: &'env Env) -> napi::Result<PromiseRaw<'env, ()>> {
         let (local, run) = (self.local()?, Arc::clone(&self.run));
-        local
-            .spawn(async move { run.release().await })
-            .await
-            .and_then(|done| done)
-            .map_err(to_js)
+        promise(env, &local, async move { run.release().await }, same)
     }
 }

@@ -9,7 +9,7 @@ import { once } from "node:events";
 import { connect, createServer } from "node:net";
 import { test } from "node:test";
 
-import { Idem, InProgress } from "../idem.js";
+import { Idem, InProgress, LeaseLost } from "../idem.js";
 import { TOKEN, sleep, startServe } from "./stores.mjs";
 
 /**
@@ -89,6 +89,9 @@ test("slow extends of five runs do not starve a healthy one", async () => {
     const other = new Idem({ url: serve.url, token: TOKEN, scope: "mixed", leaseMs: 1200 });
     const slow = await Promise.all([0, 1, 2, 3, 4].map((i) => idem.claim(`slow-${i}`)));
     const run = await idem.claim("healthy");
+    // Watched from while it was live, and asked for only once lost.
+    const watched = slow[0].signal;
+    assert.equal(watched.aborted, false);
     for (let i = 0; i < 6; i += 1) {
       await sleep(500);
       await assert.rejects(other.claim("healthy"), InProgress);
@@ -98,6 +101,9 @@ test("slow extends of five runs do not starve a healthy one", async () => {
     assert.equal((await other.record("healthy")).attempt, 1);
     // The slow ones were slow: no extension came back within a lease.
     assert.ok(slow.every((s) => s.leaseLost));
+    assert.ok(watched.reason instanceof LeaseLost, String(watched.reason));
+    assert.ok(slow[1].signal.aborted && slow[1].signal.reason instanceof LeaseLost);
+    assert.equal(run.signal.aborted, false);
     for (const s of slow) s.unwatch();
   } finally {
     proxy.close();

@@ -30,9 +30,8 @@ where
     let event_loop = py.import("asyncio")?.call_method0("get_running_loop")?;
     let future = event_loop.call_method0("create_future")?;
     let (event_loop, settled) = (event_loop.unbind(), future.clone().unbind());
-    // Started now; the handle is not needed: the task settles the future.
-    drop(local.spawn(async move {
-        let answer = work.await;
+    // Started now; answered exactly once, a panic included.
+    local.settle(work, move |answer| {
         Python::attach(|py| {
             let (ok, value) = match answer
                 .map_err(|e| crate::errors::to_py(py, e))
@@ -49,7 +48,7 @@ where
             let _ =
                 event_loop.call_method1(py, "call_soon_threadsafe", (settle, settled, ok, value));
         });
-    }));
+    });
     Ok(future)
 }
 

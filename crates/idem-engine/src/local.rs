@@ -2,6 +2,7 @@
 //! executor.
 
 use std::future::Future;
+use std::marker::PhantomData;
 
 use bytes::Bytes;
 use idem::{default_classifier, GetRecord, Idempotency, RecordId, State};
@@ -103,6 +104,27 @@ impl Local {
         }
     }
 
+    /// Starts `work` on the engine's runtime and hands its answer to
+    /// `answer` there: for a binding that settles a promise of its own
+    /// event loop, with no runtime of its own in between. `answer` is
+    /// called exactly once, also when `work` panics or the runtime drops
+    /// it (with [`EngineError::Unexpected`]), so no promise is left
+    /// pending for ever.
+    pub fn settle<T, F, A>(&self, work: F, answer: A)
+    where
+        F: Future<Output = Result<T, EngineError>> + Send + 'static,
+        T: Send + 'static,
+        A: FnOnce(Result<T, EngineError>) + Send + 'static,
+    {
+        let mut pending = Pending(Some(answer), PhantomData);
+        drop(self.parts().runtime.spawn(async move {
+            let output = work.await;
+            if let Some(answer) = pending.0.take() {
+                answer(output);
+            }
+        }));
+    }
+
     /// The record of `scope`/`key` as `idem serve`'s `GET /v1/record`
     /// answers it (JSON), or `None` if there is none.
     pub async fn record(&self, scope: &str, key: &str) -> Result<Option<Vec<u8>>, EngineError> {
@@ -157,6 +179,21 @@ impl Drop for Local {
         } else {
             // A forked child's copy of its parent's: see `Engine::here`.
             std::mem::forget(parts);
+        }
+    }
+}
+
+/// An answer not given yet: given [`EngineError::Unexpected`] if its task
+/// ends without one (a panic unwinding it, or the runtime dropping it).
+struct Pending<T, A: FnOnce(Result<T, EngineError>)>(Option<A>, PhantomData<fn(T)>);
+
+impl<T, A: FnOnce(Result<T, EngineError>)> Drop for Pending<T, A> {
+    fn drop(&mut self) {
+        if let Some(answer) = self.0.take() {
+            answer(Err(EngineError::Unexpected(
+                "the engine's task ended without an answer (it panicked or the engine closed)"
+                    .to_owned(),
+            )));
         }
     }
 }

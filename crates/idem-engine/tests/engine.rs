@@ -164,3 +164,43 @@ fn bad_urls_and_keys_are_typed_errors() {
         "{fingerprint:?}"
     );
 }
+
+/// `settle` answers exactly once: with the work's answer, and with
+/// `Unexpected` when the work panics, so a binding's promise never hangs.
+#[test]
+fn settle_answers_once_also_when_the_work_panics() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let engine = engine(&dir);
+    let here = engine.here().expect("this process");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let answers = tx.clone();
+    here.settle(async { Ok(7) }, move |answer| {
+        answers.send(answer).expect("the test listens");
+    });
+    here.settle(
+        async {
+            if std::env::var_os("IDEM_NEVER_SET").is_none() {
+                panic!("the work panics");
+            }
+            Ok(8)
+        },
+        move |answer| {
+            tx.send(answer).expect("the test listens");
+        },
+    );
+    let mut got: Vec<Result<i32, EngineError>> = (0..2)
+        .map(|_| {
+            rx.recv_timeout(std::time::Duration::from_secs(10))
+                .expect("answered")
+        })
+        .collect();
+    got.sort_by_key(|answer| answer.is_err());
+    assert!(matches!(got[0], Ok(7)), "{got:?}");
+    assert!(
+        matches!(&got[1], Err(EngineError::Unexpected(m)) if m.contains("panicked")),
+        "{got:?}"
+    );
+    assert!(rx
+        .recv_timeout(std::time::Duration::from_millis(200))
+        .is_err());
+}
