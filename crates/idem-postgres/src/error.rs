@@ -119,6 +119,46 @@ fn io_error(error: &tokio_postgres::Error) -> bool {
     false
 }
 
+/// Why the store could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The URL cannot be used. The message never contains the password.
+    #[error("invalid PostgreSQL URL {url}: {reason}")]
+    InvalidUrl {
+        /// The URL, password masked.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The schema is not 1 to 63 characters of `a-z 0-9 _` (not starting
+    /// with a digit).
+    #[error(
+        "invalid schema {0:?}: use 1 to 63 characters of a-z 0-9 _, not starting with a digit"
+    )]
+    InvalidSchema(String),
+    /// The server did not answer, or refused the connection.
+    #[error("could not connect to PostgreSQL at {url}")]
+    Unavailable {
+        /// The URL, password masked.
+        url: String,
+        /// What went wrong.
+        #[source]
+        source: StoreError,
+    },
+    /// Applying the migrations failed (often: no right to create tables in
+    /// the schema; apply [`migrations`](crate::migrations) as an owner instead and connect
+    /// with `.setup(false)`).
+    #[error("could not create idem's tables in schema {schema}")]
+    Setup {
+        /// The schema.
+        schema: String,
+        /// What the server said.
+        #[source]
+        source: StoreError,
+    },
+}
+
 #[cfg(test)]
 mod tests {
     use super::transient_sqlstate;

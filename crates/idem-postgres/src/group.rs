@@ -7,6 +7,7 @@
 //! [`ClaimMany`] and [`CompleteMany`] promise; a statement that fails as a
 //! whole fails each call in it with the same error.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,19 +17,41 @@ use idem::{
     ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, Completion, Lease, RecordId, StoreError,
 };
 
-use crate::PgStore;
+/// What a group sends through: a copy of the store without groups, whose
+/// calls go straight to the server, one statement each or one for many.
+pub(crate) trait Direct: ClaimMany + CompleteMany + Clone + 'static {
+    /// One claim statement.
+    fn claim_one(
+        &self,
+        id: &RecordId,
+        params: &ClaimParams,
+    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send;
+
+    /// One complete statement.
+    fn complete_one(
+        &self,
+        lease: &Lease,
+        response: &[u8],
+        retention: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
 
 /// The group commits of one store. Each holds a copy of the store without
 /// them, whose calls go straight to the server.
-#[derive(Debug)]
-pub(crate) struct Groups {
-    claims: Arc<GroupCommit<Claims>>,
-    completions: Arc<GroupCommit<Completions>>,
+pub(crate) struct Groups<S: Direct> {
+    claims: Arc<GroupCommit<Claims<S>>>,
+    completions: Arc<GroupCommit<Completions<S>>>,
 }
 
-impl Groups {
+impl<S: Direct> std::fmt::Debug for Groups<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Groups").finish_non_exhaustive()
+    }
+}
+
+impl<S: Direct> Groups<S> {
     /// The group commits of `store`, which must not have its own.
-    pub(crate) fn new(store: &PgStore) -> Self {
+    pub(crate) fn new(store: &S) -> Self {
         Self {
             claims: GroupCommit::new(Claims(store.clone()), Limits::default()),
             completions: GroupCommit::new(Completions(store.clone()), Limits::default()),
@@ -55,14 +78,14 @@ impl Groups {
 }
 
 /// Claims, together as one `claim_many` statement.
-pub(crate) struct Claims(PgStore);
+pub(crate) struct Claims<S>(S);
 
-impl Batch for Claims {
+impl<S: Direct> Batch for Claims<S> {
     type Call = (RecordId, ClaimParams);
     type Reply = Result<ClaimOutcome, StoreError>;
 
     async fn one(&self, (id, params): (RecordId, ClaimParams)) -> Self::Reply {
-        self.0.claim_single(&id, &params).await
+        self.0.claim_one(&id, &params).await
     }
 
     async fn many(&self, calls: Vec<(RecordId, ClaimParams)>) -> Vec<Self::Reply> {
@@ -78,15 +101,15 @@ impl Batch for Claims {
 }
 
 /// Completions, together as one `complete_many` statement.
-pub(crate) struct Completions(PgStore);
+pub(crate) struct Completions<S>(S);
 
-impl Batch for Completions {
+impl<S: Direct> Batch for Completions<S> {
     type Call = Completion;
     type Reply = Result<(), StoreError>;
 
     async fn one(&self, c: Completion) -> Self::Reply {
         self.0
-            .complete_single(&c.lease, &c.response, c.retention)
+            .complete_one(&c.lease, &c.response, c.retention)
             .await
     }
 

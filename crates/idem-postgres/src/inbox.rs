@@ -45,7 +45,7 @@ use tokio_postgres::{Client, Transaction};
 
 use idem::{Fingerprint, RecordId};
 
-use crate::row::ms;
+use crate::encode::ms;
 use crate::schema;
 use run::{DbError, Param};
 

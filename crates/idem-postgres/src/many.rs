@@ -11,9 +11,11 @@ use idem::{
     StoreError,
 };
 
+use crate::encode;
+use crate::encode::{ms, token_bytes};
 use crate::error::one_item_may_cause;
-use crate::row::{ms, token_bytes};
-use crate::{row, PgStore};
+use crate::group::Direct;
+use crate::store::PgStore;
 
 impl ClaimMany for PgStore {
     async fn claim_many(
@@ -28,7 +30,7 @@ impl ClaimMany for PgStore {
                 tracing::debug!(error = %e, "claim_many rolled back; claiming one by one");
                 let mut results = Vec::with_capacity(claims.len());
                 for (id, params) in claims {
-                    results.push(self.claim_single(id, params).await);
+                    results.push(self.claim_one(id, params).await);
                 }
                 Ok(results)
             }
@@ -59,7 +61,7 @@ impl CompleteMany for PgStore {
         };
         for (i, c) in completions.iter().enumerate() {
             if results[i].is_none() {
-                let single = self.complete_single(&c.lease, &c.response, c.retention);
+                let single = self.complete_one(&c.lease, &c.response, c.retention);
                 results[i] = Some(single.await);
             }
         }
@@ -171,7 +173,7 @@ impl PgStore {
             let (i, token) = (first[slot], tokens[slot]);
             let (id, params) = &claims[i];
             results[i] =
-                row::claim_outcome(Some(answer), id, token, params.fingerprint).transpose();
+                encode::claim_outcome(Some(answer), id, token, params.fingerprint).transpose();
         }
         for &i in first.iter().chain(&later) {
             if results[i].is_none() {

@@ -14,12 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem::wake::Waiters;
-use idem::RecordId;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_postgres::{AsyncMessage, Client, Connection};
 
-use crate::conn::{Tls, TlsMode};
-use crate::PgStore;
+use crate::conn::ssl_mode::{Tls, TlsMode};
 
 /// The channel the trigger announces ended records on.
 pub(crate) const CHANNEL: &str = "idem_done";
@@ -165,7 +163,7 @@ impl Listener {
             }
             #[cfg(feature = "tls")]
             _ => {
-                let tls = crate::tls::connector(&self.tls)?;
+                let tls = crate::conn::tls::connector(&self.tls)?;
                 let (client, connection) = self.config.connect(tls).await?;
                 self.listen(client, connection).await
             }
@@ -206,55 +204,5 @@ impl Listener {
         });
         client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
         Ok(Listening { client, open })
-    }
-}
-
-impl PgStore {
-    /// The store's `wait_for_change`: listens, marks the record waited
-    /// (`sql/wait.sql`) and waits for its announcement, or polls where it
-    /// cannot listen; returns at once if the record is not in progress.
-    pub(crate) async fn wait_announced(&self, id: &RecordId, timeout: Duration) {
-        let deadline = tokio::time::Instant::now() + idem::held(timeout);
-        let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
-        let listener = &self.inner.listener;
-        if !listener.listening(timeout).await {
-            return idem::poll_while(left(), || self.in_progress(id)).await;
-        }
-        let payload = match self
-            .query(
-                &self.inner.sql.wait,
-                &[&id.scope().as_str(), &id.key().as_str()],
-            )
-            .await
-        {
-            Ok(rows) => match rows.first().map(|row| row.try_get::<_, String>(0)) {
-                Some(Ok(payload)) => payload,
-                // Not in progress: nothing to wait for.
-                None => return,
-                Some(Err(error)) => {
-                    tracing::debug!(%error, "unreadable wait payload; waiting by polling");
-                    return idem::poll_while(left(), || self.in_progress(id)).await;
-                }
-            },
-            Err(error) => {
-                tracing::debug!(%error, "could not mark the record waited; waiting by polling");
-                return idem::poll_while(left(), || self.in_progress(id)).await;
-            }
-        };
-        let waiter = listener.waiters().enter(payload);
-        waiter.wait(left(), || self.in_progress(id)).await;
-    }
-
-    /// Whether `id` is in progress; `false` when that cannot be read (the
-    /// caller claims again and finds out).
-    async fn in_progress(&self, id: &RecordId) -> bool {
-        let state = self
-            .query(
-                &self.inner.sql.state,
-                &[&id.scope().as_str(), &id.key().as_str()],
-            )
-            .await;
-        matches!(&state, Ok(rows) if rows.first()
-            .is_some_and(|row| row.try_get::<_, &str>(0).is_ok_and(|s| s == "in_progress")))
     }
 }

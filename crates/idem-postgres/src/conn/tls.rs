@@ -13,7 +13,7 @@ use rustls::{
 };
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::conn::{RootCert, Tls, TlsMode};
+use super::ssl_mode::{RootCert, Tls, TlsMode};
 
 /// The connector for `tls` (any mode but `disable`).
 pub(crate) fn connector(tls: &Tls) -> Result<MakeRustlsConnect, String> {

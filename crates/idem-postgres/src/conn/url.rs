@@ -1,16 +1,13 @@
-//! URLs, the connection pool, and how PostgreSQL errors map onto
-//! [`StoreError`].
+//! `postgres://` URLs: idem's own parameters taken out, the rest for
+//! tokio-postgres.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::config::SslMode;
-use tokio_postgres::NoTls;
 
-use crate::ConnectError;
+use super::ssl_mode::{RootCert, Tls, TlsMode};
+use crate::error::ConnectError;
 
 /// What a URL says, once idem's own parameters are taken out.
 #[derive(Debug)]
@@ -22,53 +19,6 @@ pub(crate) struct ParsedUrl {
     pub(crate) response_timeout: Option<Duration>,
     pub(crate) listen: Option<bool>,
     pub(crate) tls: Tls,
-}
-
-/// libpq's `sslmode` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TlsMode {
-    /// Plain TCP.
-    Disable,
-    /// TLS if the server offers it, else plain; the certificate is
-    /// checked as `VerifyCa` when a root certificate file is given.
-    Prefer,
-    /// TLS; the certificate is not checked, unless a root certificate file
-    /// is given: then as `VerifyCa`.
-    Require,
-    /// TLS, the chain must lead to a trusted root.
-    VerifyCa,
-    /// TLS, trusted chain and the host name in the certificate.
-    VerifyFull,
-}
-
-/// `sslrootcert`: what the server's certificate chain must lead to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum RootCert {
-    /// `sslrootcert=system`: the platform's roots (`verify-full` only).
-    System,
-    /// A PEM file of trusted certificates.
-    File(PathBuf),
-}
-
-/// How connections are made: `sslmode` and `sslrootcert`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Tls {
-    pub(crate) mode: TlsMode,
-    /// `None`: none given (the platform's roots, for `verify-full` only).
-    pub(crate) root_cert: Option<RootCert>,
-}
-
-impl TlsMode {
-    fn parse(value: &str) -> Option<Self> {
-        Some(match value {
-            "disable" => Self::Disable,
-            "prefer" => Self::Prefer,
-            "require" => Self::Require,
-            "verify-ca" => Self::VerifyCa,
-            "verify-full" => Self::VerifyFull,
-            _ => return None,
-        })
-    }
 }
 
 /// Parses `postgres://` / `postgresql://` URLs. idem reads `schema`,
@@ -209,89 +159,6 @@ fn percent_decode(value: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
-}
-
-/// When a connection of the pool last found its server was no longer the
-/// primary (SQLSTATE 25006 `read_only_sql_transaction`: a failover
-/// demoted it while the connection stayed up). Every connection made
-/// before then is dropped when next taken from the pool, so the new ones
-/// follow the address to the new primary instead of retrying a standby
-/// for the whole lease.
-///
-/// Read on every checkout, so kept without a lock: nanoseconds since
-/// `since`, plus one (0: never seen).
-#[derive(Debug)]
-pub(crate) struct Demotion {
-    since: Instant,
-    at: AtomicU64,
-}
-
-impl Default for Demotion {
-    fn default() -> Self {
-        Self {
-            since: Instant::now(),
-            at: AtomicU64::new(0),
-        }
-    }
-}
-
-impl Demotion {
-    /// Notes that a connection just met a demoted server.
-    pub(crate) fn seen(&self) {
-        let nanos = u64::try_from(self.since.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
-        self.at.fetch_max(nanos + 1, Ordering::Relaxed);
-    }
-
-    /// Whether a connection made at `created` may be to the demoted
-    /// server.
-    fn outdates(&self, created: Instant) -> bool {
-        match self.at.load(Ordering::Relaxed) {
-            0 => false,
-            at => created <= self.since + Duration::from_nanos(at - 1),
-        }
-    }
-}
-
-/// A pool of connections made from `config`. Connections that the server
-/// closed (a restart, an idle timeout) are dropped when handed back, and
-/// connections older than a demotion seen on any of them when next taken,
-/// so the pool heals itself once the server (or the new primary) is back.
-pub(crate) fn pool(
-    mut config: tokio_postgres::Config,
-    tls: &Tls,
-    size: usize,
-    connect: Duration,
-    response: Duration,
-    demotion: Arc<Demotion>,
-) -> Result<Pool, String> {
-    config.connect_timeout(connect);
-    let manager_config = ManagerConfig {
-        recycling_method: RecyclingMethod::Fast,
-    };
-    let manager = match tls.mode {
-        TlsMode::Disable => Manager::from_config(config, NoTls, manager_config),
-        #[cfg(feature = "tls")]
-        _ => Manager::from_config(config, crate::tls::connector(tls)?, manager_config),
-        // Without the feature only `prefer` gets here (parse_url refuses
-        // the rest), and with no TLS to offer it is a plain connection.
-        #[cfg(not(feature = "tls"))]
-        _ => Manager::from_config(config, NoTls, manager_config),
-    };
-    Pool::builder(manager)
-        .max_size(size)
-        .runtime(Runtime::Tokio1)
-        .create_timeout(Some(connect))
-        .wait_timeout(Some(response))
-        .recycle_timeout(Some(response))
-        .pre_recycle(Hook::sync_fn(move |_, metrics| {
-            if demotion.outdates(metrics.created) {
-                Err(HookError::message("made before its server was demoted"))
-            } else {
-                Ok(())
-            }
-        }))
-        .build()
-        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
