@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 
 use crate::body::IdemBody;
-use crate::problem::types;
+use crate::problem_types as types;
 
 /// What a `grpc-status` from the upstream does to the key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,7 +7,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderName, Response, StatusCode};
 
-use crate::problem::{types, Problem};
+use crate::problem::Problem;
+use crate::problem_types as types;
 
 /// The longest `Retry-After` a 409 advises.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(1);
