@@ -48,7 +48,7 @@ use std::time::Duration;
 use idem::{Clock, Fingerprint, RecordId, SystemClock};
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::row::millis;
+use crate::encode::millis;
 
 const SETUP: &str = include_str!("../migrations/inbox_0001.sql");
 

@@ -23,7 +23,7 @@ use parking_lot::Mutex;
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use crate::row::{self, Place};
+use crate::encode::{self, Place};
 
 /// What a job asks the writer to do.
 pub(crate) enum Op {
@@ -331,7 +331,7 @@ fn apply(
                     r.get(0)
                 })
                 .optional()?;
-            Done::Delete(expires.is_some_and(|e| e > row::millis(now)))
+            Done::Delete(expires.is_some_and(|e| e > encode::millis(now)))
         }
         Op::Purge(limit) => Done::Purge(
             tx.prepare_cached(
@@ -339,7 +339,7 @@ fn apply(
                  (SELECT rowid FROM idem_records WHERE expires_at <= ?1 LIMIT ?2)",
             )?
             .execute(params![
-                row::millis(now),
+                encode::millis(now),
                 i64::try_from(*limit).unwrap_or(i64::MAX)
             ])?,
         ),
@@ -364,7 +364,7 @@ fn held_by(
     lease: &Lease,
     now: Timestamp,
 ) -> rusqlite::Result<Result<(), StoreError>> {
-    Ok(match row::load(conn, &lease.id)? {
+    Ok(match encode::load(conn, &lease.id)? {
         None => Err(StoreError::LeaseLost),
         Some((_, Err(reason))) => Err(corrupt(&lease.id, reason)),
         Some((_, Ok(record))) => held(Some(&record), lease.token, now)
@@ -382,10 +382,10 @@ fn begin_step(
     if let Err(e) = held_by(conn, lease, now)? {
         return Ok(Err(e));
     }
-    let existing = row::load_step(conn, &lease.id, step)?;
+    let existing = encode::load_step(conn, &lease.id, step)?;
     let (write, begun) = decide_step_begin(existing.as_ref(), lease.attempt);
     if let Some(state) = write {
-        row::store_step(conn, &lease.id, step, &state)?;
+        encode::store_step(conn, &lease.id, step, &state)?;
     }
     Ok(Ok(begun))
 }
@@ -403,7 +403,7 @@ fn finish_step(
     let done = StepState::Done {
         result: result.clone(),
     };
-    row::store_step(conn, &lease.id, step, &done)?;
+    encode::store_step(conn, &lease.id, step, &done)?;
     Ok(Ok(()))
 }
 
@@ -414,19 +414,19 @@ fn resolve(
     resolution: Resolution,
     now: Timestamp,
 ) -> rusqlite::Result<Result<Resolved, StoreError>> {
-    let (rowid, record) = match row::load(conn, id)? {
+    let (rowid, record) = match encode::load(conn, id)? {
         None => return Ok(Ok(Resolved::NotParked)),
         Some((_, Err(reason))) => return Ok(Err(corrupt(id, reason))),
         Some((rowid, Ok(record))) => (rowid, record),
     };
-    let current = row::load_step(conn, id, step)?;
+    let current = encode::load_step(conn, id, step)?;
     let (next, step_state) = match decide_resolve(Some(&record), current.as_ref(), resolution, now)
     {
         Ok(decided) => decided,
         Err(why) => return Ok(Ok(why)),
     };
     match step_state {
-        Some(state) => row::store_step(conn, id, step, &state)?,
+        Some(state) => encode::store_step(conn, id, step, &state)?,
         None => {
             conn.prepare_cached(
                 "DELETE FROM idem_steps WHERE scope = ?1 AND key = ?2 AND name = ?3",
@@ -434,7 +434,7 @@ fn resolve(
             .execute(params![id.scope().as_str(), id.key().as_str(), step])?;
         }
     }
-    row::store(conn, id, Place::Row(rowid), &next)?;
+    encode::store(conn, id, Place::Row(rowid), &next)?;
     Ok(Ok(Resolved::Released))
 }
 
@@ -455,11 +455,11 @@ fn claim(
     // absent key first, and read the row only if the key is taken.
     let (write, outcome) = decide_claim(None, params, now, fresh).into_parts(id);
     let first = write.expect("an absent key is always acquired");
-    if row::store(conn, id, Place::NewIfAbsent, &first)? {
+    if encode::store(conn, id, Place::NewIfAbsent, &first)? {
         *seq = next;
         return Ok(Ok(outcome));
     }
-    let (rowid, existing) = match row::load(conn, id)? {
+    let (rowid, existing) = match encode::load(conn, id)? {
         Some((rowid, Ok(record))) => (rowid, record),
         Some((_, Err(reason))) => return Ok(Err(corrupt(id, reason))),
         None => unreachable!("the insert just found this key taken"),
@@ -468,9 +468,9 @@ fn claim(
     if let Some(record) = write {
         if record.attempt == 1 {
             // A new record where an expired one was: its journal goes too.
-            row::delete_steps(conn, id)?;
+            encode::delete_steps(conn, id)?;
         }
-        row::store(conn, id, Place::Row(rowid), &record)?;
+        encode::store(conn, id, Place::Row(rowid), &record)?;
         *seq = next;
     }
     Ok(Ok(outcome))
@@ -482,14 +482,14 @@ fn apply_write(
     write: Write,
     now: Timestamp,
 ) -> rusqlite::Result<Result<Timestamp, StoreError>> {
-    let (rowid, existing) = match row::load(conn, &lease.id)? {
+    let (rowid, existing) = match encode::load(conn, &lease.id)? {
         None => return Ok(Err(StoreError::LeaseLost)),
         Some((rowid, Ok(record))) => (rowid, record),
         Some((_, Err(reason))) => return Ok(Err(corrupt(&lease.id, reason))),
     };
     match decide_write(Some(&existing), lease.token, write, now) {
         Ok(next) => {
-            row::store(conn, &lease.id, Place::Row(rowid), &next)?;
+            encode::store(conn, &lease.id, Place::Row(rowid), &next)?;
             Ok(Ok(match next.state {
                 State::InProgress { lease_until, .. } => lease_until,
                 _ => now,

@@ -2,8 +2,8 @@
 
 use bytes::Bytes;
 use idem::{
-    Failure, FailureClass, Fingerprint, LeaseToken, Record, RecordId, State, StateKind, StepEntry,
-    StepState, Timestamp,
+    Failure, FailureClass, Fingerprint, KeyRules, LeaseToken, Record, RecordId, State, StateKind,
+    StepEntry, StepState, Timestamp,
 };
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Row};
@@ -270,4 +270,11 @@ pub(crate) fn load_steps(conn: &Connection, id: &RecordId) -> rusqlite::Result<V
         })
     })?
     .collect()
+}
+
+/// Keys read back from the file were validated when written, under
+/// whatever length limit the writer configured: only the character rule is
+/// checked again.
+pub(crate) fn stored_key_rules() -> KeyRules {
+    KeyRules::default().max_len(std::num::NonZeroUsize::MAX)
 }

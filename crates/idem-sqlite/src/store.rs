@@ -1,0 +1,323 @@
+//! [`SqliteStore`] and its `impl Store`: reads on the caller's thread,
+//! writes through the writer (or inline, with nothing else in flight).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem::machine::{decide_claim, ClaimDecision, Fresh, Write};
+use idem::{
+    journal_of, ClaimOutcome, ClaimParams, Clock, DynStepJournal, Failure, GetRecord, Lease,
+    LeaseToken, PurgerHandle, Record, RecordId, Store, StoreError, SystemClock, Timestamp,
+};
+use parking_lot::Mutex;
+use rusqlite::Connection;
+use tokio::sync::{mpsc, oneshot, Notify};
+
+use crate::encode;
+use crate::schema::{self, Durability, Role};
+use crate::writer::{self, Done, Job, Op, WriteConnection};
+
+/// The embedded durable store. Cloning is cheap; clones share the file,
+/// the writer and the read connections. The writer stops (and the file is
+/// checkpointed and closed) when the last clone is dropped.
+pub struct SqliteStore<C: Clock = SystemClock> {
+    pub(crate) inner: Arc<Inner<C>>,
+}
+
+impl<C: Clock> Clone for SqliteStore<C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<C: Clock> std::fmt::Debug for SqliteStore<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.inner.path)
+            .field("durability", &self.inner.durability)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What clones of a store share.
+pub(crate) struct Inner<C> {
+    pub(crate) jobs: Option<mpsc::Sender<Job>>,
+    pub(crate) writer: Option<JoinHandle<()>>,
+    /// The write connection, shared by the writer thread and idle callers.
+    pub(crate) connection: Arc<Mutex<WriteConnection<C>>>,
+    /// Writes submitted and not yet answered.
+    pub(crate) in_flight: AtomicUsize,
+    pub(crate) readers: Mutex<Vec<Connection>>,
+    pub(crate) clock: Arc<C>,
+    pub(crate) changed: Arc<Notify>,
+    pub(crate) path: PathBuf,
+    pub(crate) durability: Durability,
+    pub(crate) busy: Duration,
+}
+
+impl<C> Drop for Inner<C> {
+    fn drop(&mut self) {
+        // Closing the queue lets the writer finish its batch and exit.
+        self.jobs.take();
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+/// Counts a write as in flight until dropped (also when its future is).
+struct InFlight<'a> {
+    count: &'a AtomicUsize,
+    before: usize,
+}
+
+impl<'a> InFlight<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        let before = count.fetch_add(1, Ordering::AcqRel);
+        Self { count, before }
+    }
+
+    fn alone(&self) -> bool {
+        self.before == 0
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+pub(crate) fn multi_threaded_runtime() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+}
+
+pub(crate) fn writer_stopped() -> StoreError {
+    StoreError::Unavailable("the idem-sqlite writer has stopped".into())
+}
+
+impl<C: Clock> SqliteStore<C> {
+    /// The store file's path.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    pub(crate) async fn submit(&self, op: Op) -> Result<Done, StoreError> {
+        // Inline commits and reads finish without ever waiting, so a loop of
+        // store calls would otherwise never give its worker thread back to
+        // the runtime: take part in tokio's cooperative budget instead.
+        tokio::task::coop::consume_budget().await;
+        let in_flight = InFlight::enter(&self.inner.in_flight);
+        // Alone, on a multi-threaded runtime: commit on this thread rather
+        // than crossing to the writer and back (two thread wake-ups). With
+        // anything else in flight, queue for the writer so that concurrent
+        // writes share a commit; on a current-thread runtime always queue,
+        // as inline commits there would never overlap to share one.
+        if in_flight.alone() && multi_threaded_runtime() {
+            if let Some(mut connection) = self.inner.connection.try_lock() {
+                let result = connection.execute(&[&op]);
+                drop(connection);
+                self.inner.changed.notify_waiters();
+                return match result {
+                    Ok(mut done) => done.pop().unwrap_or_else(|| Err(writer_stopped())),
+                    Err(e) => Err(writer::store_error(&e)),
+                };
+            }
+        }
+        let (reply, answer) = oneshot::channel();
+        let jobs = self.inner.jobs.as_ref().ok_or_else(writer_stopped)?;
+        jobs.send(Job { op, reply })
+            .await
+            .map_err(|_| writer_stopped())?;
+        answer.await.map_err(|_| writer_stopped())?
+    }
+
+    pub(crate) async fn write(&self, lease: &Lease, write: Write) -> Result<Timestamp, StoreError> {
+        match self
+            .submit(Op::Write {
+                lease: lease.clone(),
+                write,
+            })
+            .await?
+        {
+            Done::Write(result) => result,
+            _ => unreachable!("a write job is answered with Done::Write"),
+        }
+    }
+
+    /// Runs `f` on a read connection (WAL: it sees the last commit and never
+    /// waits for the writer). A yield point under tokio's cooperative budget,
+    /// as [`Self::submit`] is.
+    pub(crate) async fn read<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> Result<T, StoreError> {
+        tokio::task::coop::consume_budget().await;
+        let conn = self.reader()?;
+        let result = f(&conn);
+        self.inner.readers.lock().push(conn);
+        result.map_err(|e| writer::store_error(&e))
+    }
+
+    /// A reader from the pool, or a new one; give it back with
+    /// `self.inner.readers.lock().push(conn)`.
+    pub(crate) fn reader(&self) -> Result<Connection, StoreError> {
+        let pooled = self.inner.readers.lock().pop();
+        match pooled {
+            Some(conn) => Ok(conn),
+            None => schema::connect(
+                &self.inner.path,
+                self.inner.durability,
+                self.inner.busy,
+                Role::Reader,
+            )
+            .map_err(|e| StoreError::Unavailable(Box::new(e))),
+        }
+    }
+
+    /// Whether `id` is in progress, as `conn` reads it now.
+    pub(crate) fn busy(&self, conn: &Connection, id: &RecordId) -> bool {
+        let now = self.inner.clock.now();
+        matches!(
+            encode::load(conn, id),
+            Ok(Some((_, Ok(Record { state: idem::State::InProgress { .. }, expires_at, .. })))) if now < expires_at
+        )
+    }
+
+    /// Starts a background task (on the current tokio runtime) that purges
+    /// expired records every `every`, at most `batch` per transaction so
+    /// other writes are never held up for long (see [`idem::spawn_purger`]).
+    /// Stops when the handle is dropped.
+    pub fn spawn_purger(&self, every: Duration, batch: usize) -> PurgerHandle {
+        idem::spawn_purger(self.clone(), every, batch)
+    }
+}
+
+impl<C: Clock> Store for SqliteStore<C> {
+    async fn peek(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
+        GetRecord::get(self, id).await
+    }
+
+    fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
+        Some(journal_of(self.clone()))
+    }
+
+    fn local_now(&self) -> Option<Timestamp> {
+        Some(self.inner.clock.now())
+    }
+
+    async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
+        // A claim that will only report what is there (an outcome, a live
+        // lease, a mismatch) is answered from a read snapshot: correct as of
+        // that snapshot, and it never waits for the writer. Only claims that
+        // may acquire go through the writer, which decides again under the
+        // write lock.
+        let now = self.inner.clock.now();
+        if let Some((_, Ok(record))) = self.read(|conn| encode::load(conn, id)).await? {
+            let probe = Fresh {
+                token: LeaseToken::from_u128(0),
+                fence_floor: 0,
+            };
+            if let ClaimDecision::Answer(outcome) = decide_claim(Some(&record), params, now, probe)
+            {
+                return Ok(outcome);
+            }
+        }
+        match self
+            .submit(Op::Claim(vec![(id.clone(), params.clone())]))
+            .await?
+        {
+            Done::Claims(mut outcomes) => outcomes.pop().unwrap_or_else(|| Err(writer_stopped())),
+            _ => unreachable!("a claim job is answered with Done::Claims"),
+        }
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        response: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.write(
+            lease,
+            Write::Complete {
+                response,
+                retention,
+            },
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn fail(
+        &self,
+        lease: &Lease,
+        failure: Failure,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.write(lease, Write::Fail { failure, retention })
+            .await
+            .map(drop)
+    }
+
+    async fn extend(&self, lease: &Lease, duration: Duration) -> Result<Timestamp, StoreError> {
+        self.write(lease, Write::Extend { lease: duration }).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.write(lease, Write::Release).await.map(drop)
+    }
+
+    /// Woken by every commit of this store's writer. Commits by other
+    /// processes (or other stores on the file) are seen through the file's
+    /// change counter (`PRAGMA data_version` on a reader of the wait's
+    /// own): it is read with a backoff from 5 to 100 ms, and the record
+    /// only when it moved. The notification is registered before looking,
+    /// so a commit between the caller's claim and this call is not missed.
+    async fn wait_for_change(&self, id: &RecordId, timeout: Duration) {
+        const FIRST: Duration = Duration::from_millis(5);
+        const MAX: Duration = Duration::from_millis(100);
+        let deadline = tokio::time::Instant::now() + timeout;
+        let notified = self.inner.changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let Ok(conn) = self.reader() else {
+            let _ = tokio::time::timeout(timeout, notified).await;
+            return;
+        };
+        let version = |conn: &Connection| {
+            conn.query_row("PRAGMA data_version", [], |r| r.get::<_, i64>(0))
+                .ok()
+        };
+        let mut seen = version(&conn);
+        let mut delay = FIRST;
+        if self.busy(&conn, id) {
+            loop {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                tokio::select! {
+                    () = &mut notified => break,
+                    () = tokio::time::sleep(delay.min(left)) => {}
+                }
+                delay = (delay * 2).min(MAX);
+                let now = version(&conn);
+                if now != seen {
+                    seen = now;
+                    if !self.busy(&conn, id) {
+                        break;
+                    }
+                }
+            }
+        }
+        self.inner.readers.lock().push(conn);
+    }
+}
