@@ -8,8 +8,8 @@ use idem::cache::{CachedReplay, ReplayCache};
 use idem::{RecordId, StoreError};
 use redis::Value;
 
-use crate::conn::store_error;
-use crate::RedisStore;
+use crate::error::store_error;
+use crate::store::RedisStore;
 
 /// Completed replays kept in Redis with `PX` expiry, under
 /// `<namespace>.replay:` keys (outside the store's own `<namespace>:`

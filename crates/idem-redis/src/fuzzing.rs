@@ -19,22 +19,22 @@ pub fn decode_reply(resp: &[u8]) {
         );
     };
     let token = LeaseToken::from_u128(7);
-    if let Err(e) = crate::record::claim_outcome(&id, token, reply.clone()) {
+    if let Err(e) = crate::encode::claim_outcome(&id, token, reply.clone()) {
         corrupt_only(e);
     }
-    if let Err(e) = crate::record::record(Some(&id), reply.clone()) {
+    if let Err(e) = crate::encode::record(Some(&id), reply.clone()) {
         corrupt_only(e);
     }
-    if let Err(e) = crate::record::record(None, reply.clone()) {
+    if let Err(e) = crate::encode::record(None, reply.clone()) {
         corrupt_only(e);
     }
-    if let Err(e) = crate::record::step_begin(&id, 2, reply.clone()) {
+    if let Err(e) = crate::encode::step_begin(&id, 2, reply.clone()) {
         corrupt_only(e);
     }
-    if let Err(e) = crate::record::steps(&id, reply.clone()) {
+    if let Err(e) = crate::encode::steps(&id, reply.clone()) {
         corrupt_only(e);
     }
-    if let Err(e) = crate::record::resolved(&id, reply) {
+    if let Err(e) = crate::encode::resolved(&id, reply) {
         corrupt_only(e);
     }
 }

@@ -1,11 +1,19 @@
 //! Batches: claims and completions sent together, one primitive's calls
 //! at a time.
 
-use idem::{ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, Completion, RecordId, StoreError};
+use std::collections::HashMap;
+
+use idem::{
+    ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, Completion, LeaseToken, RecordId,
+    StoreError,
+};
 use redis::Value;
 
 use crate::call::{Call, Op};
-use crate::{damaged, record, written, LeaseToken, RedisStore};
+use crate::conn::Conn;
+use crate::error::{damaged, store_error};
+use crate::store::{written, RedisStore};
+use crate::{conn, encode, scripts};
 
 impl RedisStore {
     /// Runs `calls` of one primitive together, replies in order: in one
@@ -48,7 +56,7 @@ impl ClaimMany for RedisStore {
             .zip(tokens)
             .zip(replies)
             .map(|(((id, _), token), reply)| {
-                record::claim_outcome(id, token, reply.map_err(|e| damaged(id, e))?)
+                encode::claim_outcome(id, token, reply.map_err(|e| damaged(id, e))?)
             })
             .collect())
     }
@@ -76,5 +84,94 @@ impl CompleteMany for RedisStore {
             .zip(replies)
             .map(|(c, reply)| written(&c.lease.id, reply.map_err(|e| damaged(&c.lease.id, e))?))
             .collect())
+    }
+}
+impl RedisStore {
+    /// Runs `script` on each key and returns the replies in order. On a
+    /// single server the calls go out as one pipeline. On a Cluster they
+    /// are grouped by slot: the groups go out all at once (so each node's
+    /// connection pipelines them), and the calls of one group one after
+    /// another, each routed on its own so that ASK and MOVED answers are
+    /// followed. Calls on the same key share a slot, so they run in the
+    /// order given, as single calls would. Errors come as the server gave
+    /// them: the caller knows what to name a damaged record by.
+    pub(crate) async fn run_each(
+        &self,
+        script: &scripts::Script,
+        calls: &[(String, Vec<Vec<u8>>)],
+    ) -> Vec<Result<Value, StoreError>> {
+        let Conn::Standalone(server) = &self.inner.conn else {
+            let mut by_slot: HashMap<u16, Vec<usize>> = HashMap::new();
+            for (i, (key, _)) in calls.iter().enumerate() {
+                by_slot
+                    .entry(conn::slots::slot(key.as_bytes()))
+                    .or_default()
+                    .push(i);
+            }
+            let groups = by_slot.into_values().map(|group| async move {
+                let mut out = Vec::with_capacity(group.len());
+                for i in group {
+                    let (key, args) = &calls[i];
+                    let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+                    let result = script.run(&self.inner.conn, key, &args).await;
+                    out.push((i, result.map_err(store_error)));
+                }
+                out
+            });
+            let mut done: Vec<_> = futures_util::future::join_all(groups)
+                .await
+                .into_iter()
+                .flatten()
+                .collect();
+            done.sort_unstable_by_key(|(i, _)| *i);
+            return done.into_iter().map(|(_, result)| result).collect();
+        };
+        self.pipeline(server, script, calls).await
+    }
+
+    /// All `calls` as one pipeline to a single server. A call the server
+    /// refused without running it (the script not loaded there, after a
+    /// restart) runs again on its own, in order.
+    async fn pipeline(
+        &self,
+        server: &conn::Server,
+        script: &scripts::Script,
+        calls: &[(String, Vec<Vec<u8>>)],
+    ) -> Vec<Result<Value, StoreError>> {
+        let mut pipe = redis::pipe();
+        for (key, args) in calls {
+            let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+            pipe.add_command(script.evalsha(key, &args));
+        }
+        pipe.ignore_errors();
+        let replies = server.query_pipe(pipe).await;
+        let replies = match replies {
+            Ok(replies) if replies.len() == calls.len() => replies,
+            Ok(replies) => {
+                let reason = format!("a pipeline of {} answered {}", calls.len(), replies.len());
+                return calls
+                    .iter()
+                    .map(|_| Err(StoreError::Backend(reason.clone().into())))
+                    .collect();
+            }
+            Err(e) => {
+                let e = store_error(e);
+                return calls.iter().map(|_| Err(e.copy())).collect();
+            }
+        };
+        let mut out = Vec::with_capacity(calls.len());
+        for ((key, args), reply) in calls.iter().zip(replies) {
+            out.push(match reply {
+                Err(e) if scripts::is_noscript(&e) => {
+                    let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+                    script
+                        .run(&self.inner.conn, key, &args)
+                        .await
+                        .map_err(store_error)
+                }
+                other => other.map_err(store_error),
+            });
+        }
+        out
     }
 }

@@ -21,6 +21,7 @@ use idem::wake::{Waiter, Waiters};
 use redis::aio::PubSubSink;
 
 use crate::conn::{self, Options};
+use crate::error::timeout_error;
 
 /// The channel a record's end is published on (see `lua/prelude.lua`).
 pub(crate) fn channel(record_key: &str) -> String {
@@ -102,7 +103,7 @@ impl Notifier {
         };
         let subscribed = tokio::time::timeout(self.options.response, connected.subscribe(channel))
             .await
-            .map_err(|_| conn::timeout_error("subscribing"))
+            .map_err(|_| timeout_error("subscribing"))
             .and_then(|r| r);
         match subscribed {
             Ok(()) => true,
@@ -125,7 +126,7 @@ impl Notifier {
             client.get_async_pubsub(),
         )
         .await
-        .map_err(|_| conn::timeout_error("connecting for pub/sub"))??;
+        .map_err(|_| timeout_error("connecting for pub/sub"))??;
         let (sink, mut stream) = pubsub.split();
         let waiters = Arc::clone(&self.waiters);
         tokio::spawn(async move {

@@ -17,7 +17,8 @@ use idem::StoreError;
 use redis::Value;
 
 use crate::call::Call;
-use crate::conn::{store_error, Server};
+use crate::conn::Server;
+use crate::error::{store_error, transient_code};
 use crate::scripts::{Script, Scripts};
 
 /// The batch form of the primitives on one server: one call of the batch
@@ -156,7 +157,7 @@ fn own_reply(reply: Value) -> Result<Value, StoreError> {
                 // Classified by its code, the message's first word, as
                 // a reply to the call alone would be.
                 let code = message.split_whitespace().next().unwrap_or("");
-                return Err(if crate::conn::transient_code(code) {
+                return Err(if transient_code(code) {
                     StoreError::Unavailable(message.into())
                 } else {
                     StoreError::Backend(message.into())

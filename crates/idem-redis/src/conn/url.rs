@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::ConnectError;
+use crate::error::ConnectError;
 
 /// What a URL asks for, before connecting.
 #[derive(Debug, Clone, PartialEq, Eq)]
