@@ -12,7 +12,11 @@ use idem::{
     ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, Completion, RecordId, Store, StoreError,
 };
 
-use crate::{DynamoStore, BATCH_CONCURRENCY};
+use crate::store::DynamoStore;
+
+/// How many writes of a batch (`claim_many`, `complete_many`) are in
+/// flight at once.
+const BATCH_CONCURRENCY: usize = 32;
 
 impl ClaimMany for DynamoStore {
     /// The claims run concurrently (see the module docs). A key that

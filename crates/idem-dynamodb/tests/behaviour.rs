@@ -275,6 +275,44 @@ async fn a_missing_table_is_a_backend_error_that_names_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_builder_creates_a_missing_table_and_keeps_its_settings() {
+    let table = format!("idem-built-{:08x}", rand::random::<u32>());
+    let url = format!(
+        "dynamodb://{table}?endpoint={}&create=true",
+        common::server().url()
+    );
+    let clock = ManualClock::new(Timestamp::from_millis(1_000_000_000_000));
+    let store = DynamoStore::builder(&url)
+        .expect("valid URL")
+        .client(common::client())
+        .clock(clock.clone())
+        .grace(Duration::ZERO)
+        .connect()
+        .await
+        .expect("the table is created");
+    assert_eq!(store.table(), table);
+    let lease = acquire(
+        &store,
+        &id("built"),
+        &ClaimParams::new(Duration::from_secs(5), HOUR),
+    )
+    .await;
+    assert_eq!(lease.lease_until, Timestamp::from_millis(1_000_000_005_000));
+    store
+        .complete(&lease, Bytes::from_static(b"done"), HOUR)
+        .await
+        .expect("complete");
+    let item = raw_item(&store, &id("built")).await;
+    // No grace: DynamoDB may sweep the item the second its retention ends.
+    assert_eq!(
+        item.get("sweep_at")
+            .and_then(|v| v.as_n().ok())
+            .map(String::as_str),
+        Some("1000003600")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_item_is_reported_corrupt_and_left_alone() {
     let store = common::store("damaged").await;
     let id = id("damaged");

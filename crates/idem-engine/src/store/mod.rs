@@ -5,4 +5,4 @@ mod any;
 mod url;
 
 pub use any::AnyStore;
-pub use url::{DynamoUrl, OpenError, StoreUrl, StoreUrlError, DEFAULT_STORE};
+pub use url::{OpenError, StoreUrl, StoreUrlError, DEFAULT_STORE};

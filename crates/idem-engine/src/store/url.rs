@@ -28,73 +28,13 @@ pub enum StoreUrl {
     /// [`idem_postgres`] reads it; the tables are created on first use).
     Postgres(String),
     /// `dynamodb://TABLE[?endpoint=URL][&region=R][&create=true]`: a
-    /// DynamoDB table (the binary's `dynamodb` feature). Credentials come
-    /// from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` (and
-    /// `AWS_SESSION_TOKEN`), the region from `region=` or `AWS_REGION`;
-    /// `endpoint=` names a DynamoDB-compatible server (DynamoDB Local,
-    /// moto); `create=true` creates the table if it is missing.
-    DynamoDb(DynamoUrl),
+    /// DynamoDB table (the `dynamodb` feature; the URL as
+    /// `idem_dynamodb::DynamoStore::connect` reads it).
+    DynamoDb(String),
     /// `http://…`, `https://…`: a remote `idem serve` (its claim API, as
     /// [`idem_remote`] reads the URL), authenticated with the token given
     /// to [`StoreUrl::open_with`].
     Remote(String),
-}
-
-/// A `dynamodb://` store URL, read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DynamoUrl {
-    /// The table.
-    pub table: String,
-    /// A DynamoDB-compatible endpoint, if not AWS's own.
-    pub endpoint: Option<String>,
-    /// The region, if not from the environment.
-    pub region: Option<String>,
-    /// Create the table if it is missing.
-    pub create: bool,
-}
-
-impl DynamoUrl {
-    fn parse(url: &str, rest: &str) -> Result<Self, StoreUrlError> {
-        let bad = |why: String| StoreUrlError::Invalid {
-            url: url.to_owned(),
-            why,
-        };
-        let (table, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let table = table.trim_end_matches('/');
-        // DynamoDB's rule for table names.
-        if !(3..=255).contains(&table.len())
-            || !table
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
-        {
-            return Err(bad(format!(
-                "the table name {table:?} must be 3 to 255 characters of A-Z a-z 0-9 _ . -"
-            )));
-        }
-        let mut parsed = DynamoUrl {
-            table: table.to_owned(),
-            endpoint: None,
-            region: None,
-            create: false,
-        };
-        for (name, value) in form_urlencoded::parse(query.as_bytes()) {
-            match &*name {
-                "endpoint" => parsed.endpoint = Some(value.into_owned()),
-                "region" => parsed.region = Some(value.into_owned()),
-                "create" => {
-                    parsed.create = value
-                        .parse()
-                        .map_err(|_| bad(format!("create={value} is not true or false")))?
-                }
-                other => {
-                    return Err(bad(format!(
-                        "unknown parameter {other:?} (endpoint, region and create are taken)"
-                    )))
-                }
-            }
-        }
-        Ok(parsed)
-    }
 }
 
 /// Why a store URL was refused.
@@ -156,9 +96,10 @@ impl std::str::FromStr for StoreUrl {
                 }
                 "postgres" | "postgresql" => Ok(StoreUrl::Postgres(url.to_owned())),
                 "http" | "https" => Ok(StoreUrl::Remote(url.to_owned())),
-                "dynamodb" if cfg!(feature = "dynamodb") => Ok(StoreUrl::DynamoDb(
-                    DynamoUrl::parse(url, &url["dynamodb://".len()..])?,
-                )),
+                "dynamodb" if cfg!(feature = "dynamodb") => {
+                    check_dynamodb(url)?;
+                    Ok(StoreUrl::DynamoDb(url.to_owned()))
+                }
                 "dynamodb" => Err(StoreUrlError::NotYet {
                     url: url.to_owned(),
                     scheme: scheme.to_owned(),
@@ -247,40 +188,38 @@ impl StoreUrl {
     }
 }
 
+/// Refuses a `dynamodb://` URL the store would refuse, when it is read.
 #[cfg(feature = "dynamodb")]
-async fn open_dynamodb(
-    url: &DynamoUrl,
-) -> Result<AnyStore, Box<dyn std::error::Error + Send + Sync>> {
-    let client = match &url.region {
-        Some(region) => {
-            let var = |name: &str| {
-                std::env::var(name).map_err(|_| format!("environment variable {name} is not set"))
-            };
-            idem_dynamodb::client_for(
-                url.endpoint.as_deref(),
-                region,
-                &var("AWS_ACCESS_KEY_ID")?,
-                &var("AWS_SECRET_ACCESS_KEY")?,
-                std::env::var("AWS_SESSION_TOKEN").ok(),
-            )?
+fn check_dynamodb(url: &str) -> Result<(), StoreUrlError> {
+    match idem_dynamodb::DynamoStore::builder(url) {
+        Ok(_) => Ok(()),
+        Err(idem_dynamodb::ConnectError::InvalidUrl { reason, .. }) => {
+            Err(StoreUrlError::Invalid {
+                url: url.to_owned(),
+                why: reason,
+            })
         }
-        None => idem_dynamodb::client_from_env(url.endpoint.as_deref())?,
-    };
-    if url.create {
-        idem_dynamodb::create_table(&client, &url.table)
-            .await
-            .map_err(|e| format!("cannot create the table {}: {e}", url.table))?;
+        Err(other) => Err(StoreUrlError::Invalid {
+            url: url.to_owned(),
+            why: other.to_string(),
+        }),
     }
-    Ok(AnyStore::DynamoDb(idem_dynamodb::DynamoStore::new(
-        client,
-        url.table.clone(),
-    )))
 }
 
 #[cfg(not(feature = "dynamodb"))]
-async fn open_dynamodb(
-    _: &DynamoUrl,
-) -> Result<AnyStore, Box<dyn std::error::Error + Send + Sync>> {
+fn check_dynamodb(_: &str) -> Result<(), StoreUrlError> {
+    Ok(())
+}
+
+#[cfg(feature = "dynamodb")]
+async fn open_dynamodb(url: &str) -> Result<AnyStore, Box<dyn std::error::Error + Send + Sync>> {
+    Ok(AnyStore::DynamoDb(
+        idem_dynamodb::DynamoStore::connect(url).await?,
+    ))
+}
+
+#[cfg(not(feature = "dynamodb"))]
+async fn open_dynamodb(_: &str) -> Result<AnyStore, Box<dyn std::error::Error + Send + Sync>> {
     Err("the dynamodb store is not in this build (the `dynamodb` feature)".into())
 }
 
@@ -291,7 +230,10 @@ impl std::fmt::Display for StoreUrl {
             StoreUrl::Sqlite(path) => write!(f, "sqlite:{}", path.display()),
             StoreUrl::Redis(url) => f.write_str(&idem_redis::redact_url(url)),
             StoreUrl::Postgres(url) => f.write_str(&idem_postgres::redact_url(url)),
-            StoreUrl::DynamoDb(url) => write!(f, "dynamodb://{}", url.table),
+            // The table only: the query names an endpoint, not worth a log line.
+            StoreUrl::DynamoDb(url) => {
+                f.write_str(url.split_once('?').map_or(url, |(table, _)| table))
+            }
             StoreUrl::Remote(url) => f.write_str(url),
         }
     }
@@ -337,12 +279,9 @@ mod tests {
                 "dynamodb://idem_records?endpoint=http://127.0.0.1:5000&create=true"
                     .parse::<StoreUrl>()
                     .ok(),
-                Some(StoreUrl::DynamoDb(DynamoUrl {
-                    table: "idem_records".into(),
-                    endpoint: Some("http://127.0.0.1:5000".into()),
-                    region: None,
-                    create: true,
-                }))
+                Some(StoreUrl::DynamoDb(
+                    "dynamodb://idem_records?endpoint=http://127.0.0.1:5000&create=true".into()
+                ))
             );
             for (url, needle) in [
                 ("dynamodb://ab", "3 to 255"),

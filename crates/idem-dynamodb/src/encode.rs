@@ -1,20 +1,5 @@
-//! A record as a DynamoDB item, and back.
-//!
-//! | attribute | type | holds |
-//! |---|---|---|
-//! | `pk` | S | the partition key: scope, a newline, key |
-//! | `s`, `k` | S | scope and key, for filters |
-//! | `st` | S | state: `p` in progress, `c` completed, `f` failed, `r` released |
-//! | `fp` | S | the fingerprint in hex (absent: none) |
-//! | `at`, `fe` | N | attempt and fence |
-//! | `ca`, `ua`, `ex` | N | created, updated and retention deadline, ms since the epoch |
-//! | `sweep_at` | N | seconds since the epoch when DynamoDB may delete the item |
-//! | `tk`, `lu` | S, N | the holder's token and lease deadline (in progress only) |
-//! | `rs` / `rz` | B | the response, raw or zstd-compressed (completed only) |
-//! | `fc`, `fm` | S | failure class and message (failed; released by a retryable failure) |
-//! | `wn` | S | the nonce of the holder's write that made the current state |
-//! | `v` | N | the item's version, raised by every write |
-//! | `j` | M | the step journal: name → `{a: attempt, n: nonce}` started, `{d: result}` done |
+//! A record as a DynamoDB item (the layout is in the crate docs), and
+//! back.
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -1,0 +1,336 @@
+//! [`DynamoStore`] and its `impl Store`: every transition one conditional
+//! write, decided by [`idem::machine`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
+use aws_sdk_dynamodb::Client;
+use bytes::Bytes;
+use idem::machine::{self, ClaimDecision, Fresh, Write};
+use idem::{
+    ClaimOutcome, ClaimParams, Failure, FailureClass, GetRecord, Lease, Record, RecordId, State,
+    Store, StoreError, Timestamp, TokenMint,
+};
+
+use crate::builder::Settings;
+use crate::encode::{self, n, s};
+use crate::request::{held_values, Update, Written, HELD};
+
+/// What a record's item holds besides its response, at most (names,
+/// numbers, token, fingerprint, failure): the room a response must leave.
+const RECORD_OVERHEAD: usize = 1024;
+
+/// How many times a claim re-decides after losing a race on the item
+/// before it gives up. Every lost race means another writer won, so a
+/// handful is plenty; the bound only stops a livelock.
+pub(crate) const MAX_RACES: usize = 64;
+
+/// The DynamoDB store. Cheap to clone; clones share the client.
+#[derive(Clone)]
+pub struct DynamoStore {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) table: String,
+    pub(crate) settings: Settings,
+    pub(crate) mint: TokenMint,
+    /// Where the last purge left off (a partition key), so purges walk the
+    /// whole table in turn instead of rescanning its start.
+    pub(crate) purge_from: parking_lot::Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for DynamoStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DynamoStore")
+            .field("table", &self.inner.table)
+            .field("grace", &self.inner.settings.grace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DynamoStore {
+    /// The table's name.
+    pub fn table(&self) -> &str {
+        &self.inner.table
+    }
+
+    /// The client.
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    pub(crate) fn now(&self) -> Timestamp {
+        self.inner.settings.clock.now()
+    }
+
+    pub(crate) fn grace_secs(&self) -> u64 {
+        self.inner.settings.grace.as_secs()
+    }
+
+    /// The first try of a claim: creates the item if it is absent or
+    /// expired (and its fence below ours).
+    pub(crate) async fn claim_fresh(
+        &self,
+        id: &RecordId,
+        record: &Record,
+        now: Timestamp,
+    ) -> Result<Written, StoreError> {
+        let mut item = self.encode(id, record, 1, None);
+        item.insert("j".into(), AttributeValue::M(HashMap::new()));
+        Self::check_size(id, encode::size(&item))?;
+        let values = HashMap::from([
+            (":now".to_owned(), n(now.as_millis())),
+            (":fe".to_owned(), n(record.fence)),
+        ]);
+        self.put(
+            item,
+            "attribute_not_exists(pk) OR (ex <= :now AND fe < :fe)",
+            values,
+        )
+        .await
+    }
+
+    /// A holder's write: `update` (which must set `wn = :wn`) on the
+    /// condition that `lease` still holds the record. A refusal is
+    /// `LeaseLost`, unless the returned item carries this write's nonce:
+    /// then the write had landed and this was the SDK retrying it after its
+    /// answer was lost. A caller repeating a write sends a new nonce, so it
+    /// is refused as it must be.
+    pub(crate) async fn held_write(
+        &self,
+        lease: &Lease,
+        update: &str,
+        mut values: HashMap<String, AttributeValue>,
+    ) -> Result<(), StoreError> {
+        let now = self.now();
+        let nonce = self.inner.mint.next();
+        values.insert(":wn".into(), s(nonce.to_hex()));
+        values.extend(held_values(lease, now));
+        let op = Update {
+            update,
+            condition: HELD,
+            values,
+            names: HashMap::new(),
+            returns: ReturnValue::None,
+        };
+        match self.update(&lease.id, op).await? {
+            Written::Done(_) => Ok(()),
+            Written::Refused(old) => {
+                let old = old
+                    .map(|i| encode::decode(&i, Some(&lease.id)))
+                    .transpose()?;
+                match old {
+                    Some(old) if old.nonce == Some(nonce) => Ok(()),
+                    _ => Err(StoreError::LeaseLost),
+                }
+            }
+        }
+    }
+
+    pub(crate) fn fresh(&self, now: Timestamp) -> Fresh {
+        Fresh {
+            token: self.inner.mint.next(),
+            fence_floor: now.as_millis().saturating_mul(1000),
+        }
+    }
+}
+
+impl Store for DynamoStore {
+    async fn peek(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
+        GetRecord::get(self, id).await
+    }
+
+    async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
+        let now = self.now();
+        let fresh = self.fresh(now);
+        let (record, outcome) = machine::decide_claim(None, params, now, fresh).into_parts(id);
+        let record = record.expect("a claim on nothing acquires");
+        let mut conflict = match self.claim_fresh(id, &record, now).await? {
+            Written::Done(_) => return Ok(outcome),
+            Written::Refused(old) => old,
+        };
+        // Whether the last write tried (the only one that may have landed
+        // unseen) was a takeover.
+        let mut last_takeover = false;
+        for _ in 0..MAX_RACES {
+            let seen = conflict.map(|i| encode::decode(&i, Some(id))).transpose()?;
+            if let Some(seen) = &seen {
+                if matches!(seen.record.state, State::InProgress { token, .. } if token == fresh.token)
+                {
+                    // Our own write, which the SDK retried after its answer was lost.
+                    return Ok(acquired(id, &seen.record, last_takeover));
+                }
+            }
+            let now = self.now();
+            let decision =
+                machine::decide_claim(seen.as_ref().map(|s| &s.record), params, now, fresh);
+            last_takeover = matches!(decision, ClaimDecision::Acquire { takeover: true, .. });
+            let (record, outcome) = decision.into_parts(id);
+            let Some(record) = record else {
+                return Ok(outcome);
+            };
+            let journal = match &seen {
+                Some(seen) if !seen.record.is_expired(now) => seen.journal.clone(),
+                _ => HashMap::new(),
+            };
+            conflict = match self
+                .replace(id, seen.as_ref(), &record, None, journal)
+                .await?
+            {
+                Written::Done(_) => return Ok(outcome),
+                Written::Refused(old) => old,
+            };
+        }
+        Err(StoreError::Backend(
+            format!("claim of {id:?} lost {MAX_RACES} races in a row on its item").into(),
+        ))
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        response: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let now = self.now();
+        let (attr, value) = self.inner.settings.encoding.response(&response);
+        let size = value.as_b().map_or(0, |b| b.as_ref().len()) + RECORD_OVERHEAD;
+        Self::check_size(&lease.id, size)?;
+        let ex = now.saturating_add(retention);
+        // The response is set first. The step journal shares the item, so
+        // DynamoDB can still refuse the write as too large; its UpdateItem
+        // is atomic, but moto (the tests' DynamoDB) applies an update's
+        // actions one by one and keeps those before the one that
+        // overflowed, which would leave "completed" without a response.
+        let update = format!(
+            "SET {attr} = :r, st = :c, ex = :ex, sweep_at = :ttl, ua = :now, wn = :wn, v = v + :one \
+             REMOVE tk, lu, fc, fm"
+        );
+        let values = HashMap::from([
+            (":c".to_owned(), s("c")),
+            (":r".to_owned(), value),
+            (":ex".to_owned(), n(ex.as_millis())),
+            (":ttl".to_owned(), n(encode::ttl(ex, self.grace_secs()))),
+        ]);
+        self.held_write(lease, &update, values).await
+    }
+
+    async fn fail(
+        &self,
+        lease: &Lease,
+        failure: Failure,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let now = self.now();
+        let ex = now.saturating_add(retention);
+        let state = if failure.class == FailureClass::Retryable {
+            "r"
+        } else {
+            "f"
+        };
+        let values = HashMap::from([
+            (":st".to_owned(), s(state)),
+            (":fc".to_owned(), s(failure.class.as_str())),
+            (":fm".to_owned(), s(failure.message.clone())),
+            (":ex".to_owned(), n(ex.as_millis())),
+            (":ttl".to_owned(), n(encode::ttl(ex, self.grace_secs()))),
+        ]);
+        self.held_write(
+            lease,
+            "SET st = :st, fc = :fc, fm = :fm, ex = :ex, sweep_at = :ttl, ua = :now, wn = :wn, \
+             v = v + :one REMOVE tk, lu",
+            values,
+        )
+        .await
+    }
+
+    async fn extend(&self, lease: &Lease, duration: Duration) -> Result<Timestamp, StoreError> {
+        let now = self.now();
+        let until = now.saturating_add(duration);
+        // The usual heartbeat: the lease moves forward within the retention.
+        let mut values = held_values(lease, now);
+        values.insert(":lu".to_owned(), n(until.as_millis()));
+        let op = Update {
+            update: "SET lu = :lu, ua = :now, v = v + :one",
+            condition: &format!("{HELD} AND lu <= :lu AND ex >= :lu"),
+            values,
+            names: HashMap::new(),
+            returns: ReturnValue::None,
+        };
+        let mut conflict = match self.update(&lease.id, op).await? {
+            Written::Done(_) => return Ok(until),
+            Written::Refused(old) => old,
+        };
+        // Otherwise the machine decides (a lease already longer, or one
+        // outgrowing the retention), written on the item's version.
+        for _ in 0..MAX_RACES {
+            let seen = conflict
+                .map(|i| encode::decode(&i, Some(&lease.id)))
+                .transpose()?
+                .ok_or(StoreError::LeaseLost)?;
+            let now = self.now();
+            let next = machine::decide_write(
+                Some(&seen.record),
+                lease.token,
+                Write::Extend { lease: duration },
+                now,
+            )?;
+            let State::InProgress { lease_until, .. } = next.state else {
+                unreachable!("an extended record stays in progress")
+            };
+            if next == seen.record {
+                return Ok(lease_until);
+            }
+            let journal = seen.journal.clone();
+            conflict = match self
+                .replace(&lease.id, Some(&seen), &next, seen.nonce, journal)
+                .await?
+            {
+                Written::Done(_) => return Ok(lease_until),
+                Written::Refused(old) => old,
+            };
+        }
+        Err(StoreError::Backend(
+            "extend lost too many races on its item".into(),
+        ))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.held_write(
+            lease,
+            "SET st = :r, ua = :now, wn = :wn, v = v + :one REMOVE tk, lu, fc, fm",
+            HashMap::from([(":r".to_owned(), s("r"))]),
+        )
+        .await
+    }
+
+    async fn wait_for_change(&self, id: &RecordId, timeout: Duration) {
+        idem::poll_while(timeout, || async {
+            matches!(self.live(id).await, Ok(Some(s)) if s.record.state.kind() == idem::StateKind::InProgress)
+        })
+        .await;
+    }
+
+    fn step_journal(&self) -> Option<Arc<dyn idem::DynStepJournal>> {
+        Some(idem::journal_of(self.clone()))
+    }
+}
+
+/// The lease a claim handed out, rebuilt from the record it wrote.
+fn acquired(id: &RecordId, record: &Record, takeover: bool) -> ClaimOutcome {
+    let State::InProgress { token, lease_until } = record.state else {
+        unreachable!("checked in progress")
+    };
+    ClaimOutcome::Acquired(Lease {
+        id: id.clone(),
+        token,
+        fence: record.fence,
+        attempt: record.attempt,
+        takeover,
+        lease_until,
+    })
+}
