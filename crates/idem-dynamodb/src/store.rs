@@ -10,8 +10,8 @@ use aws_sdk_dynamodb::Client;
 use bytes::Bytes;
 use idem::machine::{self, ClaimDecision, Fresh, Write};
 use idem::{
-    ClaimOutcome, ClaimParams, Failure, FailureClass, GetRecord, Lease, Record, RecordId, State,
-    Store, StoreError, Timestamp, TokenMint,
+    ClaimOutcome, ClaimParams, Failure, FailureClass, Lease, Record, RecordId, State, Store,
+    StoreError, Timestamp, TokenMint,
 };
 
 use crate::builder::Settings;
@@ -140,9 +140,7 @@ impl DynamoStore {
 }
 
 impl Store for DynamoStore {
-    async fn peek(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
-        GetRecord::get(self, id).await
-    }
+    idem::store_capabilities!(peek, steps);
 
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
         let now = self.now();
@@ -313,10 +311,6 @@ impl Store for DynamoStore {
             matches!(self.live(id).await, Ok(Some(s)) if s.record.state.kind() == idem::StateKind::InProgress)
         })
         .await;
-    }
-
-    fn step_journal(&self) -> Option<Arc<dyn idem::DynStepJournal>> {
-        Some(idem::journal_of(self.clone()))
     }
 }
 

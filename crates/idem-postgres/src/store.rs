@@ -6,8 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use deadpool_postgres::{Object, Pool};
 use idem::{
-    journal_of, ClaimOutcome, ClaimParams, DynStepJournal, Failure, GetRecord, Lease, Record,
-    RecordId, Store, StoreError, Timestamp, TokenMint,
+    ClaimOutcome, ClaimParams, Failure, Lease, RecordId, Store, StoreError, Timestamp, TokenMint,
 };
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{GenericClient, Statement};
@@ -226,13 +225,7 @@ impl Direct for PgStore {
 }
 
 impl Store for PgStore {
-    async fn peek(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
-        GetRecord::get(self, id).await
-    }
-
-    fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
-        Some(journal_of(self.clone()))
-    }
+    idem::store_capabilities!(peek, steps);
 
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
         match &self.groups {

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem::{
-    journal_of, ClaimOutcome, ClaimParams, DynStepJournal, Failure, GetRecord, Lease, LeaseToken,
-    Record, RecordId, Scope, Store, StoreError, Timestamp, TokenMint,
+    ClaimOutcome, ClaimParams, Failure, Lease, LeaseToken, RecordId, Scope, Store, StoreError,
+    Timestamp, TokenMint,
 };
 use redis::Value;
 use sha2::{Digest, Sha256};
@@ -169,13 +169,7 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
-    async fn peek(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
-        GetRecord::get(self, id).await
-    }
-
-    fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
-        Some(journal_of(self.clone()))
-    }
+    idem::store_capabilities!(peek, steps);
 
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
         self.claim_one(id, params).await

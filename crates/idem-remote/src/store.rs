@@ -1,14 +1,13 @@
 //! [`RemoteStore`] as a [`Store`]: each primitive is one call of the claim
 //! API, and its answer the primitive's.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use idem::{
-    journal_of, poll_while, ClaimOutcome, ClaimParams, DynStepJournal, Failure, GetRecord, Lease,
-    LeaseToken, Record, RecordId, Resolution, Resolved, State, StepBegin, StepEntry, StepJournal,
-    StepState, Store, StoreError, Timestamp,
+    poll_while, ClaimOutcome, ClaimParams, Failure, GetRecord, Lease, LeaseToken, Record, RecordId,
+    Resolution, Resolved, State, StepBegin, StepEntry, StepJournal, StepState, Store, StoreError,
+    Timestamp,
 };
 use serde_json::value::RawValue;
 
@@ -66,6 +65,8 @@ fn as_json(bytes: Bytes, what: &str) -> Result<Box<RawValue>, StoreError> {
 }
 
 impl Store for RemoteStore {
+    idem::store_capabilities!(peek, steps);
+
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
         let request = ClaimRequest {
             scope: id.scope().as_str().to_owned(),
@@ -170,14 +171,6 @@ impl Store for RemoteStore {
             )
         })
         .await;
-    }
-
-    async fn peek(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
-        self.get(id).await
-    }
-
-    fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
-        Some(journal_of(self.clone()))
     }
 }
 

@@ -10,8 +10,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use idem::machine::{decide_claim, ClaimDecision, Fresh, Write};
 use idem::{
-    journal_of, ClaimOutcome, ClaimParams, Clock, DynStepJournal, Failure, GetRecord, Lease,
-    LeaseToken, PurgerHandle, Record, RecordId, Store, StoreError, SystemClock, Timestamp,
+    ClaimOutcome, ClaimParams, Clock, Failure, Lease, LeaseToken, PurgerHandle, Record, RecordId,
+    Store, StoreError, SystemClock, Timestamp,
 };
 use parking_lot::Mutex;
 use rusqlite::Connection;
@@ -201,13 +201,7 @@ impl<C: Clock> SqliteStore<C> {
 }
 
 impl<C: Clock> Store for SqliteStore<C> {
-    async fn peek(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
-        GetRecord::get(self, id).await
-    }
-
-    fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
-        Some(journal_of(self.clone()))
-    }
+    idem::store_capabilities!(peek, steps);
 
     fn local_now(&self) -> Option<Timestamp> {
         Some(self.inner.clock.now())

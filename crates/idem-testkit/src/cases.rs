@@ -1150,6 +1150,42 @@ fn done(result: &[u8]) -> StepState {
     }
 }
 
+/// The optional capabilities the store implements reach the executor
+/// through its `Store` impl: a store that implements [`StepJournal`] and
+/// [`idem::GetRecord`] but does not name them in
+/// [`idem::store_capabilities!`] compiles, and fails here (the executor
+/// would refuse every step and treat every lost answer as unknown).
+pub async fn capabilities_reach_the_executor<S: ConformanceStore>(f: &Fixture<S>) {
+    let id = id(&f.scope("s"), "k");
+    let lease = acquire(f, &id, &params(f)).await;
+    let journal = f.store.step_journal().expect(
+        "Store::step_journal is None although the store implements StepJournal: \
+         name `steps` in store_capabilities!",
+    );
+    assert_eq!(
+        journal.begin_step(&lease, "wired").await.expect("begin_step"),
+        StepBegin::Fresh
+    );
+    journal
+        .finish_step(&lease, "wired", Bytes::from_static(b"through the executor's journal"))
+        .await
+        .expect("finish_step");
+    assert_eq!(
+        begin(f, &lease, "wired").await,
+        StepBegin::Done(Bytes::from_static(b"through the executor's journal")),
+        "the journal the executor gets is the store's own"
+    );
+    let peeked = f.store.peek(&id).await.expect(
+        "Store::peek failed although the store implements GetRecord: \
+         name `peek` in store_capabilities!",
+    );
+    assert_eq!(peeked, f.store.get(&id).await.expect("get"));
+    assert!(
+        matches!(peeked.map(|r| r.state), Some(State::InProgress { token, .. }) if token == lease.token),
+        "peek reads the live claim"
+    );
+}
+
 async fn begin<S: ConformanceStore>(f: &Fixture<S>, lease: &Lease, step: &str) -> StepBegin {
     f.store.begin_step(lease, step).await.expect("begin_step")
 }

@@ -216,6 +216,7 @@ macro_rules! conformance_suite {
             list_by_state_and_scope,
             stored_bytes_round_trip,
             calls_yield_to_the_runtime,
+            capabilities_reach_the_executor,
             steps_are_journaled_and_replayed,
             steps_are_fenced_by_the_lease,
             a_new_record_starts_with_an_empty_journal,

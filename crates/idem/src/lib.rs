@@ -78,6 +78,7 @@
 #![doc = include_str!("../docs/stores.md")]
 
 pub mod cache;
+mod capabilities;
 mod chain;
 mod clock;
 #[doc = include_str!("../docs/contract.md")]

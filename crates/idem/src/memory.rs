@@ -27,9 +27,8 @@ use crate::record::{
     StepBegin, StepEntry, StepState,
 };
 use crate::store::{
-    journal_of, ClaimMany, CompleteMany, Completion, DeleteRecord, DynStepJournal, FindAbandoned,
-    GetRecord, ListPage, ListQuery, ListRecords, PurgeExpired, RecordTtl, StepJournal, Store,
-    StoreError,
+    ClaimMany, CompleteMany, Completion, DeleteRecord, FindAbandoned, GetRecord, ListPage,
+    ListQuery, ListRecords, PurgeExpired, RecordTtl, StepJournal, Store, StoreError,
 };
 
 /// The default number of shards.
@@ -372,13 +371,7 @@ impl Shard {
 }
 
 impl<C: Clock> Store for MemoryStore<C> {
-    async fn peek(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
-        GetRecord::get(self, id).await
-    }
-
-    fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
-        Some(journal_of(self.clone()))
-    }
+    crate::store_capabilities!(peek, steps);
 
     fn local_now(&self) -> Option<Timestamp> {
         Some(self.inner.clock.now())

@@ -171,8 +171,10 @@ pub trait Store: Send + Sync + 'static {
     /// completer to check that a record it listed is still abandoned:
     /// a claim there could create a record for a key that is gone, bound
     /// to a request's fingerprint. Stores that implement [`GetRecord`]
-    /// answer with [`GetRecord::get`]; the default says the store cannot
-    /// (callers then treat the record as unknown).
+    /// answer with [`GetRecord::get`], wired by
+    /// [`store_capabilities!(peek)`](crate::store_capabilities); the
+    /// default says the store cannot (callers then treat the record as
+    /// unknown).
     fn peek(
         &self,
         id: &RecordId,
@@ -185,7 +187,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// This store's step journal, for [`Context::step`](crate::Context::step):
     /// stores that implement [`StepJournal`] return
-    /// `Some(journal_of(self.clone()))`. The default, `None`, makes every
+    /// `Some(journal_of(self.clone()))`, wired by
+    /// [`store_capabilities!(steps)`](crate::store_capabilities). The
+    /// default, `None`, makes every
     /// step fail with [`StepError::Unsupported`](crate::step::StepError::Unsupported).
     fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
         None
