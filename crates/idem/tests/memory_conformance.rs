@@ -9,9 +9,4 @@ async fn fixture(case: &'static str) -> Fixture<MemoryStore<ManualClock>> {
     Fixture::manual(store, clock, case)
 }
 
-idem_testkit::conformance_suite!(fixture);
-
-#[tokio::test]
-async fn record_ttl_follows_the_response() {
-    idem_testkit::cases::record_ttl_follows_the_response(&fixture("ttl").await).await;
-}
+idem_testkit::conformance_suite!(fixture; core, concurrency, batches, admin, steps, ttl);
