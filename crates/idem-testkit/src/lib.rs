@@ -28,7 +28,7 @@
 //! Stores that decide time themselves (Redis `TIME`, PostgreSQL `now()`)
 //! use [`Fixture::real_time`]: expiry cases then sleep past short real
 //! leases. Local stores use [`Fixture::manual`] with the
-//! [`ManualClock`] they were built with, and nothing sleeps.
+//! [`ManualClock`](idem::ManualClock) they were built with, and nothing sleeps.
 //!
 //! With the `consumers` feature it also holds the consumer adapters'
 //! shared proof: the worker-kill `scenario`, the connection `cuts`, the

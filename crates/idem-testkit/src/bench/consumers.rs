@@ -1,7 +1,7 @@
 //! The consumer throughput benchmark, written once and run per broker:
 //! each broker's bench implements [`BenchBroker`] (fill a destination,
 //! drain it with a plain loop, run an adapter over it) and calls
-//! [`consumer_table`].
+//! [`consumer_bench`].
 //!
 //! Each round fills a fresh destination with `messages` small JSON
 //! messages per phase, each with its own `Idempotency-Key`, and drains them
