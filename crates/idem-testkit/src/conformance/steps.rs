@@ -12,7 +12,7 @@ use idem::{
 use super::{acquire, assert_lease_lost, claim, done, id, params, Fixture, Steps, LONG};
 
 /// The optional capabilities the store implements reach the executor
-/// through its `Store` impl: a store that implements [`StepJournal`] and
+/// through its `Store` impl: a store that implements [`StepJournal`](idem::StepJournal) and
 /// [`idem::GetRecord`] but does not name them in
 /// [`idem::store_capabilities!`] compiles, and fails here (the executor
 /// would refuse every step and treat every lost answer as unknown).
