@@ -29,9 +29,10 @@ impl DynamoStore {
         values.insert(":now".into(), n(now.as_millis()));
         let mut pages = self
             .inner
+            .table
             .client
             .scan()
-            .table_name(&self.inner.table)
+            .table_name(&self.inner.table.name)
             .consistent_read(true)
             .filter_expression(format!("ex > :now AND ({filter})"))
             .set_expression_attribute_values(Some(values))
@@ -86,7 +87,7 @@ impl DeleteRecord for DynamoStore {
             names: HashMap::new(),
             returns: ReturnValue::AllOld,
         };
-        match self.update(id, op).await? {
+        match self.inner.table.update(id, op).await? {
             Written::Done(old) => {
                 let old = old.map(|i| encode::decode(&i, Some(id))).transpose()?;
                 Ok(old.is_some_and(|o| !o.record.is_expired(now)))
@@ -151,9 +152,10 @@ impl PurgeExpired for DynamoStore {
         while purged < limit {
             let out = self
                 .inner
+                .table
                 .client
                 .scan()
-                .table_name(&self.inner.table)
+                .table_name(&self.inner.table.name)
                 .consistent_read(true)
                 .filter_expression("ex <= :now AND fe < :floor")
                 .projection_expression("pk, v")
@@ -180,9 +182,10 @@ impl PurgeExpired for DynamoStore {
                 from = Some(pk.clone());
                 let deleted = self
                     .inner
+                    .table
                     .client
                     .delete_item()
-                    .table_name(&self.inner.table)
+                    .table_name(&self.inner.table.name)
                     .key("pk", s(pk.clone()))
                     .condition_expression("v = :v AND ex <= :now AND fe < :floor")
                     .expression_attribute_values(":v", AttributeValue::N(v.clone()))

@@ -5,40 +5,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
-use idem::{Clock, SystemClock, TokenMint};
+use idem::{Clock, TokenMint};
 
 use crate::conn::{client_for, client_from_env, ConfigError};
-use crate::encode::Encoding;
 use crate::error::ConnectError;
+use crate::request::Table;
 use crate::schema::create_table;
-use crate::store::{DynamoStore, Inner};
-
-/// How long an item stays in DynamoDB past its retention by default, so a
-/// key claimed again soon after expiry still finds the fence to build on.
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(3600);
-
-/// Responses longer than this are stored compressed (when that is shorter).
-pub const DEFAULT_COMPRESS_ABOVE: usize = 1024;
-
-/// What the builder and the `with_*` methods set.
-#[derive(Clone)]
-pub(crate) struct Settings {
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) grace: Duration,
-    pub(crate) encoding: Encoding,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            clock: Arc::new(SystemClock),
-            grace: DEFAULT_GRACE,
-            encoding: Encoding {
-                compress_above: DEFAULT_COMPRESS_ABOVE,
-            },
-        }
-    }
-}
+use crate::store::{DynamoStore, Inner, Settings};
+#[cfg(doc)]
+use crate::store::{DEFAULT_COMPRESS_ABOVE, DEFAULT_GRACE};
 
 /// Sets up a [`DynamoStore`]: from a `dynamodb://` URL with
 /// [`DynamoStore::builder`], or from a client you built (with
@@ -224,8 +199,10 @@ impl DynamoStore {
     pub(crate) fn build(client: Client, table: String, settings: Settings) -> Self {
         Self {
             inner: Arc::new(Inner {
-                client,
-                table,
+                table: Table {
+                    client,
+                    name: table,
+                },
                 settings,
                 mint: TokenMint::new(),
                 purge_from: parking_lot::Mutex::new(None),
@@ -237,11 +214,8 @@ impl DynamoStore {
     fn with(self, change: impl FnOnce(&mut Settings)) -> Self {
         let mut settings = self.inner.settings.clone();
         change(&mut settings);
-        Self::build(
-            self.inner.client.clone(),
-            self.inner.table.clone(),
-            settings,
-        )
+        let table = self.inner.table.clone();
+        Self::build(table.client, table.name, settings)
     }
 
     /// This store with `clock` (see [`DynamoStoreBuilder::clock`]); the

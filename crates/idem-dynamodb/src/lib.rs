@@ -80,8 +80,8 @@ mod schema;
 mod steps;
 mod store;
 
-pub use builder::{DynamoStoreBuilder, DEFAULT_COMPRESS_ABOVE, DEFAULT_GRACE};
+pub use builder::DynamoStoreBuilder;
 pub use conn::{client_for, client_from_env, ConfigError, ATTEMPT_TIMEOUT, OPERATION_TIMEOUT};
 pub use error::{ConnectError, ItemTooLarge};
 pub use schema::create_table;
-pub use store::DynamoStore;
+pub use store::{DynamoStore, DEFAULT_COMPRESS_ABOVE, DEFAULT_GRACE};

@@ -5,11 +5,11 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
-use idem::{Lease, Record, RecordId, StoreError, Timestamp};
+use aws_sdk_dynamodb::Client;
+use idem::{Lease, RecordId, StoreError, Timestamp};
 
 use crate::encode::{self, n, s, Item, Stored};
-use crate::error::{map_err, ItemTooLarge};
-use crate::store::DynamoStore;
+use crate::error::map_err;
 
 /// What a conditional write came to.
 pub(crate) enum Written {
@@ -19,38 +19,17 @@ pub(crate) enum Written {
     Refused(Option<Item>),
 }
 
-impl DynamoStore {
+/// The table: the client and the table's name, and the requests every
+/// transition is made of.
+#[derive(Debug, Clone)]
+pub(crate) struct Table {
+    pub(crate) client: Client,
+    pub(crate) name: String,
+}
+
+impl Table {
     pub(crate) fn key(id: &RecordId) -> HashMap<String, AttributeValue> {
         HashMap::from([("pk".to_owned(), s(encode::pk(id)))])
-    }
-
-    pub(crate) fn encode(
-        &self,
-        id: &RecordId,
-        record: &Record,
-        version: u64,
-        nonce: Option<idem::LeaseToken>,
-    ) -> Item {
-        encode::encode(
-            id,
-            record,
-            version,
-            nonce,
-            self.grace_secs(),
-            self.inner.settings.encoding,
-        )
-    }
-
-    /// Refuses an item of `size` bytes over DynamoDB's limit.
-    pub(crate) fn check_size(id: &RecordId, size: usize) -> Result<(), StoreError> {
-        if size > encode::ITEM_LIMIT {
-            return Err(StoreError::Backend(Box::new(ItemTooLarge {
-                id: id.to_string(),
-                size,
-                limit: encode::ITEM_LIMIT,
-            })));
-        }
-        Ok(())
     }
 
     /// `PutItem` of `item` on `condition`.
@@ -61,10 +40,9 @@ impl DynamoStore {
         values: HashMap<String, AttributeValue>,
     ) -> Result<Written, StoreError> {
         let mut request = self
-            .inner
             .client
             .put_item()
-            .table_name(&self.inner.table)
+            .table_name(&self.name)
             .set_item(Some(item))
             .condition_expression(condition)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
@@ -91,10 +69,9 @@ impl DynamoStore {
         op: Update<'_>,
     ) -> Result<Written, StoreError> {
         let mut request = self
-            .inner
             .client
             .update_item()
-            .table_name(&self.inner.table)
+            .table_name(&self.name)
             .set_key(Some(Self::key(id)))
             .update_expression(op.update)
             .condition_expression(op.condition)
@@ -120,49 +97,15 @@ impl DynamoStore {
     /// The item of `id`, read consistently.
     pub(crate) async fn read(&self, id: &RecordId) -> Result<Option<Stored>, StoreError> {
         let out = self
-            .inner
             .client
             .get_item()
-            .table_name(&self.inner.table)
+            .table_name(&self.name)
             .set_key(Some(Self::key(id)))
             .consistent_read(true)
             .send()
             .await
             .map_err(map_err)?;
         out.item.map(|i| encode::decode(&i, Some(id))).transpose()
-    }
-
-    /// The live record of `id`, or `None`.
-    pub(crate) async fn live(&self, id: &RecordId) -> Result<Option<Stored>, StoreError> {
-        let now = self.now();
-        Ok(self.read(id).await?.filter(|s| !s.record.is_expired(now)))
-    }
-
-    /// Writes `record` over the item `seen` (keeping its journal, or with
-    /// `journal`), on the condition that the item is still at `seen`'s
-    /// version (or still absent).
-    pub(crate) async fn replace(
-        &self,
-        id: &RecordId,
-        seen: Option<&Stored>,
-        record: &Record,
-        nonce: Option<idem::LeaseToken>,
-        journal: HashMap<String, AttributeValue>,
-    ) -> Result<Written, StoreError> {
-        let version = seen.map_or(1, |s| s.version + 1);
-        let mut item = self.encode(id, record, version, nonce);
-        item.insert("j".into(), AttributeValue::M(journal));
-        Self::check_size(id, encode::size(&item))?;
-        match seen {
-            None => {
-                self.put(item, "attribute_not_exists(pk)", HashMap::new())
-                    .await
-            }
-            Some(seen) => {
-                let values = HashMap::from([(":v".to_owned(), n(seen.version))]);
-                self.put(item, "v = :v", values).await
-            }
-        }
     }
 }
 

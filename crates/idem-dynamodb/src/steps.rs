@@ -29,7 +29,7 @@ impl StepJournal for DynamoStore {
             names: HashMap::from([("#n".to_owned(), step.to_owned())]),
             returns: ReturnValue::UpdatedOld,
         };
-        match self.update(&lease.id, op).await? {
+        match self.inner.table.update(&lease.id, op).await? {
             Written::Done(old) => {
                 let before = old
                     .as_ref()
@@ -81,7 +81,7 @@ impl StepJournal for DynamoStore {
             names: HashMap::from([("#n".to_owned(), step.to_owned())]),
             returns: ReturnValue::None,
         };
-        match self.update(&lease.id, op).await? {
+        match self.inner.table.update(&lease.id, op).await? {
             Written::Done(_) => Ok(()),
             Written::Refused(_) => Err(StoreError::LeaseLost),
         }
@@ -102,7 +102,7 @@ impl StepJournal for DynamoStore {
     ) -> Result<Resolved, StoreError> {
         for _ in 0..MAX_RACES {
             let now = self.now();
-            let seen = self.read(id).await?;
+            let seen = self.inner.table.read(id).await?;
             let current = match &seen {
                 Some(seen) => seen.step(step)?.map(|s| match s {
                     Step::Started { attempt, .. } => idem::StepState::Started { attempt },

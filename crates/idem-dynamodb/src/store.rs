@@ -10,13 +10,14 @@ use aws_sdk_dynamodb::Client;
 use bytes::Bytes;
 use idem::machine::{self, ClaimDecision, Fresh, Write};
 use idem::{
-    ClaimOutcome, ClaimParams, Failure, FailureClass, Lease, Record, RecordId, State, Store,
-    StoreError, Timestamp, TokenMint,
+    ClaimOutcome, ClaimParams, Clock, Failure, FailureClass, Lease, Record, RecordId, State, Store,
+    StoreError, SystemClock, Timestamp, TokenMint,
 };
 
-use crate::builder::Settings;
-use crate::encode::{self, n, s};
-use crate::request::{held_values, Update, Written, HELD};
+use crate::encode::Encoding;
+use crate::encode::{self, n, s, Item, Stored};
+use crate::error::ItemTooLarge;
+use crate::request::{held_values, Table, Update, Written, HELD};
 
 /// What a record's item holds besides its response, at most (names,
 /// numbers, token, fingerprint, failure): the room a response must leave.
@@ -27,6 +28,33 @@ const RECORD_OVERHEAD: usize = 1024;
 /// handful is plenty; the bound only stops a livelock.
 pub(crate) const MAX_RACES: usize = 64;
 
+/// How long an item stays in DynamoDB past its retention by default, so a
+/// key claimed again soon after expiry still finds the fence to build on.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(3600);
+
+/// Responses longer than this are stored compressed (when that is shorter).
+pub const DEFAULT_COMPRESS_ABOVE: usize = 1024;
+
+/// What the builder and the `with_*` methods set.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) grace: Duration,
+    pub(crate) encoding: Encoding,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            clock: Arc::new(SystemClock),
+            grace: DEFAULT_GRACE,
+            encoding: Encoding {
+                compress_above: DEFAULT_COMPRESS_ABOVE,
+            },
+        }
+    }
+}
+
 /// The DynamoDB store. Cheap to clone; clones share the client.
 #[derive(Clone)]
 pub struct DynamoStore {
@@ -34,8 +62,7 @@ pub struct DynamoStore {
 }
 
 pub(crate) struct Inner {
-    pub(crate) client: Client,
-    pub(crate) table: String,
+    pub(crate) table: Table,
     pub(crate) settings: Settings,
     pub(crate) mint: TokenMint,
     /// Where the last purge left off (a partition key), so purges walk the
@@ -46,21 +73,90 @@ pub(crate) struct Inner {
 impl std::fmt::Debug for DynamoStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DynamoStore")
-            .field("table", &self.inner.table)
+            .field("table", &self.inner.table.name)
             .field("grace", &self.inner.settings.grace)
             .finish_non_exhaustive()
     }
 }
 
 impl DynamoStore {
+    pub(crate) fn encode(
+        &self,
+        id: &RecordId,
+        record: &Record,
+        version: u64,
+        nonce: Option<idem::LeaseToken>,
+    ) -> Item {
+        encode::encode(
+            id,
+            record,
+            version,
+            nonce,
+            self.grace_secs(),
+            self.inner.settings.encoding,
+        )
+    }
+
+    /// Refuses an item of `size` bytes over DynamoDB's limit.
+    pub(crate) fn check_size(id: &RecordId, size: usize) -> Result<(), StoreError> {
+        if size > encode::ITEM_LIMIT {
+            return Err(StoreError::Backend(Box::new(ItemTooLarge {
+                id: id.to_string(),
+                size,
+                limit: encode::ITEM_LIMIT,
+            })));
+        }
+        Ok(())
+    }
+
+    /// The live record of `id`, or `None`.
+    pub(crate) async fn live(&self, id: &RecordId) -> Result<Option<Stored>, StoreError> {
+        let now = self.now();
+        Ok(self
+            .inner
+            .table
+            .read(id)
+            .await?
+            .filter(|s| !s.record.is_expired(now)))
+    }
+
+    /// Writes `record` over the item `seen` (keeping its journal, or with
+    /// `journal`), on the condition that the item is still at `seen`'s
+    /// version (or still absent).
+    pub(crate) async fn replace(
+        &self,
+        id: &RecordId,
+        seen: Option<&Stored>,
+        record: &Record,
+        nonce: Option<idem::LeaseToken>,
+        journal: HashMap<String, AttributeValue>,
+    ) -> Result<Written, StoreError> {
+        let version = seen.map_or(1, |s| s.version + 1);
+        let mut item = self.encode(id, record, version, nonce);
+        item.insert("j".into(), AttributeValue::M(journal));
+        Self::check_size(id, encode::size(&item))?;
+        match seen {
+            None => {
+                self.inner
+                    .table
+                    .put(item, "attribute_not_exists(pk)", HashMap::new())
+                    .await
+            }
+            Some(seen) => {
+                let values = HashMap::from([(":v".to_owned(), n(seen.version))]);
+                self.inner.table.put(item, "v = :v", values).await
+            }
+        }
+    }
+
     /// The table's name.
     pub fn table(&self) -> &str {
-        &self.inner.table
+        &self.inner.table.name
     }
 
     /// The client.
     pub fn client(&self) -> &Client {
-        &self.inner.client
+        &self.inner.table.client
     }
 
     pub(crate) fn now(&self) -> Timestamp {
@@ -86,12 +182,14 @@ impl DynamoStore {
             (":now".to_owned(), n(now.as_millis())),
             (":fe".to_owned(), n(record.fence)),
         ]);
-        self.put(
-            item,
-            "attribute_not_exists(pk) OR (ex <= :now AND fe < :fe)",
-            values,
-        )
-        .await
+        self.inner
+            .table
+            .put(
+                item,
+                "attribute_not_exists(pk) OR (ex <= :now AND fe < :fe)",
+                values,
+            )
+            .await
     }
 
     /// A holder's write: `update` (which must set `wn = :wn`) on the
@@ -117,7 +215,7 @@ impl DynamoStore {
             names: HashMap::new(),
             returns: ReturnValue::None,
         };
-        match self.update(&lease.id, op).await? {
+        match self.inner.table.update(&lease.id, op).await? {
             Written::Done(_) => Ok(()),
             Written::Refused(old) => {
                 let old = old
@@ -259,7 +357,7 @@ impl Store for DynamoStore {
             names: HashMap::new(),
             returns: ReturnValue::None,
         };
-        let mut conflict = match self.update(&lease.id, op).await? {
+        let mut conflict = match self.inner.table.update(&lease.id, op).await? {
             Written::Done(_) => return Ok(until),
             Written::Refused(old) => old,
         };

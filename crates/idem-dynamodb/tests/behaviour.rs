@@ -16,8 +16,8 @@ use idem::{
     PurgeExpired, RecordId, RunError, State, Store, StoreError, Timestamp,
 };
 use idem_dynamodb::{client_for, DynamoStore, ItemTooLarge};
-use idem_testkit::moto::{ACCESS_KEY, REGION, SECRET_KEY};
-use idem_testkit::proxy::FaultProxy;
+use idem_testkit::doubles::proxy::FaultProxy;
+use idem_testkit::servers::moto::{ACCESS_KEY, REGION, SECRET_KEY};
 
 const HOUR: Duration = Duration::from_secs(3600);
 

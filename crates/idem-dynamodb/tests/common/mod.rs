@@ -4,7 +4,7 @@
 
 use aws_sdk_dynamodb::Client;
 use idem_dynamodb::{client_for, create_table, DynamoStore};
-use idem_testkit::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
+use idem_testkit::servers::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
 
 /// The shared server, started on first use; serial, so that concurrent
 /// conditional writes are atomic as in DynamoDB.
