@@ -30,7 +30,7 @@ use std::time::Duration;
 use idem::{Fingerprint, Idempotency, Outcome, RecordId};
 use idem_redis::RedisStore;
 use idem_testkit::bench::{count_arg, rate, secs_arg, CpuMeter};
-use idem_testkit::redis::RedisServer;
+use idem_testkit::servers::redis::RedisServer;
 use idempotent::valkey::ValkeyStore;
 use idempotent::{CachedResponse, ExecutionOutcome, IdempotencyKey, IdempotencyStore, Metadata};
 

@@ -9,7 +9,7 @@ use idem_dynamodb::{client_for, DynamoStore};
 use idem_postgres::PgStore;
 use idem_redis::RedisStore;
 use idem_sqlite::SqliteStore;
-use idem_testkit::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
+use idem_testkit::servers::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
 
 use crate::check::{self, Downstream, Report, Violation};
 use crate::error::{harness, ChaosError};

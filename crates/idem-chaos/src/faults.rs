@@ -6,13 +6,13 @@
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use idem_testkit::proxy::FaultProxy;
+use idem_testkit::doubles::proxy::FaultProxy;
 use rand::Rng;
 
 use crate::FaultKind;
 
 /// The fault schedule of these runs.
-pub(crate) type Schedule = idem_testkit::faults::Schedule<FaultKind>;
+pub(crate) type Schedule = idem_testkit::chaos::faults::Schedule<FaultKind>;
 
 /// The fault proxy's faults in force, and when each ends.
 pub(crate) struct ProxyFaults {

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use idem_dynamodb::{client_for, create_table};
 use idem_postgres::PgStore;
-use idem_testkit::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
-use idem_testkit::postgres::PgServer;
-use idem_testkit::proxy::FaultProxy;
-use idem_testkit::redis::{ClusterSpec, RedisCluster, RedisServer};
+use idem_testkit::doubles::proxy::FaultProxy;
+use idem_testkit::servers::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
+use idem_testkit::servers::postgres::PgServer;
+use idem_testkit::servers::redis::{ClusterSpec, RedisCluster, RedisServer};
 use idem_testkit::{free_port, ServerError};
 
 use crate::error::{harness, ChaosError};

@@ -38,7 +38,7 @@ use idem_postgres::inbox::Inbox;
 use idem_postgres::PgStore;
 use idem_redis::RedisStore;
 use idem_sqlite::SqliteStore;
-use idem_testkit::moto::{ACCESS_KEY, REGION, SECRET_KEY};
+use idem_testkit::servers::moto::{ACCESS_KEY, REGION, SECRET_KEY};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 use tokio_postgres::NoTls;

@@ -8,7 +8,7 @@ mod common;
 
 use common::{config, post, start_upstream, Gateway};
 use idem_cli::store::StoreUrl;
-use idem_testkit::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
+use idem_testkit::servers::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_runs_each_key_once_on_a_dynamodb_table_named_by_its_url() {

@@ -391,14 +391,15 @@ async fn restart_keeps_completed_records_and_shutdown_finishes_in_flight() {
 /// Cluster: 50 concurrent duplicates spread over both run the upstream once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_sharing_a_redis_cluster_execute_once() {
-    let cluster = idem_testkit::redis::RedisCluster::start().expect("start a Redis Cluster");
+    let cluster =
+        idem_testkit::servers::redis::RedisCluster::start().expect("start a Redis Cluster");
     two_gateways_execute_once(&cluster.url()).await;
 }
 
 /// The same with PostgreSQL as the shared store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_sharing_postgres_execute_once() {
-    let server = idem_testkit::postgres::PgServer::start().expect("start postgres");
+    let server = idem_testkit::servers::postgres::PgServer::start().expect("start postgres");
     two_gateways_execute_once(&format!("{}?schema=gateway", server.url("postgres"))).await;
 }
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use idem::{ClaimOutcome, ClaimParams, Idempotency, MemoryStore, RecordId, Scope, StoreError};
 use idem_consumer::{Consumer, Job, MemoryBroker, MemoryMessage, OwnedMessage, Stopped};
-use idem_testkit::double::{Double, Hooks, ManyHooks};
+use idem_testkit::doubles::{Double, Hooks, ManyHooks};
 
 /// Counts single claims and the size of every batch; fails the first
 /// batch when told to.

@@ -13,7 +13,7 @@ use idem_consumer::{
     Acked, Consumer, Disposition, KeyExtractor, Message, MissingKey, OwnedMessage,
     RedeliveryWindow, RetryCause, WindowError,
 };
-use idem_testkit::double::{Double, Hooks};
+use idem_testkit::doubles::{Double, Hooks};
 use idem_testkit::DownStore;
 use idem_testkit::TokioClock;
 

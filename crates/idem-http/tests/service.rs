@@ -14,7 +14,7 @@ use http::{HeaderName, Request, Response, StatusCode};
 use http_body_util::Full;
 use idem::{Lease, ManualClock, MemoryStore, StoreError, Timestamp};
 use idem_http::{IdempotencyLayer, NotExecuted};
-use idem_testkit::double::{Double, Hooks};
+use idem_testkit::doubles::{Double, Hooks};
 use tower::util::BoxCloneService;
 use tower::{service_fn, BoxError, Layer, ServiceExt};
 

@@ -18,7 +18,7 @@ use std::time::Duration;
 use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, KeyExtractor};
 use idem_kafka::KafkaConsumer;
-use idem_testkit::till::{all_seen, report, sent_orders, Till, DELIVERIES};
+use idem_testkit::consumers::till::{all_seen, report, sent_orders, Till, DELIVERIES};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -29,7 +29,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (_broker, bootstrap) = match std::env::var("KAFKA_BOOTSTRAP") {
         Ok(bootstrap) => (None, bootstrap),
         Err(_) => {
-            let broker = idem_testkit::kafka::KafkaServer::start()?;
+            let broker = idem_testkit::servers::kafka::KafkaServer::start()?;
             let bootstrap = broker.bootstrap();
             (Some(broker), bootstrap)
         }

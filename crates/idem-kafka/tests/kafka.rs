@@ -18,7 +18,7 @@ use common::{create_topic, Setup};
 use idem_consumer::{Stopped, WindowError};
 use idem_kafka::{KafkaConsumer, KafkaConsumerError, PartitionOrder};
 use idem_redis::RedisStore;
-use idem_testkit::ledger::{eventually, order_handler, Ledger};
+use idem_testkit::consumers::ledger::{eventually, order_handler, Ledger};
 use tokio::sync::oneshot;
 
 idem_testkit::killed_worker_test!(Setup, "kill");
@@ -432,7 +432,7 @@ async fn start_up_refuses_configurations_that_could_lose_or_rerun_records() {
         "{early}"
     );
 
-    let port = idem_testkit::kafka::free_port().expect("port");
+    let port = idem_testkit::servers::kafka::free_port().expect("port");
     let down = KafkaConsumer::builder(
         &format!("127.0.0.1:{port}"),
         "g",

@@ -26,7 +26,7 @@ use idem::Store;
 use idem_consumer::Consumer;
 use idem_nats::NatsConsumer;
 use idem_testkit::bench::consumers::BenchBroker;
-use idem_testkit::nats::NatsServer;
+use idem_testkit::servers::nats::NatsServer;
 
 /// Publishes in windows of 1,000 unacknowledged messages (the client
 /// holds back publishes beyond its in-flight ack limit).

@@ -20,7 +20,7 @@ use async_nats::HeaderMap;
 use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, KeyExtractor};
 use idem_nats::NatsConsumer;
-use idem_testkit::till::{all_seen, report, sent_orders, Till, DELIVERIES};
+use idem_testkit::consumers::till::{all_seen, report, sent_orders, Till, DELIVERIES};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

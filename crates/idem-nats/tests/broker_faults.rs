@@ -16,15 +16,15 @@ use common::{publish, Setup};
 use idem::Scope;
 use idem_consumer::Consumer;
 use idem_nats::NatsConsumer;
-use idem_testkit::cuts;
-use idem_testkit::nats::NatsServer;
+use idem_testkit::consumers::cuts;
+use idem_testkit::servers::nats::NatsServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_cut_mid_ack_is_reconnected_and_nothing_is_lost_or_run_twice() {
     let proxy = cuts::proxy(NatsServer::shared().expect("nats-server").port()).await;
     let setup = Setup::new("cut");
     let js = setup.create_stream().await;
-    let idem = idem_testkit::scenario::executor(setup.store().await);
+    let idem = idem_testkit::consumers::scenario::executor(setup.store().await);
     let nats = NatsConsumer::builder(
         &format!("nats://{}", proxy.addr()),
         &setup.stream,

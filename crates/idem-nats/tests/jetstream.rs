@@ -17,7 +17,7 @@ use common::{publish, Setup};
 use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, Message, WindowError};
 use idem_nats::{NatsConsumer, NatsError};
-use idem_testkit::ledger::eventually;
+use idem_testkit::consumers::ledger::eventually;
 
 idem_testkit::killed_worker_test!(Setup, "KILL");
 

@@ -21,7 +21,7 @@ mod script;
 
 use idem_postgres::PgStore;
 use idem_testkit::bench::secs_arg;
-use idem_testkit::postgres::PgServer;
+use idem_testkit::servers::postgres::PgServer;
 
 const CLIENTS: usize = 8;
 const ROUNDS: usize = 3;

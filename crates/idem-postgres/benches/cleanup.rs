@@ -27,7 +27,7 @@ use deadpool_postgres::{Manager, Pool};
 use idem::RecordId;
 use idem_postgres::inbox::{Inbox, InboxOutcome};
 use idem_testkit::bench::{count_arg, secs_arg};
-use idem_testkit::postgres::{pgbench_command, PgServer};
+use idem_testkit::servers::postgres::{pgbench_command, PgServer};
 use tokio_postgres::NoTls;
 
 const CALLERS: usize = 8;

@@ -26,8 +26,8 @@ use idem::cache::{Cached, LruCache};
 use idem::{ClaimMany, ClaimOutcome, ClaimParams, RecordId, Store};
 use idem_postgres::PgStore;
 use idem_testkit::bench::{pair, rate, secs_arg};
-use idem_testkit::postgres::{pgbench_command, PgServer};
-use idem_testkit::redis::RedisServer;
+use idem_testkit::servers::postgres::{pgbench_command, PgServer};
+use idem_testkit::servers::redis::RedisServer;
 
 const CONNECTIONS: [usize; 3] = [1, 8, 32];
 const BATCH: usize = 100;

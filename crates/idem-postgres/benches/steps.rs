@@ -21,7 +21,7 @@ use idem::step::{Retry, StepError};
 use idem::{Idempotency, Key, RecordId, Scope};
 use idem_postgres::PgStore;
 use idem_testkit::bench::{rate, secs_arg};
-use idem_testkit::postgres::PgServer;
+use idem_testkit::servers::postgres::PgServer;
 
 const CALLERS: usize = 8;
 const STEPS: usize = 3;

@@ -12,7 +12,7 @@ use idem::cache::{Cached, LruCache, ReplayCache};
 use idem::{ClaimOutcome, ClaimParams, Store};
 use idem_postgres::PgStore;
 use idem_redis::{RedisReplayCache, RedisStore};
-use idem_testkit::redis::RedisServer;
+use idem_testkit::servers::redis::RedisServer;
 use idem_testkit::Fixture;
 
 fn redis() -> &'static RedisServer {

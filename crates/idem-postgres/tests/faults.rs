@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use idem::{ClaimOutcome, ClaimParams, GetRecord, RecordId, State, Store, StoreError};
 use idem_postgres::{ConnectError, PgStore};
-use idem_testkit::postgres::PgServer;
+use idem_testkit::servers::postgres::PgServer;
 use parking_lot::Mutex;
 
 const LEASE: Duration = Duration::from_secs(30);

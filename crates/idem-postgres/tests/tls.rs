@@ -11,8 +11,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use idem::{ClaimOutcome, ClaimParams, RecordId, Store};
 use idem_postgres::{ConnectError, PgStore};
-use idem_testkit::postgres::PgServer;
-use idem_testkit::tls::certificates;
+use idem_testkit::servers::postgres::PgServer;
+use idem_testkit::servers::tls::certificates;
 
 fn params() -> ClaimParams {
     ClaimParams::new(Duration::from_secs(30), Duration::from_secs(600))

@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use idem::{ClaimOutcome, ClaimParams, Idempotency, Lease, RecordId, Store, StoreError};
 use idem_postgres::PgStore;
-use idem_testkit::postgres::PgServer;
+use idem_testkit::servers::postgres::PgServer;
 use tokio_postgres::NoTls;
 
 /// A store in a schema of its own whose sessions give up on a row lock

@@ -23,7 +23,7 @@ use idem::{Idempotency, MemoryStore, Scope, Store};
 use idem_consumer::Consumer;
 use idem_rabbitmq::RabbitConsumer;
 use idem_testkit::bench::consumers::BenchBroker;
-use idem_testkit::rabbitmq::RabbitServer;
+use idem_testkit::servers::rabbitmq::RabbitServer;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, QueueDeleteOptions,

@@ -16,7 +16,7 @@ use std::time::Duration;
 use idem::{Idempotency, Scope};
 use idem_consumer::Consumer;
 use idem_rabbitmq::RabbitConsumer;
-use idem_testkit::till::{all_seen, report, sent_orders, Till, DELIVERIES};
+use idem_testkit::consumers::till::{all_seen, report, sent_orders, Till, DELIVERIES};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Connection, ConnectionProperties};

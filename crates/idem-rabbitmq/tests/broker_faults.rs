@@ -20,9 +20,9 @@ use std::time::Duration;
 use common::{drain, publish, publisher, publisher_at, Setup};
 use idem_consumer::Job;
 use idem_rabbitmq::AmqpMessage;
-use idem_testkit::cuts;
-use idem_testkit::ledger::eventually;
-use idem_testkit::rabbitmq::{RabbitOptions, RabbitServer};
+use idem_testkit::consumers::cuts;
+use idem_testkit::consumers::ledger::eventually;
+use idem_testkit::servers::rabbitmq::{RabbitOptions, RabbitServer};
 
 const SLOW: &str = "t-3";
 

@@ -13,7 +13,7 @@ use common::{publish, publisher, Setup};
 use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, WindowError};
 use idem_rabbitmq::{RabbitConsumer, RabbitError};
-use idem_testkit::ledger::{eventually, order_handler};
+use idem_testkit::consumers::ledger::{eventually, order_handler};
 
 idem_testkit::killed_worker_test!(Setup, "kill");
 

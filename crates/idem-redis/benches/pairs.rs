@@ -25,7 +25,7 @@ use bytes::Bytes;
 use idem::{ClaimMany, ClaimParams, RecordId, Store};
 use idem_redis::RedisStore;
 use idem_testkit::bench::{pair, rate, secs_arg, CpuMeter};
-use idem_testkit::redis::{RedisCluster, RedisServer};
+use idem_testkit::servers::redis::{RedisCluster, RedisServer};
 
 const CALLERS: [usize; 3] = [1, 16, 64];
 const BATCH: usize = 100;

@@ -8,7 +8,7 @@ use futures_util::future::join_all;
 use futures_util::FutureExt;
 use idem::{ClaimMany, ClaimOutcome, ClaimParams, RecordId, Store, StoreError};
 use idem_redis::RedisStore;
-use idem_testkit::redis::RedisServer;
+use idem_testkit::servers::redis::RedisServer;
 
 fn params() -> ClaimParams {
     ClaimParams::new(Duration::from_secs(30), Duration::from_secs(3600))

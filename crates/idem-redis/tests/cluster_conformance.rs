@@ -4,7 +4,7 @@
 use std::sync::OnceLock;
 
 use idem_redis::RedisStore;
-use idem_testkit::redis::RedisCluster;
+use idem_testkit::servers::redis::RedisCluster;
 use idem_testkit::Fixture;
 
 fn cluster() -> &'static RedisCluster {

@@ -211,7 +211,7 @@ async fn a_damaged_record_reads_as_corrupt_naming_it_and_is_left_alone() {
 /// goes through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_full_too_few_replicas_and_busy_scripts_are_unavailable() {
-    let redis = idem_testkit::redis::RedisServer::start_with(
+    let redis = idem_testkit::servers::redis::RedisServer::start_with(
         idem_testkit::free_port().expect("port"),
         &["--busy-reply-threshold", "100"],
     )

@@ -108,7 +108,7 @@ async fn a_waiting_duplicate_gets_the_outcome_when_it_lands() {
 /// record a handful of times (a poll with a 5 ms to 200 ms backoff reads
 /// it about a dozen times), and gets the outcome within moments of its
 /// landing.
-async fn woken_by_the_publish(url: &str, servers: &[idem_testkit::redis::RedisServer]) {
+async fn woken_by_the_publish(url: &str, servers: &[idem_testkit::servers::redis::RedisServer]) {
     let store = RedisStore::connect(url).await.expect("connect");
     let idem = Idempotency::builder(store)
         .wait_for_in_flight(Duration::from_secs(10))
@@ -157,7 +157,7 @@ async fn woken_by_the_publish(url: &str, servers: &[idem_testkit::redis::RedisSe
     let calls = |command: &str| -> u64 {
         stats
             .iter()
-            .map(|s| idem_testkit::redis::CommandStats::of(s, command).calls)
+            .map(|s| idem_testkit::servers::redis::CommandStats::of(s, command).calls)
             .sum()
     };
     // The waiter's first claim, its watch (and at most one more from the
@@ -173,7 +173,7 @@ async fn woken_by_the_publish(url: &str, servers: &[idem_testkit::redis::RedisSe
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_duplicate_is_woken_by_the_publish_not_by_polling() {
-    let server = idem_testkit::redis::RedisServer::start().expect("redis-server");
+    let server = idem_testkit::servers::redis::RedisServer::start().expect("redis-server");
     woken_by_the_publish(&server.url(), std::slice::from_ref(&server)).await;
 }
 
@@ -181,7 +181,7 @@ async fn a_waiting_duplicate_is_woken_by_the_publish_not_by_polling() {
 /// script costs Redis about 1 µs even with no subscriber).
 #[tokio::test]
 async fn a_run_nobody_waits_for_publishes_nothing() {
-    let server = idem_testkit::redis::RedisServer::start().expect("redis-server");
+    let server = idem_testkit::servers::redis::RedisServer::start().expect("redis-server");
     let store = RedisStore::connect(&server.url()).await.expect("connect");
     let idem = Idempotency::builder(store).build().expect("executor");
     for key in ["a", "b"] {
@@ -200,6 +200,6 @@ async fn a_run_nobody_waits_for_publishes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_too() {
-    let cluster = idem_testkit::redis::RedisCluster::start().expect("a Redis Cluster");
+    let cluster = idem_testkit::servers::redis::RedisCluster::start().expect("a Redis Cluster");
     woken_by_the_publish(&cluster.url(), cluster.nodes()).await;
 }

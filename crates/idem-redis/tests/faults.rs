@@ -11,8 +11,8 @@ use idem::{
     ClaimOutcome, ClaimParams, Idempotency, Outcome, RecordId, RunError, Store, StoreError,
 };
 use idem_redis::RedisStore;
-use idem_testkit::proxy::FaultProxy;
-use idem_testkit::redis::{RedisCluster, RedisServer};
+use idem_testkit::doubles::proxy::FaultProxy;
+use idem_testkit::servers::redis::{RedisCluster, RedisServer};
 
 const BOUND: Duration = Duration::from_secs(10);
 

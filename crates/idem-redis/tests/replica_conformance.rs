@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use idem_redis::RedisStore;
-use idem_testkit::redis::{ClusterSpec, RedisCluster, RedisServer};
+use idem_testkit::servers::redis::{ClusterSpec, RedisCluster, RedisServer};
 use idem_testkit::Fixture;
 
 async fn fixture(url: String, case: &'static str) -> Fixture<RedisStore> {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use idem::{Idempotency, Outcome, RecordId, RunError, StoreError};
 use idem_redis::RedisStore;
-use idem_testkit::redis::{ClusterSpec, RedisCluster, RedisServer};
+use idem_testkit::servers::redis::{ClusterSpec, RedisCluster, RedisServer};
 
 /// Lets the test make a replica stop answering (`DEBUG SLEEP`).
 const DEBUG: [&str; 2] = ["--enable-debug-command", "local"];

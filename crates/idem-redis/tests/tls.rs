@@ -8,8 +8,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use idem::{ClaimOutcome, ClaimParams, RecordId, Store};
 use idem_redis::{ConnectError, RedisStore};
-use idem_testkit::redis::{free_port, RedisServer};
-use idem_testkit::tls::certificates;
+use idem_testkit::servers::redis::{free_port, RedisServer};
+use idem_testkit::servers::tls::certificates;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rediss_with_a_private_ca_works_and_an_untrusted_server_is_refused() {

@@ -20,8 +20,8 @@ use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, KeyExtractor};
 use idem_dynamodb::DynamoStore;
 use idem_sqs::SqsConsumer;
-use idem_testkit::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
-use idem_testkit::till::{all_seen, report, sent_orders, Till, DELIVERIES};
+use idem_testkit::consumers::till::{all_seen, report, sent_orders, Till, DELIVERIES};
+use idem_testkit::servers::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -9,8 +9,8 @@ mod common;
 use std::sync::Arc;
 
 use common::Setup;
-use idem_testkit::cuts;
-use idem_testkit::moto::MotoServer;
+use idem_testkit::consumers::cuts;
+use idem_testkit::servers::moto::MotoServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_cut_mid_delete_are_made_again_and_nothing_is_lost_or_run_twice() {

@@ -16,9 +16,9 @@ use aws_sdk_sqs::types::QueueAttributeName;
 use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, KeyExtractor, WindowError};
 use idem_sqs::{SqsConsumer, SqsError};
-use idem_testkit::ledger::{eventually, order_handler};
-use idem_testkit::moto::MotoServer;
-use idem_testkit::scenario;
+use idem_testkit::consumers::ledger::{eventually, order_handler};
+use idem_testkit::consumers::scenario;
+use idem_testkit::servers::moto::MotoServer;
 
 use common::{dead_letters, Setup};
 

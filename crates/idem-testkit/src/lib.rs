@@ -30,42 +30,26 @@
 //! leases. Local stores use [`Fixture::manual`] with the
 //! [`ManualClock`](idem::ManualClock) they were built with, and nothing sleeps.
 //!
-//! With the `consumers` feature it also holds the consumer adapters'
-//! shared proof: the worker-kill `scenario`, the connection `cuts`, the
-//! fault-injection run (`chaos`, one `consumer_chaos!` line per adapter)
-//! and the throughput bench (`bench::consumers`), each over the adapter's
-//! `under_test::BrokerUnderTest`.
+//! The kit is in folders by what they prove with:
+//!
+//! - [`conformance`]: the store contract's cases, in groups by capability;
+//! - [`servers`]: the real services, started for a run on loopback;
+//! - [`doubles`]: store doubles and the TCP fault proxy;
+//! - [`consumers`] (the `consumers` feature): the consumer adapters'
+//!   shared proof, each over the adapter's `BrokerUnderTest`;
+//! - [`chaos`]: the seeded fault schedule, and (with `consumers`) the
+//!   broker adapters' fault-injection run, one `consumer_chaos!` line per
+//!   adapter;
+//! - [`bench`](mod@bench): the throughput benches.
 
 pub mod bench;
-#[cfg(feature = "consumers")]
 pub mod chaos;
-mod clock;
-mod cluster;
 pub mod conformance;
 #[cfg(feature = "consumers")]
-pub mod cuts;
-pub mod double;
-mod down;
-pub mod faults;
-pub mod kafka;
-#[cfg(feature = "consumers")]
-pub mod ledger;
-pub mod moto;
-pub mod nats;
-pub mod postgres;
-pub mod proxy;
-pub mod rabbitmq;
-pub mod redis;
-#[cfg(feature = "consumers")]
-pub mod scenario;
-mod server;
-#[cfg(feature = "consumers")]
-pub mod till;
-pub mod tls;
-#[cfg(feature = "consumers")]
-pub mod under_test;
+pub mod consumers;
+pub mod doubles;
+pub mod servers;
 
-pub use clock::TokioClock;
 pub use conformance::{ConformanceStore, Fixture, TimeControl};
-pub use down::DownStore;
-pub use server::{free_port, ServerError};
+pub use doubles::{DownStore, TokioClock};
+pub use servers::{free_port, ServerError};

@@ -18,7 +18,7 @@ use idem::{
     Idempotency, Key, ManualClock, MemoryStore, Outcome, RecordId, RunError, Scope, State,
     StepJournal, Store, Timestamp,
 };
-use idem_testkit::double::{Double, NoJournal};
+use idem_testkit::doubles::{Double, NoJournal};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;

@@ -16,7 +16,7 @@ use idem::{
     Idempotency, Lease, MemoryStore, Outcome, RecordId, RunError, State, Store, StoreError,
     Terminal, Timestamp,
 };
-use idem_testkit::double::{Double, Hooks};
+use idem_testkit::doubles::{Double, Hooks};
 use idem_testkit::{DownStore, TokioClock};
 
 fn paused_store() -> MemoryStore<TokioClock> {

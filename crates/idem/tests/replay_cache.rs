@@ -15,7 +15,7 @@ use idem::{
     ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, DeleteRecord, Fingerprint, Idempotency,
     ManualClock, MemoryStore, Outcome, RecordId, RunError, Store, StoreError, Timestamp,
 };
-use idem_testkit::double::{Double, Hooks, ManyHooks};
+use idem_testkit::doubles::{Double, Hooks, ManyHooks};
 use idem_testkit::TokioClock;
 
 type Io = std::io::Error;

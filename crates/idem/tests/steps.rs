@@ -13,7 +13,7 @@ use idem::{
     ClaimOutcome, ClaimParams, Failure, FailureClass, Idempotency, Lease, ManualClock, MemoryStore,
     RecordId, Resolution, Resolved, RunError, StepBegin, StepJournal, Store, StoreError, Timestamp,
 };
-use idem_testkit::double::{Double, NoJournal};
+use idem_testkit::doubles::{Double, NoJournal};
 
 type Io = std::io::Error;
 

@@ -40,9 +40,9 @@ use std::time::{Duration, Instant};
 
 use idem::{GetRecord, Key, ListQuery, ListRecords, RecordId, Scope, StateKind};
 use idem_cli::store::{AnyStore, StoreUrl};
-use idem_testkit::postgres::PgServer;
-use idem_testkit::proxy::FaultProxy;
-use idem_testkit::redis::RedisServer;
+use idem_testkit::doubles::proxy::FaultProxy;
+use idem_testkit::servers::postgres::PgServer;
+use idem_testkit::servers::redis::RedisServer;
 use idem_testkit::{free_port, ServerError};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;

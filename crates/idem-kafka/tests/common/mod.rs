@@ -15,10 +15,10 @@ use idem_kafka::{
     SOURCE_TOPIC_HEADER,
 };
 use idem_redis::RedisStore;
-use idem_testkit::kafka::KafkaServer;
-use idem_testkit::ledger::{Ledger, Work};
-use idem_testkit::redis::RedisServer;
-use idem_testkit::under_test::{BrokerUnderTest, ChaosBroker, DeadLetterSeen};
+use idem_testkit::consumers::ledger::{Ledger, Work};
+use idem_testkit::consumers::under_test::{BrokerUnderTest, ChaosBroker, DeadLetterSeen};
+use idem_testkit::servers::kafka::KafkaServer;
+use idem_testkit::servers::redis::RedisServer;
 use idem_testkit::ServerError;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -111,7 +111,7 @@ impl Setup {
     /// The executor tests and workers run: short leases, so a killed
     /// worker's claims are taken over within seconds.
     pub(crate) async fn idem(&self) -> Idempotency<RedisStore> {
-        idem_testkit::scenario::executor(self.store().await)
+        idem_testkit::consumers::scenario::executor(self.store().await)
     }
 
     /// The consumer layer, keyed only by the `Idempotency-Key` header: a

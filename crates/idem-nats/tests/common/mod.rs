@@ -12,10 +12,10 @@ use idem::Scope;
 use idem_consumer::Consumer;
 use idem_nats::{NatsConsumer, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 use idem_redis::RedisStore;
-use idem_testkit::ledger::{Ledger, Work};
-use idem_testkit::nats::NatsServer;
-use idem_testkit::redis::RedisServer;
-use idem_testkit::under_test::{BrokerUnderTest, ChaosBroker, DeadLetterSeen};
+use idem_testkit::consumers::ledger::{Ledger, Work};
+use idem_testkit::consumers::under_test::{BrokerUnderTest, ChaosBroker, DeadLetterSeen};
+use idem_testkit::servers::nats::NatsServer;
+use idem_testkit::servers::redis::RedisServer;
 use idem_testkit::ServerError;
 
 pub(crate) fn nats_url() -> String {
@@ -86,7 +86,7 @@ impl Setup {
     /// worker's claims are taken over within seconds, and an `ack_wait`
     /// three heartbeats long.
     pub(crate) async fn nats(&self) -> NatsConsumer<RedisStore, idem::Json> {
-        let idem = idem_testkit::scenario::executor(self.store().await);
+        let idem = idem_testkit::consumers::scenario::executor(self.store().await);
         let consumer = Consumer::builder(idem, Scope::new("orders").expect("scope")).build();
         NatsConsumer::builder(&self.nats_url, &self.stream, "billing", consumer)
             .concurrency(8)

@@ -3,7 +3,7 @@
 //! variables.
 
 use idem_postgres::PgStore;
-use idem_testkit::postgres::pgbench_command;
+use idem_testkit::servers::postgres::pgbench_command;
 
 /// A pgbench script of one run: claim, `steps` begin/finish pairs,
 /// complete.

@@ -1,11 +1,11 @@
 //! What the test files share: one PostgreSQL server for the whole test
-//! binary (started by the test, see `idem_testkit::postgres`), a database
+//! binary (started by the test, see `idem_testkit::servers::postgres`), a database
 //! made for this run, and stores that each get a schema of their own.
 
 use std::sync::OnceLock;
 
 use idem_postgres::PgStore;
-use idem_testkit::postgres::PgServer;
+use idem_testkit::servers::postgres::PgServer;
 
 /// The test binary's server and this run's database, made on first use.
 pub(crate) fn server() -> &'static (PgServer, String) {

@@ -9,10 +9,10 @@ use idem::Scope;
 use idem_consumer::Consumer;
 use idem_rabbitmq::{RabbitConsumer, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 use idem_redis::RedisStore;
-use idem_testkit::ledger::{Ledger, Work};
-use idem_testkit::rabbitmq::RabbitServer;
-use idem_testkit::redis::RedisServer;
-use idem_testkit::under_test::{BrokerUnderTest, ChaosBroker, DeadLetterSeen};
+use idem_testkit::consumers::ledger::{Ledger, Work};
+use idem_testkit::consumers::under_test::{BrokerUnderTest, ChaosBroker, DeadLetterSeen};
+use idem_testkit::servers::rabbitmq::RabbitServer;
+use idem_testkit::servers::redis::RedisServer;
 use idem_testkit::ServerError;
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
@@ -93,7 +93,7 @@ impl Setup {
     /// [`rabbit`](Self::rabbit) on the broker at `url` (one of the test's
     /// own, or a fault proxy in front of one).
     pub(crate) async fn rabbit_at(&self, url: &str) -> RabbitConsumer<RedisStore, idem::Json> {
-        let idem = idem_testkit::scenario::executor(self.store().await);
+        let idem = idem_testkit::consumers::scenario::executor(self.store().await);
         let consumer = Consumer::builder(idem, Scope::new("orders").expect("scope")).build();
         RabbitConsumer::builder(url, &self.queue, consumer)
             .prefetch(8)

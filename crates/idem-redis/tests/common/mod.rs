@@ -2,10 +2,10 @@
 //! and stores that each get a namespace of their own.
 
 use idem_redis::RedisStore;
-use idem_testkit::redis::RedisServer;
+use idem_testkit::servers::redis::RedisServer;
 
 /// The test binary's redis-server, started on first use; it is killed when
-/// the binary exits (see `idem_testkit::redis`).
+/// the binary exits (see `idem_testkit::servers::redis`).
 pub(crate) fn server() -> &'static RedisServer {
     RedisServer::shared().expect("redis-server")
 }

@@ -12,9 +12,9 @@ use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, KeyExtractor};
 use idem_dynamodb::DynamoStore;
 use idem_sqs::{SqsConsumer, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
-use idem_testkit::ledger::{Ledger, Work};
-use idem_testkit::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
-use idem_testkit::under_test::{BrokerUnderTest, ChaosBroker, DeadLetterSeen};
+use idem_testkit::consumers::ledger::{Ledger, Work};
+use idem_testkit::consumers::under_test::{BrokerUnderTest, ChaosBroker, DeadLetterSeen};
+use idem_testkit::servers::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
 use idem_testkit::ServerError;
 
 /// The settings a test and its workers share.
@@ -118,7 +118,7 @@ impl Setup {
     /// worker's claims are taken over within seconds, and a heartbeat well
     /// inside the queue's two-second visibility timeout.
     pub(crate) fn idem(&self) -> Idempotency<DynamoStore> {
-        idem_testkit::scenario::executor(self.store())
+        idem_testkit::consumers::scenario::executor(self.store())
     }
 
     pub(crate) async fn sqs(&self) -> SqsConsumer<DynamoStore, idem::Json> {

@@ -24,8 +24,8 @@ use idem::{ClaimMany, Idempotency, MemoryStore, Scope, Store};
 use idem_consumer::Consumer;
 
 use super::Phase;
-use crate::postgres::PgServer;
-use crate::redis::RedisServer;
+use crate::servers::postgres::PgServer;
+use crate::servers::redis::RedisServer;
 
 /// A broker as the consumer benchmark drives it.
 pub trait BenchBroker {

@@ -1,34 +1,4 @@
-//! The fault-injection run for broker adapters (DESIGN §11): worker
-//! processes consume a published workload with duplicates and poison
-//! messages from a real broker, with their records in a real store, while
-//! faults are injected at seeded random points:
-//!
-//! - a worker SIGKILLed (and replaced), mid-handler or anywhere else;
-//! - a worker SIGSTOPped for 1.5 to 3 leases, then SIGCONTed: a stale
-//!   holder that wakes up mid-handler;
-//! - a worker told to leave cleanly (it finishes what it holds; a Kafka
-//!   member commits and leaves its group) while a new one joins;
-//! - the broker killed and started again (it keeps what it stored);
-//! - the store killed and started again (a Redis of the run's own, with
-//!   an fsync-always append-only file; a store on the broker's own
-//!   server, as SQS's DynamoDB on moto, is not restarted, nor is a broker
-//!   that keeps nothing across a restart);
-//! - the connection to the broker, or to the store, reset, delayed or
-//!   blackholed for a while, through a [`FaultProxy`] in front of each.
-//!
-//! The handler is [`fenced_handler`](crate::ledger::fenced_handler): a
-//! handler can run again after a crash or a takeover, so its effect is a
-//! fenced write. After the fault phase the run heals everything, waits
-//! until every message is settled, and [judges](judge::judge) the ledger,
-//! the downstream, the store's records and the dead-letters: every good
-//! message completed by the holder whose write the downstream holds, no
-//! completed key claimed again, none lost, and dead-letters for the poison
-//! messages only.
-//!
-//! An adapter's tests run it with [`run`] over their [`ChaosBroker`];
-//! `scripts/chaos-consumers` runs the long version ([`ChaosPlan::from_env`]).
-
-mod judge;
+//! The broker adapters' fault-injection run (see the module above).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -42,14 +12,14 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-use crate::faults::Schedule;
-use crate::ledger::{eventually, Work};
-use crate::proxy::FaultProxy;
-use crate::redis::RedisServer;
-use crate::scenario::{spawn_worker, LEASE};
-use crate::under_test::ChaosBroker;
+use super::faults::Schedule;
+use crate::consumers::ledger::{eventually, Work};
+use crate::consumers::scenario::{spawn_worker, LEASE};
+use crate::consumers::under_test::ChaosBroker;
+use crate::doubles::proxy::FaultProxy;
+use crate::servers::redis::RedisServer;
 
-pub use judge::{judge, Evidence};
+pub use super::judge::{judge, Evidence};
 
 /// A kind of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -276,7 +246,7 @@ pub fn workload(plan: &ChaosPlan, rng: &mut StdRng) -> Vec<(String, String)> {
     messages
 }
 
-/// Runs `plan` on broker `B`: see the [module](self).
+/// Runs `plan` on broker `B`: see the [module](crate::chaos).
 pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
     let started = Instant::now();
     let mut rng = StdRng::seed_from_u64(plan.seed);
@@ -435,7 +405,7 @@ pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
     let mut all_final = false;
     while all_written && !all_final && Instant::now() < settle_by {
         workers.replace_exited();
-        all_final = judge::records_final(&store_conn, &good, &poison).await;
+        all_final = super::judge::records_final(&store_conn, &good, &poison).await;
         if !all_final {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -556,7 +526,7 @@ impl Workers {
     }
 
     /// Closes the stdin of the worker in `slot`, so that it stops cleanly
-    /// (see [`worker_main`](crate::scenario::worker_main)); a new one
+    /// (see [`worker_main`](crate::consumers::scenario::worker_main)); a new one
     /// takes its place once it has gone, as in a rolling restart. (Tansu,
     /// the Kafka-protocol broker of the tests, stops assigning a group's
     /// partitions for good when a member leaves cleanly while another
@@ -698,7 +668,7 @@ macro_rules! consumer_chaos {
         #[test]
         #[ignore = "a worker process, started by the chaos run"]
         fn worker_process() {
-            $crate::scenario::worker_process::<$setup>();
+            $crate::consumers::scenario::worker_process::<$setup>();
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use idem::{GetRecord, Key, Record, RecordId, Scope, State};
 
-use crate::ledger::Ledger;
-use crate::under_test::DeadLetterSeen;
+use crate::consumers::ledger::Ledger;
+use crate::consumers::under_test::DeadLetterSeen;
 
 /// What a run left behind.
 #[derive(Debug, Default)]

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use idem_consumer::{Job, Message};
 
-use crate::ledger::{eventually, order_handler, Handled, Ledger};
-use crate::proxy::FaultProxy;
+use crate::consumers::ledger::{eventually, order_handler, Handled, Ledger};
+use crate::doubles::proxy::FaultProxy;
 use crate::ServerError;
 
 /// How many messages the scenario publishes.

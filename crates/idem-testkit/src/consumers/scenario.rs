@@ -12,7 +12,7 @@
 //! destination exactly the poison, keyless and broken messages.
 //!
 //! Workers are the test binary itself, started again to run only its
-//! ignored test `worker_process` with [`order_handler`](crate::ledger::order_handler).
+//! ignored test `worker_process` with [`order_handler`](crate::consumers::ledger::order_handler).
 //!
 //! An adapter's tests implement [`BrokerUnderTest`] and run the scenario
 //! with two lines each: a worker entry point, marked `#[test]` and
@@ -44,8 +44,8 @@ use std::time::Duration;
 
 use idem::{Backoff, Idempotency, Store};
 
-use crate::ledger::{eventually, Ledger, Work};
-use crate::under_test::{BrokerUnderTest, DeadLetterSeen};
+use crate::consumers::ledger::{eventually, Ledger, Work};
+use crate::consumers::under_test::{BrokerUnderTest, DeadLetterSeen};
 
 /// The environment variable telling a worker process which key to hang on.
 pub const SLOW_VAR: &str = "IDEM_WORKER_SLOW";
@@ -346,12 +346,12 @@ macro_rules! killed_worker_test {
         #[test]
         #[ignore = "a worker process, started by the multi-process tests"]
         fn worker_process() {
-            $crate::scenario::worker_process::<$setup>();
+            $crate::consumers::scenario::worker_process::<$setup>();
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_killed_worker_duplicates_retries_and_poison_end_with_one_effect_each() {
-            $crate::scenario::killed_worker::<$setup>($name).await;
+            $crate::consumers::scenario::killed_worker::<$setup>($name).await;
         }
     };
 }

@@ -1,12 +1,12 @@
 //! What the shared consumer scenarios need of a broker: an adapter's
 //! tests implement [`BrokerUnderTest`] once, and every scenario (the
-//! worker kill in [`scenario`](crate::scenario)) runs against it.
+//! worker kill in [`scenario`](crate::consumers::scenario)) runs against it.
 
 use std::future::Future;
 
 use idem::GetRecord;
 
-use crate::ledger::{Ledger, Work};
+use crate::consumers::ledger::{Ledger, Work};
 use crate::ServerError;
 
 /// A dead-letter as the scenarios read it back from the broker.
@@ -22,7 +22,7 @@ pub struct DeadLetterSeen {
 
 /// One broker, set up for one test: a fresh destination (queue, stream),
 /// its effects ledger, and a consumer of it with the scenario's executor
-/// ([`scenario::executor`](crate::scenario::executor)), scope `orders` and
+/// ([`scenario::executor`](crate::consumers::scenario::executor)), scope `orders` and
 /// keys from the `Idempotency-Key` header.
 ///
 /// Worker processes are the test binary started again; they find the
@@ -48,7 +48,7 @@ pub trait BrokerUnderTest: Sized {
     fn publish(&self, key: Option<&str>, payload: &str) -> impl Future<Output = ()> + Send;
 
     /// Consumes with the handler of `work` (by
-    /// [`Work::handler`](crate::ledger::Work::handler)) until `shutdown`
+    /// [`Work::handler`](crate::consumers::ledger::Work::handler)) until `shutdown`
     /// resolves, then stops as the adapter's `run` does on shutdown
     /// (finishing the deliveries in flight; a Kafka member commits and
     /// leaves its group), or until the process is killed.

@@ -5,6 +5,13 @@
 //! it changes, not a page of forwarding. Stores themselves are proven
 //! against real servers, never through a double.
 
+mod clock;
+mod down;
+pub mod proxy;
+
+pub use clock::TokioClock;
+pub use down::DownStore;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;

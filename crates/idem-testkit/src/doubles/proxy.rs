@@ -27,7 +27,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::server::failed;
+use crate::servers::failed;
 use crate::ServerError;
 
 /// The faults in force. [`Faults::default`] forwards everything untouched.

@@ -7,9 +7,9 @@ use std::net::{Ipv4Addr, TcpListener};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::redis::{cli, RedisServer};
-use crate::server::failed;
-use crate::server::ServerError;
+use crate::servers::failed;
+use crate::servers::redis::{cli, RedisServer};
+use crate::servers::ServerError;
 
 /// The masters of every Cluster here.
 const MASTERS: usize = 3;

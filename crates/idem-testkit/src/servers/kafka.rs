@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use crate::server::{failed, tool, Watched};
-pub use crate::server::{free_port, ServerError};
+use crate::servers::{failed, tool, Watched};
+pub use crate::servers::{free_port, ServerError};
 
 /// One Tansu broker child process.
 #[derive(Debug)]

@@ -1,5 +1,16 @@
-//! What the test servers share: their error, free ports, and finding
-//! programs.
+//! The real servers the tests run, each started on a free loopback port
+//! for one run (PostgreSQL, Redis standalone and Cluster, RabbitMQ, NATS
+//! JetStream, a Kafka-protocol broker, moto for AWS), and what they share:
+//! their error, free ports, and finding programs.
+
+pub(crate) mod cluster;
+pub mod kafka;
+pub mod moto;
+pub mod nats;
+pub mod postgres;
+pub mod rabbitmq;
+pub mod redis;
+pub mod tls;
 
 use std::ffi::OsStr;
 use std::io::Write;

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use crate::server::{failed, tool, Watched};
-pub use crate::server::{free_port, ServerError};
+use crate::servers::{failed, tool, Watched};
+pub use crate::servers::{free_port, ServerError};
 
 /// The credentials and region tests sign with (moto accepts any).
 pub const ACCESS_KEY: &str = "idem-test";

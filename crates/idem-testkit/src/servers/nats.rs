@@ -11,8 +11,8 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use crate::server::{failed, which, Watched};
-pub use crate::server::{free_port, ServerError};
+use crate::servers::{failed, which, Watched};
+pub use crate::servers::{free_port, ServerError};
 
 /// The watchdog: `$0` is the store directory, removed after the kill.
 /// A first line `keep` leaves the directory, for a restart.

@@ -20,8 +20,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::server::{failed, free_port, ServerError};
-use crate::tls::Certificates;
+use crate::servers::tls::Certificates;
+use crate::servers::{failed, free_port, ServerError};
 
 /// The watchdog: `$1` is the data directory, the rest is the `postgres`
 /// command line. A first line of `keep` on stdin keeps the data directory

@@ -19,8 +19,8 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::server::{failed, listening, wait_listening};
-pub use crate::server::{free_port, ServerError};
+use crate::servers::{failed, listening, wait_listening};
+pub use crate::servers::{free_port, ServerError};
 
 const PROGRAM: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
 

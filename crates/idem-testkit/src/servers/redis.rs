@@ -14,9 +14,9 @@ use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub use crate::cluster::{ClusterSpec, RedisCluster};
-use crate::server::{failed, which};
-pub use crate::server::{free_port, ServerError};
+pub use crate::servers::cluster::{ClusterSpec, RedisCluster};
+use crate::servers::{failed, which};
+pub use crate::servers::{free_port, ServerError};
 
 /// The watchdog: starts the server, waits for its stdin to close, then
 /// kills the server (SIGKILL: a crash, as far as Redis can tell). The PID

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::server::{failed, ServerError};
+use crate::servers::{failed, ServerError};
 
 /// The files [`certificates`] wrote.
 #[derive(Debug, Clone)]
