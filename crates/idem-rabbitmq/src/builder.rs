@@ -1,0 +1,122 @@
+//! [`RabbitConsumerBuilder`]: defaults, settings and start-up.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem::{Codec, Store};
+use idem_consumer::{Consumer, RedeliveryWindow};
+
+use crate::broker::{Link, Rabbit};
+use crate::consumer::RabbitConsumer;
+use crate::error::RabbitError;
+use crate::topology::{validate, Topology};
+
+/// The retry delays used unless configured: 1 s, 5 s, 30 s, 2 min, 10 min.
+pub const DEFAULT_RETRY_DELAYS: [Duration; 5] = [
+    Duration::from_secs(1),
+    Duration::from_secs(5),
+    Duration::from_secs(30),
+    Duration::from_secs(120),
+    Duration::from_secs(600),
+];
+
+/// The prefetch (unacknowledged deliveries in flight) unless configured.
+pub const DEFAULT_PREFETCH: u16 = 16;
+
+/// Builds a [`RabbitConsumer`].
+pub struct RabbitConsumerBuilder<S, C> {
+    pub(crate) url: String,
+    pub(crate) queue: String,
+    pub(crate) consumer: Consumer<S, C>,
+    pub(crate) prefetch: u16,
+    pub(crate) retry_delays: Vec<Duration>,
+    pub(crate) message_ttl: Option<Duration>,
+    pub(crate) redelivery_window: Option<Duration>,
+}
+
+impl<S: Store, C: Codec> RabbitConsumerBuilder<S, C> {
+    /// How many deliveries may be unacknowledged at once (default 16);
+    /// they are processed concurrently.
+    #[must_use]
+    pub fn prefetch(mut self, prefetch: u16) -> Self {
+        self.prefetch = prefetch;
+        self
+    }
+
+    /// The retry delays, one retry queue each (default
+    /// [`DEFAULT_RETRY_DELAYS`]). A retry goes to the smallest delay at
+    /// least as long as asked, or the longest.
+    #[must_use]
+    pub fn retry_delays(mut self, delays: impl IntoIterator<Item = Duration>) -> Self {
+        self.retry_delays = delays.into_iter().collect();
+        self
+    }
+
+    /// Gives `<queue>` this message TTL: messages waiting longer are moved
+    /// to `<queue>.dead` (never dropped), and the redelivery window is
+    /// known.
+    #[must_use]
+    pub fn message_ttl(mut self, ttl: Duration) -> Self {
+        self.message_ttl = Some(ttl);
+        self
+    }
+
+    /// States the longest a message can wait in `<queue>` (the longest
+    /// backlog you run with) when it has no message TTL.
+    #[must_use]
+    pub fn redelivery_window(mut self, window: Duration) -> Self {
+        self.redelivery_window = Some(window);
+        self
+    }
+
+    /// Connects, checks the configuration and declares the topology.
+    pub async fn connect(self) -> Result<RabbitConsumer<S, C>, RabbitError> {
+        let mut delays = self.retry_delays.clone();
+        delays.sort();
+        delays.dedup();
+        validate(&self.queue, self.prefetch, &delays)?;
+        let longest = delays.last().copied().unwrap_or_default();
+        let window = match (self.message_ttl, self.redelivery_window) {
+            (Some(ttl), _) => RedeliveryWindow::new(
+                format!(
+                    "queue {:?}'s message TTL ({ttl:?}) plus its longest retry delay \
+                     ({longest:?})",
+                    self.queue
+                ),
+                ttl + longest,
+            ),
+            (None, Some(window)) => RedeliveryWindow::new(
+                format!(
+                    "queue {:?}'s stated redelivery window ({window:?}) plus its longest retry \
+                     delay ({longest:?})",
+                    self.queue
+                ),
+                window + longest,
+            ),
+            (None, None) => RedeliveryWindow::unbounded(format!(
+                "queue {:?} (no message_ttl and no stated redelivery_window)",
+                self.queue
+            )),
+        };
+        self.consumer.check_windows(&[window])?;
+        let topology = Topology {
+            queue: self.queue,
+            retries: delays,
+            message_ttl: self.message_ttl,
+        };
+        let link = Link::open(&self.url, &topology).await?;
+        Ok(RabbitConsumer {
+            broker: Arc::new(Rabbit {
+                url: self.url,
+                link: Mutex::new(link),
+                repairing: tokio::sync::Mutex::new(()),
+                running: AtomicBool::new(false),
+                topology,
+                prefetch: self.prefetch,
+                consuming: Mutex::new(None),
+            }),
+            consumer: self.consumer,
+        })
+    }
+}

@@ -1,0 +1,146 @@
+//! The queues the consumer declares (retry queues by delay, the
+//! dead-letter queue), and the rules its settings must keep.
+
+use std::time::Duration;
+
+use lapin::options::QueueDeclareOptions;
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::Channel;
+
+use crate::error::RabbitError;
+
+pub(crate) fn validate(queue: &str, prefetch: u16, delays: &[Duration]) -> Result<(), RabbitError> {
+    if queue.is_empty() || queue.len() > 200 {
+        return Err(RabbitError::Config(format!(
+            "queue name must be 1..=200 bytes (the retry and dead-letter queues add a suffix), \
+             got {} bytes",
+            queue.len()
+        )));
+    }
+    if prefetch == 0 {
+        return Err(RabbitError::Config(
+            "prefetch must be at least 1 (0 means unlimited in AMQP)".to_owned(),
+        ));
+    }
+    if delays.is_empty() {
+        return Err(RabbitError::Config(
+            "at least one retry delay is needed".to_owned(),
+        ));
+    }
+    if let Some(bad) = delays
+        .iter()
+        .find(|d| d.as_millis() == 0 || d.as_millis() > u128::from(u32::MAX))
+    {
+        return Err(RabbitError::Config(format!(
+            "retry delay {bad:?} must be 1 ms to {} ms",
+            u32::MAX
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) struct Topology {
+    pub(crate) queue: String,
+    pub(crate) retries: Vec<Duration>,
+    pub(crate) message_ttl: Option<Duration>,
+}
+
+impl Topology {
+    pub(crate) fn dead(&self) -> String {
+        format!("{}.dead", self.queue)
+    }
+
+    pub(crate) fn retry_queue(&self, delay: Duration) -> String {
+        format!("{}.retry.{}ms", self.queue, delay.as_millis())
+    }
+
+    /// The retry queue for a delay: the smallest at least as long, or the
+    /// longest.
+    pub(crate) fn retry_for(&self, after: Duration) -> String {
+        let delay = self
+            .retries
+            .iter()
+            .copied()
+            .find(|d| *d >= after)
+            .or_else(|| self.retries.last().copied())
+            .unwrap_or(after);
+        self.retry_queue(delay)
+    }
+
+    pub(crate) async fn declare(&self, channel: &Channel) -> Result<(), RabbitError> {
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        let declare = |name: String, args: FieldTable| async move {
+            channel
+                .queue_declare(name.as_str().into(), durable, args)
+                .await
+                .map_err(|source| RabbitError::Declare {
+                    queue: name.clone(),
+                    source,
+                })
+        };
+        declare(self.dead(), FieldTable::default()).await?;
+        let mut main = dead_letter_to(&self.dead());
+        if let Some(ttl) = self.message_ttl {
+            main.insert("x-message-ttl".into(), millis(ttl));
+        }
+        declare(self.queue.clone(), main).await?;
+        for delay in &self.retries {
+            let mut args = dead_letter_to(&self.queue);
+            args.insert("x-message-ttl".into(), millis(*delay));
+            declare(self.retry_queue(*delay), args).await?;
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn dead_letter_to(queue: &str) -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert("x-dead-letter-exchange".into(), long_string(""));
+    args.insert("x-dead-letter-routing-key".into(), long_string(queue));
+    args
+}
+
+pub(crate) fn millis(d: Duration) -> AMQPValue {
+    AMQPValue::LongLongInt(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+pub(crate) fn long_string(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DEFAULT_RETRY_DELAYS;
+
+    #[test]
+    fn a_retry_goes_to_the_smallest_queue_at_least_as_long() {
+        let t = Topology {
+            queue: "q".to_owned(),
+            retries: DEFAULT_RETRY_DELAYS.to_vec(),
+            message_ttl: None,
+        };
+        assert_eq!(t.retry_for(Duration::from_millis(1)), "q.retry.1000ms");
+        assert_eq!(t.retry_for(Duration::from_secs(1)), "q.retry.1000ms");
+        assert_eq!(t.retry_for(Duration::from_millis(1001)), "q.retry.5000ms");
+        assert_eq!(t.retry_for(Duration::from_secs(3600)), "q.retry.600000ms");
+    }
+
+    #[test]
+    fn bad_configuration_is_refused_with_the_rule() {
+        let ok = [Duration::from_secs(1)];
+        assert!(validate("q", 16, &ok).is_ok());
+        for (queue, prefetch, delays, needle) in [
+            ("", 16, &ok[..], "1..=200 bytes"),
+            ("q", 0, &ok[..], "prefetch"),
+            ("q", 16, &[][..], "at least one retry delay"),
+            ("q", 16, &[Duration::ZERO][..], "must be 1 ms"),
+        ] {
+            let err = validate(queue, prefetch, delays).expect_err("refused");
+            assert!(err.to_string().contains(needle), "{err}");
+        }
+    }
+}
