@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use aws_sdk_sqs::config::timeout::TimeoutConfig;
 use aws_sdk_sqs::Client;
+
 pub use idem_aws::ConfigError;
 
 /// The SDK's standard retries and a 30 s limit per attempt (a receive
