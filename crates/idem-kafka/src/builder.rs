@@ -13,12 +13,11 @@ use rdkafka::consumer::Consumer as _;
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::producer::FutureProducer;
 
-use crate::consumer::{blocking, Ahead, Shared};
+use crate::consumer::{blocking, Ahead, KafkaConsumer, Shared};
+use crate::dead_letter::DEAD_LETTER_SUFFIX;
+use crate::error::KafkaConsumerError;
 use crate::lane::{GroupContext, Kafka, LogContext};
-use crate::KafkaConsumer;
-use crate::KafkaConsumerError;
-use crate::PartitionOrder;
-use crate::DEAD_LETTER_SUFFIX;
+use crate::order::PartitionOrder;
 
 /// How many records wait in a lane before its partition is paused.
 /// librdkafka drops what it prefetched for a paused partition and fetches
@@ -378,5 +377,31 @@ impl Setup<'_> {
             }
         }
         windows
+    }
+}
+
+impl<S: Store, C: Codec> KafkaConsumer<S, C> {
+    /// A consumer in group `group` reading `topics` from the brokers
+    /// `bootstrap` (`host:port[,host:port…]`).
+    pub fn builder(
+        bootstrap: &str,
+        group: &str,
+        topics: &[&str],
+        consumer: Consumer<S, C>,
+    ) -> KafkaConsumerBuilder<S, C> {
+        KafkaConsumerBuilder {
+            common: vec![("bootstrap.servers".to_owned(), bootstrap.to_owned())],
+            consumer_only: Vec::new(),
+            producer_only: Vec::new(),
+            group: group.to_owned(),
+            topics: topics.iter().map(|t| (*t).to_owned()).collect(),
+            consumer,
+            dead_letters: HashMap::new(),
+            assumed_window: None,
+            max_buffered: DEFAULT_MAX_BUFFERED,
+            order: PartitionOrder::Offsets,
+            ahead: None,
+            setup_timeout: DEFAULT_SETUP_TIMEOUT,
+        }
     }
 }

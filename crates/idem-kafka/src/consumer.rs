@@ -7,26 +7,22 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
 use futures_util::StreamExt;
-use idem::{ClaimedAhead, Codec, Store};
+use idem::{Codec, Store};
 use idem_consumer::{Consumer, Job, Stopped};
 use rdkafka::consumer::{CommitMode, Consumer as _};
 use rdkafka::error::{KafkaError as RdKafkaError, RDKafkaErrorCode};
-use rdkafka::producer::FutureProducer;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
-use crate::lane::{Kafka, LaneState, LogContext, Partition};
+use crate::error::KafkaConsumerError;
+use crate::lane::{LaneState, Partition};
+use crate::message::KafkaMessage;
 use crate::run::lane;
-use crate::KafkaConsumerBuilder;
-use crate::KafkaConsumerError;
-use crate::KafkaMessage;
-use crate::PartitionOrder;
-use crate::DEFAULT_MAX_BUFFERED;
-use crate::DEFAULT_SETUP_TIMEOUT;
+
+pub(crate) use crate::shared::{Ahead, Shared};
 
 /// How long the dispatcher waits after the stream reports an error.
 const STREAM_BACKOFF: Duration = Duration::from_millis(200);
@@ -37,21 +33,6 @@ pub struct KafkaConsumer<S, C> {
     pub(crate) shared: Arc<Shared<S, C>>,
 }
 
-pub(crate) struct Shared<S, C> {
-    pub(crate) kafka: Arc<Kafka>,
-    pub(crate) producer: FutureProducer<LogContext>,
-    pub(crate) consumer: Consumer<S, C>,
-    pub(crate) dead_letters: HashMap<String, String>,
-    pub(crate) max_buffered: usize,
-    pub(crate) order: PartitionOrder,
-    pub(crate) ahead: Option<(usize, Ahead)>,
-}
-
-/// Claims records ahead of their runs, in one round trip.
-pub(crate) type Ahead = Arc<
-    dyn Fn(Vec<Arc<KafkaMessage>>) -> BoxFuture<'static, Vec<Option<ClaimedAhead>>> + Send + Sync,
->;
-
 /// A lane as the dispatcher holds it.
 struct LaneHandle {
     state: Arc<LaneState>,
@@ -59,30 +40,6 @@ struct LaneHandle {
 }
 
 impl<S: Store, C: Codec> KafkaConsumer<S, C> {
-    /// A consumer in group `group` reading `topics` from the brokers
-    /// `bootstrap` (`host:port[,host:port…]`).
-    pub fn builder(
-        bootstrap: &str,
-        group: &str,
-        topics: &[&str],
-        consumer: Consumer<S, C>,
-    ) -> KafkaConsumerBuilder<S, C> {
-        KafkaConsumerBuilder {
-            common: vec![("bootstrap.servers".to_owned(), bootstrap.to_owned())],
-            consumer_only: Vec::new(),
-            producer_only: Vec::new(),
-            group: group.to_owned(),
-            topics: topics.iter().map(|t| (*t).to_owned()).collect(),
-            consumer,
-            dead_letters: HashMap::new(),
-            assumed_window: None,
-            max_buffered: DEFAULT_MAX_BUFFERED,
-            order: PartitionOrder::Offsets,
-            ahead: None,
-            setup_timeout: DEFAULT_SETUP_TIMEOUT,
-        }
-    }
-
     /// The consumer layer (for its [`stats`](Consumer::stats)).
     pub fn consumer(&self) -> &Consumer<S, C> {
         &self.shared.consumer

@@ -11,9 +11,9 @@ use rdkafka::util::Timeout;
 use rdkafka::Message as _;
 use tokio::sync::watch;
 
-use crate::consumer::Shared;
 use crate::lane::LaneState;
-use crate::KafkaMessage;
+use crate::message::KafkaMessage;
+use crate::shared::Shared;
 
 /// Header with the topic a dead-lettered record was read from.
 pub const SOURCE_TOPIC_HEADER: &str = "Idem-Source-Topic";

@@ -117,6 +117,7 @@ mod lane;
 mod message;
 mod order;
 mod run;
+mod shared;
 
 pub use builder::{KafkaConsumerBuilder, DEFAULT_MAX_BUFFERED, DEFAULT_SETUP_TIMEOUT};
 pub use consumer::KafkaConsumer;

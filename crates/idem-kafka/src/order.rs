@@ -1,7 +1,7 @@
 //! How the records of one partition may overlap: [`PartitionOrder`] and
 //! the chains it makes.
 
-use crate::KafkaMessage;
+use crate::message::KafkaMessage;
 
 /// Records that must not overlap: under [`PartitionOrder::Offsets`] the
 /// whole partition, under [`PartitionOrder::Keys`] one record key (a record

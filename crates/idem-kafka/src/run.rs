@@ -14,11 +14,11 @@ use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
-use crate::consumer::{Ahead, Shared};
 use crate::lane;
 use crate::lane::{LaneState, Partition};
+use crate::message::KafkaMessage;
 use crate::order::Chain;
-use crate::KafkaMessage;
+use crate::shared::{Ahead, Shared};
 
 /// One partition's worker: see the `lane` module. Records join a chain
 /// (the whole partition, or their record key under

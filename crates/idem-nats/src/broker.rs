@@ -10,9 +10,8 @@ use futures_util::future::ready;
 use futures_util::StreamExt;
 use idem_consumer::{Broker, DeadLetter, Deliveries, SettleError};
 
-use crate::message::split;
-use crate::NatsError;
-use crate::NatsMessage;
+use crate::error::NatsError;
+use crate::message::{split, NatsMessage};
 
 /// Header with the subject a dead-lettered message was published to.
 pub const SUBJECT_HEADER: &str = "Idem-Subject";

@@ -11,9 +11,8 @@ use idem::{Codec, Store};
 use idem_consumer::{Consumer, RedeliveryWindow};
 
 use crate::broker::JetStream;
-use crate::error::{boxed, js_error};
-use crate::NatsConsumer;
-use crate::NatsError;
+use crate::consumer::NatsConsumer;
+use crate::error::{boxed, js_error, NatsError};
 
 /// The concurrency (messages in flight per worker) unless configured.
 pub const DEFAULT_CONCURRENCY: usize = 16;
@@ -205,4 +204,26 @@ async fn ensure_dead_stream(js: &Context, stream: &str, subject: &str) -> Result
         "creating stream {stream}_DEAD for dead-letter subject {subject:?}"
     )))?;
     Ok(())
+}
+
+impl<S: Store> NatsConsumer<S, idem::Json> {
+    /// The durable pull consumer `durable` of `stream` at `url`.
+    pub fn builder<C: Codec>(
+        url: &str,
+        stream: &str,
+        durable: &str,
+        consumer: Consumer<S, C>,
+    ) -> NatsConsumerBuilder<S, C> {
+        NatsConsumerBuilder {
+            url: url.to_owned(),
+            stream: stream.to_owned(),
+            durable: durable.to_owned(),
+            consumer,
+            concurrency: DEFAULT_CONCURRENCY,
+            ack_wait: DEFAULT_ACK_WAIT,
+            filter_subject: None,
+            dead_subject: None,
+            redelivery_window: None,
+        }
+    }
 }

@@ -10,38 +10,13 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::broker::JetStream;
-use crate::NatsConsumerBuilder;
-use crate::NatsError;
-use crate::NatsMessage;
-use crate::DEFAULT_ACK_WAIT;
-use crate::DEFAULT_CONCURRENCY;
+use crate::error::NatsError;
+use crate::message::NatsMessage;
 
 /// A JetStream pull consumer that runs every message through idem.
 pub struct NatsConsumer<S, C> {
     pub(crate) broker: Arc<JetStream>,
     pub(crate) consumer: Consumer<S, C>,
-}
-
-impl<S: Store> NatsConsumer<S, idem::Json> {
-    /// The durable pull consumer `durable` of `stream` at `url`.
-    pub fn builder<C: Codec>(
-        url: &str,
-        stream: &str,
-        durable: &str,
-        consumer: Consumer<S, C>,
-    ) -> NatsConsumerBuilder<S, C> {
-        NatsConsumerBuilder {
-            url: url.to_owned(),
-            stream: stream.to_owned(),
-            durable: durable.to_owned(),
-            consumer,
-            concurrency: DEFAULT_CONCURRENCY,
-            ack_wait: DEFAULT_ACK_WAIT,
-            filter_subject: None,
-            dead_subject: None,
-            redelivery_window: None,
-        }
-    }
 }
 
 impl<S, C> NatsConsumer<S, C>

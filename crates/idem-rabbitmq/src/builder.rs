@@ -120,3 +120,22 @@ impl<S: Store, C: Codec> RabbitConsumerBuilder<S, C> {
         })
     }
 }
+
+impl<S: Store> RabbitConsumer<S, idem::Json> {
+    /// A consumer of `queue` at `url` (`amqp://user:pass@host:port/vhost`).
+    pub fn builder<C: Codec>(
+        url: &str,
+        queue: &str,
+        consumer: Consumer<S, C>,
+    ) -> RabbitConsumerBuilder<S, C> {
+        RabbitConsumerBuilder {
+            url: url.to_owned(),
+            queue: queue.to_owned(),
+            consumer,
+            prefetch: DEFAULT_PREFETCH,
+            retry_delays: DEFAULT_RETRY_DELAYS.to_vec(),
+            message_ttl: None,
+            redelivery_window: None,
+        }
+    }
+}

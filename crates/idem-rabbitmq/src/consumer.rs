@@ -11,35 +11,13 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::broker::Rabbit;
-use crate::builder::RabbitConsumerBuilder;
 use crate::error::RabbitError;
 use crate::message::AmqpMessage;
-use crate::DEFAULT_PREFETCH;
-use crate::DEFAULT_RETRY_DELAYS;
 
 /// A RabbitMQ queue consumer that runs every delivery through idem.
 pub struct RabbitConsumer<S, C> {
     pub(crate) broker: Arc<Rabbit>,
     pub(crate) consumer: Consumer<S, C>,
-}
-
-impl<S: Store> RabbitConsumer<S, idem::Json> {
-    /// A consumer of `queue` at `url` (`amqp://user:pass@host:port/vhost`).
-    pub fn builder<C: Codec>(
-        url: &str,
-        queue: &str,
-        consumer: Consumer<S, C>,
-    ) -> RabbitConsumerBuilder<S, C> {
-        RabbitConsumerBuilder {
-            url: url.to_owned(),
-            queue: queue.to_owned(),
-            consumer,
-            prefetch: DEFAULT_PREFETCH,
-            retry_delays: DEFAULT_RETRY_DELAYS.to_vec(),
-            message_ttl: None,
-            redelivery_window: None,
-        }
-    }
 }
 
 impl<S, C> RabbitConsumer<S, C>

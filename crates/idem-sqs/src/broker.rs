@@ -10,10 +10,8 @@ use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName};
 use idem_consumer::{Broker, DeadLetter, Deliveries, SettleError};
 
-use crate::error::error_text;
-use crate::message::{seconds, Queue};
-use crate::SqsError;
-use crate::SqsMessage;
+use crate::error::{error_text, SqsError};
+use crate::message::{seconds, Queue, SqsMessage};
 
 /// Attribute with the SQS message id of the dead-lettered original.
 pub const SOURCE_ATTRIBUTE: &str = "Idem-Source-Message-Id";

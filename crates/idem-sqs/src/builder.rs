@@ -10,10 +10,9 @@ use idem::{Codec, Store};
 use idem_consumer::{Consumer, RedeliveryWindow};
 
 use crate::broker::Sqs;
-use crate::error::request_error;
+use crate::consumer::SqsConsumer;
+use crate::error::{request_error, SqsError};
 use crate::message::Queue;
-use crate::SqsConsumer;
-use crate::SqsError;
 
 /// The concurrency (messages in flight per worker) unless configured.
 pub const DEFAULT_CONCURRENCY: usize = 16;
@@ -170,4 +169,23 @@ async fn create_dead_letter_queue(
         what: format!("creating dead-letter queue {dead}"),
         detail: "SQS returned no queue URL".to_owned(),
     })
+}
+
+impl<S: Store> SqsConsumer<S, idem::Json> {
+    /// A consumer of the queue at `queue_url`.
+    pub fn builder<C: Codec>(
+        client: Client,
+        queue_url: &str,
+        consumer: Consumer<S, C>,
+    ) -> SqsConsumerBuilder<S, C> {
+        SqsConsumerBuilder {
+            client,
+            queue_url: queue_url.to_owned(),
+            consumer,
+            concurrency: DEFAULT_CONCURRENCY,
+            wait: DEFAULT_WAIT,
+            dead_letter_url: None,
+            accept_redrive: false,
+        }
+    }
 }

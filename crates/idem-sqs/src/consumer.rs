@@ -4,42 +4,19 @@ use std::error::Error as StdError;
 use std::future::Future;
 use std::sync::Arc;
 
-use aws_sdk_sqs::Client;
 use idem::{Codec, Store};
 use idem_consumer::{Consumer, Job, Stopped};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::broker::Sqs;
-use crate::SqsConsumerBuilder;
-use crate::SqsError;
-use crate::SqsMessage;
-use crate::DEFAULT_CONCURRENCY;
-use crate::DEFAULT_WAIT;
+use crate::error::SqsError;
+use crate::message::SqsMessage;
 
 /// An SQS consumer that runs every message through idem.
 pub struct SqsConsumer<S, C> {
     pub(crate) broker: Arc<Sqs>,
     pub(crate) consumer: Consumer<S, C>,
-}
-
-impl<S: Store> SqsConsumer<S, idem::Json> {
-    /// A consumer of the queue at `queue_url`.
-    pub fn builder<C: Codec>(
-        client: Client,
-        queue_url: &str,
-        consumer: Consumer<S, C>,
-    ) -> SqsConsumerBuilder<S, C> {
-        SqsConsumerBuilder {
-            client,
-            queue_url: queue_url.to_owned(),
-            consumer,
-            concurrency: DEFAULT_CONCURRENCY,
-            wait: DEFAULT_WAIT,
-            dead_letter_url: None,
-            accept_redrive: false,
-        }
-    }
 }
 
 impl<S, C> SqsConsumer<S, C>
