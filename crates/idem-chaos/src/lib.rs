@@ -1,5 +1,5 @@
 //! Fault-injection runs: proof that idem's exactly-once claims hold while
-//! processes die, stall and lose their store (DESIGN §11).
+//! processes die, stall and lose their store (docs/design.md §12).
 //!
 //! A run starts its own store (PostgreSQL or Redis, as child processes on
 //! loopback) behind the project's TCP fault proxy, and K worker

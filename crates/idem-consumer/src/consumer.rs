@@ -23,7 +23,7 @@ use crate::metrics as m;
 use crate::window::{RedeliveryWindow, WindowError};
 use crate::Message;
 
-/// What the adapter does with a delivery, per DESIGN.md §9.
+/// What the adapter does with a delivery, per docs/design.md §9.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Disposition {
@@ -305,7 +305,7 @@ impl<S: ClaimMany, C: Codec> ConsumerBuilder<S, C> {
 }
 
 /// The broker-agnostic consumer: reads a delivery's key, runs the handler
-/// through the executor, and decides the disposition (DESIGN.md §9):
+/// through the executor, and decides the disposition (docs/design.md §9):
 ///
 /// | outcome | disposition |
 /// |---|---|

@@ -1,7 +1,7 @@
 //! # idem-consumer: broker deliveries in, exactly-once effects out
 //!
 //! The broker-agnostic half of idem's consumer middleware
-//! (DESIGN.md §9). A delivery goes through
+//! (docs/design.md §9). A delivery goes through
 //!
 //! 1. **key extraction** ([`KeyExtractor`]): a header, the broker's
 //!    message id, a JSON pointer, a composite of fields, or a content hash;

@@ -52,7 +52,7 @@ pub struct ItemTooLarge {
 
 /// DynamoDB error codes after which the request was not applied and a
 /// later try can succeed: throttling, the service failing, and a
-/// conflict with a transaction on the same item (DESIGN §5.5).
+/// conflict with a transaction on the same item (docs/design.md §5.5).
 const TRANSIENT_CODES: &[&str] = &[
     "ThrottlingException",
     "ProvisionedThroughputExceededException",

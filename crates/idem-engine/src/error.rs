@@ -22,7 +22,7 @@ pub enum EngineError {
     /// A setting is out of range (a lease of zero, a retention too short).
     #[error("invalid setting: {0}")]
     Config(String),
-    /// The scope or key breaks the key rules (DESIGN §2).
+    /// The scope or key breaks the key rules (docs/design.md §2).
     #[error(transparent)]
     Key(#[from] KeyError),
     /// A value given as JSON (a result, a fingerprint) is not JSON.

@@ -1,6 +1,6 @@
 //! gRPC in the layer: what an upstream's `grpc-status` means for the key,
 //! and idem's own answers (problems) said the way gRPC clients read them,
-//! as trailers-only statuses (DESIGN §8).
+//! as trailers-only statuses (docs/design.md §8).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -18,7 +18,7 @@ pub(crate) enum Verdict {
     Stored,
     /// The codes gRPC maps to 5xx, 409 or 429 (UNAVAILABLE, ABORTED,
     /// RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL, DATA_LOSS): the key is
-    /// released, as for those HTTP statuses (DESIGN §8's default).
+    /// released, as for those HTTP statuses (docs/design.md §8's default).
     Released,
     /// The call was cut off while the upstream may have been acting on it
     /// (CANCELLED, UNKNOWN, DEADLINE_EXCEEDED): the outcome is unknown,

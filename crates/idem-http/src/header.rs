@@ -3,7 +3,7 @@
 //! The IETF draft makes the value an RFC 8941 sf-string (`"8e03978e-…"`).
 //! Many clients send it bare (`8e03978e-…`, which is not an sf-token when
 //! it starts with a digit), so a bare value is accepted too. Either way the
-//! key itself must then pass the key rules (DESIGN §2): 1..=255 bytes of
+//! key itself must then pass the key rules (docs/design.md §2): 1..=255 bytes of
 //! visible ASCII by default.
 
 use http::HeaderValue;

@@ -362,7 +362,7 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
 }
 
 /// A tower [`Layer`] giving covered requests `Idempotency-Key` semantics
-/// (DESIGN §8): one execution per key, stored responses replayed byte for
+/// (docs/design.md §8): one execution per key, stored responses replayed byte for
 /// byte, problem+json answers for everything else.
 ///
 /// The work of a covered request (calling the inner service, reading and

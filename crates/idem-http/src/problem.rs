@@ -43,7 +43,7 @@ impl Problem {
     }
 
     /// The answer. A gRPC caller of the layer gets it as a trailers-only
-    /// status instead (DESIGN §8).
+    /// status instead (docs/design.md §8).
     pub fn into_response(self) -> Response<Bytes> {
         let body = serde_json::json!({
             "type": self.kind,

@@ -1,5 +1,5 @@
 //! Every answer the middleware gives in place of the inner service's
-//! response: one variant per row of the status table (DESIGN §8), each
+//! response: one variant per row of the status table (docs/design.md §8), each
 //! knowing its status, problem type, title and `Retry-After`.
 
 use std::time::Duration;

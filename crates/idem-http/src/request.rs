@@ -400,7 +400,7 @@ impl<S: Store> Settings<S> {
             },
             // The store answered and refused the response (too large for
             // it, invalid): the run was recorded failed, so this is the
-            // answer every retry gets too (DESIGN §5.5).
+            // answer every retry gets too (docs/design.md §5.5).
             Err(RunError::Store(error)) if executed && error.is_refusal() => Rejection::NotStored {
                 detail: format!("the store refused it: {}", idem::error_chain(&error)),
             },

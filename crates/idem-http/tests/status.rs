@@ -1,4 +1,4 @@
-//! The status table (DESIGN §8), row by row, through the service alone
+//! The status table (docs/design.md §8), row by row, through the service alone
 //! (`tower::ServiceExt::oneshot`) over the in-memory store. The gateway's
 //! own tests keep what only the proxy does.
 

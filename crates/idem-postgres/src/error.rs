@@ -1,6 +1,6 @@
 //! What PostgreSQL's errors mean for a record: transient (the write did
 //! not land, or may not have; retried within the lease and read back) or a
-//! definite refusal (DESIGN §5.5), and whether a failed statement was
+//! definite refusal (docs/design.md §5.5), and whether a failed statement was
 //! rolled back whole.
 
 use deadpool_postgres::PoolError;

@@ -1,5 +1,5 @@
 //! Journaled steps survive a worker killed anywhere, and the completer
-//! finishes what the killed workers left (DESIGN §7).
+//! finishes what the killed workers left (docs/design.md §7).
 //!
 //! An order handler over real services: it reserves stock (a write to
 //! PostgreSQL, keyed by the step's downstream key), charges through a

@@ -1,4 +1,4 @@
-//! PostgreSQL's transient errors (DESIGN §5.5): a lock or statement
+//! PostgreSQL's transient errors (docs/design.md §5.5): a lock or statement
 //! timeout is "try again", never a definite refusal. A batch statement the
 //! server rolls back is run again item by item, so one locked record never
 //! fails its neighbours; and a run whose completion meets a lock held for a

@@ -67,7 +67,7 @@ pub(crate) fn timeout_error(what: &str) -> RedisError {
 /// a master down or a Cluster resharding or failing (`MASTERDOWN`,
 /// `TRYAGAIN`, `CLUSTERDOWN`, `MOVED`, `ASK`), too few replicas for
 /// `min-replicas-to-write` (`NOREPLICAS`), and memory full under
-/// `maxmemory` (`OOM`, resource exhaustion, DESIGN §5.5).
+/// `maxmemory` (`OOM`, resource exhaustion, docs/design.md §5.5).
 const TRANSIENT_CODES: &[&str] = &[
     "BUSY",
     "LOADING",

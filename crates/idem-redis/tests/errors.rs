@@ -205,7 +205,7 @@ async fn a_damaged_record_reads_as_corrupt_naming_it_and_is_left_alone() {
 /// Errors after which the command did not run and a later try can
 /// succeed are [`StoreError::Unavailable`] (retried within the lease and
 /// read back), never a definite refusal that would end a run whose effect
-/// happened (DESIGN §5.5): memory full (`OOM`), too few replicas
+/// happened (docs/design.md §5.5): memory full (`OOM`), too few replicas
 /// (`NOREPLICAS`), a script running too long (`BUSY`). Each on a server of
 /// its own, set up to answer so; once it is set back, the same claim
 /// goes through.

@@ -1,5 +1,5 @@
 //! One call of the claim API: a JSON request out, and the answer read as
-//! JSON or turned into the [`StoreError`] it means (DESIGN §5.5): no
+//! JSON or turned into the [`StoreError`] it means (docs/design.md §5.5): no
 //! answer, a 503 or a 5xx that says nothing are transient; a 409 is a lost
 //! lease; any other answered problem is a definite refusal.
 

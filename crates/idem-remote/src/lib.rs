@@ -23,7 +23,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! What it maps, and how (DESIGN §5.5): no answer, a timeout, a 503 (the
+//! What it maps, and how (docs/design.md §5.5): no answer, a timeout, a 503 (the
 //! server's store unavailable) or a bare 5xx from something in front of it
 //! are [`StoreError::Unavailable`](idem::StoreError::Unavailable), retried
 //! within the lease and read back; a 409 is a lost lease; any other

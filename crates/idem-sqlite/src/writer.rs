@@ -87,7 +87,7 @@ pub(crate) fn store_error(e: &rusqlite::Error) -> StoreError {
     }
 }
 
-/// Whether a SQLite error code is transient (DESIGN §5.5): the file
+/// Whether a SQLite error code is transient (docs/design.md §5.5): the file
 /// locked by another connection past the busy timeout (`SQLITE_BUSY`,
 /// `SQLITE_LOCKED`), the disk full, an I/O error, or the file not opened;
 /// the write was not applied, and a later try can succeed.

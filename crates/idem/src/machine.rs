@@ -249,7 +249,7 @@ pub fn decide_step_begin(
 /// holder of attempt `attempt`: another attempt's mark is a step in doubt;
 /// the same attempt's mark is its own earlier `begin_step`, whose answer
 /// was lost and which it is retrying, and since the work runs only after
-/// that answer, the step has not run (DESIGN §7): it is fresh.
+/// that answer, the step has not run (docs/design.md §7): it is fresh.
 pub fn step_begun(earlier: u32, attempt: u32) -> StepBegin {
     if earlier == attempt {
         StepBegin::Fresh

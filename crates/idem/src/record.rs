@@ -162,7 +162,7 @@ impl Failure {
     /// The terminal failure that ends a run whose result the store
     /// refused ([`StoreError::is_refusal`](crate::StoreError::is_refusal)):
     /// the work ran, so the record must not stay claimed to be taken over
-    /// and run again (DESIGN §5.5).
+    /// and run again (docs/design.md §5.5).
     pub fn result_refused(refusal: &crate::StoreError) -> Self {
         Self::new(
             FailureClass::Terminal,

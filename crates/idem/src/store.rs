@@ -82,7 +82,7 @@ impl StoreError {
     /// again will not change. Not a lost lease (the record moved on), and
     /// never [`StoreError::Unavailable`], whose write may yet land: a
     /// transient error is retried within the lease and read back
-    /// (DESIGN §5.5).
+    /// (docs/design.md §5.5).
     pub fn is_refusal(&self) -> bool {
         !matches!(self, StoreError::LeaseLost | StoreError::Unavailable(_))
     }

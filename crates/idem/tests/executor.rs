@@ -844,7 +844,7 @@ async fn checking_a_lost_complete_does_not_bring_a_deleted_key_back() {
 /// A response the store refuses (it answered, and said no) is not left as
 /// a live claim to be taken over and run again: the record ends failed
 /// with the reason (cut short, as the store refuses the whole of it too),
-/// and later runs replay that failure (DESIGN §5.5).
+/// and later runs replay that failure (docs/design.md §5.5).
 #[tokio::test(start_paused = true)]
 async fn a_response_the_store_refuses_ends_the_record_failed_and_never_runs_again() {
     let lease = Duration::from_secs(3);

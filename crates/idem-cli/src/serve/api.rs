@@ -365,7 +365,7 @@ async fn landed(
 /// Ends a claim whose result the store refused (too large for it, invalid)
 /// as the executor does: the work ran, so the record is failed, terminal,
 /// with the reason (cut short if the store refuses the whole message), and
-/// never left claimed to be taken over and run again (DESIGN §5.5). The
+/// never left claimed to be taken over and run again (docs/design.md §5.5). The
 /// answer is final: 422 `response-not-stored`, or the failure's own store
 /// problem if it could not be recorded either.
 async fn end_refused(

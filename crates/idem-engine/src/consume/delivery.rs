@@ -41,7 +41,7 @@ impl Message for Delivery {
     }
 }
 
-/// What to do with a delivery on the broker (DESIGN §9).
+/// What to do with a delivery on the broker (docs/design.md §9).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
     /// Acknowledge it: the effect is recorded (`ack`).

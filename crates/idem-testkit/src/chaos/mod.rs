@@ -1,4 +1,4 @@
-//! The fault-injection run for broker adapters (DESIGN §11): worker
+//! The fault-injection run for broker adapters (docs/design.md §12): worker
 //! processes consume a published workload with duplicates and poison
 //! messages from a real broker, with their records in a real store, while
 //! faults are injected at seeded random points:

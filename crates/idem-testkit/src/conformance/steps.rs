@@ -63,7 +63,7 @@ async fn begin<S: Steps>(f: &Fixture<S>, lease: &Lease, step: &str) -> StepBegin
 /// byte), and a step left started is reported in doubt with the attempt
 /// that started it — to a later attempt only: the same attempt beginning
 /// it again is retrying a `begin_step` whose answer was lost, and the
-/// step has not run (DESIGN §7).
+/// step has not run (docs/design.md §7).
 pub async fn steps_are_journaled_and_replayed<S: Steps>(f: &Fixture<S>) {
     let id = id(&f.scope("s"), "k");
     let p = params(f);

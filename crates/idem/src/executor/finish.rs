@@ -98,7 +98,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             Err(refused) if refused.is_refusal() => {
                 // The store answered and said no (too large, invalid,
                 // corrupt): left in progress, the claim would be taken
-                // over and the handler run again (DESIGN §5.5).
+                // over and the handler run again (docs/design.md §5.5).
                 tracing::error!(error = %refused, "the store refused the response; recording a terminal failure");
                 self.record_failure(lease, Failure::result_refused(&refused))
                     .await;

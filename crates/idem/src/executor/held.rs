@@ -49,7 +49,7 @@ impl<T: fmt::Debug, S: Store, C: Codec> fmt::Debug for Begun<T, S, C> {
 ///
 /// Dropping it without ending the run stops the heartbeat and leaves the
 /// record as a crash would: the lease runs out and the key is taken over
-/// (DESIGN §5.4).
+/// (docs/design.md §5.4).
 pub struct HeldRun<S: Store, C: Codec = Json> {
     idem: Idempotency<S, C>,
     /// `None` when running unguarded (fail-open with the store down).
