@@ -96,7 +96,7 @@ fn roots(ca_file: Option<&Path>) -> anyhow::Result<RootCertStore> {
 }
 
 /// A connector whose whole connect (TCP and TLS) has a time limit.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct Timed<C> {
     inner: C,
     limit: Duration,

@@ -230,6 +230,18 @@ pub struct ConsumerBuilder<S, C = Json> {
     ahead: Option<ClaimAhead<S, C>>,
 }
 
+impl<S, C> std::fmt::Debug for ConsumerBuilder<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsumerBuilder")
+            .field("idem", &self.idem)
+            .field("scope", &self.scope)
+            .field("name", &self.name)
+            .field("fingerprint", &self.fingerprint)
+            .field("claims_ahead", &self.ahead.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S: Store, C: Codec> ConsumerBuilder<S, C> {
     /// Where keys come from (default: the `Idempotency-Key` header, then
     /// the broker's message id; dead-letter when neither is present).
@@ -339,6 +351,16 @@ impl<S: ClaimMany, C: Codec> ConsumerBuilder<S, C> {
 /// ```
 pub struct Consumer<S, C = Json> {
     inner: Arc<Inner<S, C>>,
+}
+
+impl<S, C> std::fmt::Debug for Consumer<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("idem", &self.inner.idem)
+            .field("scope", &self.inner.scope)
+            .field("name", &self.inner.name)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<S, C> Clone for Consumer<S, C> {

@@ -46,6 +46,20 @@ pub struct IdempotencyLayerBuilder<S> {
     grpc_request_id: grpc::RequestIdFields,
 }
 
+impl<S> std::fmt::Debug for IdempotencyLayerBuilder<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyLayerBuilder")
+            .field("store", &std::any::type_name::<S>())
+            .field("methods", &self.methods)
+            .field("header", &self.header)
+            .field("required", &self.required)
+            .field("retention", &self.retention)
+            .field("lease", &self.lease)
+            .field("fail_open", &self.fail_open)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S: Store> IdempotencyLayerBuilder<S> {
     /// The methods covered (default POST and PATCH); others pass through
     /// untouched.

@@ -58,6 +58,17 @@ pub struct KafkaConsumerBuilder<S, C> {
     pub(crate) setup_timeout: Duration,
 }
 
+impl<S, C> std::fmt::Debug for KafkaConsumerBuilder<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaConsumerBuilder")
+            .field("group", &self.group)
+            .field("topics", &self.topics)
+            .field("consumer", &self.consumer)
+            .field("order", &self.order)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S: Store, C: Codec> KafkaConsumerBuilder<S, C> {
     /// Sets a librdkafka setting on both the consumer and the dead-letter
     /// producer (connection and security settings: `security.protocol`,

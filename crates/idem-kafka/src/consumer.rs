@@ -33,6 +33,15 @@ pub struct KafkaConsumer<S, C> {
     pub(crate) shared: Arc<Shared<S, C>>,
 }
 
+impl<S, C> std::fmt::Debug for KafkaConsumer<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaConsumer")
+            .field("consumer", &self.shared.consumer)
+            .field("order", &self.shared.order)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A lane as the dispatcher holds it.
 struct LaneHandle {
     state: Arc<LaneState>,

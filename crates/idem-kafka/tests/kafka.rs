@@ -375,8 +375,7 @@ async fn start_up_refuses_configurations_that_could_lose_or_rerun_records() {
     let missing = builder("no-such-topic", setup.consumer().await)
         .connect()
         .await
-        .err()
-        .expect("a missing topic is refused");
+        .expect_err("a missing topic is refused");
     assert!(
         matches!(&missing, KafkaConsumerError::TopicMissing { topic, .. } if topic == "no-such-topic"),
         "{missing}"
@@ -387,8 +386,7 @@ async fn start_up_refuses_configurations_that_could_lose_or_rerun_records() {
     let unbounded = builder(&forever, setup.consumer().await)
         .connect()
         .await
-        .err()
-        .expect("unbounded retention is refused");
+        .expect_err("unbounded retention is refused");
     assert!(
         matches!(
             unbounded,
@@ -402,8 +400,7 @@ async fn start_up_refuses_configurations_that_could_lose_or_rerun_records() {
     let short = builder(&week, setup.consumer().await)
         .connect()
         .await
-        .err()
-        .expect("records kept shorter than the topic are refused");
+        .expect_err("records kept shorter than the topic are refused");
     assert!(
         matches!(
             &short,
@@ -425,8 +422,7 @@ async fn start_up_refuses_configurations_that_could_lose_or_rerun_records() {
         .consumer_set("enable.auto.offset.store", "true")
         .connect()
         .await
-        .err()
-        .expect("storing offsets before processing is refused");
+        .expect_err("storing offsets before processing is refused");
     assert!(
         matches!(&early, KafkaConsumerError::Setting { setting, .. } if setting == "enable.auto.offset.store"),
         "{early}"
@@ -442,8 +438,7 @@ async fn start_up_refuses_configurations_that_could_lose_or_rerun_records() {
     .setup_timeout(Duration::from_secs(2))
     .connect()
     .await
-    .err()
-    .expect("an unreachable broker is an error");
+    .expect_err("an unreachable broker is an error");
     assert!(matches!(down, KafkaConsumerError::Broker { .. }), "{down}");
 
     let kafka = builder(&setup.topic, setup.consumer().await)

@@ -33,6 +33,17 @@ pub struct NatsConsumerBuilder<S, C> {
     pub(crate) redelivery_window: Option<Duration>,
 }
 
+impl<S, C> std::fmt::Debug for NatsConsumerBuilder<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsConsumerBuilder")
+            .field("stream", &self.stream)
+            .field("durable", &self.durable)
+            .field("consumer", &self.consumer)
+            .field("concurrency", &self.concurrency)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S: Store, C: Codec> NatsConsumerBuilder<S, C> {
     /// Messages processed at once (default 16); also the consumer's
     /// `max_ack_pending` when idem creates it.

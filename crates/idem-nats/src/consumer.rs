@@ -19,6 +19,14 @@ pub struct NatsConsumer<S, C> {
     pub(crate) consumer: Consumer<S, C>,
 }
 
+impl<S, C> std::fmt::Debug for NatsConsumer<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsConsumer")
+            .field("consumer", &self.consumer)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S, C> NatsConsumer<S, C>
 where
     S: Store + Send + Sync + 'static,

@@ -35,6 +35,17 @@ pub struct RabbitConsumerBuilder<S, C> {
     pub(crate) redelivery_window: Option<Duration>,
 }
 
+impl<S, C> std::fmt::Debug for RabbitConsumerBuilder<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitConsumerBuilder")
+            .field("queue", &self.queue)
+            .field("consumer", &self.consumer)
+            .field("prefetch", &self.prefetch)
+            .field("retry_delays", &self.retry_delays)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S: Store, C: Codec> RabbitConsumerBuilder<S, C> {
     /// How many deliveries may be unacknowledged at once (default 16);
     /// they are processed concurrently.

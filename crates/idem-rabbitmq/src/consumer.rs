@@ -20,6 +20,14 @@ pub struct RabbitConsumer<S, C> {
     pub(crate) consumer: Consumer<S, C>,
 }
 
+impl<S, C> std::fmt::Debug for RabbitConsumer<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitConsumer")
+            .field("consumer", &self.consumer)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S, C> RabbitConsumer<S, C>
 where
     S: Store + Send + Sync + 'static,
@@ -63,7 +71,7 @@ where
     /// ends the consumer (queue deleted); call it again (with a fresh
     /// [`connect`]) to go on.
     ///
-    /// [`connect`]: RabbitConsumerBuilder::connect
+    /// [`connect`]: crate::RabbitConsumerBuilder::connect
     pub async fn run<H, Fut, T, E>(
         &self,
         handler: H,

@@ -31,6 +31,17 @@ pub struct SqsConsumerBuilder<S, C> {
     pub(crate) accept_redrive: bool,
 }
 
+impl<S, C> std::fmt::Debug for SqsConsumerBuilder<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqsConsumerBuilder")
+            .field("queue_url", &self.queue_url)
+            .field("consumer", &self.consumer)
+            .field("concurrency", &self.concurrency)
+            .field("wait", &self.wait)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S: Store, C: Codec> SqsConsumerBuilder<S, C> {
     /// Messages processed at once (default 16).
     #[must_use]

@@ -19,6 +19,14 @@ pub struct SqsConsumer<S, C> {
     pub(crate) consumer: Consumer<S, C>,
 }
 
+impl<S, C> std::fmt::Debug for SqsConsumer<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqsConsumer")
+            .field("consumer", &self.consumer)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S, C> SqsConsumer<S, C>
 where
     S: Store + Send + Sync + 'static,

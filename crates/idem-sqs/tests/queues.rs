@@ -199,8 +199,7 @@ async fn start_up_refuses_configurations_that_could_lose_or_rerun_messages() {
     )
     .connect()
     .await
-    .err()
-    .expect("retention shorter than the queue's");
+    .expect_err("retention shorter than the queue's");
     assert!(
         matches!(err, SqsError::Window(WindowError::RetentionTooShort { .. })),
         "{err}"
@@ -220,8 +219,7 @@ async fn start_up_refuses_configurations_that_could_lose_or_rerun_messages() {
     )
     .connect()
     .await
-    .err()
-    .expect("heartbeat slower than the visibility timeout");
+    .expect_err("heartbeat slower than the visibility timeout");
     assert!(
         matches!(err, SqsError::Window(WindowError::HeartbeatTooSlow { .. })),
         "{err}"
@@ -261,8 +259,7 @@ async fn start_up_refuses_configurations_that_could_lose_or_rerun_messages() {
     let err = SqsConsumer::builder(client.clone(), &setup.queue_url, consumer())
         .connect()
         .await
-        .err()
-        .expect("redrive policy");
+        .expect_err("redrive policy");
     assert!(
         matches!(&err, SqsError::Config(text) if text.contains("RedrivePolicy")),
         "{err}"
@@ -276,8 +273,7 @@ async fn start_up_refuses_configurations_that_could_lose_or_rerun_messages() {
     let err = SqsConsumer::builder(client, &format!("{}-missing", setup.queue_url), consumer())
         .connect()
         .await
-        .err()
-        .expect("no such queue");
+        .expect_err("no such queue");
     assert!(
         matches!(&err, SqsError::Request { what, .. } if what.contains("-missing")),
         "{err}"

@@ -35,7 +35,7 @@
 //! - [`conformance`]: the store contract's cases, in groups by capability;
 //! - [`servers`]: the real services, started for a run on loopback;
 //! - [`doubles`]: store doubles and the TCP fault proxy;
-//! - [`consumers`] (the `consumers` feature): the consumer adapters'
+//! - `consumers` (the `consumers` feature): the consumer adapters'
 //!   shared proof, each over the adapter's `BrokerUnderTest`;
 //! - [`chaos`]: the seeded fault schedule, and (with `consumers`) the
 //!   broker adapters' fault-injection run, one `consumer_chaos!` line per

@@ -14,6 +14,7 @@ use rand::{Rng, SeedableRng};
 
 /// Seeded fault times and kinds: each round injects every kind once, in a
 /// seeded order, so even a short run sees them all.
+#[derive(Debug)]
 pub struct Schedule<K> {
     /// The fault stream's own random numbers, also for each fault's
     /// details, so the workload's shape does not move the faults.

@@ -60,6 +60,19 @@ pub struct IdempotencyBuilder<S, C = Json> {
     replay_cache_ttl: Duration,
 }
 
+impl<S, C> std::fmt::Debug for IdempotencyBuilder<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyBuilder")
+            .field("store", &std::any::type_name::<S>())
+            .field("lease", &self.lease)
+            .field("heartbeat", &self.heartbeat)
+            .field("retention", &self.retention)
+            .field("max_attempts", &self.max_attempts)
+            .field("fail_open", &self.fail_open)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S: Store, C: Codec> IdempotencyBuilder<S, C> {
     /// How long a claim lasts without a heartbeat (default 30 s). A worker
     /// that dies is taken over this long after its last heartbeat.

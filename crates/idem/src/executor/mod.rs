@@ -111,6 +111,20 @@ pub struct Idempotency<S, C = Json> {
     config: Arc<Config>,
 }
 
+impl<S, C> std::fmt::Debug for Idempotency<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("store", &std::any::type_name::<S>())
+            .field("lease", &self.config.lease)
+            .field("heartbeat", &self.config.heartbeat)
+            .field("retention", &self.config.retention)
+            .field("max_attempts", &self.config.max_attempts)
+            .field("fail_open", &self.config.fail_open)
+            .field("steps", &self.config.journal.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S: Clone, C: Clone> Clone for Idempotency<S, C> {
     fn clone(&self) -> Self {
         Self {
