@@ -22,8 +22,8 @@
 //! they are written for any `B` (an adapter names its own type):
 //!
 //! ```
-//! use idem_testkit::scenario;
-//! use idem_testkit::under_test::BrokerUnderTest;
+//! use idem_testkit::consumers::scenario;
+//! use idem_testkit::consumers::under_test::BrokerUnderTest;
 //!
 //! pub fn worker_process<B: BrokerUnderTest>() {
 //!     scenario::worker_process::<B>();

@@ -8,7 +8,7 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), idem_testkit::ServerError> {
 //! use std::time::Duration;
-//! let proxy = idem_testkit::proxy::FaultProxy::start("127.0.0.1:6379".parse().unwrap()).await?;
+//! let proxy = idem_testkit::doubles::proxy::FaultProxy::start("127.0.0.1:6379".parse().unwrap()).await?;
 //! // Point the client at proxy.addr() instead of the server, then:
 //! proxy.set_delay(Duration::from_millis(50));
 //! proxy.reset_all();
