@@ -4,12 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem::group::Pairs;
 use idem::TokenMint;
 
 use crate::error::ConnectError;
 use crate::sql::Sql;
 use crate::store::{Inner, PgStore};
-use crate::{conn, group, notify, schema};
+use crate::{conn, notify, schema};
 
 /// The default schema.
 pub const DEFAULT_SCHEMA: &str = "public";
@@ -145,7 +146,7 @@ impl PgStoreBuilder {
                 .map_err(|source| ConnectError::Unavailable { url, source })?,
         );
         if self.batching {
-            store.groups = Some(Arc::new(group::Groups::new(&store)));
+            store.groups = Some(Arc::new(Pairs::new(&store)));
         }
         if self.setup {
             store.setup().await.map_err(|source| ConnectError::Setup {

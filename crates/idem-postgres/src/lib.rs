@@ -87,7 +87,6 @@ mod builder;
 mod conn;
 mod encode;
 mod error;
-mod group;
 pub mod inbox;
 mod many;
 mod notify;

@@ -14,8 +14,8 @@ use idem::{
 use crate::encode;
 use crate::encode::{ms, token_bytes};
 use crate::error::one_item_may_cause;
-use crate::group::Direct;
 use crate::store::PgStore;
+use idem::group::{key_order, Direct};
 
 impl ClaimMany for PgStore {
     async fn claim_many(
@@ -189,21 +189,4 @@ impl PgStore {
             .map(|r| r.unwrap_or(Err(StoreError::Backend("claim missing from batch".into()))))
             .collect())
     }
-}
-
-/// The positions `0..n` of a batch's records (`id(i)`) in the keys' byte
-/// order (ties in the order given): the first of each record, and the
-/// later ones of a record named more than once.
-fn key_order<'a>(n: usize, id: impl Fn(usize) -> &'a RecordId) -> (Vec<usize>, Vec<usize>) {
-    let name = |i: usize| (id(i).scope().as_str(), id(i).key().as_str());
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by(|&a, &b| name(a).cmp(&name(b)).then(a.cmp(&b)));
-    let (mut first, mut later) = (Vec::new(), Vec::new());
-    for (pos, &i) in order.iter().enumerate() {
-        match pos.checked_sub(1).map(|p| order[p]) {
-            Some(prev) if id(prev) == id(i) => later.push(i),
-            _ => first.push(i),
-        }
-    }
-    (first, later)
 }

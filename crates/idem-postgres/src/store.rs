@@ -13,9 +13,9 @@ use tokio_postgres::{GenericClient, Statement};
 
 use crate::encode::{self, ms, token_bytes};
 use crate::error::{pg_error, pool_error};
-use crate::group::Direct;
 use crate::sql::Sql;
-use crate::{conn, group, notify, schema};
+use crate::{conn, notify, schema};
+use idem::group::{Direct, Pairs};
 
 /// How many times a claim runs its statement when the statement's
 /// snapshot keeps missing a row that a concurrent claim just committed.
@@ -27,7 +27,7 @@ pub struct PgStore {
     pub(crate) inner: Arc<Inner>,
     /// Claims and completions made together go together (unless turned
     /// off); `None` in the copies the groups send through.
-    pub(crate) groups: Option<Arc<group::Groups<PgStore>>>,
+    pub(crate) groups: Option<Arc<Pairs<PgStore>>>,
 }
 
 /// What clones of a store share.

@@ -53,6 +53,10 @@
 //! # });
 //! ```
 
+mod pairs;
+
+pub use pairs::{key_order, Direct, Pairs};
+
 use std::future::Future;
 use std::sync::Arc;
 

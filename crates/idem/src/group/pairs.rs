@@ -1,33 +1,33 @@
-//! Group commit ([`idem::group`]): claims that callers make at the same
-//! time go to PostgreSQL as one `claim_many` statement, completions as one
-//! `complete_many` statement, instead of a statement (and a WAL flush)
-//! each. A lone call runs its own statement at once.
-//!
-//! Each claim and completion is still atomic and answered on its own, as
-//! [`ClaimMany`] and [`CompleteMany`] promise; a statement that fails as a
-//! whole fails each call in it with the same error.
+//! [`Pairs`]: the group commits of a store whose claims and completions
+//! have a batch form ([`ClaimMany`], [`CompleteMany`]) beside a single
+//! one ([`Direct`]), as the relational stores have: claims made at the
+//! same time go as one `claim_many`, completions as one `complete_many`,
+//! each still answered on its own; a lone call runs its single form at
+//! once. A batch that fails as a whole fails each call in it with the
+//! same error.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::group::{Batch, GroupCommit, Limits};
-use idem::{
+
+use super::{lost, Batch, GroupCommit, Limits};
+use crate::{
     ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, Completion, Lease, RecordId, StoreError,
 };
 
 /// What a group sends through: a copy of the store without groups, whose
 /// calls go straight to the server, one statement each or one for many.
-pub(crate) trait Direct: ClaimMany + CompleteMany + Clone + 'static {
-    /// One claim statement.
+pub trait Direct: ClaimMany + CompleteMany + Clone + Send + Sync + 'static {
+    /// One claim, on its own.
     fn claim_one(
         &self,
         id: &RecordId,
         params: &ClaimParams,
     ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send;
 
-    /// One complete statement.
+    /// One completion, on its own.
     fn complete_one(
         &self,
         lease: &Lease,
@@ -38,27 +38,28 @@ pub(crate) trait Direct: ClaimMany + CompleteMany + Clone + 'static {
 
 /// The group commits of one store. Each holds a copy of the store without
 /// them, whose calls go straight to the server.
-pub(crate) struct Groups<S: Direct> {
+pub struct Pairs<S: Direct> {
     claims: Arc<GroupCommit<Claims<S>>>,
     completions: Arc<GroupCommit<Completions<S>>>,
 }
 
-impl<S: Direct> std::fmt::Debug for Groups<S> {
+impl<S: Direct> std::fmt::Debug for Pairs<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Groups").finish_non_exhaustive()
+        f.debug_struct("Pairs").finish_non_exhaustive()
     }
 }
 
-impl<S: Direct> Groups<S> {
+impl<S: Direct> Pairs<S> {
     /// The group commits of `store`, which must not have its own.
-    pub(crate) fn new(store: &S) -> Self {
+    pub fn new(store: &S) -> Self {
         Self {
             claims: GroupCommit::new(Claims(store.clone()), Limits::default()),
             completions: GroupCommit::new(Completions(store.clone()), Limits::default()),
         }
     }
 
-    pub(crate) async fn claim(
+    /// A claim, with the claims made at the same time.
+    pub async fn claim(
         &self,
         id: &RecordId,
         params: &ClaimParams,
@@ -66,7 +67,8 @@ impl<S: Direct> Groups<S> {
         self.claims.call((id.clone(), params.clone())).await
     }
 
-    pub(crate) async fn complete(
+    /// A completion, with the completions made at the same time.
+    pub async fn complete(
         &self,
         lease: &Lease,
         response: Bytes,
@@ -77,8 +79,8 @@ impl<S: Direct> Groups<S> {
     }
 }
 
-/// Claims, together as one `claim_many` statement.
-pub(crate) struct Claims<S>(S);
+/// Claims, together as one `claim_many`.
+struct Claims<S>(S);
 
 impl<S: Direct> Batch for Claims<S> {
     type Call = (RecordId, ClaimParams);
@@ -96,12 +98,12 @@ impl<S: Direct> Batch for Claims<S> {
     }
 
     fn lost(&self) -> Self::Reply {
-        Err(idem::group::lost())
+        Err(lost())
     }
 }
 
-/// Completions, together as one `complete_many` statement.
-pub(crate) struct Completions<S>(S);
+/// Completions, together as one `complete_many`.
+struct Completions<S>(S);
 
 impl<S: Direct> Batch for Completions<S> {
     type Call = Completion;
@@ -121,10 +123,29 @@ impl<S: Direct> Batch for Completions<S> {
     }
 
     fn lost(&self) -> Self::Reply {
-        Err(idem::group::lost())
+        Err(lost())
     }
 
     fn bytes(&self, c: &Completion) -> usize {
         c.response.len()
     }
+}
+
+/// The positions `0..n` of a batch's records (`id(i)`) in the keys' byte
+/// order (ties in the order given): the first of each record, and the
+/// later ones of a record named more than once. A batch that locks its
+/// rows in this order, the same in every batch, never waits on another in
+/// a cycle.
+pub fn key_order<'a>(n: usize, id: impl Fn(usize) -> &'a RecordId) -> (Vec<usize>, Vec<usize>) {
+    let name = |i: usize| (id(i).scope().as_str(), id(i).key().as_str());
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| name(a).cmp(&name(b)).then(a.cmp(&b)));
+    let (mut first, mut later) = (Vec::new(), Vec::new());
+    for (pos, &i) in order.iter().enumerate() {
+        match pos.checked_sub(1).map(|p| order[p]) {
+            Some(prev) if id(prev) == id(i) => later.push(i),
+            _ => first.push(i),
+        }
+    }
+    (first, later)
 }
