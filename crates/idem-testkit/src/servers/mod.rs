@@ -1,11 +1,12 @@
 //! The real servers the tests run, each started on a free loopback port
-//! for one run (PostgreSQL, Redis standalone and Cluster, RabbitMQ, NATS
+//! for one run (PostgreSQL, MariaDB, Redis standalone and Cluster, RabbitMQ, NATS
 //! JetStream, a Kafka-protocol broker, moto for AWS), and what they share:
 //! their error, free ports, and finding programs.
 
 pub(crate) mod cluster;
 pub mod kafka;
 pub mod moto;
+pub mod mysql;
 pub mod nats;
 pub mod postgres;
 pub mod rabbitmq;

@@ -1,0 +1,179 @@
+//! Batches: many claims (`idem_claim_many`) or many completions
+//! (`idem_complete_many`) in one round trip and one transaction, rows
+//! locked in the keys' byte order, the same in every batch, so two
+//! batches never wait on each other in a cycle. The items travel as one
+//! JSON array (binary values in hex, responses in base64). A batch the
+//! server rolls back for what one item may have caused (a deadlock, a lock
+//! wait timeout, one item's data) is run again item by item, so one
+//! item's trouble never fails its neighbours.
+
+use base64::Engine as _;
+use idem::group::{key_order, Direct};
+use idem::{ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, Completion, RecordId, StoreError};
+use mysql_async::{Row, Value};
+use serde_json::json;
+
+use crate::encode::{self, ms, token_bytes};
+use crate::error::one_item_may_cause;
+use crate::sql;
+use crate::store::MySqlStore;
+
+impl ClaimMany for MySqlStore {
+    async fn claim_many(
+        &self,
+        claims: &[(RecordId, ClaimParams)],
+    ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self.claim_batch(claims).await {
+            Err(e) if one_item_may_cause(&e) => {
+                tracing::debug!(error = %e, "claim_many rolled back; claiming one by one");
+                let mut results = Vec::with_capacity(claims.len());
+                for (id, params) in claims {
+                    results.push(self.claim_one(id, params).await);
+                }
+                Ok(results)
+            }
+            other => other,
+        }
+    }
+}
+
+impl CompleteMany for MySqlStore {
+    /// One round trip completes the first completion of each record; a
+    /// record named again later in the batch is completed singly after
+    /// it, in the order given, as single calls would be.
+    async fn complete_many(
+        &self,
+        completions: &[Completion],
+    ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        if completions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut results = match self.complete_batch(completions).await {
+            Err(e) if one_item_may_cause(&e) => {
+                tracing::debug!(error = %e, "complete_many rolled back; completing one by one");
+                completions.iter().map(|_| None).collect()
+            }
+            other => other?,
+        };
+        for (i, c) in completions.iter().enumerate() {
+            if results[i].is_none() {
+                results[i] = Some(self.complete_one(&c.lease, &c.response, c.retention).await);
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or(Err(StoreError::Backend(
+                    "completion missing from batch".into(),
+                )))
+            })
+            .collect())
+    }
+}
+
+/// The answers of a batch procedure: one row per result set, each naming
+/// its item (`n`, from 1).
+fn answers(sets: &[Vec<Row>], items: usize) -> Result<Vec<(usize, &Row)>, StoreError> {
+    sets.iter()
+        .filter_map(|set| set.first())
+        .map(|row| {
+            encode::slot(row)
+                .filter(|&slot| slot < items)
+                .map(|slot| (slot, row))
+                .ok_or_else(|| StoreError::Backend("a batch answered an unknown item".into()))
+        })
+        .collect()
+}
+
+impl MySqlStore {
+    /// One `idem_claim_many` call for the first claim of each key, keys in
+    /// byte order; then, one by one and in the order given, the claims it
+    /// could not answer and the later claims of a key named more than once.
+    async fn claim_batch(
+        &self,
+        claims: &[(RecordId, ClaimParams)],
+    ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
+        let (first, later) = key_order(claims.len(), |i| &claims[i].0);
+        let tokens: Vec<_> = first.iter().map(|_| self.inner.tokens.next()).collect();
+        let items: Vec<serde_json::Value> = first
+            .iter()
+            .zip(&tokens)
+            .map(|(&i, &token)| {
+                let (id, params) = &claims[i];
+                json!([
+                    id.scope().as_str(),
+                    id.key().as_str(),
+                    params.fingerprint.map(|f| hex::encode(f.as_bytes())),
+                    hex::encode(token_bytes(token)),
+                    ms(params.lease),
+                    ms(params.retention),
+                ])
+            })
+            .collect();
+        let sets = self
+            .sets(sql::CLAIM_MANY, vec![Value::from(json!(items).to_string())])
+            .await?;
+        let mut results: Vec<Option<Result<ClaimOutcome, StoreError>>> =
+            (0..claims.len()).map(|_| None).collect();
+        for (slot, row) in answers(&sets, first.len())? {
+            let (i, token) = (first[slot], tokens[slot]);
+            let (id, params) = &claims[i];
+            results[i] =
+                encode::claim_outcome(Some(row), id, token, params.fingerprint).transpose();
+        }
+        for &i in first.iter().chain(&later) {
+            if results[i].is_none() {
+                let (id, params) = &claims[i];
+                results[i] = Some(self.claim_single(id, params).await);
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(StoreError::Backend("claim missing from batch".into()))))
+            .collect())
+    }
+
+    /// The `idem_complete_many` call for the first completion of each
+    /// record: `Some` answer for those, `None` for the later ones of a
+    /// record named more than once.
+    async fn complete_batch(
+        &self,
+        completions: &[Completion],
+    ) -> Result<Vec<Option<Result<(), StoreError>>>, StoreError> {
+        let (first, _later) = key_order(completions.len(), |i| &completions[i].lease.id);
+        let base64 = base64::engine::general_purpose::STANDARD;
+        let items: Vec<serde_json::Value> = first
+            .iter()
+            .map(|&i| {
+                let c = &completions[i];
+                json!([
+                    c.lease.id.scope().as_str(),
+                    c.lease.id.key().as_str(),
+                    hex::encode(token_bytes(c.lease.token)),
+                    base64.encode(&c.response),
+                    ms(c.retention),
+                ])
+            })
+            .collect();
+        let sets = self
+            .sets(
+                sql::COMPLETE_MANY,
+                vec![Value::from(json!(items).to_string())],
+            )
+            .await?;
+        let mut results: Vec<Option<Result<(), StoreError>>> =
+            (0..completions.len()).map(|_| None).collect();
+        for &i in &first {
+            results[i] = Some(Err(StoreError::LeaseLost));
+        }
+        for (slot, row) in answers(&sets, first.len())? {
+            if encode::int_at(row, 1) == Some(1) {
+                results[first[slot]] = Some(Ok(()));
+            }
+        }
+        Ok(results)
+    }
+}

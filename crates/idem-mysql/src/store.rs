@@ -1,0 +1,282 @@
+//! [`MySqlStore`] and its `impl Store`: every transition one round trip.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem::group::{Direct, Pairs};
+use idem::{
+    ClaimOutcome, ClaimParams, Failure, Lease, RecordId, Store, StoreError, Timestamp, TokenMint,
+};
+use mysql_async::prelude::Queryable;
+use mysql_async::{Pool, Row, Value};
+
+use crate::encode::{self, ms, token_bytes};
+use crate::error::mysql_error;
+use crate::schema;
+use crate::sql::{self, Sql};
+
+/// How many times a claim runs when it finds a state that should have
+/// been claimable (it never should: the procedure decides on a locked row).
+const CLAIM_ROUNDS: usize = 4;
+
+/// The MySQL and MariaDB store. Cheap to clone; clones share the pool.
+#[derive(Debug, Clone)]
+pub struct MySqlStore {
+    pub(crate) inner: Arc<Inner>,
+    /// Claims and completions made together go together (unless turned
+    /// off); `None` in the copies the groups send through.
+    pub(crate) groups: Option<Arc<Pairs<MySqlStore>>>,
+}
+
+/// What clones of a store share.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) pool: Pool,
+    pub(crate) sql: Sql,
+    pub(crate) database: String,
+    pub(crate) response_timeout: Duration,
+    pub(crate) tokens: TokenMint,
+}
+
+/// A record's id as the statements take it.
+pub(crate) fn id_params(id: &RecordId) -> [Value; 2] {
+    [
+        Value::Bytes(id.scope().as_str().as_bytes().to_vec()),
+        Value::Bytes(id.key().as_str().as_bytes().to_vec()),
+    ]
+}
+
+/// A lease's record and token as the statements take them.
+pub(crate) fn lease_params(lease: &Lease) -> [Value; 3] {
+    let [scope, key] = id_params(&lease.id);
+    [scope, key, Value::Bytes(token_bytes(lease.token))]
+}
+
+impl MySqlStore {
+    /// The database holding the tables.
+    pub fn database(&self) -> &str {
+        &self.inner.database
+    }
+
+    /// Applies the migrations not applied yet; returns their versions.
+    pub async fn setup(&self) -> Result<Vec<u32>, StoreError> {
+        let applied = self
+            .timed(async {
+                let mut conn = self.inner.pool.get_conn().await?;
+                schema::apply(&mut conn).await
+            })
+            .await?;
+        if !applied.is_empty() {
+            tracing::info!(database = %self.database(), ?applied, "applied idem migrations");
+        }
+        Ok(applied)
+    }
+
+    /// Runs `fut` under the response timeout, mapping its error.
+    pub(crate) async fn timed<T>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, mysql_async::Error>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.inner.response_timeout, fut).await {
+            Ok(result) => result.map_err(mysql_error),
+            Err(_) => Err(StoreError::Unavailable(
+                format!("MySQL did not answer in {:?}", self.inner.response_timeout).into(),
+            )),
+        }
+    }
+
+    /// Runs `sql` (prepared once per connection) and reads every result
+    /// set it answers (a procedure may answer several).
+    pub(crate) async fn sets(
+        &self,
+        sql: &str,
+        params: Vec<Value>,
+    ) -> Result<Vec<Vec<Row>>, StoreError> {
+        self.timed(async {
+            let mut conn = self.inner.pool.get_conn().await?;
+            let mut result = conn.exec_iter(sql, params).await?;
+            let mut sets = Vec::new();
+            loop {
+                let rows: Vec<Row> = result.collect().await?;
+                sets.push(rows);
+                if result.is_empty() {
+                    break;
+                }
+            }
+            Ok(sets)
+        })
+        .await
+    }
+
+    /// Runs `sql`; the rows of its first result set.
+    pub(crate) async fn query(
+        &self,
+        sql: &str,
+        params: Vec<Value>,
+    ) -> Result<Vec<Row>, StoreError> {
+        Ok(self
+            .sets(sql, params)
+            .await?
+            .into_iter()
+            .next()
+            .unwrap_or_default())
+    }
+
+    /// Runs a write; the number of rows it changed.
+    pub(crate) async fn write(&self, sql: &str, params: Vec<Value>) -> Result<u64, StoreError> {
+        self.timed(async {
+            let mut conn = self.inner.pool.get_conn().await?;
+            conn.exec_drop(sql, params).await?;
+            Ok(conn.affected_rows())
+        })
+        .await
+    }
+
+    /// One claim (`idem_claim`).
+    pub(crate) async fn claim_single(
+        &self,
+        id: &RecordId,
+        params: &ClaimParams,
+    ) -> Result<ClaimOutcome, StoreError> {
+        for _ in 0..CLAIM_ROUNDS {
+            let token = self.inner.tokens.next();
+            let [scope, key] = id_params(id);
+            let rows = self
+                .query(
+                    sql::CLAIM,
+                    vec![
+                        scope,
+                        key,
+                        params
+                            .fingerprint
+                            .map_or(Value::NULL, |f| Value::Bytes(f.as_bytes().to_vec())),
+                        Value::Bytes(token_bytes(token)),
+                        Value::Int(ms(params.lease)),
+                        Value::Int(ms(params.retention)),
+                    ],
+                )
+                .await?;
+            if let Some(outcome) =
+                encode::claim_outcome(rows.first(), id, token, params.fingerprint)?
+            {
+                return Ok(outcome);
+            }
+        }
+        Ok(ClaimOutcome::InProgress {
+            retry_after: Duration::from_millis(10),
+        })
+    }
+
+    /// Whether `id` is in progress; `false` when that cannot be read (the
+    /// caller claims again and finds out).
+    async fn in_progress(&self, id: &RecordId) -> bool {
+        let rows = self
+            .query(&self.inner.sql.state, id_params(id).to_vec())
+            .await;
+        matches!(&rows, Ok(rows) if rows.first().and_then(|r| encode::int_at(r, 0)) == Some(1))
+    }
+}
+
+pub(crate) fn lease_written(changed: u64) -> Result<(), StoreError> {
+    if changed == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::LeaseLost)
+    }
+}
+
+/// One round trip per call, on a connection of the pool.
+impl Direct for MySqlStore {
+    async fn claim_one(
+        &self,
+        id: &RecordId,
+        params: &ClaimParams,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.claim_single(id, params).await
+    }
+
+    async fn complete_one(
+        &self,
+        lease: &Lease,
+        response: &[u8],
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let mut params = vec![Value::Bytes(response.to_vec()), Value::Int(ms(retention))];
+        params.extend(lease_params(lease));
+        let changed = self.write(&self.inner.sql.complete, params).await?;
+        lease_written(changed)
+    }
+}
+
+impl Store for MySqlStore {
+    idem::store_capabilities!(peek, steps);
+
+    async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
+        match &self.groups {
+            Some(groups) => groups.claim(id, params).await,
+            None => self.claim_one(id, params).await,
+        }
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        response: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        match &self.groups {
+            Some(groups) => groups.complete(lease, response, retention).await,
+            None => self.complete_one(lease, &response, retention).await,
+        }
+    }
+
+    async fn fail(
+        &self,
+        lease: &Lease,
+        failure: Failure,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let class = failure.class.as_str();
+        let mut params = vec![
+            Value::Bytes(class.as_bytes().to_vec()),
+            Value::Bytes(class.as_bytes().to_vec()),
+            Value::Bytes(failure.message.as_bytes().to_vec()),
+            Value::Int(ms(retention)),
+        ];
+        params.extend(lease_params(lease));
+        let changed = self.write(&self.inner.sql.fail, params).await?;
+        lease_written(changed)
+    }
+
+    async fn extend(&self, lease: &Lease, duration: Duration) -> Result<Timestamp, StoreError> {
+        let mut params = lease_params(lease).to_vec();
+        params.push(Value::Int(ms(duration)));
+        let rows = self.query(sql::EXTEND, params).await?;
+        let until = rows
+            .first()
+            .and_then(|r| encode::int_at(r, 0))
+            .ok_or(StoreError::LeaseLost)?;
+        u64::try_from(until)
+            .map(Timestamp::from_millis)
+            .map_err(|_| StoreError::Corrupt {
+                id: lease.id.to_string(),
+                reason: format!("lease_until {until}"),
+            })
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        let changed = self
+            .write(&self.inner.sql.release, lease_params(lease).to_vec())
+            .await?;
+        lease_written(changed)
+    }
+
+    /// MySQL has no notifications: waits by polling the record's state
+    /// (5 ms doubling to 200 ms) until it is no longer in progress or
+    /// `timeout` ends. The caller claims again either way; the claim
+    /// decides.
+    async fn wait_for_change(&self, id: &RecordId, timeout: Duration) {
+        idem::poll_while(idem::held(timeout), || self.in_progress(id)).await;
+    }
+}

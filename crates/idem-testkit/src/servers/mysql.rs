@@ -1,0 +1,236 @@
+//! A real MariaDB server for tests: `mariadb-install-db` into a temporary
+//! directory and `mariadbd` on a free loopback port, a child process of
+//! the test.
+//!
+//! Like the PostgreSQL server, `mariadbd` runs under a small `sh`
+//! watchdog holding the read end of a pipe from the test process. When the
+//! pipe closes (the test process exited, even without destructors) the
+//! watchdog kills the server (SIGKILL, by PID: to InnoDB a crash, so the
+//! next start runs crash recovery) and removes its data directory.
+//! [`MySqlServer::crash`] sends the same signal but keeps the data, for
+//! restart tests. `root` may connect over TCP from 127.0.0.1 without a
+//! password.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::servers::{failed, free_port, which, ServerError};
+
+/// The watchdog: `$1` is the data directory, the rest is the `mariadbd`
+/// command line. A first line of `keep` on stdin keeps the data directory
+/// after the kill; end of input removes it.
+const WATCHDOG: &str = r#"dir=$1; shift; "$@" & pid=$!; read -r what; case "$pid" in ''|0|*[!0-9]*) exit 1 ;; esac; kill -s KILL -- "$pid"; wait "$pid"; [ "$what" = keep ] || rm -rf -- "$dir""#;
+
+/// One `mariadbd` child process with its own data directory.
+#[derive(Debug)]
+pub struct MySqlServer {
+    port: u16,
+    dir: PathBuf,
+    process: Option<(Child, ChildStdin)>,
+}
+
+impl MySqlServer {
+    /// Runs `mariadb-install-db` and starts the server on a free loopback
+    /// port (and a socket in its data directory, for the admin client).
+    pub fn start() -> Result<Self, ServerError> {
+        if !which("mariadbd") && !Path::new("/usr/sbin/mariadbd").is_file() {
+            return Err(ServerError::NotInstalled("mariadb-server"));
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("idem-mysql-")
+            .tempdir()
+            .map_err(|e| failed(format!("temporary directory: {e}")))?
+            .keep();
+        let out = Command::new("mariadb-install-db")
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", dir.display()))
+            .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
+            .arg(format!("--user={}", user()))
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| failed(format!("running mariadb-install-db: {e}")))?;
+        if !out.status.success() {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(failed(format!(
+                "mariadb-install-db failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        let mut server = Self {
+            port: free_port()?,
+            dir,
+            process: None,
+        };
+        server.start_again()?;
+        server.admin(
+            "",
+            "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1'; \
+             GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION",
+        )?;
+        Ok(server)
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `mysql://root@127.0.0.1:PORT/DATABASE`.
+    pub fn url(&self, database: &str) -> String {
+        format!("mysql://root@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// Creates a database with a unique name starting with `prefix` and
+    /// returns its name.
+    pub fn create_database(&self, prefix: &str) -> Result<String, ServerError> {
+        let name = format!("{prefix}_{:016x}", rand::random::<u64>());
+        self.admin("", &format!("CREATE DATABASE {name}"))?;
+        Ok(name)
+    }
+
+    /// Runs `sql` with the `mariadb` client as root in `database` (none if
+    /// empty); returns its tab-separated output without column names.
+    pub fn admin(&self, database: &str, sql: &str) -> Result<String, ServerError> {
+        let mut cmd = Command::new("mariadb");
+        cmd.arg("--no-defaults")
+            .arg(format!("--socket={}", self.socket().display()))
+            .args(["-uroot", "-N", "-B", "-e", sql]);
+        if !database.is_empty() {
+            cmd.arg(database);
+        }
+        let out = cmd
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| failed(format!("running mariadb: {e}")))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        } else {
+            Err(failed(format!(
+                "mariadb {sql:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )))
+        }
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.join("mysqld.sock")
+    }
+
+    /// The CPU time the server has used so far (user and system). Zero
+    /// where `/proc` is not there.
+    pub fn cpu(&self) -> Duration {
+        self.process
+            .as_ref()
+            .and_then(|(child, _)| {
+                // The watchdog's child is the server.
+                let children =
+                    std::fs::read_to_string(format!("/proc/{}/task/{0}/children", child.id()))
+                        .ok()?;
+                let pid = children.split_whitespace().next()?.to_owned();
+                crate::bench::proc_ticks(&pid)
+            })
+            .map_or(Duration::ZERO, |t| crate::bench::ticks(t.own))
+    }
+
+    /// Kills the server (SIGKILL: to InnoDB, a crash; open connections
+    /// are cut and the next start runs crash recovery) and keeps its data.
+    /// Its port stays reserved for [`start_again`](Self::start_again).
+    pub fn crash(&mut self) {
+        self.shut_down(true);
+    }
+
+    fn shut_down(&mut self, keep: bool) {
+        if let Some((mut child, mut stdin)) = self.process.take() {
+            if keep {
+                let _ = stdin.write_all(b"keep\n");
+            }
+            drop(stdin);
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port with the same data.
+    pub fn start_again(&mut self) -> Result<(), ServerError> {
+        self.crash();
+        let _ = std::fs::remove_file(self.socket());
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(WATCHDOG)
+            .arg("sh")
+            .arg(&self.dir)
+            .arg(if which("mariadbd") {
+                "mariadbd"
+            } else {
+                "/usr/sbin/mariadbd"
+            })
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", self.dir.display()))
+            .arg(format!("--port={}", self.port))
+            .arg("--bind-address=127.0.0.1")
+            .arg(format!("--socket={}", self.socket().display()))
+            .arg(format!(
+                "--pid-file={}",
+                self.dir.join("mysqld.pid").display()
+            ))
+            .arg(format!(
+                "--log-error={}",
+                self.dir.join("error.log").display()
+            ))
+            .arg(format!("--user={}", user()))
+            .args([
+                "--max-connections=400",
+                "--innodb-buffer-pool-size=64M",
+                "--skip-name-resolve",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| failed(format!("spawning sh: {e}")))?;
+        let stdin = child.stdin.take().ok_or_else(|| failed("no stdin pipe"))?;
+        self.process = Some((child, stdin));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if self.socket().exists() && self.admin("", "SELECT 1").is_ok() {
+                return Ok(());
+            }
+            if let Some((child, _)) = self.process.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    self.process = None;
+                    let log =
+                        std::fs::read_to_string(self.dir.join("error.log")).unwrap_or_default();
+                    return Err(failed(format!(
+                        "mariadbd on port {} exited: {status}\n{log}",
+                        self.port
+                    )));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(failed(format!(
+            "mariadbd on port {} was not ready in 60 s",
+            self.port
+        )))
+    }
+}
+
+impl Drop for MySqlServer {
+    fn drop(&mut self) {
+        self.shut_down(false);
+    }
+}
+
+/// The user the server runs as: this process's (MariaDB runs as root
+/// when told to).
+fn user() -> String {
+    use std::os::unix::fs::MetadataExt;
+    let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+    match std::env::var("USER") {
+        Ok(user) if !root && !user.is_empty() => user,
+        _ => "root".to_owned(),
+    }
+}
