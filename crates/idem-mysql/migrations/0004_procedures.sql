@@ -7,6 +7,7 @@
 --
 -- Read by `mysql` as is (DELIMITER), and by idem statement by statement.
 
+DROP PROCEDURE IF EXISTS idem_answers_ready;
 DROP PROCEDURE IF EXISTS idem_claim_row;
 DROP PROCEDURE IF EXISTS idem_claim;
 DROP PROCEDURE IF EXISTS idem_claim_many;
@@ -19,12 +20,39 @@ DROP PROCEDURE IF EXISTS idem_resolve;
 
 DELIMITER $$
 
--- One claim, inside the caller's transaction; answers one row. The INSERT
+-- The session's table of claim answers, made once per session and
+-- emptied for each call.
+CREATE PROCEDURE idem_answers_ready()
+BEGIN
+    CREATE TEMPORARY TABLE IF NOT EXISTS idem_answers (
+        n               INT             NOT NULL PRIMARY KEY,
+        acquired        BOOLEAN         NOT NULL,
+        state           VARCHAR(16)     NOT NULL,
+        fingerprint     VARBINARY(32)   NULL,
+        attempt         INT UNSIGNED    NOT NULL,
+        fence           BIGINT UNSIGNED NOT NULL,
+        takeover        BOOLEAN         NOT NULL,
+        lease_until     BIGINT          NULL,
+        lease_left_ms   BIGINT          NULL,
+        response        LONGBLOB        NULL,
+        failure_class   VARCHAR(16)     NULL,
+        failure_message BLOB            NULL,
+        live            BOOLEAN         NOT NULL
+    ) ENGINE = InnoDB;
+    DELETE FROM idem_answers;
+END$$
+
+-- One claim, inside the caller's transaction; its answer goes to the
+-- session's idem_answers table (made by idem_answers_ready). The INSERT
 -- acquires an absent key; on a duplicate it changes nothing but locks the
 -- row. The row is then taken only if it is expired (a new record: attempt
 -- 1, the new fingerprint), released, or in progress past its lease (a
 -- takeover), with the same fingerprint. The answer is the row as it
 -- stands, for the client to answer from.
+--
+-- Every procedure sends its one result set last, after COMMIT: an error
+-- raised after a result set was sent would reach the client only with its
+-- next statement.
 CREATE PROCEDURE idem_claim_row(
     IN p_n INT, IN p_scope VARBINARY(512), IN p_key VARBINARY(2048),
     IN p_fp VARBINARY(32), IN p_token BINARY(16), IN p_lease BIGINT, IN p_keep BIGINT)
@@ -74,10 +102,11 @@ BEGIN
                                      v_now + INTERVAL GREATEST(p_lease, p_keep) * 1000 MICROSECOND))
         WHERE scope = p_scope AND `key` = p_key;
     END IF;
-    SELECT p_n AS n, (token <=> p_token) AS acquired, state, fingerprint, attempt, fence,
-           takeover, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', lease_until) DIV 1000 AS lease_until,
-           CEIL(TIMESTAMPDIFF(MICROSECOND, v_now, lease_until) / 1000) AS lease_left_ms,
-           response, failure_class, failure_message, (expires_at > v_now) AS live
+    INSERT INTO idem_answers
+    SELECT p_n, (token <=> p_token), state, fingerprint, attempt, fence, takeover,
+           TIMESTAMPDIFF(MICROSECOND, '1970-01-01', lease_until) DIV 1000,
+           CEIL(TIMESTAMPDIFF(MICROSECOND, v_now, lease_until) / 1000),
+           response, failure_class, failure_message, (expires_at > v_now)
       FROM idem_records WHERE scope = p_scope AND `key` = p_key;
 END$$
 
@@ -88,13 +117,15 @@ CREATE PROCEDURE idem_claim(
     IN p_fp VARBINARY(32), IN p_token BINARY(16), IN p_lease BIGINT, IN p_keep BIGINT)
 BEGIN
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    CALL idem_answers_ready();
     START TRANSACTION;
     CALL idem_claim_row(1, p_scope, p_key, p_fp, p_token, p_lease, p_keep);
     COMMIT;
+    SELECT * FROM idem_answers;
 END$$
 
--- claim_many(items): many claims in one transaction, one answer each (a
--- result set per claim, in the order given). `items` is a JSON array of
+-- claim_many(items): many claims in one transaction, one answer row each
+-- (`n` naming the item). `items` is a JSON array of
 -- [scope, key, fingerprint hex or null, token hex, lease ms, retention
 -- ms], keys in byte order so two batches never wait on each other in a
 -- cycle.
@@ -103,6 +134,7 @@ BEGIN
     DECLARE i INT DEFAULT 0;
     DECLARE n INT DEFAULT JSON_LENGTH(p_items);
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    CALL idem_answers_ready();
     START TRANSACTION;
     WHILE i < n DO
         CALL idem_claim_row(
@@ -116,12 +148,13 @@ BEGIN
         SET i = i + 1;
     END WHILE;
     COMMIT;
+    SELECT * FROM idem_answers ORDER BY n;
 END$$
 
--- One completion inside the caller's transaction; answers [n, written].
+-- One completion inside the caller's transaction; whether it was written.
 CREATE PROCEDURE idem_complete_row(
-    IN p_n INT, IN p_scope VARBINARY(512), IN p_key VARBINARY(2048),
-    IN p_token BINARY(16), IN p_response LONGBLOB, IN p_keep BIGINT)
+    IN p_scope VARBINARY(512), IN p_key VARBINARY(2048),
+    IN p_token BINARY(16), IN p_response LONGBLOB, IN p_keep BIGINT, OUT p_written BOOLEAN)
 BEGIN
     DECLARE v_now DATETIME(6) DEFAULT UTC_TIMESTAMP(6);
     UPDATE idem_records SET
@@ -130,29 +163,34 @@ BEGIN
         expires_at = v_now + INTERVAL p_keep * 1000 MICROSECOND
     WHERE scope = p_scope AND `key` = p_key AND state = 'in_progress' AND token = p_token
       AND expires_at > v_now;
-    SELECT p_n AS n, ROW_COUNT() > 0 AS written;
+    SET p_written = ROW_COUNT() > 0;
 END$$
 
--- complete_many(items): many completions in one transaction, one answer
--- each. `items` is a JSON array of [scope, key, token hex, response
+-- complete_many(items): many completions in one transaction; answers
+-- one row, a string of '1' (written) and '0' (lease lost), one character
+-- per item. `items` is a JSON array of [scope, key, token hex, response
 -- base64, retention ms], keys in byte order.
 CREATE PROCEDURE idem_complete_many(IN p_items LONGTEXT)
 BEGIN
     DECLARE i INT DEFAULT 0;
     DECLARE n INT DEFAULT JSON_LENGTH(p_items);
+    DECLARE v_written BOOLEAN DEFAULT FALSE;
+    DECLARE v_answers LONGTEXT DEFAULT '';
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     START TRANSACTION;
     WHILE i < n DO
         CALL idem_complete_row(
-            i + 1,
             JSON_UNQUOTE(JSON_EXTRACT(p_items, CONCAT('$[', i, '][0]'))),
             JSON_UNQUOTE(JSON_EXTRACT(p_items, CONCAT('$[', i, '][1]'))),
             UNHEX(JSON_UNQUOTE(JSON_EXTRACT(p_items, CONCAT('$[', i, '][2]')))),
             FROM_BASE64(JSON_UNQUOTE(JSON_EXTRACT(p_items, CONCAT('$[', i, '][3]')))),
-            JSON_EXTRACT(p_items, CONCAT('$[', i, '][4]')));
+            JSON_EXTRACT(p_items, CONCAT('$[', i, '][4]')),
+            v_written);
+        SET v_answers = CONCAT(v_answers, IF(v_written, '1', '0'));
         SET i = i + 1;
     END WHILE;
     COMMIT;
+    SELECT v_answers AS written;
 END$$
 
 -- extend(scope, key, token, lease ms): never shortens the lease; answers

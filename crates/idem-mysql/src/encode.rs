@@ -153,6 +153,25 @@ pub(crate) fn slot(row: &Row) -> Option<usize> {
         .and_then(|n| n.checked_sub(1))
 }
 
+/// The answer of `idem_complete_many`: whether each of its `items` was
+/// written.
+pub(crate) fn written(row: Option<&Row>, items: usize) -> Result<Vec<bool>, StoreError> {
+    let answer = row
+        .and_then(|r| r.as_ref(0))
+        .and_then(bytes)
+        .unwrap_or_default();
+    if answer.len() != items || answer.iter().any(|b| !matches!(b, b'0' | b'1')) {
+        return Err(StoreError::Backend(
+            format!(
+                "complete_many answered {:?} for {items} items",
+                String::from_utf8_lossy(answer)
+            )
+            .into(),
+        ));
+    }
+    Ok(answer.iter().map(|&b| b == b'1').collect())
+}
+
 /// The answer of a claim (`idem_claim_row`), or `None` when the client
 /// must claim again (a state that should have been claimable).
 pub(crate) fn claim_outcome(

@@ -74,11 +74,10 @@ impl CompleteMany for MySqlStore {
     }
 }
 
-/// The answers of a batch procedure: one row per result set, each naming
-/// its item (`n`, from 1).
-fn answers(sets: &[Vec<Row>], items: usize) -> Result<Vec<(usize, &Row)>, StoreError> {
-    sets.iter()
-        .filter_map(|set| set.first())
+/// The rows of `idem_claim_many`'s answer, each with the position of its
+/// item (`n`, from 1).
+fn answers(rows: &[Row], items: usize) -> Result<Vec<(usize, &Row)>, StoreError> {
+    rows.iter()
         .map(|row| {
             encode::slot(row)
                 .filter(|&slot| slot < items)
@@ -113,12 +112,12 @@ impl MySqlStore {
                 ])
             })
             .collect();
-        let sets = self
-            .sets(sql::CLAIM_MANY, vec![Value::from(json!(items).to_string())])
+        let rows = self
+            .query(sql::CLAIM_MANY, vec![Value::from(json!(items).to_string())])
             .await?;
         let mut results: Vec<Option<Result<ClaimOutcome, StoreError>>> =
             (0..claims.len()).map(|_| None).collect();
-        for (slot, row) in answers(&sets, first.len())? {
+        for (slot, row) in answers(&rows, first.len())? {
             let (i, token) = (first[slot], tokens[slot]);
             let (id, params) = &claims[i];
             results[i] =
@@ -158,21 +157,21 @@ impl MySqlStore {
                 ])
             })
             .collect();
-        let sets = self
-            .sets(
+        let rows = self
+            .query(
                 sql::COMPLETE_MANY,
                 vec![Value::from(json!(items).to_string())],
             )
             .await?;
+        let written = encode::written(rows.first(), first.len())?;
         let mut results: Vec<Option<Result<(), StoreError>>> =
             (0..completions.len()).map(|_| None).collect();
-        for &i in &first {
-            results[i] = Some(Err(StoreError::LeaseLost));
-        }
-        for (slot, row) in answers(&sets, first.len())? {
-            if encode::int_at(row, 1) == Some(1) {
-                results[first[slot]] = Some(Ok(()));
-            }
+        for (&i, written) in first.iter().zip(written) {
+            results[i] = Some(if written {
+                Ok(())
+            } else {
+                Err(StoreError::LeaseLost)
+            });
         }
         Ok(results)
     }

@@ -86,41 +86,23 @@ impl MySqlStore {
         }
     }
 
-    /// Runs `sql` (prepared once per connection) and reads every result
-    /// set it answers (a procedure may answer several).
-    pub(crate) async fn sets(
-        &self,
-        sql: &str,
-        params: Vec<Value>,
-    ) -> Result<Vec<Vec<Row>>, StoreError> {
-        self.timed(async {
-            let mut conn = self.inner.pool.get_conn().await?;
-            let mut result = conn.exec_iter(sql, params).await?;
-            let mut sets = Vec::new();
-            loop {
-                let rows: Vec<Row> = result.collect().await?;
-                sets.push(rows);
-                if result.is_empty() {
-                    break;
-                }
-            }
-            Ok(sets)
-        })
-        .await
-    }
-
-    /// Runs `sql`; the rows of its first result set.
+    /// Runs `sql` (prepared once per connection); the rows of its result
+    /// set. A procedure sends its one result set last, after it commits
+    /// (`migrations/0004_procedures.sql`): the driver would report an error
+    /// raised after a result set only with the connection's next statement.
     pub(crate) async fn query(
         &self,
         sql: &str,
         params: Vec<Value>,
     ) -> Result<Vec<Row>, StoreError> {
-        Ok(self
-            .sets(sql, params)
-            .await?
-            .into_iter()
-            .next()
-            .unwrap_or_default())
+        self.timed(async {
+            let mut conn = self.inner.pool.get_conn().await?;
+            let mut result = conn.exec_iter(sql, params).await?;
+            let rows: Vec<Row> = result.collect().await?;
+            result.drop_result().await?;
+            Ok(rows)
+        })
+        .await
     }
 
     /// Runs a write; the number of rows it changed.
