@@ -61,6 +61,20 @@ ensure_postgres_programs() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql
 }
 
+# ensure_mariadb_programs: the MariaDB server programs (mariadbd,
+# mariadb-install-db) and its client. The tests start their own server
+# with them; nothing needs to be running.
+ensure_mariadb_programs() {
+    if command -v mariadb-install-db >/dev/null 2>&1 && { command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ]; }; then
+        return
+    fi
+    step "installing mariadb-server"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq mariadb-server mariadb-client
+}
+
 # ensure_rabbitmq_programs: the RabbitMQ broker. The tests use the one
 # listening on 127.0.0.1:5672 when there is one, and start their own
 # (from /usr/lib/rabbitmq/bin/rabbitmq-server) otherwise.

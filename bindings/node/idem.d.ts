@@ -29,7 +29,7 @@ export type Outcome<T> = Executed<T> | Replayed<T>;
 
 /** The store, and the defaults of every call. */
 export interface IdemOptions {
-  /** sqlite:PATH (default sqlite:idem.db), redis://, redis+cluster://, postgres://, dynamodb://TABLE, memory:, http(s):// (idem serve). */
+  /** sqlite:PATH (default sqlite:idem.db), redis://, redis+cluster://, postgres://, mysql://, dynamodb://TABLE, memory:, http(s):// (idem serve). */
   url?: string;
   /** The token for a remote idem serve. */
   token?: string;

@@ -31,7 +31,8 @@ pub struct Cli {
     /// default: `sqlite:idem.db` in the working directory), `memory:`,
     /// `redis://[user:pass@]host:port[/db][?namespace=NAME]` (or `rediss://`
     /// for TLS), `redis+cluster://host:port,host:port` for a Cluster,
-    /// `postgres://user@host/db[?schema=S]`, or, in a build with the
+    /// `postgres://user@host/db[?schema=S]`, `mysql://user@host/db` (MySQL or
+    /// MariaDB), or, in a build with the
     /// `dynamodb` feature, `dynamodb://TABLE[?endpoint=URL&region=R&create=true]`.
     #[arg(long, env = "IDEM_STORE", global = true)]
     pub store: Option<String>,

@@ -403,6 +403,14 @@ async fn two_gateways_sharing_postgres_execute_once() {
     two_gateways_execute_once(&format!("{}?schema=gateway", server.url("postgres"))).await;
 }
 
+/// The same with MariaDB as the shared store, named by a `mysql://` URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_sharing_mysql_execute_once() {
+    let server = idem_testkit::servers::mysql::MySqlServer::start().expect("start mariadb");
+    let db = server.create_database("gateway").expect("database");
+    two_gateways_execute_once(&server.url(&db)).await;
+}
+
 async fn two_gateways_execute_once(url: &str) {
     let store_url: idem_cli::store::StoreUrl = url.parse().expect("store URL");
     let (up, addr) = start_upstream().await;

@@ -6,6 +6,7 @@
 //!
 //! - [`store`]: every store by URL: `sqlite:` (the embedded default),
 //!   `memory:`, `redis://` and `redis+cluster://`, `postgres://`,
+//!   `mysql://`,
 //!   `dynamodb://` (feature `dynamodb`) and `http(s)://` for a remote
 //!   `idem serve`.
 //! - [`Engine`]: an executor over one store, with a Tokio runtime of its

@@ -96,6 +96,7 @@ class Idem:
       processes on one machine share it),
     - ``redis://``, ``rediss://``, ``redis+cluster://``,
     - ``postgres://``,
+    - ``mysql://`` (MySQL or MariaDB),
     - ``dynamodb://TABLE?region=R`` (credentials from the environment),
     - ``memory:`` (this process only),
     - ``http(s)://`` for a remote ``idem serve`` (with ``token``).

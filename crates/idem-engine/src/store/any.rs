@@ -8,6 +8,7 @@ use idem::{
     ListRecords, MemoryStore, PurgeExpired, Record, RecordId, Resolution, Resolved, StepBegin,
     StepEntry, StepJournal, Store, StoreError, Timestamp,
 };
+use idem_mysql::MySqlStore;
 use idem_postgres::PgStore;
 use idem_redis::RedisStore;
 use idem_remote::RemoteStore;
@@ -24,6 +25,8 @@ pub enum AnyStore {
     Redis(RedisStore),
     /// PostgreSQL.
     Postgres(PgStore),
+    /// MySQL or MariaDB.
+    MySql(MySqlStore),
     /// DynamoDB.
     #[cfg(feature = "dynamodb")]
     DynamoDb(idem_dynamodb::DynamoStore),
@@ -47,6 +50,7 @@ macro_rules! each {
             AnyStore::Sqlite($s) => $e,
             AnyStore::Redis($s) => $e,
             AnyStore::Postgres($s) => $e,
+            AnyStore::MySql($s) => $e,
             #[cfg(feature = "dynamodb")]
             AnyStore::DynamoDb($s) => $e,
             AnyStore::Remote($s) => $e,
@@ -125,6 +129,7 @@ macro_rules! local {
             AnyStore::Sqlite($s) => $e,
             AnyStore::Redis($s) => $e,
             AnyStore::Postgres($s) => $e,
+            AnyStore::MySql($s) => $e,
             #[cfg(feature = "dynamodb")]
             AnyStore::DynamoDb($s) => $e,
             AnyStore::Remote(_) => Err(not_remote($what)),

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use idem::MemoryStore;
+use idem_mysql::MySqlStore;
 use idem_postgres::PgStore;
 use idem_redis::RedisStore;
 use idem_remote::RemoteStore;
@@ -27,6 +28,9 @@ pub enum StoreUrl {
     /// `postgres://…`, `postgresql://…`: PostgreSQL (the URL as
     /// [`idem_postgres`] reads it; the tables are created on first use).
     Postgres(String),
+    /// `mysql://…`, `mariadb://…`: MySQL or MariaDB (the URL as
+    /// [`idem_mysql`] reads it; the tables are created on first use).
+    MySql(String),
     /// `dynamodb://TABLE[?endpoint=URL][&region=R][&create=true]`: a
     /// DynamoDB table (the `dynamodb` feature; the URL as
     /// `idem_dynamodb::DynamoStore::connect` reads it).
@@ -63,7 +67,7 @@ pub enum StoreUrlError {
     #[error(
         "store URL {url:?} is not understood \
          (use memory:, sqlite:PATH, a file path, redis://, redis+cluster://, postgres://, \
-         dynamodb:// or http(s):// for a remote idem serve)"
+         mysql://, dynamodb:// or http(s):// for a remote idem serve)"
     )]
     Unknown {
         /// The URL given.
@@ -95,6 +99,10 @@ impl std::str::FromStr for StoreUrl {
                     Ok(StoreUrl::Redis(url.to_owned()))
                 }
                 "postgres" | "postgresql" => Ok(StoreUrl::Postgres(url.to_owned())),
+                "mysql" | "mariadb" => {
+                    check_mysql(url)?;
+                    Ok(StoreUrl::MySql(url.to_owned()))
+                }
                 "http" | "https" => Ok(StoreUrl::Remote(url.to_owned())),
                 "dynamodb" if cfg!(feature = "dynamodb") => {
                     check_dynamodb(url)?;
@@ -134,7 +142,8 @@ pub enum OpenError {
     /// cause names the address).
     #[error("cannot open the {store} store")]
     Connect {
-        /// Which store: Redis, PostgreSQL, DynamoDB, a remote idem serve.
+        /// Which store: Redis, PostgreSQL, MySQL, DynamoDB, a remote idem
+        /// serve.
         store: &'static str,
         /// Why.
         #[source]
@@ -155,6 +164,7 @@ impl StoreUrl {
         let store = match self {
             StoreUrl::Redis(_) => "Redis",
             StoreUrl::Postgres(_) => "PostgreSQL",
+            StoreUrl::MySql(_) => "MySQL",
             StoreUrl::DynamoDb(_) => "DynamoDB",
             _ => "remote idem serve",
         };
@@ -176,6 +186,11 @@ impl StoreUrl {
             StoreUrl::Postgres(url) => {
                 AnyStore::Postgres(PgStore::connect(url).await.map_err(|e| connect(e.into()))?)
             }
+            StoreUrl::MySql(url) => AnyStore::MySql(
+                MySqlStore::connect(url)
+                    .await
+                    .map_err(|e| connect(e.into()))?,
+            ),
             StoreUrl::DynamoDb(url) => open_dynamodb(url).await.map_err(connect)?,
             StoreUrl::Remote(url) => {
                 let mut builder = RemoteStore::builder(url).map_err(|e| connect(e.into()))?;
@@ -185,6 +200,21 @@ impl StoreUrl {
                 AnyStore::Remote(builder.build().map_err(|e| connect(e.into()))?)
             }
         })
+    }
+}
+
+/// Refuses a `mysql://` URL the store would refuse, when it is read.
+fn check_mysql(url: &str) -> Result<(), StoreUrlError> {
+    match MySqlStore::builder(url) {
+        Ok(_) => Ok(()),
+        Err(idem_mysql::ConnectError::InvalidUrl { reason, .. }) => Err(StoreUrlError::Invalid {
+            url: idem_mysql::redact_url(url),
+            why: reason,
+        }),
+        Err(other) => Err(StoreUrlError::Invalid {
+            url: idem_mysql::redact_url(url),
+            why: other.to_string(),
+        }),
     }
 }
 
@@ -230,6 +260,7 @@ impl std::fmt::Display for StoreUrl {
             StoreUrl::Sqlite(path) => write!(f, "sqlite:{}", path.display()),
             StoreUrl::Redis(url) => f.write_str(&idem_redis::redact_url(url)),
             StoreUrl::Postgres(url) => f.write_str(&idem_postgres::redact_url(url)),
+            StoreUrl::MySql(url) => f.write_str(&idem_mysql::redact_url(url)),
             // The table only: the query names an endpoint, not worth a log line.
             StoreUrl::DynamoDb(url) => {
                 f.write_str(url.split_once('?').map_or(url, |(table, _)| table))
@@ -274,6 +305,22 @@ mod tests {
                 .as_deref(),
             Some("postgres://app:***@127.0.0.1/test?schema=idem")
         );
+        assert_eq!(
+            "mysql://app:pw@127.0.0.1:3306/orders?pool_size=4"
+                .parse::<StoreUrl>()
+                .map(|u| u.to_string())
+                .ok()
+                .as_deref(),
+            Some("mysql://app:***@127.0.0.1:3306/orders?pool_size=4")
+        );
+        for (url, needle) in [
+            ("mysql://app:pw@127.0.0.1:3306", "no database"),
+            ("mariadb://app:pw@h/db?ssl-mode=PREFERRED", "PREFERRED"),
+        ] {
+            let error = url.parse::<StoreUrl>().expect_err(url).to_string();
+            assert!(error.contains(needle), "{url}: {error}");
+            assert!(!error.contains(":pw@"), "{url}: {error}");
+        }
         if cfg!(feature = "dynamodb") {
             assert_eq!(
                 "dynamodb://idem_records?endpoint=http://127.0.0.1:5000&create=true"
