@@ -6,6 +6,7 @@ use std::path::Path;
 
 use idem::{GetRecord, Key, ListQuery, ListRecords, Record, RecordId, Scope, StateKind};
 use idem_dynamodb::{client_for, DynamoStore};
+use idem_mysql::MySqlStore;
 use idem_postgres::PgStore;
 use idem_redis::RedisStore;
 use idem_sqlite::SqliteStore;
@@ -45,7 +46,8 @@ pub(crate) async fn collect_evidence(
         | Target::RedisLease
         | Target::RedisClusterLease
         | Target::SqliteLease
-        | Target::DynamoLease => {
+        | Target::DynamoLease
+        | Target::MySqlLease => {
             let mut text = String::new();
             for entry in std::fs::read_dir(dir).map_err(harness)? {
                 let path = entry.map_err(harness)?.path();
@@ -65,6 +67,16 @@ pub(crate) async fn collect_evidence(
             let (records, live) = match plan.target {
                 Target::PgLease => {
                     let store = PgStore::builder(&servers.pg_url())
+                        .map_err(harness)?
+                        .setup(false)
+                        .connect()
+                        .await
+                        .map_err(harness)?;
+                    read_records(&store, keys).await?
+                }
+                Target::MySqlLease => {
+                    let url = servers.mysql_url(None).unwrap_or_default();
+                    let store = MySqlStore::builder(&url)
                         .map_err(harness)?
                         .setup(false)
                         .connect()

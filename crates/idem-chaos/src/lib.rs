@@ -47,6 +47,10 @@
 //!   ([`FaultKind::Migrate`]). Redis replicates asynchronously, so the
 //!   workers' writes wait for a replica ([`Plan::replica_acks`]); with
 //!   that off, completions lost in failovers are what the checker counts.
+//! - **`mysql-lease`**, the lease executor on MariaDB (the `idem-mysql`
+//!   store): its "restart" is a SIGKILL of `mariadbd` (InnoDB crash
+//!   recovery on the next start); leases are decided by the server's
+//!   clock, so no worker clock reaches it.
 //! - **`dynamodb-lease`**, the lease executor on DynamoDB (moto, one
 //!   request at a time as DynamoDB's conditional writes need): DynamoDB's
 //!   conditions compare times from the client's clock, so each worker runs
@@ -98,6 +102,8 @@ pub enum Target {
     SqliteLease,
     /// The lease executor on DynamoDB (moto), workers' clocks skewed.
     DynamoLease,
+    /// The lease executor on the MySQL store, on MariaDB.
+    MySqlLease,
     /// The HTTP gateway (`idem proxy`) on the embedded SQLite store.
     HttpSqlite,
     /// The HTTP gateway on Redis.
@@ -108,13 +114,14 @@ pub enum Target {
 
 impl Target {
     /// Every target.
-    pub const ALL: [Target; 9] = [
+    pub const ALL: [Target; 10] = [
         Target::PgInbox,
         Target::PgLease,
         Target::RedisLease,
         Target::RedisClusterLease,
         Target::SqliteLease,
         Target::DynamoLease,
+        Target::MySqlLease,
         Target::HttpSqlite,
         Target::HttpRedis,
         Target::HttpPostgres,
@@ -129,6 +136,7 @@ impl Target {
             Target::RedisClusterLease => "redis-cluster-lease",
             Target::SqliteLease => "sqlite-lease",
             Target::DynamoLease => "dynamodb-lease",
+            Target::MySqlLease => "mysql-lease",
             Target::HttpSqlite => "http-sqlite",
             Target::HttpRedis => "http-redis",
             Target::HttpPostgres => "http-postgres",

@@ -1,7 +1,7 @@
 //! `idem-chaos`: fault-injection runs against real stores, with a checker.
 //!
 //! ```text
-//! idem-chaos run [--target pg-inbox|pg-lease|redis-lease|redis-cluster-lease|sqlite-lease|dynamodb-lease|http-sqlite|http-redis|http-postgres|all]
+//! idem-chaos run [--target pg-inbox|pg-lease|redis-lease|redis-cluster-lease|sqlite-lease|dynamodb-lease|mysql-lease|http-sqlite|http-redis|http-postgres|all]
 //!                [--seed N] [--keys N]
 //!                [--duplicates SHARE] [--workers K] [--duration 60s] [--fault-every 300ms]
 //!                [--faults kill,stop,restart,latency,blackhole,reset,cut,clock,migrate]
@@ -58,7 +58,7 @@ enum Cmd {
 #[command(args_override_self = true)]
 struct RunArgs {
     /// pg-inbox, pg-lease, redis-lease, redis-cluster-lease, sqlite-lease,
-    /// dynamodb-lease, http-sqlite, http-redis, http-postgres, or all.
+    /// dynamodb-lease, mysql-lease, http-sqlite, http-redis, http-postgres, or all.
     #[arg(long, default_value = "all")]
     target: String,
     /// Seeds the workload and the faults.

@@ -1,6 +1,6 @@
 //! The servers of a run, started as child processes on loopback:
 //! PostgreSQL (the downstream table, and the store of the PostgreSQL
-//! targets), Redis or a Redis Cluster, moto for DynamoDB; the fault
+//! targets), Redis or a Redis Cluster, MariaDB, moto for DynamoDB; the fault
 //! proxies in front of them; and where each target's workers find their
 //! store.
 
@@ -9,9 +9,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use idem_dynamodb::{client_for, create_table};
+use idem_mysql::MySqlStore;
 use idem_postgres::PgStore;
 use idem_testkit::doubles::proxy::FaultProxy;
 use idem_testkit::servers::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
+use idem_testkit::servers::mysql::MySqlServer;
 use idem_testkit::servers::postgres::PgServer;
 use idem_testkit::servers::redis::{ClusterSpec, RedisCluster, RedisServer};
 use idem_testkit::{free_port, ServerError};
@@ -31,6 +33,8 @@ pub(crate) struct Servers {
     pub(crate) redis_port: u16,
     cluster: Option<Arc<Mutex<RedisCluster>>>,
     pub(crate) moto: Option<MotoServer>,
+    /// MariaDB and its database, for the MySQL target.
+    mysql: Option<(Arc<Mutex<MySqlServer>>, String)>,
     /// One proxy in front of the store (of each Cluster node), or for
     /// SQLite, which has no server, of the downstream database.
     pub(crate) proxies: Vec<FaultProxy>,
@@ -114,12 +118,32 @@ impl Servers {
         } else {
             None
         };
+        let mysql = if target == Target::MySqlLease {
+            let (server, db) = tokio::task::spawn_blocking(|| {
+                let server = MySqlServer::start()?;
+                let db = server.create_database("chaos")?;
+                Ok((server, db))
+            })
+            .await
+            .map_err(harness)?
+            .map_err(|source| ChaosError::Server {
+                what: "MariaDB",
+                source,
+            })?;
+            Some((Arc::new(Mutex::new(server)), db))
+        } else {
+            None
+        };
         let (cluster, proxies) = if target == Target::RedisClusterLease {
             let (cluster, proxies) = start_cluster().await?;
             (Some(Arc::new(Mutex::new(cluster))), proxies)
         } else {
+            let mysql_port = mysql
+                .as_ref()
+                .map(|(server, _)| server.lock().unwrap_or_else(PoisonError::into_inner).port());
             let port = match (&moto, target) {
                 (Some(moto), _) => moto.port(),
+                (None, Target::MySqlLease) => mysql_port.unwrap_or(0),
                 (None, Target::RedisLease) => redis_port,
                 (None, _) => pg_port,
             };
@@ -134,9 +158,16 @@ impl Servers {
             redis_port,
             cluster,
             moto,
+            mysql,
             proxies,
             replica_acks,
         };
+        if let Some(url) = servers.mysql_url(None) {
+            // Applies the store's migrations.
+            MySqlStore::connect(&url)
+                .await
+                .map_err(|e| harness(format!("setting up the MySQL store: {e}")))?;
+        }
         if target.on_postgres() {
             // Applies the store's and the inbox's migrations.
             PgStore::connect(&servers.pg_url())
@@ -150,6 +181,14 @@ impl Servers {
         format!("postgres://postgres@127.0.0.1:{}/{}", self.pg_port, self.db)
     }
 
+    /// The MySQL store's URL, to `port` (the server's own if `None`).
+    pub(crate) fn mysql_url(&self, port: Option<u16>) -> Option<String> {
+        let (server, db) = self.mysql.as_ref()?;
+        let port =
+            port.unwrap_or_else(|| server.lock().unwrap_or_else(PoisonError::into_inner).port());
+        Some(format!("mysql://root@127.0.0.1:{port}/{db}"))
+    }
+
     /// The store's and the downstream database's URLs for the workers,
     /// through the fault proxies, with the run's files in `dir`.
     pub(crate) fn worker_urls(&self, dir: &Path) -> (String, String) {
@@ -160,6 +199,10 @@ impl Servers {
             Target::RedisClusterLease => (self.cluster_url(self.replica_acks), self.pg_url()),
             Target::SqliteLease => (sqlite_file(dir).to_string_lossy().into_owned(), proxied_pg),
             Target::DynamoLease => (format!("http://127.0.0.1:{port}#{TABLE}"), self.pg_url()),
+            Target::MySqlLease => (
+                self.mysql_url(Some(port)).unwrap_or_default(),
+                self.pg_url(),
+            ),
             // The sessions give up on locks and statements soon, as a
             // deployment with timeouts set does; `locks` faults meet them.
             Target::PgLease | Target::PgInbox => {
@@ -228,6 +271,15 @@ impl Servers {
             self.redis.clone(),
             self.cluster.clone(),
         );
+        if let Some((mysql, _)) = &self.mysql {
+            let mysql = Arc::clone(mysql);
+            return tokio::task::spawn_blocking(move || {
+                let mut mysql = mysql.lock().unwrap_or_else(PoisonError::into_inner);
+                mysql.crash();
+                std::thread::sleep(down);
+                mysql.start_again()
+            });
+        }
         let pick = rand::random::<u64>();
         tokio::task::spawn_blocking(move || match (redis, cluster) {
             (_, Some(cluster)) => {

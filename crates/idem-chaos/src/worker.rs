@@ -34,6 +34,7 @@ use idem::{
     Store, Timestamp,
 };
 use idem_dynamodb::{client_for, DynamoStore};
+use idem_mysql::MySqlStore;
 use idem_postgres::inbox::Inbox;
 use idem_postgres::PgStore;
 use idem_redis::RedisStore;
@@ -317,6 +318,10 @@ impl Worker {
                     .with_clock(clock);
                 lease_store(Guard::Dynamo(executor(store, config.lease)?))?
             }
+            Target::MySqlLease => {
+                let store = retry_mysql(config).await?;
+                lease_store(Guard::MySql(executor(store, config.lease)?))?
+            }
             Target::PgInbox => Worker::Inbox(Arc::new(InboxWorker {
                 pool: pool(&config.store_url, config.inflight)?,
                 inbox: Inbox::new(Duration::from_secs(3600)),
@@ -334,6 +339,7 @@ impl Worker {
                 Guard::Redis(idem) => w.process(idem, delivery).await,
                 Guard::Sqlite(idem) => w.process(idem, delivery).await,
                 Guard::Dynamo(idem) => w.process(idem, delivery).await,
+                Guard::MySql(idem) => w.process(idem, delivery).await,
             },
             Worker::Inbox(w) => w.process(delivery).await,
         }
@@ -387,6 +393,23 @@ async fn retry_redis(config: &WorkerConfig) -> anyhow::Result<RedisStore> {
     Err(anyhow::anyhow!("connecting to Redis: {last:?}"))
 }
 
+async fn retry_mysql(config: &WorkerConfig) -> anyhow::Result<MySqlStore> {
+    let mut last = None;
+    for _ in 0..60 {
+        let builder = MySqlStore::builder(&config.store_url)?
+            .pool_size(config.inflight)
+            .connect_timeout(CALL_TIMEOUT)
+            .response_timeout(CALL_TIMEOUT)
+            .setup(false);
+        match builder.connect().await {
+            Ok(store) => return Ok(store),
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(anyhow::anyhow!("connecting to MySQL: {last:?}"))
+}
+
 /// A pool of plain connections (not through idem's store).
 fn pool(url: &str, size: usize) -> anyhow::Result<Pool> {
     let mut config: tokio_postgres::Config = url.parse().context("database URL")?;
@@ -433,6 +456,7 @@ enum Guard {
     Redis(Idempotency<RedisStore>),
     Sqlite(Idempotency<SqliteStore<JumpingClock>>),
     Dynamo(Idempotency<DynamoStore>),
+    MySql(Idempotency<MySqlStore>),
 }
 
 struct LeaseWorker {

@@ -125,6 +125,14 @@ async fn dynamodb_lease_completes_every_key_once_under_faults_and_skewed_clocks(
     assert!(report.executions >= report.keys as u64);
 }
 
+/// MariaDB SIGKILLed and restarted (crash recovery) among the other
+/// faults: leases decided by the server's clock, fences from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_lease_completes_every_key_once_under_faults() {
+    let report = short_run(Target::MySqlLease).await;
+    assert!(report.executions >= report.keys as u64);
+}
+
 /// The checker can fail: a Redis without an append-only file loses every
 /// record when it restarts, so keys completed before a restart run again
 /// and their second completion is acknowledged too.

@@ -83,10 +83,7 @@ impl ListRecords for MySqlStore {
             .iter()
             .map(encode::record)
             .collect::<Result<Vec<_>, _>>()?;
-        let next = (records.len() == query.limit && query.limit > 0)
-            .then(|| records.last().map(|(id, _)| id.clone()))
-            .flatten();
-        Ok(ListPage { records, next })
+        Ok(ListPage::ordered(records, query.limit))
     }
 }
 

@@ -271,16 +271,14 @@ pub(crate) fn step_begin(
     if !flag(row, id, "held")? {
         return Err(StoreError::LeaseLost);
     }
-    let attempt = opt_int(row, id, "prev_attempt")?;
-    Ok(match (opt_bytes(row, id, "prev_result")?, attempt) {
-        (Some(result), _) => StepBegin::Done(Bytes::from(result)),
-        (None, Some(attempt)) => idem::machine::step_begun(
+    let earlier = opt_int(row, id, "prev_attempt")?
+        .map(|attempt| {
             u32::try_from(attempt)
-                .map_err(|_| corrupt(id, format!("step attempt {attempt} out of range")))?,
-            own,
-        ),
-        (None, None) => StepBegin::Fresh,
-    })
+                .map_err(|_| corrupt(id, format!("step attempt {attempt} out of range")))
+        })
+        .transpose()?;
+    let result = opt_bytes(row, id, "prev_result")?.map(Bytes::from);
+    Ok(idem::machine::step_found(result, earlier, own))
 }
 
 /// One row of the steps statement.

@@ -8,7 +8,7 @@
 //! item's trouble never fails its neighbours.
 
 use base64::Engine as _;
-use idem::group::{key_order, Direct};
+use idem::group::{claims_or_each, completions_or_each, key_order};
 use idem::{ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, Completion, RecordId, StoreError};
 use mysql_async::{Row, Value};
 use serde_json::json;
@@ -26,17 +26,8 @@ impl ClaimMany for MySqlStore {
         if claims.is_empty() {
             return Ok(Vec::new());
         }
-        match self.claim_batch(claims).await {
-            Err(e) if one_item_may_cause(&e) => {
-                tracing::debug!(error = %e, "claim_many rolled back; claiming one by one");
-                let mut results = Vec::with_capacity(claims.len());
-                for (id, params) in claims {
-                    results.push(self.claim_one(id, params).await);
-                }
-                Ok(results)
-            }
-            other => other,
-        }
+        let batch = self.claim_batch(claims).await;
+        claims_or_each(self, claims, batch, one_item_may_cause).await
     }
 }
 
@@ -51,26 +42,8 @@ impl CompleteMany for MySqlStore {
         if completions.is_empty() {
             return Ok(Vec::new());
         }
-        let mut results = match self.complete_batch(completions).await {
-            Err(e) if one_item_may_cause(&e) => {
-                tracing::debug!(error = %e, "complete_many rolled back; completing one by one");
-                completions.iter().map(|_| None).collect()
-            }
-            other => other?,
-        };
-        for (i, c) in completions.iter().enumerate() {
-            if results[i].is_none() {
-                results[i] = Some(self.complete_one(&c.lease, &c.response, c.retention).await);
-            }
-        }
-        Ok(results
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or(Err(StoreError::Backend(
-                    "completion missing from batch".into(),
-                )))
-            })
-            .collect())
+        let batch = self.complete_batch(completions).await;
+        completions_or_each(self, completions, batch, one_item_may_cause).await
     }
 }
 

@@ -44,10 +44,7 @@ impl StepJournal for MySqlStore {
         step: &str,
         resolution: Resolution,
     ) -> Result<Resolved, StoreError> {
-        let (applied, result) = match resolution {
-            Resolution::Applied(result) => (true, result),
-            Resolution::NotApplied => (false, Bytes::new()),
-        };
+        let (applied, result) = resolution.into_parts();
         let mut params = id_params(id).to_vec();
         params.push(Value::Bytes(step.as_bytes().to_vec()));
         params.push(Value::Int(i64::from(applied)));

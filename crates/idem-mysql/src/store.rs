@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::group::{Direct, Pairs};
+use idem::group::{claim_through, complete_through, Direct, Pairs};
 use idem::{
     ClaimOutcome, ClaimParams, Failure, Lease, RecordId, Store, StoreError, Timestamp, TokenMint,
 };
@@ -57,6 +57,20 @@ impl MySqlStore {
     /// The database holding the tables.
     pub fn database(&self) -> &str {
         &self.inner.database
+    }
+
+    /// The claim call as this store sends it (for a benchmark's own
+    /// driver): `scope, key, fingerprint or NULL, 16-byte token, lease ms,
+    /// retention ms`; it answers one row (`migrations/0004_procedures.sql`).
+    pub fn claim_sql(&self) -> &'static str {
+        sql::CLAIM
+    }
+
+    /// The complete statement as this store sends it: `response,
+    /// retention ms, scope, key, token`; one row changed when the lease
+    /// held.
+    pub fn complete_sql(&self) -> &str {
+        &self.inner.sql.complete
     }
 
     /// Applies the migrations not applied yet; returns their versions.
@@ -195,10 +209,7 @@ impl Store for MySqlStore {
     idem::store_capabilities!(peek, steps);
 
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
-        match &self.groups {
-            Some(groups) => groups.claim(id, params).await,
-            None => self.claim_one(id, params).await,
-        }
+        claim_through(self.groups.as_deref(), self, id, params).await
     }
 
     async fn complete(
@@ -207,10 +218,7 @@ impl Store for MySqlStore {
         response: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        match &self.groups {
-            Some(groups) => groups.complete(lease, response, retention).await,
-            None => self.complete_one(lease, &response, retention).await,
-        }
+        complete_through(self.groups.as_deref(), self, lease, response, retention).await
     }
 
     async fn fail(

@@ -209,15 +209,17 @@ pub(crate) fn step_begin(
     if !held {
         return Err(StoreError::LeaseLost);
     }
-    Ok(match (result, attempt) {
-        (Some(result), _) => StepBegin::Done(Bytes::from(result)),
-        (None, Some(attempt)) => idem::machine::step_begun(
+    let earlier = attempt
+        .map(|attempt| {
             u32::try_from(attempt)
-                .map_err(|_| corrupt(id, format!("step attempt {attempt} out of range")))?,
-            own,
-        ),
-        (None, None) => StepBegin::Fresh,
-    })
+                .map_err(|_| corrupt(id, format!("step attempt {attempt} out of range")))
+        })
+        .transpose()?;
+    Ok(idem::machine::step_found(
+        result.map(Bytes::from),
+        earlier,
+        own,
+    ))
 }
 
 /// One row of the steps statement.

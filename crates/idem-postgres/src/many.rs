@@ -15,7 +15,7 @@ use crate::encode;
 use crate::encode::{ms, token_bytes};
 use crate::error::one_item_may_cause;
 use crate::store::PgStore;
-use idem::group::{key_order, Direct};
+use idem::group::{claims_or_each, completions_or_each, key_order};
 
 impl ClaimMany for PgStore {
     async fn claim_many(
@@ -25,17 +25,8 @@ impl ClaimMany for PgStore {
         if claims.is_empty() {
             return Ok(Vec::new());
         }
-        match self.batch(claims).await {
-            Err(e) if one_item_may_cause(&e) => {
-                tracing::debug!(error = %e, "claim_many rolled back; claiming one by one");
-                let mut results = Vec::with_capacity(claims.len());
-                for (id, params) in claims {
-                    results.push(self.claim_one(id, params).await);
-                }
-                Ok(results)
-            }
-            other => other,
-        }
+        let batch = self.batch(claims).await;
+        claims_or_each(self, claims, batch, one_item_may_cause).await
     }
 }
 
@@ -52,27 +43,8 @@ impl CompleteMany for PgStore {
         if completions.is_empty() {
             return Ok(Vec::new());
         }
-        let mut results = match self.complete_distinct(completions).await {
-            Err(e) if one_item_may_cause(&e) => {
-                tracing::debug!(error = %e, "complete_many rolled back; completing one by one");
-                completions.iter().map(|_| None).collect()
-            }
-            other => other?,
-        };
-        for (i, c) in completions.iter().enumerate() {
-            if results[i].is_none() {
-                let single = self.complete_one(&c.lease, &c.response, c.retention);
-                results[i] = Some(single.await);
-            }
-        }
-        Ok(results
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or(Err(StoreError::Backend(
-                    "completion missing from batch".into(),
-                )))
-            })
-            .collect())
+        let batch = self.complete_distinct(completions).await;
+        completions_or_each(self, completions, batch, one_item_may_cause).await
     }
 }
 

@@ -62,10 +62,7 @@ impl StepJournal for PgStore {
         step: &str,
         resolution: Resolution,
     ) -> Result<Resolved, StoreError> {
-        let (applied, result) = match resolution {
-            Resolution::Applied(result) => (true, result),
-            Resolution::NotApplied => (false, Bytes::new()),
-        };
+        let (applied, result) = resolution.into_parts();
         let rows = self
             .query(
                 &self.inner.sql.resolve,

@@ -15,7 +15,7 @@ use crate::encode::{self, ms, token_bytes};
 use crate::error::{pg_error, pool_error};
 use crate::sql::Sql;
 use crate::{conn, notify, schema};
-use idem::group::{Direct, Pairs};
+use idem::group::{claim_through, complete_through, Direct, Pairs};
 
 /// How many times a claim runs its statement when the statement's
 /// snapshot keeps missing a row that a concurrent claim just committed.
@@ -228,10 +228,7 @@ impl Store for PgStore {
     idem::store_capabilities!(peek, steps);
 
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
-        match &self.groups {
-            Some(groups) => groups.claim(id, params).await,
-            None => self.claim_one(id, params).await,
-        }
+        claim_through(self.groups.as_deref(), self, id, params).await
     }
 
     async fn complete(
@@ -240,10 +237,7 @@ impl Store for PgStore {
         response: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        match &self.groups {
-            Some(groups) => groups.complete(lease, response, retention).await,
-            None => self.complete_one(lease, &response, retention).await,
-        }
+        complete_through(self.groups.as_deref(), self, lease, response, retention).await
     }
 
     async fn fail(

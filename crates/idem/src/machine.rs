@@ -258,6 +258,17 @@ pub fn step_begun(earlier: u32, attempt: u32) -> StepBegin {
     }
 }
 
+/// What a journal's entry for a step means to the holder of attempt
+/// `attempt`: its `result` if it is done, else [`step_begun`] of the
+/// attempt that marked it `earlier`, else (no entry) a fresh step.
+pub fn step_found(result: Option<Bytes>, earlier: Option<u32>, attempt: u32) -> StepBegin {
+    match (result, earlier) {
+        (Some(result), _) => StepBegin::Done(result),
+        (None, Some(earlier)) => step_begun(earlier, attempt),
+        (None, None) => StepBegin::Fresh,
+    }
+}
+
 /// Decides an operator's resolution of a parked record's step in doubt:
 /// the released record and the step's new state (`None`: remove it), or
 /// why nothing changes.

@@ -442,6 +442,17 @@ pub enum Resolution {
     NotApplied,
 }
 
+impl Resolution {
+    /// Whether the effect happened, and the result to journal (empty when
+    /// it did not), as stores write them.
+    pub fn into_parts(self) -> (bool, Bytes) {
+        match self {
+            Resolution::Applied(result) => (true, result),
+            Resolution::NotApplied => (false, Bytes::new()),
+        }
+    }
+}
+
 /// What [`StepJournal::resolve_step`](crate::StepJournal::resolve_step)
 /// did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

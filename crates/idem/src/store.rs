@@ -298,6 +298,15 @@ pub struct ListPage {
 }
 
 impl ListPage {
+    /// A page of `records` a store read in id order, at most `limit` of
+    /// them: `next` is set when the page is full (there may be more).
+    pub fn ordered(records: Vec<(RecordId, Record)>, limit: usize) -> Self {
+        let next = (records.len() == limit && limit > 0)
+            .then(|| records.last().map(|(id, _)| id.clone()))
+            .flatten();
+        Self { records, next }
+    }
+
     /// The first `limit` of `found` in id order, for stores that find a
     /// page's records in no particular order (a scan): `next` is set when
     /// more were found than fit.

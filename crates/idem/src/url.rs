@@ -1,5 +1,6 @@
-//! Helpers for stores configured by URL: one way to mask a password and
-//! one way to read a duration, so every store's URLs behave alike.
+//! Helpers for stores configured by URL: one way to mask a password, one
+//! way to read a duration and one to decode a path given as a parameter,
+//! so every store's URLs behave alike.
 
 use std::time::Duration;
 
@@ -44,6 +45,36 @@ pub fn parse_duration(value: &str) -> Result<Duration, String> {
     };
     let n: u64 = digits.parse().map_err(|_| bad())?;
     Ok(Duration::from_millis(n.saturating_mul(scale)))
+}
+
+/// `%XX` escapes decoded (a path given as a URL parameter); anything that
+/// is not a valid escape is kept as it is.
+///
+/// ```
+/// assert_eq!(idem::url::percent_decode("/etc/my%20ca.pem"), "/etc/my ca.pem");
+/// assert_eq!(idem::url::percent_decode("100%"), "100%");
+/// ```
+pub fn percent_decode(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]

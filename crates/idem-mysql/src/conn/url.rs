@@ -75,7 +75,9 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
             "ssl-mode" | "ssl_mode" | "sslmode" => {
                 parsed.tls.mode = SslMode::parse(value).map_err(invalid)?;
             }
-            "ssl-ca" | "ssl_ca" => parsed.tls.ca = Some(PathBuf::from(percent_decode(value))),
+            "ssl-ca" | "ssl_ca" => {
+                parsed.tls.ca = Some(PathBuf::from(idem::url::percent_decode(value)))
+            }
             "prefer_socket" => {
                 parsed.prefer_socket = value == "true";
                 passed_on.push(pair);
@@ -102,30 +104,6 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
         .map(str::to_owned)
         .ok_or_else(|| invalid("no database: add /DATABASE to the URL".into()))?;
     Ok(parsed)
-}
-
-/// `%XX` sequences decoded (a path in a URL parameter).
-fn percent_decode(value: &str) -> String {
-    let bytes = value.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(b)) => {
-                out.push(b);
-                i += 3;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
@@ -164,11 +142,5 @@ mod tests {
             assert!(error.contains(says), "{url}: {error}");
             assert!(!error.contains("secret"), "{url}: {error}");
         }
-    }
-
-    #[test]
-    fn paths_in_parameters_are_decoded() {
-        assert_eq!(percent_decode("/etc/my%20ca.pem"), "/etc/my ca.pem");
-        assert_eq!(percent_decode("100%"), "100%");
     }
 }

@@ -87,7 +87,9 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
             }
             "sslrootcert" if value == "system" => parsed.tls.root_cert = Some(RootCert::System),
             "sslrootcert" if !value.is_empty() => {
-                parsed.tls.root_cert = Some(RootCert::File(PathBuf::from(percent_decode(value))));
+                parsed.tls.root_cert = Some(RootCert::File(PathBuf::from(
+                    idem::url::percent_decode(value),
+                )));
             }
             _ => passed_on.push(pair),
         }
@@ -134,31 +136,6 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
         TlsMode::Require | TlsMode::VerifyCa | TlsMode::VerifyFull => SslMode::Require,
     });
     Ok(parsed)
-}
-
-/// `%XX` escapes decoded (a path in a URL parameter); anything that is not
-/// a valid escape is kept as it is.
-fn percent_decode(value: &str) -> String {
-    let bytes = value.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                i += 3;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]

@@ -162,6 +162,11 @@ impl Watched {
 }
 
 impl Watched {
+    /// The watchdog's process id (the server is its child).
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Stops the server as dropping does, but tells a watchdog that
     /// understands it (its first line read is `keep`) to leave the
     /// server's data for a restart.

@@ -11,12 +11,12 @@
 //! restart tests. `root` may connect over TCP from 127.0.0.1 without a
 //! password.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::servers::{failed, free_port, which, ServerError};
+use crate::servers::tls::Certificates;
+use crate::servers::{failed, free_port, which, ServerError, Watched};
 
 /// The watchdog: `$1` is the data directory, the rest is the `mariadbd`
 /// command line. A first line of `keep` on stdin keeps the data directory
@@ -28,13 +28,28 @@ const WATCHDOG: &str = r#"dir=$1; shift; "$@" & pid=$!; read -r what; case "$pid
 pub struct MySqlServer {
     port: u16,
     dir: PathBuf,
-    process: Option<(Child, ChildStdin)>,
+    settings: Vec<String>,
+    process: Option<Watched>,
 }
 
 impl MySqlServer {
     /// Runs `mariadb-install-db` and starts the server on a free loopback
     /// port (and a socket in its data directory, for the admin client).
     pub fn start() -> Result<Self, ServerError> {
+        Self::start_with(Vec::new())
+    }
+
+    /// Like [`start`](Self::start), offering TLS (clients choose with
+    /// `ssl-mode`) with the server certificate and key of `certs`.
+    pub fn start_tls(certs: &Certificates) -> Result<Self, ServerError> {
+        Self::start_with(vec![
+            format!("--ssl-cert={}", certs.cert.display()),
+            format!("--ssl-key={}", certs.key.display()),
+            format!("--ssl-ca={}", certs.ca.display()),
+        ])
+    }
+
+    fn start_with(settings: Vec<String>) -> Result<Self, ServerError> {
         if !which("mariadbd") && !Path::new("/usr/sbin/mariadbd").is_file() {
             return Err(ServerError::NotInstalled("mariadb-server"));
         }
@@ -62,6 +77,7 @@ impl MySqlServer {
         let mut server = Self {
             port: free_port()?,
             dir,
+            settings,
             process: None,
         };
         server.start_again()?;
@@ -97,7 +113,7 @@ impl MySqlServer {
         let mut cmd = Command::new("mariadb");
         cmd.arg("--no-defaults")
             .arg(format!("--socket={}", self.socket().display()))
-            .args(["-uroot", "-N", "-B", "-e", sql]);
+            .args(["--skip-ssl", "-uroot", "-N", "-B", "-e", sql]);
         if !database.is_empty() {
             cmd.arg(database);
         }
@@ -124,13 +140,13 @@ impl MySqlServer {
     pub fn cpu(&self) -> Duration {
         self.process
             .as_ref()
-            .and_then(|(child, _)| {
+            .and_then(|watched| {
                 // The watchdog's child is the server.
+                let pid = watched.pid();
                 let children =
-                    std::fs::read_to_string(format!("/proc/{}/task/{0}/children", child.id()))
-                        .ok()?;
-                let pid = children.split_whitespace().next()?.to_owned();
-                crate::bench::proc_ticks(&pid)
+                    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+                let server = children.split_whitespace().next()?.to_owned();
+                crate::bench::proc_ticks(&server)
             })
             .map_or(Duration::ZERO, |t| crate::bench::ticks(t.own))
     }
@@ -139,16 +155,8 @@ impl MySqlServer {
     /// are cut and the next start runs crash recovery) and keeps its data.
     /// Its port stays reserved for [`start_again`](Self::start_again).
     pub fn crash(&mut self) {
-        self.shut_down(true);
-    }
-
-    fn shut_down(&mut self, keep: bool) {
-        if let Some((mut child, mut stdin)) = self.process.take() {
-            if keep {
-                let _ = stdin.write_all(b"keep\n");
-            }
-            drop(stdin);
-            let _ = child.wait();
+        if let Some(watched) = self.process.take() {
+            watched.stop_keeping_data();
         }
     }
 
@@ -185,42 +193,24 @@ impl MySqlServer {
                 "--innodb-buffer-pool-size=64M",
                 "--skip-name-resolve",
             ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| failed(format!("spawning sh: {e}")))?;
-        let stdin = child.stdin.take().ok_or_else(|| failed("no stdin pipe"))?;
-        self.process = Some((child, stdin));
-        let deadline = Instant::now() + Duration::from_secs(60);
+            .args(&self.settings);
+        let log = || std::fs::read_to_string(self.dir.join("error.log")).unwrap_or_default();
+        let watched = Watched::start(cmd, "mariadbd", self.port, Duration::from_secs(60))
+            .map_err(|e| failed(format!("{e}\n{}", log())))?;
+        self.process = Some(watched);
+        // It listens before the socket the admin client uses is ready.
+        let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if self.socket().exists() && self.admin("", "SELECT 1").is_ok() {
                 return Ok(());
             }
-            if let Some((child, _)) = self.process.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    self.process = None;
-                    let log =
-                        std::fs::read_to_string(self.dir.join("error.log")).unwrap_or_default();
-                    return Err(failed(format!(
-                        "mariadbd on port {} exited: {status}\n{log}",
-                        self.port
-                    )));
-                }
-            }
             std::thread::sleep(Duration::from_millis(50));
         }
         Err(failed(format!(
-            "mariadbd on port {} was not ready in 60 s",
-            self.port
+            "mariadbd on port {} did not answer on its socket in 30 s\n{}",
+            self.port,
+            log()
         )))
-    }
-}
-
-impl Drop for MySqlServer {
-    fn drop(&mut self) {
-        self.shut_down(false);
     }
 }
 

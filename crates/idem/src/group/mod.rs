@@ -55,7 +55,9 @@
 
 mod pairs;
 
-pub use pairs::{key_order, Direct, Pairs};
+pub use pairs::{
+    claim_through, claims_or_each, complete_through, completions_or_each, key_order, Direct, Pairs,
+};
 
 use std::future::Future;
 use std::sync::Arc;

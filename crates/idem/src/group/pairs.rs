@@ -79,6 +79,90 @@ impl<S: Direct> Pairs<S> {
     }
 }
 
+/// A claim through `groups` when the store has them, else on its own.
+pub async fn claim_through<S: Direct>(
+    groups: Option<&Pairs<S>>,
+    store: &S,
+    id: &RecordId,
+    params: &ClaimParams,
+) -> Result<ClaimOutcome, StoreError> {
+    match groups {
+        Some(groups) => groups.claim(id, params).await,
+        None => store.claim_one(id, params).await,
+    }
+}
+
+/// A completion through `groups` when the store has them, else on its
+/// own.
+pub async fn complete_through<S: Direct>(
+    groups: Option<&Pairs<S>>,
+    store: &S,
+    lease: &Lease,
+    response: Bytes,
+    retention: Duration,
+) -> Result<(), StoreError> {
+    match groups {
+        Some(groups) => groups.complete(lease, response, retention).await,
+        None => store.complete_one(lease, &response, retention).await,
+    }
+}
+
+/// The answers of a batch of `claims`, or, when the batch failed with an
+/// error `one_item` says one of its items may have caused alone (the
+/// batch was rolled back whole), each claim made on its own, so one
+/// item's trouble never fails its neighbours.
+pub async fn claims_or_each<S: Direct>(
+    store: &S,
+    claims: &[(RecordId, ClaimParams)],
+    batch: Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError>,
+    one_item: impl Fn(&StoreError) -> bool,
+) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
+    match batch {
+        Err(e) if one_item(&e) => {
+            tracing::debug!(error = %e, "claim_many rolled back; claiming one by one");
+            let mut results = Vec::with_capacity(claims.len());
+            for (id, params) in claims {
+                results.push(store.claim_one(id, params).await);
+            }
+            Ok(results)
+        }
+        other => other,
+    }
+}
+
+/// The answers of a batch of `completions` (`None` for those it left to
+/// be made on their own: the later completions of a record named more
+/// than once), each such completion then made on its own, in the order
+/// given; when the batch failed with an error `one_item` says one of its
+/// items may have caused alone, every completion made on its own.
+pub async fn completions_or_each<S: Direct>(
+    store: &S,
+    completions: &[Completion],
+    batch: Result<Vec<Option<Result<(), StoreError>>>, StoreError>,
+    one_item: impl Fn(&StoreError) -> bool,
+) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+    let mut results = match batch {
+        Err(e) if one_item(&e) => {
+            tracing::debug!(error = %e, "complete_many rolled back; completing one by one");
+            completions.iter().map(|_| None).collect()
+        }
+        other => other?,
+    };
+    for (i, c) in completions.iter().enumerate() {
+        if results.get(i).is_some_and(Option::is_none) {
+            results[i] = Some(store.complete_one(&c.lease, &c.response, c.retention).await);
+        }
+    }
+    Ok(results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or(Err(StoreError::Backend(
+                "completion missing from batch".into(),
+            )))
+        })
+        .collect())
+}
+
 /// Claims, together as one `claim_many`.
 struct Claims<S>(S);
 
