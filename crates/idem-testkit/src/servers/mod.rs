@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 #[non_exhaustive]
 pub enum ServerError {
     /// A program the server needs is not installed (`scripts/test`
-    /// installs them: `redis-server`, `redis-tools`, `postgresql`).
+    /// installs them: `redis-server`, `redis-tools`, `postgresql`,
+    /// `mariadb-server`).
     #[error("{0} is not installed")]
     NotInstalled(&'static str),
     /// Starting or talking to the server failed.
