@@ -1,5 +1,11 @@
-//! The `type` URIs of the problems this middleware answers with; stable,
-//! so clients can branch on them. The gRPC status of each is in `grpc.rs`.
+//! The `type` URIs of every problem idem answers with — this middleware,
+//! the gateway and `idem serve`'s claim API — in one place; stable, so
+//! clients can branch on them. The gRPC status of each is in `grpc.rs`;
+//! the guide's "Problem types" chapter describes each, and a test checks
+//! the two lists agree.
+//!
+//! The titles of the kinds more than one part answers with are here too,
+//! so a client sees the same words whichever part it met.
 
 /// The `type` URI of the problem named `$slug`: every problem idem
 /// answers with (this middleware, the gateway, `idem serve`) shares one
@@ -39,3 +45,28 @@ pub const OUTCOME_UNKNOWN: &str = crate::problem_type!("outcome-unknown");
 pub const NOT_STORED: &str = crate::problem_type!("response-not-stored");
 /// A stored response could not be read back.
 pub const STORED_UNREADABLE: &str = crate::problem_type!("stored-response-unreadable");
+
+/// `idem serve`: the request is not what the API takes; the detail says
+/// which field and which rule.
+pub const BAD_REQUEST: &str = crate::problem_type!("bad-request");
+/// `idem serve`: no token, or one that acts for no tenant.
+pub const UNAUTHORIZED: &str = crate::problem_type!("unauthorized");
+/// `idem serve` without `--tokens`: a request not addressed to a loopback
+/// name, or a POST that is not JSON (what a web page could send).
+pub const FORBIDDEN: &str = crate::problem_type!("forbidden");
+/// `idem serve`: no live record for the scope and key, or no such route.
+pub const NOT_FOUND: &str = crate::problem_type!("not-found");
+/// `idem serve`: the record no longer carries the lease; nothing was
+/// written.
+pub const LEASE_LOST: &str = crate::problem_type!("lease-lost");
+/// `idem serve`: the store is at its size limit.
+pub const STORE_FULL: &str = crate::problem_type!("store-full");
+/// `idem serve`: the store answered with an error.
+pub const STORE_ERROR: &str = crate::problem_type!("store-error");
+/// `idem serve`: a stored record or result could not be read back.
+pub const RECORD_UNREADABLE: &str = crate::problem_type!("stored-record-unreadable");
+
+/// The title of [`BODY_TOO_LARGE`], wherever it is answered.
+pub const BODY_TOO_LARGE_TITLE: &str = "Request body too large";
+/// The title of [`STORE_UNAVAILABLE`], wherever it is answered.
+pub const STORE_UNAVAILABLE_TITLE: &str = "Idempotency store unavailable";

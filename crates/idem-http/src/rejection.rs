@@ -159,7 +159,7 @@ impl Rejection {
             Self::KeyMissing { .. } => "Idempotency key missing",
             Self::KeyMalformed { .. } => "Idempotency key malformed",
             Self::KeyTooOld { .. } => "Idempotency key older than its lifetime",
-            Self::BodyTooLarge { .. } => "Request body too large",
+            Self::BodyTooLarge { .. } => types::BODY_TOO_LARGE_TITLE,
             Self::BadBody { .. } => "Request body unreadable",
             Self::InProgress { .. } => "Request in progress",
             Self::Mismatch => "Key reused with a different request",
@@ -167,7 +167,7 @@ impl Rejection {
             Self::LostResponse { .. } => "Upstream outcome unknown",
             Self::Upstream { .. } => "Upstream unavailable",
             Self::NotStored { .. } | Self::Internal { .. } => "Response not stored",
-            Self::StoreUnavailable { .. } => "Idempotency store unavailable",
+            Self::StoreUnavailable { .. } => types::STORE_UNAVAILABLE_TITLE,
             Self::LeaseLost => "Outcome not recorded",
             Self::StoredUnreadable { .. } => "Stored response unreadable",
         }

@@ -1,5 +1,6 @@
 //! The claim API's problem answers (RFC 9457), each with a stable `type`
-//! a client can branch on (listed in `openapi.yaml`).
+//! a client can branch on (listed in `openapi.yaml`), from idem's one
+//! vocabulary ([`idem_http::problem_types`]).
 
 use std::time::Duration;
 
@@ -7,28 +8,11 @@ use http::StatusCode;
 use idem::StoreError;
 use idem_http::Problem;
 
-/// The request is not what the API takes; `detail` says which field and
-/// which rule.
-pub const BAD_REQUEST: &str = idem_http::problem_type!("bad-request");
-/// No token, or one that acts for no tenant.
-pub const UNAUTHORIZED: &str = idem_http::problem_type!("unauthorized");
-/// Without `--tokens`: a request not addressed to a loopback name, or a
-/// POST that is not JSON (what a web page could send).
-pub const FORBIDDEN: &str = idem_http::problem_type!("forbidden");
-/// No live record for the scope and key.
-pub const NOT_FOUND: &str = idem_http::problem_type!("not-found");
-/// The request body is over `--max-request-bytes`.
-pub const BODY_TOO_LARGE: &str = idem_http::problem_type!("body-too-large");
-/// The record no longer carries the lease: nothing was written.
-pub const LEASE_LOST: &str = idem_http::problem_type!("lease-lost");
-/// The store could not be reached; try again after `Retry-After`.
-pub const STORE_UNAVAILABLE: &str = idem_http::problem_type!("store-unavailable");
-/// The store is at its size limit.
-pub const STORE_FULL: &str = idem_http::problem_type!("store-full");
-/// The store answered with an error.
-pub const STORE_ERROR: &str = idem_http::problem_type!("store-error");
-/// A stored record or result could not be read back.
-pub const UNREADABLE: &str = idem_http::problem_type!("stored-record-unreadable");
+pub use idem_http::problem_types::{
+    BAD_REQUEST, BODY_TOO_LARGE, FORBIDDEN, LEASE_LOST, NOT_FOUND, RECORD_UNREADABLE as UNREADABLE,
+    STORE_ERROR, STORE_FULL, STORE_UNAVAILABLE, UNAUTHORIZED,
+};
+use idem_http::problem_types::{BODY_TOO_LARGE_TITLE, STORE_UNAVAILABLE_TITLE};
 
 pub(crate) fn bad_request(detail: impl Into<String>) -> Problem {
     Problem::new(StatusCode::BAD_REQUEST, BAD_REQUEST, "bad request", detail)
@@ -97,7 +81,7 @@ pub(crate) fn too_large(limit: usize) -> Problem {
     Problem::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         BODY_TOO_LARGE,
-        "request body too large",
+        BODY_TOO_LARGE_TITLE,
         format!("the request body is over {limit} bytes (the server's --max-request-bytes)"),
     )
 }
@@ -129,7 +113,7 @@ pub(crate) fn store_problem(error: StoreError) -> Problem {
         StoreError::Unavailable(_) => Problem::new(
             StatusCode::SERVICE_UNAVAILABLE,
             STORE_UNAVAILABLE,
-            "store unavailable",
+            STORE_UNAVAILABLE_TITLE,
             format!("{chain}; whether a write landed is unknown: send it again"),
         )
         .retry_after(Duration::from_secs(1)),
@@ -182,16 +166,14 @@ mod tests {
             layer::OUTCOME_UNKNOWN,
             layer::NOT_STORED,
             layer::STORED_UNREADABLE,
-            super::BAD_REQUEST,
-            super::UNAUTHORIZED,
-            super::FORBIDDEN,
-            super::NOT_FOUND,
-            super::BODY_TOO_LARGE,
-            super::LEASE_LOST,
-            super::STORE_UNAVAILABLE,
-            super::STORE_FULL,
-            super::STORE_ERROR,
-            super::UNREADABLE,
+            layer::BAD_REQUEST,
+            layer::UNAUTHORIZED,
+            layer::FORBIDDEN,
+            layer::NOT_FOUND,
+            layer::LEASE_LOST,
+            layer::STORE_FULL,
+            layer::STORE_ERROR,
+            layer::RECORD_UNREADABLE,
         ]
         .iter()
         .map(|uri| {
