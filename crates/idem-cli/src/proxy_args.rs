@@ -220,10 +220,21 @@ impl ProxyArgs {
                 .as_deref()
                 .map(|h| header_name("--tenant-header", h))
                 .transpose()?,
-            retention: duration("--retention", self.retention.as_deref().unwrap_or("24h"))?,
-            lease: duration("--lease", self.lease.as_deref().unwrap_or("30s"))?,
-            max_request_bytes: self.max_request_bytes.unwrap_or(1 << 20),
-            max_response_bytes: self.max_response_bytes.unwrap_or(1 << 20),
+            // The layer's defaults, so the gateway and the layer agree.
+            retention: match self.retention.as_deref() {
+                Some(text) => duration("--retention", text)?,
+                None => idem::DEFAULT_RETENTION,
+            },
+            lease: match self.lease.as_deref() {
+                Some(text) => duration("--lease", text)?,
+                None => idem::DEFAULT_LEASE,
+            },
+            max_request_bytes: self
+                .max_request_bytes
+                .unwrap_or(idem_http::DEFAULT_MAX_REQUEST_BYTES),
+            max_response_bytes: self
+                .max_response_bytes
+                .unwrap_or(idem::DEFAULT_MAX_RESPONSE_BYTES),
             fail_open: self.fail_open.unwrap_or(false),
             upstream_timeout: duration(
                 "--upstream-timeout",
@@ -231,7 +242,10 @@ impl ProxyArgs {
             )?,
             forward_takeovers: self.forward_takeovers.unwrap_or(false),
             reject_old_uuid_v7: self.reject_old_uuid_v7.unwrap_or(false),
-            max_wait: wait("--max-wait", self.max_wait.as_deref().unwrap_or("10s"))?,
+            max_wait: match self.max_wait.as_deref() {
+                Some(text) => wait("--max-wait", text)?,
+                None => idem_http::DEFAULT_MAX_WAIT,
+            },
             default_wait: wait(
                 "--default-wait",
                 self.default_wait.as_deref().unwrap_or("0"),
@@ -239,10 +253,10 @@ impl ProxyArgs {
             replay_cache_bytes: self
                 .replay_cache_bytes
                 .unwrap_or(idem::DEFAULT_REPLAY_CACHE_BYTES),
-            replay_cache_ttl: wait(
-                "--replay-cache-ttl",
-                self.replay_cache_ttl.as_deref().unwrap_or("60s"),
-            )?,
+            replay_cache_ttl: match self.replay_cache_ttl.as_deref() {
+                Some(text) => wait("--replay-cache-ttl", text)?,
+                None => idem::DEFAULT_REPLAY_CACHE_TTL,
+            },
             replay_drop_headers: self
                 .replay_drop_headers
                 .as_deref()

@@ -425,6 +425,13 @@ impl<S> IdempotencyLayer<S> {
     }
 }
 
+/// The largest request body on covered methods, unless set: 1 MiB, the
+/// layer's and the gateway's default.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
+/// The longest a request may ask (`Prefer: wait=N`) to wait for a running
+/// duplicate's outcome, unless set: the layer's and the gateway's default.
+pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(10);
+
 impl<S: Store> IdempotencyLayer<S> {
     /// Starts configuring a layer over `store`. Defaults: POST and PATCH
     /// covered, `Idempotency-Key` optional, fingerprint of method, path,
@@ -443,14 +450,14 @@ impl<S: Store> IdempotencyLayer<S> {
             route: None,
             fingerprint: FingerprintRule::Request,
             stored: Arc::new(default_stored),
-            max_request_bytes: 1 << 20,
-            max_response_bytes: 1 << 20,
-            retention: Duration::from_secs(24 * 3600),
-            lease: Duration::from_secs(30),
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            max_response_bytes: idem::DEFAULT_MAX_RESPONSE_BYTES,
+            retention: idem::DEFAULT_RETENTION,
+            lease: idem::DEFAULT_LEASE,
             fail_open: false,
             forward_takeovers: false,
             reject_old_uuid_v7: false,
-            max_wait: Duration::from_secs(10),
+            max_wait: DEFAULT_MAX_WAIT,
             default_wait: Duration::ZERO,
             replay_cache_bytes: idem::DEFAULT_REPLAY_CACHE_BYTES,
             replay_cache_ttl: idem::DEFAULT_REPLAY_CACHE_TTL,

@@ -85,7 +85,9 @@ mod stored;
 
 pub use body::IdemBody;
 pub use header::{parse_key, KeyHeaderError};
-pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder};
+pub use layer::{
+    IdempotencyLayer, IdempotencyLayerBuilder, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT,
+};
 pub use marker::{NotExecuted, OutcomeUnknown};
 pub use problem::Problem;
 pub use rejection::Rejection;

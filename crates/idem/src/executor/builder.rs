@@ -253,20 +253,30 @@ impl<S: Store, C: Codec> IdempotencyBuilder<S, C> {
     }
 }
 
+/// How long a claim is held without a heartbeat, unless set: the
+/// executor's, the HTTP layer's and the gateway's default.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// How long outcomes are kept, unless set: the executor's, the HTTP
+/// layer's and the gateway's default.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// The largest response (encoded) stored, unless set: 1 MiB, the
+/// executor's, the HTTP layer's and the gateway's default.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1 << 20;
+
 impl<S: Store> Idempotency<S, Json> {
     /// Starts configuring an executor over `store`.
     pub fn builder(store: S) -> IdempotencyBuilder<S, Json> {
         IdempotencyBuilder {
             store,
             codec: Json,
-            lease: Duration::from_secs(30),
+            lease: DEFAULT_LEASE,
             heartbeat: None,
-            retention: Duration::from_secs(24 * 3600),
+            retention: DEFAULT_RETENTION,
             failure_retention: None,
             max_attempts: NonZeroU32::new(5).expect("5 is not zero"),
             backoff: Backoff::default(),
             compress_above: 1024,
-            max_response_bytes: 1 << 20,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             wait_for_in_flight: None,
             fail_open: false,
             classifier: Arc::new(default_classifier),

@@ -35,7 +35,9 @@ use crate::step::StepRun;
 use crate::store::{DeleteRecord, DynStepJournal, Store, StoreError};
 
 pub use ahead::ClaimedAhead;
-pub use builder::{ConfigError, IdempotencyBuilder};
+pub use builder::{
+    ConfigError, IdempotencyBuilder, DEFAULT_LEASE, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_RETENTION,
+};
 pub(crate) use claim::Claimed;
 pub use classify::{default_classifier, Backoff, Classifier, Terminal};
 use context::Held;
