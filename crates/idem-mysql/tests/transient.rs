@@ -293,3 +293,49 @@ async fn a_crashed_server_is_unavailable_and_loses_nothing_it_acknowledged() {
     }
     drop(server);
 }
+
+/// A server turned read-only, as a primary demoted by a failover is,
+/// answers writes with 1290 (`--read-only`): transient, never a refusal
+/// that would end a run; writable again, the same store writes. The user
+/// is not root: MariaDB lets a user with `READ_ONLY ADMIN` write anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_server_is_unavailable_not_a_refusal() {
+    let server = common::server();
+    let db = server.create_database("readonly").expect("database");
+    server
+        .admin(
+            "",
+            &format!(
+                "CREATE USER IF NOT EXISTS 'app'@'127.0.0.1'; \
+                 GRANT ALL ON {db}.* TO 'app'@'127.0.0.1'"
+            ),
+        )
+        .expect("user");
+    let url = format!("mysql://app@127.0.0.1:{}/{db}", server.port());
+    let store = MySqlStore::builder(&url)
+        .expect("valid URL")
+        .pool_size(2)
+        .connect()
+        .await
+        .expect("connect as app");
+    let before = RecordId::parse("readonly", "before").expect("id");
+    claim_all(&store, std::slice::from_ref(&before)).await;
+
+    server
+        .admin("", "SET GLOBAL read_only = 1")
+        .expect("read-only");
+    let during = RecordId::parse("readonly", "during").expect("id");
+    let refused = store.claim(&during, &params()).await;
+    server
+        .admin("", "SET GLOBAL read_only = 0")
+        .expect("writable");
+    assert!(unavailable(&refused), "{refused:?}");
+    let text = idem::error_chain(&refused.expect_err("refused"));
+    assert!(text.contains("read-only"), "{text}");
+
+    let after = store.claim(&during, &params()).await;
+    assert!(
+        matches!(after, Ok(ClaimOutcome::Acquired(_))),
+        "writable again: {after:?}"
+    );
+}
