@@ -50,6 +50,7 @@ use crate::encode::ms;
 use crate::error::transient_code;
 use crate::schema;
 use crate::sql::text;
+use crate::store::id_params;
 
 pub use idem::InboxOutcome;
 
@@ -110,13 +111,6 @@ pub struct Inbox {
     purge: String,
 }
 
-fn id_values(id: &RecordId) -> [Value; 2] {
-    [
-        Value::Bytes(id.scope().as_str().as_bytes().to_vec()),
-        Value::Bytes(id.key().as_str().as_bytes().to_vec()),
-    ]
-}
-
 impl Inbox {
     /// An inbox that keeps rows for `retention` (longer than any
     /// redelivery window of the source), in the connection's database.
@@ -152,7 +146,7 @@ impl Inbox {
     ) -> Result<InboxOutcome, InboxError> {
         // A value no other claim writes.
         let mine = self.claims.next().as_u128().to_be_bytes();
-        let [scope, key] = id_values(id);
+        let [scope, key] = id_params(id);
         let fp = fingerprint.map_or(Value::NULL, |f| Value::Bytes(f.as_bytes().to_vec()));
         tx.exec_drop(
             &self.claim,
@@ -167,7 +161,7 @@ impl Inbox {
         .await
         .map_err(InboxError::from_driver)?;
         let row: Option<InboxRow> = tx
-            .exec_first(&self.read, id_values(id).to_vec())
+            .exec_first(&self.read, id_params(id).to_vec())
             .await
             .map_err(InboxError::from_driver)?;
         let Some((claim, stored, response)) = row else {
@@ -194,7 +188,7 @@ impl Inbox {
         response: &[u8],
     ) -> Result<(), InboxError> {
         let mut params = vec![Value::Bytes(response.to_vec())];
-        params.extend(id_values(id));
+        params.extend(id_params(id));
         if changed(tx, &self.respond, params).await? == 1 {
             Ok(())
         } else {
