@@ -1,41 +1,15 @@
 //! The checker: what the ledger, the downstream table and the store must
-//! agree on after a run, and the report it produces.
+//! agree on after a worker run, and what the run counted.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt::Write as _;
-use std::time::Duration;
 
 use idem::{Record, State};
+use idem_testkit::chaos::Findings;
+pub(crate) use idem_testkit::chaos::Violation;
 
-use crate::{FaultKind, Target};
-
-/// Something that must never happen, and the key it happened to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Violation {
-    /// The key, when the violation is about one.
-    pub key: Option<String>,
-    /// What was seen.
-    pub what: String,
-}
-
-impl std::fmt::Display for Violation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.key {
-            Some(key) => write!(f, "{key}: {}", self.what),
-            None => f.write_str(&self.what),
-        }
-    }
-}
-
-/// What a run did and what the checker found.
-#[derive(Debug, Clone)]
-pub struct Report {
-    /// Store and mode.
-    pub target: Target,
-    /// The seed.
-    pub seed: u64,
-    /// Distinct keys.
-    pub keys: usize,
+/// What a worker run counted, and the violations found so far.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Tally {
     /// Deliveries published (keys plus duplicates).
     pub deliveries: usize,
     /// Deliveries that were duplicates of another.
@@ -53,58 +27,40 @@ pub struct Report {
     pub stale_writes: u64,
     /// Completions refused because the lease was taken over (lease modes).
     pub lease_lost: u64,
-    /// Faults injected, by kind.
-    pub faults: BTreeMap<FaultKind, u64>,
     /// Why workers asked for deliveries to be redelivered, with counts.
     pub retry_reasons: BTreeMap<String, u64>,
-    /// From the first delivery to the last acknowledgement.
-    pub elapsed: Duration,
     /// What must never happen, and did.
     pub violations: Vec<Violation>,
-    /// Where the run's ledgers and logs were kept for a look, when it
-    /// found violations (otherwise they are removed).
-    pub kept: Option<std::path::PathBuf>,
 }
 
-impl Report {
-    /// Faults of `kind` injected.
-    pub fn faults_of(&self, kind: FaultKind) -> u64 {
-        self.faults.get(&kind).copied().unwrap_or(0)
-    }
-
-    /// The summary table of `reports`, one row per run.
-    pub fn table(reports: &[Report]) -> String {
-        let mut header = vec![
-            "target", "seed", "keys", "deliv", "dups", "redeliv", "exec", "stale", "lost",
-        ];
-        header.extend(FaultKind::ALL.iter().map(|k| k.name()));
-        header.extend(["secs", "violations"]);
-        let rows: Vec<Vec<String>> = reports
-            .iter()
-            .map(|r| {
-                let mut row = vec![
-                    r.target.name().to_owned(),
-                    r.seed.to_string(),
-                    r.keys.to_string(),
-                    r.deliveries.to_string(),
-                    r.duplicates.to_string(),
-                    r.redeliveries.to_string(),
-                    r.executions.to_string(),
-                    r.stale_writes.to_string(),
-                    r.lease_lost.to_string(),
-                ];
-                row.extend(FaultKind::ALL.iter().map(|k| r.faults_of(*k).to_string()));
-                row.push(format!("{:.1}", r.elapsed.as_secs_f64()));
-                row.push(r.violations.len().to_string());
-                row
-            })
-            .collect();
-        markdown_table(&header, &rows)
-    }
-
-    /// The violations, one per line (at most `limit`, then a count).
-    pub fn violation_lines(&self, limit: usize) -> String {
-        violation_lines(self.target, &self.violations, limit)
+impl Tally {
+    /// The report's findings for a run of `keys` keys: its columns are
+    /// `deliv` (keys plus duplicates), `dups`, `redeliv`, `acked` (each
+    /// delivery once in a clean run), `exec` (handler starts; inbox:
+    /// committed effects), `stale` (fenced writes refused) and `lost`
+    /// (completions refused after a takeover).
+    pub(crate) fn into_findings(self, keys: usize) -> Findings {
+        let mut reasons: Vec<_> = self.retry_reasons.into_iter().collect();
+        reasons.sort_by_key(|r| std::cmp::Reverse(r.1));
+        Findings {
+            keys,
+            counts: vec![
+                ("deliv", self.deliveries as u64),
+                ("dups", self.duplicates as u64),
+                ("redeliv", self.redeliveries),
+                ("acked", self.acked_executed + self.acked_replayed),
+                ("exec", self.executions),
+                ("stale", self.stale_writes),
+                ("lost", self.lease_lost),
+            ],
+            violations: self.violations,
+            notes: reasons
+                .into_iter()
+                .take(10)
+                .map(|(reason, n)| format!("retried {n}×: {reason}"))
+                .collect(),
+            kept: None,
+        }
     }
 }
 
@@ -235,43 +191,6 @@ pub(crate) fn check_inbox_key(
     if !inbox_responded {
         flag("no inbox record with a response".into());
     }
-}
-
-/// `violations` of a run of `target`, one per line (at most `limit`, then
-/// a count).
-pub(crate) fn violation_lines(target: Target, violations: &[Violation], limit: usize) -> String {
-    let mut out = String::new();
-    for v in violations.iter().take(limit) {
-        let _ = writeln!(out, "  {}: {v}", target.name());
-    }
-    if violations.len() > limit {
-        let _ = writeln!(out, "  … and {} more", violations.len() - limit);
-    }
-    out
-}
-
-/// A Markdown table with right-aligned, padded columns.
-pub(crate) fn markdown_table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let widths: Vec<usize> = header
-        .iter()
-        .enumerate()
-        .map(|(i, h)| rows.iter().map(|r| r[i].len()).fold(h.len(), usize::max))
-        .collect();
-    let line = |cells: Vec<&str>| {
-        let padded: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:>w$}"))
-            .collect();
-        format!("| {} |\n", padded.join(" | "))
-    };
-    let mut out = line(header.to_vec());
-    let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
-    out.push_str(&line(rule.iter().map(String::as_str).collect()));
-    for row in rows {
-        out.push_str(&line(row.iter().map(String::as_str).collect()));
-    }
-    out
 }
 
 #[cfg(test)]

@@ -12,23 +12,23 @@ use idem_redis::RedisStore;
 use idem_sqlite::SqliteStore;
 use idem_testkit::servers::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
 
-use crate::check::{self, Downstream, Report, Violation};
+use crate::check::{self, Downstream, Tally, Violation};
 use crate::error::{harness, ChaosError};
 use crate::servers::{sqlite_file, Servers, TABLE};
 use crate::worker::SCOPE;
-use crate::{Plan, Target};
+use crate::Target;
 
 /// Gathers the ledger, the downstream or effects table and the store's
 /// records, and runs the checker over them.
 pub(crate) async fn collect_evidence(
-    plan: &Plan,
+    target: Target,
     servers: &Servers,
     dir: &Path,
     keys: &[String],
-    report: &mut Report,
+    report: &mut Tally,
 ) -> Result<(), ChaosError> {
     let mut violations = Vec::new();
-    match plan.target {
+    match target {
         Target::PgInbox => {
             let effects =
                 rows(&servers.psql("SELECT key, count(*) FROM chaos_effects GROUP BY key")?);
@@ -64,7 +64,7 @@ pub(crate) async fn collect_evidence(
                     .into_iter()
                     .map(|(k, fence)| (k, Downstream { fence }))
                     .collect();
-            let (records, live) = match plan.target {
+            let (records, live) = match target {
                 Target::PgLease => {
                     let store = PgStore::builder(&servers.pg_url())
                         .map_err(harness)?

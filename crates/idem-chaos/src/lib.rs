@@ -44,7 +44,7 @@
 //!   replication go through them too). Its "restart" is a master
 //!   SIGKILLed, its replica promoted at once and the dead node replaced
 //!   by a new, empty replica; slots also move between masters under load
-//!   ([`FaultKind::Migrate`]). Redis replicates asynchronously, so the
+//!   ([`Fault::Migrate`]). Redis replicates asynchronously, so the
 //!   workers' writes wait for a replica ([`Plan::replica_acks`]); with
 //!   that off, completions lost in failovers are what the checker counts.
 //! - **`mysql-lease`**, the lease executor on MariaDB (the `idem-mysql`
@@ -68,10 +68,14 @@
 //!
 //! `scripts/chaos` runs the long version; `tests/short.rs` a short one.
 
+//!
+//! Every target is a [`Target`](idem_testkit::chaos::Target) of the
+//! test kit's one fault engine, which the broker adapters' runs share:
+//! one vocabulary of faults ([`Fault`]), one schedule, one [`Report`].
+
 mod check;
 mod error;
 mod evidence;
-mod faults;
 pub mod http;
 mod run;
 mod servers;
@@ -80,9 +84,12 @@ pub mod worker;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use check::{Report, Violation};
 pub use error::ChaosError;
-pub use run::{run, Progress};
+pub use idem_testkit::chaos::{Fault, FaultPlan, Link, Progress, Report, Violation};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::Rng;
+pub use run::run;
 
 /// The store and the mode a run exercises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -163,18 +170,26 @@ impl Target {
 
     /// The faults a run of this target injects by default: every kind
     /// that reaches it.
-    pub fn faults(self) -> Vec<FaultKind> {
-        if self.is_http() {
-            return http::FAULTS.to_vec();
+    pub fn faults(self) -> Vec<Fault> {
+        let mut kinds = vec![Fault::Kill];
+        if !self.is_http() {
+            kinds.push(Fault::Stop);
+            if self != Target::DynamoLease {
+                // moto keeps its tables in memory only.
+                kinds.push(Fault::StoreRestart);
+            }
         }
-        FaultKind::ALL
-            .into_iter()
-            .filter(|k| *k != FaultKind::Clock || self.reads_worker_clock())
-            // moto keeps its tables in memory only.
-            .filter(|k| *k != FaultKind::StoreRestart || self != Target::DynamoLease)
-            .filter(|k| *k != FaultKind::Migrate || self == Target::RedisClusterLease)
-            .filter(|k| *k != FaultKind::Locks || self.on_postgres())
-            .collect()
+        kinds.extend(Fault::on_link(Link::Idem));
+        if self.reads_worker_clock() {
+            kinds.push(Fault::Clock);
+        }
+        if self == Target::RedisClusterLease {
+            kinds.push(Fault::Migrate);
+        }
+        if self.on_postgres() {
+            kinds.push(Fault::Locks);
+        }
+        kinds
     }
 
     /// The distinct keys a second of faults carries by default: what the
@@ -215,76 +230,6 @@ impl Target {
     }
 }
 
-/// A kind of fault.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum FaultKind {
-    /// SIGKILL a worker; a new one replaces it.
-    Kill,
-    /// SIGSTOP a worker for 1.5 to 3 leases, then SIGCONT it.
-    Stop,
-    /// Crash the store and start it again (SQLite: SIGKILL every process
-    /// that has the file open; a Redis Cluster: SIGKILL a master, promote
-    /// its replica, replace the dead node with a new replica).
-    StoreRestart,
-    /// Delay every chunk through the proxy.
-    Latency,
-    /// Let nothing through the proxy for a while.
-    Blackhole,
-    /// Reset every connection through the proxy.
-    Reset,
-    /// Cut responses off midway for a while.
-    Cut,
-    /// Jump a worker's wall clock 1.5 to 3 leases forward or back (it
-    /// stays there until the next jump or the worker's end).
-    Clock,
-    /// Move slots, with their records, from one Cluster master to
-    /// another under load (clients meet ASK, then MOVED).
-    Migrate,
-    /// Hold idem's PostgreSQL table locked against writes for 100 to
-    /// 600 ms from a session of its own, while the workers' sessions give
-    /// up on a lock after 100 ms (`lock_timeout`) and on a statement after
-    /// 250 ms (`statement_timeout`): transient errors, which must never end
-    /// a run whose effect happened.
-    Locks,
-}
-
-impl FaultKind {
-    /// Every kind.
-    pub const ALL: [FaultKind; 10] = [
-        FaultKind::Kill,
-        FaultKind::Stop,
-        FaultKind::StoreRestart,
-        FaultKind::Latency,
-        FaultKind::Blackhole,
-        FaultKind::Reset,
-        FaultKind::Cut,
-        FaultKind::Clock,
-        FaultKind::Migrate,
-        FaultKind::Locks,
-    ];
-
-    /// Its name in reports and on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            FaultKind::Kill => "kill",
-            FaultKind::Stop => "stop",
-            FaultKind::StoreRestart => "restart",
-            FaultKind::Latency => "latency",
-            FaultKind::Blackhole => "blackhole",
-            FaultKind::Reset => "reset",
-            FaultKind::Cut => "cut",
-            FaultKind::Clock => "clock",
-            FaultKind::Migrate => "migrate",
-            FaultKind::Locks => "locks",
-        }
-    }
-
-    /// The kind called `name`.
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.name() == name)
-    }
-}
-
 /// What a run does. [`Plan::new`] gives a short run; the fields say what
 /// to change.
 #[derive(Debug, Clone)]
@@ -310,7 +255,7 @@ pub struct Plan {
     /// The mean time between faults.
     pub fault_every: Duration,
     /// Which faults to inject (by default [`Target::faults`]).
-    pub faults: Vec<FaultKind>,
+    pub faults: Vec<Fault>,
     /// How long the run may take to settle after the fault phase before
     /// undelivered keys count as lost.
     pub settle_limit: Duration,
@@ -352,5 +297,32 @@ impl Plan {
             worker_bin: worker_bin.into(),
             gateway_args: Vec::new(),
         }
+    }
+
+    /// When and what the fault engine injects.
+    pub fn fault_plan(&self) -> FaultPlan {
+        FaultPlan {
+            seed: self.seed,
+            faults: self.faults.clone(),
+            fault_every: self.fault_every,
+            duration: self.duration,
+            settle_limit: self.settle_limit,
+        }
+    }
+
+    /// The keys' names, by index.
+    pub fn key_names(&self) -> Vec<String> {
+        (0..self.keys).map(|i| format!("k{i:06}")).collect()
+    }
+
+    /// The workload in publishing order, as key indexes: every key once
+    /// and a share of [`Plan::duplicates`] more (rounded, so a share of
+    /// 0.33 of 300 keys gives 148 duplicates), shuffled by `rng`.
+    pub fn deliveries(&self, rng: &mut StdRng) -> Vec<usize> {
+        let extra = ((self.keys as f64) * self.duplicates / (1.0 - self.duplicates)).round();
+        let mut order: Vec<usize> = (0..self.keys).collect();
+        order.extend((0..extra as usize).map(|_| rng.random_range(0..self.keys)));
+        order.shuffle(rng);
+        order
     }
 }

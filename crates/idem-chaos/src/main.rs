@@ -9,7 +9,7 @@
 //! ```
 //!
 //! It prints a summary table (one for the worker targets, one for the
-//! HTTP targets) and exits with status 1 if any run found a violation.
+//! HTTP targets: the engine's [`Report::tables`]) and exits with status 1 if any run found a violation.
 //! `idem-chaos worker`, `http-client` and `gateway` are the modes the runs
 //! start their processes in; they are not meant to be run by hand.
 
@@ -18,8 +18,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use idem_chaos::http::HttpReport;
-use idem_chaos::{FaultKind, Plan, Report, Target};
+use idem_chaos::{Fault, Plan, Report, Target};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
@@ -146,14 +145,9 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
             )
         })?]
     };
-    let chosen: Vec<FaultKind> = args
-        .faults
-        .iter()
-        .map(|f| FaultKind::parse(f).with_context(|| format!("unknown fault {f:?}")))
-        .collect::<anyhow::Result<_>>()?;
+    let chosen = Fault::parse_list(&args.faults.join(",")).map_err(anyhow::Error::msg)?;
     let bin = std::env::current_exe().context("finding this binary")?;
     let mut reports = Vec::new();
-    let mut http_reports = Vec::new();
     for target in targets {
         let plan = Plan {
             seed: args.seed,
@@ -181,46 +175,19 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
         );
         bar.set_prefix(target.name());
         let show = |p: idem_chaos::Progress| {
-            bar.set_length(p.deliveries as u64);
-            bar.set_position(p.acked as u64);
+            bar.set_length(p.total as u64);
+            bar.set_position(p.done as u64);
             let phase = if p.faulting { "faulting" } else { "settling" };
             bar.set_message(format!("{} faults, {phase}", p.faults));
         };
-        if target.is_http() {
-            let report = idem_chaos::http::run(&plan, show)
-                .await
-                .with_context(|| format!("running {}", target.name()))?;
-            bar.finish_and_clear();
-            eprint!("{}", report.violation_lines(20));
-            http_reports.push(report);
-            continue;
-        }
         let report = idem_chaos::run(&plan, show)
             .await
             .with_context(|| format!("running {}", target.name()))?;
         bar.finish_and_clear();
         eprint!("{}", report.violation_lines(20));
-        if !report.violations.is_empty() {
-            let mut reasons: Vec<_> = report.retry_reasons.iter().collect();
-            reasons.sort_by(|a, b| b.1.cmp(a.1));
-            for (reason, n) in reasons.into_iter().take(10) {
-                eprintln!("  retried {n}×: {reason}");
-            }
-        }
         reports.push(report);
     }
-    let mut tables = String::new();
-    if !reports.is_empty() {
-        tables.push_str(&Report::table(&reports));
-    }
-    if !http_reports.is_empty() {
-        if !tables.is_empty() {
-            tables.push('\n');
-        }
-        tables.push_str(&HttpReport::table(&http_reports));
-    }
-    std::io::Write::write_all(&mut std::io::stdout(), tables.as_bytes())
+    std::io::Write::write_all(&mut std::io::stdout(), Report::tables(&reports).as_bytes())
         .context("writing the table")?;
-    Ok(reports.iter().all(|r| r.violations.is_empty())
-        && http_reports.iter().all(|r| r.violations.is_empty()))
+    Ok(reports.iter().all(|r| r.violations().is_empty()))
 }

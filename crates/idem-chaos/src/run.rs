@@ -1,15 +1,17 @@
-//! A run: the fault proxy, worker processes, the broker that feeds them
-//! and the fault injector, between starting the servers
-//! ([`crate::servers`]) and gathering the evidence for the checker
-//! ([`crate::evidence`]).
+//! The worker run: the fault proxy, worker processes and the broker that
+//! feeds them, as a [target](chaos::Target) of the shared fault engine,
+//! between starting the servers ([`crate::servers`]) and gathering the
+//! evidence for the checker ([`crate::evidence`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashSet};
 use std::fs::File;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use idem_sqlite::SqliteStore;
+use idem_testkit::chaos::{self, Clock, Fault, Findings, Injected, Link, Progress, Report};
+use idem_testkit::doubles::proxy::FaultProxy;
 use idem_testkit::ServerError;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -19,33 +21,23 @@ use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
-use crate::check::{Report, Violation};
+use crate::check::{Tally, Violation};
 use crate::error::{harness, ChaosError};
 use crate::evidence::collect_evidence;
-use crate::faults::{ProxyFaults, Schedule};
 use crate::servers::{sqlite_file, Servers};
 use crate::worker::WorkerConfig;
-use crate::{FaultKind, Plan, Target};
-
-/// Where a run is, for a progress display.
-#[derive(Debug, Clone, Copy)]
-pub struct Progress {
-    /// Deliveries acknowledged.
-    pub acked: usize,
-    /// Deliveries in all.
-    pub deliveries: usize,
-    /// Faults injected so far.
-    pub faults: u64,
-    /// Whether faults are still being injected.
-    pub faulting: bool,
-}
+use crate::{Plan, Target};
 
 /// Runs `plan` and checks it; `progress` is called a few times a second.
 pub async fn run(plan: &Plan, progress: impl Fn(Progress)) -> Result<Report, ChaosError> {
     validate(plan)?;
+    if plan.target.is_http() {
+        return crate::http::run(plan, progress).await;
+    }
     let servers = Servers::start(plan.target, plan.redis_append_only, plan.replica_acks).await?;
-    let dir = tempfile_dir()?;
+    let dir = run_dir("idem-chaos")?;
     if plan.target == Target::SqliteLease {
         // Created and migrated before the workers open it.
         let file = sqlite_file(&dir);
@@ -64,27 +56,28 @@ pub async fn run(plan: &Plan, progress: impl Fn(Progress)) -> Result<Report, Cha
         ledger_dir: dir.clone(),
     };
     let mut broker = Broker::new(plan, config, dir.clone());
-    let outcome = broker.drive(plan, &servers, &progress).await;
-    broker.stop_workers().await;
-    let mut report = outcome?;
-    collect_evidence(plan, &servers, &dir, &broker.keys, &mut report).await?;
-    if report.violations.is_empty() {
+    broker.servers = Some(servers);
+    let report = chaos::run(&plan.fault_plan(), broker, progress).await?;
+    Ok(keep_if_violated(report, dir))
+}
+
+/// Removes the run's directory of ledgers and logs, or keeps it (and
+/// says where) when the run found violations.
+pub(crate) fn keep_if_violated(mut report: Report, dir: PathBuf) -> Report {
+    if report.violations().is_empty() {
         let _ = std::fs::remove_dir_all(&dir);
     } else {
-        report.violations.push(Violation {
-            key: None,
-            what: format!("ledgers and worker logs kept in {}", dir.display()),
-        });
-        report.kept = Some(dir);
+        report.findings.violations.push(Violation::run(format!(
+            "ledgers and logs kept in {}",
+            dir.display()
+        )));
+        report.findings.kept = Some(dir);
     }
-    Ok(report)
+    report
 }
 
 fn validate(plan: &Plan) -> Result<(), ChaosError> {
     let bad = |why: &str| Err(ChaosError::Plan(why.to_owned()));
-    if plan.target.is_http() {
-        return bad("HTTP targets are run by idem_chaos::http::run");
-    }
     if plan.keys == 0 || plan.workers == 0 || plan.inflight == 0 {
         return bad("keys, workers and inflight must be at least 1");
     }
@@ -106,9 +99,10 @@ fn validate(plan: &Plan) -> Result<(), ChaosError> {
     Ok(())
 }
 
-fn tempfile_dir() -> Result<PathBuf, ChaosError> {
+/// A new directory for a run's ledgers and logs, named after `what`.
+pub(crate) fn run_dir(what: &str) -> Result<PathBuf, ChaosError> {
     let dir = std::env::temp_dir().join(format!(
-        "idem-chaos-{}-{:08x}",
+        "{what}-{}-{:08x}",
         std::process::id(),
         rand::random::<u32>()
     ));
@@ -168,7 +162,8 @@ struct WorkerProc {
     stdin: ChildStdin,
     generation: u64,
     outstanding: HashSet<usize>,
-    stopped_until: Option<Instant>,
+    /// Stopped (SIGSTOP) until the engine has it continued.
+    stopped: bool,
 }
 
 /// One delivery's state at the broker.
@@ -187,13 +182,19 @@ struct Delivery {
     queued: Option<Instant>,
 }
 
-/// The broker, the workers and the fault injector.
+/// The broker and the workers: the worker run's [target](chaos::Target).
 struct Broker {
+    target: Target,
     worker_bin: PathBuf,
     config: WorkerConfig,
     dir: PathBuf,
+    /// The servers, the store's fault proxies among them (set before the
+    /// run starts; taken for the evidence at its end).
+    servers: Option<Servers>,
     events_tx: mpsc::UnboundedSender<Event>,
     events: mpsc::UnboundedReceiver<Event>,
+    /// Paces the steps when no worker says anything.
+    tick: Option<tokio::time::Interval>,
     workers: Vec<Option<WorkerProc>>,
     next_generation: u64,
     deliveries: Vec<Delivery>,
@@ -202,9 +203,13 @@ struct Broker {
     pending: BTreeSet<(Instant, usize)>,
     published: usize,
     acked: usize,
+    inflight: usize,
     rng: StdRng,
-    report: Report,
+    tally: Tally,
     visibility: Duration,
+    /// The store fault under way (restart, failover, slot move, lock
+    /// hold), if one is.
+    store_fault: Option<JoinHandle<Result<(), ServerError>>>,
     crashes: Vec<Violation>,
     unguarded: u64,
 }
@@ -212,13 +217,8 @@ struct Broker {
 impl Broker {
     fn new(plan: &Plan, config: WorkerConfig, dir: PathBuf) -> Self {
         let mut rng = StdRng::seed_from_u64(plan.seed);
-        let keys: Vec<String> = (0..plan.keys).map(|i| format!("k{i:06}")).collect();
-        // Rounded, so a share of 0.33 of 300 keys gives 148 duplicates.
-        let extra = ((plan.keys as f64) * plan.duplicates / (1.0 - plan.duplicates)).round();
-        let extra = extra as usize;
-        let mut order: Vec<usize> = (0..plan.keys).collect();
-        order.extend((0..extra).map(|_| rng.random_range(0..plan.keys)));
-        order.shuffle(&mut rng);
+        let order = plan.deliveries(&mut rng);
+        let extra = order.len() - plan.keys;
         let deliveries = order
             .into_iter()
             .map(|key| Delivery {
@@ -231,38 +231,30 @@ impl Broker {
             .collect();
         let (events_tx, events) = mpsc::unbounded_channel();
         Self {
+            target: plan.target,
             worker_bin: plan.worker_bin.clone(),
             config,
             dir,
+            servers: None,
             events_tx,
             events,
+            tick: None,
             workers: (0..plan.workers).map(|_| None).collect(),
             next_generation: 0,
             deliveries,
-            keys,
+            keys: plan.key_names(),
             pending: BTreeSet::new(),
             published: 0,
             acked: 0,
+            inflight: plan.inflight,
             rng,
-            report: Report {
-                target: plan.target,
-                seed: plan.seed,
-                keys: plan.keys,
+            tally: Tally {
                 deliveries: plan.keys + extra,
                 duplicates: extra,
-                redeliveries: 0,
-                acked_executed: 0,
-                acked_replayed: 0,
-                executions: 0,
-                stale_writes: 0,
-                lease_lost: 0,
-                faults: BTreeMap::new(),
-                retry_reasons: BTreeMap::new(),
-                elapsed: Duration::ZERO,
-                violations: Vec::new(),
-                kept: None,
+                ..Tally::default()
             },
             visibility: plan.lease.mul_f64(1.5),
+            store_fault: None,
             crashes: Vec::new(),
             unguarded: 0,
         }
@@ -325,7 +317,7 @@ impl Broker {
             stdin,
             generation,
             outstanding: HashSet::new(),
-            stopped_until: None,
+            stopped: false,
         });
         Ok(())
     }
@@ -400,11 +392,7 @@ impl Broker {
 
     fn running_slots(&self) -> Vec<usize> {
         (0..self.workers.len())
-            .filter(|s| {
-                self.workers[*s]
-                    .as_ref()
-                    .is_some_and(|w| w.stopped_until.is_none())
-            })
+            .filter(|s| self.workers[*s].as_ref().is_some_and(|w| !w.stopped))
             .collect()
     }
 
@@ -487,8 +475,8 @@ impl Broker {
                 }
                 self.acked += 1;
                 match outcome.as_str() {
-                    "executed" => self.report.acked_executed += 1,
-                    "replayed" => self.report.acked_replayed += 1,
+                    "executed" => self.tally.acked_executed += 1,
+                    "replayed" => self.tally.acked_replayed += 1,
                     _ => self.unguarded += 1,
                 }
             }
@@ -498,7 +486,7 @@ impl Broker {
                 retry,
                 reason,
             } => {
-                *self.report.retry_reasons.entry(reason).or_insert(0) += 1;
+                *self.tally.retry_reasons.entry(reason).or_insert(0) += 1;
                 if !self.answered(id, attempt)? {
                     return Ok(());
                 }
@@ -545,7 +533,7 @@ impl Broker {
                 let d = &mut self.deliveries[id];
                 d.queued = None;
                 if d.attempt > 0 {
-                    self.report.redeliveries += 1;
+                    self.tally.redeliveries += 1;
                 }
                 d.attempt += 1;
                 d.holder = Some((slot, now));
@@ -560,146 +548,6 @@ impl Broker {
         }
     }
 
-    /// Publishes, dispatches, injects faults and takes answers until every
-    /// delivery is acknowledged, or the settle limit passes.
-    async fn drive(
-        &mut self,
-        plan: &Plan,
-        servers: &Servers,
-        progress: &impl Fn(Progress),
-    ) -> Result<Report, ChaosError> {
-        for slot in 0..plan.workers {
-            self.spawn(slot)?;
-        }
-        let start = Instant::now();
-        let fault_end = start + plan.duration;
-        let mut injector = Injector::new(plan, start);
-        let mut restart: Option<tokio::task::JoinHandle<Result<(), ServerError>>> = None;
-        let mut tick = tokio::time::interval(Duration::from_millis(5));
-        let mut shown = start;
-        let total = self.deliveries.len();
-        loop {
-            tokio::select! {
-                Some(event) = self.events.recv() => self.handle(event, Instant::now())?,
-                _ = tick.tick() => {}
-            }
-            let now = Instant::now();
-            // Publish at an even pace over the fault phase.
-            let due = if now >= fault_end {
-                total
-            } else {
-                let share = now.duration_since(start).as_secs_f64() / plan.duration.as_secs_f64();
-                ((total as f64) * share) as usize
-            };
-            while self.published < due.min(total) {
-                self.queue(now, self.published);
-                self.published += 1;
-            }
-            if restart.as_ref().is_some_and(|h| h.is_finished()) {
-                if let Some(handle) = restart.take() {
-                    handle
-                        .await
-                        .map_err(harness)?
-                        .map_err(|source| ChaosError::Server {
-                            what: "a store fault (restart, failover, slot move or lock hold)",
-                            source,
-                        })?;
-                }
-            }
-            for slot in 0..self.workers.len() {
-                let wake = self.workers[slot]
-                    .as_ref()
-                    .and_then(|w| w.stopped_until)
-                    .is_some_and(|until| now >= until || now >= fault_end);
-                if wake {
-                    self.signal(slot, Signal::SIGCONT);
-                    if let Some(w) = self.workers[slot].as_mut() {
-                        w.stopped_until = None;
-                    }
-                }
-            }
-            if now < fault_end {
-                injector
-                    .step(now, true, self, servers, &mut restart)
-                    .await?;
-            } else {
-                injector.finish(now, self, servers, &mut restart).await?;
-            }
-            self.dispatch(now, plan.inflight).await;
-            if now.duration_since(shown) > Duration::from_millis(250) {
-                shown = now;
-                progress(Progress {
-                    acked: self.acked,
-                    deliveries: total,
-                    faults: injector.schedule.total(),
-                    faulting: now < fault_end,
-                });
-            }
-            let settled = self.acked == total && restart.is_none();
-            if now >= fault_end && settled {
-                break;
-            }
-            if now >= fault_end + plan.settle_limit {
-                let missing: BTreeSet<&str> = self
-                    .deliveries
-                    .iter()
-                    .filter(|d| !d.acked)
-                    .map(|d| self.keys[d.key].as_str())
-                    .collect();
-                self.report.violations.push(Violation {
-                    key: None,
-                    what: format!(
-                        "{} keys never acknowledged within {:?} of the faults ending: {:?}",
-                        missing.len(),
-                        plan.settle_limit,
-                        missing.iter().take(10).collect::<Vec<_>>()
-                    ),
-                });
-                for (id, d) in self
-                    .deliveries
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, d)| !d.acked)
-                    .take(5)
-                {
-                    let whereabouts = match d.holder {
-                        Some((slot, since)) => format!(
-                            "held by worker {slot} for {:.1}s",
-                            now.duration_since(since).as_secs_f64()
-                        ),
-                        None if d.queued.is_some() => "queued".to_owned(),
-                        None => "neither held nor queued".to_owned(),
-                    };
-                    self.report.violations.push(Violation {
-                        key: Some(self.keys[d.key].clone()),
-                        what: format!(
-                            "delivery {id} unacknowledged: handed out {} times, {whereabouts}",
-                            d.attempt
-                        ),
-                    });
-                }
-                break;
-            }
-        }
-        if let Some(handle) = restart.take() {
-            let _ = handle.await;
-        }
-        let mut report = self.report.clone();
-        report.elapsed = start.elapsed();
-        report.faults = injector.schedule.counts;
-        report.violations.append(&mut self.crashes);
-        if self.unguarded > 0 {
-            report.violations.push(Violation {
-                key: None,
-                what: format!(
-                    "{} deliveries ran unguarded (the executor must fail closed)",
-                    self.unguarded
-                ),
-            });
-        }
-        Ok(report)
-    }
-
     async fn stop_workers(&mut self) {
         for slot in 0..self.workers.len() {
             self.signal(slot, Signal::SIGCONT);
@@ -708,176 +556,241 @@ impl Broker {
             }
         }
     }
+
+    /// A slot drawn from the busy workers' by `pick`.
+    fn busy_slot(&self, pick: usize) -> Option<usize> {
+        let slots = self.busy_slots();
+        slots.get(pick % slots.len().max(1)).copied()
+    }
+
+    /// Starts store fault `start` unless one is under way.
+    fn store_fault(
+        &mut self,
+        start: impl FnOnce(&Servers) -> Option<JoinHandle<Result<(), ServerError>>>,
+    ) -> Injected {
+        if self.store_fault.is_some() {
+            return Injected::Busy;
+        }
+        self.store_fault = self.servers.as_ref().and_then(start);
+        if self.store_fault.is_some() {
+            Injected::Done
+        } else {
+            Injected::Missed
+        }
+    }
 }
 
-/// Injects seeded faults and lifts the timed ones.
-struct Injector {
-    schedule: Schedule,
-    proxy_faults: ProxyFaults,
-    lease: Duration,
-    /// Store faults (restart, failover, slot move, lock hold) that came
-    /// due while another was still under way, each kind once, those never
-    /// injected yet first: injected one by one as the one under way ends,
-    /// even after the fault phase, so a slow failover does not crowd the
-    /// slot moves out of a run.
-    deferred: VecDeque<FaultKind>,
-}
+impl chaos::Target for Broker {
+    type Error = ChaosError;
 
-impl Injector {
-    fn new(plan: &Plan, start: Instant) -> Self {
-        Self {
-            schedule: Schedule::new(
-                plan.seed ^ 0x6661_756c_7473,
-                plan.faults.clone(),
-                plan.fault_every,
-                start,
-            ),
-            proxy_faults: ProxyFaults::new(1..64),
-            lease: plan.lease,
-            deferred: VecDeque::new(),
+    fn name(&self) -> String {
+        self.target.name().to_owned()
+    }
+
+    fn faults(&self) -> Vec<Fault> {
+        self.target.faults()
+    }
+
+    fn proxies(&self, link: Link) -> Vec<&FaultProxy> {
+        match (link, &self.servers) {
+            (Link::Idem, Some(servers)) => servers.proxies.iter().collect(),
+            _ => Vec::new(),
         }
     }
 
-    /// Injects the fault due at `now`, if one is and `dealing` (the fault
-    /// phase), or else a deferred store fault once none is under way.
-    async fn step(
-        &mut self,
-        now: Instant,
-        dealing: bool,
-        broker: &mut Broker,
-        servers: &Servers,
-        restart: &mut Option<tokio::task::JoinHandle<Result<(), ServerError>>>,
-    ) -> Result<(), ChaosError> {
-        self.proxy_faults.lift_due(now, &servers.proxies);
-        let due = if dealing {
-            self.schedule.due(now)
-        } else {
-            None
+    async fn start(&mut self) -> Result<(), ChaosError> {
+        for slot in 0..self.workers.len() {
+            self.spawn(slot)?;
+        }
+        Ok(())
+    }
+
+    async fn step(&mut self, clock: &Clock) -> Result<(), ChaosError> {
+        let tick = self
+            .tick
+            .get_or_insert_with(|| tokio::time::interval(Duration::from_millis(5)));
+        let event = tokio::select! {
+            Some(event) = self.events.recv() => Some(event),
+            _ = tick.tick() => None,
         };
-        let kind = match due {
-            Some(kind) => kind,
-            None if restart.is_none() => match self.deferred.pop_front() {
-                Some(kind) => kind,
-                None => return Ok(()),
+        if let Some(event) = event {
+            self.handle(event, Instant::now())?;
+        }
+        let now = Instant::now();
+        // Publish at an even pace over the fault phase.
+        let total = self.deliveries.len();
+        let due = ((total as f64) * clock.share()) as usize;
+        let due = if clock.faulting() {
+            due.min(total)
+        } else {
+            total
+        };
+        while self.published < due {
+            self.queue(now, self.published);
+            self.published += 1;
+        }
+        if self
+            .store_fault
+            .as_ref()
+            .is_some_and(JoinHandle::is_finished)
+        {
+            if let Some(handle) = self.store_fault.take() {
+                handle
+                    .await
+                    .map_err(harness)?
+                    .map_err(|source| ChaosError::Server {
+                        what: "a store fault (restart, failover, slot move or lock hold)",
+                        source,
+                    })?;
+            }
+        }
+        self.dispatch(now, self.inflight).await;
+        Ok(())
+    }
+
+    async fn inject(
+        &mut self,
+        fault: Fault,
+        clock: &Clock,
+        rng: &mut StdRng,
+    ) -> Result<Injected, ChaosError> {
+        let lease = self.config.lease;
+        Ok(match fault {
+            Fault::Kill => match self.busy_slot(rng.random_range(0..usize::MAX)) {
+                Some(slot) => {
+                    self.kill(slot, clock.now).await?;
+                    Injected::Done
+                }
+                None => Injected::Missed,
             },
-            None => return Ok(()),
-        };
-        // Drawn whether or not the fault can be injected, so the stream of
-        // random numbers does not depend on timing.
-        let pick = self.schedule.rng.random_range(0..usize::MAX);
-        let applied = match kind {
-            FaultKind::Kill | FaultKind::Stop => {
-                let slots = broker.busy_slots();
-                match slots.get(pick % slots.len().max(1)) {
-                    Some(&slot) if kind == FaultKind::Kill => {
-                        broker.kill(slot, now).await?;
-                        true
-                    }
-                    Some(&slot) => {
-                        let stop = self.lease.mul_f64(self.schedule.rng.random_range(1.5..3.0));
-                        broker.signal(slot, Signal::SIGSTOP);
-                        if let Some(w) = broker.workers[slot].as_mut() {
-                            w.stopped_until = Some(now + stop);
+            Fault::Stop => match self.busy_slot(rng.random_range(0..usize::MAX)) {
+                Some(slot) => {
+                    let until = clock.now + lease.mul_f64(rng.random_range(1.5..3.0));
+                    self.signal(slot, Signal::SIGSTOP);
+                    match self.workers[slot].as_mut() {
+                        Some(w) => {
+                            w.stopped = true;
+                            Injected::Stopped {
+                                pid: w.pid.as_raw().unsigned_abs(),
+                                until,
+                            }
                         }
-                        true
+                        None => Injected::Missed,
                     }
-                    None => false,
                 }
-            }
-            FaultKind::Clock if broker.config.target.reads_worker_clock() => {
-                let slots = broker.busy_slots();
-                match slots.get(pick % slots.len().max(1)) {
-                    Some(&slot) => {
-                        let jump = self.lease.mul_f64(self.schedule.rng.random_range(1.5..3.0));
+                None => Injected::Missed,
+            },
+            Fault::Clock if self.target.reads_worker_clock() => {
+                match self.busy_slot(rng.random_range(0..usize::MAX)) {
+                    Some(slot) => {
+                        let jump = lease.mul_f64(rng.random_range(1.5..3.0));
                         let ms = i64::try_from(jump.as_millis()).unwrap_or(i64::MAX);
-                        let ms = if self.schedule.rng.random_bool(0.5) {
-                            ms
-                        } else {
-                            -ms
-                        };
-                        broker.tell(slot, &format!("C {ms}\n")).await;
-                        true
+                        let ms = if rng.random_bool(0.5) { ms } else { -ms };
+                        self.tell(slot, &format!("C {ms}\n")).await;
+                        Injected::Done
                     }
-                    None => false,
+                    None => Injected::Missed,
                 }
             }
-            FaultKind::Clock => false,
-            FaultKind::StoreRestart if broker.config.target == Target::SqliteLease => {
-                broker.kill_all(now).await?;
-                true
+            Fault::StoreRestart if self.target == Target::SqliteLease => {
+                self.kill_all(clock.now).await?;
+                Injected::Done
             }
-            FaultKind::StoreRestart => {
-                let down = self.schedule.millis(100..800);
-                if restart.is_none() {
-                    *restart = Some(servers.restart_store(down));
-                    true
-                } else {
-                    self.defer(kind);
-                    false
-                }
+            Fault::StoreRestart if self.store_fault.is_none() => {
+                let down = Duration::from_millis(rng.random_range(100..800));
+                self.store_fault(|servers| Some(servers.restart_store(down)))
             }
-            FaultKind::Migrate => {
-                let slots = self.schedule.rng.random_range(20..200);
-                let handle = restart
-                    .is_none()
-                    .then(|| servers.migrate(slots, pick))
-                    .flatten();
-                let applied = handle.is_some();
-                if applied {
-                    *restart = handle;
-                } else if restart.is_some() {
-                    self.defer(kind);
-                }
-                applied
+            Fault::Migrate if self.store_fault.is_none() => {
+                let (slots, pick) = (rng.random_range(20..200), rng.random_range(0..usize::MAX));
+                self.store_fault(|servers| servers.migrate(slots, pick))
             }
-            FaultKind::Locks => {
-                let hold = self.schedule.millis(100..600);
-                if restart.is_none() {
-                    *restart = Some(servers.hold_locks(hold));
-                    true
-                } else {
-                    self.defer(kind);
-                    false
-                }
+            Fault::Locks if self.store_fault.is_none() => {
+                let hold = Duration::from_millis(rng.random_range(100..600));
+                self.store_fault(|servers| Some(servers.hold_locks(hold)))
             }
-            proxied => self
-                .proxy_faults
-                .apply(proxied, now, &mut self.schedule, &servers.proxies),
-        };
-        if applied {
-            self.schedule.injected(kind);
-        } else if !self.deferred.contains(&kind) {
-            self.schedule.missed(kind);
-        }
-        Ok(())
+            Fault::StoreRestart | Fault::Migrate | Fault::Locks => Injected::Busy,
+            _ => Injected::Missed,
+        })
     }
 
-    /// Queues store fault `kind` for when the one under way ends.
-    fn defer(&mut self, kind: FaultKind) {
-        if self.deferred.contains(&kind) {
-            return;
-        }
-        if self.schedule.counts.contains_key(&kind) {
-            self.deferred.push_back(kind);
-        } else {
-            self.deferred.push_front(kind);
+    fn resume(&mut self, pid: u32) {
+        let slot = self.workers.iter().position(|w| {
+            w.as_ref()
+                .is_some_and(|w| w.stopped && w.pid.as_raw().unsigned_abs() == pid)
+        });
+        if let Some(slot) = slot {
+            self.signal(slot, Signal::SIGCONT);
+            if let Some(w) = self.workers[slot].as_mut() {
+                w.stopped = false;
+            }
         }
     }
 
-    /// After the fault phase: lifts the proxies' faults and injects the
-    /// store faults still deferred, one at a time.
-    async fn finish(
-        &mut self,
-        now: Instant,
-        broker: &mut Broker,
-        servers: &Servers,
-        restart: &mut Option<tokio::task::JoinHandle<Result<(), ServerError>>>,
-    ) -> Result<(), ChaosError> {
-        self.proxy_faults.heal(&servers.proxies);
-        if restart.is_none() && !self.deferred.is_empty() {
-            self.step(now, false, broker, servers, restart).await?;
+    fn progress(&self) -> (usize, usize) {
+        (self.acked, self.deliveries.len())
+    }
+
+    async fn settled(&mut self) -> bool {
+        self.acked == self.deliveries.len() && self.store_fault.is_none()
+    }
+
+    fn unsettled(&self, clock: &Clock, limit: Duration) -> Vec<Violation> {
+        let missing: BTreeSet<&str> = self
+            .deliveries
+            .iter()
+            .filter(|d| !d.acked)
+            .map(|d| self.keys[d.key].as_str())
+            .collect();
+        let mut violations = vec![Violation::run(format!(
+            "{} keys never acknowledged within {limit:?} of the faults ending: {:?}",
+            missing.len(),
+            missing.iter().take(10).collect::<Vec<_>>()
+        ))];
+        for (id, d) in self
+            .deliveries
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| !d.acked)
+            .take(5)
+        {
+            let whereabouts = match d.holder {
+                Some((slot, since)) => format!(
+                    "held by worker {slot} for {:.1}s",
+                    clock.now.duration_since(since).as_secs_f64()
+                ),
+                None if d.queued.is_some() => "queued".to_owned(),
+                None => "neither held nor queued".to_owned(),
+            };
+            violations.push(Violation::key(
+                self.keys[d.key].clone(),
+                format!(
+                    "delivery {id} unacknowledged: handed out {} times, {whereabouts}",
+                    d.attempt
+                ),
+            ));
         }
-        Ok(())
+        violations
+    }
+
+    async fn finish(&mut self) -> Result<Findings, ChaosError> {
+        if let Some(handle) = self.store_fault.take() {
+            let _ = handle.await;
+        }
+        self.stop_workers().await;
+        let mut tally = std::mem::take(&mut self.tally);
+        tally.violations.append(&mut self.crashes);
+        if self.unguarded > 0 {
+            tally.violations.push(Violation::run(format!(
+                "{} deliveries ran unguarded (the executor must fail closed)",
+                self.unguarded
+            )));
+        }
+        let servers = self
+            .servers
+            .as_ref()
+            .ok_or_else(|| harness("the run's servers are gone"))?;
+        collect_evidence(self.target, servers, &self.dir, &self.keys, &mut tally).await?;
+        Ok(tally.into_findings(self.keys.len()))
     }
 }
 

@@ -37,9 +37,9 @@
 //! - [`doubles`]: store doubles and the TCP fault proxy;
 //! - `consumers` (the `consumers` feature): the consumer adapters'
 //!   shared proof, each over the adapter's `BrokerUnderTest`;
-//! - [`chaos`]: the seeded fault schedule, and (with `consumers`) the
-//!   broker adapters' fault-injection run, one `consumer_chaos!` line per
-//!   adapter;
+//! - [`chaos`]: the one fault-injection engine (faults, seeded schedule,
+//!   report) every run drives its target with, and (with `consumers`)
+//!   the broker adapters' target, one `consumer_chaos!` line per adapter;
 //! - [`bench`](mod@bench): the throughput benches.
 
 pub mod bench;

@@ -1,22 +1,10 @@
 //! The checker of an HTTP run: what the upstream's ledger, the clients'
 //! answers and the gateway's store must agree on, and the report.
 
-use std::collections::BTreeMap;
-use std::time::Duration;
-
 use idem::{FailureClass, Record, State};
+use idem_testkit::chaos::Findings;
 
-use crate::check::{markdown_table, violation_lines, Violation};
-use crate::{FaultKind, Target};
-
-/// The faults an HTTP run injects (workload faults are always on).
-pub const FAULTS: [FaultKind; 5] = [
-    FaultKind::Kill,
-    FaultKind::Latency,
-    FaultKind::Blackhole,
-    FaultKind::Reset,
-    FaultKind::Cut,
-];
+use crate::check::Violation;
 
 /// The final answer a client got for one request (after its retries).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,15 +18,9 @@ pub(crate) struct Answer {
     pub(crate) problem: Option<String>,
 }
 
-/// What an HTTP run did and what the checker found.
-#[derive(Debug, Clone)]
-pub struct HttpReport {
-    /// The gateway's store.
-    pub target: Target,
-    /// The seed.
-    pub seed: u64,
-    /// Distinct keys.
-    pub keys: usize,
+/// What an HTTP run counted.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HttpTally {
     /// Requests the clients were given (keys plus duplicates, then one
     /// settling request per key).
     pub requests: usize,
@@ -58,59 +40,36 @@ pub struct HttpReport {
     pub gave_up: u64,
     /// Keys that ended failed with an unknown outcome.
     pub unknown_keys: usize,
-    /// Faults injected, by kind.
-    pub faults: BTreeMap<FaultKind, u64>,
-    /// The whole run.
-    pub elapsed: Duration,
     /// What must never happen, and did.
     pub violations: Vec<Violation>,
-    /// Where the run's ledgers and logs were kept for a look, when it
-    /// found violations (otherwise they are removed).
-    pub kept: Option<std::path::PathBuf>,
 }
 
-impl HttpReport {
-    /// Faults of `kind` injected.
-    pub fn faults_of(&self, kind: FaultKind) -> u64 {
-        self.faults.get(&kind).copied().unwrap_or(0)
-    }
-
-    /// The summary table of `reports`, one row per run.
-    pub fn table(reports: &[HttpReport]) -> String {
-        let mut header = vec![
-            "target", "seed", "keys", "requests", "dups", "attempts", "timeouts", "exec", "2xx",
-            "unknown", "gave up",
-        ];
-        header.extend(FAULTS.iter().map(|k| k.name()));
-        header.extend(["secs", "violations"]);
-        let rows: Vec<Vec<String>> = reports
-            .iter()
-            .map(|r| {
-                let mut row = vec![
-                    r.target.name().to_owned(),
-                    r.seed.to_string(),
-                    r.keys.to_string(),
-                    r.requests.to_string(),
-                    r.duplicates.to_string(),
-                    r.attempts.to_string(),
-                    r.timeouts.to_string(),
-                    r.executions.to_string(),
-                    r.answered_ok.to_string(),
-                    r.unknown_keys.to_string(),
-                    r.gave_up.to_string(),
-                ];
-                row.extend(FAULTS.iter().map(|k| r.faults_of(*k).to_string()));
-                row.push(format!("{:.1}", r.elapsed.as_secs_f64()));
-                row.push(r.violations.len().to_string());
-                row
-            })
-            .collect();
-        markdown_table(&header, &rows)
-    }
-
-    /// The violations, one per line (at most `limit`, then a count).
-    pub fn violation_lines(&self, limit: usize) -> String {
-        violation_lines(self.target, &self.violations, limit)
+impl HttpTally {
+    /// The report's findings for a run of `keys` keys: its columns are
+    /// `requests`, `dups`, `attempts`, `timeouts` (attempts the client's
+    /// own timeout cut off), `exec` (upstream executions), `2xx`,
+    /// `unknown` (keys that ended with an unknown outcome) and `gave-up`
+    /// (requests whose client gave up).
+    pub(crate) fn into_findings(self, keys: usize) -> Findings {
+        Findings {
+            keys,
+            counts: vec![
+                ("requests", self.requests as u64),
+                ("dups", self.duplicates as u64),
+                ("attempts", self.attempts),
+                ("timeouts", self.timeouts),
+                ("exec", self.executions),
+                ("2xx", self.answered_ok),
+                ("unknown", self.unknown_keys as u64),
+                ("gave-up", self.gave_up),
+            ],
+            violations: self.violations,
+            notes: vec![format!(
+                "{} answers said outcome unknown",
+                self.answered_unknown
+            )],
+            kept: None,
+        }
     }
 }
 

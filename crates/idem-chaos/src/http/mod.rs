@@ -32,7 +32,7 @@ mod check;
 pub mod client;
 mod upstream;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 
 use idem::{GetRecord, Key, ListQuery, ListRecords, RecordId, Scope, StateKind};
 use idem_cli::store::{AnyStore, StoreUrl};
+use idem_testkit::chaos::{self, Clock, Fault, Findings, Injected, Link, Progress, Report};
 use idem_testkit::doubles::proxy::FaultProxy;
 use idem_testkit::servers::postgres::PgServer;
 use idem_testkit::servers::redis::RedisServer;
@@ -47,20 +48,16 @@ use idem_testkit::{free_port, ServerError};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 
-pub use check::{HttpReport, FAULTS};
-
 use crate::check::Violation;
 use crate::error::{harness, ChaosError};
-use crate::faults::{ProxyFaults, Schedule};
-use crate::run::Progress;
-use crate::{FaultKind, Plan, Target};
-use check::Answer;
+use crate::run::{keep_if_violated, run_dir};
+use crate::{Plan, Target};
+use check::{Answer, HttpTally};
 use upstream::Upstream;
 
 /// The scope the gateway gives the run's requests.
@@ -73,41 +70,18 @@ fn server(what: &'static str) -> impl FnOnce(ServerError) -> ChaosError {
 }
 
 /// Runs `plan` (an HTTP target) and checks it.
-pub async fn run(plan: &Plan, progress: impl Fn(Progress)) -> Result<HttpReport, ChaosError> {
-    if !plan.target.is_http() {
-        return Err(ChaosError::Plan(format!(
-            "{} is not an HTTP target",
-            plan.target.name()
-        )));
-    }
-    let dir = std::env::temp_dir().join(format!(
-        "idem-chaos-http-{}-{:08x}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    std::fs::create_dir_all(&dir).map_err(harness)?;
+pub(crate) async fn run(plan: &Plan, progress: impl Fn(Progress)) -> Result<Report, ChaosError> {
+    let dir = run_dir("idem-chaos-http")?;
     let (store_server, store_url) = store_server(plan.target, &dir).await?;
     let upstream = Upstream::start(&dir.join("upstream.log")).await?;
     let port = free_port().map_err(server("gateway port"))?;
     let proxy = FaultProxy::start(([127, 0, 0, 1], port).into())
         .await
         .map_err(server("fault proxy"))?;
-    let mut run = Run::new(plan, dir.clone(), &store_url, port, upstream.clone());
-    let outcome = run.drive(plan, &proxy, &progress).await;
-    run.stop().await;
-    let mut report = outcome?;
-    run.check(&store_url, &upstream, &mut report).await?;
+    let run = Run::new(plan, dir.clone(), &store_url, (port, proxy), upstream);
+    let report = chaos::run(&plan.fault_plan(), run, progress).await?;
     drop(store_server);
-    if report.violations.is_empty() {
-        let _ = std::fs::remove_dir_all(&dir);
-    } else {
-        report.violations.push(Violation {
-            key: None,
-            what: format!("ledger and logs kept in {}", dir.display()),
-        });
-        report.kept = Some(dir);
-    }
-    Ok(report)
+    Ok(keep_if_violated(report, dir))
 }
 
 /// The server a target's store needs (none for SQLite): held for the
@@ -175,6 +149,16 @@ struct Run {
     lease: Duration,
     gateway_args: Vec<String>,
     upstream: Upstream,
+    /// The fault proxy in front of the gateway, where the clients connect.
+    proxy: FaultProxy,
+    /// The gateway's store, opened at the start (to see what a killed
+    /// gateway left in progress).
+    store: Option<AnyStore>,
+    workers: usize,
+    inflight: usize,
+    tick: Option<tokio::time::Interval>,
+    /// When every key gets its settling request.
+    settling_from: Option<Instant>,
     gateway: Option<GatewayProc>,
     gateways_started: u64,
     restart_at: Option<Instant>,
@@ -189,18 +173,21 @@ struct Run {
     answers: Vec<Answer>,
     /// Keys in progress in the store right after a gateway was killed.
     in_doubt: BTreeSet<String>,
-    report: HttpReport,
+    report: HttpTally,
+    target: Target,
 }
 
 impl Run {
-    fn new(plan: &Plan, dir: PathBuf, store_url: &str, port: u16, upstream: Upstream) -> Self {
+    fn new(
+        plan: &Plan,
+        dir: PathBuf,
+        store_url: &str,
+        (port, proxy): (u16, FaultProxy),
+        upstream: Upstream,
+    ) -> Self {
         let mut rng = StdRng::seed_from_u64(plan.seed);
-        let keys: Vec<String> = (0..plan.keys).map(|i| format!("k{i:06}")).collect();
-        let extra = ((plan.keys as f64) * plan.duplicates / (1.0 - plan.duplicates)).round();
-        let extra = extra as usize;
-        let mut order: Vec<usize> = (0..plan.keys).collect();
-        order.extend((0..extra).map(|_| rng.random_range(0..plan.keys)));
-        order.shuffle(&mut rng);
+        let order = plan.deliveries(&mut rng);
+        let extra = order.len() - plan.keys;
         let jobs = order
             .into_iter()
             .map(|key| {
@@ -232,23 +219,10 @@ impl Run {
             })
             .collect::<Vec<_>>();
         let (events_tx, events) = mpsc::unbounded_channel();
-        let report = HttpReport {
-            target: plan.target,
-            seed: plan.seed,
-            keys: plan.keys,
+        let report = HttpTally {
             requests: jobs.len() + plan.keys,
             duplicates: extra,
-            attempts: 0,
-            timeouts: 0,
-            executions: 0,
-            answered_ok: 0,
-            answered_unknown: 0,
-            gave_up: 0,
-            unknown_keys: 0,
-            faults: BTreeMap::new(),
-            elapsed: Duration::ZERO,
-            violations: Vec::new(),
-            kept: None,
+            ..HttpTally::default()
         };
         Self {
             bin: plan.worker_bin.clone(),
@@ -258,13 +232,19 @@ impl Run {
             lease: plan.lease,
             gateway_args: plan.gateway_args.clone(),
             upstream,
+            proxy,
+            store: None,
+            workers: plan.workers,
+            inflight: plan.inflight,
+            tick: None,
+            settling_from: None,
             gateway: None,
             gateways_started: 0,
             restart_at: None,
             clients: Vec::new(),
             events,
             events_tx,
-            keys,
+            keys: plan.key_names(),
             jobs,
             pending: VecDeque::new(),
             published: 0,
@@ -272,6 +252,7 @@ impl Run {
             answers: Vec::new(),
             in_doubt: BTreeSet::new(),
             report,
+            target: plan.target,
         }
     }
 
@@ -465,109 +446,6 @@ impl Run {
         }
     }
 
-    async fn drive(
-        &mut self,
-        plan: &Plan,
-        proxy: &FaultProxy,
-        progress: &impl Fn(Progress),
-    ) -> Result<HttpReport, ChaosError> {
-        self.start_gateway().await?;
-        let store = self
-            .store_url
-            .parse::<StoreUrl>()
-            .map_err(harness)?
-            .open()
-            .await
-            .map_err(harness)?;
-        self.spawn_clients(plan.workers, &format!("http://{}", proxy.addr()))?;
-        let kinds: Vec<FaultKind> = plan
-            .faults
-            .iter()
-            .copied()
-            .filter(|k| FAULTS.contains(k))
-            .collect();
-        let mut injector = Injector::new(plan, kinds);
-        let start = Instant::now();
-        let fault_end = start + plan.duration;
-        let total = self.jobs.len();
-        let mut tick = tokio::time::interval(Duration::from_millis(5));
-        let mut shown = start;
-        let mut settling_from: Option<Instant> = None;
-        loop {
-            tokio::select! {
-                Some((slot, line)) = self.events.recv() => self.take(slot, line),
-                _ = tick.tick() => {}
-            }
-            let now = Instant::now();
-            let due = if now >= fault_end {
-                total
-            } else {
-                let share = now.duration_since(start).as_secs_f64() / plan.duration.as_secs_f64();
-                ((total as f64) * share) as usize
-            };
-            while self.published < due.min(total) {
-                self.pending.push_back(self.published);
-                self.published += 1;
-            }
-            self.watch_gateway().await?;
-            if now < fault_end {
-                injector.step(now, self, &store, proxy).await?;
-            } else {
-                injector.heal(proxy);
-            }
-            if self
-                .restart_at
-                .is_some_and(|at| now >= at || now >= fault_end)
-            {
-                self.restart_at = None;
-                self.start_gateway().await?;
-            }
-            self.dispatch(plan.inflight).await;
-            if now.duration_since(shown) > Duration::from_millis(250) {
-                shown = now;
-                progress(Progress {
-                    acked: self.answered,
-                    deliveries: total + self.keys.len(),
-                    faults: injector.schedule.total(),
-                    faulting: now < fault_end,
-                });
-            }
-            // Every workload request answered: after a lease, so claims a
-            // dead gateway left have run out, every key gets one more.
-            if now >= fault_end && self.answered == total && self.gateway.is_some() {
-                match settling_from {
-                    None => settling_from = Some(now + self.lease + Duration::from_millis(300)),
-                    Some(at) if now >= at && self.published == total => {
-                        self.pending.extend(total..total + self.keys.len());
-                        self.published += self.keys.len();
-                    }
-                    _ => {}
-                }
-            }
-            if self.answered == total + self.keys.len() {
-                break;
-            }
-            if now >= fault_end + plan.settle_limit {
-                self.report.violations.push(Violation {
-                    key: None,
-                    what: format!(
-                        "{} of {} requests never answered within {:?} of the faults ending",
-                        total + self.keys.len() - self.answered,
-                        total + self.keys.len(),
-                        plan.settle_limit
-                    ),
-                });
-                break;
-            }
-        }
-        // Violations found so far stay in `self.report` until the check.
-        let mut report = self.report.clone();
-        report.violations.clear();
-        report.elapsed = start.elapsed();
-        report.faults = injector.schedule.counts;
-        Ok(report)
-    }
-
     /// A gateway that exited without being killed is a violation; it is
     /// started again.
     async fn watch_gateway(&mut self) -> Result<(), ChaosError> {
@@ -606,22 +484,18 @@ impl Run {
     }
 
     /// Reads the store and the ledger and checks every key.
-    async fn check(
-        &mut self,
-        store_url: &str,
-        upstream: &Upstream,
-        report: &mut HttpReport,
-    ) -> Result<(), ChaosError> {
-        report.violations.append(&mut self.report.violations);
-        let store = store_url
+    async fn check(&mut self) -> Result<HttpTally, ChaosError> {
+        let mut report = std::mem::take(&mut self.report);
+        let store = self
+            .store_url
             .parse::<StoreUrl>()
             .map_err(harness)?
             .open()
             .await
             .map_err(harness)?;
-        let executions = upstream.executions();
+        let executions = self.upstream.executions();
         report.executions = executions.values().map(|e| e.len() as u64).sum();
-        let broken: HashSet<String> = upstream.broken().into_iter().collect();
+        let broken: HashSet<String> = self.upstream.broken().into_iter().collect();
         let mut answers: HashMap<&str, Vec<&Answer>> = HashMap::new();
         for answer in &self.answers {
             answers.entry(answer.key.as_str()).or_default().push(answer);
@@ -654,65 +528,132 @@ impl Run {
                 what: format!("executions of keys no client sent: {stray:?}"),
             });
         }
-        Ok(())
+        Ok(report)
     }
 }
 
-/// Injects seeded faults and lifts the timed ones.
-struct Injector {
-    schedule: Schedule,
-    proxy_faults: ProxyFaults,
-}
+impl chaos::Target for Run {
+    type Error = ChaosError;
 
-impl Injector {
-    fn new(plan: &Plan, kinds: Vec<FaultKind>) -> Self {
-        Self {
-            schedule: Schedule::new(
-                plan.seed ^ 0x6874_7470,
-                kinds,
-                plan.fault_every,
-                Instant::now(),
-            ),
-            // Up to 200 bytes: some cuts fall in the head, some in the body.
-            proxy_faults: ProxyFaults::new(1..200),
+    fn name(&self) -> String {
+        self.target.name().to_owned()
+    }
+
+    fn faults(&self) -> Vec<Fault> {
+        self.target.faults()
+    }
+
+    fn proxies(&self, link: Link) -> Vec<&FaultProxy> {
+        match link {
+            Link::Idem => vec![&self.proxy],
+            Link::Broker => Vec::new(),
         }
     }
 
-    async fn step(
-        &mut self,
-        now: Instant,
-        run: &mut Run,
-        store: &AnyStore,
-        proxy: &FaultProxy,
-    ) -> Result<(), ChaosError> {
-        self.proxy_faults.lift_due(now, std::slice::from_ref(proxy));
-        let Some(kind) = self.schedule.due(now) else {
-            return Ok(());
+    /// Up to 200 bytes: some cuts fall in the head, some in the body.
+    fn cut_after(&self) -> std::ops::Range<usize> {
+        1..200
+    }
+
+    async fn start(&mut self) -> Result<(), ChaosError> {
+        self.start_gateway().await?;
+        let store = self
+            .store_url
+            .parse::<StoreUrl>()
+            .map_err(harness)?
+            .open()
+            .await
+            .map_err(harness)?;
+        self.store = Some(store);
+        let entry = format!("http://{}", self.proxy.addr());
+        self.spawn_clients(self.workers, &entry)
+    }
+
+    async fn step(&mut self, clock: &Clock) -> Result<(), ChaosError> {
+        let tick = self
+            .tick
+            .get_or_insert_with(|| tokio::time::interval(Duration::from_millis(5)));
+        let said = tokio::select! {
+            Some(said) = self.events.recv() => Some(said),
+            _ = tick.tick() => None,
         };
-        let down = self.schedule.millis(100..500);
-        let applied = match kind {
-            FaultKind::Kill if run.gateway.is_some() => {
-                run.kill_gateway(store).await?;
-                run.restart_at = Some(Instant::now() + down);
-                true
-            }
-            FaultKind::Kill => false,
-            proxied => self.proxy_faults.apply(
-                proxied,
-                now,
-                &mut self.schedule,
-                std::slice::from_ref(proxy),
-            ),
-        };
-        if applied {
-            self.schedule.injected(kind);
+        if let Some((slot, line)) = said {
+            self.take(slot, line);
+        }
+        let now = Instant::now();
+        let total = self.jobs.len();
+        let due = ((total as f64) * clock.share()) as usize;
+        let due = if clock.faulting() {
+            due.min(total)
         } else {
-            self.schedule.missed(kind);
+            total
+        };
+        while self.published < due {
+            self.pending.push_back(self.published);
+            self.published += 1;
+        }
+        self.watch_gateway().await?;
+        if self
+            .restart_at
+            .is_some_and(|at| now >= at || !clock.faulting())
+        {
+            self.restart_at = None;
+            self.start_gateway().await?;
+        }
+        self.dispatch(self.inflight).await;
+        // Every workload request answered: after a lease, so claims a
+        // dead gateway left have run out, every key gets one more.
+        if !clock.faulting() && self.answered == total && self.gateway.is_some() {
+            match self.settling_from {
+                None => self.settling_from = Some(now + self.lease + Duration::from_millis(300)),
+                Some(at) if now >= at && self.published == total => {
+                    self.pending.extend(total..total + self.keys.len());
+                    self.published += self.keys.len();
+                }
+                _ => {}
+            }
         }
         Ok(())
     }
 
-    fn heal(&mut self, proxy: &FaultProxy) {
-        self.proxy_faults.heal(std::slice::from_ref(proxy));
+    async fn inject(
+        &mut self,
+        fault: Fault,
+        clock: &Clock,
+        rng: &mut StdRng,
+    ) -> Result<Injected, ChaosError> {
+        if fault != Fault::Kill || self.gateway.is_none() {
+            return Ok(Injected::Missed);
+        }
+        let down = Duration::from_millis(rng.random_range(100..500));
+        let store = self.store.take().ok_or_else(|| harness("no store open"))?;
+        let killed = self.kill_gateway(&store).await;
+        self.store = Some(store);
+        killed?;
+        self.restart_at = Some(clock.now + down);
+        Ok(Injected::Done)
+    }
+
+    fn resume(&mut self, _pid: u32) {}
+
+    fn progress(&self) -> (usize, usize) {
+        (self.answered, self.jobs.len() + self.keys.len())
+    }
+
+    async fn settled(&mut self) -> bool {
+        self.answered == self.jobs.len() + self.keys.len()
+    }
+
+    fn unsettled(&self, _clock: &Clock, limit: Duration) -> Vec<Violation> {
+        let total = self.jobs.len() + self.keys.len();
+        vec![Violation::run(format!(
+            "{} of {total} requests never answered within {limit:?} of the faults ending",
+            total - self.answered,
+        ))]
+    }
+
+    async fn finish(&mut self) -> Result<Findings, ChaosError> {
+        self.stop().await;
+        Ok(self.check().await?.into_findings(self.keys.len()))
     }
 }

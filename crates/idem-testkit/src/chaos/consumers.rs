@@ -1,9 +1,11 @@
-//! The fault-injection run for broker adapters (docs/design.md §12): worker
-//! processes consume a published workload with duplicates and poison
-//! messages from a real broker, with their records in a real store, while
-//! faults are injected at seeded random points:
+//! The broker adapters' fault-injection target (docs/design.md §12):
+//! worker processes consume a published workload with duplicates and
+//! poison messages from a real broker, with their records in a real
+//! store, while the [engine](super::engine) injects faults at seeded
+//! random points:
 //!
-//! - a worker SIGKILLed (and replaced), mid-handler or anywhere else;
+//! - a worker SIGKILLed (and replaced), alternately the one that started
+//!   a handler last and the one that wrote last;
 //! - a worker SIGSTOPped for 1.5 to 3 leases, then SIGCONTed: a stale
 //!   holder that wakes up mid-handler;
 //! - a worker told to leave cleanly (it finishes what it holds; a Kafka
@@ -18,99 +20,37 @@
 //!
 //! The handler is [`fenced_handler`](crate::consumers::ledger::fenced_handler): a
 //! handler can run again after a crash or a takeover, so its effect is a
-//! fenced write. After the fault phase the run heals everything, waits
-//! until every message is settled, and [judges](judge) the ledger,
-//! the downstream, the store's records and the dead-letters: every good
-//! message completed by the holder whose write the downstream holds, no
-//! completed key claimed again, none lost, and dead-letters for the poison
-//! messages only.
+//! fenced write. After the fault phase the engine heals everything, the
+//! run waits until every message is settled, and [judges](judge) the
+//! ledger, the downstream, the store's records and the dead-letters: every
+//! good message completed by the holder whose write the downstream holds,
+//! no completed key claimed again, none lost, and dead-letters for the
+//! poison messages only.
 //!
 //! An adapter's tests run it with [`run`] over their [`ChaosBroker`];
 //! `scripts/chaos-consumers` runs the long version ([`ChaosPlan::from_env`]).
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::process::Child;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
+use tokio::task::JoinHandle;
 
-use super::faults::Schedule;
-use crate::consumers::ledger::{eventually, Work};
+use super::engine::{self, Clock, FaultPlan, Injected, Target};
+use super::fault::{Fault, Link};
+use super::report::{Findings, Report, Violation};
+use crate::consumers::ledger::Work;
 use crate::consumers::scenario::{spawn_worker, LEASE};
 use crate::consumers::under_test::ChaosBroker;
 use crate::doubles::proxy::FaultProxy;
 use crate::servers::redis::RedisServer;
 
 pub use super::judge::{judge, Evidence};
-
-/// A kind of fault.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Fault {
-    /// SIGKILL a worker; a new one replaces it.
-    Kill,
-    /// SIGSTOP a worker for 1.5 to 3 leases, then SIGCONT it.
-    Stop,
-    /// Make a worker leave cleanly (its stdin closed: it stops taking
-    /// deliveries, finishes those in flight and, on Kafka, leaves its
-    /// group) while a new one joins in its place.
-    Leave,
-    /// Kill the broker and start it again.
-    BrokerRestart,
-    /// Kill the store and start it again.
-    StoreRestart,
-    /// Reset every connection to the broker.
-    BrokerReset,
-    /// Delay every chunk to and from the broker for a while.
-    BrokerLatency,
-    /// Let nothing through to the broker for a while.
-    BrokerBlackhole,
-    /// Reset every connection to the store.
-    StoreReset,
-    /// Delay every chunk to and from the store for a while.
-    StoreLatency,
-    /// Let nothing through to the store for a while.
-    StoreBlackhole,
-}
-
-impl Fault {
-    /// Every kind.
-    pub const ALL: [Fault; 11] = [
-        Fault::Kill,
-        Fault::Stop,
-        Fault::Leave,
-        Fault::BrokerRestart,
-        Fault::StoreRestart,
-        Fault::BrokerReset,
-        Fault::BrokerLatency,
-        Fault::BrokerBlackhole,
-        Fault::StoreReset,
-        Fault::StoreLatency,
-        Fault::StoreBlackhole,
-    ];
-
-    /// Its name in reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            Fault::Kill => "kill",
-            Fault::Stop => "stop",
-            Fault::Leave => "leave",
-            Fault::BrokerRestart => "broker-restart",
-            Fault::StoreRestart => "store-restart",
-            Fault::BrokerReset => "broker-reset",
-            Fault::BrokerLatency => "broker-latency",
-            Fault::BrokerBlackhole => "broker-blackhole",
-            Fault::StoreReset => "store-reset",
-            Fault::StoreLatency => "store-latency",
-            Fault::StoreBlackhole => "store-blackhole",
-        }
-    }
-}
 
 /// What a run does. [`ChaosPlan::short`] is the suite's run; the fields
 /// say what to change.
@@ -136,6 +76,23 @@ pub struct ChaosPlan {
 }
 
 impl ChaosPlan {
+    /// The faults a consumer run injects by default: every kind, at both
+    /// links (no `cut`s: a broker's protocol reconnects from those as from
+    /// a reset).
+    pub const FAULTS: [Fault; 11] = [
+        Fault::Kill,
+        Fault::Stop,
+        Fault::Leave,
+        Fault::BrokerRestart,
+        Fault::StoreRestart,
+        Fault::Reset(Link::Broker),
+        Fault::Latency(Link::Broker),
+        Fault::Blackhole(Link::Broker),
+        Fault::Reset(Link::Idem),
+        Fault::Latency(Link::Idem),
+        Fault::Blackhole(Link::Idem),
+    ];
+
     /// The suite's run: 300 keys, a third published twice, 3 workers, 15 s
     /// of every fault about every second.
     pub fn short() -> Self {
@@ -146,7 +103,7 @@ impl ChaosPlan {
             workers: 3,
             duration: Duration::from_secs(15),
             fault_every: Duration::from_secs(1),
-            faults: Fault::ALL.to_vec(),
+            faults: Self::FAULTS.to_vec(),
             settle_limit: Duration::from_secs(120),
         }
     }
@@ -172,81 +129,21 @@ impl ChaosPlan {
             self.keys = keys as usize;
         }
         if let Ok(names) = std::env::var("IDEM_CHAOS_FAULTS") {
-            self.faults = names
-                .split(',')
-                .map(|name| {
-                    Fault::ALL
-                        .into_iter()
-                        .find(|f| f.name() == name.trim())
-                        .unwrap_or_else(|| {
-                            let known: Vec<_> = Fault::ALL.iter().map(|f| f.name()).collect();
-                            panic!("IDEM_CHAOS_FAULTS: no fault {name:?}; known: {known:?}")
-                        })
-                })
-                .collect();
+            self.faults =
+                Fault::parse_list(&names).unwrap_or_else(|why| panic!("IDEM_CHAOS_FAULTS: {why}"));
         }
         self
     }
-}
 
-/// What a run did and what the checker found.
-#[derive(Debug, Clone)]
-pub struct ChaosReport {
-    /// The broker's name.
-    pub broker: String,
-    /// The seed.
-    pub seed: u64,
-    /// Distinct keys.
-    pub keys: usize,
-    /// Messages published (keys and duplicates).
-    pub published: usize,
-    /// Handler starts.
-    pub starts: usize,
-    /// Fenced writes refused as stale.
-    pub stale_writes: usize,
-    /// Worker processes that exited by themselves (and were replaced).
-    pub worker_exits: usize,
-    /// Faults injected, by kind.
-    pub faults: BTreeMap<Fault, u64>,
-    /// From the first publish to the judgement.
-    pub elapsed: Duration,
-    /// What must never happen, and did.
-    pub violations: Vec<String>,
-}
-
-impl ChaosReport {
-    /// Panics with the violations if there are any.
-    pub fn assert_clean(&self) {
-        assert!(
-            self.violations.is_empty(),
-            "{} violations in the {} chaos run (seed {}):\n{}",
-            self.violations.len(),
-            self.broker,
-            self.seed,
-            self.violations.join("\n")
-        );
-    }
-
-    /// A Markdown table row: broker, seed, keys, published, starts,
-    /// stale, exits, faults (kind=count), seconds, violations.
-    pub fn row(&self) -> String {
-        let mut faults = String::new();
-        for (kind, n) in &self.faults {
-            let _ = write!(faults, "{}={n} ", kind.name());
+    /// When and what the engine injects.
+    pub fn fault_plan(&self) -> FaultPlan {
+        FaultPlan {
+            seed: self.seed,
+            faults: self.faults.clone(),
+            fault_every: self.fault_every,
+            duration: self.duration,
+            settle_limit: self.settle_limit,
         }
-        format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} |",
-            self.broker,
-            self.seed,
-            self.keys,
-            self.published,
-            self.starts,
-            self.stale_writes,
-            self.worker_exits,
-            faults.trim_end(),
-            self.elapsed.as_secs_f64(),
-            self.violations.len()
-        )
     }
 }
 
@@ -274,196 +171,326 @@ pub fn workload(plan: &ChaosPlan, rng: &mut StdRng) -> Vec<(String, String)> {
     messages
 }
 
-/// Runs `plan` on broker `B`: see the [module](crate::chaos).
-pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> ChaosReport {
-    let started = Instant::now();
-    let mut rng = StdRng::seed_from_u64(plan.seed);
-    let mut broker = tokio::task::spawn_blocking(B::start_server)
-        .await
-        .expect("broker task")
-        .expect("a broker of the run's own");
-    let mut redis = match B::store_port(&broker) {
-        Some(_) => None,
-        None => Some(
-            RedisServer::start_with(
-                crate::free_port().expect("port"),
-                &["--appendonly", "yes", "--appendfsync", "always"],
-            )
-            .expect("redis-server"),
-        ),
-    };
-    let store_port = B::store_port(&broker)
-        .or(redis.as_ref().map(RedisServer::port))
-        .expect("a store");
-    let mut plan = plan;
-    plan.faults.retain(|f| match f {
-        Fault::BrokerRestart => B::RESTARTS,
-        Fault::StoreRestart => redis.is_some(),
-        _ => true,
-    });
-    let broker_proxy = proxy(B::advertised_port(&broker).unwrap_or(0), B::port(&broker)).await;
-    let store_proxy = proxy(0, store_port).await;
-    let direct = B::create_at(name, B::port(&broker), &B::store_url(store_port)).await;
-    let through = direct.through(
-        broker_proxy.addr().port(),
-        &B::store_url(store_proxy.addr().port()),
-    );
-    let messages = workload(&plan, &mut rng);
-    let mut poison: Vec<String> = messages
-        .iter()
-        .filter(|(_, body)| body.contains(r#""poison":true"#))
-        .map(|(key, _)| key.clone())
-        .collect();
-    poison.sort();
-    poison.dedup();
-
-    let mut workers = Workers {
-        env: through.env(),
-        running: Vec::new(),
-        leaving: Vec::new(),
-        exits: 0,
-    };
-    for _ in 0..plan.workers {
-        workers.spawn();
+/// Runs `plan` on broker `B`: see the [module](crate::chaos::consumers).
+///
+/// # Panics
+///
+/// When the run itself cannot be carried out (a server that does not
+/// start): a test's failure, not a violation.
+pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> Report {
+    let target = ConsumerRun::<B>::start_servers(name, &plan).await;
+    match engine::run(&plan.fault_plan(), target, |_| {}).await {
+        Ok(report) => report,
+        Err(never) => match never {},
     }
-    let restarting = Arc::new(AtomicBool::new(false));
-    let publisher = tokio::spawn(publish_over(
-        direct.clone(),
-        messages.clone(),
-        plan.duration,
-        Arc::clone(&restarting),
-    ));
+}
 
-    let mut faults = Faults::new(&plan);
-    let ledger = direct.ledger();
-    let end = Instant::now() + plan.duration;
-    while Instant::now() < end {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        workers.replace_exited();
-        faults.lift_due(&broker_proxy, &store_proxy, &mut workers);
-        let Some(kind) = faults.schedule.due(Instant::now()) else {
-            continue;
+/// A consumer run's servers, proxies, workers and workload.
+struct ConsumerRun<B: ChaosBroker> {
+    name: String,
+    plan: ChaosPlan,
+    broker: Option<B::Server>,
+    redis: Option<RedisServer>,
+    broker_proxy: FaultProxy,
+    store_proxy: FaultProxy,
+    /// The destination reached directly (the publisher, the judge).
+    direct: B,
+    messages: Vec<(String, String)>,
+    good: Vec<String>,
+    poison: Vec<String>,
+    workers: Workers,
+    restarting: Arc<AtomicBool>,
+    published: Arc<AtomicUsize>,
+    publisher: Option<JoinHandle<usize>>,
+    /// Whether the next kill hits the worker that wrote last (else the
+    /// one that started a handler last).
+    kill_writer: bool,
+    settle: Settle<B::Store>,
+}
+
+/// How far the run has settled after the fault phase.
+struct Settle<S> {
+    store: Option<S>,
+    written: bool,
+    all_final: bool,
+    checked: Option<Instant>,
+}
+
+impl<B: ChaosBroker> ConsumerRun<B> {
+    /// Starts the broker, the store (unless it lives on the broker's
+    /// server) and a fault proxy in front of each.
+    async fn start_servers(name: &str, plan: &ChaosPlan) -> Self {
+        let mut rng = StdRng::seed_from_u64(plan.seed);
+        let broker = tokio::task::spawn_blocking(B::start_server)
+            .await
+            .expect("broker task")
+            .expect("a broker of the run's own");
+        let redis = match B::store_port(&broker) {
+            Some(_) => None,
+            None => Some(
+                RedisServer::start_with(
+                    crate::free_port().expect("port"),
+                    &["--appendonly", "yes", "--appendfsync", "always"],
+                )
+                .expect("redis-server"),
+            ),
         };
-        match kind {
+        let store_port = B::store_port(&broker)
+            .or(redis.as_ref().map(RedisServer::port))
+            .expect("a store");
+        let broker_proxy = proxy(B::advertised_port(&broker).unwrap_or(0), B::port(&broker)).await;
+        let store_proxy = proxy(0, store_port).await;
+        let direct = B::create_at(name, B::port(&broker), &B::store_url(store_port)).await;
+        let through = direct.through(
+            broker_proxy.addr().port(),
+            &B::store_url(store_proxy.addr().port()),
+        );
+        let messages = workload(plan, &mut rng);
+        let mut poison: Vec<String> = messages
+            .iter()
+            .filter(|(_, body)| body.contains(r#""poison":true"#))
+            .map(|(key, _)| key.clone())
+            .collect();
+        poison.sort();
+        poison.dedup();
+        let good = (0..plan.keys)
+            .map(|i| format!("c-{i}"))
+            .filter(|k| !poison.contains(k))
+            .collect();
+        Self {
+            name: name.to_owned(),
+            plan: plan.clone(),
+            broker: Some(broker),
+            redis,
+            broker_proxy,
+            store_proxy,
+            direct,
+            messages,
+            good,
+            poison,
+            workers: Workers {
+                env: through.env(),
+                running: Vec::new(),
+                leaving: Vec::new(),
+                exits: 0,
+            },
+            restarting: Arc::new(AtomicBool::new(false)),
+            published: Arc::new(AtomicUsize::new(0)),
+            publisher: None,
+            kill_writer: false,
+            settle: Settle {
+                store: None,
+                written: false,
+                all_final: false,
+                checked: None,
+            },
+        }
+    }
+}
+
+impl<B: ChaosBroker> Target for ConsumerRun<B> {
+    type Error = std::convert::Infallible;
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn faults(&self) -> Vec<Fault> {
+        ChaosPlan::FAULTS
+            .into_iter()
+            .filter(|f| match f {
+                Fault::BrokerRestart => B::RESTARTS,
+                Fault::StoreRestart => self.redis.is_some(),
+                _ => true,
+            })
+            .collect()
+    }
+
+    fn proxies(&self, link: Link) -> Vec<&FaultProxy> {
+        match link {
+            Link::Idem => vec![&self.store_proxy],
+            Link::Broker => vec![&self.broker_proxy],
+        }
+    }
+
+    async fn start(&mut self) -> Result<(), Self::Error> {
+        for _ in 0..self.plan.workers {
+            self.workers.spawn();
+        }
+        self.publisher = Some(tokio::spawn(publish_over(
+            self.direct.clone(),
+            self.messages.clone(),
+            self.plan.duration,
+            Arc::clone(&self.restarting),
+            Arc::clone(&self.published),
+        )));
+        Ok(())
+    }
+
+    async fn step(&mut self, _clock: &Clock) -> Result<(), Self::Error> {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        self.workers.replace_exited();
+        Ok(())
+    }
+
+    async fn inject(
+        &mut self,
+        fault: Fault,
+        clock: &Clock,
+        rng: &mut StdRng,
+    ) -> Result<Injected, Self::Error> {
+        let ledger = self.direct.ledger();
+        Ok(match fault {
             Fault::Kill => {
                 // Alternately mid-handler and between an effect and its
                 // acknowledgement.
-                let busy = if faults.schedule.counts.get(&kind).copied().unwrap_or(0) % 2 == 0 {
-                    ledger.latest_starter()
-                } else {
+                let busy = if self.kill_writer {
                     ledger.latest_writer()
+                } else {
+                    ledger.latest_starter()
                 };
-                let slot = workers.slot_of(busy, &mut faults.schedule.rng);
-                workers.kill(slot);
+                self.kill_writer = !self.kill_writer;
+                let slot = self.workers.slot_of(busy, rng);
+                self.workers.kill(slot);
+                Injected::Done
             }
             Fault::Stop => {
-                let slot = workers.slot_of(ledger.latest_starter(), &mut faults.schedule.rng);
-                let pause = LEASE.mul_f64(faults.schedule.rng.random_range(1.5..3.0));
-                match workers.stop(slot) {
-                    Some(pid) => faults.stopped.push((Instant::now() + pause, pid)),
-                    None => continue,
+                let slot = self.workers.slot_of(ledger.latest_starter(), rng);
+                let pause = LEASE.mul_f64(rng.random_range(1.5..3.0));
+                match self.workers.stop(slot) {
+                    Some(pid) => Injected::Stopped {
+                        pid,
+                        until: clock.now + pause,
+                    },
+                    None => Injected::Missed,
                 }
             }
             Fault::Leave => {
-                let slot = workers.slot_of(ledger.latest_starter(), &mut faults.schedule.rng);
-                if !workers.leave(slot) {
-                    continue;
+                let slot = self.workers.slot_of(ledger.latest_starter(), rng);
+                if self.workers.leave(slot) {
+                    Injected::Done
+                } else {
+                    Injected::Missed
                 }
             }
             Fault::BrokerRestart => {
-                restarting.store(true, Ordering::SeqCst);
-                broker = tokio::task::spawn_blocking(move || {
-                    B::restart(&mut broker).expect("restart the broker");
-                    broker
-                })
-                .await
-                .expect("restart task");
-                restarting.store(false, Ordering::SeqCst);
+                let Some(mut broker) = self.broker.take() else {
+                    return Ok(Injected::Missed);
+                };
+                self.restarting.store(true, Ordering::SeqCst);
+                self.broker = Some(
+                    tokio::task::spawn_blocking(move || {
+                        B::restart(&mut broker).expect("restart the broker");
+                        broker
+                    })
+                    .await
+                    .expect("restart task"),
+                );
+                self.restarting.store(false, Ordering::SeqCst);
+                Injected::Done
             }
             Fault::StoreRestart => {
-                if let Some(mut server) = redis.take() {
-                    redis = Some(
-                        tokio::task::spawn_blocking(move || {
-                            server.stop();
-                            server.start_again().expect("start the store again");
-                            server
-                        })
-                        .await
-                        .expect("restart task"),
-                    );
-                }
-            }
-            Fault::BrokerReset => broker_proxy.reset_all(),
-            Fault::StoreReset => store_proxy.reset_all(),
-            Fault::BrokerLatency | Fault::StoreLatency => {
-                let on = if kind == Fault::BrokerLatency {
-                    &broker_proxy
-                } else {
-                    &store_proxy
+                let Some(mut server) = self.redis.take() else {
+                    return Ok(Injected::Missed);
                 };
-                on.set_delay(faults.schedule.millis(5..60));
-                faults.lift_later(kind);
+                self.redis = Some(
+                    tokio::task::spawn_blocking(move || {
+                        server.stop();
+                        server.start_again().expect("start the store again");
+                        server
+                    })
+                    .await
+                    .expect("restart task"),
+                );
+                Injected::Done
             }
-            Fault::BrokerBlackhole | Fault::StoreBlackhole => {
-                let on = if kind == Fault::BrokerBlackhole {
-                    &broker_proxy
-                } else {
-                    &store_proxy
-                };
-                on.set_blackhole(true);
-                faults.lift_later(kind);
-            }
-        }
-        faults.schedule.injected(kind);
+            _ => Injected::Missed,
+        })
     }
 
-    faults.heal(&broker_proxy, &store_proxy, &mut workers);
-    let published = publisher.await.expect("publisher task");
-    let good: Vec<String> = (0..plan.keys)
-        .map(|i| format!("c-{i}"))
-        .filter(|k| !poison.contains(k))
-        .collect();
-    let settle_by = Instant::now() + plan.settle_limit;
-    let all_written = eventually(plan.settle_limit, || {
-        workers.replace_exited();
-        good.iter().all(|k| ledger.downstream(k).is_some())
-    })
-    .await;
-    let store_conn = direct.store().await;
-    let mut all_final = false;
-    while all_written && !all_final && Instant::now() < settle_by {
-        workers.replace_exited();
-        all_final = super::judge::records_final(&store_conn, &good, &poison).await;
-        if !all_final {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+    fn resume(&mut self, pid: u32) {
+        self.workers.resume(pid);
     }
-    let settled = all_final && direct.settled(poison.len()).await;
-    // Late duplicates and redeliveries show themselves before judging.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    workers.stop_all();
 
-    let evidence = Evidence::gather(ledger, &store_conn, &good, &poison).await;
-    let dead = direct.dead_letters().await;
-    let mut violations = judge(&evidence, &dead, &poison);
-    if !settled {
-        violations.push(format!(
-            "the run did not settle within {:?} of the fault phase's end (every good \
-             key written: {all_written}; every record completed or failed: {all_final})",
-            plan.settle_limit
-        ));
+    fn progress(&self) -> (usize, usize) {
+        (self.published.load(Ordering::SeqCst), self.messages.len())
     }
-    ChaosReport {
-        broker: name.to_owned(),
-        seed: plan.seed,
-        keys: plan.keys,
-        published,
-        starts: evidence.starts.values().map(Vec::len).sum(),
-        stale_writes: ledger.stale_writes(),
-        worker_exits: workers.exits,
-        faults: faults.schedule.counts,
-        elapsed: started.elapsed(),
-        violations,
+
+    async fn settled(&mut self) -> bool {
+        let now = Instant::now();
+        if self
+            .settle
+            .checked
+            .is_some_and(|at| now.duration_since(at) < Duration::from_millis(200))
+        {
+            return false;
+        }
+        self.settle.checked = Some(now);
+        if !self.publisher.as_ref().is_none_or(JoinHandle::is_finished) {
+            return false;
+        }
+        let ledger = self.direct.ledger();
+        if !self.settle.written {
+            self.settle.written = self.good.iter().all(|k| ledger.downstream(k).is_some());
+            if !self.settle.written {
+                return false;
+            }
+        }
+        if self.settle.store.is_none() {
+            self.settle.store = Some(self.direct.store().await);
+        }
+        let Some(store) = self.settle.store.as_ref() else {
+            return false;
+        };
+        if !self.settle.all_final {
+            self.settle.all_final =
+                super::judge::records_final(store, &self.good, &self.poison).await;
+            if !self.settle.all_final {
+                return false;
+            }
+        }
+        self.direct.settled(self.poison.len()).await
+    }
+
+    fn unsettled(&self, _clock: &Clock, limit: Duration) -> Vec<Violation> {
+        vec![Violation::run(format!(
+            "the run did not settle within {limit:?} of the fault phase's end (every good \
+             key written: {}; every record completed or failed: {})",
+            self.settle.written, self.settle.all_final
+        ))]
+    }
+
+    async fn finish(&mut self) -> Result<Findings, Self::Error> {
+        let published = match self.publisher.take() {
+            Some(publisher) => publisher.await.expect("publisher task"),
+            None => 0,
+        };
+        // Late duplicates and redeliveries show themselves before judging.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        self.workers.stop_all();
+        let store = match self.settle.store.take() {
+            Some(store) => store,
+            None => self.direct.store().await,
+        };
+        let ledger = self.direct.ledger();
+        let evidence = Evidence::gather(ledger, &store, &self.good, &self.poison).await;
+        let dead = self.direct.dead_letters().await;
+        let violations = judge(&evidence, &dead, &self.poison)
+            .into_iter()
+            .map(Violation::run)
+            .collect();
+        let starts = evidence.starts.values().map(Vec::len).sum::<usize>();
+        Ok(Findings {
+            keys: self.plan.keys,
+            counts: vec![
+                ("published", published as u64),
+                ("starts", starts as u64),
+                ("stale", ledger.stale_writes() as u64),
+                ("exits", self.workers.exits as u64),
+            ],
+            violations,
+            ..Findings::default()
+        })
     }
 }
 
@@ -485,6 +512,7 @@ async fn publish_over<B: ChaosBroker>(
     messages: Vec<(String, String)>,
     over: Duration,
     restarting: Arc<AtomicBool>,
+    count: Arc<AtomicUsize>,
 ) -> usize {
     let gap = over.div_f64(messages.len().max(1) as f64 * 1.25);
     let mut published = 0;
@@ -501,6 +529,7 @@ async fn publish_over<B: ChaosBroker>(
             }
         }
         published += 1;
+        count.store(published, Ordering::SeqCst);
         tokio::time::sleep(gap).await;
     }
     published
@@ -622,72 +651,11 @@ impl Drop for Workers {
     }
 }
 
-/// The fault schedule and the faults in force.
-struct Faults {
-    schedule: Schedule<Fault>,
-    /// Proxy faults in force, and when each is lifted.
-    timed: Vec<(Instant, Fault)>,
-    /// Stopped worker processes, and when each is continued.
-    stopped: Vec<(Instant, u32)>,
-}
-
-impl Faults {
-    fn new(plan: &ChaosPlan) -> Self {
-        Self {
-            schedule: Schedule::new(
-                plan.seed,
-                plan.faults.clone(),
-                plan.fault_every,
-                Instant::now(),
-            ),
-            timed: Vec::new(),
-            stopped: Vec::new(),
-        }
-    }
-
-    /// Lifts `kind` in 0.3 to 1.5 s.
-    fn lift_later(&mut self, kind: Fault) {
-        let after = self.schedule.millis(300..1500);
-        self.timed.push((Instant::now() + after, kind));
-    }
-
-    /// Lifts the proxy faults and continues the workers whose time is up.
-    fn lift_due(&mut self, broker: &FaultProxy, store: &FaultProxy, workers: &mut Workers) {
-        let now = Instant::now();
-        let (over, left): (Vec<_>, Vec<_>) = self.timed.iter().partition(|(end, _)| now >= *end);
-        self.timed = left;
-        for (_, kind) in over {
-            match kind {
-                Fault::BrokerLatency => broker.set_delay(Duration::ZERO),
-                Fault::StoreLatency => store.set_delay(Duration::ZERO),
-                Fault::BrokerBlackhole => broker.set_blackhole(false),
-                Fault::StoreBlackhole => store.set_blackhole(false),
-                _ => {}
-            }
-        }
-        let (over, left): (Vec<_>, Vec<_>) = self.stopped.iter().partition(|(end, _)| now >= *end);
-        self.stopped = left;
-        for (_, pid) in over {
-            workers.resume(pid);
-        }
-    }
-
-    /// Lifts every fault and continues every stopped worker.
-    fn heal(&mut self, broker: &FaultProxy, store: &FaultProxy, workers: &mut Workers) {
-        self.timed.clear();
-        broker.heal();
-        store.heal();
-        for (_, pid) in self.stopped.drain(..) {
-            workers.resume(pid);
-        }
-    }
-}
-
 /// An adapter's chaos test file: the worker process the run starts and
 /// the short run, over the adapter's [`ChaosBroker`] `$setup`, its
 /// destinations named after `$name`. The run's plan is
 /// [`ChaosPlan::short`] changed by [`ChaosPlan::from_env`], and its report
-/// row is printed (the long runs' table collects it).
+/// table is printed (the long runs' table collects its row).
 #[macro_export]
 macro_rules! consumer_chaos {
     ($setup:ty, $name:expr) => {
@@ -703,8 +671,11 @@ macro_rules! consumer_chaos {
         #[allow(clippy::print_stdout)]
         async fn faults_leave_each_message_completed_once_fenced_and_none_lost() {
             let plan = $crate::chaos::ChaosPlan::short().from_env();
-            let report = $crate::chaos::run::<$setup>($name, plan).await;
-            println!("\n{}", report.row());
+            let report = $crate::chaos::consumers::run::<$setup>($name, plan).await;
+            println!(
+                "\n{}",
+                $crate::chaos::Report::tables(std::slice::from_ref(&report))
+            );
             report.assert_clean();
         }
     };
