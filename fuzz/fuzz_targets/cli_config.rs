@@ -5,7 +5,8 @@
 //! error.
 #![no_main]
 
-use idem::{Idempotency, MemoryStore, LONGEST_HELD};
+use idem::store::LONGEST_HELD;
+use idem::{Idempotency, MemoryStore};
 use idem_cli::ProxyArgs;
 use libfuzzer_sys::fuzz_target;
 

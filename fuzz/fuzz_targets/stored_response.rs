@@ -8,7 +8,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::{ClaimOutcome, ClaimParams, Codec, Idempotency, MemoryStore, Outcome, RecordId, RunError, Store};
+use idem::store::{ClaimOutcome, ClaimParams};
+use idem::{Codec, Idempotency, MemoryStore, Outcome, RecordId, RunError, Store};
 use idem_http::{Binary, StoredResponse};
 use libfuzzer_sys::fuzz_target;
 

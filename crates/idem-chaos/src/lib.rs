@@ -220,8 +220,8 @@ impl Target {
         matches!(self, Target::PgInbox | Target::PgLease)
     }
 
-    /// Whether this is a run of the HTTP gateway ([`http::run`]) rather
-    /// than of workers behind a broker ([`run`]).
+    /// Whether this is a run of the HTTP gateway (see [`http`]) rather
+    /// than of workers behind a broker.
     pub fn is_http(self) -> bool {
         matches!(
             self,

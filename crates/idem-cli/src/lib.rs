@@ -180,7 +180,7 @@ pub fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
         "d" => (86_400, true),
         _ => anyhow::bail!("{flag}: unit {unit:?} in {text:?} is not one of ms, s, m, h, d"),
     };
-    let longest = idem::LONGEST_HELD;
+    let longest = idem::store::LONGEST_HELD;
     let d = n
         .checked_mul(per_unit)
         .map(|n| {
@@ -423,7 +423,7 @@ mod tests {
         );
         assert_eq!(
             duration("--retention", "36500d").ok(),
-            Some(idem::LONGEST_HELD)
+            Some(idem::store::LONGEST_HELD)
         );
         for (text, needle) in [
             // 5124095576030432 h is just over u64::MAX seconds: it used to

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::{ClaimOutcome, ClaimParams, RecordId, Store};
+use idem::store::{ClaimOutcome, ClaimParams};
+use idem::{RecordId, Store};
 use idem_cli::store::{AnyStore, StoreUrl};
 use idem_cli::{admin, bench, ProxyArgs};
 

@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use idem::{ClaimOutcome, ClaimParams, Idempotency, MemoryStore, RecordId, Scope, StoreError};
+use idem::{Idempotency, MemoryStore, RecordId, Scope, StoreError};
+
+use idem::store::{ClaimOutcome, ClaimParams};
 use idem_consumer::{Consumer, Job, MemoryBroker, MemoryMessage, OwnedMessage, Stopped};
 use idem_testkit::doubles::{Double, Hooks, ManyHooks};
 

@@ -332,7 +332,7 @@ impl Hooks<MemoryStore> for GoneAfterClaim {
     async fn complete(
         &self,
         _: &MemoryStore,
-        _: &idem::Lease,
+        _: &idem::store::Lease,
         _: bytes::Bytes,
         _: Duration,
     ) -> Result<(), idem::StoreError> {
@@ -342,14 +342,18 @@ impl Hooks<MemoryStore> for GoneAfterClaim {
     async fn fail(
         &self,
         _: &MemoryStore,
-        _: &idem::Lease,
+        _: &idem::store::Lease,
         _: idem::Failure,
         _: Duration,
     ) -> Result<(), idem::StoreError> {
         Err(gone())
     }
 
-    async fn release(&self, _: &MemoryStore, _: &idem::Lease) -> Result<(), idem::StoreError> {
+    async fn release(
+        &self,
+        _: &MemoryStore,
+        _: &idem::store::Lease,
+    ) -> Result<(), idem::StoreError> {
         Err(gone())
     }
 }

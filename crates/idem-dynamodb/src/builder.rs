@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
-use idem::{Clock, TokenMint};
+use idem::store::TokenMint;
+use idem::Clock;
 
 use crate::conn::{client_for, client_from_env, ConfigError};
 use crate::error::ConnectError;

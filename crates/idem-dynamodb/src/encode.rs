@@ -6,9 +6,10 @@ use std::collections::{BTreeMap, HashMap};
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
 use bytes::Bytes;
+use idem::store::LeaseToken;
 use idem::{
-    Failure, FailureClass, Fingerprint, LeaseToken, Record, RecordId, State, StepEntry, StepState,
-    StoreError, Timestamp,
+    Failure, FailureClass, Fingerprint, Record, RecordId, State, StepEntry, StepState, StoreError,
+    Timestamp,
 };
 
 /// An item as the SDK holds it.

@@ -8,9 +8,8 @@ use std::collections::HashMap;
 use std::future::Future;
 
 use futures_util::StreamExt;
-use idem::{
-    ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, Completion, RecordId, Store, StoreError,
-};
+use idem::store::{ClaimOutcome, ClaimParams, Completion};
+use idem::{ClaimMany, CompleteMany, RecordId, Store, StoreError};
 
 use crate::store::DynamoStore;
 

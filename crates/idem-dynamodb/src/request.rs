@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 use aws_sdk_dynamodb::Client;
-use idem::{Lease, RecordId, StoreError, Timestamp};
+use idem::store::Lease;
+use idem::{RecordId, StoreError, Timestamp};
 
 use crate::encode::{self, n, s, Item, Stored};
 use crate::error::map_err;

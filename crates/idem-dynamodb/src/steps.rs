@@ -5,7 +5,8 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::ReturnValue;
 use bytes::Bytes;
-use idem::{Lease, RecordId, Resolution, Resolved, StepBegin, StepEntry, StepJournal, StoreError};
+use idem::store::{Lease, StepBegin};
+use idem::{RecordId, Resolution, Resolved, StepEntry, StepJournal, StoreError};
 
 use idem::machine;
 

@@ -9,9 +9,10 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
 use aws_sdk_dynamodb::Client;
 use bytes::Bytes;
 use idem::machine::{self, ClaimDecision, Fresh, Write};
+use idem::store::{ClaimOutcome, ClaimParams, Lease, TokenMint};
 use idem::{
-    ClaimOutcome, ClaimParams, Clock, Failure, FailureClass, Lease, Record, RecordId, State, Store,
-    StoreError, SystemClock, Timestamp, TokenMint,
+    Clock, Failure, FailureClass, Record, RecordId, State, Store, StoreError, SystemClock,
+    Timestamp,
 };
 
 use crate::encode::Encoding;
@@ -85,7 +86,7 @@ impl DynamoStore {
         id: &RecordId,
         record: &Record,
         version: u64,
-        nonce: Option<idem::LeaseToken>,
+        nonce: Option<idem::store::LeaseToken>,
     ) -> Item {
         encode::encode(
             id,
@@ -128,7 +129,7 @@ impl DynamoStore {
         id: &RecordId,
         seen: Option<&Stored>,
         record: &Record,
-        nonce: Option<idem::LeaseToken>,
+        nonce: Option<idem::store::LeaseToken>,
         journal: HashMap<String, AttributeValue>,
     ) -> Result<Written, StoreError> {
         let version = seen.map_or(1, |s| s.version + 1);
@@ -405,7 +406,7 @@ impl Store for DynamoStore {
     }
 
     async fn wait_for_change(&self, id: &RecordId, timeout: Duration) {
-        idem::poll_while(timeout, || async {
+        idem::store::poll_while(timeout, || async {
             matches!(self.live(id).await, Ok(Some(s)) if s.record.state.kind() == idem::StateKind::InProgress)
         })
         .await;

@@ -11,9 +11,10 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodb::Client;
 use bytes::Bytes;
 use idem::step::Retry;
+use idem::store::{ClaimOutcome, ClaimParams};
 use idem::{
-    ClaimOutcome, ClaimParams, Context, FailureClass, GetRecord, Idempotency, ManualClock, Outcome,
-    PurgeExpired, RecordId, RunError, State, Store, StoreError, Timestamp,
+    Context, FailureClass, GetRecord, Idempotency, ManualClock, Outcome, PurgeExpired, RecordId,
+    RunError, State, Store, StoreError, Timestamp,
 };
 use idem_dynamodb::{client_for, DynamoStore, ItemTooLarge};
 use idem_testkit::doubles::proxy::FaultProxy;
@@ -25,7 +26,7 @@ fn id(key: &str) -> RecordId {
     RecordId::parse("behaviour", key).expect("valid id")
 }
 
-async fn acquire(store: &DynamoStore, id: &RecordId, params: &ClaimParams) -> idem::Lease {
+async fn acquire(store: &DynamoStore, id: &RecordId, params: &ClaimParams) -> idem::store::Lease {
     match store.claim(id, params).await.expect("claim") {
         ClaimOutcome::Acquired(lease) => lease,
         other => panic!("expected to acquire {id}, got {other:?}"),

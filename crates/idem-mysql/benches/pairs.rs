@@ -18,7 +18,8 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::{ClaimMany, ClaimParams, RecordId, Store};
+use idem::store::ClaimParams;
+use idem::{ClaimMany, RecordId, Store};
 use idem_mysql::MySqlStore;
 use idem_testkit::bench::{count_arg, pair, rate, secs_arg};
 use idem_testkit::servers::mysql::MySqlServer;

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::group::Pairs;
-use idem::{StoreError, TokenMint};
+use idem::store::TokenMint;
+use idem::StoreError;
 use mysql_async::Opts;
 
 use crate::conn;

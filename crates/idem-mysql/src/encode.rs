@@ -5,17 +5,18 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use idem::store::{ClaimOutcome, Lease, LeaseToken, StepBegin};
 use idem::{
-    ClaimOutcome, Failure, FailureClass, Fingerprint, Lease, LeaseToken, Record, RecordId,
-    Resolved, State, StepBegin, StepEntry, StepState, StoreError, Timestamp,
+    Failure, FailureClass, Fingerprint, Record, RecordId, Resolved, State, StepEntry, StepState,
+    StoreError, Timestamp,
 };
 use mysql_async::{Row, Value};
 
 /// A duration as the whole milliseconds the statements take, at most
-/// [`idem::LONGEST_HELD`] (rounded up, so a lease is never shorter than
+/// [`idem::store::LONGEST_HELD`] (rounded up, so a lease is never shorter than
 /// asked).
 pub(crate) fn ms(d: Duration) -> i64 {
-    let held = idem::held(d);
+    let held = idem::store::held(d);
     let ms = held.as_millis() + u128::from(!held.subsec_nanos().is_multiple_of(1_000_000));
     i64::try_from(ms).unwrap_or(i64::MAX)
 }
@@ -332,7 +333,7 @@ mod tests {
         assert_eq!(ms(Duration::ZERO), 0);
         assert_eq!(
             ms(Duration::MAX),
-            i64::try_from(idem::LONGEST_HELD.as_millis()).expect("fits")
+            i64::try_from(idem::store::LONGEST_HELD.as_millis()).expect("fits")
         );
     }
 

@@ -44,7 +44,9 @@ use std::time::Duration;
 use mysql_async::prelude::Queryable;
 use mysql_async::Value;
 
-use idem::{Fingerprint, RecordId, TokenMint};
+use idem::{Fingerprint, RecordId};
+
+use idem::store::TokenMint;
 
 use crate::encode::ms;
 use crate::error::transient_code;

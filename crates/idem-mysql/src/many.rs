@@ -9,7 +9,8 @@
 
 use base64::Engine as _;
 use idem::group::{claims_or_each, completions_or_each, key_order};
-use idem::{ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, Completion, RecordId, StoreError};
+use idem::store::{ClaimOutcome, ClaimParams, Completion};
+use idem::{ClaimMany, CompleteMany, RecordId, StoreError};
 use mysql_async::{Row, Value};
 use serde_json::json;
 

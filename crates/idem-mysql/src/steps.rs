@@ -1,7 +1,8 @@
 //! The step journal: `idem_steps`, written under the record's lease.
 
 use bytes::Bytes;
-use idem::{Lease, RecordId, Resolution, Resolved, StepBegin, StepEntry, StepJournal, StoreError};
+use idem::store::{Lease, StepBegin};
+use idem::{RecordId, Resolution, Resolved, StepEntry, StepJournal, StoreError};
 use mysql_async::Value;
 
 use crate::encode;

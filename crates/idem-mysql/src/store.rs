@@ -5,9 +5,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem::group::{claim_through, complete_through, Direct, Pairs};
-use idem::{
-    ClaimOutcome, ClaimParams, Failure, Lease, RecordId, Store, StoreError, Timestamp, TokenMint,
-};
+use idem::store::{ClaimOutcome, ClaimParams, Lease, TokenMint};
+use idem::{Failure, RecordId, Store, StoreError, Timestamp};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Pool, Row, Value};
 
@@ -267,6 +266,6 @@ impl Store for MySqlStore {
     /// `timeout` ends. The caller claims again either way; the claim
     /// decides.
     async fn wait_for_change(&self, id: &RecordId, timeout: Duration) {
-        idem::poll_while(idem::held(timeout), || self.in_progress(id)).await;
+        idem::store::poll_while(idem::store::held(timeout), || self.in_progress(id)).await;
     }
 }

@@ -8,7 +8,9 @@
 use std::error::Error as _;
 use std::time::Duration;
 
-use idem::{ClaimOutcome, ClaimParams, RecordId, Store};
+use idem::{RecordId, Store};
+
+use idem::store::{ClaimOutcome, ClaimParams};
 use idem_mysql::{ConnectError, MySqlStore};
 use idem_testkit::servers::mysql::MySqlServer;
 use idem_testkit::servers::tls::certificates;

@@ -13,7 +13,8 @@ mod common;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use idem::{ClaimOutcome, ClaimParams, GetRecord, Idempotency, Lease, RecordId, Store, StoreError};
+use idem::store::{ClaimOutcome, ClaimParams, Lease};
+use idem::{GetRecord, Idempotency, RecordId, Store, StoreError};
 use idem_mysql::MySqlStore;
 use idem_testkit::servers::mysql::MySqlServer;
 use mysql_async::prelude::Queryable;

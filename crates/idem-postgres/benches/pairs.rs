@@ -23,7 +23,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem::cache::{Cached, LruCache};
-use idem::{ClaimMany, ClaimOutcome, ClaimParams, RecordId, Store};
+use idem::store::{ClaimOutcome, ClaimParams};
+use idem::{ClaimMany, RecordId, Store};
 use idem_postgres::PgStore;
 use idem_testkit::bench::{pair, rate, secs_arg};
 use idem_testkit::servers::postgres::{pgbench_command, PgServer};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::group::Pairs;
-use idem::TokenMint;
+use idem::store::TokenMint;
 
 use crate::error::ConnectError;
 use crate::sql::Sql;

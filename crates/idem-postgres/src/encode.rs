@@ -4,9 +4,10 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use idem::store::{ClaimOutcome, Lease, LeaseToken, StepBegin};
 use idem::{
-    ClaimOutcome, Failure, FailureClass, Fingerprint, Lease, LeaseToken, Record, RecordId,
-    Resolved, State, StepBegin, StepEntry, StepState, StoreError, Timestamp,
+    Failure, FailureClass, Fingerprint, Record, RecordId, Resolved, State, StepEntry, StepState,
+    StoreError, Timestamp,
 };
 use tokio_postgres::Row;
 
@@ -17,9 +18,9 @@ pub(crate) fn timestamp(t: SystemTime) -> Timestamp {
 }
 
 /// A duration as the `float8` milliseconds the statements take, at most
-/// [`idem::LONGEST_HELD`] (`Duration::MAX` overflows an interval).
+/// [`idem::store::LONGEST_HELD`] (`Duration::MAX` overflows an interval).
 pub(crate) fn ms(d: Duration) -> f64 {
-    idem::held(d).as_secs_f64() * 1000.0
+    idem::store::held(d).as_secs_f64() * 1000.0
 }
 
 pub(crate) fn token_bytes(token: LeaseToken) -> [u8; 16] {

@@ -81,7 +81,7 @@ pub(crate) fn one_item_may_cause(error: &StoreError) -> bool {
     let (StoreError::Unavailable(source) | StoreError::Backend(source)) = error else {
         return false;
     };
-    let source = match source.downcast_ref::<idem::Contended>() {
+    let source = match source.downcast_ref::<idem::store::Contended>() {
         Some(contended) => &contended.0,
         None => source,
     };

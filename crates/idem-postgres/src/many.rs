@@ -6,10 +6,9 @@
 //! deadlock with another session's writes, one item it cannot take) is run
 //! again item by item, so one item's trouble never fails its neighbours.
 
-use idem::{
-    ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, Completion, LeaseToken, RecordId,
-    StoreError,
-};
+use idem::{ClaimMany, CompleteMany, RecordId, StoreError};
+
+use idem::store::{ClaimOutcome, ClaimParams, Completion, LeaseToken};
 
 use crate::encode;
 use crate::encode::{ms, token_bytes};

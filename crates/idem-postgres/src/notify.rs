@@ -7,7 +7,7 @@
 //! (`migrations/0006_waiters.sql`); the task reading the connection wakes
 //! the waits on that payload ([`idem::wake`]). When the connection ends,
 //! every wait is woken, and the next one connects anew; a wait that cannot
-//! listen polls ([`idem::poll_while`]).
+//! listen polls ([`idem::store::poll_while`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -2,7 +2,8 @@
 //! lease.
 
 use bytes::Bytes;
-use idem::{Lease, RecordId, Resolution, Resolved, StepBegin, StepEntry, StepJournal, StoreError};
+use idem::store::{Lease, StepBegin};
+use idem::{RecordId, Resolution, Resolved, StepEntry, StepJournal, StoreError};
 
 use crate::encode::{self, token_bytes};
 use crate::store::{lease_written, PgStore};

@@ -5,9 +5,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use deadpool_postgres::{Object, Pool};
-use idem::{
-    ClaimOutcome, ClaimParams, Failure, Lease, RecordId, Store, StoreError, Timestamp, TokenMint,
-};
+use idem::store::{ClaimOutcome, ClaimParams, Lease, TokenMint};
+use idem::{Failure, RecordId, Store, StoreError, Timestamp};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{GenericClient, Statement};
 
@@ -309,11 +308,11 @@ impl PgStore {
     /// (`sql/wait.sql`) and waits for its announcement, or polls where it
     /// cannot listen; returns at once if the record is not in progress.
     pub(crate) async fn wait_announced(&self, id: &RecordId, timeout: Duration) {
-        let deadline = tokio::time::Instant::now() + idem::held(timeout);
+        let deadline = tokio::time::Instant::now() + idem::store::held(timeout);
         let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
         let listener = &self.inner.listener;
         if !listener.listening(timeout).await {
-            return idem::poll_while(left(), || self.in_progress(id)).await;
+            return idem::store::poll_while(left(), || self.in_progress(id)).await;
         }
         let payload = match self
             .query(
@@ -328,12 +327,12 @@ impl PgStore {
                 None => return,
                 Some(Err(error)) => {
                     tracing::debug!(%error, "unreadable wait payload; waiting by polling");
-                    return idem::poll_while(left(), || self.in_progress(id)).await;
+                    return idem::store::poll_while(left(), || self.in_progress(id)).await;
                 }
             },
             Err(error) => {
                 tracing::debug!(%error, "could not mark the record waited; waiting by polling");
-                return idem::poll_while(left(), || self.in_progress(id)).await;
+                return idem::store::poll_while(left(), || self.in_progress(id)).await;
             }
         };
         let waiter = listener.waiters().enter(payload);

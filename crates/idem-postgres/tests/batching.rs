@@ -9,7 +9,8 @@ mod common;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use idem::{ClaimOutcome, ClaimParams, Lease, RecordId, Store};
+use idem::store::{ClaimOutcome, ClaimParams, Lease};
+use idem::{RecordId, Store};
 use idem_postgres::PgStore;
 use tokio::sync::Mutex;
 

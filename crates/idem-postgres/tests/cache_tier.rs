@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem::cache::{Cached, LruCache, ReplayCache};
-use idem::{ClaimOutcome, ClaimParams, Store};
+use idem::store::{ClaimOutcome, ClaimParams};
+use idem::Store;
 use idem_postgres::PgStore;
 use idem_redis::{RedisReplayCache, RedisStore};
 use idem_testkit::servers::redis::RedisServer;

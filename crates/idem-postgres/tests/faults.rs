@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use idem::{ClaimOutcome, ClaimParams, GetRecord, RecordId, State, Store, StoreError};
+use idem::store::{ClaimOutcome, ClaimParams};
+use idem::{GetRecord, RecordId, State, Store, StoreError};
 use idem_postgres::{ConnectError, PgStore};
 use idem_testkit::servers::postgres::PgServer;
 use parking_lot::Mutex;

@@ -9,7 +9,8 @@ use std::error::Error as _;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::{ClaimOutcome, ClaimParams, RecordId, Store};
+use idem::store::{ClaimOutcome, ClaimParams};
+use idem::{RecordId, Store};
 use idem_postgres::{ConnectError, PgStore};
 use idem_testkit::servers::postgres::PgServer;
 use idem_testkit::servers::tls::certificates;

@@ -10,7 +10,8 @@ mod common;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use idem::{ClaimOutcome, ClaimParams, Idempotency, Lease, RecordId, Store, StoreError};
+use idem::store::{ClaimOutcome, ClaimParams, Lease};
+use idem::{Idempotency, RecordId, Store, StoreError};
 use idem_postgres::PgStore;
 use idem_testkit::servers::postgres::PgServer;
 use tokio_postgres::NoTls;

@@ -22,7 +22,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::{ClaimMany, ClaimParams, RecordId, Store};
+use idem::store::ClaimParams;
+use idem::{ClaimMany, RecordId, Store};
 use idem_redis::RedisStore;
 use idem_testkit::bench::{pair, rate, secs_arg, CpuMeter};
 use idem_testkit::servers::redis::{RedisCluster, RedisServer};

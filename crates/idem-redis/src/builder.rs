@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::TokenMint;
+use idem::store::TokenMint;
 use redis::Value;
 
 use crate::conn::{url, Conn, Options, ReplicaAcks, Target};

@@ -71,7 +71,7 @@ impl ReplayCache for RedisReplayCache {
         replay: CachedReplay,
         ttl: Duration,
     ) -> Result<(), StoreError> {
-        let ms = u64::try_from(idem::held(ttl).as_millis()).unwrap_or(u64::MAX);
+        let ms = u64::try_from(idem::store::held(ttl).as_millis()).unwrap_or(u64::MAX);
         if ms == 0 {
             return Ok(());
         }

@@ -5,9 +5,10 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
+use idem::store::{ClaimOutcome, Lease, LeaseToken, StepBegin};
 use idem::{
-    ClaimOutcome, Failure, FailureClass, Fingerprint, Lease, LeaseToken, Record, RecordId,
-    Resolved, State, StepBegin, StepEntry, StepState, StoreError, Timestamp,
+    Failure, FailureClass, Fingerprint, Record, RecordId, Resolved, State, StepEntry, StepState,
+    StoreError, Timestamp,
 };
 use redis::Value;
 

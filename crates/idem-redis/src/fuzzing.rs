@@ -1,7 +1,9 @@
 //! The reply decoders, fed raw RESP bytes by the fuzz target
 //! `fuzz/fuzz_targets/redis_reply.rs` (feature `fuzzing`; not an API).
 
-use idem::{LeaseToken, RecordId, StoreError};
+use idem::{RecordId, StoreError};
+
+use idem::store::LeaseToken;
 
 /// Parses `resp` as one server reply and decodes it as each script's
 /// reply would be. Every decoder answers a value or

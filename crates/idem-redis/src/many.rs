@@ -3,10 +3,9 @@
 
 use std::collections::HashMap;
 
-use idem::{
-    ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, Completion, LeaseToken, RecordId,
-    StoreError,
-};
+use idem::{ClaimMany, CompleteMany, RecordId, StoreError};
+
+use idem::store::{ClaimOutcome, ClaimParams, Completion, LeaseToken};
 use redis::Value;
 
 use crate::call::{Call, Op};

@@ -9,7 +9,7 @@
 //! comes or its time is up ([`idem::wake`], whose slow poll stays
 //! underneath as a safety net for a message lost with a dropped
 //! connection); without a pub/sub connection the wait falls back to
-//! [`idem::poll_while`]. The last wait on a channel unsubscribes, after
+//! [`idem::store::poll_while`]. The last wait on a channel unsubscribes, after
 //! any subscribe in flight on the connection.
 
 use std::future::Future;
@@ -81,7 +81,7 @@ impl Notifier {
         if subscribed {
             waiter.wait(timeout, still_waiting).await;
         } else {
-            idem::poll_while(timeout, still_waiting).await;
+            idem::store::poll_while(timeout, still_waiting).await;
         }
     }
 

@@ -2,7 +2,8 @@
 //! check the holder's token.
 
 use bytes::Bytes;
-use idem::{Lease, RecordId, Resolution, Resolved, StepBegin, StepEntry, StepJournal, StoreError};
+use idem::store::{Lease, StepBegin};
+use idem::{RecordId, Resolution, Resolved, StepEntry, StepJournal, StoreError};
 use redis::Value;
 
 use crate::error::{damaged, store_error};

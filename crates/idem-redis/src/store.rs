@@ -4,10 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::{
-    ClaimOutcome, ClaimParams, Failure, Lease, LeaseToken, RecordId, Scope, Store, StoreError,
-    Timestamp, TokenMint,
-};
+use idem::store::{ClaimOutcome, ClaimParams, Lease, LeaseToken, TokenMint};
+use idem::{Failure, RecordId, Scope, Store, StoreError, Timestamp};
 use redis::Value;
 use sha2::{Digest, Sha256};
 
@@ -243,10 +241,10 @@ impl Store for RedisStore {
 }
 
 /// A duration in milliseconds, as the scripts take it: at most
-/// [`idem::LONGEST_HELD`], since a later time overflows the scripts'
+/// [`idem::store::LONGEST_HELD`], since a later time overflows the scripts'
 /// integer formatting and `PEXPIREAT` (a negative time deletes the key).
 pub(crate) fn millis(d: Duration) -> Bytes {
-    Bytes::from(idem::held(d).as_millis().to_string())
+    Bytes::from(idem::store::held(d).as_millis().to_string())
 }
 
 /// A holder's write replied 1 (written) or 0 (lease lost).

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use futures_util::FutureExt;
-use idem::{ClaimMany, ClaimOutcome, ClaimParams, RecordId, Store, StoreError};
+use idem::store::{ClaimOutcome, ClaimParams};
+use idem::{ClaimMany, RecordId, Store, StoreError};
 use idem_redis::RedisStore;
 use idem_testkit::servers::redis::RedisServer;
 

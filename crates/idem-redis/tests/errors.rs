@@ -6,9 +6,8 @@ use std::time::Duration;
 mod common;
 
 use common::{query, server};
-use idem::{
-    ClaimMany, ClaimParams, GetRecord, ListQuery, ListRecords, RecordId, Store, StoreError,
-};
+use idem::store::ClaimParams;
+use idem::{ClaimMany, GetRecord, ListQuery, ListRecords, RecordId, Store, StoreError};
 use idem_redis::{ConnectError, RedisStore};
 
 async fn store() -> RedisStore {

@@ -7,9 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem::step::Retry;
-use idem::{
-    ClaimOutcome, ClaimParams, Idempotency, Outcome, RecordId, RunError, Store, StoreError,
-};
+use idem::store::{ClaimOutcome, ClaimParams};
+use idem::{Idempotency, Outcome, RecordId, RunError, Store, StoreError};
 use idem_redis::RedisStore;
 use idem_testkit::doubles::proxy::FaultProxy;
 use idem_testkit::servers::redis::{RedisCluster, RedisServer};
@@ -460,7 +459,8 @@ async fn waits_that_end_while_another_subscribes_still_unsubscribe() {
 /// script failed as refused. Once the slot has moved, the step is found.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_and_its_journal_split_by_a_move_are_never_read_apart() {
-    use idem::{StepBegin, StepJournal};
+    use idem::store::StepBegin;
+    use idem::StepJournal;
     let cluster = RedisCluster::start().expect("start a Redis Cluster");
     let store = RedisStore::builder(&cluster.url())
         .expect("valid URL")

@@ -199,7 +199,8 @@ async fn completions_survive_a_failover_and_the_dead_masters_replacement() {
 /// (unavailable) until the replica has it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_back_on_another_connection_waits_for_the_replicas_too() {
-    use idem::{ClaimOutcome, ClaimParams, Store};
+    use idem::store::{ClaimOutcome, ClaimParams};
+    use idem::Store;
 
     let mut args = vec!["--repl-diskless-sync-delay", "0"];
     args.extend(DEBUG);

@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::{ClaimOutcome, ClaimParams, RecordId, Store};
+use idem::store::{ClaimOutcome, ClaimParams};
+use idem::{RecordId, Store};
 use idem_redis::{ConnectError, RedisStore};
 use idem_testkit::servers::redis::{free_port, RedisServer};
 use idem_testkit::servers::tls::certificates;

@@ -10,7 +10,8 @@ mod common;
 
 use bytes::Bytes;
 use common::query;
-use idem::{ClaimOutcome, ClaimParams, GetRecord, RecordId, State, StepBegin, StepJournal, Store};
+use idem::store::{ClaimOutcome, ClaimParams, StepBegin};
+use idem::{GetRecord, RecordId, State, StepJournal, Store};
 
 fn params() -> ClaimParams {
     ClaimParams::new(Duration::from_secs(30), Duration::from_secs(3600))

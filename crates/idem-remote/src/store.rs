@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use idem::store::{poll_while, ClaimOutcome, ClaimParams, Lease, LeaseToken, StepBegin};
 use idem::{
-    poll_while, ClaimOutcome, ClaimParams, Failure, GetRecord, Lease, LeaseToken, Record, RecordId,
-    Resolution, Resolved, State, StepBegin, StepEntry, StepJournal, StepState, Store, StoreError,
-    Timestamp,
+    Failure, GetRecord, Record, RecordId, Resolution, Resolved, State, StepEntry, StepJournal,
+    StepState, Store, StoreError, Timestamp,
 };
 use serde_json::value::RawValue;
 

@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use idem::{ClaimParams, ManualClock, RecordId};
+use idem::store::ClaimParams;
+use idem::{ManualClock, RecordId};
 use idem_sqlite::SqliteStore;
 use idem_testkit::bench::pair;
 

@@ -37,7 +37,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use idem::{ClaimParams, RecordId};
+use idem::store::ClaimParams;
+use idem::RecordId;
 use idem_sqlite::{Durability, SqliteStore};
 use idem_testkit::bench::pair;
 use rusqlite::{params, Connection};

@@ -1,9 +1,10 @@
 //! Records to and from rows of `idem_records`.
 
 use bytes::Bytes;
+use idem::store::LeaseToken;
 use idem::{
-    Failure, FailureClass, Fingerprint, KeyRules, LeaseToken, Record, RecordId, State, StateKind,
-    StepEntry, StepState, Timestamp,
+    Failure, FailureClass, Fingerprint, KeyRules, Record, RecordId, State, StateKind, StepEntry,
+    StepState, Timestamp,
 };
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Row};

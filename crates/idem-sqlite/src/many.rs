@@ -1,9 +1,9 @@
 //! Claims and completions many at a time: one writer job each, committed
 //! in one transaction.
 
-use idem::{
-    ClaimMany, ClaimOutcome, ClaimParams, Clock, CompleteMany, Completion, RecordId, StoreError,
-};
+use idem::{ClaimMany, Clock, CompleteMany, RecordId, StoreError};
+
+use idem::store::{ClaimOutcome, ClaimParams, Completion};
 
 use crate::store::SqliteStore;
 use crate::writer::{Done, Op};

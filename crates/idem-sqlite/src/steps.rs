@@ -1,9 +1,8 @@
 //! The step journal, written through the writer under the record's lease.
 
 use bytes::Bytes;
-use idem::{
-    Clock, Lease, RecordId, Resolution, Resolved, StepBegin, StepEntry, StepJournal, StoreError,
-};
+use idem::store::{Lease, StepBegin};
+use idem::{Clock, RecordId, Resolution, Resolved, StepEntry, StepJournal, StoreError};
 
 use crate::encode;
 use crate::store::SqliteStore;

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem::machine::{decide_claim, ClaimDecision, Fresh, Write};
+use idem::store::{ClaimOutcome, ClaimParams, Lease, LeaseToken};
 use idem::{
-    ClaimOutcome, ClaimParams, Clock, Failure, Lease, LeaseToken, PurgerHandle, Record, RecordId,
-    Store, StoreError, SystemClock, Timestamp,
+    Clock, Failure, PurgerHandle, Record, RecordId, Store, StoreError, SystemClock, Timestamp,
 };
 use parking_lot::Mutex;
 use rusqlite::Connection;

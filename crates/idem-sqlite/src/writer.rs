@@ -15,10 +15,8 @@ use bytes::Bytes;
 use idem::machine::{
     decide_claim, decide_resolve, decide_step_begin, decide_write, held, Fresh, Write,
 };
-use idem::{
-    ClaimOutcome, ClaimParams, Clock, Completion, Lease, LeaseToken, RecordId, Resolution,
-    Resolved, State, StepBegin, StepState, StoreError, Timestamp,
-};
+use idem::store::{ClaimOutcome, ClaimParams, Completion, Lease, LeaseToken, StepBegin};
+use idem::{Clock, RecordId, Resolution, Resolved, State, StepState, StoreError, Timestamp};
 use parking_lot::Mutex;
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
 use tokio::sync::{mpsc, oneshot, Notify};

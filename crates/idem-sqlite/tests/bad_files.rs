@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use idem::{ClaimOutcome, ClaimParams, GetRecord, RecordId, Store, StoreError};
+use idem::{GetRecord, RecordId, Store, StoreError};
+
+use idem::store::{ClaimOutcome, ClaimParams};
 use idem_sqlite::{OpenError, SqliteStore, SCHEMA_VERSION};
 use rusqlite::Connection;
 
@@ -201,7 +203,7 @@ async fn a_job_that_fails_in_sql_fails_alone_not_its_whole_batch() {
     .expect("trigger");
     // Hold the write lock so the completions queue up and share a batch.
     raw.execute_batch("BEGIN IMMEDIATE").expect("lock");
-    let complete = |lease: idem::Lease| {
+    let complete = |lease: idem::store::Lease| {
         let store = std::sync::Arc::clone(&store);
         tokio::spawn(async move {
             store

@@ -16,10 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::{
-    ClaimOutcome, ClaimParams, Failure, FailureClass, GetRecord, ListQuery, ListRecords, RecordId,
-    State, Store,
-};
+use idem::store::{ClaimOutcome, ClaimParams};
+use idem::{Failure, FailureClass, GetRecord, ListQuery, ListRecords, RecordId, State, Store};
 use idem_sqlite::SqliteStore;
 use rand::Rng;
 

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dashmap::DashMap;
-use idem::{ClaimOutcome, ClaimParams, MemoryStore, RecordId, Scope, Store};
+use idem::store::{ClaimOutcome, ClaimParams};
+use idem::{MemoryStore, RecordId, Scope, Store};
 
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(3600);

@@ -19,7 +19,8 @@ use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use idem::{ClaimOutcome, ClaimParams, Idempotency, MemoryStore, Outcome, RecordId, Store};
+use idem::store::{ClaimOutcome, ClaimParams};
+use idem::{Idempotency, MemoryStore, Outcome, RecordId, Store};
 use idem_testkit::bench::pair;
 
 const RESPONSE: &[u8] = br#"{"status":201,"charge":"ch_123"}"#;

@@ -18,10 +18,8 @@
 /// use std::time::Duration;
 ///
 /// use bytes::Bytes;
-/// use idem::{
-///     ClaimOutcome, ClaimParams, Failure, GetRecord, Lease, MemoryStore, Record, RecordId,
-///     Store, StoreError, Timestamp,
-/// };
+/// use idem::store::{ClaimOutcome, ClaimParams, Lease};
+/// use idem::{Failure, GetRecord, MemoryStore, Record, RecordId, Store, StoreError, Timestamp};
 ///
 /// /// A store that adds nothing to the one it wraps.
 /// #[derive(Clone)]
@@ -79,8 +77,10 @@ macro_rules! __store_capability {
     (steps) => {
         fn step_journal(
             &self,
-        ) -> ::core::option::Option<::std::sync::Arc<dyn $crate::DynStepJournal>> {
-            ::core::option::Option::Some($crate::journal_of(::core::clone::Clone::clone(self)))
+        ) -> ::core::option::Option<::std::sync::Arc<dyn $crate::store::DynStepJournal>> {
+            ::core::option::Option::Some($crate::store::journal_of(::core::clone::Clone::clone(
+                self,
+            )))
         }
     };
     ($other:ident) => {

@@ -1,6 +1,6 @@
 //! Request fingerprints: a SHA-256 digest of what must not change under one
 //! key. Reusing a key with a different fingerprint is a
-//! [`Mismatch`](crate::ClaimOutcome::Mismatch), never a silent replay.
+//! [`Mismatch`](crate::store::ClaimOutcome::Mismatch), never a silent replay.
 //!
 //! JSON is canonicalised before hashing, following RFC 8785 (JCS) where
 //! practical: object members sorted by their UTF-16 code units, no

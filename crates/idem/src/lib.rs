@@ -96,12 +96,12 @@ pub mod metrics;
 mod purger;
 mod record;
 pub mod step;
-mod store;
+pub mod store;
 pub mod url;
 pub mod wake;
 
 pub use chain::error_chain;
-pub use clock::{held, Clock, ManualClock, SystemClock, Timestamp, LONGEST_HELD};
+pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use codec::{Codec, Json};
 pub use executor::{
     default_classifier, Backoff, Begun, ClaimedAhead, Classifier, ConfigError, Context,
@@ -115,11 +115,10 @@ pub use machine::LeaseLost;
 pub use memory::{MemoryStore, MemoryStoreBuilder, DEFAULT_MAX_RECORDS, DEFAULT_SHARDS};
 pub use purger::{spawn_purger, PurgerHandle};
 pub use record::{
-    ClaimOutcome, ClaimParams, Failure, FailureClass, InboxOutcome, Lease, LeaseToken, Record,
-    Resolution, Resolved, State, StateKind, StepBegin, StepEntry, StepState, TokenMint,
+    Failure, FailureClass, InboxOutcome, Record, Resolution, Resolved, State, StateKind, StepEntry,
+    StepState,
 };
 pub use store::{
-    journal_of, poll_while, BoxError, BoxFuture, ClaimMany, CompleteMany, Completion, Contended,
-    DeleteRecord, DynStepJournal, FindAbandoned, GetRecord, ListPage, ListQuery, ListRecords,
-    PurgeExpired, RecordTtl, StepJournal, Store, StoreError,
+    BoxError, ClaimMany, CompleteMany, DeleteRecord, FindAbandoned, GetRecord, ListPage, ListQuery,
+    ListRecords, PurgeExpired, RecordTtl, StepJournal, Store, StoreError,
 };

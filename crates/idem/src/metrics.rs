@@ -78,7 +78,7 @@ pub(crate) fn add(key: &'static metrics::Key) {
 }
 
 /// Counts a claim under its outcome's label
-/// ([`ClaimOutcome::label`](crate::ClaimOutcome::label)).
+/// ([`ClaimOutcome::label`](crate::store::ClaimOutcome::label)).
 pub(crate) fn claim(outcome: &'static str) {
     add(match outcome {
         "acquired" => key!(CLAIMS, "outcome" => "acquired"),

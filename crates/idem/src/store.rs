@@ -1,5 +1,11 @@
-//! The store contract (see [`crate::contract`]): five required atomic primitives in
-//! [`Store`], and small capability traits for what not every caller needs.
+//! For store implementers: the store contract (see [`crate::contract`]),
+//! five required atomic primitives in [`Store`] and small capability traits
+//! for what not every caller needs, with the types they take and answer
+//! ([`ClaimParams`], [`ClaimOutcome`], [`Lease`], [`StepBegin`],
+//! [`Completion`]) and the helpers stores share ([`poll_while`],
+//! [`journal_of`], [`held`], [`crate::group`]). The traits a user calls on
+//! a store (`get`, `list`, `delete`, `purge_expired`) are also at the
+//! crate's root; the rest are only here.
 //!
 //! Every primitive must be atomic on its own. There are no default
 //! implementations of correctness-critical methods: a store either performs
@@ -13,11 +19,10 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::clock::Timestamp;
+pub use crate::clock::{held, LONGEST_HELD};
 use crate::key::{RecordId, Scope};
-use crate::record::{
-    ClaimOutcome, ClaimParams, Failure, Lease, Record, Resolution, Resolved, StateKind, StepBegin,
-    StepEntry,
-};
+pub use crate::record::{ClaimOutcome, ClaimParams, Lease, LeaseToken, StepBegin, TokenMint};
+use crate::record::{Failure, Record, Resolution, Resolved, StateKind, StepEntry};
 
 /// A boxed error from a store's backend.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

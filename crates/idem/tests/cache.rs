@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem::cache::{Cached, LruCache, ReplayCache};
+use idem::store::{ClaimOutcome, ClaimParams, Lease};
 use idem::{
-    ClaimOutcome, ClaimParams, DeleteRecord, Failure, Fingerprint, Lease, ManualClock, MemoryStore,
-    RecordId, RecordTtl, Store, StoreError, Timestamp,
+    DeleteRecord, Failure, Fingerprint, ManualClock, MemoryStore, RecordId, RecordTtl, Store,
+    StoreError, Timestamp,
 };
 use idem_testkit::Fixture;
 

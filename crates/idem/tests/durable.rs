@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use idem::durable::{Completer, Durable, Sweep, INPUT_STEP};
 use idem::step::{Park, Retry, StepError};
+use idem::store::{ClaimOutcome, ClaimParams};
 use idem::{
-    ClaimOutcome, ClaimParams, ConfigError, Context, FailureClass, Fingerprint, GetRecord,
-    Idempotency, Key, ManualClock, MemoryStore, Outcome, RecordId, RunError, Scope, State,
-    StepJournal, Store, Timestamp,
+    ConfigError, Context, FailureClass, Fingerprint, GetRecord, Idempotency, Key, ManualClock,
+    MemoryStore, Outcome, RecordId, RunError, Scope, State, StepJournal, Store, Timestamp,
 };
 use idem_testkit::doubles::{Double, NoJournal};
 use parking_lot::Mutex;

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use idem::store::{ClaimOutcome, ClaimParams, Lease};
 use idem::{
-    ClaimOutcome, ClaimParams, DeleteRecord, Failure, FailureClass, Fingerprint, GetRecord,
-    Idempotency, Lease, MemoryStore, Outcome, RecordId, RunError, State, Store, StoreError,
-    Terminal, Timestamp,
+    DeleteRecord, Failure, FailureClass, Fingerprint, GetRecord, Idempotency, MemoryStore, Outcome,
+    RecordId, RunError, State, Store, StoreError, Terminal, Timestamp,
 };
 use idem_testkit::doubles::{Double, Hooks};
 use idem_testkit::{DownStore, TokioClock};

@@ -8,10 +8,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem::machine::{decide_claim, decide_write, ClaimDecision, Fresh, Write};
-use idem::{
-    ClaimOutcome, ClaimParams, Failure, FailureClass, Fingerprint, Lease, LeaseToken, Record,
-    RecordId, State, Timestamp,
-};
+use idem::store::{ClaimOutcome, ClaimParams, Lease, LeaseToken};
+use idem::{Failure, FailureClass, Fingerprint, Record, RecordId, State, Timestamp};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 

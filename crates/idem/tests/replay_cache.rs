@@ -12,9 +12,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::{
-    ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, DeleteRecord, Fingerprint, Idempotency,
-    ManualClock, MemoryStore, Outcome, RecordId, RunError, Store, StoreError, Timestamp,
+    ClaimMany, CompleteMany, DeleteRecord, Fingerprint, Idempotency, ManualClock, MemoryStore,
+    Outcome, RecordId, RunError, Store, StoreError, Timestamp,
 };
+
+use idem::store::{ClaimOutcome, ClaimParams};
 use idem_testkit::doubles::{Double, Hooks, ManyHooks};
 use idem_testkit::TokioClock;
 

@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem::step::{downstream_key, Park, Retry, Skip, StepError};
+use idem::store::{ClaimOutcome, ClaimParams, Lease, StepBegin};
 use idem::{
-    ClaimOutcome, ClaimParams, Failure, FailureClass, Idempotency, Lease, ManualClock, MemoryStore,
-    RecordId, Resolution, Resolved, RunError, StepBegin, StepJournal, Store, StoreError, Timestamp,
+    Failure, FailureClass, Idempotency, ManualClock, MemoryStore, RecordId, Resolution, Resolved,
+    RunError, StepJournal, Store, StoreError, Timestamp,
 };
 use idem_testkit::doubles::{Double, NoJournal};
 
@@ -414,8 +415,8 @@ impl Store for LostBeginAnswer {
     async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         self.store.release(lease).await
     }
-    fn step_journal(&self) -> Option<Arc<dyn idem::DynStepJournal>> {
-        Some(idem::journal_of(self.clone()))
+    fn step_journal(&self) -> Option<Arc<dyn idem::store::DynStepJournal>> {
+        Some(idem::store::journal_of(self.clone()))
     }
 }
 

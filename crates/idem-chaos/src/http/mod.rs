@@ -486,13 +486,7 @@ impl Run {
     /// Reads the store and the ledger and checks every key.
     async fn check(&mut self) -> Result<HttpTally, ChaosError> {
         let mut report = std::mem::take(&mut self.report);
-        let store = self
-            .store_url
-            .parse::<StoreUrl>()
-            .map_err(harness)?
-            .open()
-            .await
-            .map_err(harness)?;
+        let store = self.store.take().ok_or_else(|| harness("no store open"))?;
         let executions = self.upstream.executions();
         report.executions = executions.values().map(|e| e.len() as u64).sum();
         let broken: HashSet<String> = self.upstream.broken().into_iter().collect();

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::StatusCode;
+use idem::store::{ClaimOutcome, ClaimParams, Lease, LeaseToken, StepBegin, LONGEST_HELD};
 use idem::{
-    ClaimOutcome, ClaimParams, Failure, Fingerprint, GetRecord, KeyRules, Lease, LeaseToken,
-    RecordId, Scope, State, StepBegin, StepJournal, StepState, Store, StoreError, Timestamp,
-    LONGEST_HELD, MAX_SCOPE_LEN,
+    Failure, Fingerprint, GetRecord, KeyRules, RecordId, Scope, State, StepJournal, StepState,
+    Store, StoreError, Timestamp, MAX_SCOPE_LEN,
 };
 use idem_http::Problem;
 use idem_remote::wire::{

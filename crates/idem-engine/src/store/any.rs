@@ -3,10 +3,10 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use idem::store::{ClaimOutcome, ClaimParams, Lease, StepBegin};
 use idem::{
-    ClaimOutcome, ClaimParams, DeleteRecord, Failure, GetRecord, Lease, ListPage, ListQuery,
-    ListRecords, MemoryStore, PurgeExpired, Record, RecordId, Resolution, Resolved, StepBegin,
-    StepEntry, StepJournal, Store, StoreError, Timestamp,
+    DeleteRecord, Failure, GetRecord, ListPage, ListQuery, ListRecords, MemoryStore, PurgeExpired,
+    Record, RecordId, Resolution, Resolved, StepEntry, StepJournal, Store, StoreError, Timestamp,
 };
 use idem_mysql::MySqlStore;
 use idem_postgres::PgStore;
@@ -63,7 +63,7 @@ impl Store for AnyStore {
         GetRecord::get(self, id).await
     }
 
-    fn step_journal(&self) -> Option<std::sync::Arc<dyn idem::DynStepJournal>> {
+    fn step_journal(&self) -> Option<std::sync::Arc<dyn idem::store::DynStepJournal>> {
         each!(self, s => s.step_journal())
     }
 

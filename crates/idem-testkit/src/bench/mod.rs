@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use idem::{ClaimOutcome, ClaimParams, RecordId, Store};
+use idem::store::{ClaimOutcome, ClaimParams};
+use idem::{RecordId, Store};
 
 #[cfg(feature = "consumers")]
 pub mod consumers;

@@ -3,7 +3,7 @@
 //! [`Report`]. A run's [`Target`] brings its processes, its workload and
 //! its checker: the `idem-chaos` binary's workers against a store and its
 //! HTTP gateway run, and (with the `consumers` feature) the broker
-//! adapters' consumers ([`consumers`], whose items are also here, at
+//! adapters' consumers (`consumers`, whose items are also here, at
 //! `chaos::`).
 
 #[cfg(feature = "consumers")]

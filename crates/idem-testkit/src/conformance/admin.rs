@@ -5,10 +5,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::{
-    ClaimOutcome, ClaimParams, Failure, FailureClass, Lease, LeaseToken, ListQuery, State,
-    StateKind,
-};
+use idem::store::{ClaimOutcome, ClaimParams, Lease, LeaseToken};
+use idem::{Failure, FailureClass, ListQuery, State, StateKind};
 
 use super::{
     acquire, assert_lease_lost, claim, id, params, records_in_every_state, Admin, Fixture, LONG,

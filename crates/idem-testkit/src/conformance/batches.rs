@@ -6,10 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::{
-    ClaimOutcome, ClaimParams, Completion, Failure, FailureClass, Fingerprint, Lease, RecordId,
-    StoreError,
-};
+use idem::store::{ClaimOutcome, ClaimParams, Completion, Lease};
+use idem::{Failure, FailureClass, Fingerprint, RecordId, StoreError};
 use tokio::sync::Barrier;
 
 use super::{acquire, assert_lease_lost, claim, id, params, Batches, Fixture, LONG};

@@ -4,7 +4,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{ClaimOutcome, ClaimParams, Lease, RecordId};
+use idem::RecordId;
+
+use idem::store::{ClaimOutcome, ClaimParams, Lease};
 use tokio::sync::Barrier;
 
 use super::{acquire, id, params, Core, Fixture, LONG};

@@ -2,7 +2,8 @@
 //! (the primitives, and reading a record back).
 
 use bytes::Bytes;
-use idem::{ClaimOutcome, ClaimParams, Failure, FailureClass, Fingerprint, State};
+use idem::store::{ClaimOutcome, ClaimParams};
+use idem::{Failure, FailureClass, Fingerprint, State};
 
 use super::{
     acquire, assert_every_write_rejected, assert_lease_lost, claim, counting, id, params,

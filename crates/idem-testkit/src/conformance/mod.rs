@@ -9,10 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use idem::store::{ClaimOutcome, ClaimParams, Lease};
 use idem::{
-    ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, DeleteRecord, Failure, FailureClass,
-    FindAbandoned, GetRecord, Key, Lease, ListRecords, ManualClock, PurgeExpired, RecordId,
-    RecordTtl, Scope, StepJournal, StepState, Store, StoreError,
+    ClaimMany, CompleteMany, DeleteRecord, Failure, FailureClass, FindAbandoned, GetRecord, Key,
+    ListRecords, ManualClock, PurgeExpired, RecordId, RecordTtl, Scope, StepJournal, StepState,
+    Store, StoreError,
 };
 
 pub mod admin;

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use idem::store::{ClaimOutcome, ClaimParams, Lease, StepBegin};
 use idem::{
-    ClaimOutcome, ClaimParams, Failure, FailureClass, Key, Lease, RecordId, Resolution, Resolved,
-    State, StepBegin, StepEntry, StepState,
+    Failure, FailureClass, Key, RecordId, Resolution, Resolved, State, StepEntry, StepState,
 };
 
 use super::{acquire, assert_lease_lost, claim, done, id, params, Fixture, Steps, LONG};

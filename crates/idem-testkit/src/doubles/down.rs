@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::{ClaimOutcome, ClaimParams, Failure, Lease, RecordId, Store, StoreError, Timestamp};
+use idem::store::{ClaimOutcome, ClaimParams, Lease};
+use idem::{Failure, RecordId, Store, StoreError, Timestamp};
 
 /// A store that cannot be reached.
 #[derive(Debug, Clone, Copy, Default)]

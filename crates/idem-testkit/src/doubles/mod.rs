@@ -17,10 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::{
-    ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, Completion, DynStepJournal, Failure, Lease,
-    Record, RecordId, Store, StoreError, Timestamp,
-};
+use idem::store::{ClaimOutcome, ClaimParams, Completion, DynStepJournal, Lease};
+use idem::{ClaimMany, CompleteMany, Failure, Record, RecordId, Store, StoreError, Timestamp};
 
 /// What a [`Double`] changes. Each method gets the real store and, unless
 /// overridden, answers as it does.

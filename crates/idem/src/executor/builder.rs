@@ -91,7 +91,7 @@ impl<S: Store, C: Codec> IdempotencyBuilder<S, C> {
     /// How long completed records (and abandoned claims) are kept and
     /// replayed (default 24 h). Must exceed any redelivery window. Any
     /// duration up to `Duration::MAX` ("forever") works on every store;
-    /// stores keep at most [`LONGEST_HELD`](crate::LONGEST_HELD), a
+    /// stores keep at most [`LONGEST_HELD`](crate::store::LONGEST_HELD), a
     /// century.
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;

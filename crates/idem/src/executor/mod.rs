@@ -52,7 +52,7 @@ pub use replays::{DEFAULT_REPLAY_CACHE_BYTES, DEFAULT_REPLAY_CACHE_TTL};
 /// How long to suggest waiting after a store error before trying again.
 pub const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// `from + d`, or [`LONGEST_HELD`](crate::LONGEST_HELD) from `from` if
+/// `from + d`, or [`LONGEST_HELD`](crate::store::LONGEST_HELD) from `from` if
 /// that overflows: configuration may say `Duration::MAX` to mean "forever".
 fn deadline(from: Instant, d: Duration) -> Instant {
     from.checked_add(d)

@@ -13,9 +13,8 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{lost, Batch, GroupCommit, Limits};
-use crate::{
-    ClaimMany, ClaimOutcome, ClaimParams, CompleteMany, Completion, Lease, RecordId, StoreError,
-};
+use crate::store::{ClaimOutcome, ClaimParams, Completion, Lease};
+use crate::{ClaimMany, CompleteMany, RecordId, StoreError};
 
 /// What a group sends through: a copy of the store without groups, whose
 /// calls go straight to the server, one statement each or one for many.

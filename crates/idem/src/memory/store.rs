@@ -34,7 +34,8 @@ use crate::store::{Store, StoreError};
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// use idem::{ClaimOutcome, ClaimParams, MemoryStore, RecordId, Store};
+/// use idem::store::{ClaimOutcome, ClaimParams};
+/// use idem::{MemoryStore, RecordId, Store};
 /// use std::time::Duration;
 ///
 /// let store = MemoryStore::new();
