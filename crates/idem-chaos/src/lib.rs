@@ -77,9 +77,10 @@ mod check;
 mod error;
 mod evidence;
 pub mod http;
-mod run;
+mod rundir;
 mod servers;
 pub mod worker;
+mod workers;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -89,7 +90,16 @@ pub use idem_testkit::chaos::{Fault, FaultPlan, Link, Progress, Report, Violatio
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::Rng;
-pub use run::run;
+
+/// Runs `plan` and checks it; `progress` is called a few times a second.
+pub async fn run(plan: &Plan, progress: impl Fn(Progress)) -> Result<Report, ChaosError> {
+    plan.validate()?;
+    if plan.target.is_http() {
+        http::run(plan, progress).await
+    } else {
+        workers::run(plan, progress).await
+    }
+}
 
 /// The store and the mode a run exercises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -324,5 +334,29 @@ impl Plan {
         order.extend((0..extra as usize).map(|_| rng.random_range(0..self.keys)));
         order.shuffle(rng);
         order
+    }
+
+    /// Why the plan makes no sense, if it does not.
+    pub fn validate(&self) -> Result<(), ChaosError> {
+        let bad = |why: &str| Err(ChaosError::Plan(why.to_owned()));
+        if self.keys == 0 || self.workers == 0 || self.inflight == 0 {
+            return bad("keys, workers and inflight must be at least 1");
+        }
+        if !(0.0..=0.95).contains(&self.duplicates) {
+            return bad("duplicates is a share of deliveries between 0 and 0.95");
+        }
+        if self.lease < Duration::from_millis(200) {
+            return bad("the lease must be at least 200ms");
+        }
+        if self.fault_every.is_zero() || self.duration.is_zero() {
+            return bad("duration and fault_every must be positive");
+        }
+        if !self.worker_bin.is_file() {
+            return Err(ChaosError::Plan(format!(
+                "worker binary {} not found (build it with cargo build -p idem-chaos)",
+                self.worker_bin.display()
+            )));
+        }
+        Ok(())
     }
 }

@@ -30,6 +30,7 @@
 
 mod check;
 pub mod client;
+mod target;
 mod upstream;
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
@@ -39,8 +40,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use idem::{GetRecord, Key, ListQuery, ListRecords, RecordId, Scope, StateKind};
-use idem_cli::store::{AnyStore, StoreUrl};
-use idem_testkit::chaos::{self, Clock, Fault, Findings, Injected, Link, Progress, Report};
+use idem_cli::store::AnyStore;
+use idem_testkit::chaos::{self, Progress, Report};
 use idem_testkit::doubles::proxy::FaultProxy;
 use idem_testkit::servers::postgres::PgServer;
 use idem_testkit::servers::redis::RedisServer;
@@ -55,7 +56,7 @@ use tokio::sync::mpsc;
 
 use crate::check::Violation;
 use crate::error::{harness, ChaosError};
-use crate::run::{keep_if_violated, run_dir};
+use crate::rundir::{keep_if_violated, run_dir};
 use crate::{Plan, Target};
 use check::{Answer, HttpTally};
 use upstream::Upstream;
@@ -78,8 +79,9 @@ pub(crate) async fn run(plan: &Plan, progress: impl Fn(Progress)) -> Result<Repo
     let proxy = FaultProxy::start(([127, 0, 0, 1], port).into())
         .await
         .map_err(server("fault proxy"))?;
-    let run = Run::new(plan, dir.clone(), &store_url, (port, proxy), upstream);
-    let report = chaos::run(&plan.fault_plan(), run, progress).await?;
+    let mut run = Run::new(plan, dir.clone(), &store_url, (port, proxy), upstream);
+    let report = chaos::run(&plan.fault_plan(), &mut run, progress).await?;
+    drop(run);
     drop(store_server);
     Ok(keep_if_violated(report, dir))
 }
@@ -523,131 +525,5 @@ impl Run {
             });
         }
         Ok(report)
-    }
-}
-
-impl chaos::Target for Run {
-    type Error = ChaosError;
-
-    fn name(&self) -> String {
-        self.target.name().to_owned()
-    }
-
-    fn faults(&self) -> Vec<Fault> {
-        self.target.faults()
-    }
-
-    fn proxies(&self, link: Link) -> Vec<&FaultProxy> {
-        match link {
-            Link::Idem => vec![&self.proxy],
-            Link::Broker => Vec::new(),
-        }
-    }
-
-    /// Up to 200 bytes: some cuts fall in the head, some in the body.
-    fn cut_after(&self) -> std::ops::Range<usize> {
-        1..200
-    }
-
-    async fn start(&mut self) -> Result<(), ChaosError> {
-        self.start_gateway().await?;
-        let store = self
-            .store_url
-            .parse::<StoreUrl>()
-            .map_err(harness)?
-            .open()
-            .await
-            .map_err(harness)?;
-        self.store = Some(store);
-        let entry = format!("http://{}", self.proxy.addr());
-        self.spawn_clients(self.workers, &entry)
-    }
-
-    async fn step(&mut self, clock: &Clock) -> Result<(), ChaosError> {
-        let tick = self
-            .tick
-            .get_or_insert_with(|| tokio::time::interval(Duration::from_millis(5)));
-        let said = tokio::select! {
-            Some(said) = self.events.recv() => Some(said),
-            _ = tick.tick() => None,
-        };
-        if let Some((slot, line)) = said {
-            self.take(slot, line);
-        }
-        let now = Instant::now();
-        let total = self.jobs.len();
-        let due = ((total as f64) * clock.share()) as usize;
-        let due = if clock.faulting() {
-            due.min(total)
-        } else {
-            total
-        };
-        while self.published < due {
-            self.pending.push_back(self.published);
-            self.published += 1;
-        }
-        self.watch_gateway().await?;
-        if self
-            .restart_at
-            .is_some_and(|at| now >= at || !clock.faulting())
-        {
-            self.restart_at = None;
-            self.start_gateway().await?;
-        }
-        self.dispatch(self.inflight).await;
-        // Every workload request answered: after a lease, so claims a
-        // dead gateway left have run out, every key gets one more.
-        if !clock.faulting() && self.answered == total && self.gateway.is_some() {
-            match self.settling_from {
-                None => self.settling_from = Some(now + self.lease + Duration::from_millis(300)),
-                Some(at) if now >= at && self.published == total => {
-                    self.pending.extend(total..total + self.keys.len());
-                    self.published += self.keys.len();
-                }
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-
-    async fn inject(
-        &mut self,
-        fault: Fault,
-        clock: &Clock,
-        rng: &mut StdRng,
-    ) -> Result<Injected, ChaosError> {
-        if fault != Fault::Kill || self.gateway.is_none() {
-            return Ok(Injected::Missed);
-        }
-        let down = Duration::from_millis(rng.random_range(100..500));
-        let store = self.store.take().ok_or_else(|| harness("no store open"))?;
-        let killed = self.kill_gateway(&store).await;
-        self.store = Some(store);
-        killed?;
-        self.restart_at = Some(clock.now + down);
-        Ok(Injected::Done)
-    }
-
-    fn resume(&mut self, _pid: u32) {}
-
-    fn progress(&self) -> (usize, usize) {
-        (self.answered, self.jobs.len() + self.keys.len())
-    }
-
-    async fn settled(&mut self) -> bool {
-        self.answered == self.jobs.len() + self.keys.len()
-    }
-
-    fn unsettled(&self, _clock: &Clock, limit: Duration) -> Vec<Violation> {
-        let total = self.jobs.len() + self.keys.len();
-        vec![Violation::run(format!(
-            "{} of {total} requests never answered within {limit:?} of the faults ending",
-            total - self.answered,
-        ))]
-    }
-
-    async fn finish(&mut self) -> Result<Findings, ChaosError> {
-        self.stop().await;
-        Ok(self.check().await?.into_findings(self.keys.len()))
     }
 }

@@ -10,8 +10,6 @@
 pub mod consumers;
 pub mod engine;
 mod fault;
-#[cfg(feature = "consumers")]
-mod judge;
 mod net;
 mod report;
 pub mod schedule;
