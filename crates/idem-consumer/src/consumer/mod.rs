@@ -1,7 +1,13 @@
-//! Delivery → key → executor → disposition.
+//! Delivery → key → executor → disposition: the [`Consumer`]; what it
+//! decides is in [`decision`], how it is set up in [`builder`].
+
+mod builder;
+mod decision;
+
+pub use builder::ConsumerBuilder;
+pub use decision::{Acked, Decision, Disposition, Job, RetryCause, Stopped};
 
 use std::error::Error as StdError;
-use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,7 +17,7 @@ use std::time::{Duration, Instant};
 use futures_util::FutureExt;
 use idem::{
     ClaimMany, ClaimedAhead, Codec, Context, FailureClass, Fingerprint, Idempotency, Json, Key,
-    Outcome, RecordId, RunError, Scope, Store, Terminal,
+    Outcome, RecordId, RunError, Scope, Store,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -22,160 +28,6 @@ use crate::key::{KeyExtractor, KeyProblem};
 use crate::metrics as m;
 use crate::window::{RedeliveryWindow, WindowError};
 use crate::Message;
-
-/// What the adapter does with a delivery, per docs/design.md §9.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Disposition {
-    /// Acknowledge it (Kafka: commit past it): the effect is recorded.
-    Ack(Acked),
-    /// Give it back to the broker to deliver again after `after`; nothing
-    /// is recorded as done.
-    Retry {
-        /// How long to wait before the next delivery.
-        after: Duration,
-        /// Why.
-        cause: RetryCause,
-    },
-    /// Move it to the dead-letter destination with `reason`, then
-    /// acknowledge it: no number of redeliveries would help.
-    DeadLetter {
-        /// Why, for whoever reads the dead-letter destination.
-        reason: String,
-    },
-}
-
-/// Why a delivery was acknowledged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Acked {
-    /// The handler ran now and its outcome was stored.
-    Executed,
-    /// A duplicate: the handler had already completed for this key.
-    Replayed,
-    /// The store was down and the consumer fails open: the handler ran
-    /// without deduplication.
-    Unguarded,
-}
-
-/// Why a delivery is to be delivered again.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RetryCause {
-    /// Another worker holds a live claim on the key. Nothing ran here; the
-    /// message is kept so it is not lost if that worker dies.
-    InProgress,
-    /// The handler failed retryably on this attempt.
-    Failed {
-        /// The attempt that failed (1 for the first).
-        attempt: u32,
-        /// The handler's error.
-        error: String,
-    },
-    /// The handler ran but its lease was taken over before it could store
-    /// its outcome; the redelivery replays whatever the new holder stores.
-    LeaseLost,
-    /// The store could not be reached before the handler ran
-    /// (fail-closed: nothing ran).
-    Store(String),
-    /// The handler ran, but the store could not be reached to keep its
-    /// outcome. The claim stays until its lease runs out; the redelivery
-    /// then replays the outcome if it was kept after all, or takes over
-    /// (the handler's effects should be fenced or journaled for that).
-    Unstored(String),
-    /// The handler panicked. Its claim is left to run out, as a crash
-    /// would leave it; the redelivery takes over after the lease, and a
-    /// message that keeps panicking becomes terminal after the attempts.
-    Panicked(String),
-}
-
-impl fmt::Display for RetryCause {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RetryCause::InProgress => f.write_str("in progress elsewhere"),
-            RetryCause::Failed { attempt, error } => {
-                write!(f, "attempt {attempt} failed: {error}")
-            }
-            RetryCause::LeaseLost => f.write_str("lease lost before the outcome was stored"),
-            RetryCause::Store(error) => {
-                write!(f, "idempotency store unavailable, nothing ran: {error}")
-            }
-            RetryCause::Unstored(error) => write!(
-                f,
-                "the handler ran, but the idempotency store could not keep its outcome: {error}"
-            ),
-            RetryCause::Panicked(message) => write!(f, "handler panicked: {message}"),
-        }
-    }
-}
-
-/// Why [`Consumer::run`] returned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stopped {
-    /// The shutdown future resolved.
-    Shutdown,
-    /// The message stream ended (the broker ended the consumer, or the
-    /// adapter stopped the stream on an error).
-    Ended,
-}
-
-/// A disposition and the key it was decided for (`None` when no key could
-/// be read), for the adapter to put on dead-letters and in logs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decision {
-    /// The delivery's key.
-    pub key: Option<Key>,
-    /// What to do with the delivery.
-    pub disposition: Disposition,
-}
-
-/// One delivery, handed to the handler: its record id, the message and the
-/// executor's [`Context`] (lease, fence, lease-loss signal).
-#[derive(Debug)]
-pub struct Job<M> {
-    id: RecordId,
-    message: Arc<M>,
-    ctx: Context,
-}
-
-impl<M: Message> Job<M> {
-    /// The scope and key this delivery runs under.
-    pub fn id(&self) -> &RecordId {
-        &self.id
-    }
-
-    /// The idempotency key.
-    pub fn key(&self) -> &Key {
-        self.id.key()
-    }
-
-    /// The broker's message.
-    pub fn message(&self) -> &M {
-        &self.message
-    }
-
-    /// The payload.
-    pub fn payload(&self) -> &[u8] {
-        self.message.payload()
-    }
-
-    /// The payload decoded as JSON. A payload that does not decode is a
-    /// [`Terminal`] error: retrying cannot fix it, so it is dead-lettered.
-    pub fn json<T: DeserializeOwned>(&self) -> Result<T, Terminal> {
-        serde_json::from_slice(self.payload()).map_err(|error| {
-            Terminal::new(format!(
-                "payload is not a valid {}: {error}",
-                std::any::type_name::<T>()
-            ))
-        })
-    }
-
-    /// The executor's context: [`Context::fence`] for downstream writes,
-    /// [`Context::ensure_lease`] before irreversible steps.
-    pub fn ctx(&self) -> &Context {
-        &self.ctx
-    }
-}
 
 /// Counters of one consumer since it was built.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -216,104 +68,6 @@ struct Counters {
     in_flight_conflicts: AtomicU64,
     retries: AtomicU64,
     dead_letters: AtomicU64,
-}
-
-/// Builds a [`Consumer`].
-pub struct ConsumerBuilder<S, C = Json> {
-    idem: Idempotency<S, C>,
-    scope: Scope,
-    keys: KeyExtractor,
-    fingerprint: bool,
-    name: Option<String>,
-    min_retry: Duration,
-    max_retry: Duration,
-    ahead: Option<ClaimAhead<S, C>>,
-}
-
-impl<S, C> std::fmt::Debug for ConsumerBuilder<S, C> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConsumerBuilder")
-            .field("idem", &self.idem)
-            .field("scope", &self.scope)
-            .field("name", &self.name)
-            .field("fingerprint", &self.fingerprint)
-            .field("claims_ahead", &self.ahead.is_some())
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S: Store, C: Codec> ConsumerBuilder<S, C> {
-    /// Where keys come from (default: the `Idempotency-Key` header, then
-    /// the broker's message id; dead-letter when neither is present).
-    #[must_use]
-    pub fn keys(mut self, keys: KeyExtractor) -> Self {
-        self.keys = keys;
-        self
-    }
-
-    /// Whether a key reused with a different payload is refused and
-    /// dead-lettered (default: yes). The payload is compared by the hash
-    /// of its canonical JSON, or of its bytes when it is not JSON.
-    #[must_use]
-    pub fn fingerprint(mut self, on: bool) -> Self {
-        self.fingerprint = on;
-        self
-    }
-
-    /// The name in metrics and logs (default: the scope).
-    #[must_use]
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into());
-        self
-    }
-
-    /// Bounds on the delay before a retried delivery (default 100 ms to
-    /// 5 minutes): the backoff or the other claim's remaining lease,
-    /// clamped to these.
-    #[must_use]
-    pub fn retry_delay(mut self, min: Duration, max: Duration) -> Self {
-        self.min_retry = min;
-        self.max_retry = max.max(min);
-        self
-    }
-
-    /// The consumer.
-    pub fn build(self) -> Consumer<S, C> {
-        let name: Arc<str> = self
-            .name
-            .unwrap_or_else(|| self.scope.as_str().to_owned())
-            .into();
-        Consumer {
-            inner: Arc::new(Inner {
-                idem: self.idem,
-                scope: self.scope,
-                keys: self.keys,
-                fingerprint: self.fingerprint,
-                name,
-                min_retry: self.min_retry,
-                max_retry: self.max_retry,
-                ahead: self.ahead,
-                counters: Counters::default(),
-            }),
-        }
-    }
-}
-
-impl<S: ClaimMany, C: Codec> ConsumerBuilder<S, C> {
-    /// Claims the deliveries that are waiting together in one round trip
-    /// (the store's `claim_many`) instead of one claim each: when
-    /// [`Consumer::run`](crate::Consumer::run) takes a delivery it also
-    /// takes every further one the broker has already sent, up to the
-    /// free places in its window, claims them together and starts their
-    /// handlers at once. Each is then run, replayed, retried or
-    /// dead-lettered exactly as alone; a key delivered twice in one
-    /// window is claimed twice in order, so the second finds the first in
-    /// progress (off by default).
-    #[must_use]
-    pub fn claim_ahead(mut self) -> Self {
-        self.ahead = Some(crate::ahead::claim_many::<S, C>);
-        self
-    }
 }
 
 /// The broker-agnostic consumer: reads a delivery's key, runs the handler
@@ -383,22 +137,6 @@ struct Inner<S, C> {
     counters: Counters,
 }
 
-impl<S: Store> Consumer<S, Json> {
-    /// A consumer whose records live under `scope`.
-    pub fn builder<C: Codec>(idem: Idempotency<S, C>, scope: Scope) -> ConsumerBuilder<S, C> {
-        ConsumerBuilder {
-            idem,
-            scope,
-            keys: KeyExtractor::header("Idempotency-Key").or(crate::KeySource::MessageId),
-            fingerprint: true,
-            name: None,
-            min_retry: Duration::from_millis(100),
-            max_retry: Duration::from_secs(300),
-            ahead: None,
-        }
-    }
-}
-
 impl<S: Store, C: Codec> Consumer<S, C> {
     /// The executor.
     pub fn idempotency(&self) -> &Idempotency<S, C> {
@@ -444,7 +182,7 @@ impl<S: Store, C: Codec> Consumer<S, C> {
 
     /// Runs one delivery through key extraction and the executor and says
     /// what to do with it. Never panics on bad input: a delivery without a
-    /// usable key, or whose payload the handler refuses as [`Terminal`],
+    /// usable key, or whose payload the handler refuses as [`Terminal`](idem::Terminal),
     /// is a [`Disposition::DeadLetter`] with the reason.
     ///
     /// Each delivery runs in an `idem.delivery` span (DEBUG; the run's

@@ -1,32 +1,31 @@
 //! One covered request, from its head to the answer: the key, the body and
 //! its fingerprint, the scope (all in the client's connection), then the
 //! run itself (in a task of its own, see [`Settings::run`]) and the
-//! mapping of its outcome onto a response.
+//! mapping of its outcome onto a response ([`answer`]).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+mod answer;
+
+use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::request::Parts;
-use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
-use http_body::{Body, Frame};
+use http::{header, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 use idem::derive::{uuid_v7_age, KeyAge};
 use idem::{
-    BoxError, FailureClass, Fingerprint, Idempotency, Key, KeyRules, Outcome, RecordId, RunError,
-    Scope, Store, Timestamp,
+    BoxError, FailureClass, Fingerprint, Idempotency, Key, KeyRules, RecordId, Scope, Store,
+    Timestamp,
 };
 use tokio_util::task::TaskTracker;
-use tower_service::Service;
 
 use crate::body::IdemBody;
-use crate::grpc::{self, Verdict};
+use crate::grpc::{self};
 use crate::header::parse_key;
-use crate::marker::{is_not_executed, OutcomeUnknown};
 use crate::rejection::Rejection;
 use crate::rules::{FingerprintRule, Hook};
-use crate::stored::{Binary, StoredResponse};
+use crate::stored::Binary;
 
 /// The header replays carry.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
@@ -195,226 +194,6 @@ impl<S: Store> Settings<S> {
             preferred: preferred.is_some(),
             request: Request::from_parts(parts, B::from(body)),
         })
-    }
-
-    /// Runs a prepared request through the executor: claim, the inner
-    /// service under the lease's heartbeat, the response stored or the key
-    /// released. This is the part that runs detached from the connection.
-    pub(crate) async fn run<I, B, RB>(
-        &self,
-        prepared: Prepared<B>,
-        mut inner: I,
-    ) -> Response<IdemBody>
-    where
-        I: Service<Request<B>, Response = Response<RB>>,
-        I::Error: Into<BoxError>,
-        B: Send + 'static,
-        RB: Body<Data = Bytes> + Send + 'static,
-        RB::Error: Into<BoxError>,
-    {
-        let Prepared {
-            id,
-            fingerprint,
-            mut request,
-            wait,
-            preferred,
-        } = prepared;
-        // A response that is not stored goes back to its own client as it
-        // came; it waits here while the executor records the failure.
-        let unstored: Mutex<Option<Response<IdemBody>>> = Mutex::new(None);
-        let keep = |response: Response<IdemBody>| {
-            *unstored.lock().unwrap_or_else(PoisonError::into_inner) = Some(response);
-        };
-        let executed = AtomicBool::new(false);
-        let result = self
-            .idem
-            .run_waiting(&id, fingerprint, Some(wait), |ctx| async {
-                if ctx.is_takeover() && !self.forward_takeovers {
-                    return Err(Unstored::Takeover {
-                        attempt: ctx.attempt(),
-                    });
-                }
-                request.extensions_mut().insert(ctx);
-                executed.store(true, Ordering::Relaxed);
-                let response = match inner.call(request).await {
-                    Ok(response) => response,
-                    Err(error) => {
-                        let error: BoxError = error.into();
-                        return Err(if is_not_executed(&*error) {
-                            Unstored::NotExecuted(idem::error_chain(&*error))
-                        } else {
-                            Unstored::Failed(idem::error_chain(&*error))
-                        });
-                    }
-                };
-                let (head, body) = response.into_parts();
-                if head.extensions.get::<OutcomeUnknown>().is_some() {
-                    keep(Response::from_parts(head, IdemBody::new(body)));
-                    return Err(Unstored::Unknown);
-                }
-                if !(self.stored)(head.status) {
-                    let status = head.status;
-                    keep(Response::from_parts(head, IdemBody::new(body)));
-                    return Err(Unstored::Status(status));
-                }
-                // A gRPC error before any message comes in the head.
-                if let Some(unstored) = grpc_unstored(&head.headers, &head.headers) {
-                    keep(Response::from_parts(head, IdemBody::new(body)));
-                    return Err(unstored);
-                }
-                let too_large = Unstored::TooLarge {
-                    limit: self.max_response_bytes,
-                };
-                match read_up_to(Box::pin(body), self.max_response_bytes).await {
-                    Read::All(bytes, trailers)
-                        if StoredResponse::size_bound(
-                            &head.headers,
-                            bytes.len(),
-                            trailers.as_ref(),
-                        ) > self.max_stored_bytes =>
-                    {
-                        // The body fits but the head does not: the client
-                        // that caused it still gets its response.
-                        keep(Response::from_parts(head, full(bytes, trailers)));
-                        Err(too_large)
-                    }
-                    Read::All(bytes, trailers) => {
-                        // A gRPC error after a message comes in the trailers.
-                        if let Some(unstored) = trailers
-                            .as_ref()
-                            .and_then(|t| grpc_unstored(&head.headers, t))
-                        {
-                            keep(Response::from_parts(head, full(bytes, trailers)));
-                            return Err(unstored);
-                        }
-                        let stored = StoredResponse::new(head.status, head.headers, bytes);
-                        Ok(match trailers {
-                            Some(trailers) => stored.with_trailers(&trailers),
-                            None => stored,
-                        })
-                    }
-                    Read::Over { prefix, rest } => {
-                        keep(Response::from_parts(head, IdemBody::chain(prefix, rest)));
-                        Err(too_large)
-                    }
-                    Read::Failed(error) => Err(Unstored::BrokeOff {
-                        status: head.status,
-                        error: error.to_string(),
-                    }),
-                }
-            })
-            .await;
-        let kept = unstored
-            .into_inner()
-            .unwrap_or_else(PoisonError::into_inner);
-        let mut response = self.finish(self.answer(result, kept, executed.load(Ordering::Relaxed)));
-        // Said only when a wait was asked for and allowed (RFC 7240 §3).
-        if preferred && !wait.is_zero() {
-            let applied = format!("wait={}", wait.as_secs());
-            if let Ok(applied) = HeaderValue::from_str(&applied) {
-                response.headers_mut().insert(PREFERENCE_APPLIED, applied);
-            }
-        }
-        response
-    }
-
-    /// Adds the lifetime header to a covered response.
-    pub(crate) fn finish(&self, mut response: Response<IdemBody>) -> Response<IdemBody> {
-        response
-            .headers_mut()
-            .insert(LIFETIME_HEADER, self.lifetime.clone());
-        response
-    }
-
-    /// A rejection as a covered response.
-    pub(crate) fn reject(&self, rejection: Rejection) -> Response<IdemBody> {
-        self.finish(rejection.into_response().map(IdemBody::full))
-    }
-
-    /// A replay's headers: the stored ones less those left out, a `Date`
-    /// of now, and `Idempotent-Replayed: true`.
-    fn replay_headers(&self, headers: &mut http::HeaderMap) {
-        for name in &self.replay_drop {
-            headers.remove(name);
-        }
-        if self.replay_redate {
-            let now = httpdate::fmt_http_date(std::time::SystemTime::now());
-            if let Ok(now) = HeaderValue::from_str(&now) {
-                headers.insert(http::header::DATE, now);
-            }
-        }
-        headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
-    }
-
-    fn answer(
-        &self,
-        result: Result<Outcome<StoredResponse>, RunError<Unstored>>,
-        kept: Option<Response<IdemBody>>,
-        executed: bool,
-    ) -> Response<IdemBody> {
-        let replayed = matches!(result, Ok(Outcome::Replayed { .. }));
-        let rejection = match result {
-            Ok(outcome) => {
-                let stored = outcome.into_value();
-                return match stored
-                    .to_response()
-                    .and_then(|response| stored.trailer_map().map(|trailers| (response, trailers)))
-                {
-                    Ok((mut response, trailers)) => {
-                        if replayed {
-                            self.replay_headers(response.headers_mut());
-                        }
-                        response.map(|bytes| full(bytes, trailers))
-                    }
-                    Err(reason) => Rejection::StoredUnreadable { reason }
-                        .into_response()
-                        .map(IdemBody::full),
-                };
-            }
-            Err(RunError::Handler { error, .. }) => match (error, kept) {
-                (
-                    Unstored::Status(_)
-                    | Unstored::GrpcStatus(_)
-                    | Unstored::GrpcCutOff(_)
-                    | Unstored::TooLarge { .. }
-                    | Unstored::Unknown,
-                    Some(response),
-                ) => return response,
-                (error @ Unstored::Takeover { .. }, _) => Rejection::OutcomeUnknown {
-                    detail: error.to_string(),
-                },
-                (error, _) if error.class() == FailureClass::Unknown => Rejection::LostResponse {
-                    detail: error.to_string(),
-                },
-                (error, _) => Rejection::Upstream {
-                    detail: error.to_string(),
-                },
-            },
-            Err(RunError::InProgress { retry_after }) => Rejection::InProgress { retry_after },
-            Err(RunError::Mismatch) => Rejection::Mismatch,
-            Err(RunError::Failed(failure)) if failure.is_parked() => Rejection::OutcomeUnknown {
-                detail: failure.message,
-            },
-            Err(RunError::Failed(failure)) => Rejection::NotStored {
-                detail: failure.message,
-            },
-            // The store answered and refused the response (too large for
-            // it, invalid): the run was recorded failed, so this is the
-            // answer every retry gets too (docs/design.md §5.5).
-            Err(RunError::Store(error)) if executed && error.is_refusal() => Rejection::NotStored {
-                detail: format!("the store refused it: {}", idem::error_chain(&error)),
-            },
-            Err(RunError::Store(error)) => Rejection::StoreUnavailable {
-                error: idem::error_chain(&error),
-                executed,
-            },
-            Err(RunError::LeaseLost) => Rejection::LeaseLost,
-            Err(RunError::Decode { reason }) => Rejection::StoredUnreadable { reason },
-            Err(error) => Rejection::NotStored {
-                detail: error.to_string(),
-            },
-        };
-        rejection.into_response().map(IdemBody::full)
     }
 
     /// The request's key. `Ok(None)`: no key and none required, so the
@@ -626,75 +405,4 @@ fn default_route(parts: &Parts) -> String {
 #[cfg(not(feature = "axum"))]
 fn default_route(parts: &Parts) -> String {
     parts.uri.path().to_owned()
-}
-
-/// Why the `grpc-status` in `fields` of a gRPC answer (by `head`'s
-/// content type) is not stored, if it is not ([`grpc::verdict`]).
-fn grpc_unstored(head: &HeaderMap, fields: &HeaderMap) -> Option<Unstored> {
-    let code = fields.get("grpc-status").filter(|_| grpc::is_grpc(head))?;
-    let name = || String::from_utf8_lossy(code.as_bytes()).into_owned();
-    match grpc::verdict(code.as_bytes()) {
-        Verdict::Stored => None,
-        Verdict::Released => Some(Unstored::GrpcStatus(name())),
-        Verdict::Unknown => Some(Unstored::GrpcCutOff(name())),
-    }
-}
-
-/// A body held in memory, with its trailers if it had any.
-fn full(bytes: Bytes, trailers: Option<HeaderMap>) -> IdemBody {
-    match trailers {
-        Some(trailers) => IdemBody::full_with_trailers(bytes, trailers),
-        None => IdemBody::full(bytes),
-    }
-}
-
-enum Read<B> {
-    /// The whole body, and its trailers if it had any.
-    All(Bytes, Option<HeaderMap>),
-    Over {
-        prefix: Bytes,
-        rest: B,
-    },
-    Failed(BoxError),
-}
-
-/// Reads `body` whole, trailers included, if it is at most `limit` bytes;
-/// otherwise stops past the limit and hands back what was read and the
-/// rest.
-async fn read_up_to<B>(mut body: B, limit: usize) -> Read<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    let mut buf = BytesMut::new();
-    let mut trailers: Option<HeaderMap> = None;
-    while let Some(frame) = body.frame().await {
-        match frame.map(Frame::into_data) {
-            Ok(Ok(data)) => {
-                buf.extend_from_slice(&data);
-                if buf.len() > limit {
-                    return Read::Over {
-                        prefix: buf.freeze(),
-                        rest: body,
-                    };
-                }
-            }
-            Ok(Err(frame)) => {
-                if let Ok(more) = frame.into_trailers() {
-                    let held = trailers.get_or_insert_with(HeaderMap::new);
-                    // Appended, not extended: a name repeated in a later
-                    // trailers frame keeps the earlier values.
-                    let mut name = None;
-                    for (next, value) in more {
-                        name = next.or(name);
-                        if let Some(name) = &name {
-                            held.append(name.clone(), value);
-                        }
-                    }
-                }
-            }
-            Err(error) => return Read::Failed(error.into()),
-        }
-    }
-    Read::All(buf.freeze(), trailers)
 }
