@@ -241,6 +241,13 @@ impl DynamoStore {
 impl Store for DynamoStore {
     idem::store_capabilities!(peek, steps);
 
+    /// DynamoDB's 400 KB item, less the record's other attributes (the
+    /// step journal shares the item and is not counted: DynamoDB refuses
+    /// a response that fits alone but not beside it).
+    fn max_stored_bytes(&self) -> Option<usize> {
+        Some(encode::ITEM_LIMIT - RECORD_OVERHEAD)
+    }
+
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
         let now = self.now();
         let fresh = self.fresh(now);

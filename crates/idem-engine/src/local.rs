@@ -64,6 +64,11 @@ impl Local {
         if let Some(bytes) = options.max_result_bytes {
             builder = builder.max_response_bytes(bytes);
         }
+        if let Some(path) = &options.keyring {
+            let keyring = idem::codec::Keyring::from_file(path)
+                .map_err(|e| EngineError::Config(format!("keyring: {e}")))?;
+            builder = builder.keyring(keyring);
+        }
         let idem = builder
             .build()
             .map_err(|e| EngineError::Config(e.to_string()))?;
@@ -129,6 +134,7 @@ impl Local {
     /// answers it (JSON), or `None` if there is none.
     pub async fn record(&self, scope: &str, key: &str) -> Result<Option<Vec<u8>>, EngineError> {
         let id = RecordId::parse(scope, key)?;
+        let id = self.idem().stored_id(&id).into_owned();
         let Some(mut record) = self
             .idem()
             .store()
@@ -141,12 +147,14 @@ impl Local {
         // The executor stores its results in an envelope (maybe
         // compressed); the record shows the JSON inside.
         if let State::Completed { response } = &mut record.state {
-            let opened = idem::codec::open(response, self.idem().max_response_bytes()).map_err(
-                |reason| EngineError::Json {
+            let idem = self.idem();
+            let opened = idem
+                .at_rest()
+                .open_response(&id, response, idem.max_response_bytes())
+                .map_err(|reason| EngineError::Json {
                     what: "the stored result",
                     reason,
-                },
-            )?;
+                })?;
             *response = Bytes::copy_from_slice(&opened);
         }
         let answer =

@@ -23,4 +23,8 @@ pub struct EngineOptions {
     pub max_result_bytes: Option<usize>,
     /// The token for a remote `idem serve` (`http(s)://` URLs).
     pub token: Option<String>,
+    /// A keyring file (`id:64-hex-digits` a line, newest first) whose
+    /// first key seals every stored result and step result; the others
+    /// still open what they sealed. Not for a remote `idem serve`.
+    pub keyring: Option<std::path::PathBuf>,
 }

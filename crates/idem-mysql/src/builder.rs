@@ -7,12 +7,13 @@ use std::time::Duration;
 use idem::group::Pairs;
 use idem::store::TokenMint;
 use idem::StoreError;
+use mysql_async::prelude::Queryable;
 use mysql_async::Opts;
 
 use crate::conn;
 use crate::error::{mysql_error, ConnectError};
 use crate::sql::Sql;
-use crate::store::{Inner, MySqlStore};
+use crate::store::{stored_limit, Inner, MySqlStore, DEFAULT_MAX_PACKET};
 
 /// The default number of pooled connections.
 pub const DEFAULT_POOL_SIZE: usize = 16;
@@ -86,6 +87,31 @@ impl MySqlStoreBuilder {
     pub async fn connect(self) -> Result<MySqlStore, ConnectError> {
         let url = redact_url(&self.url);
         let pool = conn::pool(self.opts, self.pool_size, self.prefer_socket);
+        // One connection, to check the server answers and read the largest
+        // packet it takes; it goes back to the pool.
+        let first = tokio::time::timeout(self.connect_timeout, async {
+            let mut conn = pool.get_conn().await?;
+            conn.query_first::<u64, _>("SELECT @@max_allowed_packet")
+                .await
+        })
+        .await;
+        let max_packet = match first {
+            Ok(Ok(packet)) => packet.unwrap_or(DEFAULT_MAX_PACKET),
+            Ok(Err(error)) => {
+                return Err(ConnectError::Unavailable {
+                    url,
+                    source: mysql_error(error),
+                })
+            }
+            Err(_) => {
+                return Err(ConnectError::Unavailable {
+                    url,
+                    source: StoreError::Unavailable(
+                        format!("no connection in {:?}", self.connect_timeout).into(),
+                    ),
+                })
+            }
+        };
         let mut store = MySqlStore {
             groups: None,
             inner: Arc::new(Inner {
@@ -94,20 +120,9 @@ impl MySqlStoreBuilder {
                 database: self.database,
                 response_timeout: self.response_timeout,
                 tokens: TokenMint::new(),
+                max_stored_bytes: stored_limit(max_packet),
             }),
         };
-        // One connection, to check the server answers; it goes back to the pool.
-        let first = tokio::time::timeout(self.connect_timeout, store.inner.pool.get_conn()).await;
-        let source = match first {
-            Ok(Ok(_conn)) => None,
-            Ok(Err(error)) => Some(mysql_error(error)),
-            Err(_) => Some(StoreError::Unavailable(
-                format!("no connection in {:?}", self.connect_timeout).into(),
-            )),
-        };
-        if let Some(source) = source {
-            return Err(ConnectError::Unavailable { url, source });
-        }
         if self.batching {
             store.groups = Some(Arc::new(Pairs::new(&store)));
         }

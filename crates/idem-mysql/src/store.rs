@@ -36,6 +36,21 @@ pub(crate) struct Inner {
     pub(crate) database: String,
     pub(crate) response_timeout: Duration,
     pub(crate) tokens: TokenMint,
+    /// The largest response a statement can carry ([`stored_limit`]).
+    pub(crate) max_stored_bytes: usize,
+}
+
+/// The server's `max_allowed_packet` when it does not say (MariaDB's and
+/// MySQL 8's default).
+pub(crate) const DEFAULT_MAX_PACKET: u64 = 16 << 20;
+
+/// The largest response that fits a packet of `max_packet` bytes: room for
+/// the statement and the record's other fields, and a batch sends
+/// responses in base64 (4 bytes for 3). A larger one would make the
+/// server drop the connection: an unknown outcome, not a refusal.
+pub(crate) fn stored_limit(max_packet: u64) -> usize {
+    let packet = usize::try_from(max_packet).unwrap_or(usize::MAX);
+    packet.saturating_sub(64 * 1024) / 4 * 3
 }
 
 /// A record's id as the statements take it.
@@ -206,6 +221,10 @@ impl Direct for MySqlStore {
 
 impl Store for MySqlStore {
     idem::store_capabilities!(peek, steps);
+
+    fn max_stored_bytes(&self) -> Option<usize> {
+        Some(self.inner.max_stored_bytes)
+    }
 
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
         claim_through(self.groups.as_deref(), self, id, params).await

@@ -65,6 +65,11 @@ fn as_json(bytes: Bytes, what: &str) -> Result<Box<RawValue>, StoreError> {
 }
 
 impl Store for RemoteStore {
+    /// The server keeps the JSON inside the envelope, not the envelope.
+    fn keeps_bytes(&self) -> bool {
+        false
+    }
+
     idem::store_capabilities!(peek, steps);
 
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {

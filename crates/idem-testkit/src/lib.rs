@@ -48,6 +48,7 @@ pub mod conformance;
 #[cfg(feature = "consumers")]
 pub mod consumers;
 pub mod doubles;
+pub mod fixtures;
 pub mod servers;
 
 pub use conformance::{ConformanceStore, Fixture, TimeControl};

@@ -393,6 +393,14 @@ impl<S: RecordTtl, R: ReplayCache> Store for Cached<S, R> {
     fn local_now(&self) -> Option<Timestamp> {
         self.store.local_now()
     }
+
+    fn keeps_bytes(&self) -> bool {
+        self.store.keeps_bytes()
+    }
+
+    fn max_stored_bytes(&self) -> Option<usize> {
+        self.store.max_stored_bytes()
+    }
 }
 
 /// Only completed records are cached, and a resolution releases a parked

@@ -159,7 +159,9 @@ where
     pub async fn run(&self, key: &Key, input: I) -> Result<Outcome<T>, RunError<E>> {
         let inner = &*self.inner;
         let idem = &inner.idem;
-        let id = RecordId::new(inner.scope.clone(), key.clone());
+        let id = idem
+            .stored_id(&RecordId::new(inner.scope.clone(), key.clone()))
+            .into_owned();
         idem.instrumented(&id, async {
             let bytes = encode_input(&input, idem.max_journaled_bytes())
                 .map_err(|reason| RunError::Input { reason })?;
@@ -178,7 +180,7 @@ where
                 Ok(Claimed::Unguarded) => {
                     idem.unguarded(&id, |ctx| (inner.handler)(input, ctx)).await
                 }
-                Ok(Claimed::Answered(outcome)) => idem.answer(outcome),
+                Ok(Claimed::Answered(outcome)) => idem.answer(&id, outcome),
                 Err(error) => Err(RunError::Store(error)),
             }
         })
@@ -191,6 +193,7 @@ where
     async fn journal_input(&self, lease: &Lease, bytes: Bytes) -> Result<(), RunError<E>> {
         let idem = &self.inner.idem;
         let journal = &self.inner.journal;
+        let bytes = idem.at_rest().seal_step(&lease.id, INPUT_STEP, bytes);
         let written = match with_retries(|| journal.begin_step(lease, INPUT_STEP)).await {
             Ok(StepBegin::Done(_)) => Ok(()),
             Ok(_) => with_retries(|| journal.finish_step(lease, INPUT_STEP, bytes.clone())).await,
@@ -277,8 +280,17 @@ where
     async fn journaled_input(&self, lease: &Lease) -> Result<I, &'static str> {
         let journal = &self.inner.journal;
         match with_retries(|| journal.begin_step(lease, INPUT_STEP)).await {
-            Ok(StepBegin::Done(bytes)) => serde_json::from_slice(&bytes)
-                .map_err(|_| "the journaled input does not decode into the handler's input type"),
+            Ok(StepBegin::Done(bytes)) => {
+                let opened = self
+                    .inner
+                    .idem
+                    .at_rest()
+                    .open_step(&lease.id, INPUT_STEP, &bytes)
+                    .map_err(|_| "the journaled input does not open with the executor's keyring")?;
+                serde_json::from_slice(&opened).map_err(|_| {
+                    "the journaled input does not decode into the handler's input type"
+                })
+            }
             Ok(_) => Err("no input was journaled (the worker died before the handler started)"),
             Err(_) => Err("the journaled input could not be read"),
         }

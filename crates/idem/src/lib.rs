@@ -90,6 +90,7 @@ mod executor;
 mod fingerprint;
 pub mod group;
 mod key;
+pub mod key_hash;
 pub mod machine;
 mod memory;
 pub mod metrics;

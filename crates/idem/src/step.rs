@@ -63,6 +63,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
+use crate::codec::AtRest;
 use crate::key::RecordId;
 use crate::store::{DynStepJournal, StoreError};
 
@@ -325,6 +326,7 @@ pub(crate) struct StepRun {
     pub(crate) id: RecordId,
     pub(crate) journal: Option<Arc<dyn DynStepJournal>>,
     pub(crate) max_result_bytes: usize,
+    pub(crate) at_rest: AtRest,
     pub(crate) begun: Mutex<HashSet<String>>,
     pub(crate) parked: Mutex<Option<String>>,
 }
@@ -343,11 +345,13 @@ impl StepRun {
         id: RecordId,
         journal: Option<Arc<dyn DynStepJournal>>,
         max_result_bytes: usize,
+        at_rest: AtRest,
     ) -> Self {
         Self {
             id,
             journal,
             max_result_bytes,
+            at_rest,
             begun: Mutex::new(HashSet::new()),
             parked: Mutex::new(None),
         }

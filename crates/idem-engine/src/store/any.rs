@@ -71,6 +71,14 @@ impl Store for AnyStore {
         each!(self, s => s.local_now())
     }
 
+    fn keeps_bytes(&self) -> bool {
+        each!(self, s => s.keeps_bytes())
+    }
+
+    fn max_stored_bytes(&self) -> Option<usize> {
+        each!(self, s => s.max_stored_bytes())
+    }
+
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
         each!(self, s => s.claim(id, params).await)
     }

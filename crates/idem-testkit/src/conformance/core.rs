@@ -1,6 +1,8 @@
 //! The core cases: a claim and the writes of its holder, one key at a time
 //! (the primitives, and reading a record back).
 
+pub use super::layouts::{earlier_response_layouts_replay, sealed_responses_show_nothing};
+
 use bytes::Bytes;
 use idem::store::{ClaimOutcome, ClaimParams};
 use idem::{Failure, FailureClass, Fingerprint, State};

@@ -20,6 +20,7 @@ pub mod admin;
 pub mod batches;
 pub mod concurrency;
 pub mod core;
+mod layouts;
 pub mod steps;
 pub mod ttl;
 
@@ -168,6 +169,8 @@ macro_rules! __conformance_group {
             extend_keeps_the_lease,
             stored_bytes_round_trip,
             calls_yield_to_the_runtime,
+            earlier_response_layouts_replay,
+            sealed_responses_show_nothing,
         );
     };
     ($fixture:path; concurrency) => {
@@ -209,6 +212,7 @@ macro_rules! __conformance_group {
             a_new_record_starts_with_an_empty_journal,
             parked_records_are_resolved,
             journals_are_per_record_under_concurrency,
+            step_layouts_replay_and_sealed_steps_show_nothing,
         );
     };
     ($fixture:path; ttl) => {

@@ -1,6 +1,8 @@
 //! The step journal: steps marked before they run, journaled when they
 //! finish, fenced by the lease, and resolved by an operator.
 
+pub use super::layouts::step_layouts_replay_and_sealed_steps_show_nothing;
+
 use std::sync::Arc;
 
 use bytes::Bytes;

@@ -87,6 +87,11 @@ pub trait Hooks<S: Store>: Send + Sync + 'static {
     fn step_journal(&self, inner: &S) -> Option<Arc<dyn DynStepJournal>> {
         inner.step_journal()
     }
+
+    /// [`Store::keeps_bytes`].
+    fn keeps_bytes(&self, inner: &S) -> bool {
+        inner.keeps_bytes()
+    }
 }
 
 /// What a [`Double`] changes in batches, for a real store with
@@ -185,6 +190,14 @@ impl<S: Store, H: Hooks<S>> Store for Double<S, H> {
 
     fn local_now(&self) -> Option<idem::Timestamp> {
         self.inner.local_now()
+    }
+
+    fn keeps_bytes(&self) -> bool {
+        self.hooks.keeps_bytes(&self.inner)
+    }
+
+    fn max_stored_bytes(&self) -> Option<usize> {
+        self.inner.max_stored_bytes()
     }
 }
 

@@ -49,7 +49,12 @@ impl<S: ClaimMany, C: Codec> Idempotency<S, C> {
     ) -> Vec<ClaimedAhead> {
         let claims: Vec<(RecordId, ClaimParams)> = runs
             .into_iter()
-            .map(|(id, fingerprint)| (id, self.claim_params(fingerprint)))
+            .map(|(id, fingerprint)| {
+                (
+                    self.stored_id(&id).into_owned(),
+                    self.claim_params(fingerprint),
+                )
+            })
             .collect();
         // Duplicates of runs completed here are answered from memory; the
         // rest are claimed in one round trip.
@@ -157,7 +162,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                     self.execute(&lease, sent, params.fingerprint, handler)
                         .await
                 }
-                Ok(outcome) => self.answer(outcome),
+                Ok(outcome) => self.answer(&id, outcome),
                 Err(error @ StoreError::Unavailable(_))
                     if self.config.fail_open && !error.is_contention() =>
                 {

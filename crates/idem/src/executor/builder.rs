@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use super::replays::{Replays, DEFAULT_REPLAY_CACHE_BYTES, DEFAULT_REPLAY_CACHE_TTL};
 use super::{default_classifier, Backoff, Classifier, Config, Idempotency};
-use crate::codec::{Codec, Json};
+use crate::codec::{AtRest, Codec, Json, Keyring};
+use crate::key_hash::KeyHasher;
 use crate::record::FailureClass;
 use crate::store::Store;
 
@@ -38,6 +39,14 @@ pub enum ConfigError {
     /// keeps a step journal (its input is journaled there).
     #[error("durable handlers need a store with a step journal; this store keeps none")]
     NoStepJournal,
+    /// A keyring was given for a store that re-encodes what it is handed
+    /// (the remote store): configure encryption where the records are
+    /// stored (`idem serve --keyring`).
+    #[error(
+        "this store re-encodes stored responses, so the executor cannot seal them; configure \
+         the keyring where the records are stored"
+    )]
+    SealingUnsupported,
 }
 
 /// Builds an [`Idempotency`]; see its docs for the defaults.
@@ -51,6 +60,8 @@ pub struct IdempotencyBuilder<S, C = Json> {
     max_attempts: NonZeroU32,
     backoff: Backoff,
     compress_above: usize,
+    keyring: Option<Arc<Keyring>>,
+    key_hasher: Option<KeyHasher>,
     max_response_bytes: usize,
     wait_for_in_flight: Option<Duration>,
     fail_open: bool,
@@ -158,6 +169,29 @@ impl<S: Store, C: Codec> IdempotencyBuilder<S, C> {
         self
     }
 
+    /// Seals every stored response and step result with `keyring`'s
+    /// current key (XChaCha20-Poly1305, bound to its record), so a dump of
+    /// the store shows none of them; its older keys still open what they
+    /// sealed, and payloads stored before encryption was on stay readable.
+    /// Default: stored as they are.
+    pub fn keyring(mut self, keyring: Keyring) -> Self {
+        self.keyring = Some(Arc::new(keyring));
+        self
+    }
+
+    /// Stores each record under a keyed hash of its scope and key instead
+    /// of the key (see [`KeyHasher`]): a dump of the store shows no key a
+    /// client sent. Callers go on passing clear keys; tools that read the
+    /// store directly find a record with
+    /// [`Idempotency::stored_id`](crate::Idempotency::stored_id) (`idem
+    /// inspect --key-secret`). Turning it on (or changing the secret)
+    /// forgets the keys stored before: their retries run again. Default:
+    /// keys stored as sent.
+    pub fn hash_keys(mut self, hasher: KeyHasher) -> Self {
+        self.key_hasher = Some(hasher);
+        self
+    }
+
     /// Log keys verbatim instead of as a short hash (default `false`).
     pub fn log_keys(mut self, log_keys: bool) -> Self {
         self.log_keys = log_keys;
@@ -176,6 +210,8 @@ impl<S: Store, C: Codec> IdempotencyBuilder<S, C> {
             max_attempts: self.max_attempts,
             backoff: self.backoff,
             compress_above: self.compress_above,
+            keyring: self.keyring,
+            key_hasher: self.key_hasher,
             max_response_bytes: self.max_response_bytes,
             wait_for_in_flight: self.wait_for_in_flight,
             fail_open: self.fail_open,
@@ -229,6 +265,9 @@ impl<S: Store, C: Codec> IdempotencyBuilder<S, C> {
                 });
             }
         }
+        if self.keyring.is_some() && !self.store.keeps_bytes() {
+            return Err(ConfigError::SealingUnsupported);
+        }
         let journal = self.store.step_journal();
         Ok(Idempotency {
             store: self.store,
@@ -241,7 +280,8 @@ impl<S: Store, C: Codec> IdempotencyBuilder<S, C> {
                 failure_retention,
                 max_attempts: self.max_attempts,
                 backoff: self.backoff,
-                compress_above: self.compress_above,
+                at_rest: AtRest::new(self.compress_above, self.keyring),
+                key_hasher: self.key_hasher,
                 max_response_bytes: self.max_response_bytes,
                 wait_for_in_flight: self.wait_for_in_flight,
                 fail_open: self.fail_open,
@@ -276,6 +316,8 @@ impl<S: Store> Idempotency<S, Json> {
             max_attempts: NonZeroU32::new(5).expect("5 is not zero"),
             backoff: Backoff::default(),
             compress_above: 1024,
+            keyring: None,
+            key_hasher: None,
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             wait_for_in_flight: None,
             fail_open: false,

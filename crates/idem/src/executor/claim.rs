@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::{deadline, Context, Held, Idempotency, Outcome, RunError};
 use crate::cache::CACHE_HITS;
-use crate::codec::Codec;
+use crate::codec::{AtRest, Codec};
 use crate::key::RecordId;
 use crate::metrics as m;
 use crate::record::{ClaimOutcome, ClaimParams, Lease};
@@ -105,13 +105,14 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     /// What a claim that did not acquire means to the caller.
     pub(crate) fn answer<T: DeserializeOwned, E>(
         &self,
+        id: &RecordId,
         outcome: ClaimOutcome,
     ) -> Result<Outcome<T>, RunError<E>> {
         match outcome {
             ClaimOutcome::Acquired(_) => unreachable!("an acquired claim is held, not answered"),
             ClaimOutcome::Completed(stored) => {
                 m::add(m::key!(m::REPLAYS));
-                self.decode(&stored)
+                self.decode(id, &stored)
                     .map(|value| Outcome::Replayed { value })
             }
             ClaimOutcome::Failed(failure) => {
@@ -165,6 +166,6 @@ pub(crate) fn unguarded_context(id: &RecordId) -> Context {
     Context {
         lease: None,
         held,
-        steps: Arc::new(StepRun::new(id.clone(), None, 0)),
+        steps: Arc::new(StepRun::new(id.clone(), None, 0, AtRest::new(0, None))),
     }
 }

@@ -331,7 +331,15 @@ impl Context {
                 tracing::Span::current().record("replayed", true);
                 crate::metrics::count(crate::metrics::STEPS, &[("result", "replayed")]);
                 if !result.is_empty() {
-                    return Ok(StepStart::Done(Some(result)));
+                    let opened = self
+                        .steps
+                        .at_rest
+                        .open_step(&lease.id, name, &result)
+                        .map_err(|reason| StepError::Decode {
+                            step: step(),
+                            reason,
+                        })?;
+                    return Ok(StepStart::Done(Some(Bytes::copy_from_slice(&opened))));
                 }
                 if P::skipped::<()>().is_none() {
                     return Err(StepError::Decode {
@@ -403,7 +411,8 @@ impl Context {
                 step: name.to_owned(),
             });
         };
-        self.finish(journal, lease, name, result).await?;
+        let sealed = self.steps.at_rest.seal_step(&lease.id, name, result);
+        self.finish(journal, lease, name, sealed).await?;
         tracing::Span::current().record("replayed", false);
         crate::metrics::count(crate::metrics::STEPS, &[("result", "executed")]);
         Ok(())

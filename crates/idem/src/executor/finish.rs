@@ -10,8 +10,9 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::{deadline, Idempotency, Outcome, RunError};
-use crate::codec::{self, Codec};
+use crate::codec::Codec;
 use crate::fingerprint::Fingerprint;
+use crate::key::RecordId;
 use crate::metrics as m;
 use crate::record::{Failure, FailureClass, Lease, State};
 use crate::store::{Store, StoreError};
@@ -48,15 +49,16 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         };
         let limit = self.config.max_response_bytes;
         if encoded.len() > limit {
-            let size = encoded.len();
-            let failure = Failure::new(
-                FailureClass::Terminal,
-                format!("response of {size} bytes exceeds the limit of {limit} bytes"),
-            );
-            self.record_failure(lease, failure).await;
-            return Err(RunError::ResponseTooLarge { size, limit });
+            return Err(self.too_large(lease, encoded.len(), limit, "").await);
         }
-        let sealed = codec::seal(encoded, self.config.compress_above);
+        let sealed = self.config.at_rest.seal_response(&lease.id, encoded);
+        if let Some(limit) = self.store.max_stored_bytes() {
+            if sealed.len() > limit {
+                return Err(self
+                    .too_large(lease, sealed.len(), limit, " the store keeps")
+                    .await);
+            }
+        }
         let retention = self.config.retention;
         let sent = (Instant::now(), self.store.local_now());
         let (stored, uncertain) = self
@@ -106,6 +108,22 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             }
             Err(error) => Err(RunError::Store(error)),
         }
+    }
+
+    /// Records a response too large to store as a terminal failure.
+    async fn too_large<E>(
+        &self,
+        lease: &Lease,
+        size: usize,
+        limit: usize,
+        whose: &str,
+    ) -> RunError<E> {
+        let failure = Failure::new(
+            FailureClass::Terminal,
+            format!("response of {size} bytes exceeds the limit of {limit} bytes{whose}"),
+        );
+        self.record_failure(lease, failure).await;
+        RunError::ResponseTooLarge { size, limit }
     }
 
     pub(super) async fn store_failure<E: StdError + Send + Sync + 'static>(
@@ -211,14 +229,25 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             return false;
         };
         let max = self.config.max_response_bytes;
+        let at_rest = &self.config.at_rest;
         matches!(
-            (codec::open(response, max), codec::open(sealed, max)),
+            (
+                at_rest.open_response(&lease.id, response, max),
+                at_rest.open_response(&lease.id, sealed, max)
+            ),
             (Ok(stored), Ok(ours)) if stored == ours
         )
     }
 
-    pub(super) fn decode<T: DeserializeOwned, E>(&self, stored: &[u8]) -> Result<T, RunError<E>> {
-        let bytes = codec::open(stored, self.config.max_response_bytes)
+    pub(super) fn decode<T: DeserializeOwned, E>(
+        &self,
+        id: &RecordId,
+        stored: &[u8],
+    ) -> Result<T, RunError<E>> {
+        let bytes = self
+            .config
+            .at_rest
+            .open_response(id, stored, self.config.max_response_bytes)
             .map_err(|reason| RunError::Decode { reason })?;
         self.codec.decode(&bytes).map_err(|e| RunError::Decode {
             reason: e.to_string(),

@@ -105,6 +105,7 @@ impl<S: Store + Clone, C: Codec + Clone> Idempotency<S, C> {
     where
         T: DeserializeOwned,
     {
+        let id = &*self.stored_id(id);
         let params = self.claim_params(fingerprint);
         let wait = wait.or(self.config.wait_for_in_flight);
         let claimed = self
@@ -123,7 +124,7 @@ impl<S: Store + Clone, C: Codec + Clone> Idempotency<S, C> {
                 })));
             }
             Claimed::Answered(outcome) => {
-                return match self.answer(outcome)? {
+                return match self.answer(id, outcome)? {
                     Outcome::Replayed { value } => Ok(Begun::Replayed(value)),
                     _ => unreachable!("a claim not acquired is answered as a replay or an error"),
                 };

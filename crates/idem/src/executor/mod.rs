@@ -14,6 +14,7 @@ mod held;
 mod outcome;
 mod replays;
 
+use std::borrow::Cow;
 use std::error::Error as StdError;
 use std::future::Future;
 use std::num::NonZeroU32;
@@ -26,9 +27,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::codec::{Codec, Json};
+use crate::codec::{AtRest, Codec, Json};
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
+use crate::key_hash::KeyHasher;
 use crate::metrics as m;
 use crate::record::{ClaimParams, Failure, FailureClass, Lease};
 use crate::step::StepRun;
@@ -66,7 +68,8 @@ struct Config {
     failure_retention: Duration,
     max_attempts: NonZeroU32,
     backoff: Backoff,
-    compress_above: usize,
+    at_rest: AtRest,
+    key_hasher: Option<KeyHasher>,
     max_response_bytes: usize,
     wait_for_in_flight: Option<Duration>,
     fail_open: bool,
@@ -162,7 +165,17 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     /// [`IdempotencyBuilder::replay_cache_bytes`]): call it when the record
     /// was deleted some other way and the key must run again at once.
     pub fn forget(&self, id: &RecordId) {
-        self.config.replays.remove(id);
+        self.config.replays.remove(&self.stored_id(id));
+    }
+
+    /// `id` as the store knows it: its key hashed when the executor hashes
+    /// keys ([`IdempotencyBuilder::hash_keys`]), else `id` itself. For
+    /// tools that read this executor's records from the store directly.
+    pub fn stored_id<'a>(&self, id: &'a RecordId) -> Cow<'a, RecordId> {
+        match &self.config.key_hasher {
+            Some(hasher) => Cow::Owned(hasher.hash(id)),
+            None => Cow::Borrowed(id),
+        }
     }
 
     /// Deletes `id`'s record from the store and from this executor's
@@ -171,8 +184,9 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     where
         S: DeleteRecord,
     {
-        let deleted = self.store.delete(id).await;
-        self.forget(id);
+        let stored = self.stored_id(id);
+        let deleted = self.store.delete(&stored).await;
+        self.config.replays.remove(&stored);
         deleted
     }
 
@@ -194,6 +208,13 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     /// The largest response stored, in bytes (encoded, before compression).
     pub fn max_response_bytes(&self) -> usize {
         self.config.max_response_bytes
+    }
+
+    /// How this executor keeps payloads at rest (compression, and the
+    /// keyring that seals them, if any): what reads its records outside a
+    /// run (`idem inspect`, `idem serve`'s record view) opens them with.
+    pub fn at_rest(&self) -> &AtRest {
+        &self.config.at_rest
     }
 
     /// Runs `handler` at most once (in effect) for `id`.
@@ -246,6 +267,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         F: FnOnce(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        let id = &*self.stored_id(id);
         self.instrumented(id, async {
             let params = self.claim_params(fingerprint);
             match self.acquire(id, &params, self.config.fail_open, wait).await {
@@ -253,7 +275,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                     self.execute(&lease, sent, fingerprint, handler).await
                 }
                 Ok(Claimed::Unguarded) => self.unguarded(id, handler).await,
-                Ok(Claimed::Answered(outcome)) => self.answer(outcome),
+                Ok(Claimed::Answered(outcome)) => self.answer(id, outcome),
                 Err(error) => Err(RunError::Store(error)),
             }
         })
@@ -393,6 +415,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             lease.id.clone(),
             self.config.journal.clone(),
             self.config.max_response_bytes,
+            self.config.at_rest.clone(),
         ));
         let ctx = Context {
             lease: Some(lease.clone()),

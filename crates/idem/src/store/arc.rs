@@ -66,6 +66,12 @@ impl<S: Store> Store for Arc<S> {
     fn local_now(&self) -> Option<Timestamp> {
         (**self).local_now()
     }
+    fn keeps_bytes(&self) -> bool {
+        (**self).keeps_bytes()
+    }
+    fn max_stored_bytes(&self) -> Option<usize> {
+        (**self).max_stored_bytes()
+    }
 }
 
 impl<S: StepJournal> StepJournal for Arc<S> {

@@ -223,6 +223,26 @@ pub trait Store: Send + Sync + 'static {
     fn local_now(&self) -> Option<Timestamp> {
         None
     }
+
+    /// Whether the store keeps the response bytes the executor hands it
+    /// as they are. A store that re-encodes them (the remote store sends
+    /// the JSON inside) answers `false`, and an executor refuses to seal
+    /// payloads ([`keyring`](crate::IdempotencyBuilder::keyring)) for it:
+    /// seal on the side that stores instead.
+    fn keeps_bytes(&self) -> bool {
+        true
+    }
+
+    /// The largest response, as stored (the bytes handed to
+    /// [`complete`](Self::complete): compressed and sealed), this store
+    /// keeps; `None` when it has no limit of its own that matters (beyond
+    /// a gigabyte, say). The executor checks each response against it
+    /// before sending it, so one too large is recorded as a failure with
+    /// a clear reason, never sent to a server that would drop the
+    /// connection (an unknown outcome, and a live claim).
+    fn max_stored_bytes(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A [`Store::wait_for_change`] for stores that cannot notify: calls

@@ -1,41 +1,22 @@
-//! How responses are turned into stored bytes: a [`Codec`] (JSON by
-//! default) and an envelope that compresses large responses with zstd.
+//! The envelope a stored response lives in; its first byte names its
+//! format:
 //!
-//! Stored layout: one format byte (`0` plain, `1` zstd) followed by the
-//! codec's bytes, compressed or not.
+//! | byte | format | follows |
+//! |---|---|---|
+//! | `0` | plain | the codec's bytes |
+//! | `1` | zstd | the codec's bytes, compressed |
+//! | `2` | sealed | the key id's length and id, a nonce, and an envelope of format 0 or 1 encrypted under that key ([`Keyring`]) |
 
 use std::borrow::Cow;
 
 use bytes::Bytes;
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 
-use crate::store::BoxError;
-
-/// Serialises handler responses for storage and replay.
-pub trait Codec: Send + Sync + 'static {
-    /// Encodes a value.
-    fn encode<T: Serialize>(&self, value: &T) -> Result<Vec<u8>, BoxError>;
-    /// Decodes what [`encode`](Self::encode) produced.
-    fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, BoxError>;
-}
-
-/// JSON through `serde_json`: readable in the admin tools, and the default.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Json;
-
-impl Codec for Json {
-    fn encode<T: Serialize>(&self, value: &T) -> Result<Vec<u8>, BoxError> {
-        Ok(serde_json::to_vec(value)?)
-    }
-
-    fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, BoxError> {
-        Ok(serde_json::from_slice(bytes)?)
-    }
-}
+use super::keyring::{split_id, Keyring};
 
 const PLAIN: u8 = 0;
 const ZSTD: u8 = 1;
+/// The first byte of a sealed envelope (and of a sealed step result).
+pub(super) const SEALED: u8 = 2;
 const ZSTD_LEVEL: i32 = 3;
 
 /// Wraps encoded bytes in the envelope, compressing them when they are
@@ -65,13 +46,54 @@ pub fn plain(encoded: &[u8]) -> Bytes {
 }
 
 /// Opens an envelope, refusing to inflate past `max_len` bytes (a corrupt
-/// or hostile record cannot exhaust memory): the codec's bytes.
+/// or hostile record cannot exhaust memory): the codec's bytes. A sealed
+/// envelope needs its keyring: see [`AtRest::open_response`](super::AtRest::open_response).
 pub fn open(stored: &[u8], max_len: usize) -> Result<Cow<'_, [u8]>, String> {
     match stored.split_first() {
         Some((&PLAIN, body)) => Ok(Cow::Borrowed(body)),
         Some((&ZSTD, body)) => inflate(body, max_len).map(Cow::Owned),
+        Some((&SEALED, sealed)) => Err(format!(
+            "stored response is sealed with key {:?}: open it with the executor's keyring",
+            split_id(sealed).map_or("?", |(id, _)| id)
+        )),
         Some((other, _)) => Err(format!("unknown envelope format byte {other}")),
         None => Err("empty stored response".to_owned()),
+    }
+}
+
+/// What an envelope says of itself: its format's name (`plain`, `zstd`,
+/// `sealed`, `unknown`) and, when sealed, the id of the key that sealed it.
+pub fn envelope_of(stored: &[u8]) -> (&'static str, Option<&str>) {
+    match stored.split_first() {
+        Some((&PLAIN, _)) => ("plain", None),
+        Some((&ZSTD, _)) => ("zstd", None),
+        Some((&SEALED, sealed)) => ("sealed", split_id(sealed).ok().map(|(id, _)| id)),
+        _ => ("unknown", None),
+    }
+}
+
+/// `plain` sealed under the keyring's current key for `context`, behind
+/// the sealed format byte.
+pub(super) fn seal_with(keyring: &Keyring, plain: &[u8], context: &[u8]) -> Bytes {
+    let mut out = vec![SEALED];
+    keyring.seal(plain, context, &mut out);
+    out.into()
+}
+
+/// What [`seal_with`] sealed, opened (`stored` must begin with the sealed
+/// byte).
+pub(super) fn open_with(
+    keyring: Option<&Keyring>,
+    stored: &[u8],
+    context: &[u8],
+) -> Result<Vec<u8>, String> {
+    let sealed = stored.strip_prefix(&[SEALED]).unwrap_or(stored);
+    match keyring {
+        Some(keyring) => keyring.open(sealed, context),
+        None => Err(format!(
+            "sealed with key {:?}, and no keyring is configured",
+            split_id(sealed).map_or("?", |(id, _)| id)
+        )),
     }
 }
 
@@ -120,6 +142,9 @@ mod tests {
             .contains("limit of 1000 bytes"));
         assert_eq!(open(&sealed, usize::MAX).expect("no limit").len(), 100_000);
         assert!(open(&[], 10).is_err());
+        assert!(open(&[SEALED, 1, b'k'], 10)
+            .expect_err("sealed")
+            .contains("key \"k\""));
         assert!(open(&[9, 1, 2], 10)
             .expect_err("bad")
             .contains("format byte 9"));
