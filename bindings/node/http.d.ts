@@ -40,6 +40,8 @@ export interface IdempotencyOptions<Req> {
   forwardTakeovers?: boolean;
   /** Whether UUIDv7 keys older than the retention are refused [default: false]. */
   rejectOldUuidV7?: boolean;
+  /** What is stored for replays: "full", "status-only", "redacted:/card/number,x-api-key", per path prefix "/tokens=status-only;/users=redacted:/ssn" [default: "full"]. */
+  keep?: string;
 }
 
 /** Express middleware; the handler finds its run in `req.idem`. Mount it after the body parser. */

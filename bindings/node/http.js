@@ -134,7 +134,8 @@ function holdExpress(res, finish) {
  * Options: `tenant(req)` names the verified caller (keys are then its own);
  * `methods`, `header`, `required`, `fingerprint` ("request", "off" or JSON
  * pointers), `maxRequestBytes`, `maxResponseBytes`, `maxWaitMs`,
- * `defaultWaitMs`, `forwardTakeovers`, `rejectOldUuidV7`.
+ * `defaultWaitMs`, `forwardTakeovers`, `rejectOldUuidV7`, `keep` (what is
+ * stored for replays: "full", "status-only", "redacted:/card/number").
  */
 function idempotency(idem, options = {}) {
   const { guard, tenant } = guardOf(idem, options);

@@ -47,6 +47,8 @@ export interface IdemOptions {
   maxAttempts?: number;
   /** The largest result stored, bytes [default: 1 MiB]. */
   maxResultBytes?: number;
+  /** A keyring file (`id:64-hex-digits` a line, newest first) sealing stored results at rest [default: none]. */
+  keyring?: string;
 }
 
 /** Options of one call. */

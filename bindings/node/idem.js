@@ -182,6 +182,7 @@ class Idem {
           waitMs: rest.waitMs,
           maxAttempts: rest.maxAttempts,
           maxResultBytes: rest.maxResultBytes,
+          keyring: rest.keyring,
         }),
     );
   }

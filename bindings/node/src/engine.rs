@@ -30,6 +30,8 @@ pub struct Options {
     pub max_result_bytes: Option<u32>,
     /// The token for a remote `idem serve`.
     pub token: Option<String>,
+    /// A keyring file sealing stored results at rest.
+    pub keyring: Option<String>,
 }
 
 /// Milliseconds from JavaScript as a duration.
@@ -49,6 +51,7 @@ fn options(given: Option<Options>) -> Result<EngineOptions, EngineError> {
         max_attempts: input::attempts("maxAttempts", given.max_attempts)?,
         max_result_bytes: given.max_result_bytes.map(|n| n as usize),
         token: given.token,
+        keyring: given.keyring.map(Into::into),
     })
 }
 

@@ -43,6 +43,8 @@ pub struct GuardOptions {
     pub forward_takeovers: Option<bool>,
     /// Whether UUIDv7 keys older than the retention are refused.
     pub reject_old_uuid_v7: Option<bool>,
+    /// What is stored of responses for replays (the gateway's `--keep`).
+    pub keep: Option<String>,
 }
 
 /// A request as the adapter hands it over.
@@ -137,6 +139,7 @@ fn options(given: GuardOptions) -> Result<HttpOptions, EngineError> {
         default_wait: input::duration("defaultWaitMs", given.default_wait_ms, Unit::Millis)?,
         forward_takeovers: given.forward_takeovers.unwrap_or(false),
         reject_old_uuid_v7: given.reject_old_uuid_v7.unwrap_or(false),
+        keep: given.keep,
     })
 }
 

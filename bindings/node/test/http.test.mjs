@@ -7,6 +7,7 @@
 
 import assert from "node:assert/strict";
 import { once } from "node:events";
+import { readFileSync, readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, describe, test } from "node:test";
 
@@ -185,6 +186,35 @@ for (const [framework, make] of [["express", expressApp], ["fastify", fastifyApp
     });
   });
 }
+
+test("status-only replays the status, and a sealed store file shows no result", async () => {
+  const dir = scratch();
+  writeFileSync(join(dir, "keys"), `2026-11:${"cd".repeat(32)}\n`);
+  const idem = new Idem({ url: `sqlite:${join(dir, "idem.db")}`, keyring: join(dir, "keys") });
+  const app = await expressApp(idem, { keep: "/charges=status-only:x-charge" });
+  try {
+    const first = await app.post("mint-1", { amount: 100 });
+    const again = await app.post("mint-1", { amount: 100 });
+    assert.equal(first.status, 201);
+    assert.equal(JSON.parse(await first.text()).charge, "ch_1");
+    assert.equal(again.status, 201);
+    assert.equal(await again.text(), "");
+    assert.equal(again.headers.get("idempotent-replay-kept"), "status-only");
+    assert.equal(again.headers.get("x-charge"), "yes");
+    assert.equal(app.state.runs.length, 1);
+  } finally {
+    await app.close();
+  }
+  const dump = Buffer.concat(
+    readdirSync(dir)
+      .filter((name) => name.startsWith("idem.db"))
+      .map((name) => readFileSync(join(dir, name))),
+  );
+  assert.equal(dump.includes("ch_1"), false);
+  assert.throws(() => idempotency(open("sqlite"), { keep: "forget-it" }), InvalidInput);
+  writeFileSync(join(dir, "bad"), "k:not-hex\n");
+  assert.throws(() => new Idem({ url: `sqlite:${join(dir, "b.db")}`, keyring: join(dir, "bad") }), /keyring/);
+});
 
 test("over a remote idem serve the middleware is refused before anything runs", async () => {
   const serve = await startServe(scratch());

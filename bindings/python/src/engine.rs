@@ -49,7 +49,7 @@ impl Engine {
     #[new]
     #[pyo3(signature = (
         url, *, lease=None, retention=None, failure_retention=None, wait=None,
-        max_attempts=None, max_result_bytes=None, token=None,
+        max_attempts=None, max_result_bytes=None, token=None, keyring=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -62,6 +62,7 @@ impl Engine {
         max_attempts: Option<u32>,
         max_result_bytes: Option<usize>,
         token: Option<String>,
+        keyring: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let options = (|| {
             Ok::<_, EngineError>(EngineOptions {
@@ -72,6 +73,7 @@ impl Engine {
                 max_attempts: input::attempts("max_attempts", max_attempts)?,
                 max_result_bytes,
                 token,
+                keyring,
             })
         })()
         .map_err(|e| to_py(py, e))?;

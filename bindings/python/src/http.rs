@@ -98,7 +98,7 @@ impl HttpGuard {
     #[pyo3(signature = (
         engine, *, methods=None, header=None, required=false, fingerprint=None, tenant=false,
         max_request_bytes=None, max_response_bytes=None, max_wait=None, default_wait=None,
-        forward_takeovers=false, reject_old_uuid_v7=false,
+        forward_takeovers=false, reject_old_uuid_v7=false, keep=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -115,6 +115,7 @@ impl HttpGuard {
         default_wait: Option<f64>,
         forward_takeovers: bool,
         reject_old_uuid_v7: bool,
+        keep: Option<String>,
     ) -> PyResult<Self> {
         let options = (|| {
             Ok::<_, EngineError>(HttpOptions {
@@ -133,6 +134,7 @@ impl HttpGuard {
                 default_wait: input::duration("default_wait", default_wait, Unit::Seconds)?,
                 forward_takeovers,
                 reject_old_uuid_v7,
+                keep,
             })
         })()
         .map_err(|e| to_py(py, e))?;

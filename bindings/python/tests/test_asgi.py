@@ -218,3 +218,28 @@ def test_tenants_do_not_share_keys(tmp_path):
         a2 = post(client, "same", {"amount": 1}, **{"x-account": "alice"})
     assert a.json()["charge"] == "ch_1" and b.json()["charge"] == "ch_2"
     assert a2.headers["idempotent-replayed"] == "true" and a2.content == a.content
+
+
+def test_status_only_replays_the_status_and_a_sealed_store_file_shows_no_secret(tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("2026-11:" + "ab" * 32 + "\n")
+    idem = Idem(f"sqlite:{tmp_path / 'idem.db'}", keyring=str(keys))
+    app = make_app(idem, keep="/charges=status-only:x-charge")
+    with TestClient(app) as client:
+        first = post(client, "mint-1", {"amount": 100})
+        again = post(client, "mint-1", {"amount": 100})
+    assert first.status_code == 201 and first.json()["charge"] == "ch_1"
+    assert again.status_code == 201 and again.content == b""
+    assert again.headers["idempotent-replay-kept"] == "status-only"
+    assert again.headers["x-charge"] == "yes"
+    assert app.state.runs == [{"amount": 100}]
+    dump = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("idem.db"))
+    assert b"ch_1" not in dump
+
+
+def test_a_bad_keep_policy_or_keyring_is_refused_when_built(tmp_path):
+    with pytest.raises(Exception, match="keep"):
+        IdempotencyMiddleware(FastAPI(), Idem(f"sqlite:{tmp_path / 'a.db'}"), keep="forget-it")
+    (tmp_path / "bad").write_text("k:not-hex\n")
+    with pytest.raises(Exception, match="keyring"):
+        Idem(f"sqlite:{tmp_path / 'b.db'}", keyring=str(tmp_path / "bad"))

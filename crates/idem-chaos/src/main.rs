@@ -94,6 +94,10 @@ struct RunArgs {
     /// failovers lose without it).
     #[arg(long)]
     no_replica_acks: bool,
+    /// More `idem proxy` arguments for the gateways of the HTTP targets,
+    /// one per flag (`--gateway-arg=--keyring=/path/keys`).
+    #[arg(long = "gateway-arg", allow_hyphen_values = true)]
+    gateway_args: Vec<String>,
 }
 
 fn main() -> ExitCode {
@@ -166,6 +170,7 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
                 chosen.clone()
             },
             replica_acks: !args.no_replica_acks,
+            gateway_args: args.gateway_args.clone(),
             ..Plan::new(target, &bin)
         };
         let bar = ProgressBar::new(1);

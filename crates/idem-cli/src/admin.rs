@@ -13,6 +13,7 @@ use idem::{
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 
+pub use crate::payload::Secrets;
 use crate::store::AnyStore;
 
 /// A record as the admin commands print it.
@@ -46,8 +47,9 @@ pub fn describe(id: &RecordId, record: &Record) -> Value {
 }
 
 /// A journaled step as the admin commands print it: its state, the
-/// attempt that started it, and its result (as JSON when it is JSON).
-pub fn describe_step(step: &StepEntry) -> Value {
+/// attempt that started it, and its result (as JSON when it is JSON, a
+/// sealed one opened with `--keyring`).
+pub fn describe_step(id: &RecordId, step: &StepEntry, secrets: &Secrets) -> Value {
     match &step.state {
         StepState::Started { attempt } => {
             json!({"name": step.name, "state": "started", "attempt": attempt})
@@ -55,39 +57,55 @@ pub fn describe_step(step: &StepEntry) -> Value {
         StepState::Done { result } if result.is_empty() => {
             json!({"name": step.name, "state": "skipped"})
         }
-        StepState::Done { result } => match serde_json::from_slice::<Value>(result) {
+        StepState::Done { result } => match secrets.step_result(id, &step.name, result) {
             Ok(value) => json!({"name": step.name, "state": "done", "result": value}),
-            Err(_) => json!({"name": step.name, "state": "done", "result_bytes": result.len()}),
+            Err(unopened) => json!({
+                "name": step.name,
+                "state": "done",
+                "result_bytes": result.len(),
+                "unopened": unopened,
+            }),
         },
     }
 }
 
 /// Adds a record's journal to its description: a durable run's input
 /// (the reserved [`INPUT_STEP`] entry) as `input`, the steps as `steps`.
-fn add_journal(out: &mut Value, journal: &[StepEntry]) {
+fn add_journal(out: &mut Value, id: &RecordId, journal: &[StepEntry], secrets: &Secrets) {
     let (input, steps): (Vec<&StepEntry>, Vec<&StepEntry>) =
         journal.iter().partition(|s| s.name == INPUT_STEP);
     if let Some(input) = input.first() {
-        let described = describe_step(input);
+        let described = describe_step(id, input, secrets);
         out["input"] = described
             .get("result")
             .cloned()
             .unwrap_or_else(|| json!({"state": described["state"]}));
     }
     if !steps.is_empty() {
-        out["steps"] = steps.into_iter().map(describe_step).collect();
+        out["steps"] = steps
+            .into_iter()
+            .map(|step| describe_step(id, step, secrets))
+            .collect();
     }
 }
 
-/// `idem inspect SCOPE KEY`: the record with its step journal, or `None`
-/// if absent or expired. A step still `started` on a record that is not
-/// in progress is in doubt.
-pub async fn inspect(store: &AnyStore, id: &RecordId) -> anyhow::Result<Option<Value>> {
+/// `idem inspect SCOPE KEY`: the record with its stored response
+/// described (see [`Secrets::describe_response`]) and its step journal,
+/// or `None` if absent or expired. A step still `started` on a record
+/// that is not in progress is in doubt.
+pub async fn inspect(
+    store: &AnyStore,
+    id: &RecordId,
+    secrets: &Secrets,
+) -> anyhow::Result<Option<Value>> {
     let Some(record) = store.get(id).await? else {
         return Ok(None);
     };
     let mut out = describe(id, &record);
-    add_journal(&mut out, &store.steps(id).await?);
+    if let State::Completed { response } = &record.state {
+        out["response"] = secrets.describe_response(id, response);
+    }
+    add_journal(&mut out, id, &store.steps(id).await?, secrets);
     Ok(Some(out))
 }
 
@@ -99,6 +117,7 @@ pub async fn list_parked(
     store: &AnyStore,
     scope: Option<idem::Scope>,
     limit: usize,
+    secrets: &Secrets,
 ) -> anyhow::Result<Vec<Value>> {
     let parked = |r: &Record| matches!(&r.state, State::Failed { failure } if failure.is_parked());
     let records = collect(store, Some(StateKind::Failed), scope, limit, parked).await?;
@@ -106,7 +125,7 @@ pub async fn list_parked(
     for (id, record) in &records {
         let mut described = describe(id, record);
         described["steps"] = json!([]);
-        add_journal(&mut described, &store.steps(id).await?);
+        add_journal(&mut described, id, &store.steps(id).await?, secrets);
         out.push(described);
     }
     Ok(out)

@@ -13,6 +13,7 @@ pub mod bench;
 mod deadline;
 pub mod forwarded;
 pub mod logging;
+mod payload;
 pub mod proxy;
 mod proxy_args;
 pub mod serve;
@@ -36,6 +37,19 @@ pub struct Cli {
     /// `dynamodb` feature, `dynamodb://TABLE[?endpoint=URL&region=R&create=true]`.
     #[arg(long, env = "IDEM_STORE", global = true)]
     pub store: Option<String>,
+    /// A keyring file, one `id:64-hex-digits` a line, newest first: the
+    /// gateway seals stored responses with the first key (all keys open
+    /// what they sealed; rotate by adding a line on top); `idem inspect`
+    /// opens them to show what they hold [default: none].
+    #[arg(long, env = "IDEM_KEYRING", global = true)]
+    pub keyring: Option<std::path::PathBuf>,
+    /// A file holding the secret (64 hex digits) keys are hashed with at
+    /// rest: the gateway stores each record under a keyed hash of its
+    /// scope and key; the admin commands hash the key they are given. It
+    /// never rotates: another secret forgets every key [default: keys
+    /// stored as sent].
+    #[arg(long, env = "IDEM_KEY_SECRET", global = true)]
+    pub key_secret: Option<std::path::PathBuf>,
     /// How log lines on standard error look: text (coloured only on a
     /// terminal) or json (one object per line).
     #[arg(
@@ -234,17 +248,29 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         if cli.store.is_some() {
             args.store = cli.store;
         }
+        if cli.keyring.is_some() {
+            args.keyring = cli.keyring;
+        }
+        if cli.key_secret.is_some() {
+            args.key_secret = cli.key_secret;
+        }
         return run_proxy(args).await;
     }
     if let Command::Serve(args) = &cli.command {
-        return run_serve(cli.store.as_deref(), args).await;
+        let secrets = admin::Secrets::read(cli.keyring.as_deref(), cli.key_secret.as_deref())?;
+        return run_serve(cli.store.as_deref(), args, secrets).await;
     }
     let url: StoreUrl = cli.store.as_deref().unwrap_or(DEFAULT_STORE).parse()?;
     let store = url.open().await?;
+    let secrets = admin::Secrets::read(cli.keyring.as_deref(), cli.key_secret.as_deref())?;
+    // The record the admin commands name, as stored (its key hashed
+    // under --key-secret).
+    let stored_id =
+        |scope: &str, key: &str| Ok::<_, anyhow::Error>(secrets.stored_id(&record_id(scope, key)?));
     match cli.command {
         Command::Proxy(_) | Command::Serve(_) => unreachable!("handled above"),
         Command::Inspect { scope, key } => {
-            match admin::inspect(&store, &record_id(&scope, &key)?).await? {
+            match admin::inspect(&store, &stored_id(&scope, &key)?, &secrets).await? {
                 Some(record) => print_json(&record),
                 None => anyhow::bail!("no live record for scope {scope:?}, key {key:?} in {url}"),
             }
@@ -258,7 +284,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 .map(|s| Scope::new(&s).map_err(|e| anyhow::anyhow!("--scope: {e}")))
                 .transpose()?;
             let records = match state {
-                Some(StateArg::Parked) => admin::list_parked(&store, scope, limit).await?,
+                Some(StateArg::Parked) => {
+                    admin::list_parked(&store, scope, limit, &secrets).await?
+                }
                 state => admin::list(&store, state.map(StateArg::kind), scope, limit).await?,
             };
             for record in records {
@@ -273,12 +301,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             not_applied: _,
         } => {
             let resolution = admin::resolution(applied.as_deref())?;
-            let id = record_id(&scope, &key)?;
+            let id = stored_id(&scope, &key)?;
             admin::resolve(&store, &id, &step, resolution).await?;
             print_json(&serde_json::json!({ "resolved": step, "state": "released" }));
         }
         Command::Release { scope, key } => {
-            let released = admin::release(&store, &record_id(&scope, &key)?).await?;
+            let released = admin::release(&store, &stored_id(&scope, &key)?).await?;
             print_json(&serde_json::json!({ "released": released }));
         }
         Command::Purge { batch } => {
@@ -362,8 +390,12 @@ async fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     proxy::serve(store, &config, listener, admin, shutdown_signal()).await
 }
 
-async fn run_serve(store: Option<&str>, args: &serve::ServeArgs) -> anyhow::Result<()> {
-    let config = args.config()?;
+async fn run_serve(
+    store: Option<&str>,
+    args: &serve::ServeArgs,
+    secrets: admin::Secrets,
+) -> anyhow::Result<()> {
+    let config = args.config(secrets)?;
     let url: StoreUrl = store.unwrap_or(DEFAULT_STORE).parse()?;
     let store = url.open().await?;
     let listener = tokio::net::TcpListener::bind(&args.listen)

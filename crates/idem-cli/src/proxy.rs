@@ -79,6 +79,12 @@ pub struct ProxyConfig {
     /// The field of a gRPC request message holding its key when the
     /// metadata does not (AIP-155 `request_id`).
     pub grpc_request_id_fields: Vec<(Option<String>, u32)>,
+    /// What each path prefix stores of its responses for replays.
+    pub keep: idem_http::KeepRules,
+    /// The keys stored responses are sealed with, if any.
+    pub keyring: Option<idem::codec::Keyring>,
+    /// The secret keys are hashed with at rest, if any.
+    pub key_hasher: Option<idem::key_hash::KeyHasher>,
     /// Forwarding headers and `Host`.
     pub forwarded: ForwardedPolicy,
     /// Serve TLS with these files (reloaded on SIGHUP) instead of
@@ -264,7 +270,14 @@ pub fn layer(store: AnyStore, config: &ProxyConfig) -> anyhow::Result<Idempotenc
         .replay_cache_bytes(config.replay_cache_bytes)
         .replay_cache_ttl(config.replay_cache_ttl)
         .replay_drop_headers(config.replay_drop_headers.clone())
-        .replay_set_cookie(config.replay_set_cookie);
+        .replay_set_cookie(config.replay_set_cookie)
+        .keep_rules(config.keep.clone());
+    if let Some(keyring) = &config.keyring {
+        layer = layer.keyring(keyring.clone());
+    }
+    if let Some(hasher) = &config.key_hasher {
+        layer = layer.hash_keys(hasher.clone());
+    }
     if let Some(tenant) = &config.tenant_header {
         layer = layer.tenant_header(tenant.clone());
     }

@@ -145,6 +145,23 @@ pub struct ProxyArgs {
     /// it is passed on) [default: none].
     #[arg(long, env = "IDEM_GRPC_REQUEST_ID_FIELD")]
     pub grpc_request_id_field: Option<String>,
+    /// What is stored of a response for its replays: `full`;
+    /// `status-only` (no body; `status-only:location,etag` keeps those
+    /// headers); `redacted:` and JSON pointers and header names whose
+    /// values are replaced (`redacted:/card/number,x-api-key`). Per path
+    /// prefix as `PREFIX=POLICY`, entries separated by `;`
+    /// (`/v1/tokens=status-only;/v1/users=redacted:/ssn`). The client
+    /// whose request ran always gets the whole response [default: full].
+    #[arg(long, env = "IDEM_KEEP")]
+    pub keep: Option<String>,
+    /// The keyring (as the global --keyring; this one also reads the
+    /// file).
+    #[arg(skip)]
+    pub keyring: Option<PathBuf>,
+    /// The key-hashing secret (as the global --key-secret; this one also
+    /// reads the file).
+    #[arg(skip)]
+    pub key_secret: Option<PathBuf>,
 }
 
 macro_rules! fill {
@@ -167,7 +184,7 @@ impl ProxyArgs {
               tenant_header, retention, lease, max_request_bytes, max_response_bytes, fail_open,
               upstream_timeout, forward_takeovers, reject_old_uuid_v7, max_wait, default_wait,
               replay_cache_bytes, replay_cache_ttl, trust_forwarded, preserve_host,
-              replay_drop_headers, replay_set_cookie, grpc_request_id_field);
+              replay_drop_headers, replay_set_cookie, grpc_request_id_field, keep, keyring, key_secret);
         Ok(self)
     }
 
@@ -274,6 +291,20 @@ impl ProxyArgs {
                 .filter(|f| !f.trim().is_empty())
                 .map(request_id_field)
                 .collect::<anyhow::Result<_>>()?,
+            keep: idem_http::KeepRules::parse(self.keep.as_deref().unwrap_or(""))
+                .map_err(|e| anyhow::anyhow!("--keep: {e}"))?,
+            keyring: self
+                .keyring
+                .as_deref()
+                .map(idem::codec::Keyring::from_file)
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("--keyring: {e}"))?,
+            key_hasher: self
+                .key_secret
+                .as_deref()
+                .map(idem::key_hash::KeyHasher::from_file)
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("--key-secret: {e}"))?,
             forwarded: forwarded::ForwardedPolicy {
                 trust_incoming: self.trust_forwarded.unwrap_or(false),
                 preserve_host: self.preserve_host.unwrap_or(plain_http1),

@@ -9,6 +9,10 @@ use idem::{RecordId, Store};
 use idem_cli::store::{AnyStore, StoreUrl};
 use idem_cli::{admin, bench, ProxyArgs};
 
+fn no_secrets() -> admin::Secrets {
+    admin::Secrets::read(None, None).expect("no files to read")
+}
+
 fn id(key: &str) -> RecordId {
     RecordId::parse("http POST /charges", key).expect("valid")
 }
@@ -46,7 +50,7 @@ async fn inspect_list_release_stats_and_purge() {
             .expect("claim");
     }
 
-    let record = admin::inspect(&store, &id("done-1"))
+    let record = admin::inspect(&store, &id("done-1"), &no_secrets())
         .await
         .expect("inspect")
         .expect("present");
@@ -243,7 +247,9 @@ async fn parked_records_are_listed_inspected_and_resolved() {
         .await
         .expect("fail");
 
-    let listed = admin::list_parked(&store, None, 10).await.expect("list");
+    let listed = admin::list_parked(&store, None, 10, &no_secrets())
+        .await
+        .expect("list");
     assert_eq!(
         listed.len(),
         1,
@@ -257,7 +263,7 @@ async fn parked_records_are_listed_inspected_and_resolved() {
         "a durable run's input is shown apart"
     );
     assert_eq!(listed[0]["steps"].as_array().map(Vec::len), Some(2));
-    let shown = admin::inspect(&store, &parked)
+    let shown = admin::inspect(&store, &parked, &no_secrets())
         .await
         .expect("inspect")
         .expect("present");
@@ -305,13 +311,13 @@ async fn parked_records_are_listed_inspected_and_resolved() {
     )
     .await
     .expect("resolve");
-    let shown = admin::inspect(&store, &parked)
+    let shown = admin::inspect(&store, &parked, &no_secrets())
         .await
         .expect("inspect")
         .expect("present");
     assert_eq!(shown["state"], "released");
     assert_eq!(shown["steps"][1]["result"]["shipment"], "shp_1");
-    assert!(admin::list_parked(&store, None, 10)
+    assert!(admin::list_parked(&store, None, 10, &no_secrets())
         .await
         .expect("list")
         .is_empty());

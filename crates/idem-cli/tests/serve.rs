@@ -626,10 +626,12 @@ fn without_tokens_only_loopback_is_served() {
             other => panic!("{other:?}"),
         }
     };
-    let open = args("127.0.0.1:0").config().expect("loopback");
+    let open = args("127.0.0.1:0")
+        .config(Default::default())
+        .expect("loopback");
     assert!(open.tenants.is_open());
     let error = args("0.0.0.0:8700")
-        .config()
+        .config(Default::default())
         .expect_err("public")
         .to_string();
     assert!(error.contains("without --tokens"), "{error}");
@@ -651,7 +653,10 @@ fn a_default_lease_longer_than_the_longest_allowed_is_refused_at_start() {
     let idem_cli::Command::Serve(args) = cli.command else {
         panic!("serve")
     };
-    let error = args.config().expect_err("lease over max-lease").to_string();
+    let error = args
+        .config(Default::default())
+        .expect_err("lease over max-lease")
+        .to_string();
     assert!(
         error.contains("--lease 2h is longer than --max-lease 1h"),
         "{error}"
@@ -766,5 +771,79 @@ async fn the_api_is_served_over_tls_when_given_a_certificate() {
         cleartext.map_or(true, |r| !r.status().is_success()),
         "cleartext is not served"
     );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sealed_results_and_hashed_keys_leave_nothing_readable_in_the_store() {
+    let files = tempfile::tempdir().expect("tempdir");
+    let (keys, secret) = (files.path().join("keys"), files.path().join("secret"));
+    std::fs::write(&keys, format!("k1:{}\n", "3c".repeat(32))).expect("write");
+    std::fs::write(&secret, "4d".repeat(32)).expect("write");
+    let secrets = idem_cli::admin::Secrets::read(Some(&keys), Some(&secret)).expect("secrets");
+    let server = Server::with(|config| config.secrets = secrets).await;
+    let key = "customer-77@example.com";
+
+    let first = server.claim(SHOP, "charges", key, json!({})).await;
+    assert_eq!(first["outcome"], "acquired");
+    let lease = first["lease"].clone();
+    let (_, begun) = server
+        .post(
+            SHOP,
+            "/v1/steps/begin",
+            json!({ "lease": lease, "step": "mint" }),
+        )
+        .await;
+    assert_eq!(begun["state"], "fresh");
+    let token = json!({ "token": "tok_s3cret" });
+    let (status, _) = server
+        .post(
+            SHOP,
+            "/v1/steps/finish",
+            json!({ "lease": lease, "step": "mint", "result": token }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (_, replayed) = server
+        .post(
+            SHOP,
+            "/v1/steps/begin",
+            json!({ "lease": lease, "step": "mint" }),
+        )
+        .await;
+    assert_eq!(replayed["result"], token, "a sealed step opens for its run");
+    let charge = json!({ "card": "4242424242424242" });
+    for _ in 0..2 {
+        // Sent twice, as a client whose answer was lost does: the second
+        // try's bytes are sealed under another nonce and still match.
+        let (status, answer) = server
+            .post(
+                SHOP,
+                "/v1/complete",
+                json!({ "lease": lease, "response": charge }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::NO_CONTENT, "{answer}");
+    }
+
+    let again = server.claim(SHOP, "charges", key, json!({})).await;
+    assert_eq!(again["outcome"], "completed");
+    assert_eq!(again["response"], charge);
+    let (_, record) = server.get(SHOP, "/v1/record", "charges", key).await;
+    assert_eq!(record["response"], charge);
+    assert_eq!(record["key"], key, "callers see their own key");
+    let (_, steps) = server.get(SHOP, "/v1/steps", "charges", key).await;
+    assert_eq!(steps["steps"][0]["result"], token);
+
+    let mut dump = Vec::new();
+    for entry in std::fs::read_dir(server._dir.path()).expect("dir") {
+        dump.extend(std::fs::read(entry.expect("entry").path()).expect("read"));
+    }
+    for shown in ["tok_s3cret", "4242424242424242", key] {
+        assert!(
+            !dump.windows(shown.len()).any(|w| w == shown.as_bytes()),
+            "the store shows {shown}"
+        );
+    }
     server.stop().await;
 }

@@ -7,15 +7,18 @@ use std::time::Duration;
 
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Method, StatusCode};
+use idem::codec::Keyring;
+use idem::key_hash::KeyHasher;
 use idem::{ConfigError, FailureClass, Idempotency, KeyRules, Store};
 use tokio_util::task::TaskTracker;
 use tower_layer::Layer;
 
 use crate::grpc;
+use crate::keep::{KeepRules, ReplayPolicy};
 use crate::request::{Settings, Unstored};
 use crate::rules::{default_stored, FingerprintRule, Hook};
 use crate::service::IdempotencyService;
-use crate::stored::Binary;
+use crate::stored::Responses;
 
 /// Configures an [`IdempotencyLayer`]; [`IdempotencyLayer::builder`] has
 /// the defaults.
@@ -41,6 +44,9 @@ pub struct IdempotencyLayerBuilder<S> {
     replay_cache_bytes: usize,
     replay_cache_ttl: Duration,
     replay_drop: Vec<HeaderName>,
+    keep: KeepRules,
+    keyring: Option<Keyring>,
+    key_hasher: Option<KeyHasher>,
     replay_set_cookie: bool,
     replay_redate: bool,
     grpc_request_id: grpc::RequestIdFields,
@@ -322,12 +328,58 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
         self
     }
 
+    /// What is stored of every response for its replays (default
+    /// [`ReplayPolicy::Full`]); paths given their own policy with
+    /// [`keep_for`](Self::keep_for) keep theirs. The client whose request
+    /// ran always gets the whole response; a replay of a response stored
+    /// reduced says what was kept in `Idempotent-Replay-Kept`.
+    pub fn keep(mut self, policy: ReplayPolicy) -> Self {
+        self.keep.set_default(policy);
+        self
+    }
+
+    /// What is stored for replays of requests whose path is `prefix` or
+    /// below it (whole segments: `/v1/tokens` covers `/v1/tokens/7`); the
+    /// longest matching prefix wins.
+    pub fn keep_for(mut self, prefix: &str, policy: ReplayPolicy) -> Self {
+        self.keep.set(prefix, policy);
+        self
+    }
+
+    /// Seals stored responses with `keyring` (see
+    /// [`idem::IdempotencyBuilder::keyring`]): a dump of the store shows
+    /// no response. Default: stored as they are.
+    pub fn keyring(mut self, keyring: Keyring) -> Self {
+        self.keyring = Some(keyring);
+        self
+    }
+
+    /// Stores records under a keyed hash of their scope and key (see
+    /// [`idem::IdempotencyBuilder::hash_keys`]): a dump of the store shows
+    /// no key a client sent. Default: keys stored as sent.
+    pub fn hash_keys(mut self, hasher: KeyHasher) -> Self {
+        self.key_hasher = Some(hasher);
+        self
+    }
+
+    /// Every policy at once (the gateway's `--keep`).
+    pub fn keep_rules(mut self, rules: KeepRules) -> Self {
+        self.keep = rules;
+        self
+    }
+
     /// Checks the configuration and builds the layer.
     pub fn build(self) -> Result<IdempotencyLayer<S>, ConfigError> {
         // Room for the head around the largest body.
         let max_stored_bytes = self.max_response_bytes.saturating_add(64 * 1024);
-        let idem = Idempotency::builder(self.store)
-            .codec(Binary)
+        let mut idem = Idempotency::builder(self.store).codec(Responses);
+        if let Some(keyring) = self.keyring {
+            idem = idem.keyring(keyring);
+        }
+        if let Some(hasher) = self.key_hasher {
+            idem = idem.hash_keys(hasher);
+        }
+        let idem = idem
             .lease(self.lease)
             .retention(self.retention)
             .fail_open(self.fail_open)
@@ -367,6 +419,7 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
                 max_wait: self.max_wait,
                 default_wait: self.default_wait.min(self.max_wait),
                 replay_drop,
+                keep: self.keep,
                 replay_redate: self.replay_redate,
                 grpc_request_id: self.grpc_request_id,
                 runs: TaskTracker::new(),
@@ -462,6 +515,9 @@ impl<S: Store> IdempotencyLayer<S> {
             replay_cache_bytes: idem::DEFAULT_REPLAY_CACHE_BYTES,
             replay_cache_ttl: idem::DEFAULT_REPLAY_CACHE_TTL,
             replay_drop: Vec::new(),
+            keep: KeepRules::default(),
+            keyring: None,
+            key_hasher: None,
             replay_set_cookie: false,
             replay_redate: true,
             grpc_request_id: grpc::RequestIdFields::default(),

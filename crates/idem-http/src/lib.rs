@@ -73,6 +73,7 @@
 mod body;
 mod grpc;
 mod header;
+mod keep;
 mod layer;
 mod marker;
 mod problem;
@@ -85,13 +86,14 @@ mod stored;
 
 pub use body::IdemBody;
 pub use header::{parse_key, KeyHeaderError};
+pub use keep::{KeepRules, PolicyError, ReplayPolicy, REDACTED};
 pub use layer::{
     IdempotencyLayer, IdempotencyLayerBuilder, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT,
 };
 pub use marker::{NotExecuted, OutcomeUnknown};
 pub use problem::Problem;
 pub use rejection::Rejection;
-pub use request::{LIFETIME_HEADER, REPLAYED_HEADER};
+pub use request::{LIFETIME_HEADER, REPLAYED_HEADER, REPLAY_KEPT_HEADER};
 pub use rules::{default_stored, FingerprintHook, FingerprintRule};
 pub use service::IdempotencyService;
-pub use stored::{strip_hop_by_hop, Binary, StoredResponse};
+pub use stored::{strip_hop_by_hop, Binary, Kept, StoredResponse};

@@ -105,7 +105,9 @@ class Idem:
     the engine extends it every third of it, on threads of its own, while
     the work runs. ``retention`` and ``failure_retention`` (seconds) are
     how long results and terminal failures are kept; ``wait`` is how long
-    a claim waits for a duplicate in flight by default.
+    a claim waits for a duplicate in flight by default. ``keyring`` is a
+    file of keys (``id:64-hex-digits`` a line, newest first) that seal
+    every stored result and step result at rest.
 
     In a forked child (gunicorn's ``preload``, ``multiprocessing``) the
     engine opens the store again on first use; a run begun in the parent
@@ -123,6 +125,7 @@ class Idem:
         wait: Optional[float] = None,
         max_attempts: Optional[int] = None,
         max_result_bytes: Optional[int] = None,
+        keyring: Optional[str] = None,
     ) -> None:
         self._engine = _native.Engine(
             url,
@@ -133,6 +136,7 @@ class Idem:
             wait=wait,
             max_attempts=max_attempts,
             max_result_bytes=max_result_bytes,
+            keyring=keyring,
         )
 
     @property

@@ -45,6 +45,7 @@ class Engine:
         max_attempts: Optional[int] = None,
         max_result_bytes: Optional[int] = None,
         token: Optional[str] = None,
+        keyring: Optional[str] = None,
     ) -> None: ...
     def begin(
         self, scope: str, key: str, fingerprint: Optional[bytes] = None, wait: Optional[float] = None
@@ -78,6 +79,7 @@ class HttpGuard:
         default_wait: Optional[float] = None,
         forward_takeovers: bool = False,
         reject_old_uuid_v7: bool = False,
+        keep: Optional[str] = None,
     ) -> None: ...
     def covers(self, method: str) -> bool: ...
     def begin(

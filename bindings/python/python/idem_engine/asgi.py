@@ -57,7 +57,10 @@ class IdempotencyMiddleware:
     pointers such as ``["/amount"]``), ``max_request_bytes`` and
     ``max_response_bytes`` (1 MiB), ``max_wait`` (10 s) and
     ``default_wait`` (0 s) for duplicates in flight,
-    ``forward_takeovers`` and ``reject_old_uuid_v7`` (``False``).
+    ``forward_takeovers`` and ``reject_old_uuid_v7`` (``False``), and
+    ``keep``: what is stored of responses for replays (``"full"``;
+    ``"status-only"``; ``"redacted:/card/number,x-api-key"``; per path
+    prefix as ``"/tokens=status-only;/users=redacted:/ssn"``).
     """
 
     def __init__(

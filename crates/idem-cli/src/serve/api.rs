@@ -17,6 +17,7 @@ use idem_remote::wire::{
     FailRequest, LeaseJson, RecordAnswer, ReleaseRequest, StepBeginAnswer, StepBeginRequest,
     StepFinishRequest, StepJson, StepsAnswer,
 };
+use serde_json::value::RawValue;
 use tokio_util::task::TaskTracker;
 
 use super::problems::{self, bad_request, store_problem};
@@ -55,7 +56,17 @@ impl Api {
             .map_err(|e| bad_request(format!("key: {e}")))?;
         let scope = Scope::new(&format!("{tenant}/{scope}"))
             .map_err(|e| bad_request(format!("scope: {e}")))?;
-        Ok(RecordId::new(scope, key))
+        Ok(self.config.secrets.stored_id(&RecordId::new(scope, key)))
+    }
+
+    /// The JSON of a result stored for `id` (opened if it was sealed).
+    fn result_json(&self, id: &RecordId, stored: &[u8]) -> Answer<Box<RawValue>> {
+        let opened = self
+            .config
+            .secrets
+            .open_result(id, stored)
+            .map_err(problems::unreadable)?;
+        stored_json(&opened).map_err(problems::unreadable)
     }
 
     /// The lease a caller passed back.
@@ -146,7 +157,7 @@ impl Api {
                     }
                 }
                 ClaimOutcome::Completed(response) => ClaimAnswer::Completed {
-                    response: stored_json(&response).map_err(problems::unreadable)?,
+                    response: self.result_json(&id, &response)?,
                 },
                 ClaimOutcome::Failed(failure) => ClaimAnswer::Failed {
                     class: failure.class.into(),
@@ -160,16 +171,33 @@ impl Api {
     pub(crate) async fn complete(&self, tenant: &str, request: CompleteRequest) -> Answer<()> {
         let lease = self.lease(tenant, &request.lease)?;
         let retention = millis("retention_ms", request.retention_ms, self.config.retention)?;
-        let response = Bytes::from(String::from(Box::<str>::from(request.response)));
+        let json = Bytes::from(String::from(Box::<str>::from(request.response)));
+        let response = self.config.secrets.seal_result(&lease.id, json.clone());
         let store = self.store.clone();
+        let secrets = self.config.secrets.clone();
         self.detached(async move {
+            if let Some(limit) = store.max_stored_bytes().filter(|l| response.len() > *l) {
+                let refusal = StoreError::Backend(
+                    format!(
+                        "a result of {} bytes as stored exceeds the {limit} bytes this store keeps",
+                        response.len()
+                    )
+                    .into(),
+                );
+                return Err(end_refused(&store, &lease, &refusal, retention).await);
+            }
             match store.complete(&lease, response.clone(), retention).await {
                 Err(refusal) if refusal.is_refusal() => {
                     Err(end_refused(&store, &lease, &refusal, retention).await)
                 }
                 done => {
-                    landed(&store, &lease, done, |state| {
-                        state.completed_with(&response)
+                    // An earlier try's bytes, sealed under another nonce,
+                    // are the same result once opened.
+                    landed(&store, &lease, done, |state| match state {
+                        State::Completed { response: stored } => secrets
+                            .open_result(&lease.id, stored)
+                            .is_ok_and(|opened| *opened == *json),
+                        _ => false,
                     })
                     .await
                 }
@@ -246,7 +274,14 @@ impl Api {
             },
             StepBegin::Done(result) if result.is_empty() => StepBeginAnswer::Skipped,
             StepBegin::Done(result) => StepBeginAnswer::Done {
-                result: stored_json(&result).map_err(problems::unreadable)?,
+                result: {
+                    let opened = self
+                        .config
+                        .secrets
+                        .open_step(&lease.id, &request.step, &result)
+                        .map_err(problems::unreadable)?;
+                    stored_json(&opened).map_err(problems::unreadable)?
+                },
             },
         })
     }
@@ -254,8 +289,13 @@ impl Api {
     pub(crate) async fn finish_step(&self, tenant: &str, request: StepFinishRequest) -> Answer<()> {
         let lease = self.lease(tenant, &request.lease)?;
         step_name(&request.step)?;
-        let result = Bytes::from(String::from(Box::<str>::from(request.result)));
+        let json = Bytes::from(String::from(Box::<str>::from(request.result)));
+        let result = self
+            .config
+            .secrets
+            .seal_step(&lease.id, &request.step, json.clone());
         let store = self.store.clone();
+        let secrets = self.config.secrets.clone();
         self.detached(async move {
             let step = request.step;
             match StepJournal::finish_step(&store, &lease, &step, result.clone()).await {
@@ -268,7 +308,9 @@ impl Api {
                         .into_iter()
                         .any(|e| {
                             e.name == step
-                                && matches!(&e.state, StepState::Done { result: r } if *r == result)
+                                && matches!(&e.state, StepState::Done { result: r }
+                                    if secrets.open_step(&lease.id, &step, r)
+                                        .is_ok_and(|opened| *opened == *json))
                         });
                     let same_claim = GetRecord::get(&store, &lease.id)
                         .await
@@ -293,10 +335,18 @@ impl Api {
         key: &str,
     ) -> Answer<RecordAnswer> {
         let id = self.id(tenant, scope, key)?;
-        let record = GetRecord::get(&self.store, &id)
+        let mut record = GetRecord::get(&self.store, &id)
             .await
             .map_err(store_problem)?
             .ok_or_else(|| problems::not_found(scope, key))?;
+        if let State::Completed { response } = &mut record.state {
+            let opened = self
+                .config
+                .secrets
+                .open_result(&id, response)
+                .map_err(problems::unreadable)?;
+            *response = Bytes::copy_from_slice(&opened);
+        }
         RecordAnswer::new(scope, key, &record).map_err(problems::unreadable)
     }
 
@@ -307,7 +357,15 @@ impl Api {
             .map_err(store_problem)?;
         let steps = entries
             .into_iter()
-            .map(StepJson::new)
+            .map(|mut entry| {
+                if let StepState::Done { result } = &mut entry.state {
+                    if !result.is_empty() {
+                        let opened = self.config.secrets.open_step(&id, &entry.name, result)?;
+                        *result = Bytes::copy_from_slice(&opened);
+                    }
+                }
+                StepJson::new(entry)
+            })
             .collect::<Result<_, _>>()
             .map_err(problems::unreadable)?;
         Ok(StepsAnswer { steps })

@@ -98,11 +98,15 @@ pub struct ServeConfig {
     /// Serve TLS with these files (reloaded on SIGHUP) instead of
     /// cleartext.
     pub tls: Option<TlsFiles>,
+    /// Results and step results sealed with `--keyring`, keys hashed with
+    /// `--key-secret` (default: neither).
+    pub secrets: crate::payload::Secrets,
 }
 
 impl ServeArgs {
-    /// The settings, checked; the tokens file is read.
-    pub fn config(&self) -> anyhow::Result<ServeConfig> {
+    /// The settings, checked; the tokens file is read. `secrets` are the
+    /// global `--keyring` and `--key-secret`.
+    pub fn config(&self, secrets: crate::payload::Secrets) -> anyhow::Result<ServeConfig> {
         let tenants = match &self.tokens {
             Some(path) => Tenants::from_file(path)?,
             None => {
@@ -136,6 +140,7 @@ impl ServeArgs {
             max_wait: crate::wait("--max-wait", &self.max_wait)?,
             max_request_bytes: self.max_request_bytes,
             max_lease,
+            secrets,
             tls: match (&self.tls_cert, &self.tls_key) {
                 (Some(cert), Some(key)) => Some(TlsFiles {
                     cert: cert.clone(),

@@ -128,6 +128,29 @@ pub async fn big(State(up): State<Upstream>) -> Response {
     vec![b'x'; 4096].into_response()
 }
 
+/// Secrets a response carries ([`secret`]); no dump of a store may show
+/// them once they are left out, redacted or sealed.
+pub const SECRETS: [&str; 3] = ["tok_s3cret", "4242424242424242", "key-s3cret"];
+
+/// 201 with a JSON body holding a minted token and a card number, and an
+/// API key in a header.
+pub async fn secret(State(up): State<Upstream>) -> Response {
+    let n = up.bump("/secret");
+    let mut response = (
+        StatusCode::CREATED,
+        [("content-type", "application/json")],
+        format!(r#"{{"id":{n},"token":"tok_s3cret","card":{{"number":"4242424242424242","brand":"visa"}}}}"#),
+    )
+        .into_response();
+    let h = response.headers_mut();
+    h.insert("x-api-key", HeaderValue::from_static("key-s3cret"));
+    h.insert(
+        "location",
+        HeaderValue::from_str(&format!("/secret/{n}")).expect("value"),
+    );
+    response
+}
+
 pub async fn read(State(up): State<Upstream>) -> Response {
     format!("read {}", up.bump("/read")).into_response()
 }
@@ -167,6 +190,7 @@ pub fn upstream_app() -> (Upstream, Router) {
         .route("/flaky", routing::post(flaky))
         .route("/status/{code}", routing::post(status))
         .route("/big", routing::post(big))
+        .route("/secret", routing::post(secret))
         .route("/read", get(read))
         .route("/headers", routing::post(headers).get(headers))
         .route("/version", routing::post(version))
@@ -210,6 +234,9 @@ pub fn config(upstream: SocketAddr) -> ProxyConfig {
         replay_drop_headers: Vec::new(),
         replay_set_cookie: false,
         grpc_request_id_fields: Vec::new(),
+        keep: Default::default(),
+        keyring: None,
+        key_hasher: None,
         forwarded: Default::default(),
         tls: None,
     }
@@ -349,6 +376,7 @@ pub fn serve_config(tenants: idem_cli::serve::Tenants) -> idem_cli::serve::Serve
         max_wait: Duration::from_secs(5),
         max_request_bytes: 1 << 20,
         max_lease: Duration::from_secs(3600),
+        secrets: Default::default(),
         tls: None,
     }
 }

@@ -76,6 +76,10 @@ pub struct HttpOptions {
     pub forward_takeovers: bool,
     /// Whether UUIDv7 keys older than the retention are refused (422).
     pub reject_old_uuid_v7: bool,
+    /// What is stored of responses for replays, per path prefix, in the
+    /// gateway's `--keep` form (`status-only;/v1/users=redacted:/ssn`);
+    /// default: everything.
+    pub keep: Option<String>,
 }
 
 fn invalid(what: &str, reason: impl std::fmt::Display) -> EngineError {
@@ -115,6 +119,13 @@ impl HttpOptions {
                     .get::<Route>()
                     .map_or_else(|| parts.uri.path().to_owned(), |route| route.0.clone())
             });
+        if let Some(keep) = &self.keep {
+            builder = builder
+                .keep_rules(idem_http::KeepRules::parse(keep).map_err(|e| invalid("keep", e))?);
+        }
+        if let Some(keyring) = idem.at_rest().keyring() {
+            builder = builder.keyring(keyring.clone());
+        }
         if self.tenant {
             builder = builder.tenant(|parts| {
                 parts

@@ -15,9 +15,12 @@ use crate::body::IdemBody;
 use crate::grpc::{self, Verdict};
 use crate::marker::{is_not_executed, OutcomeUnknown};
 use crate::rejection::Rejection;
-use crate::stored::StoredResponse;
+use crate::stored::{Kept, StoredResponse};
 
-use super::{Prepared, Settings, Unstored, LIFETIME_HEADER, PREFERENCE_APPLIED, REPLAYED_HEADER};
+use super::{
+    Prepared, Settings, Unstored, LIFETIME_HEADER, PREFERENCE_APPLIED, REPLAYED_HEADER,
+    REPLAY_KEPT_HEADER,
+};
 
 impl<S: Store> Settings<S> {
     /// Runs a prepared request through the executor: claim, the inner
@@ -43,11 +46,13 @@ impl<S: Store> Settings<S> {
             preferred,
         } = prepared;
         // A response that is not stored goes back to its own client as it
-        // came; it waits here while the executor records the failure.
+        // came; it waits here while the executor records the failure. So
+        // does one stored reduced by the route's policy.
         let unstored: Mutex<Option<Response<IdemBody>>> = Mutex::new(None);
         let keep = |response: Response<IdemBody>| {
             *unstored.lock().unwrap_or_else(PoisonError::into_inner) = Some(response);
         };
+        let policy = self.keep.for_path(request.uri().path());
         let executed = AtomicBool::new(false);
         let result = self
             .idem
@@ -111,10 +116,26 @@ impl<S: Store> Settings<S> {
                             return Err(unstored);
                         }
                         let stored = StoredResponse::new(head.status, head.headers, bytes);
-                        Ok(match trailers {
-                            Some(trailers) => stored.with_trailers(&trailers),
+                        let stored = match &trailers {
+                            Some(trailers) => stored.with_trailers(trailers),
+                            None => stored,
+                        };
+                        Ok(match policy.reduce(&stored) {
+                            Some(reduced) => {
+                                keep(stored_response(&stored));
+                                reduced
+                            }
                             None => stored,
                         })
+                    }
+                    // Too large to store whole, but its body is not kept:
+                    // stored reduced, and passed on to its client whole.
+                    Read::Over { prefix, rest } if policy.drops_body() => {
+                        let whole =
+                            StoredResponse::new(head.status, head.headers.clone(), Bytes::new());
+                        let reduced = policy.reduce(&whole).unwrap_or(whole);
+                        keep(Response::from_parts(head, IdemBody::chain(prefix, rest)));
+                        Ok(reduced)
                     }
                     Read::Over { prefix, rest } => {
                         keep(Response::from_parts(head, IdemBody::chain(prefix, rest)));
@@ -177,6 +198,10 @@ impl<S: Store> Settings<S> {
     ) -> Response<IdemBody> {
         let replayed = matches!(result, Ok(Outcome::Replayed { .. }));
         let rejection = match result {
+            // Stored reduced: its own client gets the whole response.
+            Ok(Outcome::Executed { .. } | Outcome::Unguarded { .. }) if kept.is_some() => {
+                return kept.expect("checked");
+            }
             Ok(outcome) => {
                 let stored = outcome.into_value();
                 return match stored
@@ -186,6 +211,12 @@ impl<S: Store> Settings<S> {
                     Ok((mut response, trailers)) => {
                         if replayed {
                             self.replay_headers(response.headers_mut());
+                            if stored.kept != Kept::Full {
+                                response.headers_mut().insert(
+                                    REPLAY_KEPT_HEADER,
+                                    HeaderValue::from_static(stored.kept.as_str()),
+                                );
+                            }
                         }
                         response.map(|bytes| full(bytes, trailers))
                     }
@@ -250,6 +281,20 @@ fn grpc_unstored(head: &HeaderMap, fields: &HeaderMap) -> Option<Unstored> {
         Verdict::Stored => None,
         Verdict::Released => Some(Unstored::GrpcStatus(name())),
         Verdict::Unknown => Some(Unstored::GrpcCutOff(name())),
+    }
+}
+
+/// A stored response as its client gets it (it was built from one, so
+/// it converts back).
+fn stored_response(stored: &StoredResponse) -> Response<IdemBody> {
+    match stored
+        .to_response()
+        .and_then(|response| stored.trailer_map().map(|trailers| (response, trailers)))
+    {
+        Ok((response, trailers)) => response.map(|bytes| full(bytes, trailers)),
+        Err(reason) => Rejection::StoredUnreadable { reason }
+            .into_response()
+            .map(IdemBody::full),
     }
 }
 

@@ -23,12 +23,18 @@ use tokio_util::task::TaskTracker;
 use crate::body::IdemBody;
 use crate::grpc::{self};
 use crate::header::parse_key;
+use crate::keep::KeepRules;
 use crate::rejection::Rejection;
 use crate::rules::{FingerprintRule, Hook};
-use crate::stored::Binary;
+use crate::stored::Responses;
 
 /// The header replays carry.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+/// The header a replay of a response stored reduced carries: what was kept
+/// (`status-only`, `redacted`), so a client can tell an empty or redacted
+/// body from the original's.
+pub const REPLAY_KEPT_HEADER: &str = "idempotent-replay-kept";
 
 /// The header every covered response carries: how long, in seconds, a key
 /// is remembered after its request completes.
@@ -43,7 +49,7 @@ const UUID_SKEW: Duration = Duration::from_secs(5);
 
 /// A layer's settings, shared by its services and their runs.
 pub(crate) struct Settings<S> {
-    pub(crate) idem: Idempotency<S, Binary>,
+    pub(crate) idem: Idempotency<S, Responses>,
     pub(crate) methods: Vec<Method>,
     pub(crate) header: HeaderName,
     pub(crate) required: bool,
@@ -62,6 +68,8 @@ pub(crate) struct Settings<S> {
     pub(crate) reject_old_uuid_v7: bool,
     pub(crate) max_wait: Duration,
     pub(crate) default_wait: Duration,
+    /// What each path keeps of its responses for replays.
+    pub(crate) keep: KeepRules,
     /// Stored headers left out of replays.
     pub(crate) replay_drop: Vec<HeaderName>,
     /// Replays carry the time of the replay as `Date`.

@@ -1,10 +1,15 @@
 //! A response as stored for replay, and the compact codec it is stored with.
+//! Its stored layouts and how each is read: [`wire`].
+
+mod wire;
+
+pub use wire::Kept;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use idem::{BoxError, Codec};
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 /// Headers that describe one connection, not the message (RFC 9110
 /// §7.6.1), whether listed here or named by `Connection`. `Trailer` is not
@@ -42,12 +47,15 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Header fields as stored: names and values in their original order,
 /// repeats kept, values byte for byte.
-type Fields = Vec<(String, serde_bytes::ByteBuf)>;
+pub(crate) type Fields = Vec<(String, serde_bytes::ByteBuf)>;
 
 /// A response kept for replay: status, end-to-end headers in order (a
-/// name may repeat), the body byte for byte, and the trailers (gRPC's
-/// `grpc-status`, say).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// name may repeat), the body byte for byte, the trailers (gRPC's
+/// `grpc-status`, say), and what of the original was kept.
+///
+/// Its serde form is written for [`Binary`] (postcard) and reads every
+/// layout an earlier build stored; see [`Kept`] for the layouts.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredResponse {
     /// The status code.
     pub status: u16,
@@ -57,6 +65,9 @@ pub struct StoredResponse {
     pub body: serde_bytes::ByteBuf,
     /// Trailer fields in their original order; empty when there were none.
     pub trailers: Fields,
+    /// What of the original response this holds ([`Kept::Full`] unless a
+    /// replay policy kept less).
+    pub kept: Kept,
 }
 
 impl StoredResponse {
@@ -69,6 +80,7 @@ impl StoredResponse {
             headers: fields(&headers),
             body: serde_bytes::ByteBuf::from(body.to_vec()),
             trailers: Vec::new(),
+            kept: Kept::Full,
         }
     }
 
@@ -91,7 +103,7 @@ impl StoredResponse {
                 .map(|(name, value)| name.as_str().len() + value.len() + 20)
                 .sum()
         };
-        42 + bound(headers) + body_len + trailers.map_or(0, bound)
+        48 + bound(headers) + body_len + trailers.map_or(0, bound)
     }
 
     /// The response again, without its trailers (see
@@ -155,9 +167,112 @@ impl Codec for Binary {
     }
 }
 
+/// The layer's codec: [`Binary`], with errors that say which layout a
+/// response that does not decode is in.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Responses;
+
+impl Codec for Responses {
+    fn encode<T: Serialize>(&self, value: &T) -> Result<Vec<u8>, BoxError> {
+        Binary.encode(value)
+    }
+
+    fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, BoxError> {
+        Binary
+            .decode(bytes)
+            .map_err(|error| wire::explain(bytes, &*error).into())
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use idem_testkit::fixtures;
+
     use super::*;
+
+    fn fields(pairs: &[(&str, &str)]) -> Fields {
+        pairs
+            .iter()
+            .map(|(n, v)| {
+                (
+                    (*n).to_owned(),
+                    serde_bytes::ByteBuf::from(v.as_bytes().to_vec()),
+                )
+            })
+            .collect()
+    }
+
+    fn from_fixture(stored: &[u8]) -> StoredResponse {
+        let opened = idem::codec::open(stored, 1 << 20).expect("an envelope");
+        Binary.decode(&opened).expect("decodes")
+    }
+
+    #[test]
+    fn every_earlier_layout_is_read_and_whole_responses_are_written_as_before() {
+        let headers = fields(&[
+            ("content-type", "application/json"),
+            ("location", "/orders/7"),
+            ("set-cookie", "a=1"),
+            ("set-cookie", "b=2"),
+        ]);
+        let layout0 = from_fixture(fixtures::HTTP_RESPONSE_LAYOUT0);
+        assert_eq!(
+            layout0,
+            StoredResponse {
+                status: 201,
+                headers: headers.clone(),
+                body: serde_bytes::ByteBuf::from(fixtures::HTTP_RESPONSE_BODY.to_vec()),
+                trailers: Vec::new(),
+                kept: Kept::Full,
+            }
+        );
+        let layout1 = from_fixture(fixtures::HTTP_RESPONSE_LAYOUT1);
+        assert_eq!(
+            layout1,
+            StoredResponse {
+                trailers: fields(&[("x-checksum", "c0ffee"), ("x-checksum", "again")]),
+                ..layout0
+            }
+        );
+        // A response kept whole is written in layout 1, byte for byte, so
+        // a build from before policies replays it during a rolling upgrade.
+        assert_eq!(
+            Binary.encode(&layout1).expect("encodes"),
+            &fixtures::HTTP_RESPONSE_LAYOUT1[1..]
+        );
+    }
+
+    #[test]
+    fn reduced_responses_are_written_in_layout_2_and_newer_layouts_are_refused() {
+        let mut reduced = from_fixture(fixtures::HTTP_RESPONSE_LAYOUT1);
+        reduced.body = serde_bytes::ByteBuf::new();
+        reduced.kept = Kept::StatusOnly;
+        let encoded = Binary.encode(&reduced).expect("encodes");
+        assert_eq!(encoded[0], 2, "layout 2 names itself");
+        assert_eq!(
+            Binary.decode::<StoredResponse>(&encoded).expect("decodes"),
+            reduced
+        );
+        for status in [100u16, 127, 128, 200, 599, 999] {
+            let whole = StoredResponse {
+                status,
+                kept: Kept::Full,
+                ..reduced.clone()
+            };
+            let bytes = Binary.encode(&whole).expect("encodes");
+            assert!(bytes[0] >= 0x64, "a status never begins below 0x64");
+            assert_eq!(
+                Binary.decode::<StoredResponse>(&bytes).expect("decodes"),
+                whole
+            );
+        }
+        let newer = Responses
+            .decode::<StoredResponse>(&[5, 1, 2, 3])
+            .expect_err("layout 5 is not known");
+        assert!(newer.to_string().contains("layout 5"), "{newer}");
+        assert!(Binary.decode::<StoredResponse>(&[]).is_err());
+        assert!(Binary.decode::<StoredResponse>(&[0xc9]).is_err());
+    }
 
     #[test]
     fn hop_by_hop_headers_are_dropped_and_repeats_and_trailers_kept() {
