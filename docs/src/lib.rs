@@ -28,6 +28,8 @@ pub mod guide {
     pub mod languages {}
     #[doc = include_str!("../guide/src/stores.md")]
     pub mod stores {}
+    #[doc = include_str!("../guide/src/keeping.md")]
+    pub mod keeping {}
     #[doc = include_str!("../guide/src/natural.md")]
     pub mod natural {}
     #[doc = include_str!("../guide/src/operating.md")]
