@@ -42,6 +42,7 @@
 //!   the broker adapters' target, one `consumer_chaos!` line per adapter;
 //! - [`bench`](mod@bench): the throughput benches.
 
+pub mod at_rest;
 pub mod bench;
 pub mod chaos;
 pub mod conformance;
