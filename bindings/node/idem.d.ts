@@ -49,6 +49,8 @@ export interface IdemOptions {
   maxResultBytes?: number;
   /** A keyring file (`id:64-hex-digits` a line, newest first) sealing stored results at rest [default: none]. */
   keyring?: string;
+  /** A file holding the secret (64 hex digits) keys are hashed with at rest [default: none]. */
+  keySecret?: string;
 }
 
 /** Options of one call. */

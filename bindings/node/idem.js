@@ -183,6 +183,7 @@ class Idem {
           maxAttempts: rest.maxAttempts,
           maxResultBytes: rest.maxResultBytes,
           keyring: rest.keyring,
+          keySecret: rest.keySecret,
         }),
     );
   }

@@ -32,6 +32,8 @@ pub struct Options {
     pub token: Option<String>,
     /// A keyring file sealing stored results at rest.
     pub keyring: Option<String>,
+    /// A file holding the secret keys are hashed with at rest.
+    pub key_secret: Option<String>,
 }
 
 /// Milliseconds from JavaScript as a duration.
@@ -52,6 +54,7 @@ fn options(given: Option<Options>) -> Result<EngineOptions, EngineError> {
         max_result_bytes: given.max_result_bytes.map(|n| n as usize),
         token: given.token,
         keyring: given.keyring.map(Into::into),
+        key_secret: given.key_secret.map(Into::into),
     })
 }
 

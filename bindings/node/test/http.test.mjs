@@ -190,7 +190,12 @@ for (const [framework, make] of [["express", expressApp], ["fastify", fastifyApp
 test("status-only replays the status, and a sealed store file shows no result", async () => {
   const dir = scratch();
   writeFileSync(join(dir, "keys"), `2026-11:${"cd".repeat(32)}\n`);
-  const idem = new Idem({ url: `sqlite:${join(dir, "idem.db")}`, keyring: join(dir, "keys") });
+  writeFileSync(join(dir, "key-secret"), `${"ef".repeat(32)}\n`);
+  const idem = new Idem({
+    url: `sqlite:${join(dir, "idem.db")}`,
+    keyring: join(dir, "keys"),
+    keySecret: join(dir, "key-secret"),
+  });
   const app = await expressApp(idem, { keep: "/charges=status-only:x-charge" });
   try {
     const first = await app.post("mint-1", { amount: 100 });
@@ -211,6 +216,7 @@ test("status-only replays the status, and a sealed store file shows no result", 
       .map((name) => readFileSync(join(dir, name))),
   );
   assert.equal(dump.includes("ch_1"), false);
+  assert.equal(dump.includes("mint-1"), false);
   assert.throws(() => idempotency(open("sqlite"), { keep: "forget-it" }), InvalidInput);
   writeFileSync(join(dir, "bad"), "k:not-hex\n");
   assert.throws(() => new Idem({ url: `sqlite:${join(dir, "b.db")}`, keyring: join(dir, "bad") }), /keyring/);

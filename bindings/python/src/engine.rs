@@ -49,7 +49,7 @@ impl Engine {
     #[new]
     #[pyo3(signature = (
         url, *, lease=None, retention=None, failure_retention=None, wait=None,
-        max_attempts=None, max_result_bytes=None, token=None, keyring=None,
+        max_attempts=None, max_result_bytes=None, token=None, keyring=None, key_secret=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -63,6 +63,7 @@ impl Engine {
         max_result_bytes: Option<usize>,
         token: Option<String>,
         keyring: Option<std::path::PathBuf>,
+        key_secret: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let options = (|| {
             Ok::<_, EngineError>(EngineOptions {
@@ -74,6 +75,7 @@ impl Engine {
                 max_result_bytes,
                 token,
                 keyring,
+                key_secret,
             })
         })()
         .map_err(|e| to_py(py, e))?;

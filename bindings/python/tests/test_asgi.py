@@ -223,7 +223,9 @@ def test_tenants_do_not_share_keys(tmp_path):
 def test_status_only_replays_the_status_and_a_sealed_store_file_shows_no_secret(tmp_path):
     keys = tmp_path / "keys"
     keys.write_text("2026-11:" + "ab" * 32 + "\n")
-    idem = Idem(f"sqlite:{tmp_path / 'idem.db'}", keyring=str(keys))
+    secret = tmp_path / "key-secret"
+    secret.write_text("cd" * 32 + "\n")
+    idem = Idem(f"sqlite:{tmp_path / 'idem.db'}", keyring=str(keys), key_secret=str(secret))
     app = make_app(idem, keep="/charges=status-only:x-charge")
     with TestClient(app) as client:
         first = post(client, "mint-1", {"amount": 100})
@@ -234,7 +236,7 @@ def test_status_only_replays_the_status_and_a_sealed_store_file_shows_no_secret(
     assert again.headers["x-charge"] == "yes"
     assert app.state.runs == [{"amount": 100}]
     dump = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("idem.db"))
-    assert b"ch_1" not in dump
+    assert b"ch_1" not in dump and b"mint-1" not in dump
 
 
 def test_a_bad_keep_policy_or_keyring_is_refused_when_built(tmp_path):

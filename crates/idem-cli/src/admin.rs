@@ -150,17 +150,24 @@ pub fn resolution(applied: Option<&str>) -> anyhow::Result<Resolution> {
 /// `idem resolve SCOPE KEY STEP`: journals the operator's finding for a
 /// parked record's step in doubt and releases the record. An error says
 /// why nothing changed.
+/// An applied result is sealed under `--keyring`, as the executor seals
+/// the step results it journals.
 pub async fn resolve(
     store: &AnyStore,
     id: &RecordId,
     step: &str,
     resolution: Resolution,
+    secrets: &Secrets,
 ) -> anyhow::Result<()> {
     if let Err(problem) = check_step_name(step) {
         anyhow::bail!(
             "step name {step:?} {problem}; nothing changed. `idem inspect` lists the steps"
         );
     }
+    let resolution = match resolution {
+        Resolution::Applied(json) => Resolution::Applied(secrets.seal_step(id, step, json)),
+        other => other,
+    };
     match store.resolve_step(id, step, resolution).await? {
         Resolved::Released => Ok(()),
         Resolved::NotParked => anyhow::bail!(

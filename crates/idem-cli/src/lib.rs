@@ -302,7 +302,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let resolution = admin::resolution(applied.as_deref())?;
             let id = stored_id(&scope, &key)?;
-            admin::resolve(&store, &id, &step, resolution).await?;
+            admin::resolve(&store, &id, &step, resolution, &secrets).await?;
             print_json(&serde_json::json!({ "resolved": step, "state": "released" }));
         }
         Command::Release { scope, key } => {

@@ -277,6 +277,7 @@ async fn parked_records_are_listed_inspected_and_resolved() {
         &parked,
         "charge",
         admin::resolution(None).expect("not applied"),
+        &no_secrets(),
     )
     .await
     .expect_err("charge is not in doubt");
@@ -286,6 +287,7 @@ async fn parked_records_are_listed_inspected_and_resolved() {
         &parked,
         idem::durable::INPUT_STEP,
         admin::resolution(Some("{}")).expect("applied"),
+        &no_secrets(),
     )
     .await
     .expect_err("the input is not a step");
@@ -295,6 +297,7 @@ async fn parked_records_are_listed_inspected_and_resolved() {
         &id("declined"),
         "x",
         admin::resolution(None).expect("not applied"),
+        &no_secrets(),
     )
     .await
     .expect_err("a terminal failure is not parked");
@@ -308,6 +311,7 @@ async fn parked_records_are_listed_inspected_and_resolved() {
         &parked,
         "ship",
         admin::resolution(Some(r#"{"shipment": "shp_1"}"#)).expect("json"),
+        &no_secrets(),
     )
     .await
     .expect("resolve");

@@ -69,6 +69,11 @@ impl Local {
                 .map_err(|e| EngineError::Config(format!("keyring: {e}")))?;
             builder = builder.keyring(keyring);
         }
+        if let Some(path) = &options.key_secret {
+            let hasher = idem::key_hash::KeyHasher::from_file(path)
+                .map_err(|e| EngineError::Config(e.to_string()))?;
+            builder = builder.hash_keys(hasher);
+        }
         let idem = builder
             .build()
             .map_err(|e| EngineError::Config(e.to_string()))?;

@@ -27,4 +27,8 @@ pub struct EngineOptions {
     /// first key seals every stored result and step result; the others
     /// still open what they sealed. Not for a remote `idem serve`.
     pub keyring: Option<std::path::PathBuf>,
+    /// A file holding the secret (64 hex digits) keys are hashed with at
+    /// rest: records are stored under a keyed hash of their scope and key.
+    /// It never rotates. Not for a remote `idem serve`.
+    pub key_secret: Option<std::path::PathBuf>,
 }

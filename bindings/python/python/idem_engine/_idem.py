@@ -107,7 +107,8 @@ class Idem:
     how long results and terminal failures are kept; ``wait`` is how long
     a claim waits for a duplicate in flight by default. ``keyring`` is a
     file of keys (``id:64-hex-digits`` a line, newest first) that seal
-    every stored result and step result at rest.
+    every stored result and step result at rest; ``key_secret`` a file
+    holding the secret (64 hex digits) keys are hashed with at rest.
 
     In a forked child (gunicorn's ``preload``, ``multiprocessing``) the
     engine opens the store again on first use; a run begun in the parent
@@ -126,6 +127,7 @@ class Idem:
         max_attempts: Optional[int] = None,
         max_result_bytes: Optional[int] = None,
         keyring: Optional[str] = None,
+        key_secret: Optional[str] = None,
     ) -> None:
         self._engine = _native.Engine(
             url,
@@ -137,6 +139,7 @@ class Idem:
             max_attempts=max_attempts,
             max_result_bytes=max_result_bytes,
             keyring=keyring,
+            key_secret=key_secret,
         )
 
     @property

@@ -46,6 +46,7 @@ class Engine:
         max_result_bytes: Optional[int] = None,
         token: Optional[str] = None,
         keyring: Optional[str] = None,
+        key_secret: Optional[str] = None,
     ) -> None: ...
     def begin(
         self, scope: str, key: str, fingerprint: Optional[bytes] = None, wait: Optional[float] = None

@@ -39,6 +39,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use idem::key_hash::KeyHasher;
 use idem::{GetRecord, Key, ListQuery, ListRecords, RecordId, Scope, StateKind};
 use idem_cli::store::AnyStore;
 use idem_testkit::chaos::{self, Progress, Report};
@@ -323,8 +324,24 @@ impl Run {
         query.state = Some(StateKind::InProgress);
         query.scope = Some(scope);
         let page = store.list(&query).await.map_err(harness)?;
+        // Under --key-secret the store holds each key's hash.
+        let clear: HashMap<String, String> = match key_hasher(&self.gateway_args)? {
+            Some(hasher) => {
+                let scope = Scope::new(SCOPE).map_err(harness)?;
+                let mut clear = HashMap::with_capacity(self.keys.len());
+                for key in &self.keys {
+                    let id = RecordId::new(scope.clone(), Key::new(key).map_err(harness)?);
+                    clear.insert(hasher.hash(&id).key().to_string(), key.clone());
+                }
+                clear
+            }
+            None => HashMap::new(),
+        };
         self.in_doubt
-            .extend(page.records.into_iter().map(|(id, _)| id.key().to_string()));
+            .extend(page.records.into_iter().map(|(id, _)| {
+                let stored = id.key().to_string();
+                clear.get(&stored).cloned().unwrap_or(stored)
+            }));
         Ok(())
     }
 
@@ -497,8 +514,11 @@ impl Run {
             answers.entry(answer.key.as_str()).or_default().push(answer);
         }
         let scope = Scope::new(SCOPE).map_err(harness)?;
+        let hasher = key_hasher(&self.gateway_args)?;
         for key in &self.keys {
             let id = RecordId::new(scope.clone(), Key::new(key).map_err(harness)?);
+            // Where the gateway stored it: under its hash with --key-secret.
+            let id = hasher.as_ref().map_or(id.clone(), |h| h.hash(&id));
             let record = store.get(&id).await.map_err(harness)?;
             if let Some(idem::State::Failed { failure }) = record.as_ref().map(|r| &r.state) {
                 if failure.class == idem::FailureClass::Unknown {
@@ -526,4 +546,20 @@ impl Run {
         }
         Ok(report)
     }
+}
+
+/// The gateway's key hasher, when its arguments give it `--key-secret`.
+fn key_hasher(gateway_args: &[String]) -> Result<Option<KeyHasher>, ChaosError> {
+    let mut args = gateway_args.iter();
+    while let Some(arg) = args.next() {
+        let path = match arg.strip_prefix("--key-secret") {
+            Some(rest) if rest.starts_with('=') => Some(rest[1..].to_owned()),
+            Some("") => args.next().cloned(),
+            _ => None,
+        };
+        if let Some(path) = path {
+            return KeyHasher::from_file(path).map(Some).map_err(harness);
+        }
+    }
+    Ok(None)
 }

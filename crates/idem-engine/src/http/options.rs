@@ -126,6 +126,9 @@ impl HttpOptions {
         if let Some(keyring) = idem.at_rest().keyring() {
             builder = builder.keyring(keyring.clone());
         }
+        if let Some(hasher) = idem.key_hasher() {
+            builder = builder.hash_keys(hasher.clone());
+        }
         if self.tenant {
             builder = builder.tenant(|parts| {
                 parts

@@ -168,6 +168,11 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         self.config.replays.remove(&self.stored_id(id));
     }
 
+    /// The secret keys are hashed with, if the executor hashes them.
+    pub fn key_hasher(&self) -> Option<&KeyHasher> {
+        self.config.key_hasher.as_ref()
+    }
+
     /// `id` as the store knows it: its key hashed when the executor hashes
     /// keys ([`IdempotencyBuilder::hash_keys`]), else `id` itself. For
     /// tools that read this executor's records from the store directly.
