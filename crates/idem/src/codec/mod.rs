@@ -1,7 +1,14 @@
 //! How results are turned into stored bytes: a [`Codec`] (JSON by
-//! default), an envelope that compresses large responses with zstd
-//! ([`envelope`]), and, with a [`Keyring`], encryption at rest
-//! ([`AtRest`]).
+//! default), an envelope that compresses large responses with zstd, and,
+//! with a [`Keyring`], encryption at rest ([`AtRest`]).
+//!
+//! The envelope's first byte names its format:
+//!
+//! | byte | format | follows |
+//! |---|---|---|
+//! | `0` | plain | the codec's bytes |
+//! | `1` | zstd | the codec's bytes, compressed |
+//! | `2` | sealed | the key id's length and id, a nonce, and an envelope of format 0 or 1 encrypted under that key |
 //!
 //! Every stored payload says its layout in its first byte, so a build
 //! reads every layout an earlier one wrote: a response's envelope byte
