@@ -428,8 +428,8 @@ pub async fn stored_bytes_round_trip<S: Core>(f: &Fixture<S>) {
 pub async fn calls_yield_to_the_runtime<S: Core>(f: &Fixture<S>) {
     let scope = f.scope("yield");
     let p = params(f);
-    let mut yielded = 0usize;
-    let mut polls = |pending: bool| yielded += usize::from(pending);
+    let yielded = std::cell::Cell::new(0usize);
+    let mut polls = |pending: bool| yielded.set(yielded.get() + usize::from(pending));
     for i in 0..1_000 {
         let id = id(&scope, &format!("k{i}"));
         let lease = match counting(f.store.claim(&id, &p), &mut polls).await {
@@ -442,9 +442,15 @@ pub async fn calls_yield_to_the_runtime<S: Core>(f: &Fixture<S>) {
         )
         .await
         .expect("complete");
+        // One yield answers the question: a networked store yields on
+        // its first call, and need not make the other 1,999 (on DynamoDB
+        // under moto, a minute of the suite).
+        if yielded.get() > 0 {
+            break;
+        }
     }
     assert!(
-        yielded > 0,
+        yielded.get() > 0,
         "2,000 store calls in one task never yielded to the runtime: a task \
          looping over this store would starve everything else on its worker"
     );
