@@ -165,7 +165,9 @@ pub async fn resolve(
         );
     }
     let resolution = match resolution {
-        Resolution::Applied(json) => Resolution::Applied(secrets.seal_step(id, step, json)),
+        Resolution::Applied(json) => {
+            Resolution::Applied(secrets.at_rest().seal_step(id, step, json))
+        }
         other => other,
     };
     match store.resolve_step(id, step, resolution).await? {

@@ -78,19 +78,10 @@ impl Secrets {
         }
     }
 
-    /// A step result's JSON as stored: sealed under the keyring, else as it is.
-    pub fn seal_step(&self, id: &RecordId, step: &str, json: Bytes) -> Bytes {
-        self.at_rest.seal_step(id, step, json)
-    }
-
-    /// The JSON of a journaled step result.
-    pub fn open_step<'a>(
-        &self,
-        id: &RecordId,
-        step: &str,
-        stored: &'a [u8],
-    ) -> Result<Cow<'a, [u8]>, String> {
-        self.at_rest.open_step(id, step, stored)
+    /// How payloads are sealed and opened: step results go through it as
+    /// they are.
+    pub fn at_rest(&self) -> &AtRest {
+        &self.at_rest
     }
 
     /// A stored response, described: its envelope and, when sealed, the

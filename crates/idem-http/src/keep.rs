@@ -119,13 +119,14 @@ fn redacted(
         },
         // Not JSON: what it holds cannot be told apart, so none of it is kept.
         None => StoredResponse {
-            body: serde_bytes::ByteBuf::new(),
-            kept: Kept::StatusOnly,
+            status: response.status,
             headers: headers
                 .into_iter()
                 .filter(|(name, _)| !name.eq_ignore_ascii_case("content-type"))
                 .collect(),
-            ..response.clone()
+            body: serde_bytes::ByteBuf::new(),
+            trailers: response.trailers.clone(),
+            kept: Kept::StatusOnly,
         },
     }
 }

@@ -80,7 +80,11 @@ pub(crate) async fn run(plan: &Plan, progress: impl Fn(Progress)) -> Result<Repo
     let proxy = FaultProxy::start(([127, 0, 0, 1], port).into())
         .await
         .map_err(server("fault proxy"))?;
+    let hasher = key_hasher(&plan.gateway_args)?;
     let mut run = Run::new(plan, dir.clone(), &store_url, (port, proxy), upstream);
+    if let Some(hasher) = hasher {
+        run.hash_keys(hasher)?;
+    }
     let report = chaos::run(&plan.fault_plan(), &mut run, progress).await?;
     drop(run);
     drop(store_server);
@@ -178,6 +182,9 @@ struct Run {
     in_doubt: BTreeSet<String>,
     report: HttpTally,
     target: Target,
+    /// With the gateway's `--key-secret`: its hasher, and the key of each
+    /// hash.
+    stored: Option<(KeyHasher, HashMap<String, String>)>,
 }
 
 impl Run {
@@ -256,6 +263,7 @@ impl Run {
             in_doubt: BTreeSet::new(),
             report,
             target: plan.target,
+            stored: None,
         }
     }
 
@@ -325,22 +333,13 @@ impl Run {
         query.scope = Some(scope);
         let page = store.list(&query).await.map_err(harness)?;
         // Under --key-secret the store holds each key's hash.
-        let clear: HashMap<String, String> = match key_hasher(&self.gateway_args)? {
-            Some(hasher) => {
-                let scope = Scope::new(SCOPE).map_err(harness)?;
-                let mut clear = HashMap::with_capacity(self.keys.len());
-                for key in &self.keys {
-                    let id = RecordId::new(scope.clone(), Key::new(key).map_err(harness)?);
-                    clear.insert(hasher.hash(&id).key().to_string(), key.clone());
-                }
-                clear
-            }
-            None => HashMap::new(),
-        };
+        let clear = self.stored.as_ref().map(|(_, clear)| clear);
         self.in_doubt
             .extend(page.records.into_iter().map(|(id, _)| {
                 let stored = id.key().to_string();
-                clear.get(&stored).cloned().unwrap_or(stored)
+                clear
+                    .and_then(|c| c.get(&stored).cloned())
+                    .unwrap_or(stored)
             }));
         Ok(())
     }
@@ -514,11 +513,11 @@ impl Run {
             answers.entry(answer.key.as_str()).or_default().push(answer);
         }
         let scope = Scope::new(SCOPE).map_err(harness)?;
-        let hasher = key_hasher(&self.gateway_args)?;
+        let hasher = self.stored.as_ref().map(|(hasher, _)| hasher);
         for key in &self.keys {
             let id = RecordId::new(scope.clone(), Key::new(key).map_err(harness)?);
             // Where the gateway stored it: under its hash with --key-secret.
-            let id = hasher.as_ref().map_or(id.clone(), |h| h.hash(&id));
+            let id = hasher.map_or(id.clone(), |h| h.hash(&id));
             let record = store.get(&id).await.map_err(harness)?;
             if let Some(idem::State::Failed { failure }) = record.as_ref().map(|r| &r.state) {
                 if failure.class == idem::FailureClass::Unknown {
@@ -545,6 +544,21 @@ impl Run {
             });
         }
         Ok(report)
+    }
+}
+
+impl Run {
+    /// The gateway stores keys hashed by `hasher`: the checks find each
+    /// key's record under its hash, and each hash's key.
+    fn hash_keys(&mut self, hasher: KeyHasher) -> Result<(), ChaosError> {
+        let scope = Scope::new(SCOPE).map_err(harness)?;
+        let mut clear = HashMap::with_capacity(self.keys.len());
+        for key in &self.keys {
+            let id = RecordId::new(scope.clone(), Key::new(key).map_err(harness)?);
+            clear.insert(hasher.hash(&id).key().to_string(), key.clone());
+        }
+        self.stored = Some((hasher, clear));
+        Ok(())
     }
 }
 

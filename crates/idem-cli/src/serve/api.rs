@@ -278,6 +278,7 @@ impl Api {
                     let opened = self
                         .config
                         .secrets
+                        .at_rest()
                         .open_step(&lease.id, &request.step, &result)
                         .map_err(problems::unreadable)?;
                     stored_json(&opened).map_err(problems::unreadable)?
@@ -290,10 +291,11 @@ impl Api {
         let lease = self.lease(tenant, &request.lease)?;
         step_name(&request.step)?;
         let json = Bytes::from(String::from(Box::<str>::from(request.result)));
-        let result = self
-            .config
-            .secrets
-            .seal_step(&lease.id, &request.step, json.clone());
+        let result =
+            self.config
+                .secrets
+                .at_rest()
+                .seal_step(&lease.id, &request.step, json.clone());
         let store = self.store.clone();
         let secrets = self.config.secrets.clone();
         self.detached(async move {
@@ -309,7 +311,7 @@ impl Api {
                         .any(|e| {
                             e.name == step
                                 && matches!(&e.state, StepState::Done { result: r }
-                                    if secrets.open_step(&lease.id, &step, r)
+                                    if secrets.at_rest().open_step(&lease.id, &step, r)
                                         .is_ok_and(|opened| *opened == *json))
                         });
                     let same_claim = GetRecord::get(&store, &lease.id)
@@ -360,7 +362,11 @@ impl Api {
             .map(|mut entry| {
                 if let StepState::Done { result } = &mut entry.state {
                     if !result.is_empty() {
-                        let opened = self.config.secrets.open_step(&id, &entry.name, result)?;
+                        let opened =
+                            self.config
+                                .secrets
+                                .at_rest()
+                                .open_step(&id, &entry.name, result)?;
                         *result = Bytes::copy_from_slice(&opened);
                     }
                 }

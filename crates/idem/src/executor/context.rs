@@ -2,6 +2,7 @@
 //! its [`Heartbeats`], and its journaled steps ([`Context::step`]; the
 //! step types live in [`crate::step`]).
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -339,7 +340,12 @@ impl Context {
                             step: step(),
                             reason,
                         })?;
-                    return Ok(StepStart::Done(Some(Bytes::copy_from_slice(&opened))));
+                    // An unsealed result is replayed as journaled, uncopied.
+                    let opened = match opened {
+                        Cow::Borrowed(_) => result,
+                        Cow::Owned(json) => Bytes::from(json),
+                    };
+                    return Ok(StepStart::Done(Some(opened)));
                 }
                 if P::skipped::<()>().is_none() {
                     return Err(StepError::Decode {
