@@ -360,9 +360,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 async fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
-    let config = args.proxy_config()?;
+    let mut config = args.proxy_config()?;
     let url: StoreUrl = args.store.as_deref().unwrap_or(DEFAULT_STORE).parse()?;
     let store = url.open().await?;
+    config.blobs = args.open_blobs(&url, &config.keep).await?;
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| tracing::warn!(error = %e, "metrics recorder not installed"))

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use idem::codec::{envelope_of, AtRest, Codec, Keyring};
 use idem::key_hash::KeyHasher;
 use idem::RecordId;
-use idem_http::{Binary, StoredResponse};
+use idem_http::{Binary, Kept, StoredResponse};
 use serde_json::{json, Value};
 
 /// The secrets given on the command line (`--keyring`, `--key-secret`);
@@ -110,6 +110,13 @@ impl Secrets {
                 "body_bytes": http.body.len(),
                 "trailers": http.trailers.len(),
             });
+            if let Kept::Reference(blob) = &http.kept {
+                out["http"]["blob"] = json!({
+                    "locator": blob.locator,
+                    "digest": blob.digest_hex(),
+                    "bytes": blob.len,
+                });
+            }
         }
         out
     }

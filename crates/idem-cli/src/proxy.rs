@@ -81,6 +81,8 @@ pub struct ProxyConfig {
     pub grpc_request_id_fields: Vec<(Option<String>, u32)>,
     /// What each path prefix stores of its responses for replays.
     pub keep: idem_http::KeepRules,
+    /// Where bodies kept by reference go, swept of those no record names.
+    pub blobs: Option<idem::blob::Blobs>,
     /// The keys stored responses are sealed with, if any.
     pub keyring: Option<idem::codec::Keyring>,
     /// The secret keys are hashed with at rest, if any.
@@ -275,6 +277,9 @@ pub fn layer(store: AnyStore, config: &ProxyConfig) -> anyhow::Result<Idempotenc
     if let Some(keyring) = &config.keyring {
         layer = layer.keyring(keyring.clone());
     }
+    if let Some(blobs) = &config.blobs {
+        layer = layer.blobs(blobs.clone());
+    }
     if let Some(hasher) = &config.key_hasher {
         layer = layer.hash_keys(hasher.clone());
     }
@@ -373,6 +378,9 @@ pub fn admin_router(metrics: Option<PrometheusHandle>) -> Router {
         )
 }
 
+/// How often the gateway sweeps blobs no record names.
+const BLOB_SWEEP_EVERY: Duration = Duration::from_secs(60);
+
 /// Serves the gateway on `listener` (and the admin routes on `admin`, if
 /// given) until `shutdown` resolves; then stops accepting, lets in-flight
 /// requests finish (their keys completed or released), including those
@@ -394,6 +402,10 @@ pub async fn serve(
     let layer = layer(store.clone(), config)?;
     let app = router(layer.clone(), config)?;
     let _purger = store.spawn_purger();
+    let _sweeper = config
+        .blobs
+        .clone()
+        .map(|blobs| idem::blob::spawn_blob_sweeper(store.clone(), blobs, BLOB_SWEEP_EVERY, 1_000));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let admin_task = admin.map(|(listener, metrics)| {
         let mut stop = stop_rx.clone();

@@ -148,12 +148,21 @@ pub struct ProxyArgs {
     /// What is stored of a response for its replays: `full`;
     /// `status-only` (no body; `status-only:location,etag` keeps those
     /// headers); `redacted:` and JSON pointers and header names whose
-    /// values are replaced (`redacted:/card/number,x-api-key`). Per path
+    /// values are replaced (`redacted:/card/number,x-api-key`);
+    /// `reference` (bodies over 64 KiB, or `reference:1MiB`, kept in the
+    /// blob store, see --blobs, and streamed on replay). Per path
     /// prefix as `PREFIX=POLICY`, entries separated by `;`
     /// (`/v1/tokens=status-only;/v1/users=redacted:/ssn`). The client
     /// whose request ran always gets the whole response [default: full].
     #[arg(long, env = "IDEM_KEEP")]
     pub keep: Option<String>,
+    /// Where bodies kept by `reference` go: `dir:PATH`, or
+    /// `postgres://…` (tables of their own). Also needed to replay records
+    /// kept by reference before a policy changed [default: a directory
+    /// beside the embedded store's file (`idem.db.blobs`), or the
+    /// PostgreSQL store's database].
+    #[arg(long, env = "IDEM_BLOBS")]
+    pub blobs: Option<String>,
     /// The keyring (as the global --keyring; this one also reads the
     /// file).
     #[arg(skip)]
@@ -184,8 +193,38 @@ impl ProxyArgs {
               tenant_header, retention, lease, max_request_bytes, max_response_bytes, fail_open,
               upstream_timeout, forward_takeovers, reject_old_uuid_v7, max_wait, default_wait,
               replay_cache_bytes, replay_cache_ttl, trust_forwarded, preserve_host,
-              replay_drop_headers, replay_set_cookie, grpc_request_id_field, keep, keyring, key_secret);
+              replay_drop_headers, replay_set_cookie, grpc_request_id_field, keep, blobs, keyring,
+              key_secret);
         Ok(self)
+    }
+
+    /// The blob store for `store`, opened: the one `--blobs` names, else
+    /// the one beside `store` when a route keeps bodies by reference or
+    /// that blob directory exists already; `None` when there is none.
+    pub async fn open_blobs(
+        &self,
+        store: &idem_engine::store::StoreUrl,
+        keep: &idem_http::KeepRules,
+    ) -> anyhow::Result<Option<idem::blob::Blobs>> {
+        use idem_engine::store::BlobUrl;
+        let url = match self.blobs.as_deref() {
+            Some(url) => Some(url.parse::<BlobUrl>()?),
+            None => BlobUrl::beside(store).filter(|url| match url {
+                BlobUrl::Dir(path) => keep.any_reference() || path.is_dir(),
+                BlobUrl::Postgres(_) => keep.any_reference(),
+            }),
+        };
+        match url {
+            Some(url) => {
+                tracing::info!(blobs = %url, "blob store");
+                Ok(Some(url.open().await?))
+            }
+            None if keep.any_reference() => anyhow::bail!(
+                "--keep keeps bodies by reference: name a blob store with --blobs \
+                 (dir:PATH or postgres://…)"
+            ),
+            None => Ok(None),
+        }
     }
 
     /// The gateway's settings, checked.
@@ -293,6 +332,7 @@ impl ProxyArgs {
                 .collect::<anyhow::Result<_>>()?,
             keep: idem_http::KeepRules::parse(self.keep.as_deref().unwrap_or(""))
                 .map_err(|e| anyhow::anyhow!("--keep: {e}"))?,
+            blobs: None,
             keyring: self
                 .keyring
                 .as_deref()

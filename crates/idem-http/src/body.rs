@@ -10,7 +10,9 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
+use idem::blob::BlobChunks;
 use idem::BoxError;
+use tokio::sync::mpsc;
 
 /// The body of every response the middleware returns.
 pub struct IdemBody(UnsyncBoxBody<Bytes, BoxError>);
@@ -39,6 +41,55 @@ impl IdemBody {
         Self::new(Held {
             data: Some(bytes).filter(|b| !b.is_empty()),
             trailers: Some(trailers),
+        })
+    }
+
+    /// A blob's `len` bytes streamed as they are read (a few chunks in
+    /// memory at a time), then `trailers`. A blob that turns out corrupt
+    /// (its digest or length not the one its record names) ends the body
+    /// with an error before its last chunk, so the client sees it cut
+    /// off, never other bytes whole.
+    pub fn from_blob(mut chunks: BlobChunks, len: u64, trailers: Option<HeaderMap>) -> Self {
+        let (tx, rx) = mpsc::channel(2);
+        let has_trailers = trailers.is_some();
+        tokio::spawn(async move {
+            // The last chunk is held back until the digest is checked, so
+            // a corrupt blob never reaches its client whole.
+            let mut held: Option<Bytes> = None;
+            loop {
+                match chunks.next().await {
+                    Ok(Some(chunk)) => {
+                        if let Some(ready) = held.replace(chunk) {
+                            if tx.send(Ok(Frame::data(ready))).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    Ok(None) => {
+                        if let Some(last) = held.take() {
+                            if tx.send(Ok(Frame::data(last))).await.is_err() {
+                                return;
+                            }
+                        }
+                        break;
+                    }
+                    Err(error) => {
+                        metrics::counter!(idem::metrics::BLOBS_UNREADABLE, "reason" => "corrupt")
+                            .increment(1);
+                        tracing::error!(%error, "a replayed body's blob is unreadable; the replay was cut off");
+                        let _ = tx.send(Err(error.into())).await;
+                        return;
+                    }
+                }
+            }
+            if let Some(trailers) = trailers {
+                let _ = tx.send(Ok(Frame::trailers(trailers))).await;
+            }
+        });
+        Self::new(Streamed {
+            rx,
+            remaining: len,
+            has_trailers,
         })
     }
 
@@ -102,6 +153,40 @@ where
             return Poll::Ready(Some(Ok(Frame::data(prefix))));
         }
         self.rest.as_mut().poll_frame(cx).map_err(Into::into)
+    }
+}
+
+/// A body read by another task, frame by frame.
+struct Streamed {
+    rx: mpsc::Receiver<Result<Frame<Bytes>, BoxError>>,
+    remaining: u64,
+    has_trailers: bool,
+}
+
+impl Body for Streamed {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let frame = std::task::ready!(self.rx.poll_recv(cx));
+        if let Some(Ok(data)) = frame.as_ref().map(|f| f.as_ref().map(Frame::data_ref)) {
+            let read = data.map_or(0, |d| d.len() as u64);
+            self.remaining = self.remaining.saturating_sub(read);
+        }
+        Poll::Ready(frame)
+    }
+
+    /// Exact unless trailers are to come (see [`Held::size_hint`]).
+    fn size_hint(&self) -> SizeHint {
+        if !self.has_trailers {
+            return SizeHint::with_exact(self.remaining);
+        }
+        let mut hint = SizeHint::new();
+        hint.set_lower(self.remaining);
+        hint
     }
 }
 

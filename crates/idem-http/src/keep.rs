@@ -39,7 +39,19 @@ pub enum ReplayPolicy {
         /// Headers whose values are replaced.
         headers: Vec<HeaderName>,
     },
+    /// The whole response, its body kept in the layer's blob store when it
+    /// is longer than `threshold` bytes (the record keeps the blob's
+    /// locator, digest and length), inline when it is not. Replays stream
+    /// the body from the blob, checked against its digest. For responses
+    /// too large for the record store, up to the blob store's limit.
+    Reference {
+        /// The longest body kept inline in the record.
+        threshold: usize,
+    },
 }
+
+/// The inline threshold of `reference` when none is given: 64 KiB.
+pub const DEFAULT_REFERENCE_THRESHOLD: usize = 64 * 1024;
 
 impl ReplayPolicy {
     /// Whether no body is stored under this policy.
@@ -47,11 +59,19 @@ impl ReplayPolicy {
         matches!(self, Self::StatusOnly { .. })
     }
 
+    /// The longest body kept inline under [`Reference`](Self::Reference).
+    pub fn reference_threshold(&self) -> Option<usize> {
+        match self {
+            Self::Reference { threshold } => Some(*threshold),
+            _ => None,
+        }
+    }
+
     /// What is stored of `response` under this policy; `None` under
     /// [`Full`](Self::Full): store it as it is.
     pub fn reduce(&self, response: &StoredResponse) -> Option<StoredResponse> {
         match self {
-            Self::Full => None,
+            Self::Full | Self::Reference { .. } => None,
             Self::StatusOnly { headers } => Some(status_only(response, headers)),
             Self::Redacted { pointers, headers } => Some(redacted(response, pointers, headers)),
         }
@@ -139,7 +159,9 @@ pub struct PolicyError(String);
 /// The text form: `full`; `status-only`, or `status-only:` and the headers
 /// kept (`status-only:location,etag`); `redacted:` and what is redacted,
 /// comma-separated: JSON pointers (beginning with `/`) and header names
-/// (`redacted:/card/number,/token,x-api-key`).
+/// (`redacted:/card/number,/token,x-api-key`); `reference`, or
+/// `reference:` and the inline threshold in bytes (`reference:1MiB`;
+/// suffixes `KiB`, `MiB`).
 impl FromStr for ReplayPolicy {
     type Err = PolicyError;
 
@@ -163,6 +185,12 @@ impl FromStr for ReplayPolicy {
         };
         match name {
             "full" if list.is_none() => Ok(Self::Full),
+            "reference" => Ok(Self::Reference {
+                threshold: match list {
+                    None => DEFAULT_REFERENCE_THRESHOLD,
+                    Some(size) => parse_size(size)?,
+                },
+            }),
             "status-only" => Ok(Self::StatusOnly {
                 headers: items().map(header).collect::<Result<_, _>>()?,
             }),
@@ -180,10 +208,36 @@ impl FromStr for ReplayPolicy {
                 })
             }
             _ => Err(PolicyError(format!(
-                "{text:?} is not a replay policy: full, status-only[:headers] or redacted:pointers,headers"
+                "{text:?} is not a replay policy: full, status-only[:headers], \
+                 redacted:pointers,headers or reference[:threshold]"
             ))),
         }
     }
+}
+
+/// A size in bytes, with an optional `KiB` or `MiB` suffix.
+fn parse_size(text: &str) -> Result<usize, PolicyError> {
+    let text = text.trim();
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, ""),
+    };
+    let unit = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        _ => 0,
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .filter(|_| unit > 0)
+        .and_then(|n| n.checked_mul(unit))
+        .ok_or_else(|| {
+            PolicyError(format!(
+                "{text:?} is not a size: bytes, or a number and KiB or MiB (reference:1MiB)"
+            ))
+        })
 }
 
 impl fmt::Display for ReplayPolicy {
@@ -191,6 +245,10 @@ impl fmt::Display for ReplayPolicy {
         let join = |items: Vec<&str>| items.join(",");
         match self {
             Self::Full => f.write_str("full"),
+            Self::Reference { threshold } if *threshold == DEFAULT_REFERENCE_THRESHOLD => {
+                f.write_str("reference")
+            }
+            Self::Reference { threshold } => write!(f, "reference:{threshold}"),
             Self::StatusOnly { headers } if headers.is_empty() => f.write_str("status-only"),
             Self::StatusOnly { headers } => write!(
                 f,
@@ -245,6 +303,13 @@ impl KeepRules {
             })
             .max_by_key(|(prefix, _)| prefix.len())
             .map_or(&self.default, |(_, policy)| policy)
+    }
+
+    /// Whether any path keeps bodies by reference.
+    pub fn any_reference(&self) -> bool {
+        std::iter::once(&self.default)
+            .chain(self.routes.iter().map(|(_, policy)| policy))
+            .any(|policy| policy.reference_threshold().is_some())
     }
 
     /// Parses `POLICY` (every path) or `PREFIX=POLICY` entries separated
@@ -340,6 +405,8 @@ mod tests {
             "status-only",
             "status-only:location,etag",
             "redacted:/a,/b/c,x-key",
+            "reference",
+            "reference:1000",
         ] {
             let policy: ReplayPolicy = text.parse().expect(text);
             assert_eq!(policy.to_string(), text);
@@ -347,6 +414,12 @@ mod tests {
         assert!("redacted".parse::<ReplayPolicy>().is_err());
         assert!("keep-it".parse::<ReplayPolicy>().is_err());
         assert!("redacted:bad header".parse::<ReplayPolicy>().is_err());
+        assert_eq!(
+            "reference:2MiB".parse::<ReplayPolicy>(),
+            Ok(ReplayPolicy::Reference { threshold: 2 << 20 })
+        );
+        assert!("reference:2GB".parse::<ReplayPolicy>().is_err());
+        assert!("reference:-1".parse::<ReplayPolicy>().is_err());
     }
 
     #[test]

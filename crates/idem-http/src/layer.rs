@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Method, StatusCode};
+use idem::blob::Blobs;
 use idem::codec::Keyring;
 use idem::key_hash::KeyHasher;
 use idem::{ConfigError, FailureClass, Idempotency, KeyRules, Store};
@@ -46,6 +47,7 @@ pub struct IdempotencyLayerBuilder<S> {
     replay_drop: Vec<HeaderName>,
     keep: KeepRules,
     keyring: Option<Keyring>,
+    blobs: Option<Blobs>,
     key_hasher: Option<KeyHasher>,
     replay_set_cookie: bool,
     replay_redate: bool,
@@ -362,6 +364,16 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
         self
     }
 
+    /// Where bodies of routes kept by [`ReplayPolicy::Reference`] go
+    /// (needed by that policy): a [`DirBlobs`](idem::blob::DirBlobs)
+    /// beside the embedded store, or a blob store of another crate. Blobs
+    /// are not sealed, so this cannot be combined with a
+    /// [`keyring`](Self::keyring).
+    pub fn blobs(mut self, blobs: Blobs) -> Self {
+        self.blobs = Some(blobs);
+        self
+    }
+
     /// Every policy at once (the gateway's `--keep`).
     pub fn keep_rules(mut self, rules: KeepRules) -> Self {
         self.keep = rules;
@@ -372,6 +384,14 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
     pub fn build(self) -> Result<IdempotencyLayer<S>, ConfigError> {
         // Room for the head around the largest body.
         let max_stored_bytes = self.max_response_bytes.saturating_add(64 * 1024);
+        if self.keep.any_reference() {
+            if self.blobs.is_none() {
+                return Err(ConfigError::NoBlobStore);
+            }
+            if self.keyring.is_some() {
+                return Err(ConfigError::BlobsNotSealed);
+            }
+        }
         let mut idem = Idempotency::builder(self.store).codec(Responses);
         if let Some(keyring) = self.keyring {
             idem = idem.keyring(keyring);
@@ -420,6 +440,7 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
                 default_wait: self.default_wait.min(self.max_wait),
                 replay_drop,
                 keep: self.keep,
+                blobs: self.blobs,
                 replay_redate: self.replay_redate,
                 grpc_request_id: self.grpc_request_id,
                 runs: TaskTracker::new(),
@@ -517,6 +538,7 @@ impl<S: Store> IdempotencyLayer<S> {
             replay_drop: Vec::new(),
             keep: KeepRules::default(),
             keyring: None,
+            blobs: None,
             key_hasher: None,
             replay_set_cookie: false,
             replay_redate: true,

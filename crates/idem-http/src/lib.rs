@@ -86,7 +86,7 @@ mod stored;
 
 pub use body::IdemBody;
 pub use header::{parse_key, KeyHeaderError};
-pub use keep::{KeepRules, PolicyError, ReplayPolicy, REDACTED};
+pub use keep::{KeepRules, PolicyError, ReplayPolicy, DEFAULT_REFERENCE_THRESHOLD, REDACTED};
 pub use layer::{
     IdempotencyLayer, IdempotencyLayerBuilder, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT,
 };

@@ -83,6 +83,7 @@
 #![doc = include_str!("../docs/waiting.md")]
 
 mod admin;
+mod blobs;
 mod builder;
 mod conn;
 mod encode;
@@ -95,6 +96,7 @@ mod sql;
 mod steps;
 mod store;
 
+pub use blobs::PgBlobs;
 pub use builder::{
     redact_url, PgStoreBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE,
     DEFAULT_RESPONSE_TIMEOUT, DEFAULT_SCHEMA,

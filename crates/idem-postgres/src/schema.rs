@@ -46,6 +46,11 @@ const FILES: &[(i32, &str, &str)] = &[
         "0006_waiters",
         include_str!("../migrations/0006_waiters.sql"),
     ),
+    (
+        7,
+        "0007_blobs",
+        include_str!("../migrations/0007_blobs.sql"),
+    ),
 ];
 
 /// Whether `name` can be used as a schema unquoted: 1 to 63 characters of
@@ -149,7 +154,7 @@ mod tests {
     fn migrations_are_in_order_and_fill_the_schema() {
         let all = migrations("billing");
         let versions: Vec<i32> = all.iter().map(|m| m.version).collect();
-        assert_eq!(versions, [1, 2, 3, 4, 5, 6]);
+        assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7]);
         assert!(all.iter().all(|m| !m.sql.contains("{schema}")));
         assert!(all[0].sql.contains("billing.idem_records"));
     }

@@ -40,10 +40,12 @@
 //! - [`chaos`]: the one fault-injection engine (faults, seeded schedule,
 //!   report) every run drives its target with, and (with `consumers`)
 //!   the broker adapters' target, one `consumer_chaos!` line per adapter;
-//! - [`bench`](mod@bench): the throughput benches.
+//! - [`bench`](mod@bench): the throughput benches;
+//! - [`blobs`]: what every blob store must do.
 
 pub mod at_rest;
 pub mod bench;
+pub mod blobs;
 pub mod chaos;
 pub mod conformance;
 #[cfg(feature = "consumers")]

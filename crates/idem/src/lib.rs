@@ -77,6 +77,7 @@
 //!
 #![doc = include_str!("../docs/stores.md")]
 
+pub mod blob;
 pub mod cache;
 mod capabilities;
 mod chain;

@@ -41,6 +41,10 @@ pub const PARKED: &str = "idem_parked_total";
 /// Records the completer re-drove, by `result` (`completed`, `failed`,
 /// `parked`, `released`, `skipped`, `error`).
 pub const REDRIVEN: &str = "idem_completer_redriven_total";
+/// Blobs removed by the sweep because no record names them.
+pub const BLOBS_SWEPT: &str = "idem_blobs_swept_total";
+/// Replays whose record names a blob that is missing or corrupt.
+pub const BLOBS_UNREADABLE: &str = "idem_blobs_unreadable_total";
 pub(crate) const OP_CLAIM: &str = "claim";
 pub(crate) const OP_COMPLETE: &str = "complete";
 pub(crate) const OP_FAIL: &str = "fail";

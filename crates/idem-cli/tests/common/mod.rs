@@ -235,6 +235,7 @@ pub fn config(upstream: SocketAddr) -> ProxyConfig {
         replay_set_cookie: false,
         grpc_request_id_fields: Vec::new(),
         keep: Default::default(),
+        blobs: None,
         keyring: None,
         key_hasher: None,
         forwarded: Default::default(),

@@ -2,7 +2,9 @@
 //! it opens.
 
 mod any;
+mod blobs;
 mod url;
 
 pub use any::AnyStore;
+pub use blobs::{BlobUrl, BlobUrlError};
 pub use url::{OpenError, StoreUrl, StoreUrlError, DEFAULT_STORE};

@@ -8,7 +8,8 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
-use idem::{BoxError, FailureClass, Outcome, RunError, Store};
+use idem::blob::{BlobError, BlobOwner, BlobRef};
+use idem::{BoxError, FailureClass, Outcome, RecordId, RunError, Store};
 use tower_service::Service;
 
 use crate::body::IdemBody;
@@ -53,6 +54,12 @@ impl<S: Store> Settings<S> {
             *unstored.lock().unwrap_or_else(PoisonError::into_inner) = Some(response);
         };
         let policy = self.keep.for_path(request.uri().path());
+        // Under `reference`, a body over the threshold goes to the blob
+        // store instead of the record.
+        let threshold = policy
+            .reference_threshold()
+            .filter(|_| self.blobs.is_some());
+        let inline = threshold.map_or(self.max_response_bytes, |t| t.min(self.max_response_bytes));
         let executed = AtomicBool::new(false);
         let result = self
             .idem
@@ -62,6 +69,7 @@ impl<S: Store> Settings<S> {
                         attempt: ctx.attempt(),
                     });
                 }
+                let fence = ctx.fence();
                 request.extensions_mut().insert(ctx);
                 executed.store(true, Ordering::Relaxed);
                 let response = match inner.call(request).await {
@@ -93,7 +101,7 @@ impl<S: Store> Settings<S> {
                 let too_large = Unstored::TooLarge {
                     limit: self.max_response_bytes,
                 };
-                match read_up_to(Box::pin(body), self.max_response_bytes).await {
+                match read_up_to(Box::pin(body), inline).await {
                     Read::All(bytes, trailers)
                         if StoredResponse::size_bound(
                             &head.headers,
@@ -137,6 +145,20 @@ impl<S: Store> Settings<S> {
                         keep(Response::from_parts(head, IdemBody::chain(prefix, rest)));
                         Ok(reduced)
                     }
+                    // Kept by reference: the body goes to a blob, written and
+                    // synced before the record names it.
+                    Read::Over { prefix, rest } if threshold.is_some() && fence.is_some() => {
+                        let fence = fence.expect("checked");
+                        let (blob, trailers) =
+                            self.to_blob(&id, fence, head.status, prefix, rest).await?;
+                        let stored = StoredResponse::new(head.status, head.headers, Bytes::new());
+                        let mut stored = match &trailers {
+                            Some(trailers) => stored.with_trailers(trailers),
+                            None => stored,
+                        };
+                        stored.kept = Kept::Reference(blob);
+                        Ok(stored)
+                    }
                     Read::Over { prefix, rest } => {
                         keep(Response::from_parts(head, IdemBody::chain(prefix, rest)));
                         Err(too_large)
@@ -151,7 +173,10 @@ impl<S: Store> Settings<S> {
         let kept = unstored
             .into_inner()
             .unwrap_or_else(PoisonError::into_inner);
-        let mut response = self.finish(self.answer(result, kept, executed.load(Ordering::Relaxed)));
+        let mut response = self.finish(
+            self.answer(result, kept, executed.load(Ordering::Relaxed))
+                .await,
+        );
         // Said only when a wait was asked for and allowed (RFC 7240 §3).
         if preferred && !wait.is_zero() {
             let applied = format!("wait={}", wait.as_secs());
@@ -190,7 +215,104 @@ impl<S: Store> Settings<S> {
         headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
     }
 
-    fn answer(
+    /// Writes a body past its first `prefix` bytes to a new blob of
+    /// `id`'s claim at `fence`; the blob and the body's trailers.
+    async fn to_blob<B>(
+        &self,
+        id: &RecordId,
+        fence: u64,
+        status: http::StatusCode,
+        prefix: Bytes,
+        mut rest: B,
+    ) -> Result<(BlobRef, Option<HeaderMap>), Unstored>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: Into<BoxError>,
+    {
+        let blobs = self.blobs.as_ref().expect("reference needs blobs");
+        let unkept = |error: BlobError| match error {
+            BlobError::TooLarge { limit } => Unstored::TooLarge {
+                limit: usize::try_from(limit).unwrap_or(usize::MAX),
+            },
+            error => Unstored::Unkept(error.to_string()),
+        };
+        let owner = BlobOwner::new(&self.idem.stored_id(id), fence);
+        let mut sink = blobs.create(&owner).await.map_err(unkept)?;
+        sink.write(prefix).await.map_err(unkept)?;
+        let mut trailers: Option<HeaderMap> = None;
+        // The body's own error type need not be `Send`: boxed at once.
+        while let Some(frame) = next_frame(&mut rest).await {
+            let frame = frame.map_err(|error| Unstored::BrokeOff {
+                status,
+                error: error.to_string(),
+            })?;
+            match frame.into_data() {
+                Ok(data) => sink.write(data).await.map_err(unkept)?,
+                Err(frame) => {
+                    if let Ok(more) = frame.into_trailers() {
+                        append_trailers(trailers.get_or_insert_with(HeaderMap::new), more);
+                    }
+                }
+            }
+        }
+        Ok((sink.finish().await.map_err(unkept)?, trailers))
+    }
+
+    /// A stored response whose body is in a blob, streamed from it.
+    async fn streamed_from_blob(
+        &self,
+        head: Response<Bytes>,
+        blob: &BlobRef,
+        trailers: Option<HeaderMap>,
+        executed: bool,
+    ) -> Response<IdemBody> {
+        let blobs = self.blobs.as_ref();
+        let unreadable = |reason: &'static str| {
+            metrics::counter!(idem::metrics::BLOBS_UNREADABLE, "reason" => reason).increment(1);
+        };
+        let rejection = match blobs {
+            None => Rejection::StoredUnreadable {
+                reason: format!(
+                    "its body is kept in blob {}, and no blob store is configured here",
+                    blob.locator
+                ),
+            },
+            Some(blobs) => match blobs.open(blob).await {
+                Ok(Some(chunks)) => {
+                    return head.map(|_| IdemBody::from_blob(chunks, blob.len, trailers));
+                }
+                Ok(None) => {
+                    unreadable("missing");
+                    tracing::error!(locator = %blob.locator, "a stored response's blob is missing");
+                    Rejection::StoredUnreadable {
+                        reason: format!(
+                            "its body, kept in blob {} ({} bytes, {}), is missing from the blob \
+                             store",
+                            blob.locator,
+                            blob.len,
+                            blob.digest_hex()
+                        ),
+                    }
+                }
+                Err(error @ BlobError::Corrupt { .. }) => {
+                    unreadable("corrupt");
+                    Rejection::StoredUnreadable {
+                        reason: error.to_string(),
+                    }
+                }
+                Err(error) => {
+                    unreadable("unavailable");
+                    Rejection::StoreUnavailable {
+                        error: error.to_string(),
+                        executed,
+                    }
+                }
+            },
+        };
+        rejection.into_response().map(IdemBody::full)
+    }
+
+    async fn answer(
         &self,
         result: Result<Outcome<StoredResponse>, RunError<Unstored>>,
         kept: Option<Response<IdemBody>>,
@@ -211,12 +333,17 @@ impl<S: Store> Settings<S> {
                     Ok((mut response, trailers)) => {
                         if replayed {
                             self.replay_headers(response.headers_mut());
-                            if stored.kept != Kept::Full {
+                            if matches!(stored.kept, Kept::StatusOnly | Kept::Redacted) {
                                 response.headers_mut().insert(
                                     REPLAY_KEPT_HEADER,
                                     HeaderValue::from_static(stored.kept.as_str()),
                                 );
                             }
+                        }
+                        if let Kept::Reference(blob) = &stored.kept {
+                            return self
+                                .streamed_from_blob(response, blob, trailers, executed)
+                                .await;
                         }
                         response.map(|bytes| full(bytes, trailers))
                     }
@@ -306,6 +433,27 @@ fn full(bytes: Bytes, trailers: Option<HeaderMap>) -> IdemBody {
     }
 }
 
+/// The next frame of `body`, its error boxed.
+async fn next_frame<B>(body: &mut B) -> Option<Result<Frame<Bytes>, BoxError>>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    body.frame().await.map(|frame| frame.map_err(Into::into))
+}
+
+/// Adds a trailers frame to those held: appended, not extended, so a name
+/// repeated in a later frame keeps the earlier values.
+fn append_trailers(held: &mut HeaderMap, more: HeaderMap) {
+    let mut name = None;
+    for (next, value) in more {
+        name = next.or(name);
+        if let Some(name) = &name {
+            held.append(name.clone(), value);
+        }
+    }
+}
+
 enum Read<B> {
     /// The whole body, and its trailers if it had any.
     All(Bytes, Option<HeaderMap>),
@@ -339,16 +487,7 @@ where
             }
             Ok(Err(frame)) => {
                 if let Ok(more) = frame.into_trailers() {
-                    let held = trailers.get_or_insert_with(HeaderMap::new);
-                    // Appended, not extended: a name repeated in a later
-                    // trailers frame keeps the earlier values.
-                    let mut name = None;
-                    for (next, value) in more {
-                        name = next.or(name);
-                        if let Some(name) = &name {
-                            held.append(name.clone(), value);
-                        }
-                    }
+                    append_trailers(trailers.get_or_insert_with(HeaderMap::new), more);
                 }
             }
             Err(error) => return Read::Failed(error.into()),

@@ -13,6 +13,7 @@ use http::request::Parts;
 use http::{header, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
+use idem::blob::Blobs;
 use idem::derive::{uuid_v7_age, KeyAge};
 use idem::{
     BoxError, FailureClass, Fingerprint, Idempotency, Key, KeyRules, RecordId, Scope, Store,
@@ -70,6 +71,8 @@ pub(crate) struct Settings<S> {
     pub(crate) default_wait: Duration,
     /// What each path keeps of its responses for replays.
     pub(crate) keep: KeepRules,
+    /// Where bodies kept by reference go.
+    pub(crate) blobs: Option<Blobs>,
     /// Stored headers left out of replays.
     pub(crate) replay_drop: Vec<HeaderName>,
     /// Replays carry the time of the replay as `Date`.
@@ -100,6 +103,8 @@ pub(crate) enum Unstored {
     GrpcCutOff(String),
     #[error("response over the {limit}-byte limit for stored responses (head and body)")]
     TooLarge { limit: usize },
+    #[error("the response could not be kept in the blob store: {0}")]
+    Unkept(String),
     #[error("the inner service failed before acting on the request: {0}")]
     NotExecuted(String),
     #[error("the inner service failed, after the request was passed to it: {0}")]
@@ -115,7 +120,7 @@ impl Unstored {
     /// How the executor records it.
     pub(crate) fn class(&self) -> FailureClass {
         match self {
-            Self::TooLarge { .. } => FailureClass::Terminal,
+            Self::TooLarge { .. } | Self::Unkept(_) => FailureClass::Terminal,
             Self::Unknown
             | Self::GrpcCutOff(_)
             | Self::BrokeOff { .. }

@@ -9,7 +9,7 @@
 //! |---|---|---|---|
 //! | 0 | idem-http before trailers | the status | status, headers, body |
 //! | 1 | every build since | the status | status, headers, body, trailers |
-//! | 2 | a response kept less than whole | `0x02` | 2, status, headers, body, trailers, [`Kept`] |
+//! | 2 | a response kept less than whole, or by reference | `0x02` | 2, status, headers, body, trailers, [`Kept`] |
 //!
 //! A response kept whole is written in layout 1, which every build since
 //! trailers reads: during a rolling upgrade, old and new processes replay
@@ -43,6 +43,9 @@ pub enum Kept {
     /// The response with the values of chosen JSON fields and headers
     /// replaced before it was stored.
     Redacted,
+    /// The whole response, its body in a blob store: the record keeps the
+    /// blob's locator, digest and length, and an empty body.
+    Reference(idem::blob::BlobRef),
 }
 
 impl Kept {
@@ -52,6 +55,7 @@ impl Kept {
             Kept::Full => "full",
             Kept::StatusOnly => "status-only",
             Kept::Redacted => "redacted",
+            Kept::Reference(_) => "reference",
         }
     }
 }
@@ -73,7 +77,7 @@ pub(crate) fn explain(bytes: &[u8], error: &dyn std::error::Error) -> String {
 
 impl Serialize for StoredResponse {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        if self.kept == Kept::Full {
+        if matches!(self.kept, Kept::Full) {
             let mut fields = serializer.serialize_tuple(4)?;
             fields.serialize_element(&self.status)?;
             fields.serialize_element(&self.headers)?;

@@ -47,6 +47,16 @@ pub enum ConfigError {
          the keyring where the records are stored"
     )]
     SealingUnsupported,
+    /// Responses are to be kept by reference, but no blob store was given.
+    #[error("a replay policy keeps bodies by reference, but no blob store was given")]
+    NoBlobStore,
+    /// A keyring and a blob store together: blobs are not sealed, so the
+    /// bodies kept in them would be stored in clear.
+    #[error(
+        "blobs are not sealed: with a keyring, keep responses in full, status-only or \
+         redacted, not by reference"
+    )]
+    BlobsNotSealed,
 }
 
 /// Builds an [`Idempotency`]; see its docs for the defaults.
