@@ -40,8 +40,10 @@ export interface IdempotencyOptions<Req> {
   forwardTakeovers?: boolean;
   /** Whether UUIDv7 keys older than the retention are refused [default: false]. */
   rejectOldUuidV7?: boolean;
-  /** What is stored for replays: "full", "status-only", "redacted:/card/number,x-api-key", per path prefix "/tokens=status-only;/users=redacted:/ssn" [default: "full"]. */
+  /** What is stored for replays: "full", "status-only", "redacted:/card/number,x-api-key", "reference" (bodies over 64 KiB in a blob store), per path prefix "/tokens=status-only;/users=redacted:/ssn" [default: "full"]. */
   keep?: string;
+  /** Where bodies kept by `reference` go: `dir:PATH`, `postgres://…` (default: a directory beside the embedded store). */
+  blobs?: string;
 }
 
 /** Express middleware; the handler finds its run in `req.idem`. Mount it after the body parser. */

@@ -135,7 +135,9 @@ function holdExpress(res, finish) {
  * `methods`, `header`, `required`, `fingerprint` ("request", "off" or JSON
  * pointers), `maxRequestBytes`, `maxResponseBytes`, `maxWaitMs`,
  * `defaultWaitMs`, `forwardTakeovers`, `rejectOldUuidV7`, `keep` (what is
- * stored for replays: "full", "status-only", "redacted:/card/number").
+ * stored for replays: "full", "status-only", "redacted:/card/number",
+ * "reference"), `blobs` (where "reference" keeps bodies: "dir:PATH",
+ * "postgres://…"; default a directory beside the embedded store).
  */
 function idempotency(idem, options = {}) {
   const { guard, tenant } = guardOf(idem, options);

@@ -45,6 +45,8 @@ pub struct GuardOptions {
     pub reject_old_uuid_v7: Option<bool>,
     /// What is stored of responses for replays (the gateway's `--keep`).
     pub keep: Option<String>,
+    /// Where bodies kept by `reference` go (the gateway's `--blobs`).
+    pub blobs: Option<String>,
 }
 
 /// A request as the adapter hands it over.
@@ -140,6 +142,7 @@ fn options(given: GuardOptions) -> Result<HttpOptions, EngineError> {
         forward_takeovers: given.forward_takeovers.unwrap_or(false),
         reject_old_uuid_v7: given.reject_old_uuid_v7.unwrap_or(false),
         keep: given.keep,
+        blobs: given.blobs,
     })
 }
 

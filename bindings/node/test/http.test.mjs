@@ -187,6 +187,25 @@ for (const [framework, make] of [["express", expressApp], ["fastify", fastifyApp
   });
 }
 
+test("reference keeps the body in a blob beside the store and replays it", async () => {
+  const dir = scratch();
+  const idem = new Idem({ url: `sqlite:${join(dir, "idem.db")}` });
+  const app = await expressApp(idem, { keep: "/charges=reference:10" });
+  try {
+    const first = await app.post("big-1", { amount: 100 });
+    const again = await app.post("big-1", { amount: 100 });
+    const body = await first.text();
+    assert.equal(again.headers.get("idempotent-replayed"), "true");
+    assert.equal(await again.text(), body);
+    assert.equal(app.state.runs.length, 1);
+  } finally {
+    await app.close();
+  }
+  const blobs = join(dir, "idem.db.blobs");
+  const files = readdirSync(blobs).flatMap((d) => readdirSync(join(blobs, d)));
+  assert.equal(files.length, 1);
+});
+
 test("status-only replays the status, and a sealed store file shows no result", async () => {
   const dir = scratch();
   writeFileSync(join(dir, "keys"), `2026-11:${"cd".repeat(32)}\n`);

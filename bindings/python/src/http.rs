@@ -98,7 +98,7 @@ impl HttpGuard {
     #[pyo3(signature = (
         engine, *, methods=None, header=None, required=false, fingerprint=None, tenant=false,
         max_request_bytes=None, max_response_bytes=None, max_wait=None, default_wait=None,
-        forward_takeovers=false, reject_old_uuid_v7=false, keep=None,
+        forward_takeovers=false, reject_old_uuid_v7=false, keep=None, blobs=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -116,6 +116,7 @@ impl HttpGuard {
         forward_takeovers: bool,
         reject_old_uuid_v7: bool,
         keep: Option<String>,
+        blobs: Option<String>,
     ) -> PyResult<Self> {
         let options = (|| {
             Ok::<_, EngineError>(HttpOptions {
@@ -135,6 +136,7 @@ impl HttpGuard {
                 forward_takeovers,
                 reject_old_uuid_v7,
                 keep,
+                blobs,
             })
         })()
         .map_err(|e| to_py(py, e))?;

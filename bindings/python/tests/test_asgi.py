@@ -245,3 +245,25 @@ def test_a_bad_keep_policy_or_keyring_is_refused_when_built(tmp_path):
     (tmp_path / "bad").write_text("k:not-hex\n")
     with pytest.raises(Exception, match="keyring"):
         Idem(f"sqlite:{tmp_path / 'b.db'}", keyring=str(tmp_path / "bad"))
+
+
+def test_reference_keeps_the_body_in_a_blob_beside_the_store_and_replays_it(tmp_path):
+    idem = Idem(f"sqlite:{tmp_path / 'idem.db'}")
+    app = make_app(idem, keep="/charges=reference:10")
+    with TestClient(app) as client:
+        first = post(client, "big-1", {"amount": 100})
+        again = post(client, "big-1", {"amount": 100})
+    assert first.status_code == 201 and again.status_code == 201
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.content == first.content
+    assert app.state.runs == [{"amount": 100}]
+    blobs = [p for d in (tmp_path / "idem.db.blobs").iterdir() for p in d.iterdir()]
+    assert len(blobs) == 1 and blobs[0].read_bytes().endswith(first.content)
+
+
+def test_reference_with_a_keyring_is_refused_blobs_are_not_sealed(tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("2026-11:" + "ab" * 32 + "\n")
+    idem = Idem(f"sqlite:{tmp_path / 'idem.db'}", keyring=str(keys))
+    with pytest.raises(Exception, match="not sealed"):
+        IdempotencyMiddleware(FastAPI(), idem, keep="reference")

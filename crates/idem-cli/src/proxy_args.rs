@@ -156,8 +156,9 @@ pub struct ProxyArgs {
     /// whose request ran always gets the whole response [default: full].
     #[arg(long, env = "IDEM_KEEP")]
     pub keep: Option<String>,
-    /// Where bodies kept by `reference` go: `dir:PATH`, or
-    /// `postgres://…` (tables of their own). Also needed to replay records
+    /// Where bodies kept by `reference` go: `dir:PATH`, `postgres://…`
+    /// (tables of their own), or `s3://BUCKET/PREFIX[?endpoint=URL]`
+    /// (the `s3` feature). Also needed to replay records
     /// kept by reference before a policy changed [default: a directory
     /// beside the embedded store's file (`idem.db.blobs`), or the
     /// PostgreSQL store's database].
@@ -211,7 +212,7 @@ impl ProxyArgs {
             Some(url) => Some(url.parse::<BlobUrl>()?),
             None => BlobUrl::beside(store).filter(|url| match url {
                 BlobUrl::Dir(path) => keep.any_reference() || path.is_dir(),
-                BlobUrl::Postgres(_) => keep.any_reference(),
+                BlobUrl::Postgres(_) | BlobUrl::S3(_) => keep.any_reference(),
             }),
         };
         match url {
@@ -221,7 +222,7 @@ impl ProxyArgs {
             }
             None if keep.any_reference() => anyhow::bail!(
                 "--keep keeps bodies by reference: name a blob store with --blobs \
-                 (dir:PATH or postgres://…)"
+                 (dir:PATH, postgres://… or s3://BUCKET/PREFIX)"
             ),
             None => Ok(None),
         }

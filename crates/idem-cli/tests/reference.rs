@@ -443,3 +443,39 @@ async fn a_gateway_killed_anywhere_leaves_no_record_naming_a_missing_blob() {
         .iter()
         .all(|p| !p.to_string_lossy().ends_with(".partial")));
 }
+
+/// The same 50 MiB kept in S3 (moto): replayed byte for byte, streamed.
+#[cfg(feature = "s3")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_megabytes_kept_in_s3_replay_byte_for_byte() {
+    use idem_testkit::servers::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
+    let server = MotoServer::shared().expect("moto");
+    std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY);
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_KEY);
+    let s3 = idem_s3::S3Blobs::connect(&format!(
+        "s3://idem-gateway-{:08x}/replays?endpoint={}&region={REGION}&create=true",
+        rand::random::<u32>(),
+        server.url()
+    ))
+    .await
+    .expect("bucket");
+    let dir = tempfile::tempdir().expect("dir");
+    let (up, addr) = sized_upstream().await;
+    let mut config = config(addr);
+    config.keep = idem_http::KeepRules::parse("/blob=reference").expect("valid --keep");
+    config.blobs = Some(Blobs::new(s3.clone()));
+    let gw = Gateway::start(sqlite(&dir), config).await;
+    let url = format!("{}/blob/{}", gw.url, 50 * 1024);
+    let expected = (Sha256::digest(pattern(50 << 20)).to_vec(), 50 << 20);
+    assert_eq!(
+        digest_of(send(&url, "s3-fifty").await).await.expect("body"),
+        expected
+    );
+    let again = send(&url, "s3-fifty").await;
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(digest_of(again).await.expect("body"), expected);
+    assert_eq!(up.runs.load(Ordering::SeqCst), 1);
+    let listed = s3.list(None, 10).await.expect("list");
+    assert_eq!(listed.entries.len(), 1, "one object, named by the record");
+    gw.shutdown().await;
+}

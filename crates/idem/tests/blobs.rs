@@ -7,7 +7,7 @@ use idem::blob::{BlobOwner, BlobStore, DirBlobs};
 async fn the_directory_store_passes_the_blob_store_suite() {
     let dir = tempfile::tempdir().expect("dir");
     let blobs = DirBlobs::open(dir.path().join("blobs")).expect("open");
-    idem_testkit::blobs::blob_store_suite(blobs).await;
+    idem_testkit::blobs::blob_store_suite(blobs, idem_testkit::blobs::Partials::Listed).await;
 }
 
 #[tokio::test]

@@ -81,6 +81,7 @@ class HttpGuard:
         forward_takeovers: bool = False,
         reject_old_uuid_v7: bool = False,
         keep: Optional[str] = None,
+        blobs: Optional[str] = None,
     ) -> None: ...
     def covers(self, method: str) -> bool: ...
     def begin(

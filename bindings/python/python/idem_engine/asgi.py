@@ -59,8 +59,11 @@ class IdempotencyMiddleware:
     ``default_wait`` (0 s) for duplicates in flight,
     ``forward_takeovers`` and ``reject_old_uuid_v7`` (``False``), and
     ``keep``: what is stored of responses for replays (``"full"``;
-    ``"status-only"``; ``"redacted:/card/number,x-api-key"``; per path
-    prefix as ``"/tokens=status-only;/users=redacted:/ssn"``).
+    ``"status-only"``; ``"redacted:/card/number,x-api-key"``;
+    ``"reference"``, bodies over 64 KiB kept in a blob store; per path
+    prefix as ``"/tokens=status-only;/users=redacted:/ssn"``), and
+    ``blobs``: the blob store for ``"reference"`` (``"dir:PATH"``,
+    ``"postgres://…"``; default a directory beside the embedded store).
     """
 
     def __init__(

@@ -4,12 +4,13 @@
 use std::time::Duration;
 
 use http::{HeaderName, Method};
+use idem::blob::{Blobs, DirBlobs};
 use idem_http::{FingerprintRule, IdempotencyLayer};
 
 use super::message::{Route, Tenant};
 use crate::error::EngineError;
 use crate::local::Local;
-use crate::store::AnyStore;
+use crate::store::{AnyStore, BlobUrl};
 
 /// What a request's fingerprint covers; a key reused with another
 /// fingerprint is answered 422.
@@ -80,6 +81,35 @@ pub struct HttpOptions {
     /// gateway's `--keep` form (`status-only;/v1/users=redacted:/ssn`);
     /// default: everything.
     pub keep: Option<String>,
+    /// Where bodies kept by `reference` go, as the gateway's `--blobs`
+    /// (`dir:PATH`, `postgres://…`, `s3://…`); default: a directory beside
+    /// the embedded store's file, or the PostgreSQL store's database.
+    pub blobs: Option<String>,
+}
+
+/// The blob store a layer over `store` uses when none is named and bodies
+/// are kept by reference (or, for the directory, one is there already):
+/// beside the embedded store's file, or in the PostgreSQL store's database.
+fn blobs_beside(store: &AnyStore, reference: bool) -> Result<Option<Blobs>, EngineError> {
+    match store {
+        AnyStore::Sqlite(sqlite) => {
+            let mut dir = sqlite.path().as_os_str().to_owned();
+            dir.push(".blobs");
+            let dir = std::path::PathBuf::from(dir);
+            if !reference && !dir.is_dir() {
+                return Ok(None);
+            }
+            let blobs = DirBlobs::open(dir).map_err(|e| invalid("blobs", e))?;
+            Ok(Some(Blobs::new(blobs)))
+        }
+        AnyStore::Postgres(pg) if reference => Ok(Some(Blobs::new(pg.blobs()))),
+        _ if reference => Err(invalid(
+            "keep",
+            "bodies are kept by reference: name a blob store with blobs (dir:PATH, postgres://…, \
+             s3://…)",
+        )),
+        _ => Ok(None),
+    }
 }
 
 fn invalid(what: &str, reason: impl std::fmt::Display) -> EngineError {
@@ -87,6 +117,28 @@ fn invalid(what: &str, reason: impl std::fmt::Display) -> EngineError {
 }
 
 impl HttpOptions {
+    /// The blob store named by `blobs`, else the one beside the store.
+    fn open_blobs(&self, local: &Local, reference: bool) -> Result<Option<Blobs>, EngineError> {
+        let Some(url) = &self.blobs else {
+            return blobs_beside(local.idem().store(), reference);
+        };
+        let url: BlobUrl = url.parse().map_err(|e| invalid("blobs", e))?;
+        if let BlobUrl::Dir(path) = &url {
+            let blobs = DirBlobs::open(path).map_err(|e| invalid("blobs", e))?;
+            return Ok(Some(Blobs::new(blobs)));
+        }
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(invalid(
+                "blobs",
+                "a networked blob store is opened when the middleware is made, not from async code",
+            ));
+        }
+        local
+            .block_on(url.open())
+            .map(Some)
+            .map_err(|e| invalid("blobs", idem::error_chain(&e)))
+    }
+
     /// The tower layer over `local`'s store, lease and retention; refused
     /// over a remote `idem serve`.
     pub(crate) fn layer(&self, local: &Local) -> Result<IdempotencyLayer<AnyStore>, EngineError> {
@@ -120,8 +172,13 @@ impl HttpOptions {
                     .map_or_else(|| parts.uri.path().to_owned(), |route| route.0.clone())
             });
         if let Some(keep) = &self.keep {
-            builder = builder
-                .keep_rules(idem_http::KeepRules::parse(keep).map_err(|e| invalid("keep", e))?);
+            let rules = idem_http::KeepRules::parse(keep).map_err(|e| invalid("keep", e))?;
+            if let Some(blobs) = self.open_blobs(local, rules.any_reference())? {
+                builder = builder.blobs(blobs);
+            }
+            builder = builder.keep_rules(rules);
+        } else if let Some(blobs) = self.open_blobs(local, false)? {
+            builder = builder.blobs(blobs);
         }
         if let Some(keyring) = idem.at_rest().keyring() {
             builder = builder.keyring(keyring.clone());

@@ -17,11 +17,15 @@ pub enum BlobUrl {
     /// `postgres://…`, `postgresql://…`: tables of their own in
     /// PostgreSQL (created on first use).
     Postgres(String),
+    /// `s3://BUCKET[/PREFIX][?endpoint=URL][&region=R][&create=true]`:
+    /// objects in S3 or an S3-compatible service (the `s3` feature; the URL
+    /// as `idem_s3::S3Blobs::connect` reads it).
+    S3(String),
 }
 
 /// A blob store URL that does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("blob store URL {0:?}: use dir:PATH or postgres://…")]
+#[error("blob store URL {0:?}: use dir:PATH, postgres://… or s3://BUCKET/PREFIX")]
 pub struct BlobUrlError(String);
 
 impl FromStr for BlobUrl {
@@ -34,6 +38,9 @@ impl FromStr for BlobUrl {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             return Ok(Self::Postgres(url.to_owned()));
         }
+        if url.starts_with("s3://") {
+            return Ok(Self::S3(url.to_owned()));
+        }
         Err(BlobUrlError(url.to_owned()))
     }
 }
@@ -43,6 +50,7 @@ impl fmt::Display for BlobUrl {
         match self {
             Self::Dir(path) => write!(f, "dir:{}", path.display()),
             Self::Postgres(url) => f.write_str(&idem_postgres::redact_url(url)),
+            Self::S3(url) => f.write_str(url),
         }
     }
 }
@@ -81,8 +89,31 @@ impl BlobUrl {
                     })?;
                 Ok(Blobs::new(store.blobs()))
             }
+            Self::S3(url) => open_s3(url).await,
         }
     }
+}
+
+#[cfg(feature = "s3")]
+async fn open_s3(url: &str) -> Result<Blobs, OpenError> {
+    let blobs = idem_s3::S3Blobs::connect(url)
+        .await
+        .map_err(|e| OpenError::Connect {
+            store: "S3 blob",
+            source: e.into(),
+        })?;
+    Ok(Blobs::new(blobs))
+}
+
+#[cfg(not(feature = "s3"))]
+async fn open_s3(url: &str) -> Result<Blobs, OpenError> {
+    Err(OpenError::Connect {
+        store: "S3 blob",
+        source: format!(
+            "{url}: the S3 blob store is not in this build (build with the `s3` feature)"
+        )
+        .into(),
+    })
 }
 
 #[cfg(test)]
@@ -99,7 +130,8 @@ mod tests {
             "postgres://localhost/test".parse(),
             Ok(BlobUrl::Postgres(_))
         ));
-        assert!("s3://bucket".parse::<BlobUrl>().is_err());
+        assert!(matches!("s3://bucket/p".parse(), Ok(BlobUrl::S3(_))));
+        assert!("gs://bucket".parse::<BlobUrl>().is_err());
         assert!("dir:".parse::<BlobUrl>().is_err());
         assert_eq!(
             BlobUrl::beside(&StoreUrl::Sqlite("data/idem.db".into())),
