@@ -109,6 +109,50 @@ pub async fn inspect(
     Ok(Some(out))
 }
 
+/// `idem inspect --body`: writes the body of `id`'s stored response to
+/// `out` — kept in the record, or streamed from its blob and checked
+/// against its digest (`blobs` is opened only then). `Ok(false)` when
+/// there is no completed record.
+pub async fn write_body(
+    store: &AnyStore,
+    id: &RecordId,
+    secrets: &Secrets,
+    blobs: impl std::future::Future<Output = anyhow::Result<Option<idem::blob::Blobs>>>,
+    out: &mut (dyn std::io::Write + Send),
+) -> anyhow::Result<bool> {
+    let Some(record) = store.get(id).await? else {
+        return Ok(false);
+    };
+    let State::Completed { response } = &record.state else {
+        return Ok(false);
+    };
+    let http = secrets
+        .http_response(id, response)
+        .map_err(|e| anyhow::anyhow!("the stored response: {e}"))?;
+    let idem_http::Kept::Reference(blob) = &http.kept else {
+        out.write_all(&http.body)?;
+        return Ok(true);
+    };
+    let blobs = blobs.await?.ok_or_else(|| {
+        anyhow::anyhow!(
+            "the body is kept in blob {}: name its blob store with --blobs",
+            blob.locator
+        )
+    })?;
+    let mut chunks = blobs.open(blob).await?.ok_or_else(|| {
+        anyhow::anyhow!(
+            "the body's blob {} ({} bytes, {}) is missing from the blob store",
+            blob.locator,
+            blob.len,
+            blob.digest_hex()
+        )
+    })?;
+    while let Some(chunk) = chunks.next().await? {
+        out.write_all(&chunk)?;
+    }
+    Ok(true)
+}
+
 /// `idem list --state parked`: failed records whose outcome is unknown,
 /// each with its step journal (so the step in doubt is visible). Lists
 /// failed records and keeps the parked ones, so it reads every failed

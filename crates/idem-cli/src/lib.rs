@@ -78,6 +78,15 @@ pub enum Command {
         scope: String,
         /// The key.
         key: String,
+        /// Write the stored response's body to this file (`-`: standard
+        /// output) instead of describing the record: a body kept by
+        /// reference is read from its blob, checked against its digest.
+        #[arg(long)]
+        body: Option<std::path::PathBuf>,
+        /// The blob store of bodies kept by reference, as the gateway's
+        /// `--blobs` [default: beside the store].
+        #[arg(long, env = "IDEM_BLOBS")]
+        blobs: Option<String>,
     },
     /// List records as JSON lines.
     List {
@@ -269,10 +278,41 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         |scope: &str, key: &str| Ok::<_, anyhow::Error>(secrets.stored_id(&record_id(scope, key)?));
     match cli.command {
         Command::Proxy(_) | Command::Serve(_) => unreachable!("handled above"),
-        Command::Inspect { scope, key } => {
-            match admin::inspect(&store, &stored_id(&scope, &key)?, &secrets).await? {
-                Some(record) => print_json(&record),
-                None => anyhow::bail!("no live record for scope {scope:?}, key {key:?} in {url}"),
+        Command::Inspect {
+            scope,
+            key,
+            body: None,
+            ..
+        } => match admin::inspect(&store, &stored_id(&scope, &key)?, &secrets).await? {
+            Some(record) => print_json(&record),
+            None => anyhow::bail!("no live record for scope {scope:?}, key {key:?} in {url}"),
+        },
+        Command::Inspect {
+            scope,
+            key,
+            body: Some(path),
+            blobs,
+        } => {
+            let blobs = async {
+                let named = match blobs.as_deref() {
+                    Some(given) => Some(given.parse::<idem_engine::store::BlobUrl>()?),
+                    None => idem_engine::store::BlobUrl::beside(&url),
+                };
+                match named {
+                    Some(named) => Ok(Some(named.open().await?)),
+                    None => Ok(None),
+                }
+            };
+            let id = stored_id(&scope, &key)?;
+            let written = if path.as_os_str() == "-" {
+                admin::write_body(&store, &id, &secrets, blobs, &mut std::io::stdout()).await?
+            } else {
+                let mut file = std::fs::File::create(&path)
+                    .map_err(|e| anyhow::anyhow!("--body {}: {e}", path.display()))?;
+                admin::write_body(&store, &id, &secrets, blobs, &mut file).await?
+            };
+            if !written {
+                anyhow::bail!("no completed record for scope {scope:?}, key {key:?} in {url}");
             }
         }
         Command::List {

@@ -84,6 +84,14 @@ impl Secrets {
         &self.at_rest
     }
 
+    /// A stored HTTP response, opened (sealed ones need `--keyring`).
+    pub fn http_response(&self, id: &RecordId, stored: &[u8]) -> Result<StoredResponse, String> {
+        let opened = self.at_rest.open_response(id, stored, usize::MAX)?;
+        Binary
+            .decode::<StoredResponse>(&opened)
+            .map_err(|e| format!("not an HTTP response: {e}"))
+    }
+
     /// A stored response, described: its envelope and, when sealed, the
     /// key that sealed it; once opened (sealed ones need `--keyring`), an
     /// HTTP response's status, policy and sizes, or another result's JSON.

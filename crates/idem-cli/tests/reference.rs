@@ -162,6 +162,38 @@ async fn referenced_bodies_replay_byte_for_byte_and_small_ones_stay_inline() {
         .collect();
     let digest = format!("sha256:{digest}");
     assert_eq!(http["blob"]["digest"], digest);
+
+    // `idem inspect --body` reads it back from the blob, checked.
+    let out = dir.path().join("body.out");
+    let inspect = |body: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args([
+                "--store",
+                &format!("sqlite:{}", dir.path().join("idem.db").display()),
+            ])
+            .args(["inspect", "http POST /blob/300", "big-1", "--body"])
+            .arg(body)
+            .args([
+                "--blobs",
+                &format!("dir:{}", dir.path().join("blobs").display()),
+            ])
+            .output()
+            .expect("idem inspect")
+    };
+    let done = inspect(&out);
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    assert!(std::fs::read(&out).expect("written") == whole);
+    for file in blob_files(&dir.path().join("blobs")) {
+        std::fs::remove_file(file).expect("removed");
+    }
+    let missing = inspect(&out);
+    assert!(!missing.status.success());
+    let said = String::from_utf8_lossy(&missing.stderr);
+    assert!(said.contains("is missing"), "{said}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,7 @@
 //! What every blob store must do ([`idem::blob::BlobStore`]), proved the
 //! same way for each: a store crate calls [`blob_store_suite`] with its
-//! store, and the [`idem::blob::sweep`] rules are checked against it with
-//! a [`MemoryStore`](idem::MemoryStore) holding the records.
+//! store, and the [`idem::blob::sweep()`] rules are checked against it with
+//! a [`idem::MemoryStore`] holding the records.
 
 use std::time::Duration;
 

@@ -7,11 +7,10 @@
 //! no blob or a whole one (and maybe a partial file, which
 //! [`sweep`](super::sweep) removes).
 
-use std::io::ErrorKind;
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use super::{
     BlobEntry, BlobError, BlobFuture, BlobOwner, BlobPage, BlobReader, BlobStore, BlobWriter,
@@ -23,8 +22,9 @@ const MAGIC: &[u8] = b"idem-blob 1\n";
 const PARTIAL: &str = ".partial";
 /// The longest header read back (the owner's scope and key are bounded).
 const MAX_HEADER: usize = 4096;
-/// How much a read returns at a time.
-const CHUNK: usize = 64 * 1024;
+/// How much is written or read at a time, in one call on a blocking
+/// thread.
+const CHUNK: usize = 256 * 1024;
 
 /// Blobs as files under a root directory (created if missing).
 #[derive(Debug, Clone)]
@@ -80,18 +80,37 @@ fn io<'a>(path: &'a Path, what: &str) -> impl FnOnce(std::io::Error) -> BlobErro
     move |e| BlobError::unavailable(format!("{what} {}: {e}", path.display()))
 }
 
-/// Syncs the directory `dir`, so a rename in it survives a crash.
-async fn sync_dir(dir: PathBuf) -> Result<(), BlobError> {
-    tokio::task::spawn_blocking(move || std::fs::File::open(&dir)?.sync_all())
+/// Runs file work on a blocking thread: each call is one hop there and
+/// back, so a call does as much as it can.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, BlobError> + Send + 'static,
+) -> Result<T, BlobError> {
+    tokio::task::spawn_blocking(work)
         .await
         .map_err(BlobError::unavailable)?
-        .map_err(|e| BlobError::unavailable(format!("syncing the blob directory: {e}")))
 }
 
 struct DirWriter {
-    file: Option<tokio::fs::File>,
+    file: Option<std::fs::File>,
+    buffer: BytesMut,
     partial: PathBuf,
     path: PathBuf,
+}
+
+impl DirWriter {
+    /// Writes the buffer out, on a blocking thread.
+    async fn flush(&mut self) -> Result<(), BlobError> {
+        let mut file = self.file.take().expect("a writer is used until finished");
+        let buffer = std::mem::take(&mut self.buffer).freeze();
+        let partial = self.partial.clone();
+        let file = blocking(move || {
+            file.write_all(&buffer).map_err(io(&partial, "writing"))?;
+            Ok(file)
+        })
+        .await?;
+        self.file = Some(file);
+        Ok(())
+    }
 }
 
 impl Drop for DirWriter {
@@ -107,63 +126,78 @@ impl Drop for DirWriter {
 impl BlobWriter for DirWriter {
     fn write(&mut self, chunk: Bytes) -> BlobFuture<'_, ()> {
         Box::pin(async move {
-            let file = self.file.as_mut().expect("a writer is used until finished");
-            file.write_all(&chunk)
-                .await
-                .map_err(io(&self.partial, "writing"))
+            self.buffer.extend_from_slice(&chunk);
+            if self.buffer.len() >= CHUNK {
+                self.flush().await?;
+            }
+            Ok(())
         })
     }
 
     fn finish(mut self: Box<Self>) -> BlobFuture<'static, ()> {
         Box::pin(async move {
             let mut file = self.file.take().expect("finished once");
-            file.flush().await.map_err(io(&self.partial, "writing"))?;
-            file.sync_all()
-                .await
-                .map_err(io(&self.partial, "syncing"))?;
-            drop(file);
-            tokio::fs::rename(&self.partial, &self.path)
-                .await
-                .map_err(io(&self.path, "naming"))?;
-            sync_dir(
-                self.path
-                    .parent()
-                    .expect("a blob has a directory")
-                    .to_owned(),
-            )
+            let buffer = std::mem::take(&mut self.buffer).freeze();
+            let (partial, path) = (self.partial.clone(), self.path.clone());
+            blocking(move || {
+                file.write_all(&buffer).map_err(io(&partial, "writing"))?;
+                file.sync_all().map_err(io(&partial, "syncing"))?;
+                drop(file);
+                std::fs::rename(&partial, &path).map_err(io(&path, "naming"))?;
+                // The rename survives a crash once its directory is synced.
+                let dir = path.parent().expect("a blob has a directory");
+                std::fs::File::open(dir)
+                    .and_then(|dir| dir.sync_all())
+                    .map_err(io(dir, "syncing"))
+            })
             .await
         })
     }
 }
 
 struct DirReader {
-    file: BufReader<tokio::fs::File>,
+    file: Option<BufReader<std::fs::File>>,
     path: PathBuf,
 }
 
 impl BlobReader for DirReader {
     fn next(&mut self) -> BlobFuture<'_, Option<Bytes>> {
         Box::pin(async move {
-            let mut buf = BytesMut::with_capacity(CHUNK);
-            let read = self
-                .file
-                .read_buf(&mut buf)
-                .await
-                .map_err(io(&self.path, "reading"))?;
-            Ok((read > 0).then(|| buf.freeze()))
+            // The last read came up short: the end, without another hop.
+            let Some(mut file) = self.file.take() else {
+                return Ok(None);
+            };
+            let path = self.path.clone();
+            let (file, chunk) = blocking(move || {
+                let mut buf = vec![0; CHUNK];
+                let mut filled = 0;
+                while filled < CHUNK {
+                    match file.read(&mut buf[filled..]) {
+                        Ok(0) => break,
+                        Ok(n) => filled += n,
+                        Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                        Err(e) => return Err(io(&path, "reading")(e)),
+                    }
+                }
+                buf.truncate(filled);
+                Ok(((filled == CHUNK).then_some(file), buf))
+            })
+            .await?;
+            self.file = file;
+            Ok((!chunk.is_empty()).then(|| Bytes::from(chunk)))
         })
     }
 }
 
 /// Reads a blob file's header: its owner, and the file positioned at its
 /// first byte of data.
-async fn header(path: &Path) -> Result<Option<(BlobOwner, BufReader<tokio::fs::File>)>, BlobError> {
-    let file = match tokio::fs::File::open(path).await {
+fn header(path: &Path) -> Result<Option<(BlobOwner, BufReader<std::fs::File>)>, BlobError> {
+    let file = match std::fs::File::open(path) {
         Ok(file) => file,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io(path, "opening")(e)),
     };
-    let mut file = BufReader::new(file);
+    let mut file = BufReader::with_capacity(CHUNK, file);
     let corrupt = |reason: &str| BlobError::Corrupt {
         locator: path.display().to_string(),
         reason: reason.to_owned(),
@@ -174,7 +208,6 @@ async fn header(path: &Path) -> Result<Option<(BlobOwner, BufReader<tokio::fs::F
         (&mut file)
             .take(MAX_HEADER as u64)
             .read_until(b'\n', &mut line)
-            .await
             .map_err(io(path, "reading"))?;
         if line.last() != Some(&b'\n') {
             return Err(corrupt("its header is cut off"));
@@ -196,22 +229,25 @@ impl BlobStore for DirBlobs {
     ) -> BlobFuture<'a, Box<dyn BlobWriter>> {
         Box::pin(async move {
             let path = self.path(locator)?;
-            let dir = path.parent().expect("a blob has a directory");
-            tokio::fs::create_dir_all(dir)
-                .await
-                .map_err(io(dir, "creating"))?;
             let partial = partial_path(&path);
-            let mut file = tokio::fs::File::create(&partial)
-                .await
-                .map_err(io(&partial, "creating"))?;
             let mut head = MAGIC.to_vec();
             serde_json::to_writer(&mut head, owner).map_err(BlobError::unavailable)?;
             head.push(b'\n');
-            file.write_all(&head)
-                .await
-                .map_err(io(&partial, "writing"))?;
+            let file = {
+                let partial = partial.clone();
+                blocking(move || {
+                    let dir = partial.parent().expect("a blob has a directory");
+                    std::fs::create_dir_all(dir).map_err(io(dir, "creating"))?;
+                    let mut file =
+                        std::fs::File::create(&partial).map_err(io(&partial, "creating"))?;
+                    file.write_all(&head).map_err(io(&partial, "writing"))?;
+                    Ok(file)
+                })
+                .await?
+            };
             Ok(Box::new(DirWriter {
                 file: Some(file),
+                buffer: BytesMut::new(),
                 partial,
                 path,
             }) as Box<dyn BlobWriter>)
@@ -221,59 +257,69 @@ impl BlobStore for DirBlobs {
     fn open<'a>(&'a self, locator: &'a str) -> BlobFuture<'a, Option<Box<dyn BlobReader>>> {
         Box::pin(async move {
             let path = self.path(locator)?;
-            Ok(header(&path)
-                .await?
-                .map(|(_, file)| Box::new(DirReader { file, path }) as Box<dyn BlobReader>))
+            let opened = {
+                let path = path.clone();
+                blocking(move || header(&path)).await?
+            };
+            Ok(opened.map(|(_, file)| {
+                Box::new(DirReader {
+                    file: Some(file),
+                    path,
+                }) as Box<dyn BlobReader>
+            }))
         })
     }
 
     fn delete<'a>(&'a self, locator: &'a str) -> BlobFuture<'a, bool> {
         Box::pin(async move {
             let path = self.path(locator)?;
-            let mut removed = false;
-            for path in [partial_path(&path), path.clone()] {
-                match tokio::fs::remove_file(&path).await {
-                    Ok(()) => removed = true,
-                    Err(e) if e.kind() == ErrorKind::NotFound => {}
-                    Err(e) => return Err(io(&path, "removing")(e)),
+            blocking(move || {
+                let mut removed = false;
+                for path in [partial_path(&path), path.clone()] {
+                    match std::fs::remove_file(&path) {
+                        Ok(()) => removed = true,
+                        Err(e) if e.kind() == ErrorKind::NotFound => {}
+                        Err(e) => return Err(io(&path, "removing")(e)),
+                    }
                 }
-            }
-            // The record's directory goes when its last blob does.
-            let _ = tokio::fs::remove_dir(path.parent().expect("a blob has a directory")).await;
-            Ok(removed)
+                // The record's directory goes when its last blob does.
+                let _ = std::fs::remove_dir(path.parent().expect("a blob has a directory"));
+                Ok(removed)
+            })
+            .await
         })
     }
 
     fn list<'a>(&'a self, after: Option<&'a str>, limit: usize) -> BlobFuture<'a, BlobPage> {
         Box::pin(async move {
-            let root = self.root.clone();
+            let store = self.clone();
             let after = after.map(str::to_owned);
             let limit = limit.max(1);
-            let found =
-                tokio::task::spawn_blocking(move || list_files(&root, after.as_deref(), limit))
-                    .await
-                    .map_err(BlobError::unavailable)??;
-            let mut entries = Vec::with_capacity(found.len());
-            for (locator, partial, modified) in found {
-                let mut path = self.path(&locator)?;
-                if partial {
-                    path = partial_path(&path);
+            blocking(move || {
+                let found = list_files(&store.root, after.as_deref(), limit)?;
+                let mut entries = Vec::with_capacity(found.len());
+                for (locator, partial, modified) in found {
+                    let mut path = store.path(&locator)?;
+                    if partial {
+                        path = partial_path(&path);
+                    }
+                    // A header cut off by a crash is no owner: swept once
+                    // old.
+                    let owner = header(&path).ok().flatten().map(|(owner, _)| owner);
+                    entries.push(BlobEntry {
+                        locator,
+                        owner,
+                        partial,
+                        modified,
+                    });
                 }
-                // A header cut off by a crash is no owner: swept once old.
-                let owner = header(&path).await.ok().flatten().map(|(owner, _)| owner);
-                entries.push(BlobEntry {
-                    locator,
-                    owner,
-                    partial,
-                    modified,
-                });
-            }
-            let next = (entries.len() == limit).then(|| entries[limit - 1].locator.clone());
-            Ok(BlobPage { entries, next })
+                let next = (entries.len() == limit).then(|| entries[limit - 1].locator.clone());
+                Ok(BlobPage { entries, next })
+            })
+            .await
         })
     }
 }
-
 /// Up to `limit` blob files after `after`, in locator order: each one's
 /// locator, whether it is partial, and when it was last written.
 fn list_files(

@@ -21,7 +21,7 @@
 //! | `PgBlobs` | a PostgreSQL table of its own | `idem-postgres` |
 
 mod dir;
-pub mod sweep;
+mod sweep;
 
 use std::fmt;
 use std::future::Future;
@@ -35,7 +35,7 @@ use sha2::{Digest, Sha256};
 use crate::key::{Key, RecordId, Scope};
 
 pub use dir::DirBlobs;
-pub use sweep::{spawn_blob_sweeper, sweep, BlobSweeperHandle, Swept};
+pub use sweep::{spawn_blob_sweeper, sweep, BlobSweeperHandle, Swept, UNOWNED_GRACE};
 
 /// What a blob store's operations return.
 pub type BlobFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, BlobError>> + Send + 'a>>;
