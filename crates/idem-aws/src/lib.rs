@@ -57,6 +57,64 @@ pub fn sdk_config(
     Ok(config.build())
 }
 
+/// What an idem URL for an AWS service takes after its `?`
+/// (`dynamodb://TABLE?…`, `s3://BUCKET/PREFIX?…`): `endpoint=URL` (a
+/// compatible server: DynamoDB Local, MinIO, moto), `region=R`, and
+/// `create=true` (make the table or bucket if it is missing).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UrlOptions {
+    /// `endpoint=`: another server than AWS's own for the region.
+    pub endpoint: Option<String>,
+    /// `region=`: else `AWS_REGION`.
+    pub region: Option<String>,
+    /// `create=true`: create what the URL names if it is missing.
+    pub create: bool,
+}
+
+impl UrlOptions {
+    /// Reads a URL's query; an unknown parameter or a `create` that is
+    /// not `true` or `false` is refused, in words.
+    pub fn parse(query: &str) -> Result<Self, String> {
+        let mut options = Self::default();
+        for (name, value) in form_urlencoded::parse(query.as_bytes()) {
+            match &*name {
+                "endpoint" => options.endpoint = Some(value.into_owned()),
+                "region" => options.region = Some(value.into_owned()),
+                "create" => {
+                    options.create = value
+                        .parse()
+                        .map_err(|_| format!("create={value} is not true or false"))?;
+                }
+                other => {
+                    return Err(format!(
+                        "unknown parameter {other:?} (endpoint, region and create are taken)"
+                    ))
+                }
+            }
+        }
+        Ok(options)
+    }
+
+    /// The configuration these options name: in `region=` with the
+    /// environment's credentials, or with the region from the environment
+    /// too ([`sdk_config_from_env`]).
+    pub fn sdk_config(&self, timeouts: TimeoutConfig) -> Result<SdkConfig, ConfigError> {
+        let Some(region) = &self.region else {
+            return sdk_config_from_env(self.endpoint.as_deref(), timeouts);
+        };
+        let var =
+            |name: &'static str| std::env::var(name).map_err(|_| ConfigError::MissingEnv(name));
+        sdk_config(
+            self.endpoint.as_deref(),
+            region,
+            &var("AWS_ACCESS_KEY_ID")?,
+            &var("AWS_SECRET_ACCESS_KEY")?,
+            std::env::var("AWS_SESSION_TOKEN").ok(),
+            timeouts,
+        )
+    }
+}
+
 /// [`sdk_config`] with the region and credentials from the standard
 /// environment variables: `AWS_REGION` (or `AWS_DEFAULT_REGION`),
 /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and, if set,

@@ -8,7 +8,7 @@ use aws_sdk_dynamodb::Client;
 use idem::store::TokenMint;
 use idem::Clock;
 
-use crate::conn::{client_for, client_from_env, ConfigError};
+use crate::conn::ConfigError;
 use crate::error::ConnectError;
 use crate::request::Table;
 use crate::schema::create_table;
@@ -23,9 +23,8 @@ use crate::store::{DEFAULT_COMPRESS_ABOVE, DEFAULT_GRACE};
 pub struct DynamoStoreBuilder {
     table: String,
     client: Option<Client>,
-    endpoint: Option<String>,
-    region: Option<String>,
-    create: bool,
+    /// The URL's `endpoint`, `region` and `create`.
+    options: idem_aws::UrlOptions,
     settings: Settings,
 }
 
@@ -34,9 +33,7 @@ impl std::fmt::Debug for DynamoStoreBuilder {
         f.debug_struct("DynamoStoreBuilder")
             .field("table", &self.table)
             .field("client", &self.client.is_some())
-            .field("endpoint", &self.endpoint)
-            .field("region", &self.region)
-            .field("create", &self.create)
+            .field("options", &self.options)
             .field("grace", &self.settings.grace)
             .finish_non_exhaustive()
     }
@@ -48,9 +45,7 @@ impl DynamoStoreBuilder {
         Self {
             table: table.into(),
             client: Some(client),
-            endpoint: None,
-            region: None,
-            create: false,
+            options: idem_aws::UrlOptions::default(),
             settings: Settings::default(),
         }
     }
@@ -88,7 +83,7 @@ impl DynamoStoreBuilder {
     /// [`create_table`](crate::create_table) does (default: no; the URL's
     /// `create=true` turns it on).
     pub fn create_table(mut self, create: bool) -> Self {
-        self.create = create;
+        self.options.create = create;
         self
     }
 
@@ -100,7 +95,7 @@ impl DynamoStoreBuilder {
             Some(client) => client,
             None => self.client_from_url()?,
         };
-        if self.create {
+        if self.options.create {
             create_table(&client, &self.table).await.map_err(|source| {
                 ConnectError::CreateTable {
                     table: self.table.clone(),
@@ -114,18 +109,9 @@ impl DynamoStoreBuilder {
     /// A client for the URL's endpoint: in its `region` with the
     /// credentials of the environment, or wholly from the environment.
     fn client_from_url(&self) -> Result<Client, ConfigError> {
-        let Some(region) = &self.region else {
-            return client_from_env(self.endpoint.as_deref());
-        };
-        let var =
-            |name: &'static str| std::env::var(name).map_err(|_| ConfigError::MissingEnv(name));
-        client_for(
-            self.endpoint.as_deref(),
-            region,
-            &var("AWS_ACCESS_KEY_ID")?,
-            &var("AWS_SECRET_ACCESS_KEY")?,
-            std::env::var("AWS_SESSION_TOKEN").ok(),
-        )
+        Ok(Client::new(
+            &self.options.sdk_config(crate::conn::timeouts())?,
+        ))
     }
 }
 
@@ -170,30 +156,12 @@ impl DynamoStore {
                 "the table name {table:?} must be 3 to 255 characters of A-Z a-z 0-9 _ . -"
             )));
         }
-        let mut builder = DynamoStoreBuilder {
+        let builder = DynamoStoreBuilder {
             table: table.to_owned(),
             client: None,
-            endpoint: None,
-            region: None,
-            create: false,
+            options: idem_aws::UrlOptions::parse(query).map_err(bad)?,
             settings: Settings::default(),
         };
-        for (name, value) in form_urlencoded::parse(query.as_bytes()) {
-            match &*name {
-                "endpoint" => builder.endpoint = Some(value.into_owned()),
-                "region" => builder.region = Some(value.into_owned()),
-                "create" => {
-                    builder.create = value
-                        .parse()
-                        .map_err(|_| bad(format!("create={value} is not true or false")))?
-                }
-                other => {
-                    return Err(bad(format!(
-                        "unknown parameter {other:?} (endpoint, region and create are taken)"
-                    )))
-                }
-            }
-        }
         Ok(builder)
     }
 
@@ -248,12 +216,15 @@ mod tests {
         )
         .expect("valid");
         assert_eq!(builder.table, "idem_records");
-        assert_eq!(builder.endpoint.as_deref(), Some("http://127.0.0.1:5000"));
-        assert_eq!(builder.region, None);
-        assert!(builder.create);
+        assert_eq!(
+            builder.options.endpoint.as_deref(),
+            Some("http://127.0.0.1:5000")
+        );
+        assert_eq!(builder.options.region, None);
+        assert!(builder.options.create);
         let trailing = DynamoStore::builder("dynamodb://t_1/?region=eu-west-1").expect("valid");
         assert_eq!(
-            (trailing.table.as_str(), trailing.region.as_deref()),
+            (trailing.table.as_str(), trailing.options.region.as_deref()),
             ("t_1", Some("eu-west-1"))
         );
         for (url, needle) in [

@@ -48,7 +48,7 @@ pub fn client_from_env(endpoint: Option<&str>) -> Result<Client, ConfigError> {
 }
 
 /// A 3 s connect timeout and [`ATTEMPT_TIMEOUT`] and [`OPERATION_TIMEOUT`].
-fn timeouts() -> TimeoutConfig {
+pub(crate) fn timeouts() -> TimeoutConfig {
     TimeoutConfig::builder()
         .connect_timeout(Duration::from_secs(3))
         .operation_attempt_timeout(ATTEMPT_TIMEOUT)

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use idem::blob::{
     BlobEntry, BlobError, BlobFuture, BlobOwner, BlobPage, BlobReader, BlobStore, BlobWriter,
 };
@@ -102,38 +102,22 @@ struct PgWriter {
     blobs: PgBlobs,
     locator: String,
     seq: i32,
-    buffer: BytesMut,
-}
-
-impl PgWriter {
-    async fn flush(&mut self) -> Result<(), BlobError> {
-        if self.buffer.is_empty() {
-            return Ok(());
-        }
-        let data = std::mem::take(&mut self.buffer).freeze();
-        let seq = self.seq;
-        self.blobs
-            .execute(&self.blobs.sql.chunk, &[&self.locator, &seq, &&data[..]])
-            .await?;
-        self.seq += 1;
-        Ok(())
-    }
 }
 
 impl BlobWriter for PgWriter {
     fn write(&mut self, chunk: Bytes) -> BlobFuture<'_, ()> {
         Box::pin(async move {
-            self.buffer.extend_from_slice(&chunk);
-            if self.buffer.len() >= CHUNK {
-                self.flush().await?;
-            }
+            let seq = self.seq;
+            self.blobs
+                .execute(&self.blobs.sql.chunk, &[&self.locator, &seq, &&chunk[..]])
+                .await?;
+            self.seq += 1;
             Ok(())
         })
     }
 
-    fn finish(mut self: Box<Self>) -> BlobFuture<'static, ()> {
+    fn finish(self: Box<Self>) -> BlobFuture<'static, ()> {
         Box::pin(async move {
-            self.flush().await?;
             let done = self
                 .blobs
                 .execute(&self.blobs.sql.finish, &[&self.locator])
@@ -173,6 +157,10 @@ impl BlobReader for PgReader {
 }
 
 impl BlobStore for PgBlobs {
+    fn chunk_bytes(&self) -> usize {
+        CHUNK
+    }
+
     fn create<'a>(
         &'a self,
         locator: &'a str,
@@ -189,7 +177,6 @@ impl BlobStore for PgBlobs {
                 blobs: self.clone(),
                 locator: locator.to_owned(),
                 seq: 0,
-                buffer: BytesMut::new(),
             }) as Box<dyn BlobWriter>)
         })
     }

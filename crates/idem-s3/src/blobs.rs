@@ -5,7 +5,7 @@ use std::time::SystemTime;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use aws_sdk_s3::Client;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use idem::blob::{
     BlobEntry, BlobError, BlobFuture, BlobOwner, BlobPage, BlobReader, BlobStore, BlobWriter,
 };
@@ -91,7 +91,9 @@ struct S3Writer {
     blobs: S3Blobs,
     key: String,
     owner: String,
-    buffer: BytesMut,
+    /// A chunk shorter than a part: the blob's last, held for `finish`
+    /// (one `PutObject` when it is also the first).
+    last: Option<Bytes>,
     /// How many bytes were written in all.
     written: u64,
     /// The multipart upload, once the blob outgrew one part.
@@ -104,8 +106,8 @@ struct Upload {
 }
 
 impl S3Writer {
-    /// Sends the buffer as the next part, starting the upload if needed.
-    async fn send_part(&mut self) -> Result<(), BlobError> {
+    /// Sends `body` as the next part, starting the upload if needed.
+    async fn send_part(&mut self, body: Bytes) -> Result<(), BlobError> {
         let s3 = &self.blobs;
         if self.upload.is_none() {
             let started = s3
@@ -127,7 +129,6 @@ impl S3Writer {
         }
         let upload = self.upload.as_mut().expect("started");
         let number = i32::try_from(upload.parts.len() + 1).map_err(BlobError::unavailable)?;
-        let body = std::mem::take(&mut self.buffer).freeze();
         let sent = s3
             .client
             .upload_part()
@@ -179,18 +180,20 @@ impl BlobWriter for S3Writer {
     fn write(&mut self, chunk: Bytes) -> BlobFuture<'_, ()> {
         Box::pin(async move {
             self.written += chunk.len() as u64;
-            self.buffer.extend_from_slice(&chunk);
-            if self.buffer.len() >= PART {
-                self.send_part().await?;
+            // Only the last chunk is shorter than a part.
+            if chunk.len() < PART {
+                self.last = Some(chunk);
+                return Ok(());
             }
-            Ok(())
+            self.send_part(chunk).await
         })
     }
 
     fn finish(mut self: Box<Self>) -> BlobFuture<'static, ()> {
         Box::pin(async move {
+            let last = self.last.take().unwrap_or_default();
             if self.upload.is_none() {
-                let body = std::mem::take(&mut self.buffer).freeze();
+                let body = last;
                 let s3 = &self.blobs;
                 s3.client
                     .put_object()
@@ -203,8 +206,8 @@ impl BlobWriter for S3Writer {
                     .map_err(unavailable)?;
                 return Ok(());
             }
-            if !self.buffer.is_empty() {
-                self.send_part().await?;
+            if !last.is_empty() {
+                self.send_part(last).await?;
             }
             let upload = self.upload.take().expect("started");
             let s3 = &self.blobs;
@@ -246,6 +249,10 @@ impl BlobReader for S3Reader {
 }
 
 impl BlobStore for S3Blobs {
+    fn chunk_bytes(&self) -> usize {
+        PART
+    }
+
     fn create<'a>(
         &'a self,
         locator: &'a str,
@@ -257,7 +264,7 @@ impl BlobStore for S3Blobs {
                 blobs: self.clone(),
                 key: self.key(locator),
                 owner: hex::encode(owner),
-                buffer: BytesMut::new(),
+                last: None,
                 written: 0,
                 upload: None,
             }) as Box<dyn BlobWriter>)

@@ -36,9 +36,7 @@ pub enum ConnectError {
 pub struct S3BlobsBuilder {
     bucket: String,
     prefix: String,
-    endpoint: Option<String>,
-    region: Option<String>,
-    create: bool,
+    options: idem_aws::UrlOptions,
 }
 
 impl S3BlobsBuilder {
@@ -72,29 +70,12 @@ impl S3BlobsBuilder {
         if !prefix.is_empty() && !prefix.ends_with('/') {
             prefix.push('/');
         }
-        let mut builder = Self {
+        let options = idem_aws::UrlOptions::parse(query).map_err(bad)?;
+        let builder = Self {
             bucket: bucket.to_owned(),
             prefix,
-            endpoint: None,
-            region: None,
-            create: false,
+            options,
         };
-        for (name, value) in form_urlencoded::parse(query.as_bytes()) {
-            match &*name {
-                "endpoint" => builder.endpoint = Some(value.into_owned()),
-                "region" => builder.region = Some(value.into_owned()),
-                "create" => {
-                    builder.create = value
-                        .parse()
-                        .map_err(|_| bad(format!("create={value} is not true or false")))?;
-                }
-                other => {
-                    return Err(bad(format!(
-                        "unknown parameter {other:?} (endpoint, region and create are taken)"
-                    )))
-                }
-            }
-        }
         Ok(builder)
     }
 
@@ -113,31 +94,16 @@ impl S3BlobsBuilder {
         let timeouts = aws_sdk_s3::config::timeout::TimeoutConfig::builder()
             .connect_timeout(std::time::Duration::from_secs(5))
             .build();
-        let sdk = match &self.region {
-            Some(region) => {
-                let var = |name: &'static str| {
-                    std::env::var(name).map_err(|_| idem_aws::ConfigError::MissingEnv(name))
-                };
-                idem_aws::sdk_config(
-                    self.endpoint.as_deref(),
-                    region,
-                    &var("AWS_ACCESS_KEY_ID")?,
-                    &var("AWS_SECRET_ACCESS_KEY")?,
-                    std::env::var("AWS_SESSION_TOKEN").ok(),
-                    timeouts,
-                )?
-            }
-            None => idem_aws::sdk_config_from_env(self.endpoint.as_deref(), timeouts)?,
-        };
+        let sdk = self.options.sdk_config(timeouts)?;
         let config = ConfigBuilder::from(&sdk)
-            .force_path_style(self.endpoint.is_some())
+            .force_path_style(self.options.endpoint.is_some())
             .build();
         self.connect_with(Client::from_conf(config)).await
     }
 
     /// Connects with `client` (its own endpoint and credentials).
     pub async fn connect_with(self, client: Client) -> Result<S3Blobs, ConnectError> {
-        if self.create {
+        if self.options.create {
             create_bucket(&client, &self.bucket).await?;
         }
         Ok(S3Blobs::new(client, self.bucket, self.prefix))
@@ -178,8 +144,8 @@ mod tests {
         let b = S3BlobsBuilder::parse("s3://bodies/idem/replays?endpoint=http://h:9&create=true")
             .expect("parses");
         assert_eq!((b.bucket(), b.prefix()), ("bodies", "idem/replays/"));
-        assert_eq!(b.endpoint.as_deref(), Some("http://h:9"));
-        assert!(b.create);
+        assert_eq!(b.options.endpoint.as_deref(), Some("http://h:9"));
+        assert!(b.options.create);
         assert_eq!(
             S3BlobsBuilder::parse("s3://bodies")
                 .expect("parses")

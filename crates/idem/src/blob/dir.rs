@@ -10,7 +10,7 @@
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
 use super::{
     BlobEntry, BlobError, BlobFuture, BlobOwner, BlobPage, BlobReader, BlobStore, BlobWriter,
@@ -22,8 +22,8 @@ const MAGIC: &[u8] = b"idem-blob 1\n";
 const PARTIAL: &str = ".partial";
 /// The longest header read back (the owner's scope and key are bounded).
 const MAX_HEADER: usize = 4096;
-/// How much is written or read at a time, in one call on a blocking
-/// thread.
+/// How much is read at a time, in one call on a blocking thread (writes
+/// come in [`BlobStore::chunk_bytes`]).
 const CHUNK: usize = 256 * 1024;
 
 /// Blobs as files under a root directory (created if missing).
@@ -92,25 +92,8 @@ async fn blocking<T: Send + 'static>(
 
 struct DirWriter {
     file: Option<std::fs::File>,
-    buffer: BytesMut,
     partial: PathBuf,
     path: PathBuf,
-}
-
-impl DirWriter {
-    /// Writes the buffer out, on a blocking thread.
-    async fn flush(&mut self) -> Result<(), BlobError> {
-        let mut file = self.file.take().expect("a writer is used until finished");
-        let buffer = std::mem::take(&mut self.buffer).freeze();
-        let partial = self.partial.clone();
-        let file = blocking(move || {
-            file.write_all(&buffer).map_err(io(&partial, "writing"))?;
-            Ok(file)
-        })
-        .await?;
-        self.file = Some(file);
-        Ok(())
-    }
 }
 
 impl Drop for DirWriter {
@@ -126,21 +109,23 @@ impl Drop for DirWriter {
 impl BlobWriter for DirWriter {
     fn write(&mut self, chunk: Bytes) -> BlobFuture<'_, ()> {
         Box::pin(async move {
-            self.buffer.extend_from_slice(&chunk);
-            if self.buffer.len() >= CHUNK {
-                self.flush().await?;
-            }
+            let mut file = self.file.take().expect("a writer is used until finished");
+            let partial = self.partial.clone();
+            let file = blocking(move || {
+                file.write_all(&chunk).map_err(io(&partial, "writing"))?;
+                Ok(file)
+            })
+            .await?;
+            self.file = Some(file);
             Ok(())
         })
     }
 
     fn finish(mut self: Box<Self>) -> BlobFuture<'static, ()> {
         Box::pin(async move {
-            let mut file = self.file.take().expect("finished once");
-            let buffer = std::mem::take(&mut self.buffer).freeze();
+            let file = self.file.take().expect("finished once");
             let (partial, path) = (self.partial.clone(), self.path.clone());
             blocking(move || {
-                file.write_all(&buffer).map_err(io(&partial, "writing"))?;
                 file.sync_all().map_err(io(&partial, "syncing"))?;
                 drop(file);
                 std::fs::rename(&partial, &path).map_err(io(&path, "naming"))?;
@@ -247,7 +232,6 @@ impl BlobStore for DirBlobs {
             };
             Ok(Box::new(DirWriter {
                 file: Some(file),
-                buffer: BytesMut::new(),
                 partial,
                 path,
             }) as Box<dyn BlobWriter>)

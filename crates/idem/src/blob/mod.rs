@@ -29,7 +29,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use sha2::{Digest, Sha256};
 
 use crate::key::{Key, RecordId, Scope};
@@ -158,7 +158,8 @@ pub struct BlobPage {
 
 /// A blob being written.
 pub trait BlobWriter: Send {
-    /// Appends `chunk`.
+    /// Appends `chunk`: through [`Blobs`], chunks of
+    /// [`BlobStore::chunk_bytes`] but the last, which may be shorter.
     fn write(&mut self, chunk: Bytes) -> BlobFuture<'_, ()>;
 
     /// Makes the blob durable and visible under its locator: only after
@@ -175,6 +176,13 @@ pub trait BlobReader: Send {
 /// Where blobs are kept: written whole before they are named, read as a
 /// stream, listed and deleted by [`sweep`].
 pub trait BlobStore: Send + Sync + fmt::Debug + 'static {
+    /// How many bytes the store takes at a time: [`Blobs`] gathers what
+    /// it is given into chunks of this size before each
+    /// [`BlobWriter::write`] (a file write, a row, an upload part).
+    fn chunk_bytes(&self) -> usize {
+        256 * 1024
+    }
+
     /// Starts writing a blob at `locator` for `owner`. Nothing is visible
     /// at `locator` until [`BlobWriter::finish`].
     fn create<'a>(
@@ -251,6 +259,8 @@ impl Blobs {
             hash: Sha256::new(),
             len: 0,
             max: self.max_bytes,
+            buffer: BytesMut::new(),
+            chunk: self.store.chunk_bytes().max(1),
         })
     }
 
@@ -282,13 +292,16 @@ impl Blobs {
     }
 }
 
-/// A blob being written through [`Blobs`]: counted and hashed.
+/// A blob being written through [`Blobs`]: counted, hashed, and handed
+/// to its store a chunk at a time.
 pub struct BlobSink {
     writer: Box<dyn BlobWriter>,
     locator: String,
     hash: Sha256,
     len: u64,
     max: u64,
+    buffer: BytesMut,
+    chunk: usize,
 }
 
 impl fmt::Debug for BlobSink {
@@ -308,11 +321,20 @@ impl BlobSink {
             return Err(BlobError::TooLarge { limit: self.max });
         }
         self.hash.update(&chunk);
-        self.writer.write(chunk).await
+        self.buffer.extend_from_slice(&chunk);
+        while self.buffer.len() >= self.chunk {
+            let full = self.buffer.split_to(self.chunk).freeze();
+            self.writer.write(full).await?;
+        }
+        Ok(())
     }
 
     /// Makes the blob durable; what a record keeps of it.
-    pub async fn finish(self) -> Result<BlobRef, BlobError> {
+    pub async fn finish(mut self) -> Result<BlobRef, BlobError> {
+        if !self.buffer.is_empty() {
+            let last = std::mem::take(&mut self.buffer).freeze();
+            self.writer.write(last).await?;
+        }
         self.writer.finish().await?;
         Ok(BlobRef {
             locator: self.locator,
