@@ -151,6 +151,17 @@ impl<S: Store> Settings<S> {
                         let fence = fence.expect("checked");
                         let (blob, trailers) =
                             self.to_blob(&id, fence, head.status, prefix, rest).await?;
+                        // A gRPC error after the messages: not stored (the
+                        // blob is left to the sweep), its client answered
+                        // from the blob all the same.
+                        if let Some(unstored) = trailers
+                            .as_ref()
+                            .and_then(|t| grpc_unstored(&head.headers, t))
+                        {
+                            let answer = Response::from_parts(head, Bytes::new());
+                            keep(self.streamed_from_blob(answer, &blob, trailers, true).await);
+                            return Err(unstored);
+                        }
                         let stored = StoredResponse::new(head.status, head.headers, Bytes::new());
                         let mut stored = match &trailers {
                             Some(trailers) => stored.with_trailers(trailers),
