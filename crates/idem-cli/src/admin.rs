@@ -139,14 +139,7 @@ pub async fn write_body(
             blob.locator
         )
     })?;
-    let mut chunks = blobs.open(blob).await?.ok_or_else(|| {
-        anyhow::anyhow!(
-            "the body's blob {} ({} bytes, {}) is missing from the blob store",
-            blob.locator,
-            blob.len,
-            blob.digest_hex()
-        )
-    })?;
+    let mut chunks = blobs.open(blob).await?;
     while let Some(chunk) = chunks.next().await? {
         out.write_all(&chunk)?;
     }

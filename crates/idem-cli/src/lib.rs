@@ -294,14 +294,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             blobs,
         } => {
             let blobs = async {
-                let named = match blobs.as_deref() {
-                    Some(given) => Some(given.parse::<idem_engine::store::BlobUrl>()?),
-                    None => idem_engine::store::BlobUrl::beside(&url),
-                };
-                match named {
-                    Some(named) => Ok(Some(named.open().await?)),
-                    None => Ok(None),
-                }
+                Ok(match blobs.as_deref() {
+                    Some(given) => {
+                        Some(given.parse::<idem_engine::store::BlobUrl>()?.open().await?)
+                    }
+                    None => store.blobs_beside(true)?,
+                })
             };
             let id = stored_id(&scope, &key)?;
             let written = if path.as_os_str() == "-" {
@@ -403,7 +401,7 @@ async fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     let mut config = args.proxy_config()?;
     let url: StoreUrl = args.store.as_deref().unwrap_or(DEFAULT_STORE).parse()?;
     let store = url.open().await?;
-    config.blobs = args.open_blobs(&url, &config.keep).await?;
+    config.blobs = args.open_blobs(&store, &config.keep).await?;
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| tracing::warn!(error = %e, "metrics recorder not installed"))

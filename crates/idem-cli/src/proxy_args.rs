@@ -199,33 +199,29 @@ impl ProxyArgs {
         Ok(self)
     }
 
-    /// The blob store for `store`, opened: the one `--blobs` names, else
-    /// the one beside `store` when a route keeps bodies by reference or
-    /// that blob directory exists already; `None` when there is none.
+    /// The blob store, opened: the one `--blobs` names, else the one
+    /// beside `store` ([`AnyStore::blobs_beside`](idem_engine::store::AnyStore::blobs_beside));
+    /// `None` when there is none and no route needs one.
     pub async fn open_blobs(
         &self,
-        store: &idem_engine::store::StoreUrl,
+        store: &idem_engine::store::AnyStore,
         keep: &idem_http::KeepRules,
     ) -> anyhow::Result<Option<idem::blob::Blobs>> {
-        use idem_engine::store::BlobUrl;
-        let url = match self.blobs.as_deref() {
-            Some(url) => Some(url.parse::<BlobUrl>()?),
-            None => BlobUrl::beside(store).filter(|url| match url {
-                BlobUrl::Dir(path) => keep.any_reference() || path.is_dir(),
-                BlobUrl::Postgres(_) | BlobUrl::S3(_) => keep.any_reference(),
-            }),
-        };
-        match url {
+        let blobs = match self.blobs.as_deref() {
             Some(url) => {
+                let url: idem_engine::store::BlobUrl = url.parse()?;
                 tracing::info!(blobs = %url, "blob store");
-                Ok(Some(url.open().await?))
+                Some(url.open().await?)
             }
-            None if keep.any_reference() => anyhow::bail!(
+            None => store.blobs_beside(keep.any_reference())?,
+        };
+        if blobs.is_none() && keep.any_reference() {
+            anyhow::bail!(
                 "--keep keeps bodies by reference: name a blob store with --blobs \
                  (dir:PATH, postgres://… or s3://BUCKET/PREFIX)"
-            ),
-            None => Ok(None),
+            );
         }
+        Ok(blobs)
     }
 
     /// The gateway's settings, checked.

@@ -179,14 +179,8 @@ impl Body for Streamed {
         Poll::Ready(frame)
     }
 
-    /// Exact unless trailers are to come (see [`Held::size_hint`]).
     fn size_hint(&self) -> SizeHint {
-        if !self.has_trailers {
-            return SizeHint::with_exact(self.remaining);
-        }
-        let mut hint = SizeHint::new();
-        hint.set_lower(self.remaining);
-        hint
+        hint(self.remaining, self.has_trailers)
     }
 }
 
@@ -215,16 +209,21 @@ impl Body for Held {
         self.data.is_none() && self.trailers.is_none()
     }
 
-    /// Not exact while trailers are to come: an HTTP/1.1 server then
-    /// sends the body chunked, the one framing that carries trailers,
-    /// instead of with a `Content-Length`.
     fn size_hint(&self) -> SizeHint {
         let len = self.data.as_ref().map_or(0, |d| d.len() as u64);
-        if self.trailers.is_none() {
-            return SizeHint::with_exact(len);
-        }
-        let mut hint = SizeHint::new();
-        hint.set_lower(len);
-        hint
+        hint(len, self.trailers.is_some())
     }
+}
+
+/// The size of a body with `len` bytes of data still to come: not exact
+/// while trailers are to come too, so an HTTP/1.1 server sends it chunked,
+/// the one framing that carries trailers, instead of with a
+/// `Content-Length`.
+fn hint(len: u64, trailers_to_come: bool) -> SizeHint {
+    if !trailers_to_come {
+        return SizeHint::with_exact(len);
+    }
+    let mut hint = SizeHint::new();
+    hint.set_lower(len);
+    hint
 }

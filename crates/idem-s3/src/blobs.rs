@@ -2,6 +2,7 @@
 
 use std::time::SystemTime;
 
+use aws_sdk_s3::operation::head_object::HeadObjectOutput;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use aws_sdk_s3::Client;
@@ -43,31 +44,8 @@ impl S3Blobs {
         format!("{}{locator}", self.prefix)
     }
 
-    /// The owner kept in an object's metadata, if it reads.
-    async fn owner(&self, key: &str) -> Result<Option<BlobOwner>, BlobError> {
-        let head = match self
-            .client
-            .head_object()
-            .bucket(&self.bucket)
-            .key(key)
-            .send()
-            .await
-        {
-            Ok(head) => head,
-            Err(error) if error.as_service_error().is_some_and(|e| e.is_not_found()) => {
-                return Ok(None)
-            }
-            Err(error) => return Err(unavailable(error)),
-        };
-        Ok(head
-            .metadata()
-            .and_then(|meta| meta.get(OWNER))
-            .and_then(|hex| hex::decode(hex).ok())
-            .and_then(|json| serde_json::from_slice(&json).ok()))
-    }
-
-    /// The length of the object at `key`; `None` if there is none.
-    async fn len_of(&self, key: &str) -> Result<Option<u64>, BlobError> {
+    /// The object at `key`'s head; `None` if there is none.
+    async fn head(&self, key: &str) -> Result<Option<HeadObjectOutput>, BlobError> {
         match self
             .client
             .head_object()
@@ -76,14 +54,30 @@ impl S3Blobs {
             .send()
             .await
         {
-            Ok(head) => Ok(Some(
-                head.content_length()
-                    .and_then(|len| u64::try_from(len).ok())
-                    .unwrap_or(0),
-            )),
+            Ok(head) => Ok(Some(head)),
             Err(error) if error.as_service_error().is_some_and(|e| e.is_not_found()) => Ok(None),
             Err(error) => Err(unavailable(error)),
         }
+    }
+
+    /// The owner kept in an object's metadata, if it reads.
+    async fn owner(&self, key: &str) -> Result<Option<BlobOwner>, BlobError> {
+        Ok(self
+            .head(key)
+            .await?
+            .as_ref()
+            .and_then(|head| head.metadata()?.get(OWNER))
+            .and_then(|hex| hex::decode(hex).ok())
+            .and_then(|json| serde_json::from_slice(&json).ok()))
+    }
+
+    /// The length of the object at `key`; `None` if there is none.
+    async fn len_of(&self, key: &str) -> Result<Option<u64>, BlobError> {
+        Ok(self.head(key).await?.map(|head| {
+            head.content_length()
+                .and_then(|len| u64::try_from(len).ok())
+                .unwrap_or(0)
+        }))
     }
 }
 

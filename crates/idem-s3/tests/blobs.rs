@@ -44,7 +44,7 @@ async fn a_blob_of_several_parts_is_one_object_once_finished() {
         "not an object before it is finished"
     );
     let blob = sink.finish().await.expect("finish");
-    let read = blobs.read_all(&blob).await.expect("read").expect("there");
+    let read = blobs.read_all(&blob).await.expect("read");
     assert!(read == body, "20 MiB in three parts read back whole");
     let page = store.list(None, 10).await.expect("list");
     assert_eq!(page.entries.len(), 1);

@@ -61,7 +61,7 @@ async fn written_whole_read_back_checked(store: impl BlobStore) {
         let body = pattern(len);
         let blob = put(&blobs, &owner("whole", 1), &body, chunk).await;
         assert_eq!(blob.len, len as u64);
-        let read = blobs.read_all(&blob).await.expect("read").expect("there");
+        let read = blobs.read_all(&blob).await.expect("read");
         assert_eq!(read.len(), len, "length of a {len}-byte blob");
         assert!(read == body[..], "bytes of a {len}-byte blob");
     }

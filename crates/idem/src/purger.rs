@@ -5,10 +5,18 @@ use std::time::Duration;
 
 use crate::store::PurgeExpired;
 
-/// Stops the purge task started by [`spawn_purger`] when dropped.
+/// Stops the purge task started by [`spawn_purger`] (or the blob sweep
+/// of [`spawn_blob_sweeper`](crate::blob::spawn_blob_sweeper)) when
+/// dropped.
 #[derive(Debug)]
 pub struct PurgerHandle {
     task: tokio::task::JoinHandle<()>,
+}
+
+impl PurgerHandle {
+    pub(crate) fn new(task: tokio::task::JoinHandle<()>) -> Self {
+        Self { task }
+    }
 }
 
 impl Drop for PurgerHandle {
@@ -48,5 +56,5 @@ pub fn spawn_purger<S: PurgeExpired + Clone>(
             }
         }
     });
-    PurgerHandle { task }
+    PurgerHandle::new(task)
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use http::{HeaderName, Method};
-use idem::blob::{Blobs, DirBlobs};
+use idem::blob::Blobs;
 use idem_http::{FingerprintRule, IdempotencyLayer};
 
 use super::message::{Route, Tenant};
@@ -87,54 +87,35 @@ pub struct HttpOptions {
     pub blobs: Option<String>,
 }
 
-/// The blob store a layer over `store` uses when none is named and bodies
-/// are kept by reference (or, for the directory, one is there already):
-/// beside the embedded store's file, or in the PostgreSQL store's database.
-fn blobs_beside(store: &AnyStore, reference: bool) -> Result<Option<Blobs>, EngineError> {
-    match store {
-        AnyStore::Sqlite(sqlite) => {
-            let mut dir = sqlite.path().as_os_str().to_owned();
-            dir.push(".blobs");
-            let dir = std::path::PathBuf::from(dir);
-            if !reference && !dir.is_dir() {
-                return Ok(None);
-            }
-            let blobs = DirBlobs::open(dir).map_err(|e| invalid("blobs", e))?;
-            Ok(Some(Blobs::new(blobs)))
-        }
-        AnyStore::Postgres(pg) if reference => Ok(Some(Blobs::new(pg.blobs()))),
-        _ if reference => Err(invalid(
-            "keep",
-            "bodies are kept by reference: name a blob store with blobs (dir:PATH, postgres://…, \
-             s3://…)",
-        )),
-        _ => Ok(None),
-    }
-}
-
 fn invalid(what: &str, reason: impl std::fmt::Display) -> EngineError {
     EngineError::Config(format!("{what}: {reason}"))
 }
 
 impl HttpOptions {
-    /// The blob store named by `blobs`, else the one beside the store.
+    /// The blob store named by `blobs`, else the one beside the store
+    /// ([`AnyStore::blobs_beside`]); a layer that keeps bodies by reference
+    /// without one is refused when it is built.
     fn open_blobs(&self, local: &Local, reference: bool) -> Result<Option<Blobs>, EngineError> {
         let Some(url) = &self.blobs else {
-            return blobs_beside(local.idem().store(), reference);
+            return local
+                .idem()
+                .store()
+                .blobs_beside(reference)
+                .map_err(|e| invalid("blobs", idem::error_chain(&e)));
         };
         let url: BlobUrl = url.parse().map_err(|e| invalid("blobs", e))?;
-        if let BlobUrl::Dir(path) = &url {
-            let blobs = DirBlobs::open(path).map_err(|e| invalid("blobs", e))?;
-            return Ok(Some(Blobs::new(blobs)));
-        }
-        if tokio::runtime::Handle::try_current().is_ok() {
-            return Err(invalid(
-                "blobs",
-                "a networked blob store is opened when the middleware is made, not from async code",
-            ));
-        }
-        local
-            .block_on(url.open())
+        let opened = match url.open_local() {
+            Some(opened) => opened,
+            None if tokio::runtime::Handle::try_current().is_ok() => {
+                return Err(invalid(
+                    "blobs",
+                    "a networked blob store is opened when the middleware is made, not from \
+                     async code",
+                ))
+            }
+            None => local.block_on(url.open()),
+        };
+        opened
             .map(Some)
             .map_err(|e| invalid("blobs", idem::error_chain(&e)))
     }

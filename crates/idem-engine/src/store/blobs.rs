@@ -7,7 +7,7 @@ use std::str::FromStr;
 use idem::blob::{Blobs, DirBlobs};
 use idem_postgres::PgStore;
 
-use super::{OpenError, StoreUrl};
+use super::{AnyStore, OpenError};
 
 /// Where blobs live, as given on the command line (`--blobs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,30 +56,19 @@ impl fmt::Display for BlobUrl {
 }
 
 impl BlobUrl {
-    /// The blob store that goes with `store` when none is named: a
-    /// directory beside the embedded store's file (`idem.db.blobs`), the
-    /// same PostgreSQL database; `None` for the others.
-    pub fn beside(store: &StoreUrl) -> Option<Self> {
-        match store {
-            StoreUrl::Sqlite(path) => {
-                let mut dir = path.clone().into_os_string();
-                dir.push(".blobs");
-                Some(Self::Dir(dir.into()))
-            }
-            StoreUrl::Postgres(url) => Some(Self::Postgres(url.clone())),
-            _ => None,
+    /// Opens a blob store that needs no connection (a directory) here,
+    /// without a runtime; `None` for those that connect.
+    pub fn open_local(&self) -> Option<Result<Blobs, OpenError>> {
+        match self {
+            Self::Dir(path) => Some(open_dir(path)),
+            Self::Postgres(_) | Self::S3(_) => None,
         }
     }
 
     /// Opens the blob store (connecting, for PostgreSQL).
     pub async fn open(&self) -> Result<Blobs, OpenError> {
         match self {
-            Self::Dir(path) => Ok(Blobs::new(DirBlobs::open(path).map_err(|e| {
-                OpenError::Connect {
-                    store: "directory blob",
-                    source: e.into(),
-                }
-            })?)),
+            Self::Dir(path) => open_dir(path),
             Self::Postgres(url) => {
                 let store = PgStore::connect(url)
                     .await
@@ -90,6 +79,39 @@ impl BlobUrl {
                 Ok(Blobs::new(store.blobs()))
             }
             Self::S3(url) => open_s3(url).await,
+        }
+    }
+}
+
+fn open_dir(path: &std::path::Path) -> Result<Blobs, OpenError> {
+    let blobs = DirBlobs::open(path).map_err(|e| OpenError::Connect {
+        store: "directory blob",
+        source: e.into(),
+    })?;
+    Ok(Blobs::new(blobs))
+}
+
+impl AnyStore {
+    /// The blob store that goes with this store when none is named: a
+    /// directory beside the embedded store's file (`idem.db.blobs`), or
+    /// tables of their own on the PostgreSQL store's pool; `None` for the
+    /// others. Opened when `wanted` (a route keeps bodies by reference),
+    /// or, for the directory, when it exists already (records kept by
+    /// reference before a policy changed still replay).
+    pub fn blobs_beside(&self, wanted: bool) -> Result<Option<Blobs>, OpenError> {
+        match self {
+            AnyStore::Sqlite(sqlite) => {
+                let mut dir = sqlite.path().as_os_str().to_owned();
+                dir.push(".blobs");
+                let dir = PathBuf::from(dir);
+                if wanted || dir.is_dir() {
+                    open_dir(&dir).map(Some)
+                } else {
+                    Ok(None)
+                }
+            }
+            AnyStore::Postgres(pg) if wanted => Ok(Some(Blobs::new(pg.blobs()))),
+            _ => Ok(None),
         }
     }
 }
@@ -121,7 +143,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn urls_parse_and_the_embedded_store_gets_a_directory_beside_it() {
+    fn urls_parse() {
         assert_eq!(
             "dir:/var/idem/blobs".parse(),
             Ok(BlobUrl::Dir("/var/idem/blobs".into()))
@@ -133,10 +155,24 @@ mod tests {
         assert!(matches!("s3://bucket/p".parse(), Ok(BlobUrl::S3(_))));
         assert!("gs://bucket".parse::<BlobUrl>().is_err());
         assert!("dir:".parse::<BlobUrl>().is_err());
-        assert_eq!(
-            BlobUrl::beside(&StoreUrl::Sqlite("data/idem.db".into())),
-            Some(BlobUrl::Dir("data/idem.db.blobs".into()))
+    }
+
+    #[test]
+    fn the_embedded_store_gets_a_directory_beside_it_when_wanted_or_there() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = AnyStore::Sqlite(
+            idem_sqlite::SqliteStore::open(dir.path().join("idem.db")).expect("store"),
         );
-        assert_eq!(BlobUrl::beside(&StoreUrl::Memory), None);
+        assert!(store.blobs_beside(false).expect("opens").is_none());
+        assert!(store.blobs_beside(true).expect("opens").is_some());
+        assert!(dir.path().join("idem.db.blobs").is_dir());
+        assert!(
+            store.blobs_beside(false).expect("opens").is_some(),
+            "there now"
+        );
+        assert!(AnyStore::Memory(idem::MemoryStore::new())
+            .blobs_beside(true)
+            .expect("opens")
+            .is_none());
     }
 }

@@ -8,8 +8,7 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
-use idem::blob::{BlobError, BlobOwner, BlobRef};
-use idem::{BoxError, FailureClass, Outcome, RecordId, RunError, Store};
+use idem::{BoxError, FailureClass, Outcome, RunError, Store};
 use tower_service::Service;
 
 use crate::body::IdemBody;
@@ -226,103 +225,6 @@ impl<S: Store> Settings<S> {
         headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
     }
 
-    /// Writes a body past its first `prefix` bytes to a new blob of
-    /// `id`'s claim at `fence`; the blob and the body's trailers.
-    async fn to_blob<B>(
-        &self,
-        id: &RecordId,
-        fence: u64,
-        status: http::StatusCode,
-        prefix: Bytes,
-        mut rest: B,
-    ) -> Result<(BlobRef, Option<HeaderMap>), Unstored>
-    where
-        B: Body<Data = Bytes> + Unpin,
-        B::Error: Into<BoxError>,
-    {
-        let blobs = self.blobs.as_ref().expect("reference needs blobs");
-        let unkept = |error: BlobError| match error {
-            BlobError::TooLarge { limit } => Unstored::TooLarge {
-                limit: usize::try_from(limit).unwrap_or(usize::MAX),
-            },
-            error => Unstored::Unkept(error.to_string()),
-        };
-        let owner = BlobOwner::new(&self.idem.stored_id(id), fence);
-        let mut sink = blobs.create(&owner).await.map_err(unkept)?;
-        sink.write(prefix).await.map_err(unkept)?;
-        let mut trailers: Option<HeaderMap> = None;
-        // The body's own error type need not be `Send`: boxed at once.
-        while let Some(frame) = next_frame(&mut rest).await {
-            let frame = frame.map_err(|error| Unstored::BrokeOff {
-                status,
-                error: error.to_string(),
-            })?;
-            match frame.into_data() {
-                Ok(data) => sink.write(data).await.map_err(unkept)?,
-                Err(frame) => {
-                    if let Ok(more) = frame.into_trailers() {
-                        append_trailers(trailers.get_or_insert_with(HeaderMap::new), more);
-                    }
-                }
-            }
-        }
-        Ok((sink.finish().await.map_err(unkept)?, trailers))
-    }
-
-    /// A stored response whose body is in a blob, streamed from it.
-    async fn streamed_from_blob(
-        &self,
-        head: Response<Bytes>,
-        blob: &BlobRef,
-        trailers: Option<HeaderMap>,
-        executed: bool,
-    ) -> Response<IdemBody> {
-        let blobs = self.blobs.as_ref();
-        let unreadable = |reason: &'static str| {
-            metrics::counter!(idem::metrics::BLOBS_UNREADABLE, "reason" => reason).increment(1);
-        };
-        let rejection = match blobs {
-            None => Rejection::StoredUnreadable {
-                reason: format!(
-                    "its body is kept in blob {}, and no blob store is configured here",
-                    blob.locator
-                ),
-            },
-            Some(blobs) => match blobs.open(blob).await {
-                Ok(Some(chunks)) => {
-                    return head.map(|_| IdemBody::from_blob(chunks, blob.len, trailers));
-                }
-                Ok(None) => {
-                    unreadable("missing");
-                    tracing::error!(locator = %blob.locator, "a stored response's blob is missing");
-                    Rejection::StoredUnreadable {
-                        reason: format!(
-                            "its body, kept in blob {} ({} bytes, {}), is missing from the blob \
-                             store",
-                            blob.locator,
-                            blob.len,
-                            blob.digest_hex()
-                        ),
-                    }
-                }
-                Err(error @ BlobError::Corrupt { .. }) => {
-                    unreadable("corrupt");
-                    Rejection::StoredUnreadable {
-                        reason: error.to_string(),
-                    }
-                }
-                Err(error) => {
-                    unreadable("unavailable");
-                    Rejection::StoreUnavailable {
-                        error: error.to_string(),
-                        executed,
-                    }
-                }
-            },
-        };
-        rejection.into_response().map(IdemBody::full)
-    }
-
     async fn answer(
         &self,
         result: Result<Outcome<StoredResponse>, RunError<Unstored>>,
@@ -412,7 +314,7 @@ impl<S: Store> Settings<S> {
 
 /// Why the `grpc-status` in `fields` of a gRPC answer (by `head`'s
 /// content type) is not stored, if it is not ([`grpc::verdict`]).
-fn grpc_unstored(head: &HeaderMap, fields: &HeaderMap) -> Option<Unstored> {
+pub(super) fn grpc_unstored(head: &HeaderMap, fields: &HeaderMap) -> Option<Unstored> {
     let code = fields.get("grpc-status").filter(|_| grpc::is_grpc(head))?;
     let name = || String::from_utf8_lossy(code.as_bytes()).into_owned();
     match grpc::verdict(code.as_bytes()) {
@@ -444,18 +346,9 @@ fn full(bytes: Bytes, trailers: Option<HeaderMap>) -> IdemBody {
     }
 }
 
-/// The next frame of `body`, its error boxed.
-async fn next_frame<B>(body: &mut B) -> Option<Result<Frame<Bytes>, BoxError>>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    body.frame().await.map(|frame| frame.map_err(Into::into))
-}
-
 /// Adds a trailers frame to those held: appended, not extended, so a name
 /// repeated in a later frame keeps the earlier values.
-fn append_trailers(held: &mut HeaderMap, more: HeaderMap) {
+pub(super) fn append_trailers(held: &mut HeaderMap, more: HeaderMap) {
     let mut name = None;
     for (next, value) in more {
         name = next.or(name);

@@ -4,6 +4,7 @@
 //! mapping of its outcome onto a response ([`answer`]).
 
 mod answer;
+mod referenced;
 
 use std::sync::Arc;
 use std::time::Duration;

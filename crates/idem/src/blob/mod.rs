@@ -35,7 +35,7 @@ use sha2::{Digest, Sha256};
 use crate::key::{Key, RecordId, Scope};
 
 pub use dir::DirBlobs;
-pub use sweep::{spawn_blob_sweeper, sweep, BlobSweeperHandle, Swept, UNOWNED_GRACE};
+pub use sweep::{spawn_blob_sweeper, sweep, Swept, UNOWNED_GRACE};
 
 /// What a blob store's operations return.
 pub type BlobFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, BlobError>> + Send + 'a>>;
@@ -55,6 +55,16 @@ pub enum BlobError {
         locator: String,
         /// What differs.
         reason: String,
+    },
+    /// The blob a record names is not in the blob store.
+    #[error("blob {locator} ({len} bytes, {digest}) is missing from the blob store")]
+    Missing {
+        /// The blob.
+        locator: String,
+        /// Its length, as its record names it.
+        len: u64,
+        /// Its digest, as its record names it (`sha256:` and hex).
+        digest: String,
     },
     /// The blob grew past the most a blob may hold.
     #[error("blob over the {limit}-byte limit")]
@@ -264,31 +274,34 @@ impl Blobs {
         })
     }
 
-    /// Opens the blob `blob` names, checked against it; `None` if it is
-    /// missing.
-    pub async fn open(&self, blob: &BlobRef) -> Result<Option<BlobChunks>, BlobError> {
-        Ok(self
+    /// Opens the blob `blob` names, checked against it;
+    /// [`BlobError::Missing`] if it is not there.
+    pub async fn open(&self, blob: &BlobRef) -> Result<BlobChunks, BlobError> {
+        let reader = self
             .store
             .open(&blob.locator)
             .await?
-            .map(|reader| BlobChunks {
-                reader,
-                expected: blob.clone(),
-                hash: Sha256::new(),
-                read: 0,
-            }))
+            .ok_or_else(|| BlobError::Missing {
+                locator: blob.locator.clone(),
+                len: blob.len,
+                digest: blob.digest_hex(),
+            })?;
+        Ok(BlobChunks {
+            reader,
+            expected: blob.clone(),
+            hash: Sha256::new(),
+            read: 0,
+        })
     }
 
     /// Reads the blob `blob` names whole, checked: for tools, not replays.
-    pub async fn read_all(&self, blob: &BlobRef) -> Result<Option<Vec<u8>>, BlobError> {
-        let Some(mut chunks) = self.open(blob).await? else {
-            return Ok(None);
-        };
+    pub async fn read_all(&self, blob: &BlobRef) -> Result<Vec<u8>, BlobError> {
+        let mut chunks = self.open(blob).await?;
         let mut all = Vec::new();
         while let Some(chunk) = chunks.next().await? {
             all.extend_from_slice(&chunk);
         }
-        Ok(Some(all))
+        Ok(all)
     }
 }
 

@@ -6,6 +6,7 @@
 use std::time::{Duration, SystemTime};
 
 use super::{BlobEntry, BlobError, BlobStore, Blobs};
+use crate::purger::PurgerHandle;
 use crate::record::State;
 use crate::store::GetRecord;
 
@@ -74,28 +75,16 @@ pub async fn sweep<S: GetRecord>(
     Ok(swept)
 }
 
-/// Stops the task [`spawn_blob_sweeper`] started when dropped.
-#[derive(Debug)]
-pub struct BlobSweeperHandle {
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for BlobSweeperHandle {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 /// Starts a task on the current tokio runtime that, every `every`, walks
 /// all of `blobs` `batch` at a time and removes those no record in `store`
 /// names ([`sweep`]). Errors are logged and the walk starts over at the
-/// next tick.
+/// next tick. Stops when the handle is dropped, as the record purger does.
 pub fn spawn_blob_sweeper<S: GetRecord + Clone>(
     store: S,
     blobs: Blobs,
     every: Duration,
     batch: usize,
-) -> BlobSweeperHandle {
+) -> PurgerHandle {
     let task = tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -116,5 +105,5 @@ pub fn spawn_blob_sweeper<S: GetRecord + Clone>(
             }
         }
     });
-    BlobSweeperHandle { task }
+    PurgerHandle::new(task)
 }
