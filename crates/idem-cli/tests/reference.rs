@@ -221,16 +221,26 @@ async fn a_missing_blob_is_a_500_and_a_corrupt_one_a_cut_off_body_never_a_rerun(
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;
     std::fs::write(large, bytes).expect("write");
-    let bent = send(&url2, "bent").await;
-    assert_eq!(
-        bent.status(),
-        200,
-        "the head goes before the digest is known"
-    );
-    assert!(
-        bent.bytes().await.is_err(),
-        "a body whose digest differs is cut off, never passed off whole"
-    );
+    // The blob is read before its last chunk is sent: the connection is
+    // cut before the head when the whole body is one chunk, after it
+    // otherwise. Either way the client never gets the bytes whole.
+    let bent = client()
+        .post(&url2)
+        .header("idempotency-key", "bent")
+        .body("{}")
+        .send()
+        .await;
+    if let Ok(bent) = bent {
+        assert_eq!(
+            bent.status(),
+            200,
+            "the head goes before the digest is known"
+        );
+        assert!(
+            bent.bytes().await.is_err(),
+            "a body whose digest differs is cut off, never passed off whole"
+        );
+    }
     assert_eq!(up.runs.load(Ordering::SeqCst), 2, "neither ran again");
     gw.shutdown().await;
 }
@@ -476,8 +486,8 @@ async fn a_gateway_killed_anywhere_leaves_no_record_naming_a_missing_blob() {
     let left = blob_files(blobs.root());
     assert_eq!(
         left.len(),
-        outcomes.0,
-        "one blob per replayed key, no orphan"
+        outcomes.0 + outcomes.2,
+        "one blob per completed key, no orphan"
     );
     assert!(left
         .iter()
