@@ -10,4 +10,4 @@ async fn fixture(case: &'static str) -> Fixture<MySqlStore> {
     Fixture::real_time(common::store("conf").await, case)
 }
 
-idem_testkit::conformance_suite!(fixture; core, concurrency, batches, admin, steps, ttl);
+idem_testkit::conformance_suite!(fixture; core, concurrency, batches, admin, steps, outbox, ttl);

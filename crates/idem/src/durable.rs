@@ -180,7 +180,7 @@ where
                 Ok(Claimed::Unguarded) => {
                     idem.unguarded(&id, |ctx| (inner.handler)(input, ctx)).await
                 }
-                Ok(Claimed::Answered(outcome)) => idem.answer(&id, outcome),
+                Ok(Claimed::Answered(outcome)) => idem.replay(&id, outcome).await,
                 Err(error) => Err(RunError::Store(error)),
             }
         })

@@ -3,6 +3,10 @@
 //! Keys are what clients and producers send; they are validated against
 //! [`KeyRules`] and rejected with a [`KeyError`] that names the rule broken.
 //! Nothing is ever truncated or rewritten to make a key fit.
+//!
+//! Producers mint keys with [`new_v7`]: a UUIDv7 carries the time it was
+//! minted, so the receiver can tell a key older than its retention
+//! ([`uuid_v7_age`](crate::derive::uuid_v7_age)) from a new one.
 
 use std::fmt;
 use std::num::NonZeroUsize;
@@ -248,9 +252,51 @@ impl fmt::Display for RecordId {
     }
 }
 
+/// A new key for a producer to stamp on what it sends: a UUIDv7 (RFC
+/// 9562) in its usual 36-character text, its first 48 bits the Unix time
+/// in milliseconds and 74 random bits after the version and variant.
+/// Mint it once per operation and send it with every retry of that
+/// operation (as the `Idempotency-Key` header, a broker's message id or
+/// header): a key minted per attempt defeats deduplication.
+///
+/// ```
+/// let key = idem::key::new_v7();
+/// assert_eq!(key.as_str().len(), 36);
+/// assert_eq!(&key.as_str()[14..15], "7");
+/// assert_ne!(key, idem::key::new_v7());
+/// ```
+pub fn new_v7() -> Key {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let random: [u8; 10] = rand::random();
+    let uuid = uuid::Builder::from_unix_timestamp_millis(millis, &random).into_uuid();
+    Key(uuid.hyphenated().to_string().into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn minted_keys_are_valid_dated_and_distinct() {
+        let key = new_v7();
+        assert!(Key::new(key.as_str()).is_ok());
+        let now = crate::Timestamp::now();
+        let age = crate::derive::uuid_v7_age(
+            key.as_str(),
+            now,
+            std::time::Duration::from_secs(60),
+            std::time::Duration::from_secs(5),
+        )
+        .expect("a UUIDv7");
+        assert!(
+            matches!(age, crate::derive::KeyAge::Fresh { .. }),
+            "{age:?}"
+        );
+        let many: std::collections::HashSet<Key> = (0..1000).map(|_| new_v7()).collect();
+        assert_eq!(many.len(), 1000);
+    }
 
     #[test]
     fn accepts_visible_ascii_up_to_the_limit() {

@@ -45,6 +45,20 @@ pub const REDRIVEN: &str = "idem_completer_redriven_total";
 pub const BLOBS_SWEPT: &str = "idem_blobs_swept_total";
 /// Replays whose record names a blob that is missing or corrupt.
 pub const BLOBS_UNREADABLE: &str = "idem_blobs_unreadable_total";
+/// Outbox messages a broker confirmed.
+pub const OUTBOX_SENT: &str = "idem_outbox_sent_total";
+/// Outbox messages left pending after a failed send, by `by` (`run`,
+/// `replay`, `dispatcher`) and `error` (`unavailable`, `refused`).
+pub const OUTBOX_FAILED: &str = "idem_outbox_send_failures_total";
+/// Runs' messages dispatched in full, by `by` (`run`, `replay`,
+/// `dispatcher`, `unguarded`).
+pub const OUTBOX_DISPATCHES: &str = "idem_outbox_dispatches_total";
+/// Markers the dispatcher found pending on its last pass (their runs'
+/// messages not confirmed sent, their holder gone): the outbox's backlog.
+pub const OUTBOX_PENDING: &str = "idem_outbox_pending";
+/// Seconds from a message's making (the time in its UUIDv7 id) to its
+/// broker's confirmation: the outbox's lag.
+pub const OUTBOX_LAG: &str = "idem_outbox_lag_seconds";
 pub(crate) const OP_CLAIM: &str = "claim";
 pub(crate) const OP_COMPLETE: &str = "complete";
 pub(crate) const OP_FAIL: &str = "fail";
@@ -103,6 +117,20 @@ pub(crate) fn count(name: &'static str, labels: &[(&'static str, &'static str)])
         .map(|(k, v)| metrics::Label::new(*k, *v))
         .collect();
     metrics::counter!(name, labels).increment(1);
+}
+
+/// Counts a confirmed outbox message, and its lag when its id is a
+/// UUIDv7.
+pub(crate) fn outbox_sent(id: &str) {
+    add(key!(OUTBOX_SENT));
+    if let Ok(crate::derive::KeyAge::Fresh { age }) = crate::derive::uuid_v7_age(
+        id,
+        crate::Timestamp::now(),
+        std::time::Duration::MAX,
+        std::time::Duration::from_secs(5),
+    ) {
+        metrics::histogram!(OUTBOX_LAG).record(age.as_secs_f64());
+    }
 }
 
 /// Times a store operation and counts its errors (a lost lease is an

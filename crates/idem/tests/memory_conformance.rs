@@ -9,4 +9,4 @@ async fn fixture(case: &'static str) -> Fixture<MemoryStore<ManualClock>> {
     Fixture::manual(store, clock, case)
 }
 
-idem_testkit::conformance_suite!(fixture; core, concurrency, batches, admin, steps, ttl);
+idem_testkit::conformance_suite!(fixture; core, concurrency, batches, admin, steps, outbox, ttl);

@@ -21,6 +21,7 @@ pub mod batches;
 pub mod concurrency;
 pub mod core;
 mod layouts;
+pub mod outbox;
 pub mod steps;
 pub mod ttl;
 
@@ -132,7 +133,7 @@ fn unique_prefix(case: &str) -> String {
 /// Generates one `#[tokio::test]` per conformance case. The first
 /// argument is an `async fn(&'static str) -> Fixture<S>` called with each
 /// case's name; then the groups to run (default: `core, concurrency,
-/// batches, admin, steps`), so a store without a capability still runs the
+/// batches, admin, steps, outbox`), so a store without a capability still runs the
 /// rest:
 ///
 /// ```ignore
@@ -143,7 +144,7 @@ fn unique_prefix(case: &str) -> String {
 #[macro_export]
 macro_rules! conformance_suite {
     ($fixture:path) => {
-        $crate::conformance_suite!($fixture; core, concurrency, batches, admin, steps);
+        $crate::conformance_suite!($fixture; core, concurrency, batches, admin, steps, outbox);
     };
     ($fixture:path; $($group:ident),+ $(,)?) => {
         $( $crate::__conformance_group!($fixture; $group); )+
@@ -215,6 +216,14 @@ macro_rules! __conformance_group {
             step_layouts_replay_and_sealed_steps_show_nothing,
         );
     };
+    ($fixture:path; outbox) => {
+        $crate::__conformance_cases!(
+            $fixture; outbox;
+            messages_are_stored_with_the_completion,
+            a_replay_redispatches_what_was_never_confirmed,
+            concurrent_dispatchers_send_each_run_once,
+        );
+    };
     ($fixture:path; ttl) => {
         $crate::__conformance_cases!(
             $fixture; ttl;
@@ -225,7 +234,7 @@ macro_rules! __conformance_group {
         ::core::compile_error!(::core::concat!(
             "unknown conformance group `",
             ::core::stringify!($other),
-            "` (core, concurrency, batches, admin, steps, ttl)"
+            "` (core, concurrency, batches, admin, steps, outbox, ttl)"
         ));
     };
 }

@@ -5,7 +5,8 @@
 //! |---|---|---|
 //! | `0` | plain | the codec's bytes |
 //! | `1` | zstd | the codec's bytes, compressed |
-//! | `2` | sealed | the key id's length and id, a nonce, and an envelope of format 0 or 1 encrypted under that key ([`Keyring`]) |
+//! | `2` | sealed | the key id's length and id, a nonce, and an envelope of format 0, 1 or 3 encrypted under that key ([`Keyring`]) |
+//! | `3` | with messages | a 4-byte big-endian length, that many bytes of the run's outgoing messages ([`crate::outbox`]), then an envelope of format 0 or 1 |
 
 use std::borrow::Cow;
 
@@ -15,6 +16,8 @@ use super::keyring::{split_id, Keyring};
 
 const PLAIN: u8 = 0;
 const ZSTD: u8 = 1;
+/// The first byte of an envelope that carries a run's outgoing messages.
+pub(super) const WITH_MESSAGES: u8 = 3;
 /// The first byte of a sealed envelope (and of a sealed step result).
 pub(super) const SEALED: u8 = 2;
 const ZSTD_LEVEL: i32 = 3;
@@ -45,6 +48,44 @@ pub fn plain(encoded: &[u8]) -> Bytes {
     out.into()
 }
 
+/// `inner` (an envelope of format 0 or 1) behind the run's outgoing
+/// `messages`, as encoded by the outbox.
+pub(super) fn with_messages(messages: &[u8], inner: &[u8]) -> Bytes {
+    let len = u32::try_from(messages.len()).expect("messages are limited far below 4 GiB");
+    let mut out = Vec::with_capacity(5 + messages.len() + inner.len());
+    out.push(WITH_MESSAGES);
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(messages);
+    out.extend_from_slice(inner);
+    out.into()
+}
+
+/// An envelope's messages and the envelope within them.
+type Split<'a> = Option<(&'a [u8], &'a [u8])>;
+
+/// An envelope of format 3 split into its messages and the envelope
+/// within; `None` for any other format.
+pub(super) fn split_messages(stored: &[u8]) -> Result<Split<'_>, String> {
+    let Some(rest) = stored.strip_prefix(&[WITH_MESSAGES]) else {
+        return Ok(None);
+    };
+    let (len, rest) = rest
+        .split_first_chunk::<4>()
+        .ok_or("stored response ends inside its messages' length")?;
+    let len = usize::try_from(u32::from_be_bytes(*len)).unwrap_or(usize::MAX);
+    if rest.len() < len {
+        return Err(format!(
+            "stored response names {len} bytes of messages and holds {}",
+            rest.len()
+        ));
+    }
+    let (messages, inner) = rest.split_at(len);
+    if matches!(inner.first(), Some(&WITH_MESSAGES | &SEALED)) {
+        return Err("stored response nests envelopes it never writes".to_owned());
+    }
+    Ok(Some((messages, inner)))
+}
+
 /// Opens an envelope, refusing to inflate past `max_len` bytes (a corrupt
 /// or hostile record cannot exhaust memory): the codec's bytes. A sealed
 /// envelope needs its keyring: see [`AtRest::open_response`](super::AtRest::open_response).
@@ -56,6 +97,10 @@ pub fn open(stored: &[u8], max_len: usize) -> Result<Cow<'_, [u8]>, String> {
             "stored response is sealed with key {:?}: open it with the executor's keyring",
             split_id(sealed).map_or("?", |(id, _)| id)
         )),
+        Some((&WITH_MESSAGES, _)) => match split_messages(stored)? {
+            Some((_, inner)) => open(inner, max_len),
+            None => unreachable!("the format byte was just read"),
+        },
         Some((other, _)) => Err(format!("unknown envelope format byte {other}")),
         None => Err("empty stored response".to_owned()),
     }
@@ -67,6 +112,7 @@ pub fn envelope_of(stored: &[u8]) -> (&'static str, Option<&str>) {
     match stored.split_first() {
         Some((&PLAIN, _)) => ("plain", None),
         Some((&ZSTD, _)) => ("zstd", None),
+        Some((&WITH_MESSAGES, _)) => ("with-messages", None),
         Some((&SEALED, sealed)) => ("sealed", split_id(sealed).ok().map(|(id, _)| id)),
         _ => ("unknown", None),
     }
@@ -149,6 +195,25 @@ mod tests {
             .expect_err("bad")
             .contains("format byte 9"));
         assert!(open(&[ZSTD, 1, 2, 3], 10).is_err());
+    }
+
+    #[test]
+    fn messages_ride_in_front_of_the_response() {
+        let inner = seal(b"{\"a\":1}".to_vec(), 1024);
+        let stored = with_messages(b"MSGS", &inner);
+        assert_eq!(stored[0], WITH_MESSAGES);
+        assert_eq!(open(&stored, 100).expect("opens").as_ref(), b"{\"a\":1}");
+        let (messages, rest) = split_messages(&stored)
+            .expect("splits")
+            .expect("has messages");
+        assert_eq!((messages, rest), (&b"MSGS"[..], &inner[..]));
+        assert_eq!(split_messages(&inner).expect("plain"), None);
+        assert!(split_messages(&[WITH_MESSAGES, 0, 0, 0, 9, 1])
+            .expect_err("short")
+            .contains("names 9 bytes"));
+        assert!(split_messages(&[WITH_MESSAGES, 0, 0]).is_err());
+        let nested = with_messages(b"", &with_messages(b"", &inner));
+        assert!(open(&nested, 100).is_err());
     }
 
     #[test]

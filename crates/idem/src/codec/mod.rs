@@ -8,7 +8,8 @@
 //! |---|---|---|
 //! | `0` | plain | the codec's bytes |
 //! | `1` | zstd | the codec's bytes, compressed |
-//! | `2` | sealed | the key id's length and id, a nonce, and an envelope of format 0 or 1 encrypted under that key |
+//! | `2` | sealed | the key id's length and id, a nonce, and an envelope of format 0, 1 or 3 encrypted under that key |
+//! | `3` | with messages | the run's outgoing messages ([`crate::outbox`]) in front of an envelope of format 0 or 1 |
 //!
 //! Every stored payload says its layout in its first byte, so a build
 //! reads every layout an earlier one wrote: a response's envelope byte
@@ -86,7 +87,17 @@ impl AtRest {
     /// A response's stored bytes: the codec's bytes in the envelope,
     /// compressed above the executor's size, sealed under a keyring.
     pub fn seal_response(&self, id: &RecordId, encoded: Vec<u8>) -> Bytes {
-        let inner = envelope::seal(encoded, self.compress_above);
+        self.seal_run(id, encoded, None)
+    }
+
+    /// A run's stored bytes: [`seal_response`](Self::seal_response), with
+    /// the run's outgoing messages (as the outbox encodes them) in front of
+    /// the response when it sent any, sealed with it.
+    pub fn seal_run(&self, id: &RecordId, encoded: Vec<u8>, messages: Option<&[u8]>) -> Bytes {
+        let mut inner = envelope::seal(encoded, self.compress_above);
+        if let Some(messages) = messages {
+            inner = envelope::with_messages(messages, &inner);
+        }
         match &self.keyring {
             Some(keyring) => envelope::seal_with(keyring, &inner, &context(id, None)),
             None => inner,
@@ -106,6 +117,20 @@ impl AtRest {
         }
         let inner = envelope::open_with(self.keyring(), stored, &context(id, None))?;
         envelope::open(&inner, max_len).map(|opened| Cow::Owned(opened.into_owned()))
+    }
+
+    /// The outgoing messages stored with `id`'s response (as the outbox
+    /// encoded them), or `None` if the run sent none.
+    pub fn open_messages<'a>(
+        &self,
+        id: &RecordId,
+        stored: &'a [u8],
+    ) -> Result<Option<Cow<'a, [u8]>>, String> {
+        if stored.first() != Some(&envelope::SEALED) {
+            return Ok(envelope::split_messages(stored)?.map(|(m, _)| Cow::Borrowed(m)));
+        }
+        let inner = envelope::open_with(self.keyring(), stored, &context(id, None))?;
+        Ok(envelope::split_messages(&inner)?.map(|(m, _)| Cow::Owned(m.to_vec())))
     }
 
     /// A step result's (or a journaled input's) stored bytes: the JSON as

@@ -162,7 +162,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                     self.execute(&lease, sent, params.fingerprint, handler)
                         .await
                 }
-                Ok(outcome) => self.answer(&id, outcome),
+                Ok(outcome) => self.replay(&id, outcome).await,
                 Err(error @ StoreError::Unavailable(_))
                     if self.config.fail_open && !error.is_contention() =>
                 {

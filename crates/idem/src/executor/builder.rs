@@ -9,6 +9,7 @@ use super::replays::{Replays, DEFAULT_REPLAY_CACHE_BYTES, DEFAULT_REPLAY_CACHE_T
 use super::{default_classifier, Backoff, Classifier, Config, Idempotency};
 use crate::codec::{AtRest, Codec, Json, Keyring};
 use crate::key_hash::KeyHasher;
+use crate::outbox::{OutboxConfig, Sender};
 use crate::record::FailureClass;
 use crate::store::Store;
 
@@ -47,6 +48,13 @@ pub enum ConfigError {
          the keyring where the records are stored"
     )]
     SealingUnsupported,
+    /// An outbox was given for a store that re-encodes stored responses
+    /// (the claim API's remote store): the messages would not survive it.
+    #[error(
+        "this store re-encodes stored responses, so the executor cannot keep a run's messages \
+         in them; send through the outbox where the records are stored"
+    )]
+    OutboxUnsupported,
     /// Responses are to be kept by reference, but no blob store was given.
     #[error("a replay policy keeps bodies by reference, but no blob store was given")]
     NoBlobStore,
@@ -79,6 +87,7 @@ pub struct IdempotencyBuilder<S, C = Json> {
     log_keys: bool,
     replay_cache_bytes: usize,
     replay_cache_ttl: Duration,
+    outbox: Option<Arc<dyn Sender>>,
 }
 
 impl<S, C> std::fmt::Debug for IdempotencyBuilder<S, C> {
@@ -229,7 +238,20 @@ impl<S: Store, C: Codec> IdempotencyBuilder<S, C> {
             log_keys: self.log_keys,
             replay_cache_bytes: self.replay_cache_bytes,
             replay_cache_ttl: self.replay_cache_ttl,
+            outbox: self.outbox,
         }
+    }
+
+    /// Gives handlers an outbox: messages they send with
+    /// [`Context::send`](crate::Context::send) are stored with their run's
+    /// completion and dispatched through `sender` once it is stored, and
+    /// re-dispatched (never re-run) on a duplicate if they were not
+    /// confirmed. See [`crate::outbox`]; run
+    /// [`spawn_outbox_dispatcher`](Idempotency::spawn_outbox_dispatcher)
+    /// beside it to send what a process that died left behind.
+    pub fn outbox(mut self, sender: impl Sender) -> Self {
+        self.outbox = Some(Arc::new(sender));
+        self
     }
 
     /// How much memory replays of outcomes this executor stored may take
@@ -278,6 +300,9 @@ impl<S: Store, C: Codec> IdempotencyBuilder<S, C> {
         if self.keyring.is_some() && !self.store.keeps_bytes() {
             return Err(ConfigError::SealingUnsupported);
         }
+        if self.outbox.is_some() && !self.store.keeps_bytes() {
+            return Err(ConfigError::OutboxUnsupported);
+        }
         let journal = self.store.step_journal();
         Ok(Idempotency {
             store: self.store,
@@ -298,6 +323,7 @@ impl<S: Store, C: Codec> IdempotencyBuilder<S, C> {
                 classifier: self.classifier,
                 log_keys: self.log_keys,
                 replays: Replays::new(self.replay_cache_bytes, self.replay_cache_ttl),
+                outbox: self.outbox.map(OutboxConfig::new),
             }),
         })
     }
@@ -335,6 +361,7 @@ impl<S: Store> Idempotency<S, Json> {
             log_keys: false,
             replay_cache_bytes: DEFAULT_REPLAY_CACHE_BYTES,
             replay_cache_ttl: DEFAULT_REPLAY_CACHE_TTL,
+            outbox: None,
         }
     }
 }

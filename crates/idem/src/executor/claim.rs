@@ -16,6 +16,7 @@ use crate::cache::CACHE_HITS;
 use crate::codec::{AtRest, Codec};
 use crate::key::RecordId;
 use crate::metrics as m;
+use crate::outbox::Outgoing;
 use crate::record::{ClaimOutcome, ClaimParams, Lease};
 use crate::step::StepRun;
 use crate::store::{Store, StoreError};
@@ -102,6 +103,19 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         Some(response)
     }
 
+    /// [`answer`](Self::answer), re-dispatching first the messages a
+    /// replayed run sent if they were never confirmed.
+    pub(crate) async fn replay<T: DeserializeOwned, E>(
+        &self,
+        id: &RecordId,
+        outcome: ClaimOutcome,
+    ) -> Result<Outcome<T>, RunError<E>> {
+        if let ClaimOutcome::Completed(stored) = &outcome {
+            self.redispatch(id, stored).await;
+        }
+        self.answer(id, outcome)
+    }
+
     /// What a claim that did not acquire means to the caller.
     pub(crate) fn answer<T: DeserializeOwned, E>(
         &self,
@@ -138,9 +152,12 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         F: FnOnce(Context) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let value = handler(unguarded_context(id))
+        let ctx = unguarded_context(id, self.config.outbox.is_some());
+        let outgoing = Arc::clone(&ctx.outgoing);
+        let value = handler(ctx)
             .await
             .map_err(|error| self.unguarded_failure(error))?;
+        self.dispatch_unguarded(&outgoing).await;
         Ok(Outcome::Unguarded { value })
     }
 
@@ -161,11 +178,12 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
 
 /// The context of a run of `id` with no claim (fail-open, the store
 /// unreachable): no lease, no journal.
-pub(crate) fn unguarded_context(id: &RecordId) -> Context {
+pub(crate) fn unguarded_context(id: &RecordId, outbox: bool) -> Context {
     let (_, held) = watch::channel(Held::default());
     Context {
         lease: None,
         held,
         steps: Arc::new(StepRun::new(id.clone(), None, 0, AtRest::new(0, None))),
+        outgoing: Arc::new(Outgoing::new(outbox)),
     }
 }

@@ -16,6 +16,7 @@ use tracing::Instrument as _;
 
 use crate::machine::LeaseLost;
 use crate::metrics as m;
+use crate::outbox::{Message, Outgoing, SendError};
 use crate::record::{Lease, StepBegin};
 use crate::step::{
     check_step_name, downstream_key, with_retries, InDoubt, StepCtx, StepError, StepRun,
@@ -58,9 +59,26 @@ pub struct Context {
     pub(super) lease: Option<Lease>,
     pub(super) held: watch::Receiver<Held>,
     pub(crate) steps: Arc<StepRun>,
+    pub(crate) outgoing: Arc<Outgoing>,
 }
 
 impl Context {
+    /// Sends `message` through the executor's outbox ([`crate::outbox`]):
+    /// held until the run ends, stored with its completion in the same
+    /// write, and dispatched only after it — so a run that fails or is
+    /// taken over sends nothing, and a duplicate delivery replays the run
+    /// and re-dispatches, never re-runs. Refused (a typed error, nothing
+    /// held) when the executor has no outbox, the message is malformed,
+    /// or the run's messages would take more than
+    /// [`MAX_MESSAGES_BYTES`](crate::outbox::MAX_MESSAGES_BYTES).
+    ///
+    /// In a run with no claim (fail-open with the store down) there is
+    /// nothing to store the messages with: they are sent when the handler
+    /// returns `Ok`, at least once, as the rest of such a run is.
+    pub fn send(&self, message: Message) -> Result<(), SendError> {
+        self.outgoing.push(message)
+    }
+
     /// The lease held, or `None` when running unguarded (fail-open).
     pub fn lease(&self) -> Option<&Lease> {
         self.lease.as_ref()

@@ -14,6 +14,7 @@ use crate::codec::Codec;
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
 use crate::metrics as m;
+use crate::outbox::{encode_messages, Message};
 use crate::record::{Failure, FailureClass, Lease, State};
 use crate::store::{Store, StoreError};
 
@@ -35,6 +36,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         lease: &Lease,
         fingerprint: Option<Fingerprint>,
         value: T,
+        messages: Vec<Message>,
     ) -> Result<Outcome<T>, RunError<E>> {
         let encoded = match self.codec.encode(&value) {
             Ok(encoded) => encoded,
@@ -47,11 +49,16 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                 return Err(RunError::Encode(error));
             }
         };
+        let frame = (!messages.is_empty()).then(|| encode_messages(&messages));
+        let size = encoded.len() + frame.as_ref().map_or(0, Vec::len);
         let limit = self.config.max_response_bytes;
-        if encoded.len() > limit {
-            return Err(self.too_large(lease, encoded.len(), limit, "").await);
+        if size > limit {
+            return Err(self.too_large(lease, size, limit, "").await);
         }
-        let sealed = self.config.at_rest.seal_response(&lease.id, encoded);
+        let sealed = self
+            .config
+            .at_rest
+            .seal_run(&lease.id, encoded, frame.as_deref());
         if let Some(limit) = self.store.max_stored_bytes() {
             if sealed.len() > limit {
                 return Err(self
@@ -59,6 +66,12 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                     .await);
             }
         }
+        // Claimed before the completion, so that once the messages are
+        // stored the dispatcher can always find them.
+        let marker = match messages.is_empty() {
+            true => None,
+            false => self.hold_marker(&lease.id).await,
+        };
         let retention = self.config.retention;
         let sent = (Instant::now(), self.store.local_now());
         let (stored, uncertain) = self
@@ -84,6 +97,9 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                 self.config
                     .replays
                     .put(&lease.id, fingerprint, sealed, retention, sent);
+                if !messages.is_empty() {
+                    self.dispatch_completed(&messages, marker).await;
+                }
                 Ok(Outcome::Executed {
                     value,
                     attempt: lease.attempt,
@@ -110,7 +126,8 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         }
     }
 
-    /// Records a response too large to store as a terminal failure.
+    /// Records a response (with the run's messages) too large to store as
+    /// a terminal failure.
     async fn too_large<E>(
         &self,
         lease: &Lease,

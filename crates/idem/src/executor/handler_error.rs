@@ -105,6 +105,7 @@ boxed_from!(
     LeaseLost,
     Terminal,
     StoreError,
+    crate::outbox::SendError,
     std::io::Error,
     serde_json::Error,
     String,

@@ -119,12 +119,12 @@ impl<S: Store + Clone, C: Codec + Clone> Idempotency<S, C> {
                     idem: self.clone(),
                     lease: None,
                     fingerprint,
-                    ctx: unguarded_context(id),
+                    ctx: unguarded_context(id, self.config.outbox.is_some()),
                     beat: None,
                 })));
             }
             Claimed::Answered(outcome) => {
-                return match self.answer(id, outcome)? {
+                return match self.replay(id, outcome).await? {
                     Outcome::Replayed { value } => Ok(Begun::Replayed(value)),
                     _ => unreachable!("a claim not acquired is answered as a replay or an error"),
                 };
@@ -201,12 +201,21 @@ impl<S: Store, C: Codec> HeldRun<S, C> {
     {
         let Some(lease) = &self.lease else {
             return match result {
-                Ok(value) => Ok(Outcome::Unguarded { value }),
+                Ok(value) => {
+                    self.idem.dispatch_unguarded(&self.ctx.outgoing).await;
+                    Ok(Outcome::Unguarded { value })
+                }
                 Err(error) => Err(self.idem.unguarded_failure(error)),
             };
         };
         self.idem
-            .close(lease, self.fingerprint, &self.ctx.steps, result)
+            .close(
+                lease,
+                self.fingerprint,
+                &self.ctx.steps,
+                &self.ctx.outgoing,
+                result,
+            )
             .await
     }
 

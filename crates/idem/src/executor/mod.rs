@@ -32,6 +32,7 @@ use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
 use crate::key_hash::KeyHasher;
 use crate::metrics as m;
+use crate::outbox::{OutboxConfig, Outgoing};
 use crate::record::{ClaimParams, Failure, FailureClass, Lease};
 use crate::step::StepRun;
 use crate::store::{DeleteRecord, DynStepJournal, Store, StoreError};
@@ -77,6 +78,7 @@ struct Config {
     log_keys: bool,
     journal: Option<Arc<dyn DynStepJournal>>,
     replays: Replays,
+    outbox: Option<OutboxConfig>,
 }
 
 /// The executor: claims a key, runs the handler under a heartbeat, and
@@ -222,6 +224,11 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         &self.config.at_rest
     }
 
+    /// The executor's outbox, if it has one.
+    pub(crate) fn outbox_config(&self) -> Option<&OutboxConfig> {
+        self.config.outbox.as_ref()
+    }
+
     /// Runs `handler` at most once (in effect) for `id`.
     ///
     /// 1. Claims `id`. A completed record is replayed
@@ -280,7 +287,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                     self.execute(&lease, sent, fingerprint, handler).await
                 }
                 Ok(Claimed::Unguarded) => self.unguarded(id, handler).await,
-                Ok(Claimed::Answered(outcome)) => self.answer(id, outcome),
+                Ok(Claimed::Answered(outcome)) => self.replay(id, outcome).await,
                 Err(error) => Err(RunError::Store(error)),
             }
         })
@@ -367,6 +374,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     {
         let (ctx, held_tx) = self.open(lease, sent).await?;
         let steps = Arc::clone(&ctx.steps);
+        let outgoing = Arc::clone(&ctx.outgoing);
         let result = {
             let work = handler(ctx);
             let beat = self.heartbeat(lease, sent, held_tx);
@@ -377,7 +385,8 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                 never = &mut beat => match never {},
             }
         };
-        self.close(lease, fingerprint, &steps, result).await
+        self.close(lease, fingerprint, &steps, &outgoing, result)
+            .await
     }
 
     /// Starts a run under `lease` (claimed at `sent`): its context, and
@@ -426,6 +435,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             lease: Some(lease.clone()),
             held,
             steps,
+            outgoing: Arc::new(Outgoing::new(self.config.outbox.is_some())),
         };
         Ok((ctx, held_tx))
     }
@@ -438,6 +448,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         lease: &Lease,
         fingerprint: Option<Fingerprint>,
         steps: &StepRun,
+        outgoing: &Outgoing,
         result: Result<T, E>,
     ) -> Result<Outcome<T>, RunError<E>>
     where
@@ -448,7 +459,10 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             return Err(self.park(lease, why).await);
         }
         match result {
-            Ok(value) => self.store_success(lease, fingerprint, value).await,
+            Ok(value) => {
+                self.store_success(lease, fingerprint, value, outgoing.take())
+                    .await
+            }
             Err(error) => Err(self.store_failure(lease, error).await),
         }
     }

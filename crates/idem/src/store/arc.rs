@@ -8,8 +8,8 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{
-    ClaimMany, CompleteMany, Completion, DynStepJournal, FindAbandoned, StepJournal, Store,
-    StoreError,
+    ClaimMany, CompleteMany, Completion, DynStepJournal, FindAbandoned, ListPage, ListQuery,
+    ListRecords, StepJournal, Store, StoreError,
 };
 use crate::clock::Timestamp;
 use crate::key::{RecordId, Scope};
@@ -132,5 +132,11 @@ impl<S: FindAbandoned> FindAbandoned for Arc<S> {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<(RecordId, Record)>, StoreError>> + Send {
         (**self).abandoned(scope, limit)
+    }
+}
+
+impl<S: ListRecords> ListRecords for Arc<S> {
+    fn list(&self, query: &ListQuery) -> impl Future<Output = Result<ListPage, StoreError>> + Send {
+        (**self).list(query)
     }
 }

@@ -1,0 +1,241 @@
+//! The executor's side of the outbox: the marker held across a sending
+//! run's completion, the dispatch that follows it, and the re-dispatch a
+//! replay makes when an earlier one was never confirmed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use super::{decode_messages, marker_id, registry_id, Message, Outgoing, SendError, Sender};
+use crate::codec::{plain, Codec};
+use crate::executor::Idempotency;
+use crate::key::{RecordId, Scope};
+use crate::metrics as m;
+use crate::record::{ClaimOutcome, ClaimParams, Lease, State};
+use crate::store::{Store, StoreError};
+
+/// How long a process trusts that a scope's entry in the registry is
+/// there before it checks again.
+const REGISTERED_FOR: Duration = Duration::from_secs(3600);
+/// The shortest time a scope's entry is kept (longer when records are).
+const REGISTRY_RETENTION: Duration = Duration::from_secs(30 * 86_400);
+/// How long a run waits for a marker someone else holds (a dispatcher
+/// looking at it) before completing without holding it.
+const MARKER_WAIT: Duration = Duration::from_secs(2);
+/// Sends of one message before a dispatch gives up and leaves it pending.
+const SEND_TRIES: u32 = 3;
+
+/// An executor's outbox: its sender, and the scopes it knows are
+/// registered.
+pub(crate) struct OutboxConfig {
+    pub(crate) sender: Arc<dyn Sender>,
+    registered: Mutex<HashMap<Scope, std::time::Instant>>,
+}
+
+impl OutboxConfig {
+    pub(crate) fn new(sender: Arc<dyn Sender>) -> Self {
+        Self {
+            sender,
+            registered: Mutex::default(),
+        }
+    }
+}
+
+/// Why a dispatch stopped: the first send that failed.
+pub(crate) type Dispatched = Result<usize, SendError>;
+
+impl<S: Store, C: Codec> Idempotency<S, C> {
+    /// What markers are claimed with: the executor's lease, and its
+    /// retention, so a marker lives as long as its run's record
+    /// (plus a lease, as it is claimed just before the run completes).
+    pub(crate) fn marker_params(&self) -> ClaimParams {
+        let keep = self.retention().saturating_add(self.lease());
+        ClaimParams::new(self.lease(), keep)
+    }
+
+    /// Before a run that sent messages is completed: makes sure its scope
+    /// is registered and claims its marker, so that whatever happens after
+    /// the completion the dispatcher finds the messages. The marker's
+    /// lease if this run holds it; `None` if another holds it (it is
+    /// pending all the same) or it could not be written (the messages are
+    /// stored all the same; a replay dispatches them).
+    pub(crate) async fn hold_marker(&self, run: &RecordId) -> Option<Lease> {
+        self.register(run.scope()).await;
+        let marker = marker_id(run);
+        let params = self.marker_params();
+        let give_up = Instant::now() + MARKER_WAIT;
+        let mut delay = Duration::from_millis(10);
+        loop {
+            match m::timed(m::OP_CLAIM, self.store().claim(&marker, &params)).await {
+                Ok(ClaimOutcome::Acquired(lease)) => return Some(lease),
+                Ok(ClaimOutcome::InProgress { .. }) if Instant::now() < give_up => {}
+                Err(StoreError::Unavailable(_)) if Instant::now() < give_up => {}
+                Ok(ClaimOutcome::InProgress { .. }) => return None,
+                other => {
+                    tracing::warn!(outcome = ?other.map(|o| o.label()), "the outbox marker could not be claimed; a replay or the dispatcher sends the messages");
+                    return None;
+                }
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(200));
+        }
+    }
+
+    /// Writes `scope`'s entry in the registry unless this process did so
+    /// within the hour.
+    async fn register(&self, scope: &Scope) {
+        let Some(outbox) = self.outbox_config() else {
+            return;
+        };
+        let fresh = outbox
+            .registered
+            .lock()
+            .get(scope)
+            .is_some_and(|at| at.elapsed() < REGISTERED_FOR);
+        if fresh {
+            return;
+        }
+        let entry = registry_id(scope);
+        let keep = REGISTRY_RETENTION.max(self.retention().saturating_mul(2));
+        let params = ClaimParams::new(self.lease(), keep);
+        let registered = match self.store().claim(&entry, &params).await {
+            Ok(ClaimOutcome::Acquired(lease)) => self
+                .store()
+                .complete(&lease, plain(scope.as_str().as_bytes()), keep)
+                .await
+                .is_ok(),
+            Ok(ClaimOutcome::Completed(_)) => true,
+            Ok(_) | Err(_) => false,
+        };
+        if registered {
+            outbox
+                .registered
+                .lock()
+                .insert(scope.clone(), std::time::Instant::now());
+        }
+    }
+
+    /// Sends `messages` in order, each tried a few times while the broker
+    /// is unavailable: how many were sent, or the error that stopped it.
+    pub(crate) async fn dispatch(&self, messages: &[Message], by: &'static str) -> Dispatched {
+        let Some(outbox) = self.outbox_config() else {
+            return Err(SendError::NoOutbox);
+        };
+        for message in messages {
+            let mut tries = 0;
+            let mut delay = Duration::from_millis(50);
+            loop {
+                tries += 1;
+                match outbox.sender.send(message).await {
+                    Ok(()) => {
+                        m::outbox_sent(message.id());
+                        break;
+                    }
+                    Err(error @ SendError::Unavailable(_)) if tries < SEND_TRIES => {
+                        tracing::debug!(%error, tries, "sending an outbox message failed; trying again");
+                        tokio::time::sleep(delay).await;
+                        delay *= 4;
+                    }
+                    Err(error) => {
+                        m::count(m::OUTBOX_FAILED, &[("by", by), ("error", error.label())]);
+                        tracing::warn!(%error, id = message.id(), destination = message.destination(), by, "an outbox message was not sent; it stays pending");
+                        return Err(error);
+                    }
+                }
+            }
+        }
+        m::count(m::OUTBOX_DISPATCHES, &[("by", by)]);
+        Ok(messages.len())
+    }
+
+    /// After a sending run's completion was stored: dispatches its
+    /// messages and, once all are confirmed, releases the marker it
+    /// holds. A dispatch that fails leaves the marker to run out: the
+    /// dispatcher takes it over and sends again.
+    pub(crate) async fn dispatch_completed(&self, messages: &[Message], marker: Option<Lease>) {
+        if self.dispatch(messages, "run").await.is_ok() {
+            if let Some(marker) = marker {
+                self.release_marker(&marker).await;
+            }
+        }
+    }
+
+    /// The messages of a run with no claim (fail-open, the store down):
+    /// sent at once, with nothing to store them in.
+    pub(crate) async fn dispatch_unguarded(&self, outgoing: &Outgoing) {
+        let messages = outgoing.take();
+        if !messages.is_empty() {
+            let _ = self.dispatch(&messages, "unguarded").await;
+        }
+    }
+
+    /// A marker's release once its messages are confirmed; a release
+    /// lost only means they are sent again, under the same ids.
+    pub(crate) async fn release_marker(&self, marker: &Lease) {
+        if let Err(error) = m::timed(m::OP_RELEASE, self.store().release(marker)).await {
+            tracing::debug!(%error, "the outbox marker was not released; the messages may be sent again");
+        }
+    }
+
+    /// When a duplicate is answered with `stored`: re-dispatches the
+    /// messages stored with it if no dispatch of them is confirmed and
+    /// none is under way (the marker is held by a process that died, or
+    /// was never written).
+    pub(crate) async fn redispatch(&self, run: &RecordId, stored: &[u8]) {
+        if self.outbox_config().is_none() {
+            return;
+        }
+        let messages = match self.stored_messages(run, stored) {
+            Ok(Some(messages)) if !messages.is_empty() => messages,
+            Ok(_) => return,
+            Err(reason) => {
+                tracing::warn!(%reason, "the messages stored with a replayed run do not read");
+                return;
+            }
+        };
+        let marker = marker_id(run);
+        match self.store().peek(&marker).await {
+            Ok(Some(record)) if !matches!(record.state, State::InProgress { .. }) => return,
+            Ok(_) => {}
+            Err(_) => return,
+        }
+        let Some(lease) = self.take_pending_marker(&marker).await else {
+            return;
+        };
+        if self.dispatch(&messages, "replay").await.is_ok() {
+            self.release_marker(&lease).await;
+        }
+    }
+
+    /// Takes `marker` if it is pending and nobody alive holds it: held by
+    /// a process whose lease ran out (a takeover), or never written (the
+    /// first claim). A marker released meanwhile — its messages confirmed
+    /// by whoever held it — is acquired by a claim too: it is given back
+    /// at once, and `None`.
+    pub(crate) async fn take_pending_marker(&self, marker: &RecordId) -> Option<Lease> {
+        let claimed = self.store().claim(marker, &self.marker_params()).await;
+        let Ok(ClaimOutcome::Acquired(lease)) = claimed else {
+            return None;
+        };
+        if lease.takeover || lease.attempt == 1 {
+            return Some(lease);
+        }
+        self.release_marker(&lease).await;
+        None
+    }
+
+    /// The messages stored with `run`'s response `stored`, if any.
+    pub(crate) fn stored_messages(
+        &self,
+        run: &RecordId,
+        stored: &[u8],
+    ) -> Result<Option<Vec<Message>>, String> {
+        match self.at_rest().open_messages(run, stored)? {
+            Some(bytes) => decode_messages(&bytes).map(Some),
+            None => Ok(None),
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! What a run sends: an outbox for the messages a handler emits.
+//!
+//! A handler that publishes directly publishes again when a takeover runs
+//! it a second time, and loses the message when its process dies between
+//! storing the outcome and publishing. Through the outbox the messages are
+//! part of the run's outcome instead:
+//!
+//! 1. the handler hands them to [`Context::send`](crate::Context::send);
+//!    nothing leaves the process while it runs;
+//! 2. they are stored **with the completion, in the same write** (inside
+//!    the stored response's envelope, so on every store at once), and
+//!    only if the run completes: a failed or taken-over run sends nothing;
+//! 3. only then are they dispatched through the executor's [`Sender`],
+//!    each with its own id — a UUIDv7 minted by [`Message::new`] and
+//!    stored with it — which the sender passes as the broker's
+//!    deduplication id (`Nats-Msg-Id`, RabbitMQ's `message_id`, …) and
+//!    which consumers downstream take as their idempotency key;
+//! 4. a duplicate delivery of the input is **replayed, never re-run**,
+//!    and re-dispatches the messages if they are not yet confirmed sent;
+//!    a process that died before confirming leaves them to the
+//!    [dispatcher](crate::Idempotency::spawn_outbox_dispatcher), which
+//!    finds them through a marker written before the completion.
+//!
+//! Dispatch is at least once, each message under its stable id: a message
+//! whose broker confirmation was lost is sent again with the same id.
+//!
+//! ## What it costs, and where it is kept
+//!
+//! A run that sends writes two more records beside its own: a *marker*
+//! (claimed before the completion, released once every message is
+//! confirmed) in the scope `idem.outbox/` followed by a digest of the
+//! run's scope, and — once per process and scope — the scope's entry in
+//! `idem.outbox`, through which the dispatcher finds the markers. A run
+//! that sends nothing writes nothing more. Both are ordinary records, seen
+//! and purged like any other.
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! use idem::outbox::{Message, MemorySender};
+//! use idem::{Idempotency, MemoryStore, RecordId};
+//!
+//! let sent = MemorySender::new();
+//! let idem = Idempotency::builder(MemoryStore::new()).outbox(sent.clone()).build()?;
+//! let id = RecordId::parse("orders", "order-7:charge")?;
+//!
+//! for _delivery in 0..3 {
+//!     idem.run(&id, None, |ctx| async move {
+//!         ctx.send(Message::new("order-events", r#"{"charged":"order-7"}"#))?;
+//!         Ok::<_, idem::HandlerError>(String::from("charged"))
+//!     })
+//!     .await?;
+//! }
+//! // Three deliveries, one run, one message.
+//! assert_eq!(sent.messages().len(), 1);
+//! assert_eq!(sent.messages()[0].destination(), "order-events");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+mod dispatch;
+mod frame;
+mod marker;
+mod memory;
+mod message;
+mod outgoing;
+mod sweep;
+
+pub use memory::MemorySender;
+pub use message::{Message, SendError, SendFuture, Sender, MAX_MESSAGES_BYTES};
+pub(crate) use outgoing::Outgoing;
+pub use sweep::{DispatchPass, DEFAULT_DISPATCH_INTERVAL};
+
+pub(crate) use dispatch::OutboxConfig;
+pub(crate) use frame::{decode as decode_messages, encode as encode_messages};
+pub(crate) use marker::{marker_id, marker_scope, registry_id, run_scope_of, REGISTRY_SCOPE};

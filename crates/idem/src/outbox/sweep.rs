@@ -1,0 +1,150 @@
+//! The dispatcher: finds the runs whose messages were stored and never
+//! confirmed sent (the process that completed them died, or its broker
+//! was away), and sends them.
+
+use std::time::Duration;
+
+use super::{marker_scope, run_scope_of, REGISTRY_SCOPE};
+use crate::codec::{open, Codec};
+use crate::executor::Idempotency;
+use crate::key::{RecordId, Scope};
+use crate::metrics as m;
+use crate::purger::PurgerHandle;
+use crate::record::{State, StateKind};
+use crate::store::{FindAbandoned, ListQuery, ListRecords, Store, StoreError};
+
+/// How often [`Idempotency::spawn_outbox_dispatcher`] looks by default:
+/// a message whose inline dispatch failed waits about this long plus a
+/// lease.
+pub const DEFAULT_DISPATCH_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Markers looked at per scope and pass.
+const BATCH: usize = 256;
+
+/// What one pass of the dispatcher did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DispatchPass {
+    /// Pending markers found (their holder gone).
+    pub pending: usize,
+    /// Runs whose messages were all sent and their marker released.
+    pub runs: usize,
+    /// Messages sent.
+    pub messages: usize,
+    /// Runs whose messages could not all be sent (left pending).
+    pub failed: usize,
+}
+
+impl std::ops::AddAssign for DispatchPass {
+    fn add_assign(&mut self, other: Self) {
+        self.pending += other.pending;
+        self.runs += other.runs;
+        self.messages += other.messages;
+        self.failed += other.failed;
+    }
+}
+
+impl<S, C> Idempotency<S, C>
+where
+    S: Store + ListRecords + FindAbandoned + Clone,
+    C: Codec + Clone,
+{
+    /// One pass of the dispatcher: for every scope with runs that sent
+    /// messages, takes over each marker whose holder is gone (its lease
+    /// ran out), and if its run is completed sends the run's messages and
+    /// releases the marker. A marker whose run is not completed (still
+    /// running, or never to complete) is left to run out and looked at
+    /// again; it lives no longer than the run's record would.
+    ///
+    /// Several dispatchers may run at once: each marker is taken by one
+    /// claim, fenced like any other.
+    pub async fn dispatch_pending(&self) -> Result<DispatchPass, StoreError> {
+        let mut pass = DispatchPass::default();
+        let registry = Scope::new(REGISTRY_SCOPE).expect("a valid scope");
+        let mut query = ListQuery::new(BATCH)
+            .scope(registry)
+            .state(StateKind::Completed);
+        loop {
+            let page = self.store().list(&query).await?;
+            for (entry, record) in &page.records {
+                let State::Completed { response } = &record.state else {
+                    continue;
+                };
+                let Some(scope) = open(response.as_ref(), 1024)
+                    .ok()
+                    .and_then(|named| run_scope_of(entry, &named))
+                else {
+                    continue;
+                };
+                pass += self.dispatch_scope(&scope).await?;
+            }
+            match page.next {
+                Some(next) => query = query.after(next),
+                None => break,
+            }
+        }
+        metrics::gauge!(m::OUTBOX_PENDING).set(pass.pending as f64);
+        Ok(pass)
+    }
+
+    /// One pass of the dispatcher over the runs of `scope` alone (see
+    /// [`dispatch_pending`](Self::dispatch_pending)).
+    pub async fn dispatch_scope(&self, scope: &Scope) -> Result<DispatchPass, StoreError> {
+        let mut pass = DispatchPass::default();
+        let found = self.store().abandoned(&marker_scope(scope), BATCH).await?;
+        pass.pending += found.len();
+        for (marker, _) in found {
+            let Some(lease) = self.take_pending_marker(&marker).await else {
+                continue; // another dispatcher took it, or sent its messages
+            };
+            let run = RecordId::new(scope.clone(), marker.key().clone());
+            let Some(record) = self.store().peek(&run).await? else {
+                tracing::error!(scope = %scope, "an outbox marker outlived its run's record: its messages are lost");
+                self.release_marker(&lease).await;
+                continue;
+            };
+            let State::Completed { response } = &record.state else {
+                continue; // not completed (yet): the marker runs out and is looked at again
+            };
+            let messages = match self.stored_messages(&run, response) {
+                Ok(Some(messages)) => messages,
+                Ok(None) => Vec::new(),
+                Err(reason) => {
+                    tracing::error!(%reason, "the messages stored with a run do not read; left pending");
+                    pass.failed += 1;
+                    continue;
+                }
+            };
+            match self.dispatch(&messages, "dispatcher").await {
+                Ok(sent) => {
+                    self.release_marker(&lease).await;
+                    pass.runs += 1;
+                    pass.messages += sent;
+                }
+                Err(_) => pass.failed += 1,
+            }
+        }
+        Ok(pass)
+    }
+
+    /// Starts the dispatcher on the current Tokio runtime: a
+    /// [`dispatch_pending`](Self::dispatch_pending) pass every `every`
+    /// (see [`DEFAULT_DISPATCH_INTERVAL`]), errors logged and retried at
+    /// the next. Runs' messages are dispatched as soon as each run is
+    /// stored; the dispatcher only sends what a process that died, or a
+    /// broker that was away, left behind. Stops when the handle is
+    /// dropped.
+    pub fn spawn_outbox_dispatcher(&self, every: Duration) -> PurgerHandle {
+        let idem = self.clone();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if let Err(error) = idem.dispatch_pending().await {
+                    tracing::warn!(%error, "the outbox dispatcher's pass failed; retrying at the next");
+                }
+            }
+        });
+        PurgerHandle::new(task)
+    }
+}

@@ -1,0 +1,312 @@
+//! The run outbox on the embedded memory store: what a run sends is kept
+//! with its outcome and sent only after it, once per run, whatever the
+//! run, its process or its broker does meanwhile.
+
+use std::time::Duration;
+
+use idem::outbox::{MemorySender, Message, SendError, SendFuture, Sender, MAX_MESSAGES_BYTES};
+use idem::{
+    Begun, GetRecord, HandlerError, Idempotency, ManualClock, MemoryStore, Outcome, RecordId,
+    RunError, State, Store, Terminal,
+};
+use idem_testkit::DownStore;
+
+const LEASE: Duration = Duration::from_secs(10);
+
+fn store() -> (MemoryStore<ManualClock>, ManualClock) {
+    let clock = ManualClock::default();
+    (MemoryStore::builder().clock(clock.clone()).build(), clock)
+}
+
+fn executor<S: Store>(store: S, sender: impl Sender) -> Idempotency<S> {
+    Idempotency::builder(store)
+        .lease(LEASE)
+        .replay_cache_bytes(0)
+        .outbox(sender)
+        .build()
+        .expect("a valid executor")
+}
+
+fn run_id(key: &str) -> RecordId {
+    RecordId::parse("orders", key).expect("valid")
+}
+
+/// A broker that never answers: the process is "killed" while it waits.
+struct Hangs;
+
+impl Sender for Hangs {
+    fn send<'a>(&'a self, _: &'a Message) -> SendFuture<'a> {
+        Box::pin(std::future::pending())
+    }
+}
+
+#[tokio::test]
+async fn failed_and_taken_over_runs_send_nothing() {
+    let (store, clock) = store();
+    let sender = MemorySender::new();
+    let idem = executor(store.clone(), sender.clone());
+
+    let failed = idem
+        .run(&run_id("failed"), None, |ctx| async move {
+            ctx.send(Message::new("events", "never"))?;
+            Err::<(), _>(HandlerError::new(Terminal::new("declined")))
+        })
+        .await;
+    assert!(
+        matches!(failed, Err(RunError::Handler { .. })),
+        "{failed:?}"
+    );
+
+    // The first holder stalls past its lease; a second takes over and
+    // completes; the first then finishes too late.
+    let id = run_id("taken-over");
+    let (stalled_tx, stalled_rx) = tokio::sync::oneshot::channel::<()>();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = {
+        let idem = executor(store.clone(), sender.clone());
+        let id = id.clone();
+        tokio::spawn(async move {
+            idem.run(&id, None, |ctx| async move {
+                ctx.send(Message::new("events", "from the stalled holder"))?;
+                stalled_tx.send(()).expect("test waits");
+                go_rx.await.expect("test resumes");
+                Ok::<_, HandlerError>("first".to_owned())
+            })
+            .await
+        })
+    };
+    stalled_rx.await.expect("the first holder runs");
+    clock.advance(LEASE * 2);
+    let second = idem
+        .run(&id, None, |ctx| async move {
+            ctx.send(Message::new("events", "from the new holder"))?;
+            Ok::<_, HandlerError>("second".to_owned())
+        })
+        .await
+        .expect("the takeover completes");
+    assert!(matches!(second, Outcome::Executed { takeover: true, .. }));
+    go_tx.send(()).expect("the first holder waits");
+    let late = first.await.expect("joined");
+    assert!(matches!(late, Err(RunError::LeaseLost)), "{late:?}");
+
+    let payloads: Vec<_> = sender
+        .messages()
+        .iter()
+        .map(|m| m.payload().clone())
+        .collect();
+    assert_eq!(payloads, ["from the new holder"]);
+}
+
+#[tokio::test]
+async fn a_process_gone_between_store_and_send_leaves_its_messages_to_the_dispatcher() {
+    let (store, clock) = store();
+    let id = run_id("killed");
+    let dying = executor(store.clone(), Hangs);
+    let run = dying.run(&id, None, |ctx| async move {
+        ctx.send(Message::new("events", "charged").header("tenant", "a"))?;
+        Ok::<_, HandlerError>(42u32)
+    });
+    // The run stores its completion, then waits on the broker for ever:
+    // the process is "killed" there (the future dropped).
+    let stored = async {
+        loop {
+            if let Ok(Some(record)) = store.get(&id).await {
+                if matches!(record.state, State::Completed { .. }) {
+                    return;
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::select! {
+        _ = run => panic!("the run returned while its broker hangs"),
+        () = stored => {}
+    }
+
+    let sender = MemorySender::new();
+    let idem = executor(store.clone(), sender.clone());
+    assert_eq!(
+        idem.dispatch_pending().await.expect("a pass").runs,
+        0,
+        "the marker was still held"
+    );
+    clock.advance(LEASE);
+    let pass = idem.dispatch_pending().await.expect("a pass");
+    assert_eq!(
+        (pass.pending, pass.runs, pass.messages),
+        (1, 1, 1),
+        "{pass:?}"
+    );
+    let sent = sender.messages();
+    assert_eq!(sent[0].payload().as_ref(), b"charged");
+    assert_eq!(sent[0].headers(), [("tenant".to_owned(), "a".to_owned())]);
+    // The duplicate delivery is replayed, and sends nothing more.
+    let again = idem
+        .run(&id, None, |_| async { Ok::<_, HandlerError>(0u32) })
+        .await
+        .expect("replayed");
+    assert_eq!(again, Outcome::Replayed { value: 42 });
+    assert_eq!(sender.messages().len(), 1);
+}
+
+#[tokio::test]
+async fn sealed_runs_keep_their_messages_sealed() {
+    let (store, clock) = store();
+    let keyring = idem::codec::Keyring::new("k1", [7; idem::codec::KEY_BYTES]).expect("keyring");
+    let sender = MemorySender::new();
+    let idem = Idempotency::builder(store.clone())
+        .lease(LEASE)
+        .keyring(keyring)
+        .outbox(sender.clone())
+        .build()
+        .expect("a valid executor");
+    let id = run_id("sealed");
+    sender.fail(true);
+    idem.run(&id, None, |ctx| async move {
+        ctx.send(Message::new("card-events", "4111-1111-1111-1111"))?;
+        Ok::<_, HandlerError>("ok".to_owned())
+    })
+    .await
+    .expect("completes");
+    let Some(State::Completed { response }) = store.get(&id).await.expect("get").map(|r| r.state)
+    else {
+        panic!("completed")
+    };
+    let text = String::from_utf8_lossy(&response);
+    assert!(
+        !text.contains("4111") && !text.contains("card-events"),
+        "{text}"
+    );
+    sender.fail(false);
+    clock.advance(LEASE);
+    assert_eq!(idem.dispatch_pending().await.expect("a pass").messages, 1);
+    assert_eq!(
+        sender.messages()[0].payload().as_ref(),
+        b"4111-1111-1111-1111"
+    );
+}
+
+#[tokio::test]
+async fn send_refuses_what_cannot_be_kept() {
+    let (store, _) = store();
+    let plain = Idempotency::builder(store.clone()).build().expect("config");
+    let refused = plain
+        .run(&run_id("no-outbox"), None, |ctx| async move {
+            let refused = ctx.send(Message::new("events", "x"));
+            assert!(matches!(refused, Err(SendError::NoOutbox)), "{refused:?}");
+            Ok::<_, HandlerError>(())
+        })
+        .await;
+    assert!(refused.is_ok());
+
+    let sender = MemorySender::new();
+    let idem = executor(store.clone(), sender.clone());
+    let checks = idem
+        .run(&run_id("bad"), None, |ctx| async move {
+            let empty = ctx.send(Message::new("", "x")).map_err(|e| e.to_string());
+            let control = ctx
+                .send(Message::new("events", "x").header("bad\nname", "v"))
+                .map_err(|e| e.to_string());
+            let huge = ctx
+                .send(Message::new("events", vec![0u8; MAX_MESSAGES_BYTES]))
+                .map_err(|e| e.to_string());
+            Ok::<_, HandlerError>((empty, control, huge))
+        })
+        .await
+        .expect("completes");
+    let (empty, control, huge) = checks.value().clone();
+    assert!(empty.expect_err("empty").contains("destination is empty"));
+    assert!(control.expect_err("control").contains("control character"));
+    assert!(huge.expect_err("huge").contains("bytes allowed"));
+
+    // Messages count against the response's limit: a run whose response
+    // and messages do not fit is a terminal failure and sends nothing.
+    let small = Idempotency::builder(store)
+        .max_response_bytes(1024)
+        .outbox(sender.clone())
+        .build()
+        .expect("config");
+    let too_large = small
+        .run(&run_id("large"), None, |ctx| async move {
+            ctx.send(Message::new("events", vec![b'x'; 2000]))?;
+            Ok::<_, HandlerError>("small".to_owned())
+        })
+        .await;
+    assert!(
+        matches!(
+            too_large,
+            Err(RunError::ResponseTooLarge { limit: 1024, .. })
+        ),
+        "{too_large:?}"
+    );
+    assert!(sender.messages().is_empty());
+}
+
+#[tokio::test]
+async fn held_runs_and_unguarded_runs_send_too() {
+    let (store, _) = store();
+    let sender = MemorySender::new();
+    let idem = executor(store, sender.clone());
+    let id = run_id("held");
+    let Begun::Held(run) = idem
+        .begin::<String, HandlerError>(&id, None, None)
+        .await
+        .expect("claimed")
+    else {
+        panic!("the first claim holds")
+    };
+    run.context()
+        .send(Message::new("events", "from a held run"))
+        .expect("kept");
+    run.complete::<_, HandlerError>("done".to_owned())
+        .await
+        .expect("stored");
+    assert_eq!(sender.messages().len(), 1);
+    let replay = idem
+        .begin::<String, HandlerError>(&id, None, None)
+        .await
+        .expect("replayed");
+    assert!(matches!(replay, Begun::Replayed(ref v) if v == "done"));
+    assert_eq!(sender.messages().len(), 1);
+
+    let open = Idempotency::builder(DownStore)
+        .fail_open(true)
+        .outbox(sender.clone())
+        .build()
+        .expect("config");
+    let unguarded = open
+        .run(&run_id("down"), None, |ctx| async move {
+            ctx.send(Message::new("events", "store down"))?;
+            Ok::<_, HandlerError>(())
+        })
+        .await
+        .expect("runs unguarded");
+    assert!(matches!(unguarded, Outcome::Unguarded { .. }));
+    assert_eq!(sender.messages().len(), 2);
+}
+
+#[tokio::test]
+async fn a_dispatched_run_is_sent_by_no_later_pass_or_replay() {
+    let (store, clock) = store();
+    let sender = MemorySender::new();
+    let idem = executor(store.clone(), sender.clone());
+    let id = run_id("raced");
+    sender.fail(true);
+    idem.run(&id, None, |ctx| async move {
+        ctx.send(Message::new("events", "once"))?;
+        Ok::<_, HandlerError>(())
+    })
+    .await
+    .expect("completes");
+    sender.fail(false);
+    clock.advance(LEASE);
+    assert_eq!(idem.dispatch_pending().await.expect("a pass").messages, 1);
+    let pass = idem.dispatch_pending().await.expect("a pass");
+    assert_eq!(pass.messages, 0);
+    let replay = idem
+        .run(&id, None, |_| async { Ok::<_, HandlerError>(()) })
+        .await
+        .expect("replayed");
+    assert!(matches!(replay, Outcome::Replayed { .. }));
+    assert_eq!(sender.messages().len(), 1);
+}
