@@ -64,6 +64,7 @@ mod builder;
 mod consumer;
 mod error;
 mod message;
+mod sender;
 
 pub use broker::{SEQUENCE_HEADER, SUBJECT_HEADER};
 pub use builder::{NatsConsumerBuilder, DEFAULT_ACK_WAIT, DEFAULT_CONCURRENCY};
@@ -71,3 +72,4 @@ pub use consumer::NatsConsumer;
 pub use error::NatsError;
 pub use idem_consumer::{CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 pub use message::NatsMessage;
+pub use sender::{JetStreamSender, MSG_ID_HEADER};

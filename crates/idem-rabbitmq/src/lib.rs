@@ -96,6 +96,7 @@ mod builder;
 mod consumer;
 mod error;
 mod message;
+mod sender;
 mod topology;
 
 pub use builder::{RabbitConsumerBuilder, DEFAULT_PREFETCH, DEFAULT_RETRY_DELAYS};
@@ -103,3 +104,4 @@ pub use consumer::RabbitConsumer;
 pub use error::RabbitError;
 pub use idem_consumer::{CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 pub use message::{AmqpMessage, RETRIES_HEADER};
+pub use sender::RabbitSender;

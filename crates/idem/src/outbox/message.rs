@@ -9,6 +9,12 @@ use bytes::Bytes;
 use crate::key::Key;
 use crate::store::BoxError;
 
+/// The header a message's id travels in, stamped by every sender
+/// ([`Message::stamped_headers`]): what idem's consumers and HTTP layer
+/// read a key from by default, so the receiver deduplicates on the
+/// producer's key.
+pub const KEY_HEADER: &str = "Idempotency-Key";
+
 /// The most a run's messages may take together, encoded (64 MiB): they
 /// are stored in the run's record, under its store's and the executor's
 /// limits as well.
@@ -74,6 +80,19 @@ impl Message {
     /// The headers, in the order they were added.
     pub fn headers(&self) -> &[(String, String)] {
         &self.headers
+    }
+
+    /// The headers to send: the message's own, then [`KEY_HEADER`] with
+    /// its id unless the message set that header itself.
+    pub fn stamped_headers(&self) -> impl Iterator<Item = (&str, &str)> {
+        let own = !self
+            .headers
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case(KEY_HEADER));
+        self.headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .chain(own.then_some((KEY_HEADER, self.id.as_str())))
     }
 
     /// Refuses what no sender could deliver.

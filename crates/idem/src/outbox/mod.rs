@@ -66,7 +66,7 @@ mod outgoing;
 mod sweep;
 
 pub use memory::MemorySender;
-pub use message::{Message, SendError, SendFuture, Sender, MAX_MESSAGES_BYTES};
+pub use message::{Message, SendError, SendFuture, Sender, KEY_HEADER, MAX_MESSAGES_BYTES};
 pub(crate) use outgoing::Outgoing;
 pub use sweep::{DispatchPass, DEFAULT_DISPATCH_INTERVAL};
 

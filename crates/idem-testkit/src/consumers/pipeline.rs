@@ -1,0 +1,111 @@
+//! The outbox between two consumers of one broker (A applies its effect
+//! and emits to B; B applies its own), shared by the adapters' pipeline
+//! tests: a first-phase link that fails in the two places a producer can
+//! die, the effects each hop counts, and the check that every input's
+//! effect happened once at each hop.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use idem::outbox::{Message, SendError, SendFuture, Sender};
+
+/// Inputs each pipeline test publishes (each twice).
+pub const INPUTS: usize = 30;
+/// Messages the first phase's link never sends: A's outcomes are stored
+/// and its inputs acked with nothing sent (only the dispatcher can
+/// deliver them).
+pub const REFUSED: usize = 10;
+/// Messages after which the first phase's link never answers: sent, and
+/// A dies before it learns so (the same ids are sent again later).
+pub const HUNG: usize = 3;
+
+/// The first phase's link in front of a real sender: refuses the first
+/// [`REFUSED`] messages, sends the next [`HUNG`] and never answers, then
+/// works.
+#[derive(Debug)]
+pub struct FirstPhase<S> {
+    inner: S,
+    /// Each message's id, in the order first seen.
+    seen: Mutex<Vec<String>>,
+}
+
+impl<S: Sender> FirstPhase<S> {
+    /// In front of `inner`.
+    pub fn new(inner: S) -> Self {
+        Self {
+            inner,
+            seen: Mutex::default(),
+        }
+    }
+}
+
+impl<S: Sender> Sender for FirstPhase<S> {
+    fn send<'a>(&'a self, message: &'a Message) -> SendFuture<'a> {
+        Box::pin(async move {
+            let n = {
+                let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+                match seen.iter().position(|id| id == message.id()) {
+                    Some(n) => n,
+                    None => {
+                        seen.push(message.id().to_owned());
+                        seen.len() - 1
+                    }
+                }
+            };
+            if n < REFUSED {
+                return Err(SendError::Unavailable("the link is down".into()));
+            }
+            self.inner.send(message).await?;
+            if n < REFUSED + HUNG {
+                std::future::pending::<()>().await;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// How many times each input's effect was applied at one hop.
+#[derive(Debug, Clone, Default)]
+pub struct Effects(Arc<Mutex<HashMap<String, usize>>>);
+
+impl Effects {
+    /// Counts one application of `input`'s effect.
+    pub fn apply(&self, input: &str) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(input.to_owned())
+            .or_default() += 1;
+    }
+
+    /// How many inputs had an effect.
+    pub fn inputs(&self) -> usize {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
+    /// Waits (a minute at most) until `n` inputs had an effect.
+    pub async fn wait_for(&self, n: usize, hop: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while self.inputs() < n {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for effects at {hop}: {} of {n}",
+                self.inputs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Panics unless exactly [`INPUTS`] inputs had an effect, each once.
+    pub fn assert_each_once(&self, hop: &str) {
+        let effects = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        assert_eq!(effects.len(), INPUTS, "inputs with an effect at {hop}");
+        let wrong: Vec<_> = effects.iter().filter(|(_, n)| **n != 1).collect();
+        assert!(
+            wrong.is_empty(),
+            "effects at {hop} not applied exactly once: {wrong:?}"
+        );
+    }
+}
