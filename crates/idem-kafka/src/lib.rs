@@ -117,6 +117,7 @@ mod lane;
 mod message;
 mod order;
 mod run;
+mod sender;
 mod shared;
 
 pub use builder::{KafkaConsumerBuilder, DEFAULT_MAX_BUFFERED, DEFAULT_SETUP_TIMEOUT};
@@ -128,3 +129,4 @@ pub use error::KafkaConsumerError;
 pub use idem_consumer::{CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 pub use message::KafkaMessage;
 pub use order::PartitionOrder;
+pub use sender::KafkaSender;

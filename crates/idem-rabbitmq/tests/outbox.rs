@@ -15,19 +15,14 @@ use std::time::Duration;
 
 use common::{publish, publisher, Setup};
 use idem::outbox::{Message, Sender};
-use idem::{HandlerError, Scope};
-use idem_consumer::{Consumer, Job};
+use idem::Scope;
+use idem_consumer::Consumer;
 use idem_rabbitmq::{AmqpMessage, RabbitConsumer, RabbitSender};
 use idem_redis::RedisStore;
-use idem_testkit::consumers::pipeline::{Effects, FirstPhase, INPUTS};
+use idem_testkit::consumers::pipeline::{self, Effects, FirstPhase, INPUTS};
 
 async fn consumer(setup: &Setup, sender: impl Sender) -> RabbitConsumer<RedisStore, idem::Json> {
-    let idem = idem::Idempotency::builder(setup.store().await)
-        .lease(Duration::from_secs(2))
-        .heartbeat(Duration::from_millis(500))
-        .outbox(sender)
-        .build()
-        .expect("config");
+    let idem = pipeline::executor(setup.store().await, sender);
     let consumer = Consumer::builder(idem, Scope::new("orders").expect("scope")).build();
     RabbitConsumer::builder(&setup.amqp_url, &setup.queue, consumer)
         .prefetch(8)
@@ -38,28 +33,13 @@ async fn consumer(setup: &Setup, sender: impl Sender) -> RabbitConsumer<RedisSto
         .expect("connect to RabbitMQ")
 }
 
-/// Runs `consumer` in a task: A's hop (effect, then one message to `to`)
-/// when `to` is given, else B's (effect only, keyed by A's message id).
+/// Runs `consumer` in a task with the handler of its hop.
 fn spawn(
     consumer: RabbitConsumer<RedisStore, idem::Json>,
     effects: &Effects,
     to: Option<String>,
 ) -> tokio::task::JoinHandle<()> {
-    let effects = effects.clone();
-    let handler = move |job: Job<AmqpMessage>| {
-        let (effects, to) = (effects.clone(), to.clone());
-        async move {
-            let input = match &to {
-                Some(_) => job.key().as_str().to_owned(),
-                None => String::from_utf8_lossy(job.payload()).into_owned(),
-            };
-            effects.apply(&input);
-            if let Some(to) = to {
-                job.ctx().send(Message::new(to, input).header("hop", "a"))?;
-            }
-            Ok::<_, HandlerError>(())
-        }
-    };
+    let handler = pipeline::hop::<AmqpMessage>(effects, to);
     tokio::spawn(async move {
         let _ = consumer.run(handler, std::future::pending()).await;
     })

@@ -75,6 +75,7 @@ mod client;
 mod consumer;
 mod error;
 mod message;
+mod sender;
 
 pub use broker::SOURCE_ATTRIBUTE;
 pub use builder::{SqsConsumerBuilder, DEFAULT_CONCURRENCY, DEFAULT_WAIT};
@@ -83,3 +84,4 @@ pub use consumer::SqsConsumer;
 pub use error::SqsError;
 pub use idem_consumer::{CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 pub use message::SqsMessage;
+pub use sender::{SqsSender, GROUP_HEADER};

@@ -21,13 +21,15 @@ pub const REFUSED: usize = 10;
 pub const HUNG: usize = 3;
 
 /// The first phase's link in front of a real sender: refuses the first
-/// [`REFUSED`] messages, sends the next [`HUNG`] and never answers, then
-/// works.
+/// [`REFUSED`] messages every time, sends the next [`HUNG`] and never
+/// answers the first time each is sent (the process dies there; a replay
+/// of its input that sends it again is another process), then works.
 #[derive(Debug)]
 pub struct FirstPhase<S> {
     inner: S,
-    /// Each message's id, in the order first seen.
-    seen: Mutex<Vec<String>>,
+    /// Each message's id, in the order first seen, and whether it was
+    /// sent.
+    seen: Mutex<Vec<(String, bool)>>,
 }
 
 impl<S: Sender> FirstPhase<S> {
@@ -43,21 +45,24 @@ impl<S: Sender> FirstPhase<S> {
 impl<S: Sender> Sender for FirstPhase<S> {
     fn send<'a>(&'a self, message: &'a Message) -> SendFuture<'a> {
         Box::pin(async move {
-            let n = {
+            let (n, again) = {
                 let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-                match seen.iter().position(|id| id == message.id()) {
+                let n = match seen.iter().position(|(id, _)| id == message.id()) {
                     Some(n) => n,
                     None => {
-                        seen.push(message.id().to_owned());
+                        seen.push((message.id().to_owned(), false));
                         seen.len() - 1
                     }
-                }
+                };
+                let again = seen[n].1;
+                seen[n].1 |= n >= REFUSED;
+                (n, again)
             };
             if n < REFUSED {
                 return Err(SendError::Unavailable("the link is down".into()));
             }
             self.inner.send(message).await?;
-            if n < REFUSED + HUNG {
+            if n < REFUSED + HUNG && !again {
                 std::future::pending::<()>().await;
             }
             Ok(())
@@ -108,4 +113,44 @@ impl Effects {
             "effects at {hop} not applied exactly once: {wrong:?}"
         );
     }
+}
+
+/// What a hop's handler returns.
+pub type HopFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), idem::HandlerError>> + Send>>;
+
+/// The handler of one hop: applies the input's effect in `effects` and,
+/// for A (`to` given), sends one message to `to` through the outbox, its
+/// payload the input's key; for B (`to` absent) the input is the payload
+/// (A's key), the delivery keyed by A's message id.
+pub fn hop<M: idem_consumer::Message>(
+    effects: &Effects,
+    to: Option<String>,
+) -> impl Fn(idem_consumer::Job<M>) -> HopFuture + Send + Sync + 'static {
+    let effects = effects.clone();
+    move |job| {
+        let (effects, to) = (effects.clone(), to.clone());
+        Box::pin(async move {
+            let input = match &to {
+                Some(_) => job.key().as_str().to_owned(),
+                None => String::from_utf8_lossy(job.payload()).into_owned(),
+            };
+            effects.apply(&input);
+            if let Some(to) = to {
+                job.ctx().send(Message::new(to, input).header("hop", "a"))?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// The executor of a pipeline's consumers: the scenarios' short lease,
+/// sending through `sender`.
+pub fn executor<S: idem::Store>(store: S, sender: impl Sender) -> idem::Idempotency<S> {
+    idem::Idempotency::builder(store)
+        .lease(crate::consumers::scenario::LEASE)
+        .heartbeat(Duration::from_millis(500))
+        .outbox(sender)
+        .build()
+        .expect("config")
 }
