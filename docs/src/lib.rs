@@ -24,6 +24,8 @@ pub mod guide {
     pub mod consumers {}
     #[doc = include_str!("../guide/src/steps.md")]
     pub mod steps {}
+    #[doc = include_str!("../guide/src/outbox.md")]
+    pub mod outbox {}
     #[doc = include_str!("../guide/src/languages.md")]
     pub mod languages {}
     #[doc = include_str!("../guide/src/stores.md")]

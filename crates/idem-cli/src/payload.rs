@@ -108,6 +108,23 @@ impl Secrets {
                 return out;
             }
         };
+        match idem::outbox::stored_messages(&self.at_rest, id, stored) {
+            Ok(messages) if messages.is_empty() => {}
+            Ok(messages) => {
+                out["messages"] = messages
+                    .iter()
+                    .map(|m| {
+                        json!({
+                            "id": m.id(),
+                            "destination": m.destination(),
+                            "headers": m.headers().len(),
+                            "bytes": m.payload().len(),
+                        })
+                    })
+                    .collect();
+            }
+            Err(reason) => out["messages_unreadable"] = json!(reason),
+        }
         if let Ok(value) = serde_json::from_slice::<Value>(&opened) {
             out["value"] = value;
         } else if let Ok(http) = Binary.decode::<StoredResponse>(&opened) {

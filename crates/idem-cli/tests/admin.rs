@@ -381,3 +381,39 @@ fn a_shared_key_space_on_a_reachable_address_is_warned_about() {
     config.tenant_header = Some(http::HeaderName::from_static("x-account-id"));
     assert!(idem_cli::proxy::tenant_warning(&config, public).is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_the_messages_a_run_sent() {
+    use idem::outbox::{MemorySender, Message};
+
+    let dir = tempfile::tempdir().expect("dir");
+    let url: StoreUrl = format!("sqlite:{}", dir.path().join("idem.db").display())
+        .parse()
+        .expect("url");
+    let store = url.open().await.expect("open");
+    let sender = MemorySender::new();
+    sender.fail(true);
+    let idem = idem::Idempotency::builder(store.clone())
+        .outbox(sender)
+        .build()
+        .expect("executor");
+    let run = RecordId::parse("orders", "order-9").expect("valid");
+    idem.run(&run, None, |ctx| async move {
+        ctx.send(Message::new("shipping", "order-9").header("tenant", "a"))?;
+        Ok::<_, idem::HandlerError>(9u32)
+    })
+    .await
+    .expect("completes");
+
+    let record = admin::inspect(&store, &run, &no_secrets())
+        .await
+        .expect("inspect")
+        .expect("present");
+    assert_eq!(record["response"]["envelope"], "with-messages");
+    assert_eq!(record["response"]["value"], 9);
+    let messages = &record["response"]["messages"];
+    assert_eq!(messages[0]["destination"], "shipping");
+    assert_eq!(messages[0]["bytes"], 7);
+    assert_eq!(messages[0]["headers"], 1);
+    assert_eq!(messages[0]["id"].as_str().map(str::len), Some(36));
+}

@@ -10,6 +10,7 @@ use http::{HeaderName, HeaderValue, Method, StatusCode};
 use idem::blob::Blobs;
 use idem::codec::Keyring;
 use idem::key_hash::KeyHasher;
+use idem::outbox::Sender;
 use idem::{ConfigError, FailureClass, Idempotency, KeyRules, Store};
 use tokio_util::task::TaskTracker;
 use tower_layer::Layer;
@@ -48,6 +49,7 @@ pub struct IdempotencyLayerBuilder<S> {
     keep: KeepRules,
     keyring: Option<Keyring>,
     blobs: Option<Blobs>,
+    outbox: Option<Arc<dyn Sender>>,
     key_hasher: Option<KeyHasher>,
     replay_set_cookie: bool,
     replay_redate: bool,
@@ -374,6 +376,16 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
         self
     }
 
+    /// Gives handlers behind the layer an outbox: messages they send with
+    /// [`Context::send`](idem::Context::send) (the run's context is a
+    /// request extension) are stored with the response and sent through
+    /// `sender` once it is stored; a retry is answered from the record and
+    /// sends nothing again. See [`idem::outbox`].
+    pub fn outbox(mut self, sender: impl Sender) -> Self {
+        self.outbox = Some(Arc::new(sender));
+        self
+    }
+
     /// Every policy at once (the gateway's `--keep`).
     pub fn keep_rules(mut self, rules: KeepRules) -> Self {
         self.keep = rules;
@@ -398,6 +410,9 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
         }
         if let Some(hasher) = self.key_hasher {
             idem = idem.hash_keys(hasher);
+        }
+        if let Some(sender) = self.outbox {
+            idem = idem.outbox(sender);
         }
         let idem = idem
             .lease(self.lease)
@@ -539,6 +554,7 @@ impl<S: Store> IdempotencyLayer<S> {
             keep: KeepRules::default(),
             keyring: None,
             blobs: None,
+            outbox: None,
             key_hasher: None,
             replay_set_cookie: false,
             replay_redate: true,

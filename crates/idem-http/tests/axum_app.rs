@@ -180,3 +180,57 @@ async fn a_handler_finishes_when_its_client_disconnects() {
     layer.drain().await;
     assert_eq!(layer.running(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_sends_through_the_outbox_once_per_key() {
+    use axum::http::StatusCode;
+    use axum::Extension;
+    use idem::outbox::{MemorySender, Message};
+
+    let dir = tempfile::tempdir().expect("dir");
+    let store = SqliteStore::open(dir.path().join("idem.db")).expect("open");
+    let sent = MemorySender::new();
+    let layer = IdempotencyLayer::builder(store)
+        .outbox(sent.clone())
+        .build()
+        .expect("layer");
+    let app = Router::new().route(
+        "/charges",
+        post(
+            |Extension(run): Extension<idem::Context>, body: String| async move {
+                run.send(Message::new("charges", body.clone()))
+                    .expect("kept with the response");
+                // A 5xx is not stored: nothing it sent is sent.
+                if body == "fail" {
+                    return (StatusCode::SERVICE_UNAVAILABLE, "try again");
+                }
+                (StatusCode::CREATED, "charged")
+            },
+        )
+        .route_layer(layer),
+    );
+    let url = serve(app).await;
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let post = |key: &'static str, body: &'static str| {
+        client
+            .post(format!("{url}/charges"))
+            .header("idempotency-key", key)
+            .body(body)
+            .send()
+    };
+    for attempt in 0..3 {
+        let response = post("charge-1", "1250 EUR").await.expect("answered");
+        assert_eq!(response.status(), 201);
+        let replayed = response.headers().get("idempotent-replayed").is_some();
+        assert_eq!(replayed, attempt > 0, "attempt {attempt}");
+    }
+    let failed = post("charge-2", "fail").await.expect("answered");
+    assert_eq!(failed.status(), 503);
+    let messages = sent.messages();
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    assert_eq!(messages[0].payload().as_ref(), b"1250 EUR");
+    assert_eq!(messages[0].destination(), "charges");
+}

@@ -51,6 +51,8 @@
 //! - Journaled steps for side effects that cannot be rolled back:
 //!   [`Context::step`] with the in-doubt policies of [`step`], on stores
 //!   with a [`StepJournal`].
+//! - What a run sends: [`outbox`] ([`Context::send`], stored with the
+//!   outcome, dispatched after it); producer keys with [`key::new_v7`].
 //! - Work that finishes when its worker dies: [`durable`] handlers, whose
 //!   abandoned runs a [`durable::Completer`] re-drives; the reaper
 //!   [`spawn_purger`] removes expired records.

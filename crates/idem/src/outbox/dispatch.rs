@@ -9,7 +9,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use super::{decode_messages, marker_id, registry_id, Message, Outgoing, SendError, Sender};
+use super::{marker_id, registry_id, stored_messages, Message, Outgoing, SendError, Sender};
 use crate::codec::{plain, Codec};
 use crate::executor::Idempotency;
 use crate::key::{RecordId, Scope};
@@ -188,8 +188,8 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         if self.outbox_config().is_none() {
             return;
         }
-        let messages = match self.stored_messages(run, stored) {
-            Ok(Some(messages)) if !messages.is_empty() => messages,
+        let messages = match stored_messages(self.at_rest(), run, stored) {
+            Ok(messages) if !messages.is_empty() => messages,
             Ok(_) => return,
             Err(reason) => {
                 tracing::warn!(%reason, "the messages stored with a replayed run do not read");
@@ -225,17 +225,5 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         }
         self.release_marker(&lease).await;
         None
-    }
-
-    /// The messages stored with `run`'s response `stored`, if any.
-    pub(crate) fn stored_messages(
-        &self,
-        run: &RecordId,
-        stored: &[u8],
-    ) -> Result<Option<Vec<Message>>, String> {
-        match self.at_rest().open_messages(run, stored)? {
-            Some(bytes) => decode_messages(&bytes).map(Some),
-            None => Ok(None),
-        }
     }
 }

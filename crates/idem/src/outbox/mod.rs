@@ -71,5 +71,22 @@ pub(crate) use outgoing::Outgoing;
 pub use sweep::{DispatchPass, DEFAULT_DISPATCH_INTERVAL};
 
 pub(crate) use dispatch::OutboxConfig;
+
+use crate::codec::AtRest;
+use crate::key::RecordId;
+
+/// The messages stored with `id`'s response `stored` (none if the run
+/// sent none), opened as `at_rest` keeps them: for tools that read
+/// records (`idem inspect`), as the dispatcher does.
+pub fn stored_messages(
+    at_rest: &AtRest,
+    id: &RecordId,
+    stored: &[u8],
+) -> Result<Vec<Message>, String> {
+    match at_rest.open_messages(id, stored)? {
+        Some(bytes) => decode_messages(&bytes),
+        None => Ok(Vec::new()),
+    }
+}
 pub(crate) use frame::{decode as decode_messages, encode as encode_messages};
 pub(crate) use marker::{marker_id, marker_scope, registry_id, run_scope_of, REGISTRY_SCOPE};

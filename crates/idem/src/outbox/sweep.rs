@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{marker_scope, run_scope_of, REGISTRY_SCOPE};
+use super::{marker_scope, run_scope_of, stored_messages, REGISTRY_SCOPE};
 use crate::codec::{open, Codec};
 use crate::executor::Idempotency;
 use crate::key::{RecordId, Scope};
@@ -105,9 +105,8 @@ where
             let State::Completed { response } = &record.state else {
                 continue; // not completed (yet): the marker runs out and is looked at again
             };
-            let messages = match self.stored_messages(&run, response) {
-                Ok(Some(messages)) => messages,
-                Ok(None) => Vec::new(),
+            let messages = match stored_messages(self.at_rest(), &run, response) {
+                Ok(messages) => messages,
                 Err(reason) => {
                     tracing::error!(%reason, "the messages stored with a run do not read; left pending");
                     pass.failed += 1;
