@@ -310,3 +310,21 @@ async fn a_dispatched_run_is_sent_by_no_later_pass_or_replay() {
     assert!(matches!(replay, Outcome::Replayed { .. }));
     assert_eq!(sender.messages().len(), 1);
 }
+
+#[tokio::test]
+async fn a_send_after_the_run_ended_is_refused() {
+    let (store, _) = store();
+    let sender = MemorySender::new();
+    let idem = executor(store, sender.clone());
+    let (kept_tx, kept_rx) = tokio::sync::oneshot::channel();
+    idem.run(&run_id("late"), None, |ctx| async move {
+        kept_tx.send(ctx).expect("the test holds on");
+        Ok::<_, HandlerError>(())
+    })
+    .await
+    .expect("completes");
+    let ctx = kept_rx.await.expect("the context");
+    let late = ctx.send(Message::new("events", "too late"));
+    assert!(matches!(late, Err(SendError::Ended)), "{late:?}");
+    assert!(sender.messages().is_empty());
+}

@@ -154,10 +154,10 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     {
         let ctx = unguarded_context(id, self.config.outbox.is_some());
         let outgoing = Arc::clone(&ctx.outgoing);
-        let value = handler(ctx)
-            .await
-            .map_err(|error| self.unguarded_failure(error))?;
-        self.dispatch_unguarded(&outgoing).await;
+        let result = handler(ctx).await;
+        let messages = outgoing.take();
+        let value = result.map_err(|error| self.unguarded_failure(error))?;
+        self.dispatch_unguarded(messages).await;
         Ok(Outcome::Unguarded { value })
     }
 

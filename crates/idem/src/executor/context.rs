@@ -72,6 +72,12 @@ impl Context {
     /// or the run's messages would take more than
     /// [`MAX_MESSAGES_BYTES`](crate::outbox::MAX_MESSAGES_BYTES).
     ///
+    /// Send from the handler itself, before it returns (a send after the
+    /// run ended is refused with [`SendError::Ended`]), and not from
+    /// inside a [`step`](Self::step)'s work: a step finished by an earlier
+    /// attempt is replayed from its journal without running again, so a
+    /// message sent there would be missing from the attempt that completes.
+    ///
     /// In a run with no claim (fail-open with the store down) there is
     /// nothing to store the messages with: they are sent when the handler
     /// returns `Ok`, at least once, as the rest of such a run is.

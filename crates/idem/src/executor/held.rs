@@ -200,9 +200,10 @@ impl<S: Store, C: Codec> HeldRun<S, C> {
         E: StdError + Send + Sync + 'static,
     {
         let Some(lease) = &self.lease else {
+            let messages = self.ctx.outgoing.take();
             return match result {
                 Ok(value) => {
-                    self.idem.dispatch_unguarded(&self.ctx.outgoing).await;
+                    self.idem.dispatch_unguarded(messages).await;
                     Ok(Outcome::Unguarded { value })
                 }
                 Err(error) => Err(self.idem.unguarded_failure(error)),

@@ -455,12 +455,15 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         T: Serialize,
         E: StdError + Send + Sync + 'static,
     {
+        // Taken whatever the run's end: a failed or parked run sends
+        // nothing, and a send after the end is refused.
+        let messages = outgoing.take();
         if let Some(why) = steps.parked() {
             return Err(self.park(lease, why).await);
         }
         match result {
             Ok(value) => {
-                self.store_success(lease, fingerprint, value, outgoing.take())
+                self.store_success(lease, fingerprint, value, messages)
                     .await
             }
             Err(error) => Err(self.store_failure(lease, error).await),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use super::{marker_id, registry_id, stored_messages, Message, Outgoing, SendError, Sender};
+use super::{marker_id, registry_id, stored_messages, Message, SendError, Sender};
 use crate::codec::{plain, Codec};
 use crate::executor::Idempotency;
 use crate::key::{RecordId, Scope};
@@ -165,8 +165,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
 
     /// The messages of a run with no claim (fail-open, the store down):
     /// sent at once, with nothing to store them in.
-    pub(crate) async fn dispatch_unguarded(&self, outgoing: &Outgoing) {
-        let messages = outgoing.take();
+    pub(crate) async fn dispatch_unguarded(&self, messages: Vec<Message>) {
         if !messages.is_empty() {
             let _ = self.dispatch(&messages, "unguarded").await;
         }

@@ -136,6 +136,10 @@ pub enum SendError {
     /// [`outbox`](crate::IdempotencyBuilder::outbox).
     #[error("this executor has no outbox: give its builder a sender with `outbox(...)`")]
     NoOutbox,
+    /// The run has ended (a task the handler spawned sends after it
+    /// returned): its messages were already stored.
+    #[error("the run has ended: a message must be sent before the handler returns")]
+    Ended,
     /// The message cannot be sent as it is (an empty destination, a
     /// control character in a header name).
     #[error("invalid message: {0}")]
@@ -164,6 +168,7 @@ impl SendError {
     pub fn label(&self) -> &'static str {
         match self {
             SendError::NoOutbox => "no_outbox",
+            SendError::Ended => "ended",
             SendError::Invalid(_) => "invalid",
             SendError::TooLarge { .. } => "too_large",
             SendError::Unavailable(_) => "unavailable",

@@ -17,6 +17,8 @@ pub(crate) struct Outgoing {
 struct Held {
     messages: Vec<Message>,
     bytes: usize,
+    /// The run has ended: its messages were taken.
+    ended: bool,
 }
 
 impl Outgoing {
@@ -44,6 +46,9 @@ impl Outgoing {
                 .map(|(n, v)| 6 + n.len() + v.len())
                 .sum::<usize>();
         let mut held = self.held.lock();
+        if held.ended {
+            return Err(SendError::Ended);
+        }
         let total = held.bytes.saturating_add(size);
         if total > MAX_MESSAGES_BYTES {
             return Err(SendError::TooLarge {
@@ -56,8 +61,11 @@ impl Outgoing {
         Ok(())
     }
 
-    /// The messages sent, in order, leaving none.
+    /// The messages sent, in order, leaving none; later sends are
+    /// refused.
     pub(crate) fn take(&self) -> Vec<Message> {
-        std::mem::take(&mut self.held.lock().messages)
+        let mut held = self.held.lock();
+        held.ended = true;
+        std::mem::take(&mut held.messages)
     }
 }
