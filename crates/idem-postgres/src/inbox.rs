@@ -170,10 +170,7 @@ impl Inbox {
     /// If `schema` is not 1 to 63 characters of `a-z 0-9 _` (not starting
     /// with a digit): a schema name is the program's own constant.
     pub fn in_schema(schema: &str, retention: Duration) -> Self {
-        assert!(
-            schema::valid_schema(schema),
-            "invalid schema name {schema:?}: use 1 to 63 characters of a-z 0-9 _"
-        );
+        let schema = schema::checked(schema);
         let r = |sql: &str| Arc::from(schema::render(sql, schema));
         Self {
             schema: schema.to_owned(),
@@ -395,4 +392,4 @@ impl InboxExecutor for &deadpool_postgres::Object {}
 impl InboxExecutor for &deadpool_postgres::Transaction<'_> {}
 
 mod partition;
-mod run;
+pub(crate) mod run;

@@ -91,6 +91,7 @@ mod error;
 pub mod inbox;
 mod many;
 mod notify;
+pub mod outbox;
 mod schema;
 mod sql;
 mod steps;
@@ -102,5 +103,6 @@ pub use builder::{
     DEFAULT_RESPONSE_TIMEOUT, DEFAULT_SCHEMA,
 };
 pub use error::ConnectError;
+pub use outbox::Outbox;
 pub use schema::{migrations, Migration};
 pub use store::PgStore;

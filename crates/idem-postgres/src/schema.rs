@@ -51,6 +51,11 @@ const FILES: &[(i32, &str, &str)] = &[
         "0007_blobs",
         include_str!("../migrations/0007_blobs.sql"),
     ),
+    (
+        8,
+        "0008_outbox",
+        include_str!("../migrations/0008_outbox.sql"),
+    ),
 ];
 
 /// Whether `name` can be used as a schema unquoted: 1 to 63 characters of
@@ -61,6 +66,20 @@ pub(crate) fn valid_schema(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// `schema`, checked to be a plain identifier.
+///
+/// # Panics
+///
+/// If it is not (see [`valid_schema`]): a schema name is the program's own
+/// constant.
+pub(crate) fn checked(schema: &str) -> &str {
+    assert!(
+        valid_schema(schema),
+        "invalid schema name {schema:?}: use 1 to 63 characters of a-z 0-9 _"
+    );
+    schema
 }
 
 /// Fills `{schema}` in an SQL text.
@@ -154,7 +173,7 @@ mod tests {
     fn migrations_are_in_order_and_fill_the_schema() {
         let all = migrations("billing");
         let versions: Vec<i32> = all.iter().map(|m| m.version).collect();
-        assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8]);
         assert!(all.iter().all(|m| !m.sql.contains("{schema}")));
         assert!(all[0].sql.contains("billing.idem_records"));
     }

@@ -13,13 +13,7 @@ use tokio_postgres::{Client, IsolationLevel, NoTls};
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
 
-async fn client() -> Client {
-    let (client, connection) = tokio_postgres::connect(&common::url(), NoTls)
-        .await
-        .expect("connect");
-    tokio::spawn(connection);
-    client
-}
+use common::client;
 
 /// A fresh schema with the inbox and an `accounts` table holding one
 /// account with balance 0.

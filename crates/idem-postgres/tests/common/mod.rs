@@ -26,6 +26,16 @@ pub(crate) fn url() -> String {
     server.url(db)
 }
 
+/// A connection to this run's database, driven on a task of its own.
+#[allow(dead_code)]
+pub(crate) async fn client() -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(&url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    client
+}
+
 /// A store in a fresh schema `PREFIX_<random>`.
 #[allow(dead_code)]
 pub(crate) async fn store(prefix: &str) -> PgStore {

@@ -1,0 +1,256 @@
+//! The transactional outbox: messages a producer that is not a handler
+//! (a web request writing an order, a batch job) enqueues **inside its
+//! own transaction**, so they exist exactly when its business writes do,
+//! and a dispatcher sends once that transaction committed.
+//!
+//! ```no_run
+//! # async fn example(client: &mut tokio_postgres::Client) -> Result<(), Box<dyn std::error::Error>> {
+//! use idem::outbox::{MemorySender, Message};
+//! use idem_postgres::Outbox;
+//!
+//! let outbox = Outbox::new();
+//! outbox.setup(client).await?;
+//!
+//! let tx = client.transaction().await?;
+//! tx.execute("INSERT INTO orders (id, total) VALUES ($1, $2)", &[&7i64, &1250i64]).await?;
+//! outbox.enqueue(&tx, &Message::new("order-events", r#"{"placed":7}"#)).await?;
+//! tx.commit().await?; // the order and its message, or neither
+//!
+//! // Elsewhere, in a loop: send what is due, delete what was confirmed.
+//! let sender = MemorySender::new(); // a broker's sender in production
+//! let pass = outbox.dispatch(client, &sender, 256).await?;
+//! # let _ = pass;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Delivery is at least once, each message under its id (a UUIDv7 minted
+//! when it was made, or the producer's own with `Message::with_id`), which
+//! senders pass as the broker's deduplication id and as `Idempotency-Key`.
+//! Messages are sent in the order they were enqueued, a batch at a time;
+//! a send that fails stops the batch, and the rest come due again after
+//! the dispatcher's lease. Several dispatchers may run at once: each row
+//! is taken by one (`FOR UPDATE SKIP LOCKED`), and only its taker deletes
+//! it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem::outbox::{Message, Sender};
+use idem::Key;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::Type;
+use tokio_postgres::Client;
+
+use crate::inbox::run::{DbError, Param};
+use crate::inbox::InboxTransaction;
+use crate::schema;
+
+/// How long a dispatcher keeps the rows it took before they come due for
+/// another: longer than a batch takes to send.
+pub const DEFAULT_DISPATCH_LEASE: Duration = Duration::from_secs(30);
+
+/// Why the outbox could not enqueue or dispatch.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OutboxError {
+    /// The outbox table is missing: run [`Outbox::setup`] (or apply
+    /// [`crate::migrations`]) first.
+    #[error("the {table} table does not exist: run Outbox::setup or apply idem_postgres::migrations() first")]
+    NotSetUp {
+        /// The table looked for.
+        table: String,
+    },
+    /// A message the outbox cannot hold (its headers as JSON).
+    #[error("the message cannot be enqueued: {0}")]
+    Invalid(String),
+    /// Any other PostgreSQL error.
+    #[error("PostgreSQL error in the outbox")]
+    Postgres(#[source] tokio_postgres::Error),
+    /// Any other error from sqlx.
+    #[cfg(feature = "sqlx")]
+    #[error("sqlx error in the outbox")]
+    Sqlx(#[source] sqlx::Error),
+}
+
+/// What one [`Outbox::dispatch`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutboxPass {
+    /// Rows taken.
+    pub taken: usize,
+    /// Messages the broker confirmed (and their rows deleted).
+    pub sent: usize,
+    /// Whether a send failed (the rest of the batch comes due again).
+    pub failed: bool,
+}
+
+/// The outbox table in one schema. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Outbox {
+    schema: String,
+    enqueue: Arc<str>,
+    take: Arc<str>,
+    done: Arc<str>,
+    lease: Duration,
+}
+
+impl Default for Outbox {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Outbox {
+    /// The outbox in the `public` schema.
+    pub fn new() -> Self {
+        Self::in_schema(crate::DEFAULT_SCHEMA)
+    }
+
+    /// The outbox in `schema`.
+    ///
+    /// # Panics
+    ///
+    /// If `schema` is not 1 to 63 characters of `a-z 0-9 _` (not starting
+    /// with a digit): a schema name is the program's own constant.
+    pub fn in_schema(schema: &str) -> Self {
+        let schema = schema::checked(schema);
+        let r = |sql: &str| Arc::from(schema::render(sql, schema));
+        Self {
+            schema: schema.to_owned(),
+            enqueue: r(include_str!("../sql/outbox_enqueue.sql")),
+            take: r(include_str!("../sql/outbox_take.sql")),
+            done: r(include_str!("../sql/outbox_done.sql")),
+            lease: DEFAULT_DISPATCH_LEASE,
+        }
+    }
+
+    /// How long a dispatcher keeps the rows it took ([`DEFAULT_DISPATCH_LEASE`]).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    fn table(&self) -> String {
+        format!("{}.idem_outbox", self.schema)
+    }
+
+    fn error(&self, e: DbError) -> OutboxError {
+        if e.code().as_deref() == Some(SqlState::UNDEFINED_TABLE.code()) {
+            return OutboxError::NotSetUp {
+                table: self.table(),
+            };
+        }
+        match e {
+            DbError::Postgres(e) => OutboxError::Postgres(e),
+            #[cfg(feature = "sqlx")]
+            DbError::Sqlx(e) => OutboxError::Sqlx(e),
+        }
+    }
+
+    /// Applies idem's migrations (the outbox table among them) in this
+    /// outbox's schema.
+    pub async fn setup(&self, client: &mut Client) -> Result<(), OutboxError> {
+        schema::apply(client, &self.schema)
+            .await
+            .map_err(|e| self.error(DbError::Postgres(e)))?;
+        Ok(())
+    }
+
+    /// Enqueues `message` in the caller's transaction `tx`: it exists, and
+    /// will be sent, exactly if `tx` commits. Refused as the context's
+    /// [`send`](idem::Context::send) refuses nothing else: the message's
+    /// fields were checked when it was made.
+    pub async fn enqueue(
+        &self,
+        mut tx: impl InboxTransaction,
+        message: &Message,
+    ) -> Result<(), OutboxError> {
+        let headers = serde_json::to_string(message.headers())
+            .map_err(|e| OutboxError::Invalid(e.to_string()))?;
+        let params = [
+            Param::Text(message.id()),
+            Param::Text(message.destination()),
+            Param::Text(&headers),
+            Param::Bytes(Some(message.payload())),
+        ];
+        tx.execute(&self.enqueue, &params)
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(())
+    }
+
+    /// Takes up to `batch` due messages, oldest first, sends them in
+    /// order through `sender`, and deletes the ones it confirmed. A send
+    /// that fails stops the batch: the rest stay taken until the lease
+    /// ends, then come due again (the failed one first). Call it in a
+    /// loop, sooner while it returns full batches.
+    pub async fn dispatch(
+        &self,
+        client: &Client,
+        sender: &impl Sender,
+        batch: usize,
+    ) -> Result<OutboxPass, OutboxError> {
+        let token: i64 = rand::random();
+        let secs = self.lease.as_secs_f64();
+        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
+        let mut rows = client
+            .query_typed(
+                &self.take,
+                &[
+                    (&secs, Type::FLOAT8),
+                    (&token, Type::INT8),
+                    (&limit, Type::INT8),
+                ],
+            )
+            .await
+            .map_err(|e| self.error(DbError::Postgres(e)))?;
+        rows.sort_by_key(|row| row.get::<_, i64>(0));
+        let mut pass = OutboxPass {
+            taken: rows.len(),
+            ..OutboxPass::default()
+        };
+        let mut sent = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let message = match message_of(row) {
+                Ok(message) => message,
+                Err(reason) => {
+                    tracing::error!(%reason, seq = row.get::<_, i64>(0), "an outbox row does not read; left for an operator");
+                    pass.failed = true;
+                    break;
+                }
+            };
+            if let Err(error) = sender.send(&message).await {
+                tracing::warn!(%error, id = message.id(), destination = message.destination(), "an outbox message was not sent; it comes due again after the lease");
+                pass.failed = true;
+                break;
+            }
+            sent.push(row.get::<_, i64>(0));
+        }
+        if !sent.is_empty() {
+            client
+                .execute_typed(
+                    &self.done,
+                    &[(&sent, Type::INT8_ARRAY), (&token, Type::INT8)],
+                )
+                .await
+                .map_err(|e| self.error(DbError::Postgres(e)))?;
+        }
+        pass.sent = sent.len();
+        Ok(pass)
+    }
+}
+
+/// The message a taken row holds.
+fn message_of(row: &tokio_postgres::Row) -> Result<Message, String> {
+    let id: String = row.try_get(1).map_err(|e| e.to_string())?;
+    let destination: String = row.try_get(2).map_err(|e| e.to_string())?;
+    let headers: String = row.try_get(3).map_err(|e| e.to_string())?;
+    let payload: Vec<u8> = row.try_get(4).map_err(|e| e.to_string())?;
+    let headers: Vec<(String, String)> =
+        serde_json::from_str(&headers).map_err(|e| e.to_string())?;
+    let id = Key::new(&id).map_err(|e| format!("its id: {e}"))?;
+    Ok(headers.into_iter().fold(
+        Message::new(destination, payload).with_id(id),
+        |m, (name, value)| m.header(name, value),
+    ))
+}

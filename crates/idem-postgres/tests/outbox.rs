@@ -1,0 +1,150 @@
+//! The transactional outbox against a real PostgreSQL: a message exists
+//! exactly when the producer's transaction commits, is sent once it is
+//! due, deleted once confirmed, taken by one of several dispatchers at a
+//! time, and sent again (same id) when its dispatcher died or its broker
+//! was away.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use idem::outbox::{MemorySender, Message, SendFuture, Sender};
+use idem_postgres::outbox::{Outbox, OutboxError};
+use tokio_postgres::Client;
+
+use common::client;
+
+/// An outbox in a fresh schema, with an `orders` table, and a short lease.
+async fn setup() -> (Outbox, String, Client) {
+    let schema = format!("outbox_{:016x}", rand::random::<u64>());
+    let outbox = Outbox::in_schema(&schema).lease(Duration::from_millis(500));
+    let mut c = client().await;
+    outbox.setup(&mut c).await.expect("setup");
+    c.batch_execute(&format!(
+        "CREATE TABLE {schema}.orders (id bigint PRIMARY KEY)"
+    ))
+    .await
+    .expect("orders");
+    (outbox, schema, c)
+}
+
+/// Places order `id` and enqueues its message in one transaction,
+/// committed or rolled back.
+async fn place(outbox: &Outbox, schema: &str, c: &mut Client, id: i64, commit: bool) {
+    let tx = c.transaction().await.expect("begin");
+    tx.execute(&format!("INSERT INTO {schema}.orders VALUES ($1)"), &[&id])
+        .await
+        .expect("order");
+    let message =
+        Message::new("order-events", format!("placed {id}")).header("order", id.to_string());
+    outbox.enqueue(&tx, &message).await.expect("enqueue");
+    if commit {
+        tx.commit().await.expect("commit");
+    } else {
+        tx.rollback().await.expect("rollback");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_exists_exactly_when_its_transaction_commits() {
+    let (outbox, schema, mut c) = setup().await;
+    place(&outbox, &schema, &mut c, 1, false).await;
+    place(&outbox, &schema, &mut c, 2, true).await;
+    let sender = MemorySender::new();
+    let pass = outbox.dispatch(&c, &sender, 10).await.expect("dispatch");
+    assert_eq!((pass.taken, pass.sent, pass.failed), (1, 1, false));
+    let sent = sender.messages();
+    assert_eq!(sent[0].payload().as_ref(), b"placed 2");
+    assert_eq!(sent[0].headers(), [("order".to_owned(), "2".to_owned())]);
+    let again = outbox.dispatch(&c, &sender, 10).await.expect("dispatch");
+    assert_eq!(again.taken, 0, "a confirmed message stays deleted");
+    let left: i64 = c
+        .query_one(&format!("SELECT count(*) FROM {schema}.idem_outbox"), &[])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(left, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_dispatchers_send_each_message_once_in_order() {
+    const MESSAGES: i64 = 200;
+    let (outbox, schema, mut c) = setup().await;
+    for id in 0..MESSAGES {
+        place(&outbox, &schema, &mut c, id, true).await;
+    }
+    let sender = MemorySender::new();
+    let dispatchers = (0..4).map(|_| {
+        let (outbox, sender) = (outbox.clone(), sender.clone());
+        tokio::spawn(async move {
+            let c = client().await;
+            while outbox
+                .dispatch(&c, &sender, 16)
+                .await
+                .expect("dispatch")
+                .taken
+                > 0
+            {}
+        })
+    });
+    for dispatcher in dispatchers.collect::<Vec<_>>() {
+        dispatcher.await.expect("joined");
+    }
+    let sent = sender.messages();
+    let ids: HashSet<_> = sent.iter().map(Message::id).collect();
+    assert_eq!(sent.len(), MESSAGES as usize, "sent once each");
+    assert_eq!(ids.len(), sent.len());
+}
+
+/// A broker that never answers: the dispatcher is "killed" while it waits.
+struct Hangs;
+
+impl Sender for Hangs {
+    fn send<'a>(&'a self, _: &'a Message) -> SendFuture<'a> {
+        Box::pin(std::future::pending())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_dispatcher_or_an_absent_broker_leaves_messages_due_again() {
+    let (outbox, schema, mut c) = setup().await;
+    place(&outbox, &schema, &mut c, 1, true).await;
+    place(&outbox, &schema, &mut c, 2, true).await;
+    let killed =
+        tokio::time::timeout(Duration::from_millis(200), outbox.dispatch(&c, &Hangs, 10)).await;
+    assert!(killed.is_err(), "the hung dispatch was cut off");
+
+    let sender = MemorySender::new();
+    let early = outbox.dispatch(&c, &sender, 10).await.expect("dispatch");
+    assert_eq!(
+        early.taken, 0,
+        "taken rows are not due before the lease ends"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    sender.fail(true);
+    let down = outbox.dispatch(&c, &sender, 10).await.expect("dispatch");
+    assert_eq!((down.taken, down.sent, down.failed), (2, 0, true));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    sender.fail(false);
+    let pass = outbox.dispatch(&c, &sender, 10).await.expect("dispatch");
+    assert_eq!((pass.taken, pass.sent), (2, 2));
+    let payloads: Vec<_> = sender
+        .messages()
+        .iter()
+        .map(|m| m.payload().clone())
+        .collect();
+    assert_eq!(payloads, ["placed 1", "placed 2"], "in the order enqueued");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_not_set_up_says_so() {
+    let schema = format!("outbox_{:016x}", rand::random::<u64>());
+    let outbox = Outbox::in_schema(&schema);
+    let c = client().await;
+    let missing = outbox.dispatch(&c, &MemorySender::new(), 1).await;
+    assert!(
+        matches!(missing, Err(OutboxError::NotSetUp { ref table }) if table.ends_with(".idem_outbox")),
+        "{missing:?}"
+    );
+}
