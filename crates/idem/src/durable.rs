@@ -526,12 +526,12 @@ impl Completer {
     /// `every`. Dropping the handle stops it; a re-drive cut off that way
     /// is left as a crash would leave it, for a later sweep.
     pub fn spawn(self) -> CompleterHandle {
-        let task = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(self.every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                self.sweep().await;
+        let every = self.every;
+        let completer = std::sync::Arc::new(self);
+        let task = crate::purger::every(every, move || {
+            let completer = std::sync::Arc::clone(&completer);
+            async move {
+                completer.sweep().await;
             }
         });
         CompleterHandle { task }

@@ -1,6 +1,7 @@
 //! A background task that removes expired records in bounded batches, for
 //! any store that can [`PurgeExpired`].
 
+use std::future::Future;
 use std::time::Duration;
 
 use crate::store::PurgeExpired;
@@ -25,6 +26,24 @@ impl Drop for PurgerHandle {
     }
 }
 
+/// Starts a task on the current tokio runtime that awaits `pass()` every
+/// `every` (the first at once; a pass that overruns delays the next
+/// rather than bunching them): the loop of every background sweep.
+pub(crate) fn every<F, Fut>(every: Duration, mut pass: F) -> tokio::task::JoinHandle<()>
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            pass().await;
+        }
+    })
+}
+
 /// Starts a task on the current tokio runtime (the reaper) that, every
 /// `every`, purges expired records `batch` at a time until a batch comes
 /// back short. No single purge holds the store for long, and between two
@@ -38,11 +57,9 @@ pub fn spawn_purger<S: PurgeExpired + Clone>(
     batch: usize,
 ) -> PurgerHandle {
     let batch = batch.max(1);
-    let task = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
+    let task = self::every(every, move || {
+        let store = store.clone();
+        async move {
             loop {
                 let started = tokio::time::Instant::now();
                 match store.purge_expired(batch).await {

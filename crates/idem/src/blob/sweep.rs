@@ -85,11 +85,9 @@ pub fn spawn_blob_sweeper<S: GetRecord + Clone>(
     every: Duration,
     batch: usize,
 ) -> PurgerHandle {
-    let task = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
+    let task = crate::purger::every(every, move || {
+        let (store, blobs) = (store.clone(), blobs.clone());
+        async move {
             let mut after: Option<String> = None;
             loop {
                 match sweep(&store, blobs.store(), after.as_deref(), batch).await {

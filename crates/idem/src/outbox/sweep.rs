@@ -134,16 +134,13 @@ where
     /// dropped.
     pub fn spawn_outbox_dispatcher(&self, every: Duration) -> PurgerHandle {
         let idem = self.clone();
-        let task = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
+        PurgerHandle::new(crate::purger::every(every, move || {
+            let idem = idem.clone();
+            async move {
                 if let Err(error) = idem.dispatch_pending().await {
                     tracing::warn!(%error, "the outbox dispatcher's pass failed; retrying at the next");
                 }
             }
-        });
-        PurgerHandle::new(task)
+        }))
     }
 }
