@@ -5,13 +5,15 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use idem::outbox::Sender;
 use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, KeyExtractor};
 use idem_kafka::{
-    KafkaConsumer, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER, SOURCE_OFFSET_HEADER,
+    KafkaConsumer, KafkaSender, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER, SOURCE_OFFSET_HEADER,
     SOURCE_TOPIC_HEADER,
 };
 use idem_redis::RedisStore;
@@ -110,33 +112,44 @@ impl Setup {
 
     /// The executor tests and workers run: short leases, so a killed
     /// worker's claims are taken over within seconds.
+    #[allow(dead_code)] // the chaos run builds its own
     pub(crate) async fn idem(&self) -> Idempotency<RedisStore> {
         idem_testkit::consumers::scenario::executor(self.store().await)
     }
 
     /// The consumer layer, keyed only by the `Idempotency-Key` header: a
     /// record without one is dead-lettered.
+    #[allow(dead_code)] // the chaos run builds its own
     pub(crate) async fn consumer(&self) -> Consumer<RedisStore> {
-        Consumer::builder(self.idem().await, Scope::new("orders").expect("scope"))
+        self.consumer_with(self.idem().await)
+    }
+
+    /// [`consumer`](Self::consumer) with the executor `idem`.
+    fn consumer_with(&self, idem: Idempotency<RedisStore>) -> Consumer<RedisStore> {
+        Consumer::builder(idem, Scope::new("orders").expect("scope"))
             .keys(KeyExtractor::header("Idempotency-Key"))
             .retry_delay(Duration::from_millis(50), Duration::from_secs(2))
             .build()
     }
 
     /// A group member with the short session timeout Tansu is tested with.
+    #[allow(dead_code)] // the chaos run builds its own
     pub(crate) async fn kafka(&self) -> KafkaConsumer<RedisStore, idem::Json> {
-        KafkaConsumer::builder(
-            &self.bootstrap,
-            &self.group(),
-            &[&self.topic],
-            self.consumer().await,
-        )
-        .consumer_set("session.timeout.ms", "6000")
-        .consumer_set("heartbeat.interval.ms", "500")
-        .consumer_set("auto.commit.interval.ms", "200")
-        .connect()
-        .await
-        .expect("connect to Kafka")
+        self.kafka_with(self.consumer().await).await
+    }
+
+    /// [`kafka`](Self::kafka) with the consumer layer `consumer`.
+    async fn kafka_with(
+        &self,
+        consumer: Consumer<RedisStore>,
+    ) -> KafkaConsumer<RedisStore, idem::Json> {
+        KafkaConsumer::builder(&self.bootstrap, &self.group(), &[&self.topic], consumer)
+            .consumer_set("session.timeout.ms", "6000")
+            .consumer_set("heartbeat.interval.ms", "500")
+            .consumer_set("auto.commit.interval.ms", "200")
+            .connect()
+            .await
+            .expect("connect to Kafka")
     }
 
     pub(crate) fn producer(&self) -> Producer {
@@ -250,6 +263,32 @@ impl ChaosBroker for Setup {
     async fn store(&self) -> RedisStore {
         Setup::store(self).await
     }
+
+    fn output(&self) -> Self {
+        Self {
+            topic: format!("{}-out", self.topic),
+            ledger: self.ledger.output(),
+            ..self.clone()
+        }
+    }
+
+    async fn declare(&self) {
+        create_topic(
+            &self.bootstrap,
+            &self.topic,
+            SCENARIO_PARTITIONS,
+            &[("retention.ms", "3600000")],
+        )
+        .await;
+    }
+
+    fn address(&self) -> String {
+        self.topic.clone()
+    }
+
+    async fn sender(&self) -> Arc<dyn Sender> {
+        Arc::new(KafkaSender::new(&self.bootstrap).expect("a Kafka producer"))
+    }
 }
 
 /// The partitions of the worker-kill scenario's topic.
@@ -291,7 +330,8 @@ impl BrokerUnderTest for Setup {
     }
 
     async fn consume(&self, work: Work, shutdown: impl Future<Output = ()> + Send + 'static) {
-        self.kafka()
+        let (idem, _dispatcher) = work.executor(self.store().await, &self.ledger);
+        self.kafka_with(self.consumer_with(idem))
             .await
             .run(work.handler(self.ledger.clone()), shutdown)
             .await

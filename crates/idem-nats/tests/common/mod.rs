@@ -3,14 +3,16 @@
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::pull;
 use async_nats::jetstream::{self, stream, Context};
 use async_nats::HeaderMap;
+use idem::outbox::Sender;
 use idem::Scope;
 use idem_consumer::Consumer;
-use idem_nats::{NatsConsumer, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
+use idem_nats::{JetStreamSender, NatsConsumer, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 use idem_redis::RedisStore;
 use idem_testkit::consumers::ledger::{Ledger, Work};
 use idem_testkit::consumers::under_test::{BrokerUnderTest, ChaosBroker, DeadLetterSeen};
@@ -86,7 +88,17 @@ impl Setup {
     /// worker's claims are taken over within seconds, and an `ack_wait`
     /// three heartbeats long.
     pub(crate) async fn nats(&self) -> NatsConsumer<RedisStore, idem::Json> {
-        let idem = idem_testkit::consumers::scenario::executor(self.store().await);
+        self.nats_with(idem_testkit::consumers::scenario::executor(
+            self.store().await,
+        ))
+        .await
+    }
+
+    /// [`nats`](Self::nats) with the executor `idem`.
+    async fn nats_with(
+        &self,
+        idem: idem::Idempotency<RedisStore>,
+    ) -> NatsConsumer<RedisStore, idem::Json> {
         let consumer = Consumer::builder(idem, Scope::new("orders").expect("scope")).build();
         NatsConsumer::builder(&self.nats_url, &self.stream, "billing", consumer)
             .concurrency(8)
@@ -145,7 +157,8 @@ impl BrokerUnderTest for Setup {
     }
 
     async fn consume(&self, work: Work, shutdown: impl Future<Output = ()> + Send + 'static) {
-        self.nats()
+        let (idem, _dispatcher) = work.executor(self.store().await, &self.ledger);
+        self.nats_with(idem)
             .await
             .run(work.handler(self.ledger.clone()), shutdown)
             .await
@@ -224,6 +237,27 @@ impl ChaosBroker for Setup {
 
     async fn store(&self) -> RedisStore {
         Setup::store(self).await
+    }
+
+    fn output(&self) -> Self {
+        Self {
+            stream: format!("{}_OUT", self.stream),
+            ledger: self.ledger.output(),
+            ..self.clone()
+        }
+    }
+
+    async fn declare(&self) {
+        self.create_stream().await;
+        self.nats().await;
+    }
+
+    fn address(&self) -> String {
+        self.subject()
+    }
+
+    async fn sender(&self) -> Arc<dyn Sender> {
+        Arc::new(JetStreamSender::new(self.js().await))
     }
 }
 

@@ -3,11 +3,13 @@
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use idem::outbox::Sender;
 use idem::Scope;
 use idem_consumer::Consumer;
-use idem_rabbitmq::{RabbitConsumer, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
+use idem_rabbitmq::{RabbitConsumer, RabbitSender, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 use idem_redis::RedisStore;
 use idem_testkit::consumers::ledger::{Ledger, Work};
 use idem_testkit::consumers::under_test::{BrokerUnderTest, ChaosBroker, DeadLetterSeen};
@@ -93,7 +95,19 @@ impl Setup {
     /// [`rabbit`](Self::rabbit) on the broker at `url` (one of the test's
     /// own, or a fault proxy in front of one).
     pub(crate) async fn rabbit_at(&self, url: &str) -> RabbitConsumer<RedisStore, idem::Json> {
-        let idem = idem_testkit::consumers::scenario::executor(self.store().await);
+        self.rabbit_with(
+            url,
+            idem_testkit::consumers::scenario::executor(self.store().await),
+        )
+        .await
+    }
+
+    /// [`rabbit_at`](Self::rabbit_at) with the executor `idem`.
+    async fn rabbit_with(
+        &self,
+        url: &str,
+        idem: idem::Idempotency<RedisStore>,
+    ) -> RabbitConsumer<RedisStore, idem::Json> {
         let consumer = Consumer::builder(idem, Scope::new("orders").expect("scope")).build();
         RabbitConsumer::builder(url, &self.queue, consumer)
             .prefetch(8)
@@ -138,7 +152,8 @@ impl BrokerUnderTest for Setup {
     }
 
     async fn consume(&self, work: Work, shutdown: impl Future<Output = ()> + Send + 'static) {
-        self.rabbit()
+        let (idem, _dispatcher) = work.executor(self.store().await, &self.ledger);
+        self.rabbit_with(&self.amqp_url, idem)
             .await
             .run(work.handler(self.ledger.clone()), shutdown)
             .await
@@ -211,6 +226,28 @@ impl ChaosBroker for Setup {
 
     async fn store(&self) -> RedisStore {
         Setup::store(self).await
+    }
+
+    fn output(&self) -> Self {
+        Self {
+            queue: format!("{}-out", self.queue),
+            namespace: format!("{}-out", self.namespace),
+            ledger: self.ledger.output(),
+            ..self.clone()
+        }
+    }
+
+    async fn declare(&self) {
+        self.rabbit().await;
+    }
+
+    /// The queue: messages go to the default exchange, routed by name.
+    fn address(&self) -> String {
+        self.queue.clone()
+    }
+
+    async fn sender(&self) -> Arc<dyn Sender> {
+        Arc::new(RabbitSender::new(&self.amqp_url))
     }
 }
 

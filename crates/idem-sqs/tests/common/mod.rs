@@ -4,14 +4,16 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
 use aws_sdk_sqs::Client;
+use idem::outbox::Sender;
 use idem::{Idempotency, Scope};
 use idem_consumer::{Consumer, KeyExtractor};
 use idem_dynamodb::DynamoStore;
-use idem_sqs::{SqsConsumer, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
+use idem_sqs::{SqsConsumer, SqsSender, CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};
 use idem_testkit::consumers::ledger::{Ledger, Work};
 use idem_testkit::consumers::under_test::{BrokerUnderTest, ChaosBroker, DeadLetterSeen};
 use idem_testkit::servers::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
@@ -61,34 +63,14 @@ impl Setup {
         visibility: u32,
     ) -> Self {
         let id = format!("{name}-{:08x}", rand::random::<u32>());
-        let mut create = sqs_client(&endpoint)
-            .create_queue()
-            .queue_name(if fifo {
-                format!("{id}.fifo")
-            } else {
-                id.clone()
-            })
-            .attributes(QueueAttributeName::MessageRetentionPeriod, "3600")
-            .attributes(
-                QueueAttributeName::VisibilityTimeout,
-                visibility.to_string(),
-            );
-        if fifo {
-            create = create.attributes(QueueAttributeName::FifoQueue, "true");
-        }
-        let queue_url = create
-            .send()
-            .await
-            .expect("create queue")
-            .queue_url
-            .expect("queue url");
+        let queue = if fifo {
+            format!("{id}.fifo")
+        } else {
+            id.clone()
+        };
         let table = format!("idem-sqs-{id}");
-        let dynamo =
-            idem_dynamodb::client_for(Some(&store_endpoint), REGION, ACCESS_KEY, SECRET_KEY, None)
-                .expect("client");
-        idem_dynamodb::create_table(&dynamo, &table)
-            .await
-            .expect("create table");
+        let queue_url =
+            create_queue_and_table(&endpoint, &store_endpoint, &queue, &table, visibility).await;
         Self {
             ledger: Ledger::create(&id),
             store_endpoint,
@@ -96,6 +78,11 @@ impl Setup {
             queue_url,
             table,
         }
+    }
+
+    /// The queue's name, the end of its URL.
+    fn queue_name(&self) -> &str {
+        self.queue_url.rsplit('/').next().unwrap_or_default()
     }
 
     pub(crate) fn client(&self) -> Client {
@@ -117,20 +104,32 @@ impl Setup {
     /// The consumer tests and workers run: short leases, so a killed
     /// worker's claims are taken over within seconds, and a heartbeat well
     /// inside the queue's two-second visibility timeout.
+    #[allow(dead_code)] // the chaos run builds its own
     pub(crate) fn idem(&self) -> Idempotency<DynamoStore> {
         idem_testkit::consumers::scenario::executor(self.store())
     }
 
+    #[allow(dead_code)] // the chaos run builds its own
     pub(crate) async fn sqs(&self) -> SqsConsumer<DynamoStore, idem::Json> {
         self.sqs_at(&self.endpoint).await
     }
 
     /// [`sqs`](Self::sqs), reaching SQS at `endpoint` (a fault proxy in
     /// front of moto); the store still goes to moto directly.
+    #[allow(dead_code)] // the chaos run builds its own
     pub(crate) async fn sqs_at(&self, endpoint: &str) -> SqsConsumer<DynamoStore, idem::Json> {
+        self.sqs_with(endpoint, self.idem()).await
+    }
+
+    /// [`sqs_at`](Self::sqs_at) with the executor `idem`.
+    async fn sqs_with(
+        &self,
+        endpoint: &str,
+        idem: Idempotency<DynamoStore>,
+    ) -> SqsConsumer<DynamoStore, idem::Json> {
         // Keyed only by the attribute: a message without one is
         // dead-lettered (the default would fall back to SQS's message id).
-        let consumer = Consumer::builder(self.idem(), Scope::new("orders").expect("scope"))
+        let consumer = Consumer::builder(idem, Scope::new("orders").expect("scope"))
             .keys(KeyExtractor::header("Idempotency-Key"))
             .build();
         SqsConsumer::builder(sqs_client(endpoint), &self.queue_url, consumer)
@@ -269,7 +268,8 @@ impl BrokerUnderTest for Setup {
     }
 
     async fn consume(&self, work: Work, shutdown: impl Future<Output = ()> + Send + 'static) {
-        self.sqs()
+        let (idem, _dispatcher) = work.executor(self.store(), &self.ledger);
+        self.sqs_with(&self.endpoint, idem)
             .await
             .run(work.handler(self.ledger.clone()), shutdown)
             .await
@@ -345,4 +345,69 @@ impl ChaosBroker for Setup {
     async fn store(&self) -> DynamoStore {
         Setup::store(self)
     }
+
+    fn output(&self) -> Self {
+        Self {
+            queue_url: format!("{}-out", self.queue_url),
+            table: format!("{}-out", self.table),
+            ledger: self.ledger.output(),
+            ..self.clone()
+        }
+    }
+
+    async fn declare(&self) {
+        create_queue_and_table(
+            &self.endpoint,
+            &self.store_endpoint,
+            self.queue_name(),
+            &self.table,
+            2,
+        )
+        .await;
+    }
+
+    fn address(&self) -> String {
+        self.queue_url.clone()
+    }
+
+    async fn sender(&self) -> Arc<dyn Sender> {
+        Arc::new(SqsSender::new(self.client()))
+    }
+}
+
+/// Creates queue `queue` (FIFO if its name ends `.fifo`) with a one-hour
+/// retention and a visibility timeout of `visibility` seconds on the moto
+/// at `endpoint`, and the store's table `table` on the one at
+/// `store_endpoint`; the queue's URL.
+async fn create_queue_and_table(
+    endpoint: &str,
+    store_endpoint: &str,
+    queue: &str,
+    table: &str,
+    visibility: u32,
+) -> String {
+    let mut create = sqs_client(endpoint)
+        .create_queue()
+        .queue_name(queue)
+        .attributes(QueueAttributeName::MessageRetentionPeriod, "3600")
+        .attributes(
+            QueueAttributeName::VisibilityTimeout,
+            visibility.to_string(),
+        );
+    if queue.ends_with(".fifo") {
+        create = create.attributes(QueueAttributeName::FifoQueue, "true");
+    }
+    let queue_url = create
+        .send()
+        .await
+        .expect("create queue")
+        .queue_url
+        .expect("queue url");
+    let dynamo =
+        idem_dynamodb::client_for(Some(store_endpoint), REGION, ACCESS_KEY, SECRET_KEY, None)
+            .expect("client");
+    idem_dynamodb::create_table(&dynamo, table)
+        .await
+        .expect("create table");
+    queue_url
 }

@@ -7,10 +7,14 @@ use std::future::Future;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use idem::outbox::{Message as Emitted, SendFuture, Sender};
 use idem::{LeaseLost, Terminal};
 use idem_consumer::{Job, Message};
+
+use crate::consumers::scenario;
 
 /// A directory holding a test's ledger files.
 #[derive(Debug)]
@@ -39,6 +43,14 @@ impl Ledger {
     /// Its directory.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The ledger of a pipeline's second hop, in a directory inside this
+    /// one (removed with it).
+    pub fn output(&self) -> Self {
+        let dir = self.dir.join("out");
+        std::fs::create_dir_all(&dir).expect("ledger directory");
+        Self::at(dir)
     }
 
     /// Keys whose effect was applied, with how many times.
@@ -87,6 +99,24 @@ impl Ledger {
     /// effect and its acknowledgement, most likely.
     pub fn latest_writer(&self) -> Option<u32> {
         last_pid(&self.dir.join("writes"))
+    }
+
+    /// Records that this process is about to send message `id`.
+    pub fn sending(&self, id: &str) {
+        let pid = std::process::id();
+        append(&self.dir.join("sends"), &format!("{id} {pid}"));
+    }
+
+    /// Sends started, counting each attempt.
+    pub fn sends(&self) -> usize {
+        let text = std::fs::read_to_string(self.dir.join("sends")).unwrap_or_default();
+        text.lines().count()
+    }
+
+    /// The process that last started a send: one between a stored
+    /// completion and its messages' confirmation, most likely.
+    pub fn latest_sender(&self) -> Option<u32> {
+        last_pid(&self.dir.join("sends"))
     }
 
     /// Handler starts with their fences, per key, in the order they were
@@ -225,6 +255,9 @@ pub enum OrderError {
     /// The downstream write failed.
     #[error("downstream write failed")]
     Downstream(#[from] std::io::Error),
+    /// The outbox refused the message to the next hop.
+    #[error("the outbox refused the message")]
+    Send(#[from] idem::outbox::SendError),
 }
 
 /// The handler the consumer tests run, on payloads `{"id": .., "poison":
@@ -258,7 +291,7 @@ pub async fn order_handler<M: Message>(
 pub type Handled = Pin<Box<dyn Future<Output = Result<(), OrderError>> + Send>>;
 
 /// What a consumer's handler does with each delivery.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Work {
     /// [`order_handler`], hanging on the key given.
     Orders {
@@ -268,6 +301,50 @@ pub enum Work {
     /// [`fenced_handler`]: fenced writes, for runs where a stale holder
     /// can wake up mid-handler.
     Fenced,
+    /// [`fenced_handler`] emitting each good message to the pipeline's
+    /// next hop through the run outbox.
+    Pipeline(Hop),
+}
+
+/// Where a pipeline's first hop emits: the next hop's destination, and
+/// the broker's sender (each send noted in the ledger first, so a kill
+/// can aim between a stored completion and its confirmation).
+#[derive(Clone)]
+pub struct Hop {
+    /// The destination messages are addressed to.
+    pub to: String,
+    /// The sender the run outbox confirms through.
+    pub sender: Arc<dyn Sender>,
+}
+
+impl std::fmt::Debug for Hop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hop")
+            .field("to", &self.to)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A sender that notes each send in a ledger before it starts.
+struct Noted {
+    inner: Arc<dyn Sender>,
+    ledger: Ledger,
+}
+
+impl Sender for Noted {
+    /// Notes the send and pauses a few milliseconds before and after it,
+    /// so kills aimed at the latest sender land between a stored
+    /// completion and the send, and between the send and its
+    /// confirmation being recorded.
+    fn send<'a>(&'a self, message: &'a Emitted) -> SendFuture<'a> {
+        Box::pin(async move {
+            self.ledger.sending(message.id());
+            pause().await;
+            self.inner.send(message).await?;
+            pause().await;
+            Ok(())
+        })
+    }
 }
 
 impl Work {
@@ -278,8 +355,33 @@ impl Work {
     ) -> impl Fn(Job<M>) -> Handled + Send + Sync + 'static {
         move |job| match &self {
             Work::Orders { slow } => Box::pin(order_handler(job, ledger.clone(), slow.clone())),
-            Work::Fenced => Box::pin(fenced_handler(job, ledger.clone())),
+            Work::Fenced => Box::pin(fenced_handler(job, ledger.clone(), None)),
+            Work::Pipeline(hop) => {
+                Box::pin(fenced_handler(job, ledger.clone(), Some(hop.to.clone())))
+            }
         }
+    }
+
+    /// The executor a consumer of this work runs
+    /// ([`scenario::executor`]), and for a pipeline's first hop with the
+    /// run outbox sending through the hop's sender (noted in `ledger`)
+    /// and its dispatcher, polling every half second, running until the
+    /// handle is dropped.
+    pub fn executor<S: idem::Store + idem::ListRecords + idem::FindAbandoned + Clone>(
+        &self,
+        store: S,
+        ledger: &Ledger,
+    ) -> (idem::Idempotency<S>, Option<idem::PurgerHandle>) {
+        let Work::Pipeline(hop) = self else {
+            return (scenario::executor(store), None);
+        };
+        let sender = Noted {
+            inner: Arc::clone(&hop.sender),
+            ledger: ledger.clone(),
+        };
+        let idem = scenario::executor_with(store, Some(Arc::new(sender)));
+        let dispatcher = idem.spawn_outbox_dispatcher(Duration::from_millis(500));
+        (idem, Some(dispatcher))
     }
 }
 
@@ -287,9 +389,14 @@ impl Work {
 /// payloads `{"id": .., "poison": bool}`: notes its start with its fence,
 /// pauses a few milliseconds (so faults land inside handlers), fails
 /// terminally on poison, and otherwise makes a
-/// [fenced write](Ledger::fenced_write) and pauses again (so faults land
-/// between the effect and the completion).
-pub async fn fenced_handler<M: Message>(job: Job<M>, ledger: Ledger) -> Result<(), OrderError> {
+/// [fenced write](Ledger::fenced_write), emits the payload to `to` when
+/// given (through the run outbox: a fresh message id every run) and
+/// pauses again (so faults land between the effect and the completion).
+pub async fn fenced_handler<M: Message>(
+    job: Job<M>,
+    ledger: Ledger,
+    to: Option<String>,
+) -> Result<(), OrderError> {
     let body: serde_json::Value = job.json()?;
     let key = job.key().as_str().to_owned();
     let fence = job.ctx().fence().unwrap_or(0);
@@ -302,6 +409,9 @@ pub async fn fenced_handler<M: Message>(job: Job<M>, ledger: Ledger) -> Result<(
     tokio::task::spawn_blocking(move || writer.fenced_write(&key, fence))
         .await
         .map_err(std::io::Error::other)??;
+    if let Some(to) = to {
+        job.ctx().send(Emitted::new(to, job.payload().to_vec()))?;
+    }
     pause().await;
     Ok(())
 }

@@ -54,6 +54,10 @@ pub const SLOW_VAR: &str = "IDEM_WORKER_SLOW";
 /// [fenced handler](Work::Fenced).
 pub const FENCED_VAR: &str = "IDEM_WORKER_FENCED";
 
+/// The environment variable telling a worker process to run a
+/// [pipeline](Work::Pipeline) (both hops).
+pub const PIPELINE_VAR: &str = "IDEM_WORKER_PIPELINE";
+
 /// The key worker A hangs on.
 pub const SLOW_KEY: &str = "slow-1";
 
@@ -69,9 +73,10 @@ where
     let mut command = Command::new(std::env::current_exe().expect("test binary"));
     command
         .args(["--exact", "worker_process", "--ignored", "--nocapture"])
-        .envs(env)
         .env_remove(SLOW_VAR)
         .env_remove(FENCED_VAR)
+        .env_remove(PIPELINE_VAR)
+        .envs(env)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
@@ -82,6 +87,9 @@ where
         Work::Orders { slow: None } => {}
         Work::Fenced => {
             command.env(FENCED_VAR, "1");
+        }
+        Work::Pipeline(_) => {
+            command.env(PIPELINE_VAR, "1");
         }
     }
     command.spawn().expect("spawn worker")
@@ -96,16 +104,29 @@ pub const LEASE: Duration = Duration::from_secs(2);
 /// taken over again and again by the chaos run's faults is still worked
 /// on, not failed for good), backoff from 100 to 500 ms.
 pub fn executor<S: Store>(store: S) -> Idempotency<S> {
-    Idempotency::builder(store)
+    executor_with(store, None)
+}
+
+/// [`executor`], with the run outbox sending through `outbox` when
+/// given.
+pub fn executor_with<S: Store>(
+    store: S,
+    outbox: Option<std::sync::Arc<dyn idem::outbox::Sender>>,
+) -> Idempotency<S> {
+    let builder = Idempotency::builder(store)
         .lease(LEASE)
         .heartbeat(Duration::from_millis(500))
         .max_attempts(std::num::NonZeroU32::new(20).expect("non-zero"))
         .backoff(Backoff::new(
             Duration::from_millis(100),
             Duration::from_millis(500),
-        ))
-        .build()
-        .expect("config")
+        ));
+    match outbox {
+        Some(sender) => builder.outbox(sender),
+        None => builder,
+    }
+    .build()
+    .expect("config")
 }
 
 /// How long a worker process whose stdin closed may take to stop cleanly

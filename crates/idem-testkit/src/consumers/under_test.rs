@@ -125,4 +125,26 @@ pub trait ChaosBroker: BrokerUnderTest + Clone + Send + Sync + 'static {
 
     /// A connection to the store.
     fn store(&self) -> impl Future<Output = Self::Store>;
+
+    /// The second hop of a pipeline run from this destination: a
+    /// destination of its own on the same broker, with its own records
+    /// (a namespace or table of its own in the same store) and its
+    /// ledger at [`Ledger::output`]. Derived from this setup alone, so a
+    /// worker process finds the same one ([`through`](Self::through)
+    /// commutes with it); [`declare`](Self::declare) makes it exist.
+    fn output(&self) -> Self;
+
+    /// Creates what this destination needs before the first message is
+    /// sent to it (idempotent: a stream, a queue, a topic, a table, a
+    /// durable consumer).
+    fn declare(&self) -> impl Future<Output = ()>;
+
+    /// What a [`Message`](idem::outbox::Message) sent to this
+    /// destination is addressed to (a subject, a queue, a topic, a queue
+    /// URL).
+    fn address(&self) -> String;
+
+    /// The adapter's [`Sender`](idem::outbox::Sender), reaching the broker
+    /// as this setup does.
+    fn sender(&self) -> impl Future<Output = std::sync::Arc<dyn idem::outbox::Sender>> + Send;
 }

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use idem::codec::AtRest;
 use idem::{GetRecord, Key, Record, RecordId, Scope, State};
 
 use crate::consumers::ledger::Ledger;
@@ -57,9 +58,60 @@ fn record_id(key: &str) -> RecordId {
     )
 }
 
+/// The ids of the messages each completed record of `keys` holds for
+/// the pipeline's next hop (a record not completed holds none).
+pub(super) async fn emitted<S: GetRecord>(
+    store: &S,
+    keys: &[String],
+) -> BTreeMap<String, Vec<String>> {
+    let at_rest = AtRest::reader(None);
+    let mut out = BTreeMap::new();
+    for key in keys {
+        let id = record_id(key);
+        let ids = match store.get(&id).await {
+            Ok(Some(Record {
+                state: State::Completed { response },
+                ..
+            })) => idem::outbox::stored_messages(&at_rest, &id, &response)
+                .map(|messages| messages.iter().map(|m| m.id().to_owned()).collect())
+                .unwrap_or_else(|why| vec![format!("unreadable: {why}")]),
+            _ => Vec::new(),
+        };
+        out.insert(key.clone(), ids);
+    }
+    out
+}
+
+/// What the pipeline's next hop must agree on beyond its own
+/// [`judge`]: each good key's completed run emitted exactly one message,
+/// and the next hop started nothing but those (a message of a run that
+/// was not the one stored, sent anyway, would show there).
+pub(super) fn judge_hop(
+    emitted: &BTreeMap<String, Vec<String>>,
+    started: &[String],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (key, ids) in emitted {
+        if ids.len() != 1 {
+            out.push(format!(
+                "{key}: the completed run holds {} messages for the next hop, not one: {ids:?}",
+                ids.len()
+            ));
+        }
+    }
+    for id in started {
+        if !emitted.values().any(|ids| ids.contains(id)) {
+            out.push(format!(
+                "next hop: {id} was delivered, but no stored run emitted it"
+            ));
+        }
+    }
+    out
+}
+
 /// Whether every good key's record is completed and every poison key's
 /// failed: nothing left in progress for a redelivery to finish.
-pub(super) async fn records_final<S: GetRecord>(
+pub(crate) async fn records_final<S: GetRecord>(
     store: &S,
     good: &[String],
     poison: &[String],
@@ -274,5 +326,33 @@ mod tests {
                 "{expected:?} not in {found:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_next_hop_is_caught_running_a_message_no_stored_run_emitted() {
+        let one = |ids: &[&str]| -> BTreeMap<String, Vec<String>> {
+            [(
+                "a".to_owned(),
+                ids.iter().map(|i| (*i).to_owned()).collect(),
+            )]
+            .into()
+        };
+        let started = |ids: &[&str]| ids.iter().map(|i| (*i).to_owned()).collect::<Vec<_>>();
+        assert!(judge_hop(&one(&["m1"]), &started(&["m1"])).is_empty());
+        let stale = judge_hop(&one(&["m1"]), &started(&["m1", "m0"]));
+        assert!(
+            stale.iter().any(|v| v.contains("no stored run emitted it")),
+            "{stale:?}"
+        );
+        let none = judge_hop(&one(&[]), &started(&[]));
+        assert!(
+            none.iter().any(|v| v.contains("holds 0 messages")),
+            "{none:?}"
+        );
+        let two = judge_hop(&one(&["m1", "m2"]), &started(&["m1"]));
+        assert!(
+            two.iter().any(|v| v.contains("holds 2 messages")),
+            "{two:?}"
+        );
     }
 }

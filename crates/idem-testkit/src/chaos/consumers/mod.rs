@@ -45,6 +45,8 @@ use rand::Rng;
 use super::engine::{self, FaultPlan};
 use super::fault::{Fault, Link};
 use super::report::Report;
+use crate::consumers::ledger::{Hop, Work};
+use crate::consumers::scenario::{self, PIPELINE_VAR};
 use crate::consumers::under_test::ChaosBroker;
 use target::ConsumerRun;
 
@@ -71,6 +73,11 @@ pub struct ChaosPlan {
     /// How long the run may take to settle after the fault phase before
     /// unsettled messages count as lost.
     pub settle_limit: Duration,
+    /// Whether the run is a two-hop pipeline: each good message's run
+    /// emits one message through the run outbox to a second destination,
+    /// which the same workers consume with the fenced handler of their
+    /// own (see [`ChaosPlan::pipeline`]).
+    pub pipeline: bool,
 }
 
 impl ChaosPlan {
@@ -103,6 +110,23 @@ impl ChaosPlan {
             fault_every: Duration::from_secs(1),
             faults: Self::FAULTS.to_vec(),
             settle_limit: Duration::from_secs(120),
+            pipeline: false,
+        }
+    }
+
+    /// The suite's pipeline run: [`short`](Self::short) with each good
+    /// message's run emitting one message to a second destination on the
+    /// same broker (the run outbox, its dispatcher in every worker), the
+    /// second hop consumed by the same worker processes, kills aimed in
+    /// turn also between a stored completion and its messages'
+    /// confirmation and at the second hop. Judged at both hops: every
+    /// good message completed once and fenced at the first, its run's one
+    /// message (the stored run's, by id) completed once and fenced at the
+    /// second, nothing else started there, none lost.
+    pub fn pipeline() -> Self {
+        Self {
+            pipeline: true,
+            ..Self::short()
         }
     }
 
@@ -183,6 +207,44 @@ pub async fn run<B: ChaosBroker>(name: &str, plan: ChaosPlan) -> Report {
     }
 }
 
+/// The body of a chaos test file's ignored `worker_process` test:
+/// consumes the setup its parent passed with the
+/// [fenced handler](crate::consumers::ledger::fenced_handler) until it is
+/// killed or told to leave; in a pipeline run (`PIPELINE_VAR` set) it
+/// also emits through the run outbox and consumes the next hop
+/// ([`ChaosBroker::output`]). Does nothing when the binary runs as a
+/// plain test.
+pub fn worker_process<B: ChaosBroker>() {
+    let Some(setup) = B::from_env() else {
+        return;
+    };
+    if std::env::var_os(PIPELINE_VAR).is_none() {
+        scenario::worker_main(
+            |shutdown| async move { setup.consume(Work::Fenced, shutdown).await },
+        );
+        return;
+    }
+    scenario::worker_main(|shutdown| async move {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop.send(true);
+        });
+        let until = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        };
+        let output = setup.output();
+        let hop = Hop {
+            to: output.address(),
+            sender: setup.sender().await,
+        };
+        tokio::join!(
+            setup.consume(Work::Pipeline(hop), until(stopped.clone())),
+            output.consume(Work::Fenced, until(stopped)),
+        );
+    });
+}
+
 /// An adapter's chaos test file: the worker process the run starts and
 /// the short run, over the adapter's [`ChaosBroker`] `$setup`, its
 /// destinations named after `$name`. The run's plan is
@@ -196,7 +258,7 @@ macro_rules! consumer_chaos {
         #[test]
         #[ignore = "a worker process, started by the chaos run"]
         fn worker_process() {
-            $crate::consumers::scenario::worker_process::<$setup>();
+            $crate::chaos::consumers::worker_process::<$setup>();
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,6 +266,19 @@ macro_rules! consumer_chaos {
         async fn faults_leave_each_message_completed_once_fenced_and_none_lost() {
             let plan = $crate::chaos::ChaosPlan::short().from_env();
             let report = $crate::chaos::consumers::run::<$setup>($name, plan).await;
+            println!(
+                "\n{}",
+                $crate::chaos::Report::tables(std::slice::from_ref(&report))
+            );
+            report.assert_clean();
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[allow(clippy::print_stdout)]
+        async fn faults_leave_each_piped_message_completed_once_at_both_hops_and_none_lost() {
+            let plan = $crate::chaos::ChaosPlan::pipeline().from_env();
+            let report =
+                $crate::chaos::consumers::run::<$setup>(concat!($name, "-pipeline"), plan).await;
             println!(
                 "\n{}",
                 $crate::chaos::Report::tables(std::slice::from_ref(&report))

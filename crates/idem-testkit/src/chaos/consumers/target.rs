@@ -10,13 +10,13 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::task::JoinHandle;
 
-use super::judge::{judge, records_final, Evidence};
+use super::judge::{emitted, judge, judge_hop, records_final, Evidence};
 use super::workers::{proxy, publish_over, Workers};
 use super::{workload, ChaosPlan};
 use crate::chaos::engine::{Clock, Injected, Target};
 use crate::chaos::fault::{Fault, Link};
 use crate::chaos::report::{Findings, Violation};
-use crate::consumers::scenario::LEASE;
+use crate::consumers::scenario::{LEASE, PIPELINE_VAR};
 use crate::consumers::under_test::ChaosBroker;
 use crate::doubles::proxy::FaultProxy;
 use crate::servers::redis::RedisServer;
@@ -31,6 +31,8 @@ pub(super) struct ConsumerRun<B: ChaosBroker> {
     store_proxy: FaultProxy,
     /// The destination reached directly (the publisher, the judge).
     direct: B,
+    /// A pipeline's next hop, reached directly (the judge).
+    output: Option<B>,
     messages: Vec<(String, String)>,
     good: Vec<String>,
     poison: Vec<String>,
@@ -38,9 +40,10 @@ pub(super) struct ConsumerRun<B: ChaosBroker> {
     restarting: Arc<AtomicBool>,
     published: Arc<AtomicUsize>,
     publisher: Option<JoinHandle<usize>>,
-    /// Whether the next kill hits the worker that wrote last (else the
-    /// one that started a handler last).
-    kill_writer: bool,
+    /// Kills so far: the next one's aim (the worker that started a
+    /// handler last, wrote last, or, in a pipeline, sent last or wrote
+    /// last at the next hop) goes round.
+    kills: usize,
     settle: Settle<B::Store>,
 }
 
@@ -50,6 +53,23 @@ struct Settle<S> {
     written: bool,
     all_final: bool,
     checked: Option<Instant>,
+    /// A pipeline's next hop: its store, the messages the first hop's
+    /// completed runs emitted (per key), and whether they are all
+    /// written and completed there.
+    hop_store: Option<S>,
+    emitted: Option<std::collections::BTreeMap<String, Vec<String>>>,
+    hop_written: bool,
+    hop_final: bool,
+}
+
+impl<S> Settle<S> {
+    /// The ids the first hop's completed runs emitted.
+    fn ids(&self) -> Vec<String> {
+        self.emitted
+            .iter()
+            .flat_map(|e| e.values().flatten().cloned())
+            .collect()
+    }
 }
 
 impl<B: ChaosBroker> ConsumerRun<B> {
@@ -81,6 +101,18 @@ impl<B: ChaosBroker> ConsumerRun<B> {
             broker_proxy.addr().port(),
             &B::store_url(store_proxy.addr().port()),
         );
+        let output = match plan.pipeline {
+            true => {
+                let output = direct.output();
+                output.declare().await;
+                Some(output)
+            }
+            false => None,
+        };
+        let mut env = through.env();
+        if plan.pipeline {
+            env.push((PIPELINE_VAR, "1".to_owned()));
+        }
         let messages = workload(plan, &mut rng);
         let mut poison: Vec<String> = messages
             .iter()
@@ -101,19 +133,24 @@ impl<B: ChaosBroker> ConsumerRun<B> {
             broker_proxy,
             store_proxy,
             direct,
+            output,
             messages,
             good,
             poison,
-            workers: Workers::new(through.env()),
+            workers: Workers::new(env),
             restarting: Arc::new(AtomicBool::new(false)),
             published: Arc::new(AtomicUsize::new(0)),
             publisher: None,
-            kill_writer: false,
+            kills: 0,
             settle: Settle {
                 store: None,
                 written: false,
                 all_final: false,
                 checked: None,
+                hop_store: None,
+                emitted: None,
+                hop_written: false,
+                hop_final: false,
             },
         }
     }
@@ -173,14 +210,21 @@ impl<B: ChaosBroker> Target for ConsumerRun<B> {
         let ledger = self.direct.ledger();
         Ok(match fault {
             Fault::Kill => {
-                // Alternately mid-handler and between an effect and its
-                // acknowledgement.
-                let busy = if self.kill_writer {
-                    ledger.latest_writer()
-                } else {
-                    ledger.latest_starter()
+                // In turn mid-handler, between an effect and its
+                // acknowledgement, and in a pipeline between a stored
+                // completion and its messages' confirmation, and at the
+                // next hop between its effect and acknowledgement.
+                let aims = if self.output.is_some() { 4 } else { 2 };
+                let busy = match self.kills % aims {
+                    0 => ledger.latest_starter(),
+                    1 => ledger.latest_writer(),
+                    2 => ledger.latest_sender(),
+                    _ => self
+                        .output
+                        .as_ref()
+                        .and_then(|o| o.ledger().latest_writer()),
                 };
-                self.kill_writer = !self.kill_writer;
+                self.kills += 1;
                 let slot = self.workers.slot_of(busy, rng);
                 self.workers.kill(slot);
                 Injected::Done
@@ -280,17 +324,26 @@ impl<B: ChaosBroker> Target for ConsumerRun<B> {
                 return false;
             }
         }
-        self.direct.settled(self.poison.len()).await
+        if !self.direct.settled(self.poison.len()).await {
+            return false;
+        }
+        match self.output.clone() {
+            Some(output) => self.hop_settled(&output).await,
+            None => true,
+        }
     }
 
     fn unsettled(&self, _clock: &Clock, limit: Duration) -> Vec<Violation> {
         vec![Violation::run(format!(
             "the run did not settle within {limit:?} of the fault phase's end or its last \
              publish (every published: {}; every good key written: {}; every record completed \
-             or failed: {})",
+             or failed: {}; every emitted message written at the next hop: {}; completed \
+             there: {})",
             !self.publishing(),
             self.settle.written,
-            self.settle.all_final
+            self.settle.all_final,
+            self.settle.hop_written,
+            self.settle.hop_final,
         ))]
     }
 
@@ -309,21 +362,103 @@ impl<B: ChaosBroker> Target for ConsumerRun<B> {
         let ledger = self.direct.ledger();
         let evidence = Evidence::gather(ledger, &store, &self.good, &self.poison).await;
         let dead = self.direct.dead_letters().await;
-        let violations = judge(&evidence, &dead, &self.poison)
+        let mut violations: Vec<Violation> = judge(&evidence, &dead, &self.poison)
             .into_iter()
             .map(Violation::run)
             .collect();
         let starts = evidence.starts.values().map(Vec::len).sum::<usize>();
+        let mut counts = vec![
+            ("published", published as u64),
+            ("starts", starts as u64),
+            ("stale", ledger.stale_writes() as u64),
+            ("exits", self.workers.exits() as u64),
+        ];
+        if let Some(output) = self.output.clone() {
+            let (found, hop_counts) = self.judge_hop(&output, &store).await;
+            violations.extend(found);
+            counts.extend(hop_counts);
+        }
         Ok(Findings {
             keys: self.plan.keys,
-            counts: vec![
-                ("published", published as u64),
-                ("starts", starts as u64),
-                ("stale", ledger.stale_writes() as u64),
-                ("exits", self.workers.exits() as u64),
-            ],
+            counts,
             violations,
             ..Findings::default()
         })
+    }
+}
+
+impl<B: ChaosBroker> ConsumerRun<B> {
+    /// Whether the pipeline's next hop has settled: every message the
+    /// first hop's completed runs emitted written and completed there, and
+    /// nothing unsettled on its destination.
+    async fn hop_settled(&mut self, output: &B) -> bool {
+        if self.settle.emitted.is_none() {
+            let Some(store) = self.settle.store.as_ref() else {
+                return false;
+            };
+            self.settle.emitted = Some(emitted(store, &self.good).await);
+        }
+        let ids = self.settle.ids();
+        if !self.settle.hop_written {
+            let ledger = output.ledger();
+            self.settle.hop_written = ids.iter().all(|id| ledger.downstream(id).is_some());
+            if !self.settle.hop_written {
+                return false;
+            }
+        }
+        if self.settle.hop_store.is_none() {
+            self.settle.hop_store = Some(output.store().await);
+        }
+        let Some(store) = self.settle.hop_store.as_ref() else {
+            return false;
+        };
+        if !self.settle.hop_final {
+            self.settle.hop_final = records_final(store, &ids, &[]).await;
+            if !self.settle.hop_final {
+                return false;
+            }
+        }
+        output.settled(0).await
+    }
+
+    /// The next hop's violations (prefixed `next hop:`) and counts: each
+    /// good key's completed run emitted one message, which the next hop
+    /// completed once, fenced, with nothing else started and nothing
+    /// dead-lettered there.
+    async fn judge_hop(
+        &mut self,
+        output: &B,
+        store: &B::Store,
+    ) -> (Vec<Violation>, Vec<(&'static str, u64)>) {
+        let sent = emitted(store, &self.good).await;
+        let ids: Vec<String> = sent.values().flatten().cloned().collect();
+        let hop_store = match self.settle.hop_store.take() {
+            Some(hop_store) => hop_store,
+            None => output.store().await,
+        };
+        let ledger = output.ledger();
+        let evidence = Evidence::gather(ledger, &hop_store, &ids, &[]).await;
+        let dead = output.dead_letters().await;
+        let started: Vec<String> = evidence.starts.keys().cloned().collect();
+        let mut found: Vec<Violation> = judge_hop(&sent, &started)
+            .into_iter()
+            .chain(
+                judge(&evidence, &dead, &[])
+                    .into_iter()
+                    .map(|v| format!("next hop: {v}")),
+            )
+            .map(Violation::run)
+            .collect();
+        found.dedup();
+        let starts = evidence.starts.values().map(Vec::len).sum::<usize>();
+        let sends = self.direct.ledger().sends();
+        (
+            found,
+            vec![
+                ("emitted", ids.len() as u64),
+                ("sends", sends as u64),
+                ("hop starts", starts as u64),
+            ],
+        )
     }
 }
