@@ -16,13 +16,18 @@
 //! outbox.enqueue(&tx, &Message::new("order-events", r#"{"placed":7}"#)).await?;
 //! tx.commit().await?; // the order and its message, or neither
 //!
-//! // Elsewhere, in a loop: send what is due, delete what was confirmed.
+//! // Elsewhere: one pass sends what is due and deletes what was confirmed.
 //! let sender = MemorySender::new(); // a broker's sender in production
 //! let pass = outbox.dispatch(client, &sender, 256).await?;
 //! # let _ = pass;
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! [`Outbox::run`] is the dispatcher as a loop: woken when a producer's
+//! transaction that enqueued commits (migration 0009 announces it on the
+//! store's `LISTEN` connection), and otherwise looking every `every` for
+//! messages that came due again after a failed send.
 //!
 //! Delivery is at least once, each message under its id (a UUIDv7 minted
 //! when it was made, or the producer's own with `Message::with_id`), which
@@ -36,8 +41,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem::outbox::table::{headers_json, message_from_row, send_in_order, TakenRow};
 use idem::outbox::{Message, Sender};
-use idem::Key;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
@@ -46,9 +51,7 @@ use crate::inbox::run::{DbError, Param};
 use crate::inbox::InboxTransaction;
 use crate::schema;
 
-/// How long a dispatcher keeps the rows it took before they come due for
-/// another: longer than a batch takes to send.
-pub const DEFAULT_DISPATCH_LEASE: Duration = Duration::from_secs(30);
+pub use idem::outbox::table::DEFAULT_DISPATCH_LEASE;
 
 /// Why the outbox could not enqueue or dispatch.
 #[derive(Debug, thiserror::Error)]
@@ -61,9 +64,6 @@ pub enum OutboxError {
         /// The table looked for.
         table: String,
     },
-    /// A message the outbox cannot hold (its headers as JSON).
-    #[error("the message cannot be enqueued: {0}")]
-    Invalid(String),
     /// Any other PostgreSQL error.
     #[error("PostgreSQL error in the outbox")]
     Postgres(#[source] tokio_postgres::Error),
@@ -73,16 +73,12 @@ pub enum OutboxError {
     Sqlx(#[source] sqlx::Error),
 }
 
-/// What one [`Outbox::dispatch`] did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct OutboxPass {
-    /// Rows taken.
-    pub taken: usize,
-    /// Messages the broker confirmed (and their rows deleted).
-    pub sent: usize,
-    /// Whether a send failed (the rest of the batch comes due again).
-    pub failed: bool,
-}
+/// How long [`Outbox::run`] waits between looks when no enqueue wakes it:
+/// for messages that come due again after a failed send, and where the
+/// store cannot listen.
+pub const DEFAULT_DISPATCH_EVERY: Duration = Duration::from_secs(5);
+
+pub use idem::outbox::OutboxPass;
 
 /// The outbox table in one schema. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -91,6 +87,7 @@ pub struct Outbox {
     enqueue: Arc<str>,
     take: Arc<str>,
     done: Arc<str>,
+    due: Arc<str>,
     lease: Duration,
 }
 
@@ -120,6 +117,7 @@ impl Outbox {
             enqueue: r(include_str!("../sql/outbox_enqueue.sql")),
             take: r(include_str!("../sql/outbox_take.sql")),
             done: r(include_str!("../sql/outbox_done.sql")),
+            due: r(include_str!("../sql/outbox_due.sql")),
             lease: DEFAULT_DISPATCH_LEASE,
         }
     }
@@ -165,8 +163,7 @@ impl Outbox {
         mut tx: impl InboxTransaction,
         message: &Message,
     ) -> Result<(), OutboxError> {
-        let headers = serde_json::to_string(message.headers())
-            .map_err(|e| OutboxError::Invalid(e.to_string()))?;
+        let headers = headers_json(message);
         let params = [
             Param::Text(message.id()),
             Param::Text(message.destination()),
@@ -205,27 +202,12 @@ impl Outbox {
             .await
             .map_err(|e| self.error(DbError::Postgres(e)))?;
         rows.sort_by_key(|row| row.get::<_, i64>(0));
-        let mut pass = OutboxPass {
-            taken: rows.len(),
-            ..OutboxPass::default()
-        };
-        let mut sent = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let message = match message_of(row) {
-                Ok(message) => message,
-                Err(reason) => {
-                    tracing::error!(%reason, seq = row.get::<_, i64>(0), "an outbox row does not read; left for an operator");
-                    pass.failed = true;
-                    break;
-                }
-            };
-            if let Err(error) = sender.send(&message).await {
-                tracing::warn!(%error, id = message.id(), destination = message.destination(), "an outbox message was not sent; it comes due again after the lease");
-                pass.failed = true;
-                break;
-            }
-            sent.push(row.get::<_, i64>(0));
-        }
+        let taken = rows.len();
+        let messages: Vec<TakenRow> = rows
+            .iter()
+            .map(|row| (row.get::<_, i64>(0), message_of(row)))
+            .collect();
+        let (sent, failed) = send_in_order(messages, sender).await;
         if !sent.is_empty() {
             client
                 .execute_typed(
@@ -235,8 +217,89 @@ impl Outbox {
                 .await
                 .map_err(|e| self.error(DbError::Postgres(e)))?;
         }
-        pass.sent = sent.len();
-        Ok(pass)
+        Ok(OutboxPass {
+            taken,
+            sent: sent.len(),
+            failed,
+        })
+    }
+
+    /// The dispatcher: [`dispatch`](Self::dispatch)es batches of `batch`
+    /// on `store`'s connections until a pass takes less than a full batch
+    /// or a send fails, then waits until a producer's transaction that
+    /// enqueued commits (announced on `store`'s listening connection) or
+    /// `every` passes ([`DEFAULT_DISPATCH_EVERY`]; messages a failed send
+    /// left come due again after the [lease](Self::lease)), and again.
+    /// Where `store` cannot listen (`listen=false`, no connection to
+    /// spare) it looks every `every`. Errors are logged and tried again
+    /// at the next look. It never returns: run it in a task, and abort
+    /// the task (or drop the future) to stop it; a pass cut short leaves
+    /// its rows to come due again after the lease.
+    pub async fn run(
+        &self,
+        store: &crate::PgStore,
+        sender: &impl Sender,
+        batch: usize,
+        every: Duration,
+    ) {
+        let channel = format!("{}:outbox", self.schema);
+        let listener = &store.inner.listener;
+        loop {
+            // In before the pass, so an enqueue committed during it is due
+            // when the wait first looks.
+            let waiter = listener
+                .listening(every)
+                .await
+                .then(|| listener.waiters().enter(channel.clone()));
+            self.drain(store, sender, batch).await;
+            match waiter {
+                Some(waiter) => {
+                    let mut looked = false;
+                    waiter
+                        .wait(every, || {
+                            // One look for what came due meanwhile; later
+                            // safety-net wake-ups of the wait cost nothing.
+                            let look = !std::mem::replace(&mut looked, true);
+                            async move { !look || !self.is_due(store).await }
+                        })
+                        .await;
+                }
+                None => tokio::time::sleep(every).await,
+            }
+        }
+    }
+
+    /// Dispatches full batches until one is not, or fails.
+    async fn drain(&self, store: &crate::PgStore, sender: &impl Sender, batch: usize) {
+        loop {
+            let client = match store.client().await {
+                Ok(client) => client,
+                Err(error) => {
+                    tracing::warn!(%error, "the outbox dispatcher has no connection; trying again at the next look");
+                    return;
+                }
+            };
+            match self.dispatch(&client, sender, batch).await {
+                Ok(pass) if pass.taken == batch.max(1) && !pass.failed => {}
+                Ok(_) => return,
+                Err(error) => {
+                    tracing::warn!(%error, "the outbox dispatcher's pass failed; trying again at the next look");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Whether a message is due; `true` when that cannot be read (the
+    /// pass that follows finds out).
+    async fn is_due(&self, store: &crate::PgStore) -> bool {
+        let Ok(client) = store.client().await else {
+            return true;
+        };
+        client
+            .query_one(self.due.as_ref(), &[])
+            .await
+            .map_or(true, |row| row.get::<_, bool>(0))
     }
 }
 
@@ -246,11 +309,5 @@ fn message_of(row: &tokio_postgres::Row) -> Result<Message, String> {
     let destination: String = row.try_get(2).map_err(|e| e.to_string())?;
     let headers: String = row.try_get(3).map_err(|e| e.to_string())?;
     let payload: Vec<u8> = row.try_get(4).map_err(|e| e.to_string())?;
-    let headers: Vec<(String, String)> =
-        serde_json::from_str(&headers).map_err(|e| e.to_string())?;
-    let id = Key::new(&id).map_err(|e| format!("its id: {e}"))?;
-    Ok(headers.into_iter().fold(
-        Message::new(destination, payload).with_id(id),
-        |m, (name, value)| m.header(name, value),
-    ))
+    message_from_row(&id, destination, &headers, payload)
 }

@@ -56,6 +56,11 @@ const FILES: &[(i32, &str, &str)] = &[
         "0008_outbox",
         include_str!("../migrations/0008_outbox.sql"),
     ),
+    (
+        9,
+        "0009_outbox_announce",
+        include_str!("../migrations/0009_outbox_announce.sql"),
+    ),
 ];
 
 /// Whether `name` can be used as a schema unquoted: 1 to 63 characters of

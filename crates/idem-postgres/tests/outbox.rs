@@ -1,8 +1,8 @@
 //! The transactional outbox against a real PostgreSQL: a message exists
 //! exactly when the producer's transaction commits, is sent once it is
 //! due, deleted once confirmed, taken by one of several dispatchers at a
-//! time, and sent again (same id) when its dispatcher died or its broker
-//! was away.
+//! time, sent again (same id) when its dispatcher died or its broker
+//! was away, and the dispatcher loop is woken by a producer's commit.
 
 mod common;
 
@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use idem::outbox::{MemorySender, Message, SendFuture, Sender};
 use idem_postgres::outbox::{Outbox, OutboxError};
+use idem_postgres::PgStore;
 use tokio_postgres::Client;
 
-use common::client;
+use common::{client, url};
 
 /// An outbox in a fresh schema, with an `orders` table, and a short lease.
 async fn setup() -> (Outbox, String, Client) {
@@ -147,4 +148,82 @@ async fn an_outbox_not_set_up_says_so() {
         matches!(missing, Err(OutboxError::NotSetUp { ref table }) if table.ends_with(".idem_outbox")),
         "{missing:?}"
     );
+}
+
+/// Runs `outbox`'s dispatcher on a store at `url` in `schema`, looking
+/// every `every`, until the returned task is aborted.
+async fn run(
+    outbox: &Outbox,
+    url: &str,
+    schema: &str,
+    sender: &MemorySender,
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let store = PgStore::builder(url)
+        .expect("valid URL")
+        .schema(schema)
+        .connect()
+        .await
+        .expect("connect");
+    let (outbox, sender) = (outbox.clone(), sender.clone());
+    tokio::spawn(async move { outbox.run(&store, &sender, 16, every).await })
+}
+
+/// Waits (ten seconds at most) until `sender` holds `n` messages.
+async fn sent(sender: &MemorySender, n: usize) {
+    let started = tokio::time::Instant::now();
+    while sender.messages().len() < n {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{} of {n} messages sent",
+            sender.messages().len()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dispatcher_is_woken_by_a_commit_that_enqueued() {
+    let (outbox, schema, mut c) = setup().await;
+    let sender = MemorySender::new();
+    // It would look only once a minute: what it sends sooner, it was
+    // woken for.
+    let dispatcher = run(&outbox, &url(), &schema, &sender, Duration::from_secs(60)).await;
+    for round in 1..=3 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        place(&outbox, &schema, &mut c, 100 + round, false).await;
+        place(&outbox, &schema, &mut c, round, true).await;
+        sent(&sender, round as usize).await;
+    }
+    dispatcher.abort();
+    let payloads: Vec<_> = sender
+        .messages()
+        .iter()
+        .map(|m| m.payload().clone())
+        .collect();
+    assert_eq!(
+        payloads,
+        ["placed 1", "placed 2", "placed 3"],
+        "a rolled-back enqueue is never sent"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatcher_that_cannot_listen_looks_every_interval() {
+    let (outbox, schema, mut c) = setup().await;
+    let sender = MemorySender::new();
+    let url = format!("{}?listen=false", url());
+    let dispatcher = run(&outbox, &url, &schema, &sender, Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    place(&outbox, &schema, &mut c, 1, true).await;
+    sent(&sender, 1).await;
+    // A message whose send failed comes due again after the lease (500 ms)
+    // and is found by a look, with no enqueue to wake anyone.
+    sender.fail(true);
+    place(&outbox, &schema, &mut c, 2, true).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    sender.fail(false);
+    sent(&sender, 2).await;
+    dispatcher.abort();
+    assert_eq!(sender.messages()[1].payload().as_ref(), b"placed 2");
 }

@@ -49,12 +49,16 @@
 //!   is lost.
 //! - **Transactional inbox:** [`inbox::Inbox`] writes the dedup record
 //!   inside your own `rusqlite` transaction.
+//! - **Transactional outbox:** [`outbox::Outbox`] enqueues messages inside
+//!   your own `rusqlite` transaction, and its dispatcher sends them once
+//!   that transaction committed.
 
 mod admin;
 mod builder;
 mod encode;
 pub mod inbox;
 mod many;
+pub mod outbox;
 mod schema;
 mod steps;
 mod store;

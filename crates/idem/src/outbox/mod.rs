@@ -64,11 +64,13 @@ mod memory;
 mod message;
 mod outgoing;
 mod sweep;
+pub mod table;
 
 pub use memory::MemorySender;
 pub use message::{Message, SendError, SendFuture, Sender, KEY_HEADER, MAX_MESSAGES_BYTES};
 pub(crate) use outgoing::Outgoing;
 pub use sweep::{DispatchPass, DEFAULT_DISPATCH_INTERVAL};
+pub use table::OutboxPass;
 
 pub(crate) use dispatch::OutboxConfig;
 
