@@ -133,7 +133,8 @@ impl ChaosPlan {
     /// The plan with `IDEM_CHAOS_SECS`, `IDEM_CHAOS_SEED`,
     /// `IDEM_CHAOS_KEYS` and `IDEM_CHAOS_FAULTS` (fault names, comma
     /// separated: `kill,leave`) from the environment where set (a long
-    /// run scales its keys with its duration unless told).
+    /// run scales its keys with its duration unless told: 20 a second, 10
+    /// for a pipeline).
     ///
     /// # Panics
     ///
@@ -142,7 +143,9 @@ impl ChaosPlan {
         let var = |name: &str| std::env::var(name).ok()?.parse::<u64>().ok();
         if let Some(secs) = var("IDEM_CHAOS_SECS") {
             self.duration = Duration::from_secs(secs);
-            self.keys = (secs as usize * 20).max(self.keys);
+            // A pipeline's key is two deliveries, two records and a send.
+            let per_second = if self.pipeline { 10 } else { 20 };
+            self.keys = (secs as usize * per_second).max(self.keys);
         }
         if let Some(seed) = var("IDEM_CHAOS_SEED") {
             self.seed = seed;
