@@ -9,7 +9,7 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use idem::outbox::{MemorySender, Message, SendFuture, Sender};
+use idem::outbox::{MemorySender, Message};
 use idem_postgres::outbox::{Outbox, OutboxError};
 use idem_postgres::PgStore;
 use tokio_postgres::Client;
@@ -98,25 +98,17 @@ async fn concurrent_dispatchers_send_each_message_once_in_order() {
     assert_eq!(ids.len(), sent.len());
 }
 
-/// A broker that never answers: the dispatcher is "killed" while it waits.
-struct Hangs;
-
-impl Sender for Hangs {
-    fn send<'a>(&'a self, _: &'a Message) -> SendFuture<'a> {
-        Box::pin(std::future::pending())
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_dispatcher_or_an_absent_broker_leaves_messages_due_again() {
     let (outbox, schema, mut c) = setup().await;
     place(&outbox, &schema, &mut c, 1, true).await;
     place(&outbox, &schema, &mut c, 2, true).await;
-    let killed =
-        tokio::time::timeout(Duration::from_millis(200), outbox.dispatch(&c, &Hangs, 10)).await;
-    assert!(killed.is_err(), "the hung dispatch was cut off");
-
     let sender = MemorySender::new();
+    sender.hang(true);
+    let killed =
+        tokio::time::timeout(Duration::from_millis(200), outbox.dispatch(&c, &sender, 10)).await;
+    assert!(killed.is_err(), "the hung dispatch was cut off");
+    sender.hang(false);
     let early = outbox.dispatch(&c, &sender, 10).await.expect("dispatch");
     assert_eq!(
         early.taken, 0,

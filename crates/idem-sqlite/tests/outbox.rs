@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem::outbox::{MemorySender, Message, SendFuture, Sender};
+use idem::outbox::{MemorySender, Message};
 use idem_sqlite::outbox::{Outbox, OutboxError};
 use rusqlite::{Connection, TransactionBehavior};
 
@@ -109,15 +109,6 @@ async fn concurrent_dispatchers_send_each_message_once() {
     assert_eq!(ids.len(), sent.len());
 }
 
-/// A broker that never answers: the dispatcher is "killed" while it waits.
-struct Hangs;
-
-impl Sender for Hangs {
-    fn send<'a>(&'a self, _: &'a Message) -> SendFuture<'a> {
-        Box::pin(std::future::pending())
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_dispatcher_or_an_absent_broker_leaves_messages_due_again() {
     let (outbox, _dir, path) = setup();
@@ -125,14 +116,15 @@ async fn a_dead_dispatcher_or_an_absent_broker_leaves_messages_due_again() {
     place(&outbox, &mut c, 1, true);
     place(&outbox, &mut c, 2, true);
     let conn = Mutex::new(c);
+    let sender = MemorySender::new();
+    sender.hang(true);
     let killed = tokio::time::timeout(
         Duration::from_millis(200),
-        outbox.dispatch(&conn, &Hangs, 10),
+        outbox.dispatch(&conn, &sender, 10),
     )
     .await;
     assert!(killed.is_err(), "the hung dispatch was cut off");
-
-    let sender = MemorySender::new();
+    sender.hang(false);
     let early = outbox.dispatch(&conn, &sender, 10).await.expect("dispatch");
     assert_eq!(
         early.taken, 0,

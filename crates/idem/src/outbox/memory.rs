@@ -7,7 +7,8 @@ use parking_lot::Mutex;
 use super::{Message, SendError, SendFuture, Sender};
 use crate::store::BoxError;
 
-/// Keeps every message it is sent, in order, and can be told to fail:
+/// Keeps every message it is sent, in order, and can be told to fail or
+/// to hang:
 /// for tests and examples, never as the proof that a broker delivers.
 #[derive(Debug, Clone, Default)]
 pub struct MemorySender {
@@ -18,6 +19,7 @@ pub struct MemorySender {
 struct Inner {
     sent: Vec<Message>,
     failing: bool,
+    hanging: bool,
 }
 
 impl MemorySender {
@@ -36,11 +38,21 @@ impl MemorySender {
     pub fn fail(&self, failing: bool) {
         self.inner.lock().failing = failing;
     }
+
+    /// From now on, never answer a send, as a broker that went silent
+    /// (the caller is cut off, or dies, while it waits; nothing is kept),
+    /// or answer again (`false`).
+    pub fn hang(&self, hanging: bool) {
+        self.inner.lock().hanging = hanging;
+    }
 }
 
 impl Sender for MemorySender {
     fn send<'a>(&'a self, message: &'a Message) -> SendFuture<'a> {
         let mut inner = self.inner.lock();
+        if inner.hanging {
+            return Box::pin(std::future::pending());
+        }
         let result = if inner.failing {
             Err(SendError::Unavailable(BoxError::from(
                 "the memory sender is failing",

@@ -123,9 +123,12 @@ impl ChaosPlan {
     /// good message completed once and fenced at the first, its run's one
     /// message (the stored run's, by id) completed once and fenced at the
     /// second, nothing else started there, none lost.
+    /// It may take twice the consumer run's time to settle: two hops in
+    /// series, each working off its own backlog.
     pub fn pipeline() -> Self {
         Self {
             pipeline: true,
+            settle_limit: Duration::from_secs(240),
             ..Self::short()
         }
     }
