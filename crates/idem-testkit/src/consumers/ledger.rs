@@ -365,8 +365,8 @@ impl Work {
     /// The executor a consumer of this work runs
     /// ([`scenario::executor`]), and for a pipeline's first hop with the
     /// run outbox sending through the hop's sender (noted in `ledger`)
-    /// and its dispatcher, polling every half second, running until the
-    /// handle is dropped.
+    /// and its dispatcher, looking once a lease, running until the handle
+    /// is dropped.
     pub fn executor<S: idem::Store + idem::ListRecords + idem::FindAbandoned + Clone>(
         &self,
         store: S,
@@ -380,7 +380,10 @@ impl Work {
             ledger: ledger.clone(),
         };
         let idem = scenario::executor_with(store, Some(Arc::new(sender)));
-        let dispatcher = idem.spawn_outbox_dispatcher(Duration::from_millis(500));
+        // Once a lease: a pass lists the store's markers, a scan on
+        // DynamoDB, and the SQS runs' store is a moto that serves one
+        // request at a time.
+        let dispatcher = idem.spawn_outbox_dispatcher(scenario::LEASE);
         (idem, Some(dispatcher))
     }
 }
