@@ -327,6 +327,15 @@ impl Run {
         if let Some(mut gateway) = self.gateway.take() {
             let _ = gateway.child.kill().await;
         }
+        self.note_in_progress(store).await
+    }
+
+    /// Notes every key in progress as in doubt. Called as the gateway is
+    /// killed, and again just before a new one starts: every key in
+    /// progress then is still the dead gateway's (no key is claimed while
+    /// no gateway runs), including a claim it had sent that a PostgreSQL
+    /// backend committed after the first look.
+    async fn note_in_progress(&mut self, store: &AnyStore) -> Result<(), ChaosError> {
         let scope = Scope::new(SCOPE).map_err(harness)?;
         let mut query = ListQuery::new(1_000_000);
         query.state = Some(StateKind::InProgress);

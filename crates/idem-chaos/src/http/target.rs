@@ -80,6 +80,10 @@ impl chaos::Target for Run {
             .is_some_and(|at| now >= at || !clock.faulting())
         {
             self.restart_at = None;
+            let store = self.store.take().ok_or_else(|| harness("no store open"))?;
+            let noted = self.note_in_progress(&store).await;
+            self.store = Some(store);
+            noted?;
             self.start_gateway().await?;
         }
         self.dispatch(self.inflight).await;
