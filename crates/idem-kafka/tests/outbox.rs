@@ -29,13 +29,7 @@ async fn consumer(setup: &Setup, sender: impl Sender) -> KafkaConsumer<RedisStor
     let consumer = Consumer::builder(idem, Scope::new("orders").expect("scope"))
         .keys(KeyExtractor::header("Idempotency-Key"))
         .build();
-    KafkaConsumer::builder(&setup.bootstrap, &setup.group(), &[&setup.topic], consumer)
-        .consumer_set("session.timeout.ms", "6000")
-        .consumer_set("heartbeat.interval.ms", "500")
-        .consumer_set("auto.commit.interval.ms", "200")
-        .connect()
-        .await
-        .expect("connect to Kafka")
+    setup.kafka_with(consumer).await
 }
 
 /// Runs `consumer` in a task with the handler of its hop.

@@ -13,21 +13,14 @@ use std::time::Duration;
 
 use common::{publish, Setup};
 use idem::outbox::Sender;
-use idem::Scope;
-use idem_consumer::Consumer;
 use idem_nats::{JetStreamSender, NatsConsumer, NatsMessage};
 use idem_redis::RedisStore;
 use idem_testkit::consumers::pipeline::{self, Effects, FirstPhase, INPUTS};
 
 async fn consumer(setup: &Setup, sender: impl Sender) -> NatsConsumer<RedisStore, idem::Json> {
-    let idem = pipeline::executor(setup.store().await, sender);
-    let consumer = Consumer::builder(idem, Scope::new("orders").expect("scope")).build();
-    NatsConsumer::builder(&setup.nats_url, &setup.stream, "billing", consumer)
-        .concurrency(8)
-        .ack_wait(Duration::from_millis(1500))
-        .connect()
+    setup
+        .nats_with(pipeline::executor(setup.store().await, sender))
         .await
-        .expect("connect to JetStream")
 }
 
 /// Runs `consumer` in a task with the handler of its hop.

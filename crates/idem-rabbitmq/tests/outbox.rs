@@ -15,22 +15,13 @@ use std::time::Duration;
 
 use common::{publish, publisher, Setup};
 use idem::outbox::{Message, Sender};
-use idem::Scope;
-use idem_consumer::Consumer;
 use idem_rabbitmq::{AmqpMessage, RabbitConsumer, RabbitSender};
 use idem_redis::RedisStore;
 use idem_testkit::consumers::pipeline::{self, Effects, FirstPhase, INPUTS};
 
 async fn consumer(setup: &Setup, sender: impl Sender) -> RabbitConsumer<RedisStore, idem::Json> {
     let idem = pipeline::executor(setup.store().await, sender);
-    let consumer = Consumer::builder(idem, Scope::new("orders").expect("scope")).build();
-    RabbitConsumer::builder(&setup.amqp_url, &setup.queue, consumer)
-        .prefetch(8)
-        .retry_delays([Duration::from_millis(200), Duration::from_secs(1)])
-        .message_ttl(Duration::from_secs(3600))
-        .connect()
-        .await
-        .expect("connect to RabbitMQ")
+    setup.rabbit_with(&setup.amqp_url, idem).await
 }
 
 /// Runs `consumer` in a task with the handler of its hop.

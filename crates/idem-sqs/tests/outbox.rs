@@ -15,23 +15,13 @@ use std::time::Duration;
 
 use common::Setup;
 use idem::outbox::{Message, SendError, Sender};
-use idem::Scope;
-use idem_consumer::{Consumer, KeyExtractor};
 use idem_dynamodb::DynamoStore;
 use idem_sqs::{SqsConsumer, SqsMessage, SqsSender};
 use idem_testkit::consumers::pipeline::{self, Effects, FirstPhase, INPUTS};
 
 async fn consumer(setup: &Setup, sender: impl Sender) -> SqsConsumer<DynamoStore, idem::Json> {
     let idem = pipeline::executor(setup.store(), sender);
-    let consumer = Consumer::builder(idem, Scope::new("orders").expect("scope"))
-        .keys(KeyExtractor::header("Idempotency-Key"))
-        .build();
-    SqsConsumer::builder(setup.client(), &setup.queue_url, consumer)
-        .concurrency(8)
-        .wait_time(Duration::from_secs(1))
-        .connect()
-        .await
-        .expect("connect to SQS")
+    setup.sqs_with(&setup.endpoint, idem).await
 }
 
 /// Runs `consumer` in a task with the handler of its hop.

@@ -139,7 +139,7 @@ impl Setup {
     }
 
     /// [`kafka`](Self::kafka) with the consumer layer `consumer`.
-    async fn kafka_with(
+    pub(crate) async fn kafka_with(
         &self,
         consumer: Consumer<RedisStore>,
     ) -> KafkaConsumer<RedisStore, idem::Json> {
@@ -330,7 +330,11 @@ impl BrokerUnderTest for Setup {
     }
 
     async fn consume(&self, work: Work, shutdown: impl Future<Output = ()> + Send + 'static) {
-        let (idem, _dispatcher) = work.executor(self.store().await, &self.ledger);
+        let (idem, _dispatcher) = idem_testkit::consumers::scenario::executor_for(
+            &work,
+            self.store().await,
+            &self.ledger,
+        );
         self.kafka_with(self.consumer_with(idem))
             .await
             .run(work.handler(self.ledger.clone()), shutdown)

@@ -95,7 +95,7 @@ impl Setup {
     }
 
     /// [`nats`](Self::nats) with the executor `idem`.
-    async fn nats_with(
+    pub(crate) async fn nats_with(
         &self,
         idem: idem::Idempotency<RedisStore>,
     ) -> NatsConsumer<RedisStore, idem::Json> {
@@ -157,7 +157,11 @@ impl BrokerUnderTest for Setup {
     }
 
     async fn consume(&self, work: Work, shutdown: impl Future<Output = ()> + Send + 'static) {
-        let (idem, _dispatcher) = work.executor(self.store().await, &self.ledger);
+        let (idem, _dispatcher) = idem_testkit::consumers::scenario::executor_for(
+            &work,
+            self.store().await,
+            &self.ledger,
+        );
         self.nats_with(idem)
             .await
             .run(work.handler(self.ledger.clone()), shutdown)

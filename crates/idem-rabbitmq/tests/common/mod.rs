@@ -103,7 +103,7 @@ impl Setup {
     }
 
     /// [`rabbit_at`](Self::rabbit_at) with the executor `idem`.
-    async fn rabbit_with(
+    pub(crate) async fn rabbit_with(
         &self,
         url: &str,
         idem: idem::Idempotency<RedisStore>,
@@ -152,7 +152,11 @@ impl BrokerUnderTest for Setup {
     }
 
     async fn consume(&self, work: Work, shutdown: impl Future<Output = ()> + Send + 'static) {
-        let (idem, _dispatcher) = work.executor(self.store().await, &self.ledger);
+        let (idem, _dispatcher) = idem_testkit::consumers::scenario::executor_for(
+            &work,
+            self.store().await,
+            &self.ledger,
+        );
         self.rabbit_with(&self.amqp_url, idem)
             .await
             .run(work.handler(self.ledger.clone()), shutdown)

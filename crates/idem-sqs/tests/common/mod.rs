@@ -122,7 +122,7 @@ impl Setup {
     }
 
     /// [`sqs_at`](Self::sqs_at) with the executor `idem`.
-    async fn sqs_with(
+    pub(crate) async fn sqs_with(
         &self,
         endpoint: &str,
         idem: Idempotency<DynamoStore>,
@@ -268,7 +268,8 @@ impl BrokerUnderTest for Setup {
     }
 
     async fn consume(&self, work: Work, shutdown: impl Future<Output = ()> + Send + 'static) {
-        let (idem, _dispatcher) = work.executor(self.store(), &self.ledger);
+        let (idem, _dispatcher) =
+            idem_testkit::consumers::scenario::executor_for(&work, self.store(), &self.ledger);
         self.sqs_with(&self.endpoint, idem)
             .await
             .run(work.handler(self.ledger.clone()), shutdown)

@@ -14,8 +14,6 @@ use idem::outbox::{Message as Emitted, SendFuture, Sender};
 use idem::{LeaseLost, Terminal};
 use idem_consumer::{Job, Message};
 
-use crate::consumers::scenario;
-
 /// A directory holding a test's ledger files.
 #[derive(Debug)]
 pub struct Ledger {
@@ -317,6 +315,16 @@ pub struct Hop {
     pub sender: Arc<dyn Sender>,
 }
 
+impl Hop {
+    /// The hop's sender, noting each send in `ledger` before it starts.
+    pub fn noted(&self, ledger: &Ledger) -> Arc<dyn Sender> {
+        Arc::new(Noted {
+            inner: Arc::clone(&self.sender),
+            ledger: ledger.clone(),
+        })
+    }
+}
+
 impl std::fmt::Debug for Hop {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Hop")
@@ -360,31 +368,6 @@ impl Work {
                 Box::pin(fenced_handler(job, ledger.clone(), Some(hop.to.clone())))
             }
         }
-    }
-
-    /// The executor a consumer of this work runs
-    /// ([`scenario::executor`]), and for a pipeline's first hop with the
-    /// run outbox sending through the hop's sender (noted in `ledger`)
-    /// and its dispatcher, looking once a lease, running until the handle
-    /// is dropped.
-    pub fn executor<S: idem::Store + idem::ListRecords + idem::FindAbandoned + Clone>(
-        &self,
-        store: S,
-        ledger: &Ledger,
-    ) -> (idem::Idempotency<S>, Option<idem::PurgerHandle>) {
-        let Work::Pipeline(hop) = self else {
-            return (scenario::executor(store), None);
-        };
-        let sender = Noted {
-            inner: Arc::clone(&hop.sender),
-            ledger: ledger.clone(),
-        };
-        let idem = scenario::executor_with(store, Some(Arc::new(sender)));
-        // Once a lease: a pass lists the store's markers, a scan on
-        // DynamoDB, and the SQS runs' store is a moto that serves one
-        // request at a time.
-        let dispatcher = idem.spawn_outbox_dispatcher(scenario::LEASE);
-        (idem, Some(dispatcher))
     }
 }
 

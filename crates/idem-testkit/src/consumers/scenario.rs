@@ -129,6 +129,28 @@ pub fn executor_with<S: Store>(
     .expect("config")
 }
 
+/// The executor a consumer of `work` runs ([`executor`]), and for a
+/// pipeline's first hop with the run outbox sending through the hop's
+/// sender (noted in `ledger`) and its dispatcher, looking once a lease,
+/// running until the handle is dropped.
+pub fn executor_for<S>(
+    work: &Work,
+    store: S,
+    ledger: &Ledger,
+) -> (Idempotency<S>, Option<idem::PurgerHandle>)
+where
+    S: Store + idem::ListRecords + idem::FindAbandoned + Clone,
+{
+    let Work::Pipeline(hop) = work else {
+        return (executor(store), None);
+    };
+    let idem = executor_with(store, Some(hop.noted(ledger)));
+    // Once a lease: a pass lists the store's markers, a scan on DynamoDB,
+    // and the SQS runs' store is a moto that serves one request at a time.
+    let dispatcher = idem.spawn_outbox_dispatcher(LEASE);
+    (idem, Some(dispatcher))
+}
+
 /// How long a worker process whose stdin closed may take to stop cleanly
 /// before it exits anyway.
 pub const WORKER_GRACE: Duration = Duration::from_secs(15);

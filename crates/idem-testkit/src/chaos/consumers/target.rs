@@ -440,7 +440,7 @@ impl<B: ChaosBroker> ConsumerRun<B> {
         let evidence = Evidence::gather(ledger, &hop_store, &ids, &[]).await;
         let dead = output.dead_letters().await;
         let started: Vec<String> = evidence.starts.keys().cloned().collect();
-        let mut found: Vec<Violation> = judge_hop(&sent, &started)
+        let found: Vec<Violation> = judge_hop(&sent, &started)
             .into_iter()
             .chain(
                 judge(&evidence, &dead, &[])
@@ -449,7 +449,6 @@ impl<B: ChaosBroker> ConsumerRun<B> {
             )
             .map(Violation::run)
             .collect();
-        found.dedup();
         let starts = evidence.starts.values().map(Vec::len).sum::<usize>();
         let sends = self.direct.ledger().sends();
         (
