@@ -328,3 +328,27 @@ async fn a_send_after_the_run_ended_is_refused() {
     assert!(matches!(late, Err(SendError::Ended)), "{late:?}");
     assert!(sender.messages().is_empty());
 }
+
+#[tokio::test]
+async fn a_released_run_sends_nothing_and_refuses_later_sends() {
+    let (store, _) = store();
+    let sender = MemorySender::new();
+    let idem = executor(store, sender.clone());
+    let id = run_id("released");
+    let Begun::Held(run) = idem
+        .begin::<String, HandlerError>(&id, None, None)
+        .await
+        .expect("claimed")
+    else {
+        panic!("the first claim holds")
+    };
+    let ctx = run.context().clone();
+    ctx.send(Message::new("events", "never")).expect("kept");
+    run.release().await.expect("released");
+    let late = ctx.send(Message::new("events", "too late"));
+    assert!(matches!(late, Err(SendError::Ended)), "{late:?}");
+    idem.run(&id, None, |_| async { Ok::<_, HandlerError>(()) })
+        .await
+        .expect("the next claim runs");
+    assert!(sender.messages().is_empty(), "{:?}", sender.messages());
+}

@@ -225,6 +225,9 @@ impl<S: Store, C: Codec> HeldRun<S, C> {
     /// not ready). The next claim runs it.
     pub async fn release(mut self) -> Result<(), StoreError> {
         self.stop();
+        // Nothing was recorded, so nothing is sent: messages held so far
+        // are dropped, and a later send is refused as after any end.
+        drop(self.ctx.outgoing.take());
         let Some(lease) = &self.lease else {
             return Ok(());
         };
