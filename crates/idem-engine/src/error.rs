@@ -78,6 +78,11 @@ pub enum EngineError {
         /// The process that began the run.
         began_in: u32,
     },
+    /// A message the run sends was refused: the engine has no outbox, or
+    /// the message is malformed or over the size limit, or the run has
+    /// ended.
+    #[error("the message cannot be sent: {0}")]
+    Send(#[from] idem::outbox::SendError),
     /// An answer of the executor newer than this engine.
     #[error("unexpected answer from the executor: {0}")]
     Unexpected(String),
@@ -97,7 +102,8 @@ impl EngineError {
             EngineError::Url(_)
             | EngineError::Config(_)
             | EngineError::Key(_)
-            | EngineError::Json { .. } => "InvalidInput",
+            | EngineError::Json { .. }
+            | EngineError::Send(_) => "InvalidInput",
             EngineError::Open(_) | EngineError::Store(_) => "Unavailable",
             EngineError::InProgress { .. } => "InProgress",
             EngineError::Mismatch => "Mismatch",

@@ -19,6 +19,8 @@
 //!   decisions are the tower layer's.
 //! - [`consume`]: the broker consumer of every language, whose decisions
 //!   are the consumer layer's.
+//! - [`SenderUrl`]: the broker a run's messages go to
+//!   ([`RunContext::send`], the executor's outbox), by URL.
 //!
 //! ```
 //! use idem_engine::{Begin, Engine, EngineOptions};
@@ -46,6 +48,7 @@ pub mod input;
 mod local;
 mod options;
 mod run;
+mod sender;
 pub mod store;
 
 pub use engine::Engine;
@@ -53,3 +56,4 @@ pub use error::{EngineError, HandlerFailure};
 pub use local::Local;
 pub use options::EngineOptions;
 pub use run::{result_of, Begin, Failed, Run, RunContext, Step, StepBegun, StepPolicy};
+pub use sender::SenderUrl;

@@ -5,11 +5,13 @@ use std::future::Future;
 use std::marker::PhantomData;
 
 use bytes::Bytes;
-use idem::{default_classifier, GetRecord, Idempotency, RecordId, State};
+use idem::outbox::DEFAULT_DISPATCH_INTERVAL;
+use idem::{default_classifier, GetRecord, Idempotency, PurgerHandle, RecordId, State};
 use tokio::runtime::Runtime;
 
 use crate::error::{EngineError, HandlerFailure};
 use crate::options::EngineOptions;
+use crate::sender::SenderUrl;
 use crate::store::{AnyStore, StoreUrl};
 
 /// The engine as opened in one process: its runtime and its executor.
@@ -21,6 +23,8 @@ pub struct Local {
 struct Parts {
     runtime: Runtime,
     idem: Idempotency<AnyStore>,
+    /// The outbox dispatcher, when there is an outbox: stops when dropped.
+    dispatcher: Option<PurgerHandle>,
 }
 
 impl std::fmt::Debug for Local {
@@ -74,12 +78,28 @@ impl Local {
                 .map_err(|e| EngineError::Config(e.to_string()))?;
             builder = builder.hash_keys(hasher);
         }
+        let outbox = match &options.outbox {
+            Some(url) => {
+                let url: SenderUrl = url.parse()?;
+                builder = builder.outbox(runtime.block_on(url.open())?);
+                true
+            }
+            None => false,
+        };
         let idem = builder
             .build()
             .map_err(|e| EngineError::Config(e.to_string()))?;
+        let dispatcher = outbox.then(|| {
+            let _entered = runtime.enter();
+            idem.spawn_outbox_dispatcher(DEFAULT_DISPATCH_INTERVAL)
+        });
         Ok(Self {
             pid: std::process::id(),
-            parts: Some(Parts { runtime, idem }),
+            parts: Some(Parts {
+                runtime,
+                idem,
+                dispatcher,
+            }),
         })
     }
 
@@ -184,7 +204,12 @@ impl Drop for Local {
             return;
         };
         if self.pid == std::process::id() {
-            let Parts { runtime, idem } = parts;
+            let Parts {
+                runtime,
+                idem,
+                dispatcher,
+            } = parts;
+            drop(dispatcher);
             drop(idem);
             // Without waiting: this may run on one of the runtime's own
             // threads (the last holder was a task).

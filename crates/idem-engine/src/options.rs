@@ -31,4 +31,11 @@ pub struct EngineOptions {
     /// rest: records are stored under a keyed hash of their scope and key.
     /// It never rotates. Not for a remote `idem serve`.
     pub key_secret: Option<std::path::PathBuf>,
+    /// The broker a run's messages go to ([`RunContext::send`](crate::RunContext::send)):
+    /// an outbox URL ([`SenderUrl`](crate::SenderUrl): `amqp://`,
+    /// `nats://`, `kafka://`, `sqs://`, each behind its feature). The
+    /// messages are stored with the run's completion and sent after it;
+    /// the engine runs the dispatcher for those a process that died left
+    /// unsent. Not for a remote `idem serve`.
+    pub outbox: Option<String>,
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use idem::outbox::Message;
 use idem::step::{Park, Retry, Skip, StepCtx};
 use idem::{
     Begun, Context, FailureClass, Fingerprint, HeldRun, LeaseLost, OpenStep, RecordId, RunError,
@@ -268,6 +269,28 @@ impl RunContext {
         self.ctx
             .checked_fence()
             .map_err(|LeaseLost| EngineError::LeaseLost)
+    }
+
+    /// Sends a message through the engine's outbox
+    /// ([`EngineOptions::outbox`](crate::EngineOptions::outbox)): held
+    /// until the run ends, stored with its completion, sent after it, and
+    /// never again for a duplicate that is replayed (see
+    /// [`Context::send`]). `headers` travel with it; the message's id (a
+    /// UUIDv7, returned) is the broker's deduplication id and the
+    /// `Idempotency-Key` a consumer downstream keys on.
+    pub fn send(
+        &self,
+        destination: &str,
+        payload: Vec<u8>,
+        headers: Vec<(String, String)>,
+    ) -> Result<String, EngineError> {
+        let message = headers.into_iter().fold(
+            Message::new(destination, payload),
+            |message, (name, value)| message.header(name, value),
+        );
+        let id = message.id().to_owned();
+        self.ctx.send(message)?;
+        Ok(id)
     }
 
     /// The engine the run was begun on, if this is the process that

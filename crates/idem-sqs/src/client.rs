@@ -47,3 +47,9 @@ pub fn client_from_env(endpoint: Option<&str>) -> Result<Client, ConfigError> {
     let config = idem_aws::sdk_config_from_env(endpoint, timeouts())?;
     Ok(Client::new(&config))
 }
+
+/// A client as an idem URL's query names it ([`idem_aws::UrlOptions`]:
+/// `endpoint=`, `region=`), credentials from the environment.
+pub fn client_from_options(options: &idem_aws::UrlOptions) -> Result<Client, ConfigError> {
+    Ok(Client::new(&options.sdk_config(timeouts())?))
+}

@@ -79,7 +79,7 @@ mod sender;
 
 pub use broker::SOURCE_ATTRIBUTE;
 pub use builder::{SqsConsumerBuilder, DEFAULT_CONCURRENCY, DEFAULT_WAIT};
-pub use client::{client_for, client_from_env, ConfigError};
+pub use client::{client_for, client_from_env, client_from_options, ConfigError};
 pub use consumer::SqsConsumer;
 pub use error::SqsError;
 pub use idem_consumer::{CONSUMER_HEADER, KEY_HEADER, REASON_HEADER};

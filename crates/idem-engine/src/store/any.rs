@@ -5,8 +5,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use idem::store::{ClaimOutcome, ClaimParams, Lease, StepBegin};
 use idem::{
-    DeleteRecord, Failure, GetRecord, ListPage, ListQuery, ListRecords, MemoryStore, PurgeExpired,
-    Record, RecordId, Resolution, Resolved, StepEntry, StepJournal, Store, StoreError, Timestamp,
+    DeleteRecord, Failure, FindAbandoned, GetRecord, ListPage, ListQuery, ListRecords, MemoryStore,
+    PurgeExpired, Record, RecordId, Resolution, Resolved, Scope, StepEntry, StepJournal, Store,
+    StoreError, Timestamp,
 };
 use idem_mysql::MySqlStore;
 use idem_postgres::PgStore;
@@ -154,6 +155,16 @@ impl DeleteRecord for AnyStore {
 impl ListRecords for AnyStore {
     async fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
         local!(self, "listing records", s => s.list(query).await)
+    }
+}
+
+impl FindAbandoned for AnyStore {
+    async fn abandoned(
+        &self,
+        scope: &Scope,
+        limit: usize,
+    ) -> Result<Vec<(RecordId, Record)>, StoreError> {
+        local!(self, "finding abandoned records", s => s.abandoned(scope, limit).await)
     }
 }
 
