@@ -51,6 +51,11 @@ export interface IdemOptions {
   keyring?: string;
   /** A file holding the secret (64 hex digits) keys are hashed with at rest [default: none]. */
   keySecret?: string;
+  /**
+   * The broker what runs send goes to (`RunContext.send`): `sqs://?endpoint=URL&region=R`
+   * (credentials from the environment) or `amqp://…` (RabbitMQ) [default: none].
+   */
+  outbox?: string;
 }
 
 /** Options of one call. */
@@ -93,6 +98,11 @@ export class RunContext {
   readonly leaseLost: boolean;
   /** Throws `LeaseLost` once the lease is known lost. */
   check(): void;
+  /**
+   * Sends a message after the run's completion is stored (the outbox), never
+   * again for a replayed duplicate: its id (a UUIDv7).
+   */
+  send(destination: string, payload: Buffer | Uint8Array | string | unknown, headers?: Record<string, string>): string;
   /** A journaled step: `fn(downstreamKey)` runs once across every attempt. */
   step<T>(name: string, fn: (downstreamKey: string) => T | Promise<T>, policy?: StepPolicy): Promise<T>;
 }

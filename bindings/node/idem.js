@@ -102,6 +102,30 @@ class RunContext {
   }
 
   /**
+   * Sends a message through the engine's outbox (`new Idem({ outbox })`):
+   * held until the run ends, stored with its result in the same write, sent
+   * after it, and never again when a duplicate is replayed; a run that fails
+   * or is released sends nothing. `destination` is the broker's (an SQS
+   * queue URL, a RabbitMQ routing key); `payload` is a Buffer, a string
+   * (UTF-8), or a value sent as JSON. Returns the message's id (a UUIDv7):
+   * the broker's deduplication id and the `Idempotency-Key` a consumer
+   * downstream keys on. Throws `InvalidInput` without an outbox, for a
+   * malformed or oversize message, or after the run ended.
+   */
+  send(destination, payload, headers = {}) {
+    if (this.native == null) throw new IdemError(`${this.what}: there is no run to act on`);
+    let body;
+    if (Buffer.isBuffer(payload) || payload instanceof Uint8Array) body = Buffer.from(payload);
+    else if (typeof payload === "string") body = Buffer.from(payload, "utf8");
+    else {
+      const [json, reason] = encoded(payload);
+      if (json === undefined) throw new InvalidInput(`the message's payload: ${reason}`);
+      body = Buffer.from(json, "utf8");
+    }
+    return sync(() => this.native.send(destination, body, Object.entries(headers)));
+  }
+
+  /**
    * A journaled step: runs `fn(downstreamKey)` once across every attempt of
    * the run and returns its (JSON) result, from the journal when an earlier
    * attempt finished it. In doubt (an earlier attempt began it and never
@@ -184,6 +208,7 @@ class Idem {
           maxResultBytes: rest.maxResultBytes,
           keyring: rest.keyring,
           keySecret: rest.keySecret,
+          outbox: rest.outbox,
         }),
     );
   }

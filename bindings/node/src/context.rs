@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use idem_engine::{Local, RunContext, StepBegun, StepPolicy};
-use napi::bindgen_prelude::{Either3, Null, PromiseRaw};
+use idem_engine::{EngineError, Local, RunContext, StepBegun, StepPolicy};
+use napi::bindgen_prelude::{Buffer, Either3, Null, PromiseRaw};
 use napi::Env;
 use napi_derive::napi;
 
@@ -67,6 +67,30 @@ impl Context {
     #[napi]
     pub fn check(&self) -> napi::Result<()> {
         self.ctx.check().map_err(to_js)
+    }
+
+    /// Holds a message for the run's completion (the engine's outbox):
+    /// its id (a UUIDv7, the broker's deduplication id).
+    #[napi]
+    pub fn send(
+        &self,
+        destination: String,
+        payload: Buffer,
+        headers: Vec<Vec<String>>,
+    ) -> napi::Result<String> {
+        let headers = headers
+            .into_iter()
+            .map(|pair| match <[String; 2]>::try_from(pair) {
+                Ok([name, value]) => Ok((name, value)),
+                Err(_) => Err(EngineError::Config(
+                    "a header is a [name, value] pair".to_owned(),
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(to_js)?;
+        self.ctx
+            .send(&destination, payload.to_vec(), headers)
+            .map_err(to_js)
     }
 
     /// Begins step `name`: a `Step` to run, its journaled result (JSON),

@@ -34,6 +34,8 @@ pub struct Options {
     pub keyring: Option<String>,
     /// A file holding the secret keys are hashed with at rest.
     pub key_secret: Option<String>,
+    /// The broker what runs send goes to, by URL.
+    pub outbox: Option<String>,
 }
 
 /// Milliseconds from JavaScript as a duration.
@@ -55,6 +57,7 @@ fn options(given: Option<Options>) -> Result<EngineOptions, EngineError> {
         token: given.token,
         keyring: given.keyring.map(Into::into),
         key_secret: given.key_secret.map(Into::into),
+        outbox: given.outbox,
     })
 }
 

@@ -31,11 +31,13 @@ function motoServer() {
 
 let moto;
 let client;
+let motoUrl;
 const folder = scratch();
 const redis = await startRedis();
 before(async () => {
   const port = await freePort();
   moto = spawn(motoServer(), ["-H", "127.0.0.1", "-p", String(port)], { stdio: "ignore" });
+  motoUrl = `http://127.0.0.1:${port}`;
   client = new SQSClient({
     endpoint: `http://127.0.0.1:${port}`,
     region: "us-east-1",
@@ -215,4 +217,55 @@ test("terminal failures and keyless messages are dead-lettered with idem's attri
   assert.match(byOrder[10]["Idem-Reason"].StringValue, /no idempotency key/);
   assert.equal(byOrder[10]["Idem-Key"], undefined);
   assert.equal(await waiting(queueUrl), 0);
+});
+
+test("a handler's sends reach SQS after its completion, once per key, none for a failed run", async () => {
+  const queueUrl = await queue("emit");
+  const out = await queue("emitted");
+  // The engine's SQS sender takes its credentials from the environment.
+  process.env.AWS_ACCESS_KEY_ID = "testing";
+  process.env.AWS_SECRET_ACCESS_KEY = "testing";
+  const idem = new Idem({
+    url: `sqlite:${join(folder, `idem-${++queues}.db`)}`,
+    outbox: `sqs://?endpoint=${encodeURIComponent(motoUrl)}&region=us-east-1`,
+  });
+  const consumer = new SqsConsumer(idem, { client, queueUrl, maxRetryDelayMs: 1000 });
+  const ids = {};
+  const settled = [];
+  for (let i = 0; i < 3; i += 1) await send(queueUrl, { order: 7 }, "order-7");
+  await send(queueUrl, { order: 8 }, "order-8");
+  await send(queueUrl, { order: 9 }, "order-9");
+  const handler = (message, run) => {
+    const { order } = JSON.parse(message.Body);
+    ids[order] = run.send(out, { shipped: order }, { source: "node" });
+    if (order === 9) throw new Terminal("order 9 does not exist");
+    return { shipped: order };
+  };
+  await runUntil([recording(consumer, settled)], handler, () => settled.length >= 5);
+  const receive = async () => {
+    const { Messages = [] } = await client.send(
+      new ReceiveMessageCommand({
+        QueueUrl: out, MaxNumberOfMessages: 10, WaitTimeSeconds: 1, MessageAttributeNames: ["All"],
+      }),
+    );
+    return Messages;
+  };
+  const received = [];
+  const deadline = Date.now() + 10_000;
+  while (received.length < 2 && Date.now() < deadline) received.push(...(await receive()));
+  // Anything more (a second send of a key, the failed run's) would be here by now.
+  received.push(...(await receive()));
+  const bodies = received.map((m) => JSON.parse(m.Body)).sort((a, b) => a.shipped - b.shipped);
+  assert.deepEqual(bodies, [{ shipped: 7 }, { shipped: 8 }]);
+  for (const m of received) {
+    const order = JSON.parse(m.Body).shipped;
+    assert.equal(m.MessageAttributes["Idempotency-Key"].StringValue, ids[order]);
+    assert.equal(m.MessageAttributes.source.StringValue, "node");
+  }
+
+  const plain = new Idem({ url: `sqlite:${join(folder, `idem-${++queues}.db`)}` });
+  const run = await plain.claim("no-outbox");
+  assert.throws(() => run.send("somewhere", "x"), (e) => e.name === "InvalidInput" && /outbox/.test(e.message));
+  await run.release();
+  assert.throws(() => new Idem({ url: "memory:", outbox: "smtp://mail" }), (e) => e.name === "InvalidInput");
 });

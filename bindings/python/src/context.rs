@@ -78,6 +78,21 @@ impl Context {
         self.ctx.check().map_err(|e| to_py(py, e))
     }
 
+    /// Holds a message for the run's completion (the engine's outbox):
+    /// its id (a UUIDv7, the broker's deduplication id).
+    #[pyo3(signature = (destination, payload, headers=Vec::new()))]
+    fn send(
+        &self,
+        py: Python<'_>,
+        destination: &str,
+        payload: Vec<u8>,
+        headers: Vec<(String, String)>,
+    ) -> PyResult<String> {
+        self.ctx
+            .send(destination, payload, headers)
+            .map_err(|e| to_py(py, e))
+    }
+
     /// Begins step `name`: a `Step` to run, its journaled result (JSON
     /// bytes), or `None` (skipped in doubt).
     fn begin_step(&self, py: Python<'_>, name: &str, policy: &str) -> PyResult<Py<PyAny>> {

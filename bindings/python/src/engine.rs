@@ -50,6 +50,7 @@ impl Engine {
     #[pyo3(signature = (
         url, *, lease=None, retention=None, failure_retention=None, wait=None,
         max_attempts=None, max_result_bytes=None, token=None, keyring=None, key_secret=None,
+        outbox=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -64,6 +65,7 @@ impl Engine {
         token: Option<String>,
         keyring: Option<std::path::PathBuf>,
         key_secret: Option<std::path::PathBuf>,
+        outbox: Option<String>,
     ) -> PyResult<Self> {
         let options = (|| {
             Ok::<_, EngineError>(EngineOptions {
@@ -76,6 +78,7 @@ impl Engine {
                 token,
                 keyring,
                 key_secret,
+                outbox,
             })
         })()
         .map_err(|e| to_py(py, e))?;

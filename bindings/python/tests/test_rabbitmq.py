@@ -13,7 +13,7 @@ import uuid
 import aio_pika
 import pytest
 
-from idem_engine import Idem, Terminal, current_run
+from idem_engine import Idem, InvalidInput, Terminal, current_run
 from idem_engine.rabbitmq import RabbitConsumer
 
 
@@ -208,3 +208,66 @@ def test_bad_options_are_refused_when_the_consumer_is_built(tmp_path):
         RabbitConsumer(idem, None, "q", keys=["body"])
     with pytest.raises(ValueError, match="retry_delays"):
         RabbitConsumer(idem, None, "q", retry_delays=())
+
+
+def test_a_handler_sends_through_the_outbox_once_per_key(amqp_url, local_store):
+    """``run.send`` in a consumer's handler: the engine sends each run's
+    message to RabbitMQ after its completion, with the message's id as
+    ``message_id`` and ``Idempotency-Key``; duplicates replay and send
+    nothing more, and a run that fails sends nothing."""
+
+    async def scenario():
+        connection, channel = await connected(amqp_url)
+        name = f"py-send-{uuid.uuid4().hex[:8]}"
+        out = await channel.declare_queue(f"{name}.shipped", durable=True)
+        idem = Idem(local_store.url, outbox=amqp_url, **local_store.options)
+        consumer = RabbitConsumer(idem, channel, name)
+        queue = await consumer.declare()
+        sent = {}
+
+        async def ship(message, run):
+            order = json.loads(message.body)
+            sent[order["order"]] = run.send(
+                out.name, {"shipped": order["order"]}, headers={"source": "py"}
+            )
+            if order["order"] == 9:
+                raise Terminal("order 9 does not exist")
+            return {"shipped": order["order"]}
+
+        try:
+            for _ in range(3):
+                await publish(channel, name, {"order": 7}, key="order-7")
+            await publish(channel, name, {"order": 8}, key="order-8")
+            await publish(channel, name, {"order": 9}, key="order-9")
+            await asyncio.wait_for(settle_all(consumer, queue, 5, ship), 20)
+            received = []
+            deadline = asyncio.get_running_loop().time() + 10
+            while len(received) < 2 and asyncio.get_running_loop().time() < deadline:
+                message = await out.get(no_ack=True, fail=False)
+                if message is None:
+                    await asyncio.sleep(0.05)
+                    continue
+                received.append(message)
+            await asyncio.sleep(0.3)
+            late = await out.get(no_ack=True, fail=False)
+            return sent, received, late
+        finally:
+            await cleanup(channel, consumer)
+            await channel.queue_delete(f"{name}.shipped")
+            await connection.close()
+
+    sent, received, late = asyncio.run(scenario())
+    assert late is None, late.body
+    assert [json.loads(m.body) for m in received] == [{"shipped": 7}, {"shipped": 8}]
+    assert [m.message_id for m in received] == [sent[7], sent[8]]
+    assert [m.headers["Idempotency-Key"] for m in received] == [sent[7], sent[8]]
+    assert all(m.headers["source"] == "py" for m in received)
+
+
+def test_a_send_without_an_outbox_or_to_an_unknown_broker_is_refused(local_store):
+    idem = Idem(local_store.url, **local_store.options)
+    with pytest.raises(InvalidInput, match="outbox"):
+        with idem.claim("orders", f"no-outbox-{uuid.uuid4().hex[:8]}") as run:
+            run.send("somewhere", b"x")
+    with pytest.raises(InvalidInput, match="not a broker"):
+        Idem(local_store.url, outbox="smtp://mail", **local_store.options)

@@ -74,15 +74,17 @@ impl std::str::FromStr for SenderUrl {
     }
 }
 
+/// The senders and whether each is compiled in.
+const BUILT: [(&str, bool); 4] = [
+    ("rabbitmq", cfg!(feature = "rabbitmq")),
+    ("nats", cfg!(feature = "nats")),
+    ("kafka", cfg!(feature = "kafka")),
+    ("sqs", cfg!(feature = "sqs")),
+];
+
 /// Whether the sender of `feature` is compiled in.
 fn built(feature: &str) -> bool {
-    match feature {
-        "rabbitmq" => cfg!(feature = "rabbitmq"),
-        "nats" => cfg!(feature = "nats"),
-        "kafka" => cfg!(feature = "kafka"),
-        "sqs" => cfg!(feature = "sqs"),
-        _ => false,
-    }
+    BUILT.iter().any(|&(name, built)| name == feature && built)
 }
 
 impl SenderUrl {

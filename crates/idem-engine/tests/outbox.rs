@@ -90,7 +90,11 @@ fn a_run_sends_once_after_its_completion_and_a_replay_sends_nothing_more() {
         .expect("claims"));
     let id = first
         .context()
-        .send(&subject, b"charged".to_vec(), vec![("h".into(), "v".into())])
+        .send(
+            &subject,
+            b"charged".to_vec(),
+            vec![("h".into(), "v".into())],
+        )
         .expect("the message is held");
     assert_eq!(id.len(), 36, "a UUIDv7: {id}");
     here.block_on(first.complete(Ok(b"{\"ok\":true}".to_vec())))

@@ -12,7 +12,7 @@ use lapin::options::{
     BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{Channel, Confirmation, Connection, ConnectionProperties};
+use lapin::{Channel, Confirmation, Connection};
 
 use crate::error::{transient, RabbitError};
 use crate::message::{AmqpMessage, RETRIES_HEADER};
@@ -186,9 +186,7 @@ impl Link {
             source,
         };
         let open = async {
-            let connection = Connection::connect(url, ConnectionProperties::default())
-                .await
-                .map_err(connect_error)?;
+            let connection = crate::connect::connect(url).await.map_err(connect_error)?;
             let publish = publishing_channel(&connection)
                 .await
                 .map_err(connect_error)?;

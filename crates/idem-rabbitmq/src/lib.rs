@@ -93,6 +93,7 @@
 
 mod broker;
 mod builder;
+mod connect;
 mod consumer;
 mod error;
 mod message;

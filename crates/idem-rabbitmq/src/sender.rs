@@ -6,7 +6,7 @@ use std::time::Duration;
 use idem::outbox::{Message, SendError, SendFuture, Sender};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Confirmation, Connection};
 use tokio::sync::Mutex;
 
 use crate::topology::long_string;
@@ -76,8 +76,7 @@ impl RabbitSender {
             }
         }
         let open = async {
-            let connection =
-                Connection::connect(&self.url, ConnectionProperties::default()).await?;
+            let connection = crate::connect::connect(&self.url).await?;
             let channel = connection.create_channel().await?;
             channel
                 .confirm_select(ConfirmSelectOptions::default())

@@ -109,6 +109,12 @@ class Idem:
     file of keys (``id:64-hex-digits`` a line, newest first) that seal
     every stored result and step result at rest; ``key_secret`` a file
     holding the secret (64 hex digits) keys are hashed with at rest.
+    ``outbox`` names the broker what runs send goes to (see
+    :meth:`RunContext.send`): ``amqp://`` (RabbitMQ, publisher confirms),
+    ``sqs://?endpoint=URL&region=R`` (credentials from the environment);
+    the engine sends each run's messages after its completion is stored,
+    and a dispatcher on its own threads sends what a process that died
+    left unsent.
 
     In a forked child (gunicorn's ``preload``, ``multiprocessing``) the
     engine opens the store again on first use; a run begun in the parent
@@ -128,6 +134,7 @@ class Idem:
         max_result_bytes: Optional[int] = None,
         keyring: Optional[str] = None,
         key_secret: Optional[str] = None,
+        outbox: Optional[str] = None,
     ) -> None:
         self._engine = _native.Engine(
             url,
@@ -140,6 +147,7 @@ class Idem:
             max_result_bytes=max_result_bytes,
             keyring=keyring,
             key_secret=key_secret,
+            outbox=outbox,
         )
 
     @property

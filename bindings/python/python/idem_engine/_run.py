@@ -9,7 +9,7 @@ import contextlib
 import contextvars
 import inspect
 import json
-from typing import Any, Awaitable, Callable, Iterator, Optional, TypeVar, Union
+from typing import Any, Awaitable, Callable, Iterator, Mapping, Optional, TypeVar, Union
 
 from . import _native
 from ._errors import IdemError, LeaseLost, Terminal
@@ -107,6 +107,31 @@ class RunContext:
         and the clock, so a process that stalled finds out at once."""
         if self._ctx is not None:
             self._ctx.check()
+
+    def send(
+        self,
+        destination: str,
+        payload: Union[bytes, str, Any],
+        headers: Optional[Mapping[str, str]] = None,
+    ) -> str:
+        """Sends a message through the engine's outbox (``Idem(outbox=...)``):
+        held until the run ends, stored with its result in the same write,
+        sent after it, and never again when a duplicate is replayed; a run
+        that fails or is released sends nothing. ``destination`` is the
+        broker's (a RabbitMQ routing key, an SQS queue URL, a subject, a
+        topic); ``payload`` is bytes, text (UTF-8), or a value sent as
+        JSON. Returns the message's id (a UUIDv7): the broker's
+        deduplication id and the ``Idempotency-Key`` header a consumer
+        downstream keys on. Raises :class:`InvalidInput` without an
+        outbox, for a malformed or oversize message, or after the run
+        ended."""
+        if isinstance(payload, str):
+            body = payload.encode()
+        elif isinstance(payload, (bytes, bytearray, memoryview)):
+            body = bytes(payload)
+        else:
+            body = dumps(payload)
+        return self._live().send(destination, body, list((headers or {}).items()))
 
     def step(self, name: str, fn: Callable[[str], T], policy: str = "retry") -> T:
         """A journaled step: runs ``fn(downstream_key)`` once across every
