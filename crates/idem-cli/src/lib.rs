@@ -13,6 +13,7 @@ pub mod bench;
 mod deadline;
 pub mod forwarded;
 pub mod logging;
+pub mod outbox;
 mod payload;
 pub mod proxy;
 mod proxy_args;
@@ -72,6 +73,9 @@ pub enum Command {
     Proxy(Box<ProxyArgs>),
     /// Serve the claim API (HTTP and JSON) for programs in any language.
     Serve(serve::ServeArgs),
+    /// The outbox: send what runs and producers left pending.
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
     /// Print one record as JSON.
     Inspect {
         /// The record's scope (for the gateway: `http METHOD ROUTE`).
@@ -155,6 +159,14 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `idem outbox …`.
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// Run the dispatcher: send the messages of runs whose process died
+    /// or whose broker was away, and (`--table`) the standalone outbox's.
+    Run(outbox::OutboxRunArgs),
 }
 
 /// A record state on the command line.
@@ -242,7 +254,7 @@ fn record_id(scope: &str, key: &str) -> anyhow::Result<RecordId> {
     ))
 }
 
-fn print_json(value: &serde_json::Value) {
+pub(crate) fn print_json(value: &serde_json::Value) {
     #[allow(clippy::print_stdout)]
     {
         println!("{value}");
@@ -271,13 +283,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     let url: StoreUrl = cli.store.as_deref().unwrap_or(DEFAULT_STORE).parse()?;
     let store = url.open().await?;
+    if let Command::Outbox(OutboxCommand::Run(args)) = &cli.command {
+        return outbox::run(store, cli.keyring.as_deref(), args, shutdown_signal()).await;
+    }
     let secrets = admin::Secrets::read(cli.keyring.as_deref(), cli.key_secret.as_deref())?;
     // The record the admin commands name, as stored (its key hashed
     // under --key-secret).
     let stored_id =
         |scope: &str, key: &str| Ok::<_, anyhow::Error>(secrets.stored_id(&record_id(scope, key)?));
     match cli.command {
-        Command::Proxy(_) | Command::Serve(_) => unreachable!("handled above"),
+        Command::Proxy(_) | Command::Serve(_) | Command::Outbox(_) => {
+            unreachable!("handled above")
+        }
         Command::Inspect {
             scope,
             key,

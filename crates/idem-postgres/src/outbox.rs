@@ -67,6 +67,9 @@ pub enum OutboxError {
     /// Any other PostgreSQL error.
     #[error("PostgreSQL error in the outbox")]
     Postgres(#[source] tokio_postgres::Error),
+    /// No connection of the store's pool could be had.
+    #[error("no connection to PostgreSQL for the outbox")]
+    Connection(#[source] idem::StoreError),
     /// Any other error from sqlx.
     #[cfg(feature = "sqlx")]
     #[error("sqlx error in the outbox")]
@@ -269,24 +272,32 @@ impl Outbox {
         }
     }
 
-    /// Dispatches full batches until one is not, or fails.
-    async fn drain(&self, store: &crate::PgStore, sender: &impl Sender, batch: usize) {
+    /// Dispatches what is due on `store`'s connections, a batch at a
+    /// time, until a pass takes less than a full batch or a send fails:
+    /// what [`run`](Self::run) does at each look, for a caller that
+    /// schedules the looks itself (a cron job, `idem outbox run --once`).
+    pub async fn dispatch_due(
+        &self,
+        store: &crate::PgStore,
+        sender: &impl Sender,
+        batch: usize,
+    ) -> Result<OutboxPass, OutboxError> {
+        let mut total = OutboxPass::default();
         loop {
-            let client = match store.client().await {
-                Ok(client) => client,
-                Err(error) => {
-                    tracing::warn!(%error, "the outbox dispatcher has no connection; trying again at the next look");
-                    return;
-                }
-            };
-            match self.dispatch(&client, sender, batch).await {
-                Ok(pass) if pass.taken == batch.max(1) && !pass.failed => {}
-                Ok(_) => return,
-                Err(error) => {
-                    tracing::warn!(%error, "the outbox dispatcher's pass failed; trying again at the next look");
-                    return;
-                }
+            let client = store.client().await.map_err(OutboxError::Connection)?;
+            let pass = self.dispatch(&client, sender, batch).await?;
+            total += pass;
+            if !pass.is_full(batch) {
+                return Ok(total);
             }
+        }
+    }
+
+    /// [`dispatch_due`](Self::dispatch_due), its error logged: the next
+    /// look tries again.
+    async fn drain(&self, store: &crate::PgStore, sender: &impl Sender, batch: usize) {
+        if let Err(error) = self.dispatch_due(store, sender, batch).await {
+            tracing::warn!(error = %idem::error_chain(&error), "the outbox dispatcher's pass failed; trying again at the next look");
         }
     }
 

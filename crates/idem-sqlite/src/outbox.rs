@@ -183,6 +183,46 @@ impl<C: Clock> Outbox<C> {
         })
     }
 
+    /// Dispatches what is due, a batch at a time, until a pass takes
+    /// less than a full batch or a send fails: what [`run`](Self::run)
+    /// does at each look, for a caller that schedules the looks itself.
+    pub async fn dispatch_due(
+        &self,
+        conn: &Mutex<Connection>,
+        sender: &impl Sender,
+        batch: usize,
+    ) -> Result<OutboxPass, OutboxError> {
+        let mut total = OutboxPass::default();
+        loop {
+            let pass = self.dispatch(conn, sender, batch).await?;
+            total += pass;
+            if !pass.is_full(batch) {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// The dispatcher: [`dispatch_due`](Self::dispatch_due) every
+    /// `every`, errors logged and tried again at the next look. SQLite
+    /// tells no other process of a commit, so this looks on a timer: a
+    /// message waits up to `every` (and a lease more after a failed
+    /// send). It never returns: run it in a task and abort the task to
+    /// stop it.
+    pub async fn run(
+        &self,
+        conn: &Mutex<Connection>,
+        sender: &impl Sender,
+        batch: usize,
+        every: Duration,
+    ) {
+        loop {
+            if let Err(error) = self.dispatch_due(conn, sender, batch).await {
+                tracing::warn!(error = %idem::error_chain(&error), "the outbox dispatcher's pass failed; trying again at the next look");
+            }
+            tokio::time::sleep(every).await;
+        }
+    }
+
     /// Takes the due rows (one statement: atomic under SQLite's write
     /// lock), moving them a lease ahead under `token`.
     fn take(

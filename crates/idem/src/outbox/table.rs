@@ -24,6 +24,22 @@ pub struct OutboxPass {
     pub failed: bool,
 }
 
+impl OutboxPass {
+    /// Whether the pass took a whole batch of `batch` and sent it all:
+    /// more may be due, so look again at once.
+    pub fn is_full(&self, batch: usize) -> bool {
+        self.taken >= batch.max(1) && !self.failed
+    }
+}
+
+impl std::ops::AddAssign for OutboxPass {
+    fn add_assign(&mut self, other: Self) {
+        self.taken += other.taken;
+        self.sent += other.sent;
+        self.failed |= other.failed;
+    }
+}
+
 /// A taken row: its sequence number, and its message or why the row does
 /// not read.
 pub type TakenRow = (i64, Result<Message, String>);

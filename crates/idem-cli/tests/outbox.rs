@@ -1,0 +1,196 @@
+//! `idem outbox run` against a real JetStream: it sends what runs left
+//! pending (their process "died" with the broker away) and what a
+//! producer enqueued in the standalone outbox, each once under its id,
+//! and a second pass sends nothing.
+#![cfg(feature = "nats")]
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, stream};
+use futures_util::StreamExt;
+use idem::outbox::{MemorySender, Message};
+use idem::{HandlerError, Idempotency, RecordId};
+use idem_sqlite::outbox::Outbox;
+use idem_sqlite::SqliteStore;
+use idem_testkit::servers::nats::NatsServer;
+use rusqlite::{Connection, TransactionBehavior};
+
+const LEASE: Duration = Duration::from_millis(500);
+
+fn idem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .env("IDEM_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .expect("idem runs")
+}
+
+/// The ids of the messages in `name`, as their `Nats-Msg-Id`s, sorted.
+async fn ids_in(js: &jetstream::Context, name: &str) -> Vec<String> {
+    let reader = js
+        .get_stream(name)
+        .await
+        .expect("the stream")
+        .create_consumer(consumer::pull::Config::default())
+        .await
+        .expect("a consumer");
+    let mut batch = reader
+        .fetch()
+        .max_messages(100)
+        .expires(Duration::from_millis(500))
+        .messages()
+        .await
+        .expect("fetches");
+    let mut ids = Vec::new();
+    while let Some(message) = batch.next().await {
+        let message = message.expect("a message");
+        let header = message.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id"));
+        ids.push(header.expect("Nats-Msg-Id").as_str().to_owned());
+    }
+    ids.sort();
+    ids
+}
+
+fn enqueue(path: &std::path::Path, messages: &[Message]) {
+    let mut conn = Connection::open(path).expect("opens");
+    conn.busy_timeout(Duration::from_secs(5)).expect("set");
+    let outbox = Outbox::new();
+    outbox.setup(&conn).expect("the outbox table");
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .expect("a transaction");
+    for message in messages {
+        outbox.enqueue(&tx, message).expect("enqueued");
+    }
+    tx.commit().expect("committed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_run_sends_what_runs_and_producers_left_pending_once() {
+    let nats = NatsServer::shared().expect("nats-server").url();
+    let name = format!("cli_outbox_{:016x}", rand::random::<u64>());
+    let js = jetstream::new(async_nats::connect(nats.as_str()).await.expect("connects"));
+    js.create_stream(stream::Config {
+        name: name.clone(),
+        subjects: vec![format!("{name}.>")],
+        ..Default::default()
+    })
+    .await
+    .expect("the stream");
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let path = dir.path().join("idem.db");
+    let store_url = format!("sqlite:{}", path.display());
+
+    // Two runs complete while their broker is away: their messages are
+    // stored with them and left pending for a dispatcher.
+    let away = MemorySender::new();
+    away.fail(true);
+    let app = Idempotency::builder(SqliteStore::open(&path).expect("the store"))
+        .lease(LEASE)
+        .outbox(away.clone())
+        .build()
+        .expect("an executor");
+    let mut expected = Vec::new();
+    for key in ["order-1", "order-2"] {
+        let message = Message::new(format!("{name}.charged"), key.to_owned());
+        expected.push(message.id().to_owned());
+        let id = RecordId::parse("orders", key).expect("valid");
+        app.run(&id, None, |ctx| async move {
+            ctx.send(message)?;
+            Ok::<_, HandlerError>(())
+        })
+        .await
+        .expect("completes");
+    }
+    drop(app);
+    // And a producer enqueues two in its own transaction.
+    let produced = [
+        Message::new(format!("{name}.placed"), "a"),
+        Message::new(format!("{name}.placed"), "b"),
+    ];
+    expected.extend(produced.iter().map(|m| m.id().to_owned()));
+    enqueue(&path, &produced);
+    expected.sort();
+    tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
+
+    let once = [
+        "--store", &store_url, "outbox", "run", "--to", &nats, "--table", "--once",
+    ];
+    let first = idem(&once);
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&first.stdout).expect("JSON");
+    assert_eq!(report["runs"]["messages"], 2, "{report}");
+    assert_eq!(report["runs"]["sent"], 2, "{report}");
+    assert_eq!(report["table"]["sent"], 2, "{report}");
+    assert_eq!(ids_in(&js, &name).await, expected);
+
+    let second = idem(&once);
+    assert!(
+        second.status.success(),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&second.stdout).expect("JSON");
+    assert_eq!(report["runs"]["messages"], 0, "{report}");
+    assert_eq!(report["table"]["taken"], 0, "{report}");
+    assert_eq!(ids_in(&js, &name).await, expected, "nothing is sent twice");
+    assert!(away.messages().is_empty());
+
+    // Running, it sends what is enqueued later, within its interval.
+    let mut running = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args([
+            "--store", &store_url, "outbox", "run", "--to", &nats, "--table",
+        ])
+        .args(["--every", "100ms"])
+        .env("IDEM_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("idem outbox run starts");
+    let later = Message::new(format!("{name}.placed"), "c");
+    enqueue(&path, std::slice::from_ref(&later));
+    expected.push(later.id().to_owned());
+    expected.sort();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut seen = ids_in(&js, &name).await;
+    while seen != expected && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        seen = ids_in(&js, &name).await;
+    }
+    running.kill().expect("stopped");
+    running.wait().expect("reaped");
+    assert_eq!(seen, expected);
+}
+
+#[test]
+fn outbox_run_says_what_is_wrong_with_its_broker() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let store_url = format!("sqlite:{}", dir.path().join("idem.db").display());
+    for (to, said) in [
+        ("smtp://mail", "not a broker"),
+        ("nats://127.0.0.1:1", "cannot be reached"),
+    ] {
+        let output = idem(&["--store", &store_url, "outbox", "run", "--to", to, "--once"]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{to}");
+        assert!(stderr.contains(said), "{to}: {stderr}");
+    }
+    let output = idem(&[
+        "--store",
+        "memory:",
+        "outbox",
+        "run",
+        "--to",
+        "nats://127.0.0.1:1",
+        "--table",
+        "--once",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("PostgreSQL or SQLite"), "{stderr}");
+}
