@@ -10,8 +10,8 @@
 //!   ever sent ([`Idempotency::dispatch_pending`]);
 //! - with `--table`, the standalone transactional outbox that producers
 //!   write inside their own transactions (`idem_outbox` on PostgreSQL,
-//!   woken by each commit that enqueued; on SQLite, looked at every
-//!   `--every`).
+//!   woken by each commit that enqueued; on MySQL and SQLite, looked at
+//!   every `--every`).
 //!
 //! Several may run at once, beside the services' own dispatchers: each
 //! message is taken by one claim, fenced.
@@ -42,7 +42,7 @@ pub struct OutboxRunArgs {
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u16).range(1..))]
     pub batch: u16,
     /// Also dispatch the standalone transactional outbox (`idem_outbox`,
-    /// PostgreSQL or SQLite; created if missing).
+    /// PostgreSQL, MySQL or SQLite; created if missing).
     #[arg(long)]
     pub table: bool,
     /// Make one pass, print what it did as JSON and exit (non-zero if a
@@ -146,6 +146,7 @@ enum Table {
         std::sync::Mutex<rusqlite::Connection>,
         idem_sqlite::outbox::Outbox,
     ),
+    MySql(idem_mysql::MySqlStore, idem_mysql::outbox::Outbox),
 }
 
 impl Table {
@@ -164,8 +165,12 @@ impl Table {
                 outbox.setup(&conn)?;
                 Ok(Table::Sqlite(std::sync::Mutex::new(conn), outbox))
             }
+            AnyStore::MySql(mysql) => Ok(Table::MySql(
+                mysql.clone(),
+                idem_mysql::outbox::Outbox::new(),
+            )),
             _ => anyhow::bail!(
-                "--table: the standalone outbox is kept in PostgreSQL or SQLite; \
+                "--table: the standalone outbox is kept in PostgreSQL, MySQL or SQLite; \
                  this store has none"
             ),
         }
@@ -176,6 +181,7 @@ impl Table {
         Ok(match self {
             Table::Postgres(pg, outbox) => outbox.dispatch_due(pg, sender, batch).await?,
             Table::Sqlite(conn, outbox) => outbox.dispatch_due(conn, sender, batch).await?,
+            Table::MySql(mysql, outbox) => outbox.dispatch_due(mysql.pool(), sender, batch).await?,
         })
     }
 
@@ -185,6 +191,7 @@ impl Table {
         match self {
             Table::Postgres(pg, outbox) => outbox.run(pg, sender, batch, every).await,
             Table::Sqlite(conn, outbox) => outbox.run(conn, sender, batch, every).await,
+            Table::MySql(mysql, outbox) => outbox.run(mysql.pool(), sender, batch, every).await,
         }
     }
 }

@@ -13,6 +13,7 @@ use idem::outbox::{MemorySender, Message};
 use idem::{HandlerError, Idempotency, RecordId};
 use idem_sqlite::outbox::Outbox;
 use idem_sqlite::SqliteStore;
+use idem_testkit::servers::mysql::MySqlServer;
 use idem_testkit::servers::nats::NatsServer;
 use rusqlite::{Connection, TransactionBehavior};
 
@@ -168,6 +169,62 @@ async fn outbox_run_sends_what_runs_and_producers_left_pending_once() {
     assert_eq!(seen, expected);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbox_run_sends_the_standalone_outbox_of_mysql() {
+    use mysql_async::prelude::Queryable;
+
+    let nats = NatsServer::shared().expect("nats-server").url();
+    let name = format!("cli_outbox_my_{:016x}", rand::random::<u64>());
+    let js = jetstream::new(async_nats::connect(nats.as_str()).await.expect("connects"));
+    js.create_stream(stream::Config {
+        name: name.clone(),
+        subjects: vec![format!("{name}.>")],
+        ..Default::default()
+    })
+    .await
+    .expect("the stream");
+    let server = MySqlServer::start().expect("mariadb");
+    let url = server.url(&server.create_database("outbox_cli").expect("a database"));
+    let pool = mysql_async::Pool::new(url.as_str());
+    let outbox = idem_mysql::outbox::Outbox::new();
+    let mut conn = pool.get_conn().await.expect("connects");
+    outbox.setup(&mut conn).await.expect("the outbox table");
+    let mut tx = conn
+        .start_transaction(mysql_async::TxOpts::default())
+        .await
+        .expect("a transaction");
+    let produced = [
+        Message::new(format!("{name}.placed"), "a"),
+        Message::new(format!("{name}.placed"), "b"),
+    ];
+    for message in &produced {
+        outbox.enqueue(&mut tx, message).await.expect("enqueued");
+    }
+    tx.commit().await.expect("committed");
+    let mut expected: Vec<_> = produced.iter().map(|m| m.id().to_owned()).collect();
+    expected.sort();
+
+    let once = [
+        "--store", &url, "outbox", "run", "--to", &nats, "--table", "--once",
+    ];
+    let first = idem(&once);
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&first.stdout).expect("JSON");
+    assert_eq!(report["table"]["sent"], 2, "{report}");
+    assert_eq!(ids_in(&js, &name).await, expected);
+    let left: Option<i64> = conn
+        .query_first("SELECT count(*) FROM idem_outbox")
+        .await
+        .expect("counts");
+    assert_eq!(left, Some(0));
+    drop(conn);
+    pool.disconnect().await.expect("disconnects");
+}
+
 #[test]
 fn outbox_run_says_what_is_wrong_with_its_broker() {
     let dir = tempfile::tempdir().expect("a temporary folder");
@@ -192,5 +249,5 @@ fn outbox_run_says_what_is_wrong_with_its_broker() {
         "--once",
     ]);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("PostgreSQL or SQLite"), "{stderr}");
+    assert!(stderr.contains("PostgreSQL, MySQL or SQLite"), "{stderr}");
 }

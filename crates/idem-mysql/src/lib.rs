@@ -20,6 +20,8 @@
 //!   row is written inside *your* transaction and commits or rolls back
 //!   with your business writes. It is the strongest mode; reach for it
 //!   first.
+//! - **[`outbox`]**, for messages a producer sends: enqueued inside your
+//!   transaction, sent by a dispatcher once it committed.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -90,6 +92,7 @@ mod encode;
 mod error;
 pub mod inbox;
 mod many;
+pub mod outbox;
 mod schema;
 mod sql;
 mod steps;

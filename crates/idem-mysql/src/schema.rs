@@ -47,6 +47,11 @@ const FILES: &[(u32, &str, &str)] = &[
         "0004_procedures",
         include_str!("../migrations/0004_procedures.sql"),
     ),
+    (
+        5,
+        "0005_outbox",
+        include_str!("../migrations/0005_outbox.sql"),
+    ),
 ];
 
 /// Every migration, for projects that apply migrations with their own
@@ -139,7 +144,7 @@ mod tests {
     #[test]
     fn migrations_are_in_order() {
         let versions: Vec<u32> = migrations().iter().map(|m| m.version).collect();
-        assert_eq!(versions, [1, 2, 3, 4]);
+        assert_eq!(versions, [1, 2, 3, 4, 5]);
     }
 
     #[test]

@@ -73,6 +73,13 @@ impl MySqlStore {
         &self.inner.database
     }
 
+    /// The store's connection pool (each connection `READ COMMITTED`), for
+    /// the [inbox](crate::inbox) and the [outbox](crate::outbox) on the
+    /// same database.
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
     /// The claim call as this store sends it (for a benchmark's own
     /// driver): `scope, key, fingerprint or NULL, 16-byte token, lease ms,
     /// retention ms`; it answers one row (`migrations/0004_procedures.sql`).

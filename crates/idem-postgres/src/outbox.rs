@@ -41,7 +41,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::outbox::table::{headers_json, message_from_row, send_in_order, TakenRow};
+use idem::outbox::table::{self, headers_json, message_from_row, send_in_order, TakenRow};
 use idem::outbox::{Message, Sender};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
@@ -282,15 +282,11 @@ impl Outbox {
         sender: &impl Sender,
         batch: usize,
     ) -> Result<OutboxPass, OutboxError> {
-        let mut total = OutboxPass::default();
-        loop {
+        table::dispatch_due(batch, || async {
             let client = store.client().await.map_err(OutboxError::Connection)?;
-            let pass = self.dispatch(&client, sender, batch).await?;
-            total += pass;
-            if !pass.is_full(batch) {
-                return Ok(total);
-            }
-        }
+            self.dispatch(&client, sender, batch).await
+        })
+        .await
     }
 
     /// [`dispatch_due`](Self::dispatch_due), its error logged: the next

@@ -44,7 +44,7 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use idem::outbox::table::{headers_json, message_from_row, send_in_order, TakenRow};
+use idem::outbox::table::{self, headers_json, message_from_row, send_in_order, TakenRow};
 use idem::outbox::{Message, OutboxPass, Sender};
 use idem::{Clock, SystemClock};
 use rusqlite::{params, Connection};
@@ -192,14 +192,7 @@ impl<C: Clock> Outbox<C> {
         sender: &impl Sender,
         batch: usize,
     ) -> Result<OutboxPass, OutboxError> {
-        let mut total = OutboxPass::default();
-        loop {
-            let pass = self.dispatch(conn, sender, batch).await?;
-            total += pass;
-            if !pass.is_full(batch) {
-                return Ok(total);
-            }
-        }
+        table::dispatch_due(batch, || self.dispatch(conn, sender, batch)).await
     }
 
     /// The dispatcher: [`dispatch_due`](Self::dispatch_due) every
@@ -215,12 +208,7 @@ impl<C: Clock> Outbox<C> {
         batch: usize,
         every: Duration,
     ) {
-        loop {
-            if let Err(error) = self.dispatch_due(conn, sender, batch).await {
-                tracing::warn!(error = %idem::error_chain(&error), "the outbox dispatcher's pass failed; trying again at the next look");
-            }
-            tokio::time::sleep(every).await;
-        }
+        table::dispatch_every(every, || self.dispatch_due(conn, sender, batch)).await;
     }
 
     /// Takes the due rows (one statement: atomic under SQLite's write

@@ -1,8 +1,10 @@
 //! What the standalone transactional outboxes share
-//! (`idem_postgres::Outbox`, `idem_sqlite::Outbox`): how a message is
-//! kept in a row and read back, the rule of a dispatch pass (in order,
-//! stopping at the first message not confirmed), and what a pass did.
+//! (`idem_postgres::Outbox`, `idem_mysql::outbox::Outbox`,
+//! `idem_sqlite::outbox::Outbox`): how a message is kept in a row and read
+//! back, the rule of a dispatch pass (in order, stopping at the first
+//! message not confirmed), what a pass did, and the loops around passes.
 
+use std::future::Future;
 use std::time::Duration;
 
 use super::message::{Message, Sender};
@@ -37,6 +39,41 @@ impl std::ops::AddAssign for OutboxPass {
         self.taken += other.taken;
         self.sent += other.sent;
         self.failed |= other.failed;
+    }
+}
+
+/// Passes of `pass` (one batch of `batch` each) until one takes less
+/// than a full batch or a send fails: everything due, summed. What a
+/// dispatcher does at each look.
+pub async fn dispatch_due<F, Fut, E>(batch: usize, mut pass: F) -> Result<OutboxPass, E>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<OutboxPass, E>>,
+{
+    let mut total = OutboxPass::default();
+    loop {
+        let this = pass().await?;
+        total += this;
+        if !this.is_full(batch) {
+            return Ok(total);
+        }
+    }
+}
+
+/// A dispatcher that looks on a timer (for databases that tell no other
+/// connection of a commit): `due` (a [`dispatch_due`]) every `every`,
+/// errors logged and tried again at the next look. Never returns.
+pub async fn dispatch_every<F, Fut, E>(every: Duration, mut due: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<OutboxPass, E>>,
+    E: std::error::Error,
+{
+    loop {
+        if let Err(error) = due().await {
+            tracing::warn!(error = %crate::error_chain(&error), "the outbox dispatcher's pass failed; trying again at the next look");
+        }
+        tokio::time::sleep(every).await;
     }
 }
 
