@@ -54,6 +54,22 @@ async fn ids_in(js: &jetstream::Context, name: &str) -> Vec<String> {
     ids
 }
 
+/// The NATS URL, a JetStream context and a fresh stream `PREFIX_<random>`
+/// taking the subjects under its name.
+async fn fresh_stream(prefix: &str) -> (String, jetstream::Context, String) {
+    let nats = NatsServer::shared().expect("nats-server").url();
+    let name = format!("{prefix}_{:016x}", rand::random::<u64>());
+    let js = jetstream::new(async_nats::connect(nats.as_str()).await.expect("connects"));
+    js.create_stream(stream::Config {
+        name: name.clone(),
+        subjects: vec![format!("{name}.>")],
+        ..Default::default()
+    })
+    .await
+    .expect("the stream");
+    (nats, js, name)
+}
+
 fn enqueue(path: &std::path::Path, messages: &[Message]) {
     let mut conn = Connection::open(path).expect("opens");
     conn.busy_timeout(Duration::from_secs(5)).expect("set");
@@ -70,16 +86,7 @@ fn enqueue(path: &std::path::Path, messages: &[Message]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outbox_run_sends_what_runs_and_producers_left_pending_once() {
-    let nats = NatsServer::shared().expect("nats-server").url();
-    let name = format!("cli_outbox_{:016x}", rand::random::<u64>());
-    let js = jetstream::new(async_nats::connect(nats.as_str()).await.expect("connects"));
-    js.create_stream(stream::Config {
-        name: name.clone(),
-        subjects: vec![format!("{name}.>")],
-        ..Default::default()
-    })
-    .await
-    .expect("the stream");
+    let (nats, js, name) = fresh_stream("cli_outbox").await;
     let dir = tempfile::tempdir().expect("a temporary folder");
     let path = dir.path().join("idem.db");
     let store_url = format!("sqlite:{}", path.display());
@@ -173,16 +180,7 @@ async fn outbox_run_sends_what_runs_and_producers_left_pending_once() {
 async fn outbox_run_sends_the_standalone_outbox_of_mysql() {
     use mysql_async::prelude::Queryable;
 
-    let nats = NatsServer::shared().expect("nats-server").url();
-    let name = format!("cli_outbox_my_{:016x}", rand::random::<u64>());
-    let js = jetstream::new(async_nats::connect(nats.as_str()).await.expect("connects"));
-    js.create_stream(stream::Config {
-        name: name.clone(),
-        subjects: vec![format!("{name}.>")],
-        ..Default::default()
-    })
-    .await
-    .expect("the stream");
+    let (nats, js, name) = fresh_stream("cli_outbox_my").await;
     let server = MySqlServer::start().expect("mariadb");
     let url = server.url(&server.create_database("outbox_cli").expect("a database"));
     let pool = mysql_async::Pool::new(url.as_str());

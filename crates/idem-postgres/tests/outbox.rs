@@ -1,17 +1,19 @@
-//! The transactional outbox against a real PostgreSQL: a message exists
-//! exactly when the producer's transaction commits, is sent once it is
-//! due, deleted once confirmed, taken by one of several dispatchers at a
-//! time, sent again (same id) when its dispatcher died or its broker
-//! was away, and the dispatcher loop is woken by a producer's commit.
+//! The transactional outbox against a real PostgreSQL: the shared cases
+//! of every standalone outbox (`idem_testkit::conformance::outbox_table`:
+//! a message exists exactly when the producer's transaction commits, is
+//! taken by one of several dispatchers, comes due again after a dead
+//! dispatcher or an absent broker), and PostgreSQL's own: the dispatcher
+//! loop woken by a producer's commit.
 
 mod common;
 
-use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
-use idem::outbox::{MemorySender, Message};
+use idem::outbox::{MemorySender, Message, OutboxPass};
 use idem_postgres::outbox::{Outbox, OutboxError};
 use idem_postgres::PgStore;
+use idem_testkit::conformance::outbox_table::{OutboxTable, LEASE};
 use tokio_postgres::Client;
 
 use common::{client, url};
@@ -19,7 +21,7 @@ use common::{client, url};
 /// An outbox in a fresh schema, with an `orders` table, and a short lease.
 async fn setup() -> (Outbox, String, Client) {
     let schema = format!("outbox_{:016x}", rand::random::<u64>());
-    let outbox = Outbox::in_schema(&schema).lease(Duration::from_millis(500));
+    let outbox = Outbox::in_schema(&schema).lease(LEASE);
     let mut c = client().await;
     outbox.setup(&mut c).await.expect("setup");
     c.batch_execute(&format!(
@@ -30,16 +32,21 @@ async fn setup() -> (Outbox, String, Client) {
     (outbox, schema, c)
 }
 
-/// Places order `id` and enqueues its message in one transaction,
+/// Places order `id` and enqueues `message` in one transaction,
 /// committed or rolled back.
-async fn place(outbox: &Outbox, schema: &str, c: &mut Client, id: i64, commit: bool) {
+async fn place_with(
+    outbox: &Outbox,
+    schema: &str,
+    c: &mut Client,
+    id: i64,
+    message: &Message,
+    commit: bool,
+) {
     let tx = c.transaction().await.expect("begin");
     tx.execute(&format!("INSERT INTO {schema}.orders VALUES ($1)"), &[&id])
         .await
         .expect("order");
-    let message =
-        Message::new("order-events", format!("placed {id}")).header("order", id.to_string());
-    outbox.enqueue(&tx, &message).await.expect("enqueue");
+    outbox.enqueue(&tx, message).await.expect("enqueue");
     if commit {
         tx.commit().await.expect("commit");
     } else {
@@ -47,88 +54,63 @@ async fn place(outbox: &Outbox, schema: &str, c: &mut Client, id: i64, commit: b
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_exists_exactly_when_its_transaction_commits() {
-    let (outbox, schema, mut c) = setup().await;
-    place(&outbox, &schema, &mut c, 1, false).await;
-    place(&outbox, &schema, &mut c, 2, true).await;
-    let sender = MemorySender::new();
-    let pass = outbox.dispatch(&c, &sender, 10).await.expect("dispatch");
-    assert_eq!((pass.taken, pass.sent, pass.failed), (1, 1, false));
-    let sent = sender.messages();
-    assert_eq!(sent[0].payload().as_ref(), b"placed 2");
-    assert_eq!(sent[0].headers(), [("order".to_owned(), "2".to_owned())]);
-    let again = outbox.dispatch(&c, &sender, 10).await.expect("dispatch");
-    assert_eq!(again.taken, 0, "a confirmed message stays deleted");
-    let left: i64 = c
-        .query_one(&format!("SELECT count(*) FROM {schema}.idem_outbox"), &[])
+/// Places order `id` with its `placed {id}` message.
+async fn place(outbox: &Outbox, schema: &str, c: &mut Client, id: i64, commit: bool) {
+    let message = Message::new("order-events", format!("placed {id}"));
+    place_with(outbox, schema, c, id, &message, commit).await;
+}
+
+/// The outbox of a fresh schema, each dispatcher with a client of its own.
+struct Table {
+    outbox: Outbox,
+    schema: String,
+    client: Arc<tokio::sync::Mutex<Client>>,
+}
+
+async fn table() -> Table {
+    let (outbox, schema, client) = setup().await;
+    Table {
+        outbox,
+        schema,
+        client: Arc::new(tokio::sync::Mutex::new(client)),
+    }
+}
+
+impl OutboxTable for Table {
+    async fn place(&self, id: i64, message: Message, commit: bool) {
+        let mut c = self.client.lock().await;
+        place_with(&self.outbox, &self.schema, &mut c, id, &message, commit).await;
+    }
+
+    async fn dispatch(&self, sender: &MemorySender, batch: usize) -> OutboxPass {
+        let c = self.client.lock().await;
+        self.outbox
+            .dispatch(&c, sender, batch)
+            .await
+            .expect("dispatch")
+    }
+
+    async fn another(&self) -> Self {
+        Table {
+            outbox: self.outbox.clone(),
+            schema: self.schema.clone(),
+            client: Arc::new(tokio::sync::Mutex::new(client().await)),
+        }
+    }
+
+    async fn rows(&self) -> i64 {
+        let c = self.client.lock().await;
+        c.query_one(
+            &format!("SELECT count(*) FROM {}.idem_outbox", self.schema),
+            &[],
+        )
         .await
         .expect("count")
-        .get(0);
-    assert_eq!(left, 0);
+        .get(0)
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_dispatchers_send_each_message_once_in_order() {
-    const MESSAGES: i64 = 200;
-    let (outbox, schema, mut c) = setup().await;
-    for id in 0..MESSAGES {
-        place(&outbox, &schema, &mut c, id, true).await;
-    }
-    let sender = MemorySender::new();
-    let dispatchers = (0..4).map(|_| {
-        let (outbox, sender) = (outbox.clone(), sender.clone());
-        tokio::spawn(async move {
-            let c = client().await;
-            while outbox
-                .dispatch(&c, &sender, 16)
-                .await
-                .expect("dispatch")
-                .taken
-                > 0
-            {}
-        })
-    });
-    for dispatcher in dispatchers.collect::<Vec<_>>() {
-        dispatcher.await.expect("joined");
-    }
-    let sent = sender.messages();
-    let ids: HashSet<_> = sent.iter().map(Message::id).collect();
-    assert_eq!(sent.len(), MESSAGES as usize, "sent once each");
-    assert_eq!(ids.len(), sent.len());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_dispatcher_or_an_absent_broker_leaves_messages_due_again() {
-    let (outbox, schema, mut c) = setup().await;
-    place(&outbox, &schema, &mut c, 1, true).await;
-    place(&outbox, &schema, &mut c, 2, true).await;
-    let sender = MemorySender::new();
-    sender.hang(true);
-    let killed =
-        tokio::time::timeout(Duration::from_millis(200), outbox.dispatch(&c, &sender, 10)).await;
-    assert!(killed.is_err(), "the hung dispatch was cut off");
-    sender.hang(false);
-    let early = outbox.dispatch(&c, &sender, 10).await.expect("dispatch");
-    assert_eq!(
-        early.taken, 0,
-        "taken rows are not due before the lease ends"
-    );
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    sender.fail(true);
-    let down = outbox.dispatch(&c, &sender, 10).await.expect("dispatch");
-    assert_eq!((down.taken, down.sent, down.failed), (2, 0, true));
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    sender.fail(false);
-    let pass = outbox.dispatch(&c, &sender, 10).await.expect("dispatch");
-    assert_eq!((pass.taken, pass.sent), (2, 2));
-    let payloads: Vec<_> = sender
-        .messages()
-        .iter()
-        .map(|m| m.payload().clone())
-        .collect();
-    assert_eq!(payloads, ["placed 1", "placed 2"], "in the order enqueued");
-}
+idem_testkit::outbox_table_suite!(table);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outbox_not_set_up_says_so() {

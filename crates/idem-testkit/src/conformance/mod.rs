@@ -22,6 +22,7 @@ pub mod concurrency;
 pub mod core;
 mod layouts;
 pub mod outbox;
+pub mod outbox_table;
 pub mod steps;
 pub mod ttl;
 
