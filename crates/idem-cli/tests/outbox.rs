@@ -174,6 +174,15 @@ async fn outbox_run_sends_what_runs_and_producers_left_pending_once() {
     running.kill().expect("stopped");
     running.wait().expect("reaped");
     assert_eq!(seen, expected);
+
+    // A message no stream takes is refused: the pass says so and fails.
+    enqueue(&path, &[Message::new(format!("{name}_nowhere.x"), "lost?")]);
+    let refused = idem(&once);
+    assert!(!refused.status.success(), "a refused send fails the pass");
+    let report: serde_json::Value = serde_json::from_slice(&refused.stdout).expect("JSON");
+    assert_eq!(report["table"]["failed"], true, "{report}");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("stay pending"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -227,6 +236,18 @@ async fn outbox_run_sends_the_standalone_outbox_of_mysql() {
 fn outbox_run_says_what_is_wrong_with_its_broker() {
     let dir = tempfile::tempdir().expect("a temporary folder");
     let store_url = format!("sqlite:{}", dir.path().join("idem.db").display());
+    let bad_every = idem(&[
+        "--store",
+        &store_url,
+        "outbox",
+        "run",
+        "--to",
+        "nats://127.0.0.1:1",
+        "--every",
+        "0s",
+    ]);
+    let stderr = String::from_utf8_lossy(&bad_every.stderr);
+    assert!(stderr.contains("--every"), "{stderr}");
     for (to, said) in [
         ("smtp://mail", "not a broker"),
         ("nats://127.0.0.1:1", "cannot be reached"),
