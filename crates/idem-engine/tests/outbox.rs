@@ -61,25 +61,32 @@ async fn stored(url: &str, name: &str) -> Vec<(String, String, Vec<u8>)> {
     found
 }
 
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// A stream `name` taking the subjects under its name.
+async fn create_stream(nats: &str, name: &str) {
+    let js = jetstream::new(async_nats::connect(nats).await.expect("connects"));
+    js.create_stream(stream::Config {
+        name: name.to_owned(),
+        subjects: vec![format!("{name}.>")],
+        ..Default::default()
+    })
+    .await
+    .expect("the stream");
+}
+
 #[test]
 fn a_run_sends_once_after_its_completion_and_a_replay_sends_nothing_more() {
     let nats = NatsServer::shared().expect("nats-server").url();
     let name = format!("engine_outbox_{:016x}", rand::random::<u64>());
     let subject = format!("{name}.out");
-    let tokio = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    tokio.block_on(async {
-        let js = jetstream::new(async_nats::connect(nats.as_str()).await.expect("connects"));
-        js.create_stream(stream::Config {
-            name: name.clone(),
-            subjects: vec![format!("{name}.>")],
-            ..Default::default()
-        })
-        .await
-        .expect("the stream");
-    });
+    let tokio = runtime();
+    tokio.block_on(create_stream(&nats, &name));
 
     let dir = tempfile::tempdir().expect("a temporary folder");
     let engine = open(&dir, Some(nats.clone())).expect("the engine opens with its outbox");
@@ -136,6 +143,46 @@ fn a_run_sends_once_after_its_completion_and_a_replay_sends_nothing_more() {
 
     let sent = tokio.block_on(stored(&nats, &name));
     assert_eq!(sent, vec![(id, "v".to_owned(), b"charged".to_vec())]);
+}
+
+#[test]
+fn what_a_refused_send_left_is_sent_by_the_engines_dispatcher() {
+    let nats = NatsServer::shared().expect("nats-server").url();
+    let name = format!("engine_later_{:016x}", rand::random::<u64>());
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let url = format!("sqlite:{}", dir.path().join("idem.db").display());
+    let engine = Engine::open(
+        &url,
+        EngineOptions {
+            outbox: Some(nats.clone()),
+            lease: Some(Duration::from_millis(600)),
+            ..EngineOptions::default()
+        },
+    )
+    .expect("opens");
+    let here = engine.here().expect("this process");
+    let held = run(here
+        .block_on(here.begin("orders", "order-1", None, None))
+        .expect("claims"));
+    let id = held
+        .context()
+        .send(&format!("{name}.out"), b"late".to_vec(), Vec::new())
+        .expect("held");
+    // No stream takes the subject yet: JetStream refuses the send, and
+    // the message stays pending with the completed run.
+    here.block_on(held.complete(Ok(b"1".to_vec())))
+        .expect("completes");
+    let tokio = runtime();
+    tokio.block_on(create_stream(&nats, &name));
+    // The engine's dispatcher looks every 5 s, once the marker's lease
+    // (600 ms) has run out.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut sent = tokio.block_on(stored(&nats, &name));
+    while sent.is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(250));
+        sent = tokio.block_on(stored(&nats, &name));
+    }
+    assert_eq!(sent, vec![(id, String::new(), b"late".to_vec())]);
 }
 
 #[test]
