@@ -152,19 +152,17 @@ impl Outbox {
     ) -> Result<OutboxPass, OutboxError> {
         let token: i64 = rand::random();
         let limit = u64::try_from(batch).unwrap_or(u64::MAX);
-        let rows: Vec<Row> = {
-            let mut conn = pool.get_conn().await?;
-            conn.exec_drop(
-                &self.take,
-                vec![
-                    Value::Int(ms(self.lease)),
-                    Value::Int(token),
-                    Value::UInt(limit),
-                ],
-            )
+        let take = vec![
+            Value::Int(ms(self.lease)),
+            Value::Int(token),
+            Value::UInt(limit),
+        ];
+        exec_retrying(pool, &self.take, take).await?;
+        let rows: Vec<Row> = pool
+            .get_conn()
+            .await?
+            .exec(&self.taken, vec![Value::Int(token)])
             .await?;
-            conn.exec(&self.taken, vec![Value::Int(token)]).await?
-        };
         let taken = rows.len();
         let rows: Vec<TakenRow> = rows
             .into_iter()
@@ -175,9 +173,7 @@ impl Outbox {
         let (sent, failed) = send_in_order(rows, sender).await;
         if let Some(&last) = sent.last() {
             // What was sent is a prefix of the taken rows in order.
-            let mut conn = pool.get_conn().await?;
-            conn.exec_drop(&self.done, vec![Value::Int(token), Value::Int(last)])
-                .await?;
+            exec_retrying(pool, &self.done, vec![Value::Int(token), Value::Int(last)]).await?;
         }
         Ok(OutboxPass {
             taken,
@@ -205,5 +201,32 @@ impl Outbox {
     /// the lease.
     pub async fn run(&self, pool: &Pool, sender: &impl Sender, batch: usize, every: Duration) {
         table::dispatch_every(every, || self.dispatch_due(pool, sender, batch)).await;
+    }
+}
+
+/// Tries of a statement that meets another dispatcher's locks.
+const LOCK_TRIES: u32 = 8;
+
+/// Runs `sql` on a pooled connection, again after a deadlock or a lock
+/// wait timeout (1213, 1205: the server rolled the statement back, so
+/// nothing was taken or deleted), a few times with a growing, jittered
+/// pause. Dispatchers taking rows at once meet in InnoDB's index locks,
+/// under `REPEATABLE READ` above all.
+async fn exec_retrying(pool: &Pool, sql: &str, params: Vec<Value>) -> Result<(), OutboxError> {
+    let mut pause = Duration::from_millis(5);
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let mut conn = pool.get_conn().await?;
+        match conn.exec_drop(sql, params.clone()).await {
+            Err(mysql_async::Error::Server(e))
+                if matches!(e.code, 1205 | 1213) && tries < LOCK_TRIES =>
+            {
+                let jitter = Duration::from_micros(rand::random::<u64>() % 5_000);
+                tokio::time::sleep(pause + jitter).await;
+                pause = (pause * 2).min(Duration::from_millis(200));
+            }
+            done => return Ok(done?),
+        }
     }
 }
