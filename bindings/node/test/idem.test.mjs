@@ -88,10 +88,12 @@ for (const name of stores.names) {
     });
 
     test("a blocked event loop cannot starve a lease: the engine's threads extend it", async () => {
-      const idem = open("blocked", { leaseMs: 300 });
-      const other = open("blocked", { leaseMs: 300 });
+      // Leases of 600 ms: long enough that a heartbeat delayed by a busy
+      // 2-core CI machine still lands (300 ms missed once in a full run).
+      const idem = open("blocked", { leaseMs: 600 });
+      const other = open("blocked", { leaseMs: 600 });
       const outcome = await idem.withIdempotency("k", async (run) => {
-        const until = performance.now() + 1200;
+        const until = performance.now() + 2400;
         while (performance.now() < until) {
           // a synchronous stall of four leases: no timer runs
         }
