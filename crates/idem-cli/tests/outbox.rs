@@ -28,6 +28,17 @@ fn idem(args: &[&str]) -> Output {
         .expect("idem runs")
 }
 
+/// The JSON report of an `idem … outbox run --once` that must succeed.
+fn passed_once(args: &[&str]) -> serde_json::Value {
+    let output = idem(args);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("JSON")
+}
+
 /// The ids of the messages in `name`, as their `Nats-Msg-Id`s, sorted.
 async fn ids_in(js: &jetstream::Context, name: &str) -> Vec<String> {
     let reader = js
@@ -126,25 +137,13 @@ async fn outbox_run_sends_what_runs_and_producers_left_pending_once() {
     let once = [
         "--store", &store_url, "outbox", "run", "--to", &nats, "--table", "--once",
     ];
-    let first = idem(&once);
-    assert!(
-        first.status.success(),
-        "{}",
-        String::from_utf8_lossy(&first.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&first.stdout).expect("JSON");
+    let report = passed_once(&once);
     assert_eq!(report["runs"]["messages"], 2, "{report}");
     assert_eq!(report["runs"]["sent"], 2, "{report}");
     assert_eq!(report["table"]["sent"], 2, "{report}");
     assert_eq!(ids_in(&js, &name).await, expected);
 
-    let second = idem(&once);
-    assert!(
-        second.status.success(),
-        "{}",
-        String::from_utf8_lossy(&second.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&second.stdout).expect("JSON");
+    let report = passed_once(&once);
     assert_eq!(report["runs"]["messages"], 0, "{report}");
     assert_eq!(report["table"]["taken"], 0, "{report}");
     assert_eq!(ids_in(&js, &name).await, expected, "nothing is sent twice");
@@ -211,16 +210,9 @@ async fn outbox_run_sends_the_standalone_outbox_of_mysql() {
     let mut expected: Vec<_> = produced.iter().map(|m| m.id().to_owned()).collect();
     expected.sort();
 
-    let once = [
+    let report = passed_once(&[
         "--store", &url, "outbox", "run", "--to", &nats, "--table", "--once",
-    ];
-    let first = idem(&once);
-    assert!(
-        first.status.success(),
-        "{}",
-        String::from_utf8_lossy(&first.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&first.stdout).expect("JSON");
+    ]);
     assert_eq!(report["table"]["sent"], 2, "{report}");
     assert_eq!(ids_in(&js, &name).await, expected);
     let left: Option<i64> = conn
