@@ -398,6 +398,10 @@ impl<S: RecordTtl, R: ReplayCache> Store for Cached<S, R> {
         self.store.keeps_bytes()
     }
 
+    fn sends_messages(&self) -> bool {
+        self.store.sends_messages()
+    }
+
     fn max_stored_bytes(&self) -> Option<usize> {
         self.store.max_stored_bytes()
     }

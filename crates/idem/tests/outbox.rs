@@ -352,3 +352,86 @@ async fn a_released_run_sends_nothing_and_refuses_later_sends() {
         .expect("the next claim runs");
     assert!(sender.messages().is_empty(), "{:?}", sender.messages());
 }
+
+#[tokio::test]
+async fn runs_whose_messages_a_dispatcher_elsewhere_sends_store_them_and_send_nothing() {
+    let (store, clock) = store();
+    let runs = Idempotency::builder(store.clone())
+        .lease(LEASE)
+        .replay_cache_bytes(0)
+        .outbox_sent_elsewhere()
+        .build()
+        .expect("a valid executor");
+    let id = run_id("sent-elsewhere");
+    for _ in 0..2 {
+        let outcome = runs
+            .run(&id, None, |ctx| async move {
+                ctx.send(Message::new("events", "charged"))?;
+                Ok::<_, HandlerError>(7u32)
+            })
+            .await
+            .expect("run, then replayed");
+        assert!(matches!(
+            outcome,
+            Outcome::Executed { value: 7, .. } | Outcome::Replayed { value: 7 }
+        ));
+    }
+
+    let sender = MemorySender::new();
+    let dispatcher = executor(store.clone(), sender.clone());
+    let pass = dispatcher.dispatch_pending().await.expect("a pass");
+    assert_eq!(
+        pass.runs, 0,
+        "the run's marker is held for a lease: {pass:?}"
+    );
+    clock.advance(LEASE);
+    let pass = dispatcher.dispatch_pending().await.expect("a pass");
+    assert_eq!((pass.runs, pass.messages), (1, 1), "{pass:?}");
+    assert_eq!(sender.messages()[0].payload().as_ref(), b"charged");
+    clock.advance(LEASE * 2);
+    let pass = dispatcher.dispatch_pending().await.expect("a pass");
+    assert_eq!(pass.messages, 0, "sent once: {pass:?}");
+    assert_eq!(sender.messages().len(), 1);
+}
+
+#[test]
+fn an_outbox_sent_by_the_store_needs_a_store_that_takes_messages() {
+    let refused = Idempotency::builder(MemoryStore::new())
+        .outbox_sent_by_store()
+        .build();
+    assert!(
+        matches!(refused, Err(idem::ConfigError::StoreSendsNoMessages)),
+        "{:?}",
+        refused.err()
+    );
+}
+
+#[tokio::test]
+async fn a_marker_whose_run_ended_without_completing_is_given_back_by_the_dispatcher() {
+    let (store, clock) = store();
+    let sender = MemorySender::new();
+    let idem = executor(store.clone(), sender.clone());
+    let id = run_id("refused");
+    let params = idem::store::ClaimParams::new(LEASE, LEASE * 10);
+    let idem::store::ClaimOutcome::Acquired(lease) =
+        store.claim(&id, &params).await.expect("a claim")
+    else {
+        panic!("a fresh key is acquired");
+    };
+    // A server completing a caller's run holds the marker, then the
+    // store refuses the completion and the run is ended as failed.
+    let _marker = idem.hold_outbox_marker(&id).await;
+    let failure = idem::Failure::new(idem::FailureClass::Terminal, "result refused");
+    store
+        .fail(&lease, failure, LEASE * 10)
+        .await
+        .expect("failed");
+
+    clock.advance(LEASE);
+    let pass = idem.dispatch_pending().await.expect("a pass");
+    assert_eq!((pass.pending, pass.runs), (1, 0), "{pass:?}");
+    clock.advance(LEASE * 2);
+    let pass = idem.dispatch_pending().await.expect("a pass");
+    assert_eq!(pass.pending, 0, "the marker was given back: {pass:?}");
+    assert!(sender.messages().is_empty());
+}

@@ -196,6 +196,10 @@ impl<S: Store, H: Hooks<S>> Store for Double<S, H> {
         self.hooks.keeps_bytes(&self.inner)
     }
 
+    fn sends_messages(&self) -> bool {
+        self.inner.sends_messages()
+    }
+
     fn max_stored_bytes(&self) -> Option<usize> {
         self.inner.max_stored_bytes()
     }

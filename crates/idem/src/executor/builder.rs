@@ -9,7 +9,7 @@ use super::replays::{Replays, DEFAULT_REPLAY_CACHE_BYTES, DEFAULT_REPLAY_CACHE_T
 use super::{default_classifier, Backoff, Classifier, Config, Idempotency};
 use crate::codec::{AtRest, Codec, Json, Keyring};
 use crate::key_hash::KeyHasher;
-use crate::outbox::{OutboxConfig, Sender};
+use crate::outbox::{OutboxConfig, Sender, SentBy};
 use crate::record::FailureClass;
 use crate::store::Store;
 
@@ -55,6 +55,13 @@ pub enum ConfigError {
          in them; send through the outbox where the records are stored"
     )]
     OutboxUnsupported,
+    /// [`outbox_sent_by_store`](IdempotencyBuilder::outbox_sent_by_store)
+    /// for a store that does not take a run's messages.
+    #[error(
+        "this store does not take the messages a run sends: give the executor a sender \
+         (outbox) or a dispatcher elsewhere (outbox_sent_elsewhere)"
+    )]
+    StoreSendsNoMessages,
     /// Responses are to be kept by reference, but no blob store was given.
     #[error("a replay policy keeps bodies by reference, but no blob store was given")]
     NoBlobStore,
@@ -87,7 +94,7 @@ pub struct IdempotencyBuilder<S, C = Json> {
     log_keys: bool,
     replay_cache_bytes: usize,
     replay_cache_ttl: Duration,
-    outbox: Option<Arc<dyn Sender>>,
+    outbox: Option<SentBy>,
 }
 
 impl<S, C> std::fmt::Debug for IdempotencyBuilder<S, C> {
@@ -250,7 +257,31 @@ impl<S: Store, C: Codec> IdempotencyBuilder<S, C> {
     /// [`spawn_outbox_dispatcher`](Idempotency::spawn_outbox_dispatcher)
     /// beside it to send what a process that died left behind.
     pub fn outbox(mut self, sender: impl Sender) -> Self {
-        self.outbox = Some(Arc::new(sender));
+        self.outbox = Some(SentBy::Here(Arc::new(sender)));
+        self
+    }
+
+    /// Gives handlers an outbox whose messages a dispatcher elsewhere
+    /// sends: they are stored with their run's completion, as with
+    /// [`outbox`](Self::outbox), and the run's marker is held, but this
+    /// executor sends nothing. A dispatcher over the same store (`idem
+    /// outbox run`, or another executor's
+    /// [`spawn_outbox_dispatcher`](Idempotency::spawn_outbox_dispatcher))
+    /// sends them once the marker's lease has run out: about a lease plus
+    /// its interval after the run.
+    pub fn outbox_sent_elsewhere(mut self) -> Self {
+        self.outbox = Some(SentBy::Elsewhere);
+        self
+    }
+
+    /// Gives handlers an outbox whose messages the store takes with the
+    /// completion and sends on its side ([`Store::sends_messages`]; the
+    /// remote store does: `idem serve` keeps them with the result and
+    /// dispatches them). This executor holds no marker and sends nothing,
+    /// not even on a replay: the server re-dispatches what is unconfirmed
+    /// when it answers a duplicate.
+    pub fn outbox_sent_by_store(mut self) -> Self {
+        self.outbox = Some(SentBy::Store);
         self
     }
 
@@ -300,8 +331,14 @@ impl<S: Store, C: Codec> IdempotencyBuilder<S, C> {
         if self.keyring.is_some() && !self.store.keeps_bytes() {
             return Err(ConfigError::SealingUnsupported);
         }
-        if self.outbox.is_some() && !self.store.keeps_bytes() {
-            return Err(ConfigError::OutboxUnsupported);
+        match &self.outbox {
+            Some(SentBy::Store) if !self.store.sends_messages() => {
+                return Err(ConfigError::StoreSendsNoMessages);
+            }
+            Some(SentBy::Here(_) | SentBy::Elsewhere) if !self.store.keeps_bytes() => {
+                return Err(ConfigError::OutboxUnsupported);
+            }
+            _ => {}
         }
         let journal = self.store.step_journal();
         Ok(Idempotency {

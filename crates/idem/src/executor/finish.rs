@@ -68,7 +68,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         }
         // Claimed before the completion, so that once the messages are
         // stored the dispatcher can always find them.
-        let marker = match messages.is_empty() {
+        let marker = match messages.is_empty() || !self.holds_markers() {
             true => None,
             false => self.hold_marker(&lease.id).await,
         };

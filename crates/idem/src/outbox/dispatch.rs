@@ -28,21 +28,49 @@ const MARKER_WAIT: Duration = Duration::from_secs(2);
 /// Sends of one message before a dispatch gives up and leaves it pending.
 const SEND_TRIES: u32 = 3;
 
-/// An executor's outbox: its sender, and the scopes it knows are
+/// Who sends a run's messages once they are stored with its completion.
+#[derive(Clone)]
+pub(crate) enum SentBy {
+    /// This executor, through its sender (and its dispatcher).
+    Here(Arc<dyn Sender>),
+    /// A dispatcher elsewhere over the same store (`idem outbox run`):
+    /// this executor stores the messages and holds their marker only.
+    Elsewhere,
+    /// The store itself: it takes the messages with the completion and
+    /// keeps and sends them on its side (`idem serve`, over the remote
+    /// store); this executor holds no marker.
+    Store,
+}
+
+/// An executor's outbox: who sends, and the scopes it knows are
 /// registered.
 pub(crate) struct OutboxConfig {
-    pub(crate) sender: Arc<dyn Sender>,
+    pub(crate) sent_by: SentBy,
     registered: Mutex<HashMap<Scope, std::time::Instant>>,
 }
 
 impl OutboxConfig {
-    pub(crate) fn new(sender: Arc<dyn Sender>) -> Self {
+    pub(crate) fn new(sent_by: SentBy) -> Self {
         Self {
-            sender,
+            sent_by,
             registered: Mutex::default(),
         }
     }
+
+    /// The sender, when this executor sends.
+    fn sender(&self) -> Option<&Arc<dyn Sender>> {
+        match &self.sent_by {
+            SentBy::Here(sender) => Some(sender),
+            SentBy::Elsewhere | SentBy::Store => None,
+        }
+    }
 }
+
+/// The marker a completion that carries messages holds until they are
+/// confirmed sent: see [`Idempotency::hold_outbox_marker`].
+#[derive(Debug)]
+#[must_use = "hand it to dispatch_held once the completion is stored"]
+pub struct HeldMarker(Option<Lease>);
 
 /// Why a dispatch stopped: the first send that failed.
 pub(crate) type Dispatched = Result<usize, SendError>;
@@ -121,7 +149,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     /// Sends `messages` in order, each tried a few times while the broker
     /// is unavailable: how many were sent, or the error that stopped it.
     pub(crate) async fn dispatch(&self, messages: &[Message], by: &'static str) -> Dispatched {
-        let Some(outbox) = self.outbox_config() else {
+        let Some(sender) = self.outbox_config().and_then(OutboxConfig::sender) else {
             return Err(SendError::NoOutbox);
         };
         for message in messages {
@@ -129,7 +157,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             let mut delay = Duration::from_millis(50);
             loop {
                 tries += 1;
-                match outbox.sender.send(message).await {
+                match sender.send(message).await {
                     Ok(()) => {
                         m::outbox_sent(message.id());
                         break;
@@ -156,6 +184,13 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     /// holds. A dispatch that fails leaves the marker to run out: the
     /// dispatcher takes it over and sends again.
     pub(crate) async fn dispatch_completed(&self, messages: &[Message], marker: Option<Lease>) {
+        if self
+            .outbox_config()
+            .and_then(OutboxConfig::sender)
+            .is_none()
+        {
+            return; // sent elsewhere, once the marker runs out
+        }
         if self.dispatch(messages, "run").await.is_ok() {
             if let Some(marker) = marker {
                 self.release_marker(&marker).await;
@@ -164,11 +199,61 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     }
 
     /// The messages of a run with no claim (fail-open, the store down):
-    /// sent at once, with nothing to store them in.
+    /// sent at once, with nothing to store them in — or, when this
+    /// executor does not send them itself, dropped with a warning.
     pub(crate) async fn dispatch_unguarded(&self, messages: Vec<Message>) {
-        if !messages.is_empty() {
-            let _ = self.dispatch(&messages, "unguarded").await;
+        if messages.is_empty() {
+            return;
         }
+        if self
+            .outbox_config()
+            .and_then(OutboxConfig::sender)
+            .is_none()
+        {
+            tracing::warn!(
+                messages = messages.len(),
+                "a run let through with the store down sent messages, and this executor has no sender of its own: they are dropped"
+            );
+            return;
+        }
+        let _ = self.dispatch(&messages, "unguarded").await;
+    }
+
+    /// For a server completing runs its callers hold (`idem serve`'s claim
+    /// API, whose callers' messages come with the completion): before
+    /// storing a completion that carries messages, registers the run's
+    /// scope and claims its marker, as [`run`](Self::run) does, so that
+    /// once the completion is stored a dispatcher always finds them.
+    /// Store the completion with the messages sealed in
+    /// ([`AtRest::seal_run`](crate::codec::AtRest::seal_run), with
+    /// [`encode_messages`](super::encode_messages)), then hand the marker to
+    /// [`dispatch_held`](Self::dispatch_held).
+    pub async fn hold_outbox_marker(&self, run: &RecordId) -> HeldMarker {
+        HeldMarker(self.hold_marker(run).await)
+    }
+
+    /// After a completion held by [`hold_outbox_marker`](Self::hold_outbox_marker)
+    /// was stored: sends `messages` if this executor has a sender and
+    /// releases the marker once all are confirmed. Without a sender (or if
+    /// a send fails) the marker is left to run out, and a dispatcher over
+    /// the same store sends them.
+    pub async fn dispatch_held(&self, messages: &[Message], marker: HeldMarker) {
+        self.dispatch_completed(messages, marker.0).await;
+    }
+
+    /// Whether a run that sends holds a marker: unless the store keeps
+    /// and sends the messages itself.
+    pub(crate) fn holds_markers(&self) -> bool {
+        self.outbox_config()
+            .is_some_and(|outbox| !matches!(outbox.sent_by, SentBy::Store))
+    }
+
+    /// For a server answering a duplicate with a completion it stored
+    /// (`idem serve`'s claim API): re-dispatches the messages stored with
+    /// it if no dispatch of them is confirmed and none is under way, as a
+    /// replay through [`run`](Self::run) does.
+    pub async fn redispatch_stored(&self, run: &RecordId, stored: &[u8]) {
+        self.redispatch(run, stored).await;
     }
 
     /// A marker's release once its messages are confirmed; a release
@@ -184,7 +269,11 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     /// none is under way (the marker is held by a process that died, or
     /// was never written).
     pub(crate) async fn redispatch(&self, run: &RecordId, stored: &[u8]) {
-        if self.outbox_config().is_none() {
+        if self
+            .outbox_config()
+            .and_then(OutboxConfig::sender)
+            .is_none()
+        {
             return;
         }
         let messages = match stored_messages(self.at_rest(), run, stored) {

@@ -10,8 +10,9 @@ use super::Message;
 
 const VERSION: u8 = 1;
 
-/// The messages as stored.
-pub(crate) fn encode(messages: &[Message]) -> Vec<u8> {
+/// The messages as a run stores them with its response (see
+/// [`AtRest::seal_run`](crate::codec::AtRest::seal_run)).
+pub fn encode(messages: &[Message]) -> Vec<u8> {
     let mut out = vec![VERSION];
     put_len(&mut out, messages.len(), 4);
     for m in messages {

@@ -95,8 +95,9 @@ impl Message {
             .chain(own.then_some((KEY_HEADER, self.id.as_str())))
     }
 
-    /// Refuses what no sender could deliver.
-    pub(super) fn check(&self) -> Result<(), SendError> {
+    /// Refuses what no sender could deliver (what
+    /// [`Context::send`](crate::Context::send) refuses).
+    pub fn check(&self) -> Result<(), SendError> {
         if self.destination.is_empty() {
             return Err(SendError::Invalid("the destination is empty".to_owned()));
         }

@@ -72,7 +72,8 @@ pub(crate) use outgoing::Outgoing;
 pub use sweep::{DispatchPass, DEFAULT_DISPATCH_INTERVAL};
 pub use table::OutboxPass;
 
-pub(crate) use dispatch::OutboxConfig;
+pub use dispatch::HeldMarker;
+pub(crate) use dispatch::{OutboxConfig, SentBy};
 
 use crate::codec::AtRest;
 use crate::key::RecordId;
@@ -90,5 +91,6 @@ pub fn stored_messages(
         None => Ok(Vec::new()),
     }
 }
-pub(crate) use frame::{decode as decode_messages, encode as encode_messages};
+pub(crate) use frame::decode as decode_messages;
+pub use frame::encode as encode_messages;
 pub(crate) use marker::{marker_id, marker_scope, registry_id, run_scope_of, REGISTRY_SCOPE};

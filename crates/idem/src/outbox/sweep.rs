@@ -102,8 +102,17 @@ where
                 self.release_marker(&lease).await;
                 continue;
             };
-            let State::Completed { response } = &record.state else {
-                continue; // not completed (yet): the marker runs out and is looked at again
+            let response = match &record.state {
+                State::Completed { response } => response,
+                // Still running: the marker runs out and is looked at again.
+                State::InProgress { .. } => continue,
+                // Ended without its completion (refused, failed, given
+                // back): it sent nothing, and a later run of it holds the
+                // marker again.
+                State::Failed { .. } | State::Released { .. } => {
+                    self.release_marker(&lease).await;
+                    continue;
+                }
             };
             let messages = match stored_messages(self.at_rest(), &run, response) {
                 Ok(messages) => messages,

@@ -69,6 +69,9 @@ impl<S: Store> Store for Arc<S> {
     fn keeps_bytes(&self) -> bool {
         (**self).keeps_bytes()
     }
+    fn sends_messages(&self) -> bool {
+        (**self).sends_messages()
+    }
     fn max_stored_bytes(&self) -> Option<usize> {
         (**self).max_stored_bytes()
     }

@@ -233,6 +233,17 @@ pub trait Store: Send + Sync + 'static {
         true
     }
 
+    /// Whether the store takes the messages a run sends with its
+    /// completion (inside the bytes handed to
+    /// [`complete`](Self::complete)) and sees them sent on its side. The
+    /// remote store does: `idem serve` stores them with the result and
+    /// dispatches them. An executor built with
+    /// [`outbox_sent_by_store`](crate::IdempotencyBuilder::outbox_sent_by_store)
+    /// needs such a store.
+    fn sends_messages(&self) -> bool {
+        false
+    }
+
     /// The largest response, as stored (the bytes handed to
     /// [`complete`](Self::complete): compressed and sealed), this store
     /// keeps; `None` when it has no limit of its own that matters (beyond
