@@ -54,6 +54,8 @@ export interface IdemOptions {
   /**
    * The broker what runs send goes to (`RunContext.send`): `sqs://?endpoint=URL&region=R`
    * (credentials from the environment) or `amqp://…` (RabbitMQ) [default: none].
+   * Over `idem serve` the server sends (`idem serve --outbox URL`): `send` works
+   * without it, and one given is refused.
    */
   outbox?: string;
 }

@@ -249,3 +249,38 @@ def test_bad_input_gets_a_clear_error_and_leaves_no_claim(store):
     with pytest.raises(ValueError, match="policy"):
         with idem.claim("s", "k4") as run:
             run.step("x", lambda key: 1, policy="sometimes")
+
+
+def test_over_idem_serve_a_runs_messages_are_stored_with_it_for_the_server_to_send(serve):
+    """``run.send`` against a remote ``idem serve``: the messages go with the
+    completion and are stored with the result (there for ``idem serve
+    --outbox`` or ``idem outbox run`` to send); a duplicate replays and
+    stores nothing more; an ``outbox`` URL of its own is refused."""
+    import json
+    import os
+    import subprocess
+
+    from conftest import TOKEN
+
+    idem = Idem(serve.url, token=TOKEN)
+    calls = []
+    for _ in range(3):
+        with idem.claim("orders", "order-7") as run:
+            if not run.replayed:
+                calls.append(1)
+                sent = run.send("order-events", {"charged": "order-7"}, headers={"source": "py"})
+                run.complete({"charge": "ch_7"})
+    assert len(calls) == 1
+    described = subprocess.run(
+        [os.environ["IDEM_BIN"], "--store", f"sqlite:{serve.folder / 'serve.db'}",
+         "inspect", "shop/orders", "order-7"],
+        capture_output=True, check=True, text=True,
+    )
+    record = json.loads(described.stdout)
+    assert record["response"]["value"] == {"charge": "ch_7"}
+    messages = record["response"]["messages"]
+    assert [(m["id"], m["destination"], m["headers"]) for m in messages] == [
+        (sent, "order-events", 1)
+    ]
+    with pytest.raises(InvalidInput, match="--outbox"):
+        Idem(serve.url, token=TOKEN, outbox="amqp://127.0.0.1:5672")

@@ -451,7 +451,7 @@ async fn run_serve(
     args: &serve::ServeArgs,
     secrets: admin::Secrets,
 ) -> anyhow::Result<()> {
-    let config = args.config(secrets)?;
+    let config = args.open(secrets).await?;
     let url: StoreUrl = store.unwrap_or(DEFAULT_STORE).parse()?;
     let store = url.open().await?;
     let listener = tokio::net::TcpListener::bind(&args.listen)

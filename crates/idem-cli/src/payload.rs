@@ -11,6 +11,7 @@ use bytes::Bytes;
 
 use idem::codec::{envelope_of, AtRest, Codec, Keyring};
 use idem::key_hash::KeyHasher;
+use idem::outbox::Message;
 use idem::RecordId;
 use idem_http::{Binary, Kept, StoredResponse};
 use serde_json::{json, Value};
@@ -66,14 +67,27 @@ impl Secrets {
         }
     }
 
-    /// The JSON of a result [`seal_result`](Self::seal_result) stored.
+    /// A result's JSON and the messages its run sends, as `idem serve`
+    /// stores them: [`seal_result`](Self::seal_result) when there are
+    /// none; else in the envelope that carries them (sealed under the
+    /// keyring), which every outbox dispatcher reads.
+    pub fn seal_run(&self, id: &RecordId, json: Bytes, messages: &[Message]) -> Bytes {
+        if messages.is_empty() {
+            return self.seal_result(id, json);
+        }
+        let frame = idem::outbox::encode_messages(messages);
+        self.at_rest.seal_run(id, json.to_vec(), Some(&frame))
+    }
+
+    /// The JSON of a result [`seal_result`](Self::seal_result) or
+    /// [`seal_run`](Self::seal_run) stored.
     pub fn open_result<'a>(
         &self,
         id: &RecordId,
         stored: &'a [u8],
     ) -> Result<Cow<'a, [u8]>, String> {
         match envelope_of(stored) {
-            ("sealed", _) => self.at_rest.open_response(id, stored, usize::MAX),
+            ("sealed" | "with-messages", _) => self.at_rest.open_response(id, stored, usize::MAX),
             _ => Ok(Cow::Borrowed(stored)),
         }
     }

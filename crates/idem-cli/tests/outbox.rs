@@ -65,6 +65,42 @@ async fn ids_in(js: &jetstream::Context, name: &str) -> Vec<String> {
     ids
 }
 
+/// The ids in `name` once they are `expected`, or after 10 s.
+async fn ids_within(js: &jetstream::Context, name: &str, expected: &[String]) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut seen = ids_in(js, name).await;
+    while seen != expected && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        seen = ids_in(js, name).await;
+    }
+    seen
+}
+
+/// Runs `order-1` and `order-2`, each delivered `deliveries` times, each
+/// run sending one message to `NAME.charged`: the messages' ids.
+async fn charge_two<S: idem::Store>(
+    app: &Idempotency<S>,
+    name: &str,
+    deliveries: usize,
+) -> Vec<String> {
+    let mut ids = Vec::new();
+    for key in ["order-1", "order-2"] {
+        let message = Message::new(format!("{name}.charged"), key.to_owned());
+        ids.push(message.id().to_owned());
+        let id = RecordId::parse("orders", key).expect("valid");
+        for _delivery in 0..deliveries {
+            let message = message.clone();
+            app.run(&id, None, |ctx| async move {
+                ctx.send(message)?;
+                Ok::<_, HandlerError>(key.to_owned())
+            })
+            .await
+            .expect("run, then replayed");
+        }
+    }
+    ids
+}
+
 /// The NATS URL, a JetStream context and a fresh stream `PREFIX_<random>`
 /// taking the subjects under its name.
 async fn fresh_stream(prefix: &str) -> (String, jetstream::Context, String) {
@@ -111,18 +147,7 @@ async fn outbox_run_sends_what_runs_and_producers_left_pending_once() {
         .outbox(away.clone())
         .build()
         .expect("an executor");
-    let mut expected = Vec::new();
-    for key in ["order-1", "order-2"] {
-        let message = Message::new(format!("{name}.charged"), key.to_owned());
-        expected.push(message.id().to_owned());
-        let id = RecordId::parse("orders", key).expect("valid");
-        app.run(&id, None, |ctx| async move {
-            ctx.send(message)?;
-            Ok::<_, HandlerError>(())
-        })
-        .await
-        .expect("completes");
-    }
+    let mut expected = charge_two(&app, &name, 1).await;
     drop(app);
     // And a producer enqueues two in its own transaction.
     let produced = [
@@ -164,12 +189,7 @@ async fn outbox_run_sends_what_runs_and_producers_left_pending_once() {
     enqueue(&path, std::slice::from_ref(&later));
     expected.push(later.id().to_owned());
     expected.sort();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let mut seen = ids_in(&js, &name).await;
-    while seen != expected && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        seen = ids_in(&js, &name).await;
-    }
+    let seen = ids_within(&js, &name, &expected).await;
     running.kill().expect("stopped");
     running.wait().expect("reaped");
     assert_eq!(seen, expected);
@@ -261,4 +281,75 @@ fn outbox_run_says_what_is_wrong_with_its_broker() {
     ]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("PostgreSQL, MySQL or SQLite"), "{stderr}");
+}
+
+/// `idem serve --outbox` as a process, killed and reaped when dropped.
+struct Served(std::process::Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `idem serve` over `store_url` on a free loopback port with
+/// `extra` arguments; its URL once it answers.
+fn serve(store_url: &str, extra: &[&str]) -> (Served, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let child = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["--store", store_url, "serve", "--listen", &listen])
+        .args(extra)
+        .env("IDEM_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("idem serve starts");
+    let served = Served(child);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(&listen).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "idem serve never listened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (served, format!("http://{listen}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idem_serve_sends_its_callers_messages_to_jetstream_once() {
+    let (nats, js, name) = fresh_stream("cli_serve_outbox").await;
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let store_url = format!("sqlite:{}", dir.path().join("idem.db").display());
+    let (served, url) = serve(&store_url, &["--outbox", &nats]);
+    let store = idem_remote::RemoteStore::builder(&url)
+        .expect("the URL")
+        .build()
+        .expect("the remote store");
+    let app = Idempotency::builder(store)
+        .outbox_sent_by_store()
+        .build()
+        .expect("an executor");
+
+    let mut expected = charge_two(&app, &name, 3).await;
+    expected.sort();
+    assert_eq!(
+        ids_within(&js, &name, &expected).await,
+        expected,
+        "each run's message, once"
+    );
+
+    // The runs' records are settled: a dispatcher over the store finds
+    // nothing left to send.
+    drop(served);
+    let report = passed_once(&[
+        "--store", &store_url, "outbox", "run", "--to", &nats, "--once",
+    ]);
+    assert_eq!(report["runs"]["messages"], 0, "{report}");
+    assert_eq!(ids_in(&js, &name).await, expected);
 }

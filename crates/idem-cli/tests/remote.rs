@@ -12,9 +12,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use idem::outbox::{MemorySender, Message};
 use idem::step::Retry;
 use idem::{FailureClass, HandlerError, Idempotency, Outcome, RecordId, RunError};
-use idem_cli::serve::{self, Tenants};
+use idem_cli::serve::{self, ServeConfig, ServeOutbox, Tenants};
 use idem_cli::store::AnyStore;
 use idem_remote::RemoteStore;
 use idem_sqlite::SqliteStore;
@@ -26,18 +27,28 @@ const TOKEN: &str = "shop-token-0123456789abcdef";
 struct Server {
     addr: SocketAddr,
     file: PathBuf,
+    tune: fn(&mut ServeConfig),
+    outbox: Option<ServeOutbox>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
 
 impl Server {
     async fn start(file: PathBuf) -> Self {
+        Self::with(file, |_| {}, None).await
+    }
+
+    /// A server whose settings `tune` changes, sending runs' messages
+    /// through `outbox` (none: left to a dispatcher elsewhere).
+    async fn with(file: PathBuf, tune: fn(&mut ServeConfig), outbox: Option<ServeOutbox>) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
         let mut server = Self {
             addr: listener.local_addr().expect("addr"),
             file,
+            tune,
+            outbox,
             stop: None,
             task: None,
         };
@@ -48,8 +59,10 @@ impl Server {
     fn serve(&mut self, listener: tokio::net::TcpListener) {
         let store = AnyStore::Sqlite(SqliteStore::open(&self.file).expect("open"));
         let tokens = vec![TOKEN.to_owned()];
-        let config =
+        let mut config =
             common::serve_config(Tenants::new([("shop", tokens.as_slice())]).expect("tenants"));
+        config.outbox = self.outbox.clone();
+        (self.tune)(&mut config);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         self.stop = Some(stop);
         self.task = Some(tokio::spawn(serve::serve(
@@ -319,4 +332,149 @@ async fn a_server_away_fails_closed_and_a_wrong_token_is_refused() {
         "{away:?}"
     );
     assert_eq!(ran.load(Ordering::SeqCst), 0, "fail closed");
+}
+
+/// The server's lease in the outbox tests: how long a message whose send
+/// failed waits before a replay or a dispatcher sends it again.
+const SERVER_LEASE: Duration = Duration::from_millis(400);
+
+fn short_lease(config: &mut ServeConfig) {
+    config.lease = SERVER_LEASE;
+}
+
+/// Waits up to `within` for `sender` to hold `n` messages; their ids.
+async fn sent(sender: &MemorySender, n: usize, within: Duration) -> Vec<String> {
+    let deadline = Instant::now() + within;
+    while sender.messages().len() < n && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sender
+        .messages()
+        .iter()
+        .map(|m| m.id().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_over_idem_serve_send_through_the_servers_outbox_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = MemorySender::new();
+    let outbox = ServeOutbox {
+        url: "memory://".to_owned(),
+        sender: Arc::new(broker.clone()),
+    };
+    let mut server = Server::with(dir.path().join("idem.db"), short_lease, Some(outbox)).await;
+    let idem = Idempotency::builder(server.store())
+        .outbox_sent_by_store()
+        .build()
+        .expect("executor");
+
+    let runs = Arc::new(AtomicU32::new(0));
+    let charged = Message::new("order-events", r#"{"charged":"order-7"}"#).header("tenant", "a");
+    let shipped = Message::new("order-events", "shipped");
+    let expected = vec![charged.id().to_owned(), shipped.id().to_owned()];
+    for _ in 0..3 {
+        let (runs, charged, shipped) = (runs.clone(), charged.clone(), shipped.clone());
+        let outcome = idem
+            .run(&id("order-7"), None, |ctx| async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                ctx.send(charged)?;
+                ctx.send(shipped)?;
+                Ok::<_, HandlerError>("charged".to_owned())
+            })
+            .await
+            .expect("run, then replayed");
+        assert!(matches!(
+            outcome,
+            Outcome::Executed { .. } | Outcome::Replayed { .. }
+        ));
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(sent(&broker, 2, Duration::from_secs(5)).await, expected);
+    let first = &broker.messages()[0];
+    assert_eq!(first.payload().as_ref(), br#"{"charged":"order-7"}"#);
+    assert_eq!(first.headers(), [("tenant".to_owned(), "a".to_owned())]);
+
+    // The broker is away when the next run completes: the completion is
+    // stored with its message all the same, and once the broker is back
+    // a duplicate (or the server's dispatcher) sends it, once.
+    broker.fail(true);
+    let refunded = Message::new("order-events", "refunded");
+    let refund_id = refunded.id().to_owned();
+    idem.run(&id("order-8"), None, |ctx| async move {
+        ctx.send(refunded)?;
+        Ok::<_, HandlerError>("refunded".to_owned())
+    })
+    .await
+    .expect("completes with the broker away");
+    // Past the server's three tries (at 0, 50 and 250 ms).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(broker.messages().len(), 2, "nothing more was confirmed");
+    broker.fail(false);
+    tokio::time::sleep(SERVER_LEASE + Duration::from_millis(100)).await;
+    let replayed = idem
+        .run(&id("order-8"), None, |_| async {
+            Ok::<_, HandlerError>("ran twice".to_owned())
+        })
+        .await
+        .expect("replayed");
+    assert_eq!(
+        replayed,
+        Outcome::Replayed {
+            value: "refunded".to_owned()
+        }
+    );
+    let ids = sent(&broker, 3, Duration::from_secs(8)).await;
+    assert_eq!(ids[2..], [refund_id]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(broker.messages().len(), 3, "sent once");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_outbox_idem_serve_leaves_runs_messages_to_a_dispatcher_over_its_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("idem.db");
+    let mut server = Server::with(file.clone(), short_lease, None).await;
+    let idem = Idempotency::builder(server.store())
+        .outbox_sent_by_store()
+        .build()
+        .expect("executor");
+    let message = Message::new("order-events", "charged");
+    let expected = vec![message.id().to_owned()];
+    idem.run(&id("order-9"), None, |ctx| async move {
+        ctx.send(message)?;
+        Ok::<_, HandlerError>(serde_json::json!({"charge": "ch_9"}))
+    })
+    .await
+    .expect("completes");
+    // The record reads as the JSON the run returned.
+    let replayed = Idempotency::builder(server.store())
+        .build()
+        .expect("executor")
+        .run(&id("order-9"), None, |_| async {
+            Ok::<_, HandlerError>(serde_json::Value::Null)
+        })
+        .await
+        .expect("replayed");
+    assert_eq!(
+        replayed,
+        Outcome::Replayed {
+            value: serde_json::json!({"charge": "ch_9"})
+        }
+    );
+
+    // What `idem outbox run` does, over the server's store.
+    let broker = MemorySender::new();
+    let dispatcher = Idempotency::builder(SqliteStore::open(&file).expect("open"))
+        .outbox(broker.clone())
+        .build()
+        .expect("a dispatcher");
+    tokio::time::sleep(SERVER_LEASE + Duration::from_millis(100)).await;
+    let pass = dispatcher.dispatch_pending().await.expect("a pass");
+    assert_eq!((pass.runs, pass.messages), (1, 1), "{pass:?}");
+    assert_eq!(sent(&broker, 1, Duration::ZERO).await, expected);
+    let pass = dispatcher.dispatch_pending().await.expect("a pass");
+    assert_eq!(pass.messages, 0, "sent once: {pass:?}");
+    server.stop().await;
 }

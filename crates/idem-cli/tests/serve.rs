@@ -524,6 +524,35 @@ async fn bad_input_gets_a_problem_that_says_what_was_wrong() {
             "lease.token",
         ),
         (
+            "/v1/complete",
+            json!({ "lease": lease, "response": 1, "messages": [
+                { "id": "m-1", "destination": "events", "payload": "%%" }
+            ] }),
+            "messages[0].payload: not base64",
+        ),
+        (
+            "/v1/complete",
+            json!({ "lease": lease, "response": 1, "messages": [
+                { "id": "m-1", "destination": "events", "payload": "" },
+                { "id": "a b", "destination": "events", "payload": "" }
+            ] }),
+            "messages[1].id:",
+        ),
+        (
+            "/v1/complete",
+            json!({ "lease": lease, "response": 1, "messages": [
+                { "id": "m-1", "destination": "", "payload": "" }
+            ] }),
+            "the destination is empty",
+        ),
+        (
+            "/v1/complete",
+            json!({ "lease": lease, "response": 1, "messages": [
+                { "id": "m-1", "destination": "events", "payload": "", "to": "x" }
+            ] }),
+            "unknown field `to`",
+        ),
+        (
             "/v1/fail",
             json!({ "lease": lease, "class": "maybe", "message": "m" }),
             "unknown variant `maybe`",

@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 
 use bytes::Bytes;
 use idem::outbox::DEFAULT_DISPATCH_INTERVAL;
-use idem::{default_classifier, GetRecord, Idempotency, PurgerHandle, RecordId, State};
+use idem::{default_classifier, GetRecord, Idempotency, PurgerHandle, RecordId, State, Store as _};
 use tokio::runtime::Runtime;
 
 use crate::error::{EngineError, HandlerFailure};
@@ -44,6 +44,7 @@ impl Local {
             .build()
             .map_err(EngineError::Runtime)?;
         let store = runtime.block_on(url.open_with(options.token.as_deref()))?;
+        let served = store.sends_messages();
         let mut builder = Idempotency::builder(store).classify(|error| {
             match error.downcast_ref::<HandlerFailure>() {
                 Some(failure) => failure.class,
@@ -79,6 +80,16 @@ impl Local {
             builder = builder.hash_keys(hasher);
         }
         let outbox = match &options.outbox {
+            Some(url) if served => {
+                return Err(EngineError::Config(format!(
+                    "outbox {url:?}: over idem serve the server sends the messages runs send; \
+                     start it with --outbox {url} and leave the outbox unset here"
+                )));
+            }
+            None if served => {
+                builder = builder.outbox_sent_by_store();
+                false
+            }
             Some(url) => {
                 let url: SenderUrl = url.parse()?;
                 builder = builder.outbox(runtime.block_on(url.open())?);

@@ -36,6 +36,8 @@ pub struct EngineOptions {
     /// `nats://`, `kafka://`, `sqs://`, each behind its feature). The
     /// messages are stored with the run's completion and sent after it;
     /// the engine runs the dispatcher for those a process that died left
-    /// unsent. Not for a remote `idem serve`.
+    /// unsent. Not for a remote `idem serve`: there a run's messages go
+    /// with its completion, and the server sends them (`idem serve
+    /// --outbox URL`) or leaves them to `idem outbox run`.
     pub outbox: Option<String>,
 }

@@ -272,7 +272,8 @@ impl RunContext {
     }
 
     /// Sends a message through the engine's outbox
-    /// ([`EngineOptions::outbox`](crate::EngineOptions::outbox)): held
+    /// ([`EngineOptions::outbox`](crate::EngineOptions::outbox); over a
+    /// remote `idem serve`, the server's): held
     /// until the run ends, stored with its completion, sent after it, and
     /// never again for a duplicate that is replayed (see
     /// [`Context::send`]). `headers` travel with it; the message's id (a

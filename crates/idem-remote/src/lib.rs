@@ -30,7 +30,10 @@
 //! problem the server answers is a definite refusal.
 //!
 //! Responses and step results cross the API as JSON: use the executor's
-//! default `Json` codec. The API keeps no notification, so waiting for an
+//! default `Json` codec. A run's messages ([`Context::send`](idem::Context::send),
+//! with [`outbox_sent_by_store`](idem::IdempotencyBuilder::outbox_sent_by_store))
+//! go with its completion: the server stores them with the result and
+//! sends them (`idem serve --outbox URL`). The API keeps no notification, so waiting for an
 //! in-flight duplicate reads the record with a backoff; and an operator
 //! resolves a parked step against the store itself, not through this one.
 

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use idem::codec::AtRest;
 use idem::store::{poll_while, ClaimOutcome, ClaimParams, Lease, LeaseToken, StepBegin};
 use idem::{
     Failure, GetRecord, Record, RecordId, Resolution, Resolved, State, StepEntry, StepJournal,
@@ -13,7 +14,7 @@ use serde_json::value::RawValue;
 
 use crate::wire::{
     ClaimAnswer, ClaimRequest, ClassJson, CompleteRequest, ExtendAnswer, ExtendRequest,
-    FailRequest, LeaseJson, RecordAnswer, ReleaseRequest, StateJson, StepBeginAnswer,
+    FailRequest, LeaseJson, MessageJson, RecordAnswer, ReleaseRequest, StateJson, StepBeginAnswer,
     StepBeginRequest, StepFinishRequest, StepJson, StepsAnswer,
 };
 use crate::RemoteStore;
@@ -70,6 +71,12 @@ impl Store for RemoteStore {
         false
     }
 
+    /// A run's messages go with its completion; the server keeps them
+    /// with the result and sends them.
+    fn sends_messages(&self) -> bool {
+        true
+    }
+
     idem::store_capabilities!(peek, steps);
 
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
@@ -124,10 +131,13 @@ impl Store for RemoteStore {
     ) -> Result<(), StoreError> {
         let opened = idem::codec::open(&response, usize::MAX)
             .map_err(|reason| StoreError::Backend(reason.into()))?;
+        let messages = idem::outbox::stored_messages(&AtRest::reader(None), &lease.id, &response)
+            .map_err(|reason| StoreError::Backend(reason.into()))?;
         let request = CompleteRequest {
             lease: lease_json(lease),
             response: as_json(Bytes::copy_from_slice(&opened), "the response")?,
             retention_ms: Some(millis(retention)),
+            messages: messages.iter().map(MessageJson::new).collect(),
         };
         self.api.post_empty("/v1/complete", &request).await
     }

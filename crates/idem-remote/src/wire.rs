@@ -4,7 +4,10 @@
 //! times are milliseconds since the Unix epoch; responses and step results
 //! are any JSON value, stored and replayed byte for byte.
 
-use idem::{FailureClass, Record, State, StateKind, StepEntry, StepState};
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
+use base64::Engine as _;
+use idem::outbox::Message;
+use idem::{FailureClass, Key, Record, State, StateKind, StepEntry, StepState};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 
@@ -83,6 +86,66 @@ pub struct CompleteRequest {
     /// How long the record is kept, in milliseconds (absent: the server's `--retention`).
     #[serde(default, deserialize_with = "whole_or_null")]
     pub retention_ms: Option<u64>,
+    /// The messages the run sends: stored with the response, in the same
+    /// write, and sent by the server once it is stored (or by a
+    /// dispatcher over its store); a duplicate's claim re-sends those not
+    /// confirmed sent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub messages: Vec<MessageJson>,
+}
+
+/// Payloads' base64: the standard alphabet, padded; bits after the last
+/// byte are not checked.
+const BASE64: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_allow_trailing_bits(true),
+);
+
+/// A message a run sends, as `complete` carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MessageJson {
+    /// Its id (a UUIDv7, or the caller's own key): the broker's
+    /// deduplication id and the receiver's idempotency key.
+    pub id: String,
+    /// Where it goes (a subject, queue or topic), as the server's sender
+    /// understands it.
+    pub destination: String,
+    /// The payload, in base64 (standard alphabet, padded).
+    pub payload: String,
+    /// The headers, in order, as `[name, value]` pairs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<(String, String)>,
+}
+
+impl MessageJson {
+    /// `message` as the API carries it.
+    pub fn new(message: &Message) -> Self {
+        Self {
+            id: message.id().to_owned(),
+            destination: message.destination().to_owned(),
+            payload: BASE64.encode(message.payload()),
+            headers: message.headers().to_vec(),
+        }
+    }
+
+    /// The message, or why it is not one (a field named, and the rule).
+    pub fn into_message(self) -> Result<Message, String> {
+        let id = Key::new(&self.id).map_err(|e| format!("id: {e}"))?;
+        let payload = BASE64
+            .decode(self.payload.as_bytes())
+            .map_err(|e| format!("payload: not base64 ({e})"))?;
+        let message = self
+            .headers
+            .into_iter()
+            .fold(
+                Message::new(self.destination, payload),
+                |m, (name, value)| m.header(name, value),
+            )
+            .with_id(id);
+        message.check().map_err(|e| e.to_string())?;
+        Ok(message)
+    }
 }
 
 /// A failure's class on the wire.

@@ -114,7 +114,9 @@ class Idem:
     ``sqs://?endpoint=URL&region=R`` (credentials from the environment);
     the engine sends each run's messages after its completion is stored,
     and a dispatcher on its own threads sends what a process that died
-    left unsent.
+    left unsent. Over ``idem serve`` the server sends (``idem serve
+    --outbox URL``): ``run.send`` works without ``outbox``, and one given
+    is refused.
 
     In a forked child (gunicorn's ``preload``, ``multiprocessing``) the
     engine opens the store again on first use; a run begun in the parent

@@ -6,16 +6,17 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::StatusCode;
+use idem::outbox::Message;
 use idem::store::{ClaimOutcome, ClaimParams, Lease, LeaseToken, StepBegin, LONGEST_HELD};
 use idem::{
-    Failure, Fingerprint, GetRecord, KeyRules, RecordId, Scope, State, StepJournal, StepState,
-    Store, StoreError, Timestamp, MAX_SCOPE_LEN,
+    Failure, Fingerprint, GetRecord, Idempotency, KeyRules, RecordId, Scope, State, StepJournal,
+    StepState, Store, StoreError, Timestamp, MAX_SCOPE_LEN,
 };
 use idem_http::Problem;
 use idem_remote::wire::{
     stored_json, ClaimAnswer, ClaimRequest, CompleteRequest, ExtendAnswer, ExtendRequest,
-    FailRequest, LeaseJson, RecordAnswer, ReleaseRequest, StepBeginAnswer, StepBeginRequest,
-    StepFinishRequest, StepJson, StepsAnswer,
+    FailRequest, LeaseJson, MessageJson, RecordAnswer, ReleaseRequest, StepBeginAnswer,
+    StepBeginRequest, StepFinishRequest, StepJson, StepsAnswer,
 };
 use serde_json::value::RawValue;
 use tokio_util::task::TaskTracker;
@@ -37,7 +38,12 @@ pub(crate) struct Api {
     /// Writes run detached from their request, so that a caller that
     /// disconnects cannot cut one short; shutdown waits for them.
     pub(crate) writes: TaskTracker,
+    /// Keeps the messages runs send (markers, registry) and sends them.
+    pub(crate) outbox: Outbox,
 }
+
+/// The executor the API keeps and sends runs' messages through.
+pub(crate) type Outbox = Idempotency<AnyStore>;
 
 type Answer<T> = Result<T, Problem>;
 
@@ -156,9 +162,13 @@ impl Api {
                         retry_after_ms: retry_after.as_millis().try_into().unwrap_or(u64::MAX),
                     }
                 }
-                ClaimOutcome::Completed(response) => ClaimAnswer::Completed {
-                    response: self.result_json(&id, &response)?,
-                },
+                ClaimOutcome::Completed(response) => {
+                    let answer = ClaimAnswer::Completed {
+                        response: self.result_json(&id, &response)?,
+                    };
+                    self.redispatch(id, response);
+                    answer
+                }
                 ClaimOutcome::Failed(failure) => ClaimAnswer::Failed {
                     class: failure.class.into(),
                     message: failure.message,
@@ -168,14 +178,37 @@ impl Api {
         }
     }
 
+    /// A duplicate answered with a stored completion: its messages sent
+    /// again, in the background, if no dispatch of them is confirmed.
+    fn redispatch(&self, id: RecordId, stored: Bytes) {
+        if idem::codec::envelope_of(&stored).0 == "plain" {
+            return;
+        }
+        let outbox = self.outbox.clone();
+        self.writes
+            .spawn(async move { outbox.redispatch_stored(&id, &stored).await });
+    }
+
     pub(crate) async fn complete(&self, tenant: &str, request: CompleteRequest) -> Answer<()> {
         let lease = self.lease(tenant, &request.lease)?;
         let retention = millis("retention_ms", request.retention_ms, self.config.retention)?;
+        let messages = messages(request.messages)?;
         let json = Bytes::from(String::from(Box::<str>::from(request.response)));
-        let response = self.config.secrets.seal_result(&lease.id, json.clone());
+        let response = self
+            .config
+            .secrets
+            .seal_run(&lease.id, json.clone(), &messages);
         let store = self.store.clone();
         let secrets = self.config.secrets.clone();
+        let outbox = self.outbox.clone();
+        let writes = self.writes.clone();
         self.detached(async move {
+            // Claimed before the completion, so that once the messages
+            // are stored a dispatcher always finds them.
+            let marker = match messages.is_empty() {
+                true => None,
+                false => Some(outbox.hold_outbox_marker(&lease.id).await),
+            };
             if let Some(limit) = store.max_stored_bytes().filter(|l| response.len() > *l) {
                 let refusal = StoreError::Backend(
                     format!(
@@ -199,7 +232,11 @@ impl Api {
                             .is_ok_and(|opened| *opened == *json),
                         _ => false,
                     })
-                    .await
+                    .await?;
+                    if let Some(marker) = marker {
+                        writes.spawn(async move { outbox.dispatch_held(&messages, marker).await });
+                    }
+                    Ok(())
                 }
             }
         })
@@ -396,6 +433,30 @@ fn millis(field: &str, value: Option<u64>, default: Duration) -> Answer<Duration
         )));
     }
     Ok(d)
+}
+
+/// The messages a completion carries, checked: at most
+/// [`MAX_MESSAGES_BYTES`](idem::outbox::MAX_MESSAGES_BYTES) in all.
+fn messages(sent: Vec<MessageJson>) -> Answer<Vec<Message>> {
+    let messages = sent
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            m.into_message()
+                .map_err(|e| bad_request(format!("messages[{i}].{e}")))
+        })
+        .collect::<Answer<Vec<Message>>>()?;
+    let bytes: usize = messages
+        .iter()
+        .map(|m| m.payload().len() + m.destination().len() + m.id().len())
+        .sum();
+    if bytes > idem::outbox::MAX_MESSAGES_BYTES {
+        return Err(bad_request(format!(
+            "messages: {bytes} bytes, over the {} a run may send",
+            idem::outbox::MAX_MESSAGES_BYTES
+        )));
+    }
+    Ok(messages)
 }
 
 fn step_name(name: &str) -> Answer<()> {

@@ -30,7 +30,8 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
-use api::{Api, Shared};
+use api::{Api, Outbox, Shared};
+use idem::outbox::{Sender, DEFAULT_DISPATCH_INTERVAL};
 pub use tenants::{Tenants, MAX_TENANT_LEN, MIN_TOKEN_LEN, OPEN_TENANT};
 
 use crate::store::AnyStore;
@@ -78,6 +79,30 @@ pub struct ServeArgs {
     /// The private key (PEM) of --tls-cert, read again on SIGHUP.
     #[arg(long, env = "IDEM_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// The broker the messages callers' runs send go to (`nats://…`,
+    /// `amqp://…`, `kafka://…`, `sqs://…`, each in a build with its
+    /// feature): sent as soon as each run is stored, and by a dispatcher
+    /// running in the server. Without it the messages are stored and left
+    /// for `idem outbox run` over the same store.
+    #[arg(long, env = "IDEM_SERVE_OUTBOX")]
+    pub outbox: Option<String>,
+}
+
+/// Where `idem serve` sends the messages runs send.
+#[derive(Clone)]
+pub struct ServeOutbox {
+    /// The broker's URL, as given.
+    pub url: String,
+    /// Its sender.
+    pub sender: Arc<dyn Sender>,
+}
+
+impl std::fmt::Debug for ServeOutbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeOutbox")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The claim API's settings, checked.
@@ -101,11 +126,34 @@ pub struct ServeConfig {
     /// Results and step results sealed with `--keyring`, keys hashed with
     /// `--key-secret` (default: neither).
     pub secrets: crate::payload::Secrets,
+    /// Where runs' messages are sent (`--outbox`); `None` leaves them to a
+    /// dispatcher elsewhere.
+    pub outbox: Option<ServeOutbox>,
 }
 
 impl ServeArgs {
-    /// The settings, checked; the tokens file is read. `secrets` are the
-    /// global `--keyring` and `--key-secret`.
+    /// The settings, checked, with `--outbox`'s sender connected (see
+    /// [`config`](Self::config)).
+    pub async fn open(&self, secrets: crate::payload::Secrets) -> anyhow::Result<ServeConfig> {
+        let mut config = self.config(secrets)?;
+        if let Some(url) = &self.outbox {
+            let sender = url
+                .parse::<idem_engine::SenderUrl>()
+                .map_err(|e| anyhow::anyhow!("--outbox: {e}"))?
+                .open()
+                .await
+                .map_err(|e| anyhow::anyhow!("--outbox: {e}"))?;
+            config.outbox = Some(ServeOutbox {
+                url: url.clone(),
+                sender,
+            });
+        }
+        Ok(config)
+    }
+
+    /// The settings, checked; the tokens file is read (`--outbox` is not
+    /// connected: see [`open`](Self::open)). `secrets` are the global
+    /// `--keyring` and `--key-secret`.
     pub fn config(&self, secrets: crate::payload::Secrets) -> anyhow::Result<ServeConfig> {
         let tenants = match &self.tokens {
             Some(path) => Tenants::from_file(path)?,
@@ -141,6 +189,7 @@ impl ServeArgs {
             max_request_bytes: self.max_request_bytes,
             max_lease,
             secrets,
+            outbox: None,
             tls: match (&self.tls_cert, &self.tls_key) {
                 (Some(cert), Some(key)) => Some(TlsFiles {
                     cert: cert.clone(),
@@ -155,12 +204,20 @@ impl ServeArgs {
 
 /// The API's routes over `store`, and the tracker of writes still running
 /// for callers that went away.
-pub fn router(store: AnyStore, config: ServeConfig) -> (Router, TaskTracker) {
+pub fn router(store: AnyStore, config: ServeConfig) -> anyhow::Result<(Router, TaskTracker)> {
+    let (router, writes, _) = routes(store, config)?;
+    Ok((router, writes))
+}
+
+/// [`router`], and the executor that keeps and sends runs' messages.
+fn routes(store: AnyStore, config: ServeConfig) -> anyhow::Result<(Router, TaskTracker, Outbox)> {
     let writes = TaskTracker::new();
+    let outbox = outbox_executor(&store, &config)?;
     let api: Shared = Arc::new(Api {
         store,
         config,
         writes: writes.clone(),
+        outbox: outbox.clone(),
     });
     let router = Router::new()
         .route("/v1/claim", post(claim))
@@ -179,7 +236,26 @@ pub fn router(store: AnyStore, config: ServeConfig) -> (Router, TaskTracker) {
             problem(problems::wrong_method(&method, uri.path()))
         })
         .with_state(api);
-    (router, writes)
+    Ok((router, writes, outbox))
+}
+
+/// The executor through which the API keeps the messages callers' runs
+/// send: its markers claimed with the server's lease and retention, its
+/// sends through `--outbox` (or none: a dispatcher elsewhere sends).
+fn outbox_executor(store: &AnyStore, config: &ServeConfig) -> anyhow::Result<Outbox> {
+    let mut builder = idem::Idempotency::builder(store.clone())
+        .lease(config.lease)
+        .retention(config.retention.max(config.lease));
+    if let Some(keyring) = config.secrets.at_rest().keyring() {
+        builder = builder.keyring(keyring.clone());
+    }
+    builder = match &config.outbox {
+        Some(outbox) => builder.outbox(Arc::clone(&outbox.sender)),
+        None => builder.outbox_sent_elsewhere(),
+    };
+    builder
+        .build()
+        .map_err(|e| anyhow::anyhow!("the outbox: {e}"))
 }
 
 /// Serves the API on `listener` until `shutdown` resolves; then stops
@@ -201,7 +277,9 @@ pub async fn serve(
             );
         }
     }
-    let (router, writes) = router(store, config);
+    let sends = config.outbox.is_some();
+    let (router, writes, outbox) = routes(store, config)?;
+    let _dispatcher = sends.then(|| outbox.spawn_outbox_dispatcher(DEFAULT_DISPATCH_INTERVAL));
     let shutdown = async move {
         shutdown.await;
         tracing::info!("shutting down: finishing in-flight requests");

@@ -379,5 +379,6 @@ pub fn serve_config(tenants: idem_cli::serve::Tenants) -> idem_cli::serve::Serve
         max_lease: Duration::from_secs(3600),
         secrets: Default::default(),
         tls: None,
+        outbox: None,
     }
 }

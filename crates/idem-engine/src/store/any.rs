@@ -76,6 +76,10 @@ impl Store for AnyStore {
         each!(self, s => s.keeps_bytes())
     }
 
+    fn sends_messages(&self) -> bool {
+        each!(self, s => s.sends_messages())
+    }
+
     fn max_stored_bytes(&self) -> Option<usize> {
         each!(self, s => s.max_stored_bytes())
     }
