@@ -95,6 +95,13 @@ async fn failed_and_taken_over_runs_send_nothing() {
         .map(|m| m.payload().clone())
         .collect();
     assert_eq!(payloads, ["from the new holder"]);
+
+    // The late holder found the run's messages confirmed and held
+    // nothing: no dispatcher sends the new holder's message again.
+    clock.advance(LEASE * 2);
+    let pass = idem.dispatch_pending().await.expect("a pass");
+    assert_eq!((pass.pending, pass.messages), (0, 0), "{pass:?}");
+    assert_eq!(sender.messages().len(), 1);
 }
 
 #[tokio::test]

@@ -234,7 +234,9 @@ impl Api {
                     })
                     .await?;
                     if let Some(marker) = marker {
-                        writes.spawn(async move { outbox.dispatch_held(&messages, marker).await });
+                        writes.spawn(async move {
+                            outbox.dispatch_held(&messages, marker, retention).await
+                        });
                     }
                     Ok(())
                 }

@@ -223,6 +223,7 @@ macro_rules! __conformance_group {
             messages_are_stored_with_the_completion,
             a_replay_redispatches_what_was_never_confirmed,
             concurrent_dispatchers_send_each_run_once,
+            a_sent_run_leaves_nothing_pending_and_its_key_reused_sends_anew,
         );
     };
     ($fixture:path; ttl) => {

@@ -156,3 +156,49 @@ pub async fn concurrent_dispatchers_send_each_run_once<S: Admin>(f: &Fixture<S>)
     let ids: HashSet<_> = sent.iter().map(Message::id).collect();
     assert_eq!(ids.len(), sent.len(), "a message was sent twice");
 }
+
+/// A run whose messages were sent as it completed leaves nothing for a
+/// dispatcher or a replay to send again, and once its record has expired
+/// the same key runs again and sends its new messages: the marker the
+/// first run confirmed is gone no later than its record.
+pub async fn a_sent_run_leaves_nothing_pending_and_its_key_reused_sends_anew<S: Admin>(
+    f: &Fixture<S>,
+) {
+    let scope = f.scope("outbox");
+    let run = id(&scope, "order-3");
+    let sender = MemorySender::new();
+    let idem = Idempotency::builder(Arc::clone(&f.store))
+        .lease(f.lease)
+        .retention(f.lease * 3)
+        .replay_cache_bytes(0)
+        .outbox(sender.clone())
+        .build()
+        .expect("a valid executor");
+    send_two(&idem, &run, "first").await;
+    assert_eq!(sender.messages().len(), 2, "sent as the run completed");
+    f.advance(f.lease).await;
+    let pass = idem.dispatch_scope(&scope).await.expect("a pass");
+    assert_eq!(
+        (pass.pending, pass.runs),
+        (0, 0),
+        "a confirmed marker: {pass:?}"
+    );
+    send_two(&idem, &run, "never").await;
+    assert_eq!(sender.messages().len(), 2, "a replay sent again");
+
+    f.advance(f.lease * 3).await;
+    let again = send_two(&idem, &run, "second").await;
+    assert!(matches!(again, Outcome::Executed { .. }), "{again:?}");
+    let payloads: Vec<_> = sender
+        .messages()
+        .iter()
+        .map(|m| String::from_utf8_lossy(m.payload()).into_owned())
+        .collect();
+    assert_eq!(payloads, ["first:1", "first:2", "second:1", "second:2"]);
+    f.advance(f.lease).await;
+    let pass = idem.dispatch_scope(&scope).await.expect("a pass");
+    assert_eq!(
+        pass.runs, 0,
+        "the second run's marker was confirmed: {pass:?}"
+    );
+}

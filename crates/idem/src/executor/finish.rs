@@ -70,7 +70,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         // stored the dispatcher can always find them.
         let marker = match messages.is_empty() || !self.holds_markers() {
             true => None,
-            false => self.hold_marker(&lease.id).await,
+            false => Some(self.hold_marker(&lease.id).await),
         };
         let retention = self.config.retention;
         let sent = (Instant::now(), self.store.local_now());
@@ -97,8 +97,8 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                 self.config
                     .replays
                     .put(&lease.id, fingerprint, sealed, retention, sent);
-                if !messages.is_empty() {
-                    self.dispatch_completed(&messages, marker).await;
+                if let Some(marker) = marker {
+                    self.dispatch_completed(&messages, marker, retention).await;
                 }
                 Ok(Outcome::Executed {
                     value,

@@ -70,7 +70,11 @@ impl OutboxConfig {
 /// confirmed sent: see [`Idempotency::hold_outbox_marker`].
 #[derive(Debug)]
 #[must_use = "hand it to dispatch_held once the completion is stored"]
-pub struct HeldMarker(Option<Lease>);
+pub struct HeldMarker {
+    lease: Option<Lease>,
+    /// When it was claimed: before the completion was sent.
+    since: Instant,
+}
 
 /// Why a dispatch stopped: the first send that failed.
 pub(crate) type Dispatched = Result<usize, SendError>;
@@ -90,7 +94,16 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     /// lease if this run holds it; `None` if another holds it (it is
     /// pending all the same) or it could not be written (the messages are
     /// stored all the same; a replay dispatches them).
-    pub(crate) async fn hold_marker(&self, run: &RecordId) -> Option<Lease> {
+    pub(crate) async fn hold_marker(&self, run: &RecordId) -> HeldMarker {
+        let since = Instant::now();
+        HeldMarker {
+            lease: self.claim_marker(run).await,
+            since,
+        }
+    }
+
+    /// [`hold_marker`](Self::hold_marker)'s claim.
+    async fn claim_marker(&self, run: &RecordId) -> Option<Lease> {
         self.register(run.scope()).await;
         let marker = marker_id(run);
         let params = self.marker_params();
@@ -102,6 +115,9 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                 Ok(ClaimOutcome::InProgress { .. }) if Instant::now() < give_up => {}
                 Err(StoreError::Unavailable(_)) if Instant::now() < give_up => {}
                 Ok(ClaimOutcome::InProgress { .. }) => return None,
+                // Confirmed already: a holder that lost its run's lease
+                // finishing late, or a completion sent again.
+                Ok(ClaimOutcome::Completed(_)) => return None,
                 other => {
                     tracing::warn!(outcome = ?other.map(|o| o.label()), "the outbox marker could not be claimed; a replay or the dispatcher sends the messages");
                     return None;
@@ -179,11 +195,16 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         Ok(messages.len())
     }
 
-    /// After a sending run's completion was stored: dispatches its
-    /// messages and, once all are confirmed, releases the marker it
-    /// holds. A dispatch that fails leaves the marker to run out: the
-    /// dispatcher takes it over and sends again.
-    pub(crate) async fn dispatch_completed(&self, messages: &[Message], marker: Option<Lease>) {
+    /// After a sending run's completion, kept for `retention`, was
+    /// stored: dispatches its messages and, once all are confirmed,
+    /// completes the marker it holds. A dispatch that fails leaves the
+    /// marker to run out: the dispatcher takes it over and sends again.
+    pub(crate) async fn dispatch_completed(
+        &self,
+        messages: &[Message],
+        marker: HeldMarker,
+        retention: Duration,
+    ) {
         if self
             .outbox_config()
             .and_then(OutboxConfig::sender)
@@ -192,9 +213,29 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             return; // sent elsewhere, once the marker runs out
         }
         if self.dispatch(messages, "run").await.is_ok() {
-            if let Some(marker) = marker {
-                self.release_marker(&marker).await;
+            if let Some(lease) = &marker.lease {
+                self.confirm_marker(lease, retention.saturating_sub(marker.since.elapsed()))
+                    .await;
             }
+        }
+    }
+
+    /// A marker's completion once its run's messages are confirmed, kept
+    /// `keep`: no longer than the run's record (the marker was claimed
+    /// before the completion, so the run's record expires no earlier),
+    /// so a later run of the key after both expired claims a fresh one.
+    /// A completion, not a release: it goes with the runs' own
+    /// completions in the store's group commit, and a holder that lost
+    /// its run finishing late finds the marker done and sends nothing.
+    /// Lost, it only means the messages are sent again, under the same
+    /// ids.
+    async fn confirm_marker(&self, marker: &Lease, keep: Duration) {
+        if keep.is_zero() {
+            return self.release_marker(marker).await;
+        }
+        let done = self.store().complete(marker, plain(&[]), keep);
+        if let Err(error) = m::timed(m::OP_COMPLETE, done).await {
+            tracing::debug!(%error, "the outbox marker was not completed; the messages may be sent again");
         }
     }
 
@@ -229,16 +270,21 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     /// [`encode_messages`](super::encode_messages)), then hand the marker to
     /// [`dispatch_held`](Self::dispatch_held).
     pub async fn hold_outbox_marker(&self, run: &RecordId) -> HeldMarker {
-        HeldMarker(self.hold_marker(run).await)
+        self.hold_marker(run).await
     }
 
     /// After a completion held by [`hold_outbox_marker`](Self::hold_outbox_marker)
-    /// was stored: sends `messages` if this executor has a sender and
-    /// releases the marker once all are confirmed. Without a sender (or if
+    /// was stored, kept for `retention`: sends `messages` if this executor
+    /// has a sender and completes the marker once all are confirmed. Without a sender (or if
     /// a send fails) the marker is left to run out, and a dispatcher over
     /// the same store sends them.
-    pub async fn dispatch_held(&self, messages: &[Message], marker: HeldMarker) {
-        self.dispatch_completed(messages, marker.0).await;
+    pub async fn dispatch_held(
+        &self,
+        messages: &[Message],
+        marker: HeldMarker,
+        retention: Duration,
+    ) {
+        self.dispatch_completed(messages, marker, retention).await;
     }
 
     /// Whether a run that sends holds a marker: unless the store keeps
@@ -300,9 +346,9 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
 
     /// Takes `marker` if it is pending and nobody alive holds it: held by
     /// a process whose lease ran out (a takeover), or never written (the
-    /// first claim). A marker released meanwhile — its messages confirmed
-    /// by whoever held it — is acquired by a claim too: it is given back
-    /// at once, and `None`.
+    /// first claim). A marker confirmed meanwhile by whoever held it is
+    /// `None`: completed, the claim answers so; released, the claim
+    /// acquires it, and it is given back at once.
     pub(crate) async fn take_pending_marker(&self, marker: &RecordId) -> Option<Lease> {
         let claimed = self.store().claim(marker, &self.marker_params()).await;
         let Ok(ClaimOutcome::Acquired(lease)) = claimed else {

@@ -1,7 +1,8 @@
 //! Where the outbox keeps what is pending: for a run `(scope, key)` that
 //! sent messages, a marker record `(idem.outbox/DIGEST, key)` — `DIGEST`
 //! the first 16 bytes of SHA-256 of the scope, in hex — claimed before
-//! the run's completion and released once its messages are confirmed; and
+//! the run's completion and completed (or released, by a dispatcher or a
+//! replay) once its messages are confirmed; and
 //! for each such scope, an entry `(idem.outbox, DIGEST)` completed with
 //! the scope's name, through which the dispatcher finds the markers.
 

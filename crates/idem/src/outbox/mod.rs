@@ -27,8 +27,8 @@
 //! ## What it costs, and where it is kept
 //!
 //! A run that sends writes two more records beside its own: a *marker*
-//! (claimed before the completion, released once every message is
-//! confirmed) in the scope `idem.outbox/` followed by a digest of the
+//! (claimed before the completion, completed — or released, by a
+//! dispatcher or a replay — once every message is confirmed) in the scope `idem.outbox/` followed by a digest of the
 //! run's scope, and — once per process and scope — the scope's entry in
 //! `idem.outbox`, through which the dispatcher finds the markers. A run
 //! that sends nothing writes nothing more. Both are ordinary records, seen
