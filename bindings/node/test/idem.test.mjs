@@ -4,6 +4,8 @@
 // attempts, a step begun twice, and bad input.
 
 import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 
 import {
@@ -152,3 +154,32 @@ for (const name of stores.names) {
     });
   });
 }
+
+describe("the outbox over idem serve", () => {
+  test("a run's messages go with its completion and are stored with it for the server to send", async () => {
+    const idem = new Idem({ ...stores.options("serve"), scope: "outbox" });
+    let runs = 0;
+    let sent;
+    for (let i = 0; i < 3; i += 1) {
+      await idem.withIdempotency("order-7", (run) => {
+        runs += 1;
+        sent = run.send("order-events", { charged: "order-7" }, { source: "node" });
+        return { charge: "ch_7" };
+      });
+    }
+    assert.equal(runs, 1);
+    const described = execFileSync(process.env.IDEM_BIN, [
+      "--store", `sqlite:${join(stores.serve.folder, "serve.db")}`, "inspect", "shop/outbox", "order-7",
+    ], { encoding: "utf8" });
+    const { response } = JSON.parse(described);
+    assert.deepEqual(response.value, { charge: "ch_7" });
+    assert.deepEqual(
+      response.messages.map((m) => [m.id, m.destination, m.headers]),
+      [[sent, "order-events", 1]],
+    );
+    assert.throws(
+      () => new Idem({ ...stores.options("serve"), scope: "outbox", outbox: "amqp://127.0.0.1:5672" }),
+      (error) => error instanceof InvalidInput && /--outbox/.test(error.message),
+    );
+  });
+});
