@@ -876,3 +876,17 @@ async fn sealed_results_and_hashed_keys_leave_nothing_readable_in_the_store() {
     }
     server.stop().await;
 }
+
+#[test]
+fn another_idem_serve_is_not_a_store_to_serve() {
+    let remote = idem_remote::RemoteStore::builder("http://127.0.0.1:1")
+        .expect("a URL")
+        .build()
+        .expect("a remote store");
+    let tokens = vec![SHOP.to_owned()];
+    let config =
+        common::serve_config(Tenants::new([("shop", tokens.as_slice())]).expect("tenants"));
+    let refused = serve::router(AnyStore::Remote(remote), config).err();
+    let said = refused.map(|e| e.to_string()).unwrap_or_default();
+    assert!(said.contains("not behind another idem serve"), "{said:?}");
+}

@@ -32,6 +32,7 @@ use tokio_util::task::TaskTracker;
 
 use api::{Api, Outbox, Shared};
 use idem::outbox::{Sender, DEFAULT_DISPATCH_INTERVAL};
+use idem::Store as _;
 pub use tenants::{Tenants, MAX_TENANT_LEN, MIN_TOKEN_LEN, OPEN_TENANT};
 
 use crate::store::AnyStore;
@@ -211,6 +212,11 @@ pub fn router(store: AnyStore, config: ServeConfig) -> anyhow::Result<(Router, T
 
 /// [`router`], and the executor that keeps and sends runs' messages.
 fn routes(store: AnyStore, config: ServeConfig) -> anyhow::Result<(Router, TaskTracker, Outbox)> {
+    anyhow::ensure!(
+        store.keeps_bytes(),
+        "idem serve keeps its records in a store it reaches itself (SQLite, Redis, PostgreSQL, \
+         MySQL, DynamoDB), not behind another idem serve"
+    );
     let writes = TaskTracker::new();
     let outbox = outbox_executor(&store, &config)?;
     let api: Shared = Arc::new(Api {
