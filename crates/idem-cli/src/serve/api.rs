@@ -180,8 +180,13 @@ impl Api {
 
     /// A duplicate answered with a stored completion: its messages sent
     /// again, in the background, if no dispatch of them is confirmed.
+    /// Only the envelopes that can carry messages are looked at: a result
+    /// stored as plain JSON sent none.
     fn redispatch(&self, id: RecordId, stored: Bytes) {
-        if idem::codec::envelope_of(&stored).0 == "plain" {
+        if !matches!(
+            idem::codec::envelope_of(&stored).0,
+            "with-messages" | "sealed"
+        ) {
             return;
         }
         let outbox = self.outbox.clone();
@@ -203,12 +208,6 @@ impl Api {
         let outbox = self.outbox.clone();
         let writes = self.writes.clone();
         self.detached(async move {
-            // Claimed before the completion, so that once the messages
-            // are stored a dispatcher always finds them.
-            let marker = match messages.is_empty() {
-                true => None,
-                false => Some(outbox.hold_outbox_marker(&lease.id).await),
-            };
             if let Some(limit) = store.max_stored_bytes().filter(|l| response.len() > *l) {
                 let refusal = StoreError::Backend(
                     format!(
@@ -219,6 +218,12 @@ impl Api {
                 );
                 return Err(end_refused(&store, &lease, &refusal, retention).await);
             }
+            // Claimed before the completion, so that once the messages
+            // are stored a dispatcher always finds them.
+            let marker = match messages.is_empty() {
+                true => None,
+                false => Some(outbox.hold_outbox_marker(&lease.id).await),
+            };
             match store.complete(&lease, response.clone(), retention).await {
                 Err(refusal) if refusal.is_refusal() => {
                     Err(end_refused(&store, &lease, &refusal, retention).await)
@@ -448,10 +453,7 @@ fn messages(sent: Vec<MessageJson>) -> Answer<Vec<Message>> {
                 .map_err(|e| bad_request(format!("messages[{i}].{e}")))
         })
         .collect::<Answer<Vec<Message>>>()?;
-    let bytes: usize = messages
-        .iter()
-        .map(|m| m.payload().len() + m.destination().len() + m.id().len())
-        .sum();
+    let bytes: usize = messages.iter().map(Message::stored_size).sum();
     if bytes > idem::outbox::MAX_MESSAGES_BYTES {
         return Err(bad_request(format!(
             "messages: {bytes} bytes, over the {} a run may send",

@@ -111,7 +111,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         outcome: ClaimOutcome,
     ) -> Result<Outcome<T>, RunError<E>> {
         if let ClaimOutcome::Completed(stored) = &outcome {
-            self.redispatch(id, stored).await;
+            self.redispatch_stored(id, stored).await;
         }
         self.answer(id, outcome)
     }

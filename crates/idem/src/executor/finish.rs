@@ -70,7 +70,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         // stored the dispatcher can always find them.
         let marker = match messages.is_empty() || !self.holds_markers() {
             true => None,
-            false => Some(self.hold_marker(&lease.id).await),
+            false => Some(self.hold_outbox_marker(&lease.id).await),
         };
         let retention = self.config.retention;
         let sent = (Instant::now(), self.store.local_now());
@@ -98,7 +98,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                     .replays
                     .put(&lease.id, fingerprint, sealed, retention, sent);
                 if let Some(marker) = marker {
-                    self.dispatch_completed(&messages, marker, retention).await;
+                    self.dispatch_held(&messages, marker, retention).await;
                 }
                 Ok(Outcome::Executed {
                     value,

@@ -80,6 +80,11 @@ pub struct HeldMarker {
 pub(crate) type Dispatched = Result<usize, SendError>;
 
 impl<S: Store, C: Codec> Idempotency<S, C> {
+    /// The sender, when this executor sends its runs' messages itself.
+    fn sender(&self) -> Option<&Arc<dyn Sender>> {
+        self.outbox_config().and_then(OutboxConfig::sender)
+    }
+
     /// What markers are claimed with: the executor's lease, and its
     /// retention, so a marker lives as long as its run's record
     /// (plus a lease, as it is claimed just before the run completes).
@@ -90,11 +95,18 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
 
     /// Before a run that sent messages is completed: makes sure its scope
     /// is registered and claims its marker, so that whatever happens after
-    /// the completion the dispatcher finds the messages. The marker's
-    /// lease if this run holds it; `None` if another holds it (it is
-    /// pending all the same) or it could not be written (the messages are
-    /// stored all the same; a replay dispatches them).
-    pub(crate) async fn hold_marker(&self, run: &RecordId) -> HeldMarker {
+    /// the completion the dispatcher finds the messages. The marker holds
+    /// its lease if this run could claim it; not if another holds it (it
+    /// is pending all the same) or it could not be written (the messages
+    /// are stored all the same; a replay dispatches them).
+    ///
+    /// [`run`](Self::run) calls it; so does a server completing runs its
+    /// callers hold (`idem serve`'s claim API, whose callers' messages
+    /// come with the completion): store the completion with the messages
+    /// sealed in ([`AtRest::seal_run`](crate::codec::AtRest::seal_run),
+    /// with [`encode_messages`](super::encode_messages)), then hand the
+    /// marker to [`dispatch_held`](Self::dispatch_held).
+    pub async fn hold_outbox_marker(&self, run: &RecordId) -> HeldMarker {
         let since = Instant::now();
         HeldMarker {
             lease: self.claim_marker(run).await,
@@ -102,7 +114,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         }
     }
 
-    /// [`hold_marker`](Self::hold_marker)'s claim.
+    /// [`hold_outbox_marker`](Self::hold_outbox_marker)'s claim.
     async fn claim_marker(&self, run: &RecordId) -> Option<Lease> {
         self.register(run.scope()).await;
         let marker = marker_id(run);
@@ -165,7 +177,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     /// Sends `messages` in order, each tried a few times while the broker
     /// is unavailable: how many were sent, or the error that stopped it.
     pub(crate) async fn dispatch(&self, messages: &[Message], by: &'static str) -> Dispatched {
-        let Some(sender) = self.outbox_config().and_then(OutboxConfig::sender) else {
+        let Some(sender) = self.sender() else {
             return Err(SendError::NoOutbox);
         };
         for message in messages {
@@ -196,22 +208,19 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     }
 
     /// After a sending run's completion, kept for `retention`, was
-    /// stored: dispatches its messages and, once all are confirmed,
-    /// completes the marker it holds. A dispatch that fails leaves the
-    /// marker to run out: the dispatcher takes it over and sends again.
-    pub(crate) async fn dispatch_completed(
+    /// stored (with its marker held by
+    /// [`hold_outbox_marker`](Self::hold_outbox_marker)): dispatches its
+    /// messages and, once all are confirmed, completes the marker. A
+    /// dispatch that fails, or an executor without a sender, leaves the
+    /// marker to run out: a dispatcher takes it over and sends them.
+    pub async fn dispatch_held(
         &self,
         messages: &[Message],
         marker: HeldMarker,
         retention: Duration,
     ) {
-        if self
-            .outbox_config()
-            .and_then(OutboxConfig::sender)
-            .is_none()
-        {
-            return; // sent elsewhere, once the marker runs out
-        }
+        // Without a sender nothing is sent here: the marker runs out and
+        // a dispatcher elsewhere sends them.
         if self.dispatch(messages, "run").await.is_ok() {
             if let Some(lease) = &marker.lease {
                 self.confirm_marker(lease, retention.saturating_sub(marker.since.elapsed()))
@@ -246,11 +255,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         if messages.is_empty() {
             return;
         }
-        if self
-            .outbox_config()
-            .and_then(OutboxConfig::sender)
-            .is_none()
-        {
+        if self.sender().is_none() {
             tracing::warn!(
                 messages = messages.len(),
                 "a run let through with the store down sent messages, and this executor has no sender of its own: they are dropped"
@@ -260,46 +265,11 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         let _ = self.dispatch(&messages, "unguarded").await;
     }
 
-    /// For a server completing runs its callers hold (`idem serve`'s claim
-    /// API, whose callers' messages come with the completion): before
-    /// storing a completion that carries messages, registers the run's
-    /// scope and claims its marker, as [`run`](Self::run) does, so that
-    /// once the completion is stored a dispatcher always finds them.
-    /// Store the completion with the messages sealed in
-    /// ([`AtRest::seal_run`](crate::codec::AtRest::seal_run), with
-    /// [`encode_messages`](super::encode_messages)), then hand the marker to
-    /// [`dispatch_held`](Self::dispatch_held).
-    pub async fn hold_outbox_marker(&self, run: &RecordId) -> HeldMarker {
-        self.hold_marker(run).await
-    }
-
-    /// After a completion held by [`hold_outbox_marker`](Self::hold_outbox_marker)
-    /// was stored, kept for `retention`: sends `messages` if this executor
-    /// has a sender and completes the marker once all are confirmed. Without a sender (or if
-    /// a send fails) the marker is left to run out, and a dispatcher over
-    /// the same store sends them.
-    pub async fn dispatch_held(
-        &self,
-        messages: &[Message],
-        marker: HeldMarker,
-        retention: Duration,
-    ) {
-        self.dispatch_completed(messages, marker, retention).await;
-    }
-
     /// Whether a run that sends holds a marker: unless the store keeps
     /// and sends the messages itself.
     pub(crate) fn holds_markers(&self) -> bool {
         self.outbox_config()
             .is_some_and(|outbox| !matches!(outbox.sent_by, SentBy::Store))
-    }
-
-    /// For a server answering a duplicate with a completion it stored
-    /// (`idem serve`'s claim API): re-dispatches the messages stored with
-    /// it if no dispatch of them is confirmed and none is under way, as a
-    /// replay through [`run`](Self::run) does.
-    pub async fn redispatch_stored(&self, run: &RecordId, stored: &[u8]) {
-        self.redispatch(run, stored).await;
     }
 
     /// A marker's release once its messages are confirmed; a release
@@ -310,16 +280,13 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         }
     }
 
-    /// When a duplicate is answered with `stored`: re-dispatches the
+    /// When a duplicate is answered with `stored` (by [`run`](Self::run),
+    /// or by a server answering its callers' claims): re-dispatches the
     /// messages stored with it if no dispatch of them is confirmed and
     /// none is under way (the marker is held by a process that died, or
     /// was never written).
-    pub(crate) async fn redispatch(&self, run: &RecordId, stored: &[u8]) {
-        if self
-            .outbox_config()
-            .and_then(OutboxConfig::sender)
-            .is_none()
-        {
+    pub async fn redispatch_stored(&self, run: &RecordId, stored: &[u8]) {
+        if self.sender().is_none() {
             return;
         }
         let messages = match stored_messages(self.at_rest(), run, stored) {

@@ -95,6 +95,19 @@ impl Message {
             .chain(own.then_some((KEY_HEADER, self.id.as_str())))
     }
 
+    /// The bytes the message takes as a run stores it, counted against
+    /// [`MAX_MESSAGES_BYTES`].
+    pub fn stored_size(&self) -> usize {
+        16 + self.id.len()
+            + self.destination.len()
+            + self.payload.len()
+            + self
+                .headers
+                .iter()
+                .map(|(n, v)| 6 + n.len() + v.len())
+                .sum::<usize>()
+    }
+
     /// Refuses what no sender could deliver (what
     /// [`Context::send`](crate::Context::send) refuses).
     pub fn check(&self) -> Result<(), SendError> {

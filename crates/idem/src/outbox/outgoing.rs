@@ -36,15 +36,7 @@ impl Outgoing {
             return Err(SendError::NoOutbox);
         }
         message.check()?;
-        let size = 16
-            + message.id.len()
-            + message.destination.len()
-            + message.payload.len()
-            + message
-                .headers
-                .iter()
-                .map(|(n, v)| 6 + n.len() + v.len())
-                .sum::<usize>();
+        let size = message.stored_size();
         let mut held = self.held.lock();
         if held.ended {
             return Err(SendError::Ended);
