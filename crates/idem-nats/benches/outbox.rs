@@ -6,7 +6,7 @@
 //! PostgreSQL, in the same run, the phases' order alternating by round.
 //! A phase ends when its output stream holds a message for every input.
 //!
-//! Run: `cargo bench -p idem-nats --bench outbox [-- --messages N --rounds R --concurrency C]`
+//! Run: `cargo bench -p idem-nats --bench outbox [-- --messages N --rounds R --concurrency C --store redis|postgres]`
 //!
 //! Starts its own nats-server (JetStream, file store), redis-server and
 //! PostgreSQL.
@@ -29,6 +29,8 @@ struct Args {
     messages: usize,
     rounds: usize,
     concurrency: usize,
+    /// One store's phases alone (`redis` or `postgres`), to profile it.
+    store: Option<String>,
 }
 
 fn args() -> Args {
@@ -36,9 +38,14 @@ fn args() -> Args {
         messages: 5000,
         rounds: 3,
         concurrency: 64,
+        store: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--store" {
+            out.store = it.next();
+            continue;
+        }
         let mut value = || it.next().and_then(|v| v.parse().ok()).expect("a number");
         match flag.as_str() {
             "--messages" => out.messages = value(),
@@ -192,6 +199,10 @@ async fn main() {
         for step in 0..4 {
             // Alternate which of each pair runs first.
             let (which, outbox) = (step / 2, (step % 2 == 1) ^ (round % 2 == 1));
+            let named = ["redis", "postgres"][which];
+            if a.store.as_deref().is_some_and(|only| only != named) {
+                continue;
+            }
             n += 1;
             let rate = if which == 0 {
                 let store = redis_store(n).connect().await.expect("redis");
@@ -216,6 +227,9 @@ async fn main() {
     println!("|---|---|---|---|");
     for (which, name) in [(0, "Redis"), (1, "PostgreSQL")] {
         let [direct, outbox] = &rates[which];
+        if direct.is_empty() {
+            continue;
+        }
         let ratios: Vec<f64> = direct.iter().zip(outbox).map(|(d, o)| o / d).collect();
         let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = ratios.iter().copied().fold(0.0, f64::max);
