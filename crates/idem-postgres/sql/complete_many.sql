@@ -11,6 +11,11 @@ WITH input AS (
     SELECT scope COLLATE "C" AS scope, key COLLATE "C" AS key, token, response, keep_ms, n
     FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bytea[], $5::float8[])
          WITH ORDINALITY AS i(scope, key, token, response, keep_ms, n)
+    -- Every item; a limit PostgreSQL cannot read from the plan makes it
+    -- expect one row instead of ten, so a plan cached while the table
+    -- was new (taken for ten pages) looks each row up by its primary key
+    -- rather than scanning the table once for the batch.
+    LIMIT cardinality($2::text[])
 ),
 held AS (
     SELECT r.scope, r.key, i.token, i.response, i.keep_ms, i.n

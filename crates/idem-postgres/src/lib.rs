@@ -70,8 +70,10 @@
 //! ## Tables
 //!
 //! `<schema>.idem_records` (one row per record, `PRIMARY KEY (scope,
-//! key)`, an index on `expires_at`, the triggers that announce the end of
-//! a waited record and their function `<schema>.idem_announce_end`), the sequence `<schema>.idem_fence`,
+//! key)`, an index on `expires_at`, a partial index of the records in
+//! progress by lease, the triggers that announce the end of a waited
+//! record and their function `<schema>.idem_announce_end`), the
+//! sequence `<schema>.idem_fence`,
 //! `<schema>.idem_steps` for journaled steps, `<schema>.idem_inbox` for
 //! the inbox, `<schema>.idem_inbox_p` (range-partitioned, partitions
 //! `idem_inbox_p_<width>_<start>`) and `<schema>.idem_inbox_p_upkeep` for

@@ -66,6 +66,13 @@ impl PgStore {
         &self.inner.sql.complete
     }
 
+    /// The batch complete statement as this store runs it (for `pgbench`);
+    /// its parameters, one array element per completion, are listed at
+    /// the top of `sql/complete_many.sql`.
+    pub fn complete_many_sql(&self) -> &str {
+        &self.inner.sql.complete_many
+    }
+
     /// The statement that marks a journaled step started (for `pgbench`);
     /// its parameters are listed at the top of `sql/step_begin.sql`.
     pub fn step_begin_sql(&self) -> &str {
