@@ -19,9 +19,10 @@ use idem::{CompleteMany, RecordId, State, Store};
 const IN_PROGRESS: usize = 20_000;
 
 /// The pages (shared buffers hit or read) that the write `sql` touches to
-/// complete one of `IN_PROGRESS` records in progress, run as a pooled
-/// connection runs it: prepared, and planned generically on its first run
-/// while the table was empty. `args(key)` are its parameters for a key.
+/// complete one of `IN_PROGRESS` records in progress (checked done), run
+/// as a pooled connection runs it: prepared, and planned generically on
+/// its first run while the table was empty. `args(key)` are its
+/// parameters for a key.
 async fn pages_touched(
     store: &idem_postgres::PgStore,
     sql: &str,
@@ -67,6 +68,18 @@ async fn pages_touched(
             .find_map(|word| word.strip_prefix(what)?.parse().ok())
             .unwrap_or(0)
     };
+    let state: String = client
+        .query_one(
+            &format!(
+                "SELECT state FROM {}.idem_records WHERE scope = 'orders' AND key = 'k7'",
+                store.schema()
+            ),
+            &[],
+        )
+        .await
+        .expect("k7 is there")
+        .get(0);
+    assert_eq!(state, "completed", "the write completed k7");
     count("hit=") + count("read=")
 }
 
