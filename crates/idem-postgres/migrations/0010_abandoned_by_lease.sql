@@ -12,6 +12,14 @@
 -- completion took milliseconds. Only a record in progress has a lease
 -- (`lease_until` is cleared by every write that ends it), so the same
 -- rows are indexed under a predicate none of those writes implies.
+--
+-- Building the index reads the whole table and holds off writes to it
+-- while it does (it runs in the migrations' transaction). On a large
+-- table create it beforehand without blocking writes, and this
+-- migration only drops the old one:
+--   CREATE INDEX CONCURRENTLY idem_records_leased
+--       ON <schema>.idem_records (scope, lease_until)
+--       WHERE lease_until IS NOT NULL;
 DROP INDEX IF EXISTS {schema}.idem_records_abandoned;
 CREATE INDEX IF NOT EXISTS idem_records_leased
     ON {schema}.idem_records (scope, lease_until)
