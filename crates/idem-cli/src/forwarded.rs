@@ -71,9 +71,9 @@ pub(crate) fn apply(
             headers.remove(name);
         }
     }
-    let ip = client.map(|c| c.ip());
-    if let Some(ip) = ip {
-        append(headers, X_FORWARDED_FOR, &ip.to_string());
+    let ip = client.map(|c| c.ip().to_string());
+    if let Some(ip) = &ip {
+        append(headers, X_FORWARDED_FOR, ip);
     }
     if !headers.contains_key(X_FORWARDED_PROTO) {
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(scheme));
@@ -84,18 +84,19 @@ pub(crate) fn apply(
         }
     }
     // RFC 7239: for=<node>;host=<host>;proto=<scheme>, one element a hop.
-    let mut element = String::new();
-    if let Some(ip) = ip {
+    let mut element = String::with_capacity(64);
+    if let (Some(ip), Some(client)) = (&ip, client) {
         element.push_str("for=");
-        element.push_str(&quoted(&match ip {
-            std::net::IpAddr::V4(v4) => v4.to_string(),
-            std::net::IpAddr::V6(v6) => format!("[{v6}]"),
-        }));
+        if client.is_ipv6() {
+            push_value(&mut element, &format!("[{ip}]"));
+        } else {
+            push_value(&mut element, ip);
+        }
         element.push(';');
     }
     if let Some(host) = host.as_ref().and_then(|h| h.to_str().ok()) {
         element.push_str("host=");
-        element.push_str(&quoted(host));
+        push_value(&mut element, host);
         element.push(';');
     }
     element.push_str("proto=");
@@ -112,6 +113,12 @@ pub(crate) fn apply(
 /// comma-separated value as proxies write these lists; a list that came
 /// in several header lines is joined in order (RFC 9110 §5.3).
 fn append(headers: &mut HeaderMap, name: HeaderName, value: &str) {
+    if !headers.contains_key(&name) {
+        if let Ok(value) = HeaderValue::from_str(value) {
+            headers.insert(name, value);
+        }
+        return;
+    }
     let mut parts: Vec<String> = headers
         .get_all(&name)
         .iter()
@@ -124,18 +131,26 @@ fn append(headers: &mut HeaderMap, name: HeaderName, value: &str) {
     }
 }
 
-/// A `Forwarded` parameter value: a token as it is, anything else quoted
-/// (RFC 7239 §4: an IPv6 address or a host with a port must be quoted).
-fn quoted(value: &str) -> String {
+/// Writes a `Forwarded` parameter value to `out`: a token as it is,
+/// anything else quoted (RFC 7239 §4: an IPv6 address or a host with a
+/// port must be quoted).
+fn push_value(out: &mut String, value: &str) {
     let token = !value.is_empty()
         && value
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
     if token {
-        value.to_owned()
-    } else {
-        format!("\"{}\"", value.replace('\\', "\\\\").replace('"', "\\\""))
+        out.push_str(value);
+        return;
     }
+    out.push('"');
+    for c in value.chars() {
+        if c == '\\' || c == '"' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
 }
 
 #[cfg(test)]

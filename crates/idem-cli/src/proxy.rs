@@ -98,7 +98,7 @@ pub struct ProxyConfig {
 struct Upstream {
     client: UpstreamClient,
     base: Uri,
-    /// `base` without its trailing slash, made once rather than per request.
+    /// `base` without its trailing slash, for the span's `url`.
     origin: String,
     /// `base`'s `host:port`, for `Host` when it is not preserved.
     authority: String,
@@ -165,15 +165,6 @@ async fn forward(State(upstream): State<Arc<Upstream>>, request: Request) -> Res
     }
     parts.version = http::Version::HTTP_11;
     join_cookies(&mut parts.headers);
-    let target = format!(
-        "{}{}",
-        upstream.origin,
-        parts.uri.path_and_query().map_or("/", |pq| pq.as_str())
-    );
-    parts.uri = match target.parse() {
-        Ok(uri) => uri,
-        Err(e) => return bad_gateway(format!("cannot build the upstream URL {target:?}: {e}")),
-    };
     // `TE: trailers` is the one TE a proxy passes on (RFC 9110 §10.1.4):
     // gRPC servers ask for it, and trailers are forwarded and stored.
     let trailers = wants_trailers(&parts.headers);
@@ -203,7 +194,11 @@ async fn forward(State(upstream): State<Arc<Upstream>>, request: Request) -> Res
     let span = tracing::debug_span!(
         "idem.upstream",
         method = %parts.method,
-        url = %parts.uri,
+        url = %format_args!(
+            "{}{}",
+            upstream.origin,
+            parts.uri.path_and_query().map_or("/", |pq| pq.as_str())
+        ),
         status = tracing::field::Empty,
     );
     let sent = upstream
@@ -331,7 +326,7 @@ pub fn router(layer: IdempotencyLayer<AnyStore>, config: &ProxyConfig) -> anyhow
     // the request and never answered (the key is kept).
     let connect_timeout = (config.upstream_timeout / 2).min(Duration::from_secs(5));
     let upstream = Arc::new(Upstream {
-        client: upstream::client(&config.upstream_protocol, connect_timeout)?,
+        client: upstream::client(&config.upstream, &config.upstream_protocol, connect_timeout)?,
         base: config.upstream.clone(),
         origin: config.upstream.to_string().trim_end_matches('/').to_owned(),
         authority: config

@@ -275,6 +275,44 @@ async fn a_request_that_may_have_reached_the_upstream_is_never_sent_twice() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_connections_are_kept_alive_and_replaced_once_the_upstream_closes_them() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (seen, addr) = keep_alive_upstream(None).await;
+    let gw = Gateway::start(sqlite(&dir), config(addr)).await;
+    let url = format!("{}/charge", gw.url);
+    for i in 0..10 {
+        let response = post(&url, Some(&format!("kept-{i}"))).await;
+        assert_eq!(response.status(), 201);
+        assert_eq!(response.text().await.expect("body"), "ok");
+        // Bodiless answers give their connection back too.
+        let head = client().head(&url).send().await.expect("HEAD");
+        assert_eq!(head.status(), 201);
+    }
+    assert_eq!(seen.requests.load(Ordering::SeqCst), 20);
+    assert_eq!(
+        seen.opened.load(Ordering::SeqCst),
+        1,
+        "one connection carried every request, one after another"
+    );
+    gw.shutdown().await;
+
+    // An upstream that closes a connection 50 ms after its answer: each
+    // request after a pause finds its connection closed and goes out on a
+    // new one, once, instead of failing as sent and lost.
+    let (seen, addr) = keep_alive_upstream(Some(Duration::from_millis(50))).await;
+    let gw = Gateway::start(sqlite(&dir), config(addr)).await;
+    let url = format!("{}/charge", gw.url);
+    for i in 0..5 {
+        let response = post(&url, Some(&format!("idle-{i}"))).await;
+        assert_eq!(response.status(), 201, "request {i}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(seen.requests.load(Ordering::SeqCst), 5);
+    assert_eq!(seen.opened.load(Ordering::SeqCst), 5);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenants_never_see_each_others_responses() {
     let dir = tempfile::tempdir().expect("dir");
     let (up, addr) = start_upstream().await;

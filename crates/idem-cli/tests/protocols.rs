@@ -688,6 +688,7 @@ fn certificate_files_that_cannot_work_are_refused_at_start_with_the_file_named()
     std::fs::write(&garbage, "not a certificate").expect("write");
 
     let err = idem_cli::upstream::client(
+        &"http://127.0.0.1:9".parse().expect("uri"),
         &UpstreamProtocol {
             ca_file: Some(garbage.clone()),
             http2_only: false,

@@ -382,3 +382,72 @@ pub fn serve_config(tenants: idem_cli::serve::Tenants) -> idem_cli::serve::Serve
         outbox: None,
     }
 }
+
+/// What a [`keep_alive_upstream`] has seen.
+#[derive(Clone, Default)]
+pub struct Connections {
+    /// Connections accepted.
+    pub opened: Arc<AtomicU64>,
+    /// Requests read in full and answered.
+    pub requests: Arc<AtomicU64>,
+}
+
+/// An HTTP/1.1 upstream on a raw socket that answers every request on a
+/// connection with `201` and `ok` (no body to `HEAD`), keeping the
+/// connection open; with `close_after`, it closes each connection that
+/// long after its last answer, as a server's idle timeout does.
+pub async fn keep_alive_upstream(close_after: Option<Duration>) -> (Connections, SocketAddr) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let seen = Connections::default();
+    let counters = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            counters.opened.fetch_add(1, Ordering::SeqCst);
+            let requests = Arc::clone(&counters.requests);
+            tokio::spawn(async move {
+                let mut pending = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    let Some(length) = request_length(&pending) else {
+                        let read = match close_after {
+                            Some(idle) => tokio::time::timeout(idle, socket.read(&mut buf))
+                                .await
+                                .unwrap_or(Ok(0)),
+                            None => socket.read(&mut buf).await,
+                        };
+                        match read {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => pending.extend_from_slice(&buf[..n]),
+                        }
+                        continue;
+                    };
+                    let head = pending.starts_with(b"HEAD ");
+                    pending.drain(..length);
+                    requests.fetch_add(1, Ordering::SeqCst);
+                    let answer: &[u8] = if head {
+                        b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\n"
+                    } else {
+                        b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok"
+                    };
+                    if socket.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (seen, addr)
+}
+
+/// The length of the first whole request in `bytes` (head and
+/// `Content-Length` body), if it is all there.
+fn request_length(bytes: &[u8]) -> Option<usize> {
+    let end = bytes.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = String::from_utf8_lossy(&bytes[..end]).to_ascii_lowercase();
+    let body: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().expect("content-length"));
+    (bytes.len() >= end + body).then_some(end + body)
+}
