@@ -15,15 +15,16 @@ use serde::Serialize;
 /// §7.6.1), whether listed here or named by `Connection`. `Trailer` is not
 /// one: it names the message's trailer fields, and an HTTP/1.1 peer is
 /// sent only the trailers it names.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "transfer-encoding",
-    "upgrade",
+/// Names, not strings: a string is parsed into a name at each removal.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    http::header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    http::header::PROXY_AUTHENTICATE,
+    http::header::PROXY_AUTHORIZATION,
+    HeaderName::from_static("proxy-connection"),
+    http::header::TE,
+    http::header::TRANSFER_ENCODING,
+    http::header::UPGRADE,
 ];
 
 /// Removes the hop-by-hop headers from `headers`: those above and those
