@@ -180,8 +180,7 @@ pub struct UpstreamProtocol {
 /// The client for `upstream` spoken as `protocol`. Connecting, TLS
 /// handshake included, is limited to `connect_timeout`, so an upstream
 /// that is down or never finishes its handshake is told apart (nothing was
-/// sent) from one that took the request and never answered. Must be
-/// called inside a Tokio runtime.
+/// sent) from one that took the request and never answered.
 pub fn client(
     upstream: &Uri,
     protocol: &UpstreamProtocol,

@@ -83,15 +83,18 @@ pub(crate) enum Failed {
 
 impl Pool {
     /// A pool for `address` (`host:port`); connecting is limited to
-    /// `connect_timeout`. Must be called inside a Tokio runtime: a task
-    /// closes connections left idle too long.
+    /// `connect_timeout`. Inside a Tokio runtime, a task closes the
+    /// connections left idle too long; outside one, only a request that
+    /// takes one out closes it.
     pub(crate) fn new(address: String, connect_timeout: Duration) -> Self {
         let shared = Arc::new(Shared {
             address,
             connect_timeout,
             idle: Mutex::new(VecDeque::new()),
         });
-        tokio::spawn(reap(Arc::downgrade(&shared)));
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(reap(Arc::downgrade(&shared)));
+        }
         Self { shared }
     }
 
@@ -282,5 +285,57 @@ impl http_body::Body for Driven {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// Answers one request with `ok` and reports how long after that the
+    /// connection was closed from the other side.
+    async fn one_answer(listener: TcpListener) -> Duration {
+        let (mut socket, _) = listener.accept().await.expect("accept");
+        let mut request = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = socket.read(&mut buf).await.expect("read");
+            request.extend_from_slice(&buf[..n]);
+        }
+        socket
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            .await
+            .expect("write");
+        let answered = Instant::now();
+        assert_eq!(socket.read(&mut buf).await.expect("read"), 0, "closed");
+        answered.elapsed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_goes_back_at_its_body_end_and_is_closed_once_idle_too_long() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let pool = Pool::new(
+            listener.local_addr().expect("addr").to_string(),
+            Duration::from_secs(1),
+        );
+        let upstream = tokio::spawn(one_answer(listener));
+        let request = http::Request::get("/")
+            .header(http::header::HOST, "upstream")
+            .body(Body::empty())
+            .expect("request");
+        let response = pool.send(request).await.expect("response");
+        let body = response.into_body().collect().await.expect("body");
+        assert_eq!(body.to_bytes(), "ok");
+        assert_eq!(pool.shared.idle.lock().expect("lock").len(), 1);
+        let closed_after = tokio::time::timeout(IDLE_TIMEOUT * 2, upstream)
+            .await
+            .expect("the idle connection was closed")
+            .expect("upstream");
+        assert!(closed_after >= IDLE_TIMEOUT, "{closed_after:?}");
+        assert!(pool.shared.idle.lock().expect("lock").is_empty());
     }
 }
