@@ -18,9 +18,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
-use bytes::Bytes;
 use http::Uri;
-use http_body::{Frame, SizeHint};
+use http_body_util::Either;
 use hyper::body::Incoming;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -89,7 +88,7 @@ impl UpstreamClient {
         })?;
         match &self.kind {
             Kind::Pooled(pool) => match pool.send(request).await {
-                Ok(response) => Ok(response.map(|b| UpstreamBody(BodyKind::Pooled(b)))),
+                Ok(response) => Ok(response.map(Either::Left)),
                 Err(pool::Failed::Connect(e)) => Err(UpstreamError {
                     connect: true,
                     source: e.into(),
@@ -100,7 +99,7 @@ impl UpstreamClient {
                 }),
             },
             Kind::Shared(client) => match client.request(request).await {
-                Ok(response) => Ok(response.map(|b| UpstreamBody(BodyKind::Shared(b)))),
+                Ok(response) => Ok(response.map(Either::Right)),
                 Err(e) => Err(UpstreamError {
                     connect: e.is_connect(),
                     source: e.into(),
@@ -125,44 +124,9 @@ impl UpstreamError {
     }
 }
 
-/// The body of an upstream's response.
-#[derive(Debug)]
-pub struct UpstreamBody(BodyKind);
-
-#[derive(Debug)]
-enum BodyKind {
-    Pooled(pool::Driven),
-    Shared(Incoming),
-}
-
-impl http_body::Body for UpstreamBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        match &mut self.get_mut().0 {
-            BodyKind::Pooled(body) => Pin::new(body).poll_frame(cx),
-            BodyKind::Shared(body) => Pin::new(body).poll_frame(cx),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match &self.0 {
-            BodyKind::Pooled(body) => body.is_end_stream(),
-            BodyKind::Shared(body) => body.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match &self.0 {
-            BodyKind::Pooled(body) => body.size_hint(),
-            BodyKind::Shared(body) => body.size_hint(),
-        }
-    }
-}
+/// The body of an upstream's response: from the pool, or from
+/// hyper-util's client.
+pub type UpstreamBody = Either<pool::Driven, Incoming>;
 
 /// How the gateway talks to its upstream.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -227,7 +227,7 @@ pub(crate) type Response = http::Response<Driven>;
 /// A response body that drives its connection while it is read, and puts
 /// the connection back in the pool at its end.
 #[derive(Debug)]
-pub(crate) struct Driven {
+pub struct Driven {
     body: Incoming,
     /// `None` once the body has ended and the connection gone back.
     conn: Option<Box<Conn>>,
