@@ -4,7 +4,7 @@
 //! spoken in cleartext with prior knowledge when asked: h2c).
 //!
 //! HTTP/1.1 to an `http://` upstream, the common case, goes through
-//! [`pool`], whose connections each request drives itself; TLS and HTTP/2
+//! `pool`, whose connections each request drives itself; TLS and HTTP/2
 //! through hyper-util's client, whose connections are tasks of their own
 //! (an HTTP/2 connection is shared by many requests at once).
 
