@@ -150,6 +150,8 @@ pub fn client(
     protocol: &UpstreamProtocol,
     connect_timeout: Duration,
 ) -> anyhow::Result<UpstreamClient> {
+    // Built for a pooled upstream too: a CA file that cannot work is
+    // refused at start-up whichever client ends up forwarding.
     let shared = shared_client(protocol, connect_timeout)?;
     let authority = upstream
         .authority()
