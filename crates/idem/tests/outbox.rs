@@ -2,14 +2,20 @@
 //! with its outcome and sent only after it, once per run, whatever the
 //! run, its process or its broker does meanwhile.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use idem::outbox::{MemorySender, Message, SendError, SendFuture, Sender, MAX_MESSAGES_BYTES};
+use idem::store::Lease;
 use idem::{
     Begun, GetRecord, HandlerError, Idempotency, ManualClock, MemoryStore, Outcome, RecordId,
-    RunError, State, Store, Terminal,
+    RunError, State, Store, StoreError, Terminal,
 };
+use idem_testkit::doubles::{Double, Hooks};
 use idem_testkit::DownStore;
+use tokio::sync::Notify;
 
 const LEASE: Duration = Duration::from_secs(10);
 
@@ -102,6 +108,83 @@ async fn failed_and_taken_over_runs_send_nothing() {
     let pass = idem.dispatch_pending().await.expect("a pass");
     assert_eq!((pass.pending, pass.messages), (0, 0), "{pass:?}");
     assert_eq!(sender.messages().len(), 1);
+}
+
+/// A store whose first completion of a run (scope `orders`) waits for
+/// the test's word and then fails as unreachable, unapplied: the holder
+/// cannot know whether it landed.
+#[derive(Clone)]
+struct CompletionInDoubt {
+    reached: Arc<Notify>,
+    go: Arc<Notify>,
+    first: Arc<AtomicBool>,
+}
+
+impl<S: Store> Hooks<S> for CompletionInDoubt {
+    async fn complete(
+        &self,
+        inner: &S,
+        lease: &Lease,
+        response: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        if lease.id.scope().as_str() == "orders" && self.first.swap(false, Ordering::SeqCst) {
+            self.reached.notify_one();
+            self.go.notified().await;
+            return Err(StoreError::Unavailable("connection reset".into()));
+        }
+        inner.complete(lease, response, retention).await
+    }
+}
+
+/// A holder whose completion was in doubt while its lease ran out, and
+/// whose takeover stored the same response (with messages of its own),
+/// finds its completion refused: the record is the takeover's, so its
+/// messages are not sent (a chaos run caught them sent when the
+/// stored-already check compared the responses alone).
+#[tokio::test]
+async fn a_holder_whose_completion_was_in_doubt_sends_nothing_when_a_takeover_stored_the_same_response(
+) {
+    let (store, clock) = store();
+    let sender = MemorySender::new();
+    let hooks = CompletionInDoubt {
+        reached: Arc::default(),
+        go: Arc::default(),
+        first: Arc::new(AtomicBool::new(true)),
+    };
+    let id = run_id("in-doubt");
+    let first = {
+        let idem = executor(Double::new(store.clone(), hooks.clone()), sender.clone());
+        let id = id.clone();
+        tokio::spawn(async move {
+            idem.run(&id, None, |ctx| async move {
+                ctx.send(Message::new("events", "from the holder in doubt"))?;
+                Ok::<_, HandlerError>("shipped".to_owned())
+            })
+            .await
+        })
+    };
+    hooks.reached.notified().await;
+    clock.advance(LEASE * 2);
+    let idem = executor(store.clone(), sender.clone());
+    let second = idem
+        .run(&id, None, |ctx| async move {
+            ctx.send(Message::new("events", "from the takeover"))?;
+            Ok::<_, HandlerError>("shipped".to_owned())
+        })
+        .await
+        .expect("the takeover completes");
+    assert!(matches!(second, Outcome::Executed { takeover: true, .. }));
+    hooks.go.notify_one();
+    let late = first.await.expect("joined");
+    assert!(matches!(late, Err(RunError::LeaseLost)), "{late:?}");
+
+    let payloads: Vec<_> = sender
+        .messages()
+        .iter()
+        .map(|m| m.payload().clone())
+        .collect();
+    assert_eq!(payloads, ["from the takeover"]);
 }
 
 #[tokio::test]

@@ -229,16 +229,23 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         }
     }
 
-    /// Whether the record already holds `sealed` as its completed response
-    /// (the same bytes once opened: a store may keep them in another
-    /// envelope). Read with [`Store::peek`], never with a claim: a claim
-    /// of a key deleted or expired meanwhile would create a record, bound
-    /// to this request's fingerprint, that refuses a new request as a
-    /// mismatch for a whole retention.
+    /// Whether the record already holds `sealed` as its completed response,
+    /// completed under this lease: the record's fence is the lease's (a
+    /// takeover's completion carries a newer one, whatever it stored) and
+    /// it holds the same bytes once opened (a store may keep them in
+    /// another envelope) — the response and the messages sent with it
+    /// both, as a takeover that answered alike still sent messages of its
+    /// own, which this holder must not send. Read with [`Store::peek`],
+    /// never with a claim: a claim of a key deleted or expired meanwhile
+    /// would create a record, bound to this request's fingerprint, that
+    /// refuses a new request as a mismatch for a whole retention.
     async fn stored_already(&self, lease: &Lease, sealed: &[u8]) -> bool {
         let Ok(Some(record)) = self.store.peek(&lease.id).await else {
             return false;
         };
+        if record.fence != lease.fence {
+            return false;
+        }
         if record.state.completed_with(sealed) {
             return true;
         }
@@ -247,13 +254,12 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         };
         let max = self.config.max_response_bytes;
         let at_rest = &self.config.at_rest;
-        matches!(
-            (
-                at_rest.open_response(&lease.id, response, max),
-                at_rest.open_response(&lease.id, sealed, max)
-            ),
-            (Ok(stored), Ok(ours)) if stored == ours
-        )
+        let opened = |bytes: &[u8]| -> Result<(Vec<u8>, Option<Vec<u8>>), String> {
+            let response = at_rest.open_response(&lease.id, bytes, max)?.into_owned();
+            let messages = at_rest.open_messages(&lease.id, bytes)?;
+            Ok((response, messages.map(std::borrow::Cow::into_owned)))
+        };
+        matches!((opened(response), opened(sealed)), (Ok(stored), Ok(ours)) if stored == ours)
     }
 
     pub(super) fn decode<T: DeserializeOwned, E>(
