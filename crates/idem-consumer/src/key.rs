@@ -122,6 +122,11 @@ impl KeyExtractor {
         }
     }
 
+    /// The sources, in the order they are tried.
+    pub fn sources(&self) -> &[KeySource] {
+        &self.sources
+    }
+
     /// Keys from the header `name`.
     pub fn header(name: impl Into<String>) -> Self {
         Self::new(KeySource::Header(name.into()))
@@ -184,14 +189,23 @@ impl KeyExtractor {
     /// The key of `message`, or why it has none. The payload is parsed as
     /// JSON at most once, and only when a source needs it.
     pub fn extract<M: Message + ?Sized>(&self, message: &M) -> Result<Key, KeyProblem> {
+        self.extract_from(message).map(|(key, _)| key)
+    }
+
+    /// [`extract`](Self::extract), with the source the key was read from
+    /// (`None` for a content hash taken because no source was present).
+    pub(crate) fn extract_from<M: Message + ?Sized>(
+        &self,
+        message: &M,
+    ) -> Result<(Key, Option<&KeySource>), KeyProblem> {
         let mut json = LazyJson::new(message.payload());
         for source in &self.sources {
             if let Some(key) = self.read(source, message, &mut json)? {
-                return self.check_age(key);
+                return Ok((self.check_age(key)?, Some(source)));
             }
         }
         match self.missing {
-            MissingKey::ContentHash => Ok(content_hash(message.payload())),
+            MissingKey::ContentHash => Ok((content_hash(message.payload()), None)),
             MissingKey::DeadLetter => Err(KeyProblem::Missing {
                 tried: self
                     .sources

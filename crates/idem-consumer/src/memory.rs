@@ -89,6 +89,10 @@ impl Message for MemoryMessage {
         self.message.message_id()
     }
 
+    fn message_id_per_send(&self) -> Option<&'static str> {
+        self.message.message_id_per_send()
+    }
+
     fn delivery_count(&self) -> Option<u32> {
         self.message.delivery_count()
     }

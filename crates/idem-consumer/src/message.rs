@@ -20,6 +20,17 @@ pub trait Message: Send + Sync + 'static {
         None
     }
 
+    /// What [`message_id`](Self::message_id) is called, when the broker
+    /// assigns it at each send (SQS's `MessageId`, a Kafka record's
+    /// position): a key read from it catches the broker's redeliveries,
+    /// but not a producer that sends the same message twice, whose second
+    /// send gets an id of its own. `None` (the default) for ids the
+    /// producer sets, as AMQP's `message-id` and JetStream's
+    /// `Nats-Msg-Id`.
+    fn message_id_per_send(&self) -> Option<&'static str> {
+        None
+    }
+
     /// How many times the broker has delivered this message, counting this
     /// delivery (1 for the first), when the broker says.
     fn delivery_count(&self) -> Option<u32> {
@@ -50,6 +61,7 @@ pub struct OwnedMessage {
     payload: Bytes,
     headers: BTreeMap<String, String>,
     message_id: Option<String>,
+    per_send: Option<&'static str>,
     delivery_count: Option<u32>,
 }
 
@@ -76,6 +88,14 @@ impl OwnedMessage {
         self
     }
 
+    /// Says that the message id was assigned by the broker at this send,
+    /// and what it is called there (see [`Message::message_id_per_send`]).
+    #[must_use]
+    pub fn with_message_id_per_send(mut self, called: &'static str) -> Self {
+        self.per_send = Some(called);
+        self
+    }
+
     /// Sets the delivery count.
     #[must_use]
     pub fn with_delivery_count(mut self, count: u32) -> Self {
@@ -95,6 +115,10 @@ impl Message for OwnedMessage {
 
     fn message_id(&self) -> Option<&str> {
         self.message_id.as_deref()
+    }
+
+    fn message_id_per_send(&self) -> Option<&'static str> {
+        self.per_send
     }
 
     fn delivery_count(&self) -> Option<u32> {

@@ -493,3 +493,45 @@ fn retention_shorter_than_the_redelivery_window_is_refused_at_start_up() {
         .expect_err("refused");
     assert!(matches!(err, WindowError::HeartbeatTooSlow { .. }), "{err}");
 }
+
+/// A delivery keyed by an id the broker assigns at each send (SQS's
+/// `MessageId`) is counted: its redelivery is caught, the producer's
+/// second send of the same order is not. A producer's key, or an id the
+/// producer sets, is not counted.
+#[tokio::test]
+async fn deliveries_keyed_by_an_id_assigned_at_each_send_are_counted() {
+    let consumer = consumer(MemoryStore::new());
+    let runs = AtomicU32::new(0);
+    let sent = |id: &str| {
+        Arc::new(
+            OwnedMessage::new(r#"{"order": 7}"#)
+                .with_message_id(id)
+                .with_message_id_per_send("SQS's MessageId"),
+        )
+    };
+    let deliveries = [
+        sent("m-1"),
+        sent("m-1"),
+        sent("m-2"),
+        Arc::new(
+            OwnedMessage::new(r#"{"order": 8}"#)
+                .with_header("Idempotency-Key", "o-8")
+                .with_message_id("m-3")
+                .with_message_id_per_send("SQS's MessageId"),
+        ),
+        Arc::new(OwnedMessage::new(r#"{"order": 9}"#).with_message_id("producer-set-9")),
+    ];
+    for message in deliveries {
+        consumer
+            .process(message, |_| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, Io>(()) }
+            })
+            .await;
+    }
+    let stats = consumer.stats();
+    assert_eq!(stats.keyed_by_send_id, 3, "{stats:?}");
+    // The redelivery of m-1 was replayed; the second send (m-2) ran again.
+    assert_eq!((stats.executed, stats.replayed), (4, 1), "{stats:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+}

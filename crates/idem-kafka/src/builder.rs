@@ -153,6 +153,7 @@ impl<S: Store, C: Codec> KafkaConsumerBuilder<S, C> {
         if self.topics.is_empty() {
             return Err(KafkaConsumerError::NoTopics);
         }
+        self.consumer.check_send_id_keys(crate::message::MESSAGE_ID);
         let mut consumer_config = ClientConfig::new();
         consumer_config
             .set("group.id", &self.group)

@@ -3,6 +3,9 @@
 use rdkafka::message::{Headers, OwnedMessage};
 use rdkafka::Message as _;
 
+/// What a record's message id is called: its position, new at each send.
+pub(crate) const MESSAGE_ID: &str = "the record's topic/partition@offset";
+
 /// A record taken from a partition: its payload and headers, its place in
 /// the log, and the id the consumer layer falls back to when no key is
 /// configured (`topic/partition@offset`).
@@ -73,5 +76,9 @@ impl idem_consumer::Message for KafkaMessage {
     /// record, different for a second send of the same content.
     fn message_id(&self) -> Option<&str> {
         Some(&self.id)
+    }
+
+    fn message_id_per_send(&self) -> Option<&'static str> {
+        Some(MESSAGE_ID)
     }
 }

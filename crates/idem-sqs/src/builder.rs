@@ -108,6 +108,7 @@ impl<S: Store, C: Codec> SqsConsumerBuilder<S, C> {
                 SqsError::Config(format!("queue {url} reported {} = {text:?}", name.as_str()))
             })
         };
+        self.consumer.check_send_id_keys(crate::message::MESSAGE_ID);
         let retention = Duration::from_secs(number(QueueAttributeName::MessageRetentionPeriod)?);
         let visibility = Duration::from_secs(number(QueueAttributeName::VisibilityTimeout)?);
         self.consumer.check_windows(&[RedeliveryWindow::new(

@@ -13,6 +13,9 @@ use idem_consumer::Message;
 /// The longest visibility timeout SQS accepts (12 hours).
 const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
 
+/// What a message's id is called: SQS assigns it at each send.
+pub(crate) const MESSAGE_ID: &str = "SQS's MessageId";
+
 /// One received SQS message.
 pub struct SqsMessage {
     pub(crate) body: Bytes,
@@ -104,6 +107,10 @@ impl Message for SqsMessage {
 
     fn message_id(&self) -> Option<&str> {
         Some(&self.message_id)
+    }
+
+    fn message_id_per_send(&self) -> Option<&'static str> {
+        Some(MESSAGE_ID)
     }
 
     fn delivery_count(&self) -> Option<u32> {

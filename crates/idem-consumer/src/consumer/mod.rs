@@ -24,7 +24,7 @@ use serde::Serialize;
 use tracing::Instrument as _;
 
 use crate::ahead::ClaimAhead;
-use crate::key::{KeyExtractor, KeyProblem};
+use crate::key::{KeyExtractor, KeyProblem, KeySource};
 use crate::metrics as m;
 use crate::window::{RedeliveryWindow, WindowError};
 use crate::Message;
@@ -45,6 +45,11 @@ pub struct ConsumerStats {
     pub retries: u64,
     /// Deliveries dead-lettered.
     pub dead_letters: u64,
+    /// Deliveries keyed by an id the broker assigns at each send
+    /// ([`Message::message_id_per_send`]: SQS's `MessageId`, a Kafka
+    /// record's position): the broker's redeliveries of one send are
+    /// caught, a producer's second send of the same message is not.
+    pub keyed_by_send_id: u64,
 }
 
 impl ConsumerStats {
@@ -68,6 +73,7 @@ struct Counters {
     in_flight_conflicts: AtomicU64,
     retries: AtomicU64,
     dead_letters: AtomicU64,
+    keyed_by_send_id: AtomicU64,
 }
 
 /// The broker-agnostic consumer: reads a delivery's key, runs the handler
@@ -153,6 +159,28 @@ impl<S: Store, C: Codec> Consumer<S, C> {
         &self.inner.name
     }
 
+    /// For adapters of brokers that assign message ids at each send:
+    /// warns at start-up when the consumer's keys come first from the
+    /// message id, called `called` there (e.g. `SQS's MessageId`), which
+    /// catches the broker's redeliveries but not a producer that sends
+    /// the same message twice. (A consumer that reads it only when a
+    /// delivery has no producer's key says so at the first such delivery,
+    /// and counts them in [`ConsumerStats::keyed_by_send_id`].)
+    pub fn check_send_id_keys(&self, called: &str) {
+        if matches!(
+            self.inner.keys.sources().first(),
+            Some(KeySource::MessageId)
+        ) {
+            tracing::warn!(
+                consumer = %self.inner.name,
+                "keys come from {called}, which the broker assigns at each send: its \
+                 redeliveries are caught, but a producer that sends the same message twice is \
+                 not; have producers mint a key once per operation (idem::key::new_v7) and send \
+                 it as the Idempotency-Key header, or read the key from the payload"
+            );
+        }
+    }
+
     /// The longest delay a retried delivery is given.
     pub fn max_retry_delay(&self) -> Duration {
         self.inner.max_retry
@@ -169,6 +197,7 @@ impl<S: Store, C: Codec> Consumer<S, C> {
             in_flight_conflicts: get(&c.in_flight_conflicts),
             retries: get(&c.retries),
             dead_letters: get(&c.dead_letters),
+            keyed_by_send_id: get(&c.keyed_by_send_id),
         }
     }
 
@@ -309,11 +338,37 @@ impl<S: Store, C: Codec> Consumer<S, C> {
         message: &M,
     ) -> Result<(RecordId, Option<Fingerprint>), KeyProblem> {
         let inner = &*self.inner;
-        let key = inner.keys.extract(message)?;
+        let (key, source) = inner.keys.extract_from(message)?;
+        if matches!(source, Some(KeySource::MessageId)) {
+            if let Some(id) = message.message_id_per_send() {
+                self.keyed_by_send_id(id);
+            }
+        }
         let fingerprint = inner
             .fingerprint
             .then(|| payload_fingerprint(message.payload()));
         Ok((RecordId::new(inner.scope.clone(), key), fingerprint))
+    }
+
+    /// Counts a delivery keyed by `id`, which the broker assigns at each
+    /// send, and says once per consumer what that does not catch.
+    fn keyed_by_send_id(&self, id: &'static str) {
+        let inner = &*self.inner;
+        m::keyed_by_send_id(&inner.name);
+        if inner
+            .counters
+            .keyed_by_send_id
+            .fetch_add(1, Ordering::Relaxed)
+            == 0
+        {
+            tracing::warn!(
+                consumer = %inner.name,
+                "a delivery without a producer's key was keyed by {id}, which the broker assigns at each send: \
+                 its redeliveries are caught, but a producer that sends the same message twice is not; \
+                 have producers mint a key once per operation (idem::key::new_v7) and send it as the \
+                 Idempotency-Key header, or read the key from the payload (said once per consumer)"
+            );
+        }
     }
 
     /// Runs the handler through the executor from `start` and decides the
