@@ -97,6 +97,10 @@ impl Message for MemoryMessage {
         self.message.delivery_count()
     }
 
+    fn last_delivery(&self) -> Option<u32> {
+        self.message.last_delivery()
+    }
+
     async fn keep_alive(&self) {
         let mut queues = self.state.lock();
         if let Some((back, _)) = queues.out.get_mut(&self.receipt) {

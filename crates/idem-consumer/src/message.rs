@@ -37,6 +37,18 @@ pub trait Message: Send + Sync + 'static {
         None
     }
 
+    /// The number of the last delivery the broker makes of this message,
+    /// as [`delivery_count`](Self::delivery_count) counts them, when the
+    /// broker moves a message aside on its own after so many (a RabbitMQ
+    /// quorum queue's `x-delivery-limit`, plus one). The consumer
+    /// dead-letters that delivery with the reason instead of running it:
+    /// run and returned once more (a worker that died, a connection lost
+    /// before the ack), it would be moved aside without one. `None` (the
+    /// default) when the broker has no such limit.
+    fn last_delivery(&self) -> Option<u32> {
+        None
+    }
+
     /// Tells the broker that the work on this delivery is still going, so
     /// it does not redeliver it (JetStream in-progress ack, SQS visibility
     /// extension). Called after each heartbeat the store confirmed; the
@@ -63,6 +75,7 @@ pub struct OwnedMessage {
     message_id: Option<String>,
     per_send: Option<&'static str>,
     delivery_count: Option<u32>,
+    last_delivery: Option<u32>,
 }
 
 impl OwnedMessage {
@@ -102,6 +115,14 @@ impl OwnedMessage {
         self.delivery_count = Some(count);
         self
     }
+
+    /// Sets the number of the broker's last delivery of the message
+    /// (see [`Message::last_delivery`]).
+    #[must_use]
+    pub fn with_last_delivery(mut self, last: u32) -> Self {
+        self.last_delivery = Some(last);
+        self
+    }
 }
 
 impl Message for OwnedMessage {
@@ -123,5 +144,9 @@ impl Message for OwnedMessage {
 
     fn delivery_count(&self) -> Option<u32> {
         self.delivery_count
+    }
+
+    fn last_delivery(&self) -> Option<u32> {
+        self.last_delivery
     }
 }

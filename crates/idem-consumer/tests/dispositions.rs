@@ -535,3 +535,40 @@ async fn deliveries_keyed_by_an_id_assigned_at_each_send_are_counted() {
     assert_eq!((stats.executed, stats.replayed), (4, 1), "{stats:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 4);
 }
+
+/// The broker's last delivery of a message (its delivery limit) is
+/// dead-lettered with the reason and its key, never run: run and
+/// returned once more, the broker would move it aside without a reason.
+/// Earlier deliveries run as usual.
+#[tokio::test]
+async fn the_brokers_last_delivery_is_dead_lettered_with_the_reason_not_run() {
+    let consumer = consumer(MemoryStore::new());
+    let runs = AtomicU32::new(0);
+    let delivery = |count: u32| {
+        Arc::new(
+            OwnedMessage::new(r#"{"order": 7}"#)
+                .with_header("Idempotency-Key", &format!("o-{count}"))
+                .with_delivery_count(count)
+                .with_last_delivery(3),
+        )
+    };
+    let mut decisions = Vec::new();
+    for count in [2, 3, 4] {
+        decisions.push(
+            consumer
+                .process(delivery(count), |_| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    async { Ok::<_, Io>(()) }
+                })
+                .await,
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "only delivery 2 ran");
+    assert_eq!(decisions[0].disposition, Disposition::Ack(Acked::Executed));
+    for decision in &decisions[1..] {
+        let reason = dead_letter_reason(&decision.disposition);
+        assert!(reason.contains("last the broker makes"), "{reason}");
+        assert!(decision.key.is_some(), "the dead-letter names the key");
+    }
+    assert_eq!(consumer.stats().dead_letters, 2);
+}

@@ -71,8 +71,9 @@ impl Broker for Rabbit {
             .consuming
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some((channel, deliveries.tag()));
+        let last = self.topology.last_delivery();
         Ok(Box::pin(deliveries.map(move |next| {
-            next.map(AmqpMessage::new)
+            next.map(|delivery| AmqpMessage::new(delivery, last))
                 .map_err(|source| RabbitError::Consume {
                     queue: queue.clone(),
                     source,

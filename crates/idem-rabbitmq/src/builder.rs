@@ -10,7 +10,7 @@ use idem_consumer::{Consumer, RedeliveryWindow};
 use crate::broker::{Link, Rabbit};
 use crate::consumer::RabbitConsumer;
 use crate::error::RabbitError;
-use crate::topology::{validate, Topology};
+use crate::topology::{validate, QueueKind, Topology};
 
 /// The retry delays used unless configured: 1 s, 5 s, 30 s, 2 min, 10 min.
 pub const DEFAULT_RETRY_DELAYS: [Duration; 5] = [
@@ -33,6 +33,7 @@ pub struct RabbitConsumerBuilder<S, C> {
     pub(crate) retry_delays: Vec<Duration>,
     pub(crate) message_ttl: Option<Duration>,
     pub(crate) redelivery_window: Option<Duration>,
+    pub(crate) kind: QueueKind,
 }
 
 impl<S, C> std::fmt::Debug for RabbitConsumerBuilder<S, C> {
@@ -81,12 +82,47 @@ impl<S: Store, C: Codec> RabbitConsumerBuilder<S, C> {
         self
     }
 
+    /// Declares the queue, its retry queues and its dead-letter queue as
+    /// quorum queues (`x-queue-type: quorum`, replicated; RabbitMQ 4's
+    /// default type), the queues that dead-letter with at-least-once
+    /// dead-lettering so that no retry is dropped on its way back. An
+    /// existing quorum queue needs this: declared as classic, the broker
+    /// refuses it as declared otherwise.
+    #[must_use]
+    pub fn quorum(mut self) -> Self {
+        let (QueueKind::Classic { delivery_limit } | QueueKind::Quorum { delivery_limit }) =
+            self.kind;
+        self.kind = QueueKind::Quorum { delivery_limit };
+        self
+    }
+
+    /// The quorum queue's `x-delivery-limit`: how often a message may be
+    /// returned (a worker that died, a connection lost before the ack)
+    /// before the broker moves it aside. Declared on the queue, and read
+    /// by the consumer: the broker's last delivery of a message is
+    /// dead-lettered to `<queue>.dead` with the reason instead of being
+    /// run (see [`idem_consumer::Message::last_delivery`]). Give the
+    /// limit an existing queue has; RabbitMQ 4 gives quorum queues 20
+    /// unless told. Needs [`quorum`](Self::quorum).
+    #[must_use]
+    pub fn delivery_limit(mut self, limit: u32) -> Self {
+        self.kind = match self.kind {
+            QueueKind::Classic { .. } => QueueKind::Classic {
+                delivery_limit: Some(limit),
+            },
+            QueueKind::Quorum { .. } => QueueKind::Quorum {
+                delivery_limit: Some(limit),
+            },
+        };
+        self
+    }
+
     /// Connects, checks the configuration and declares the topology.
     pub async fn connect(self) -> Result<RabbitConsumer<S, C>, RabbitError> {
         let mut delays = self.retry_delays.clone();
         delays.sort();
         delays.dedup();
-        validate(&self.queue, self.prefetch, &delays)?;
+        validate(&self.queue, self.prefetch, &delays, self.kind)?;
         let longest = delays.last().copied().unwrap_or_default();
         let window = match (self.message_ttl, self.redelivery_window) {
             (Some(ttl), _) => RedeliveryWindow::new(
@@ -115,6 +151,7 @@ impl<S: Store, C: Codec> RabbitConsumerBuilder<S, C> {
             queue: self.queue,
             retries: delays,
             message_ttl: self.message_ttl,
+            kind: self.kind,
         };
         let link = Link::open(&self.url, &topology).await?;
         Ok(RabbitConsumer {
@@ -147,6 +184,9 @@ impl<S: Store> RabbitConsumer<S, idem::Json> {
             retry_delays: DEFAULT_RETRY_DELAYS.to_vec(),
             message_ttl: None,
             redelivery_window: None,
+            kind: QueueKind::Classic {
+                delivery_limit: None,
+            },
         }
     }
 }

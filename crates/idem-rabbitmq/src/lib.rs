@@ -35,6 +35,33 @@
 //! `<queue>.retry.<ms>ms` per retry delay, and `<queue>.dead`. A queue that
 //! already exists with other arguments is refused with the broker's reason.
 //!
+//! ## Quorum queues
+//!
+//! [`quorum`](RabbitConsumerBuilder::quorum) declares all of them as quorum
+//! queues (`x-queue-type: quorum`: replicated, and the default type of
+//! RabbitMQ 4, where classic mirroring is gone); an existing quorum queue
+//! needs it, or the broker refuses the declaration. The queues that
+//! dead-letter (`<queue>` into `<queue>.dead`, each retry queue back into
+//! `<queue>`) get at-least-once dead-lettering (`x-dead-letter-strategy:
+//! at-least-once`, `x-overflow: reject-publish`): a quorum queue's default
+//! drops a message whose dead-letter target does not confirm it, and every
+//! retry travels that way.
+//!
+//! A quorum queue counts how often each message came back unacknowledged
+//! (a worker that died, a connection lost before the ack, a channel closed
+//! by `consumer_timeout`) and, past its `x-delivery-limit`, moves it aside
+//! on its own — into `<queue>.dead` here, but without idem's reason.
+//! [`delivery_limit`](RabbitConsumerBuilder::delivery_limit) declares the
+//! limit and tells the consumer: the broker's last delivery of a message
+//! is dead-lettered by idem with `Idem-Reason` saying so, instead of being
+//! run once more with nothing but the broker's `x-death` to explain it if
+//! it comes back. RabbitMQ 4 gives quorum queues a limit of 20 unless told;
+//! give the limit the queue has. A message that keeps killing its worker
+//! meets idem's own attempts limit first when the delivery limit is above
+//! it (`max_attempts`, 5 by default): dead-lettered as terminal, with the
+//! attempts in the reason. The delivery limit counts returns, not time: the
+//! redelivery window below still needs a message TTL or a stated window.
+//!
 //! ## The broker's `consumer_timeout`
 //!
 //! RabbitMQ closes a channel on which a delivery stays unacknowledged

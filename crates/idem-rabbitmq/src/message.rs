@@ -16,12 +16,16 @@ pub struct AmqpMessage {
     exchange: String,
     routing_key: String,
     redelivered: bool,
+    last_delivery: Option<u32>,
     pub(crate) acker: Acker,
 }
 
 impl AmqpMessage {
-    pub(crate) fn new(delivery: Delivery) -> Self {
+    /// The message of `delivery`, from a queue whose last delivery of a
+    /// message is `last_delivery` when it has a delivery limit.
+    pub(crate) fn new(delivery: Delivery, last_delivery: Option<u32>) -> Self {
         Self {
+            last_delivery,
             data: delivery.data,
             properties: delivery.properties,
             exchange: delivery.exchange.to_string(),
@@ -75,6 +79,10 @@ impl Message for AmqpMessage {
             .message_id()
             .as_ref()
             .map(ShortString::as_str)
+    }
+
+    fn last_delivery(&self) -> Option<u32> {
+        self.last_delivery
     }
 
     fn delivery_count(&self) -> Option<u32> {

@@ -9,7 +9,21 @@ use lapin::Channel;
 
 use crate::error::RabbitError;
 
-pub(crate) fn validate(queue: &str, prefetch: u16, delays: &[Duration]) -> Result<(), RabbitError> {
+pub(crate) fn validate(
+    queue: &str,
+    prefetch: u16,
+    delays: &[Duration],
+    kind: QueueKind,
+) -> Result<(), RabbitError> {
+    if let QueueKind::Classic {
+        delivery_limit: Some(limit),
+    } = kind
+    {
+        return Err(RabbitError::Config(format!(
+            "a delivery limit ({limit}) needs a quorum queue: call quorum() as well \
+             (classic queues have no x-delivery-limit)"
+        )));
+    }
     if queue.is_empty() || queue.len() > 200 {
         return Err(RabbitError::Config(format!(
             "queue name must be 1..=200 bytes (the retry and dead-letter queues add a suffix), \
@@ -39,10 +53,22 @@ pub(crate) fn validate(queue: &str, prefetch: u16, delays: &[Duration]) -> Resul
     Ok(())
 }
 
+/// The type of the queues the consumer declares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QueueKind {
+    /// RabbitMQ's classic queues (the type when none is given); a
+    /// delivery limit here is a mistake [`validate`] refuses.
+    Classic { delivery_limit: Option<u32> },
+    /// Quorum queues (`x-queue-type: quorum`), with the queue's
+    /// `x-delivery-limit` when one is set.
+    Quorum { delivery_limit: Option<u32> },
+}
+
 pub(crate) struct Topology {
     pub(crate) queue: String,
     pub(crate) retries: Vec<Duration>,
     pub(crate) message_ttl: Option<Duration>,
+    pub(crate) kind: QueueKind,
 }
 
 impl Topology {
@@ -67,6 +93,39 @@ impl Topology {
         self.retry_queue(delay)
     }
 
+    /// The number of the broker's last delivery of a message from the
+    /// queue (see [`idem_consumer::Message::last_delivery`]): a quorum
+    /// queue moves a message aside once it has been returned more often
+    /// than its delivery limit, so the last delivery is the limit's plus
+    /// one.
+    pub(crate) fn last_delivery(&self) -> Option<u32> {
+        match self.kind {
+            QueueKind::Quorum {
+                delivery_limit: Some(limit),
+            } => Some(limit.saturating_add(1)),
+            _ => None,
+        }
+    }
+
+    /// `args` with the arguments of the queue type: for a quorum queue its
+    /// type and, where it dead-letters (`dead_letters`), at-least-once
+    /// dead-lettering (a quorum queue's default drops a message whose
+    /// target does not confirm it, and its retry queues dead-letter every
+    /// retry back to the queue).
+    fn typed(&self, mut args: FieldTable, dead_letters: bool) -> FieldTable {
+        if let QueueKind::Quorum { .. } = self.kind {
+            args.insert("x-queue-type".into(), long_string("quorum"));
+            if dead_letters {
+                args.insert(
+                    "x-dead-letter-strategy".into(),
+                    long_string("at-least-once"),
+                );
+                args.insert("x-overflow".into(), long_string("reject-publish"));
+            }
+        }
+        args
+    }
+
     pub(crate) async fn declare(&self, channel: &Channel) -> Result<(), RabbitError> {
         let durable = QueueDeclareOptions {
             durable: true,
@@ -81,16 +140,25 @@ impl Topology {
                     source,
                 })
         };
-        declare(self.dead(), FieldTable::default()).await?;
+        declare(self.dead(), self.typed(FieldTable::default(), false)).await?;
         let mut main = dead_letter_to(&self.dead());
         if let Some(ttl) = self.message_ttl {
             main.insert("x-message-ttl".into(), millis(ttl));
         }
-        declare(self.queue.clone(), main).await?;
+        if let QueueKind::Quorum {
+            delivery_limit: Some(limit),
+        } = self.kind
+        {
+            main.insert(
+                "x-delivery-limit".into(),
+                AMQPValue::LongLongInt(limit.into()),
+            );
+        }
+        declare(self.queue.clone(), self.typed(main, true)).await?;
         for delay in &self.retries {
             let mut args = dead_letter_to(&self.queue);
             args.insert("x-message-ttl".into(), millis(*delay));
-            declare(self.retry_queue(*delay), args).await?;
+            declare(self.retry_queue(*delay), self.typed(args, true)).await?;
         }
         Ok(())
     }
@@ -122,6 +190,9 @@ mod tests {
             queue: "q".to_owned(),
             retries: DEFAULT_RETRY_DELAYS.to_vec(),
             message_ttl: None,
+            kind: QueueKind::Classic {
+                delivery_limit: None,
+            },
         };
         assert_eq!(t.retry_for(Duration::from_millis(1)), "q.retry.1000ms");
         assert_eq!(t.retry_for(Duration::from_secs(1)), "q.retry.1000ms");
@@ -132,14 +203,25 @@ mod tests {
     #[test]
     fn bad_configuration_is_refused_with_the_rule() {
         let ok = [Duration::from_secs(1)];
-        assert!(validate("q", 16, &ok).is_ok());
-        for (queue, prefetch, delays, needle) in [
-            ("", 16, &ok[..], "1..=200 bytes"),
-            ("q", 0, &ok[..], "prefetch"),
-            ("q", 16, &[][..], "at least one retry delay"),
-            ("q", 16, &[Duration::ZERO][..], "must be 1 ms"),
+        let classic = QueueKind::Classic {
+            delivery_limit: None,
+        };
+        let quorum = QueueKind::Quorum {
+            delivery_limit: Some(5),
+        };
+        assert!(validate("q", 16, &ok, classic).is_ok());
+        assert!(validate("q", 16, &ok, quorum).is_ok());
+        let limited_classic = QueueKind::Classic {
+            delivery_limit: Some(5),
+        };
+        for (queue, prefetch, delays, kind, needle) in [
+            ("", 16, &ok[..], classic, "1..=200 bytes"),
+            ("q", 0, &ok[..], classic, "prefetch"),
+            ("q", 16, &[][..], classic, "at least one retry delay"),
+            ("q", 16, &[Duration::ZERO][..], classic, "must be 1 ms"),
+            ("q", 16, &ok[..], limited_classic, "needs a quorum queue"),
         ] {
-            let err = validate(queue, prefetch, delays).expect_err("refused");
+            let err = validate(queue, prefetch, delays, kind).expect_err("refused");
             assert!(err.to_string().contains(needle), "{err}");
         }
     }

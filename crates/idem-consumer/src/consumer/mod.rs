@@ -3,6 +3,7 @@
 
 mod builder;
 mod decision;
+mod unfit;
 
 pub use builder::ConsumerBuilder;
 pub use decision::{Acked, Decision, Disposition, Job, RetryCause, Stopped};
@@ -24,10 +25,11 @@ use serde::Serialize;
 use tracing::Instrument as _;
 
 use crate::ahead::ClaimAhead;
-use crate::key::{KeyExtractor, KeyProblem, KeySource};
+use crate::key::{KeyExtractor, KeySource};
 use crate::metrics as m;
 use crate::window::{RedeliveryWindow, WindowError};
 use crate::Message;
+use unfit::Unfit;
 
 /// Counters of one consumer since it was built.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -232,9 +234,9 @@ impl<S: Store, C: Codec> Consumer<S, C> {
                     self.run_job(message, id, Start::Claim(fingerprint), handler)
                         .await
                 }
-                Err(problem) => {
-                    tracing::warn!(consumer = %self.inner.name, %problem, "delivery has no usable key");
-                    self.decide(None, dead_letter(problem.to_string()))
+                Err(unfit) => {
+                    tracing::warn!(consumer = %self.inner.name, reason = %unfit, "delivery dead-lettered before its claim");
+                    self.decide(unfit.key(), dead_letter(unfit.to_string()))
                 }
             }
         };
@@ -331,17 +333,23 @@ impl<S: Store, C: Codec> Consumer<S, C> {
         work.instrument(span).await
     }
 
-    /// A delivery's record id and fingerprint, or why it has no usable
-    /// key.
+    /// A delivery's record id and fingerprint, or why it is dead-lettered
+    /// before any claim: it has no usable key, or it is the broker's last
+    /// delivery of the message.
     fn prepare<M: Message + ?Sized>(
         &self,
         message: &M,
-    ) -> Result<(RecordId, Option<Fingerprint>), KeyProblem> {
+    ) -> Result<(RecordId, Option<Fingerprint>), Unfit> {
         let inner = &*self.inner;
         let (key, source) = inner.keys.extract_from(message)?;
         if matches!(source, Some(KeySource::MessageId)) {
             if let Some(id) = message.message_id_per_send() {
                 self.keyed_by_send_id(id);
+            }
+        }
+        if let (Some(count), Some(last)) = (message.delivery_count(), message.last_delivery()) {
+            if count >= last {
+                return Err(Unfit::LastDelivery { count, key });
             }
         }
         let fingerprint = inner

@@ -46,6 +46,8 @@ pub(crate) struct Setup {
     pub(crate) redis_url: String,
     pub(crate) namespace: String,
     pub(crate) ledger: Ledger,
+    /// Whether the consumer declares its queues as quorum queues.
+    pub(crate) quorum: bool,
 }
 
 impl Setup {
@@ -61,7 +63,24 @@ impl Setup {
             queue,
             amqp_url: amqp_url.to_owned(),
             redis_url: redis_url.to_owned(),
+            quorum: false,
         }
+    }
+
+    /// The same setup on quorum queues.
+    #[allow(dead_code)] // for tests/quorum.rs and tests/chaos_quorum.rs
+    pub(crate) fn on_quorum_queues(self) -> Self {
+        Self {
+            quorum: true,
+            ..self
+        }
+    }
+
+    /// The setup once its topology is declared, so publishing can start
+    /// before any worker.
+    async fn declared(self) -> Self {
+        self.rabbit().await;
+        self
     }
 
     fn to_env(&self) -> Vec<(&'static str, String)> {
@@ -74,6 +93,7 @@ impl Setup {
                 "IDEM_RABBIT_DIR",
                 self.ledger.dir().to_string_lossy().into_owned(),
             ),
+            ("IDEM_RABBIT_QUORUM", u8::from(self.quorum).to_string()),
         ]
     }
 
@@ -109,22 +129,21 @@ impl Setup {
         idem: idem::Idempotency<RedisStore>,
     ) -> RabbitConsumer<RedisStore, idem::Json> {
         let consumer = Consumer::builder(idem, Scope::new("orders").expect("scope")).build();
-        RabbitConsumer::builder(url, &self.queue, consumer)
+        let builder = RabbitConsumer::builder(url, &self.queue, consumer)
             .prefetch(8)
             .retry_delays([Duration::from_millis(200), Duration::from_secs(1)])
-            .message_ttl(Duration::from_secs(3600))
-            .connect()
-            .await
-            .expect("connect to RabbitMQ")
+            .message_ttl(Duration::from_secs(3600));
+        let builder = match self.quorum {
+            true => builder.quorum(),
+            false => builder,
+        };
+        builder.connect().await.expect("connect to RabbitMQ")
     }
 }
 
 impl BrokerUnderTest for Setup {
     async fn create(name: &str) -> Self {
-        let setup = Self::new(name);
-        // Declares the topology, so publishing can start before any worker.
-        setup.rabbit().await;
-        setup
+        Self::new(name).declared().await
     }
 
     fn from_env() -> Option<Self> {
@@ -135,6 +154,7 @@ impl BrokerUnderTest for Setup {
             redis_url: var("IDEM_RABBIT_REDIS")?,
             namespace: var("IDEM_RABBIT_NS")?,
             ledger: Ledger::at(PathBuf::from(var("IDEM_RABBIT_DIR")?)),
+            quorum: var("IDEM_RABBIT_QUORUM").as_deref() == Some("1"),
         })
     }
 
@@ -215,9 +235,9 @@ impl ChaosBroker for Setup {
     }
 
     async fn create_at(name: &str, broker_port: u16, store_url: &str) -> Self {
-        let setup = Self::new_at(name, &amqp_at(broker_port), store_url);
-        setup.rabbit().await;
-        setup
+        Self::new_at(name, &amqp_at(broker_port), store_url)
+            .declared()
+            .await
     }
 
     fn through(&self, broker_port: u16, store_url: &str) -> Self {
@@ -252,6 +272,96 @@ impl ChaosBroker for Setup {
 
     async fn sender(&self) -> Arc<dyn Sender> {
         Arc::new(RabbitSender::new(&self.amqp_url))
+    }
+}
+
+/// [`Setup`] on quorum queues: the adapter's tests and chaos runs again
+/// with the topology declared `x-queue-type: quorum`.
+#[derive(Debug, Clone)]
+#[allow(dead_code)] // for tests/quorum.rs and tests/chaos_quorum.rs
+pub(crate) struct Quorum(pub(crate) Setup);
+
+impl BrokerUnderTest for Quorum {
+    async fn create(name: &str) -> Self {
+        Self(Setup::new(name).on_quorum_queues().declared().await)
+    }
+
+    fn from_env() -> Option<Self> {
+        Setup::from_env().map(Self)
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        self.0.env()
+    }
+
+    fn ledger(&self) -> &Ledger {
+        self.0.ledger()
+    }
+
+    async fn publish(&self, key: Option<&str>, payload: &str) {
+        self.0.publish(key, payload).await;
+    }
+
+    async fn consume(&self, work: Work, shutdown: impl Future<Output = ()> + Send + 'static) {
+        self.0.consume(work, shutdown).await;
+    }
+
+    async fn settled(&self, dead_letters: usize) -> bool {
+        self.0.settled(dead_letters).await
+    }
+
+    async fn dead_letters(&self) -> Vec<DeadLetterSeen> {
+        self.0.dead_letters().await
+    }
+}
+
+impl ChaosBroker for Quorum {
+    type Server = RabbitServer;
+    type Store = RedisStore;
+
+    fn start_server() -> Result<RabbitServer, ServerError> {
+        Setup::start_server()
+    }
+
+    fn port(server: &RabbitServer) -> u16 {
+        Setup::port(server)
+    }
+
+    fn restart(server: &mut RabbitServer) -> Result<(), ServerError> {
+        Setup::restart(server)
+    }
+
+    async fn create_at(name: &str, broker_port: u16, store_url: &str) -> Self {
+        Self(
+            Setup::new_at(name, &amqp_at(broker_port), store_url)
+                .on_quorum_queues()
+                .declared()
+                .await,
+        )
+    }
+
+    fn through(&self, broker_port: u16, store_url: &str) -> Self {
+        Self(self.0.through(broker_port, store_url))
+    }
+
+    async fn store(&self) -> RedisStore {
+        self.0.store().await
+    }
+
+    fn output(&self) -> Self {
+        Self(self.0.output())
+    }
+
+    async fn declare(&self) {
+        ChaosBroker::declare(&self.0).await;
+    }
+
+    fn address(&self) -> String {
+        self.0.address()
+    }
+
+    async fn sender(&self) -> Arc<dyn Sender> {
+        self.0.sender().await
     }
 }
 
