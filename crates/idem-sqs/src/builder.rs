@@ -66,7 +66,8 @@ impl<S: Store, C: Codec> SqsConsumerBuilder<S, C> {
     }
 
     /// Accepts a queue with a `RedrivePolicy` (see the crate docs for why
-    /// it is refused by default).
+    /// it is refused by default). Its `maxReceiveCount` is read: the last
+    /// receive of a message is dead-lettered with the reason, not run.
     #[must_use]
     pub fn accept_redrive_policy(mut self) -> Self {
         self.accept_redrive = true;
@@ -120,6 +121,7 @@ impl<S: Store, C: Codec> SqsConsumerBuilder<S, C> {
             &format!("queue {url} VisibilityTimeout"),
             visibility,
         )?;
+        let mut last_receive = None;
         if let Some(policy) = attributes.get(&QueueAttributeName::RedrivePolicy) {
             if !self.accept_redrive {
                 return Err(SqsError::Config(format!(
@@ -130,6 +132,7 @@ impl<S: Store, C: Codec> SqsConsumerBuilder<S, C> {
                      itself, with the reason) or call accept_redrive_policy()"
                 )));
             }
+            last_receive = Some(max_receive_count(url, policy)?);
         }
         let fifo = url.ends_with(".fifo");
         let dead_letter_url = match self.dead_letter_url {
@@ -142,6 +145,7 @@ impl<S: Store, C: Codec> SqsConsumerBuilder<S, C> {
                     client: self.client,
                     url: self.queue_url,
                     visibility,
+                    last_receive,
                 }),
                 dead_letter_url,
                 fifo,
@@ -151,6 +155,25 @@ impl<S: Store, C: Codec> SqsConsumerBuilder<S, C> {
             consumer: self.consumer,
         })
     }
+}
+
+/// The `maxReceiveCount` of queue `url`'s `RedrivePolicy` (a JSON
+/// object; SQS gives the count as a string, some tools as a number): the
+/// last receive of a message before SQS moves it to the policy's
+/// dead-letter queue.
+fn max_receive_count(url: &str, policy: &str) -> Result<u32, SqsError> {
+    let count = serde_json::from_str::<serde_json::Value>(policy)
+        .ok()
+        .and_then(|policy| match &policy["maxReceiveCount"] {
+            serde_json::Value::String(text) => text.parse().ok(),
+            serde_json::Value::Number(number) => number.as_u64()?.try_into().ok(),
+            _ => None,
+        });
+    count.filter(|&c| c > 0).ok_or_else(|| {
+        SqsError::Config(format!(
+            "queue {url} has RedrivePolicy {policy} without a maxReceiveCount of 1 or more"
+        ))
+    })
 }
 
 /// Creates (or finds) `<queue>-dead`, FIFO if the queue is.
@@ -198,6 +221,36 @@ impl<S: Store> SqsConsumer<S, idem::Json> {
             wait: DEFAULT_WAIT,
             dead_letter_url: None,
             accept_redrive: false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::max_receive_count;
+
+    #[test]
+    fn the_max_receive_count_is_read_as_sqs_and_tools_write_it() {
+        let arn = "arn:aws:sqs:us-east-1:000000000000:dead";
+        for (policy, count) in [
+            (
+                format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"5"}}"#),
+                5,
+            ),
+            (
+                format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":7}}"#),
+                7,
+            ),
+        ] {
+            assert_eq!(max_receive_count("q", &policy).expect("read"), count);
+        }
+        for policy in [
+            format!(r#"{{"deadLetterTargetArn":"{arn}"}}"#),
+            format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"0"}}"#),
+            "not json".to_owned(),
+        ] {
+            let err = max_receive_count("q", &policy).expect_err("refused");
+            assert!(err.to_string().contains("maxReceiveCount"), "{err}");
         }
     }
 }

@@ -39,7 +39,11 @@
 //!   its dead-letter queue after `maxReceiveCount` receives without saying
 //!   why, which would also move a message that only kept meeting a claim
 //!   in progress, or a store that was down. idem dead-letters poison
-//!   messages itself, with the reason.
+//!   messages itself, with the reason. An accepted policy's
+//!   `maxReceiveCount` is read: a message's last receive before SQS would
+//!   move it is dead-lettered by idem with the reason instead of being run
+//!   (see [`idem_consumer::Message::last_delivery`]); every retry and
+//!   every claim found in progress is a receive too.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {

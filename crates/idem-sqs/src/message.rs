@@ -32,6 +32,9 @@ pub(crate) struct Queue {
     pub(crate) client: Client,
     pub(crate) url: String,
     pub(crate) visibility: Duration,
+    /// The `maxReceiveCount` of the queue's accepted `RedrivePolicy`: the
+    /// last receive of a message before SQS moves it aside.
+    pub(crate) last_receive: Option<u32>,
 }
 
 impl std::fmt::Debug for SqsMessage {
@@ -115,6 +118,10 @@ impl Message for SqsMessage {
 
     fn delivery_count(&self) -> Option<u32> {
         self.receive_count
+    }
+
+    fn last_delivery(&self) -> Option<u32> {
+        self.queue.last_receive
     }
 
     async fn keep_alive(&self) {

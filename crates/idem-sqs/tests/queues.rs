@@ -279,3 +279,102 @@ async fn start_up_refuses_configurations_that_could_lose_or_rerun_messages() {
         "{err}"
     );
 }
+
+/// With a `RedrivePolicy` accepted, SQS would move a message aside after
+/// `maxReceiveCount` receives without a reason: the last receive is
+/// dead-lettered by idem with the reason instead of run; a message on an
+/// earlier receive runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_redrive_policy_the_last_receive_is_dead_lettered_with_the_reason() {
+    let setup = Setup::new("redrive-last", false).await;
+    let client = setup.client();
+    let elsewhere = client
+        .create_queue()
+        .queue_name(format!("redrive-{:08x}", rand::random::<u32>()))
+        .send()
+        .await
+        .expect("create queue")
+        .queue_url
+        .expect("url");
+    let arn = client
+        .get_queue_attributes()
+        .queue_url(&elsewhere)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .expect("attributes")
+        .attributes
+        .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
+        .expect("arn");
+    client
+        .set_queue_attributes()
+        .queue_url(&setup.queue_url)
+        .attributes(
+            QueueAttributeName::RedrivePolicy,
+            format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"2"}}"#),
+        )
+        .send()
+        .await
+        .expect("set redrive policy");
+
+    // r-1 is received once and not deleted (a worker that died): its
+    // next receive is its second, the last.
+    setup.send(Some("r-1"), r#"{"id":"r-1"}"#, None).await;
+    let first = client
+        .receive_message()
+        .queue_url(&setup.queue_url)
+        .visibility_timeout(0)
+        .wait_time_seconds(1)
+        .send()
+        .await
+        .expect("receive")
+        .messages
+        .unwrap_or_default();
+    assert_eq!(first.len(), 1, "r-1 received once");
+    setup.send(Some("r-2"), r#"{"id":"r-2"}"#, None).await;
+
+    let consumer = Consumer::builder(setup.idem(), Scope::new("orders").expect("scope"))
+        .keys(KeyExtractor::header("Idempotency-Key"))
+        .build();
+    let sqs = SqsConsumer::builder(client.clone(), &setup.queue_url, consumer)
+        .accept_redrive_policy()
+        .wait_time(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect("accepted when asked");
+    let dead_url = sqs.dead_letter_queue().to_owned();
+    let ran = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let handler = {
+        let ran = Arc::clone(&ran);
+        move |job: idem_consumer::Job<idem_sqs::SqsMessage>| {
+            ran.lock()
+                .expect("lock")
+                .push(job.key().as_str().to_owned());
+            async { Ok::<_, idem::Terminal>(()) }
+        }
+    };
+    let stats = sqs.consumer().clone();
+    sqs.run(handler, async move {
+        eventually(Duration::from_secs(30), || {
+            let s = stats.stats();
+            s.executed + s.dead_letters >= 2
+        })
+        .await;
+    })
+    .await
+    .expect("a clean stop");
+
+    assert_eq!(
+        *ran.lock().expect("lock"),
+        ["r-2"],
+        "r-1's last receive did not run"
+    );
+    let dead = dead_letters(&client, &dead_url).await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].key.as_deref(), Some("r-1"));
+    assert!(
+        dead[0].reason.contains("delivery 2 is the last"),
+        "{}",
+        dead[0].reason
+    );
+}
