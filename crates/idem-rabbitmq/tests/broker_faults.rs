@@ -9,6 +9,8 @@
 //!   handled and acked;
 //! - the broker restarted (stopped cleanly and started again on the same
 //!   data) in the middle of the stream.
+//!
+//! Each runs on classic queues and again on quorum queues.
 
 #[allow(dead_code)] // the rest serves tests/rabbitmq.rs
 mod common;
@@ -29,11 +31,20 @@ const SLOW: &str = "t-3";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_channel_the_broker_closes_under_a_slow_handler_is_reopened_and_nothing_is_lost_or_run_twice(
 ) {
+    channel_closed_under_a_slow_handler(Setup::new("timeout")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_quorum_queues_a_channel_closed_under_a_slow_handler_is_reopened_and_nothing_is_lost_or_run_twice(
+) {
+    channel_closed_under_a_slow_handler(Setup::new("timeout-quorum").on_quorum_queues()).await;
+}
+
+async fn channel_closed_under_a_slow_handler(setup: Setup) {
     let server = RabbitServer::start_with(&RabbitOptions {
         consumer_timeout: Some(Duration::from_secs(2)),
     })
     .expect("start a RabbitMQ broker");
-    let setup = Setup::new("timeout");
     let rabbit = setup.rabbit_at(server.url()).await;
     let (_connection, channel) = publisher_at(server.url()).await;
     let keys: Vec<String> = (0..12).map(|i| format!("t-{i}")).collect();
@@ -106,8 +117,17 @@ async fn a_channel_the_broker_closes_under_a_slow_handler_is_reopened_and_nothin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_cut_mid_ack_is_opened_again_and_nothing_is_lost_or_run_twice() {
+    connection_cut_mid_ack(Setup::new("cut")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_quorum_queues_a_connection_cut_mid_ack_is_opened_again_and_nothing_is_lost_or_run_twice(
+) {
+    connection_cut_mid_ack(Setup::new("cut-quorum").on_quorum_queues()).await;
+}
+
+async fn connection_cut_mid_ack(setup: Setup) {
     let proxy = cuts::proxy(RabbitServer::shared().expect("RabbitMQ broker").port()).await;
-    let setup = Setup::new("cut");
     let rabbit = setup
         .rabbit_at(&format!("amqp://guest:guest@{}/%2f", proxy.addr()))
         .await;
@@ -135,9 +155,18 @@ async fn a_connection_cut_mid_ack_is_opened_again_and_nothing_is_lost_or_run_twi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_restarted_mid_stream_is_reconnected_and_nothing_is_lost_or_run_twice() {
+    broker_restarted_mid_stream(Setup::new("restart")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_quorum_queues_a_broker_restarted_mid_stream_is_reconnected_and_nothing_is_lost_or_run_twice(
+) {
+    broker_restarted_mid_stream(Setup::new("restart-quorum").on_quorum_queues()).await;
+}
+
+async fn broker_restarted_mid_stream(setup: Setup) {
     let server =
         RabbitServer::start_with(&RabbitOptions::default()).expect("start a RabbitMQ broker");
-    let setup = Setup::new("restart");
     let rabbit = setup.rabbit_at(server.url()).await;
     {
         let (_connection, channel) = publisher_at(server.url()).await;
