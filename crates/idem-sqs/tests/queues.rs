@@ -227,34 +227,7 @@ async fn start_up_refuses_configurations_that_could_lose_or_rerun_messages() {
 
     // SQS's own redrive would move messages without a reason.
     let client = setup.client();
-    let elsewhere = client
-        .create_queue()
-        .queue_name(format!("elsewhere-{:08x}", rand::random::<u32>()))
-        .send()
-        .await
-        .expect("create queue")
-        .queue_url
-        .expect("url");
-    let arn = client
-        .get_queue_attributes()
-        .queue_url(&elsewhere)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .expect("attributes")
-        .attributes
-        .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
-        .expect("arn");
-    client
-        .set_queue_attributes()
-        .queue_url(&setup.queue_url)
-        .attributes(
-            QueueAttributeName::RedrivePolicy,
-            format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"5"}}"#),
-        )
-        .send()
-        .await
-        .expect("set redrive policy");
+    redrive(&setup, 5).await;
     let consumer = || Consumer::builder(setup.idem(), scope()).build();
     let err = SqsConsumer::builder(client.clone(), &setup.queue_url, consumer())
         .connect()
@@ -288,34 +261,7 @@ async fn start_up_refuses_configurations_that_could_lose_or_rerun_messages() {
 async fn with_a_redrive_policy_the_last_receive_is_dead_lettered_with_the_reason() {
     let setup = Setup::new("redrive-last", false).await;
     let client = setup.client();
-    let elsewhere = client
-        .create_queue()
-        .queue_name(format!("redrive-{:08x}", rand::random::<u32>()))
-        .send()
-        .await
-        .expect("create queue")
-        .queue_url
-        .expect("url");
-    let arn = client
-        .get_queue_attributes()
-        .queue_url(&elsewhere)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .expect("attributes")
-        .attributes
-        .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
-        .expect("arn");
-    client
-        .set_queue_attributes()
-        .queue_url(&setup.queue_url)
-        .attributes(
-            QueueAttributeName::RedrivePolicy,
-            format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"2"}}"#),
-        )
-        .send()
-        .await
-        .expect("set redrive policy");
+    redrive(&setup, 2).await;
 
     // r-1 is received once and not deleted (a worker that died): its
     // next receive is its second, the last.
@@ -377,4 +323,38 @@ async fn with_a_redrive_policy_the_last_receive_is_dead_lettered_with_the_reason
         "{}",
         dead[0].reason
     );
+}
+
+/// Gives `setup`'s queue SQS's own `RedrivePolicy`, moving a message to a
+/// new queue after `max_receives` receives.
+async fn redrive(setup: &Setup, max_receives: u32) {
+    let client = setup.client();
+    let elsewhere = client
+        .create_queue()
+        .queue_name(format!("elsewhere-{:08x}", rand::random::<u32>()))
+        .send()
+        .await
+        .expect("create queue")
+        .queue_url
+        .expect("url");
+    let arn = client
+        .get_queue_attributes()
+        .queue_url(&elsewhere)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .expect("attributes")
+        .attributes
+        .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
+        .expect("arn");
+    client
+        .set_queue_attributes()
+        .queue_url(&setup.queue_url)
+        .attributes(
+            QueueAttributeName::RedrivePolicy,
+            format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"{max_receives}"}}"#),
+        )
+        .send()
+        .await
+        .expect("set redrive policy");
 }

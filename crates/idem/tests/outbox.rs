@@ -33,6 +33,15 @@ fn executor<S: Store>(store: S, sender: impl Sender) -> Idempotency<S> {
         .expect("a valid executor")
 }
 
+/// The payloads `sender` sent, in order.
+fn payloads(sender: &MemorySender) -> Vec<Bytes> {
+    sender
+        .messages()
+        .iter()
+        .map(|m| m.payload().clone())
+        .collect()
+}
+
 fn run_id(key: &str) -> RecordId {
     RecordId::parse("orders", key).expect("valid")
 }
@@ -95,11 +104,7 @@ async fn failed_and_taken_over_runs_send_nothing() {
     let late = first.await.expect("joined");
     assert!(matches!(late, Err(RunError::LeaseLost)), "{late:?}");
 
-    let payloads: Vec<_> = sender
-        .messages()
-        .iter()
-        .map(|m| m.payload().clone())
-        .collect();
+    let payloads = payloads(&sender);
     assert_eq!(payloads, ["from the new holder"]);
 
     // The late holder found the run's messages confirmed and held
@@ -179,11 +184,7 @@ async fn a_holder_whose_completion_was_in_doubt_sends_nothing_when_a_takeover_st
     let late = first.await.expect("joined");
     assert!(matches!(late, Err(RunError::LeaseLost)), "{late:?}");
 
-    let payloads: Vec<_> = sender
-        .messages()
-        .iter()
-        .map(|m| m.payload().clone())
-        .collect();
+    let payloads = payloads(&sender);
     assert_eq!(payloads, ["from the takeover"]);
 }
 
