@@ -3,6 +3,7 @@
 
 mod builder;
 mod decision;
+mod send_id;
 mod unfit;
 
 pub use builder::ConsumerBuilder;
@@ -159,28 +160,6 @@ impl<S: Store, C: Codec> Consumer<S, C> {
     /// The name in metrics and logs.
     pub fn name(&self) -> &str {
         &self.inner.name
-    }
-
-    /// For adapters of brokers that assign message ids at each send:
-    /// warns at start-up when the consumer's keys come first from the
-    /// message id, called `called` there (e.g. `SQS's MessageId`), which
-    /// catches the broker's redeliveries but not a producer that sends
-    /// the same message twice. (A consumer that reads it only when a
-    /// delivery has no producer's key says so at the first such delivery,
-    /// and counts them in [`ConsumerStats::keyed_by_send_id`].)
-    pub fn check_send_id_keys(&self, called: &str) {
-        if matches!(
-            self.inner.keys.sources().first(),
-            Some(KeySource::MessageId)
-        ) {
-            tracing::warn!(
-                consumer = %self.inner.name,
-                "keys come from {called}, which the broker assigns at each send: its \
-                 redeliveries are caught, but a producer that sends the same message twice is \
-                 not; have producers mint a key once per operation (idem::key::new_v7) and send \
-                 it as the Idempotency-Key header, or read the key from the payload"
-            );
-        }
     }
 
     /// The longest delay a retried delivery is given.
@@ -356,27 +335,6 @@ impl<S: Store, C: Codec> Consumer<S, C> {
             .fingerprint
             .then(|| payload_fingerprint(message.payload()));
         Ok((RecordId::new(inner.scope.clone(), key), fingerprint))
-    }
-
-    /// Counts a delivery keyed by `id`, which the broker assigns at each
-    /// send, and says once per consumer what that does not catch.
-    fn keyed_by_send_id(&self, id: &'static str) {
-        let inner = &*self.inner;
-        m::keyed_by_send_id(&inner.name);
-        if inner
-            .counters
-            .keyed_by_send_id
-            .fetch_add(1, Ordering::Relaxed)
-            == 0
-        {
-            tracing::warn!(
-                consumer = %inner.name,
-                "a delivery without a producer's key was keyed by {id}, which the broker assigns at each send: \
-                 its redeliveries are caught, but a producer that sends the same message twice is not; \
-                 have producers mint a key once per operation (idem::key::new_v7) and send it as the \
-                 Idempotency-Key header, or read the key from the payload (said once per consumer)"
-            );
-        }
     }
 
     /// Runs the handler through the executor from `start` and decides the
