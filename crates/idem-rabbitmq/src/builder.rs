@@ -90,9 +90,7 @@ impl<S: Store, C: Codec> RabbitConsumerBuilder<S, C> {
     /// refuses it as declared otherwise.
     #[must_use]
     pub fn quorum(mut self) -> Self {
-        let (QueueKind::Classic { delivery_limit } | QueueKind::Quorum { delivery_limit }) =
-            self.kind;
-        self.kind = QueueKind::Quorum { delivery_limit };
+        self.kind.quorum = true;
         self
     }
 
@@ -106,14 +104,7 @@ impl<S: Store, C: Codec> RabbitConsumerBuilder<S, C> {
     /// unless told. Needs [`quorum`](Self::quorum).
     #[must_use]
     pub fn delivery_limit(mut self, limit: u32) -> Self {
-        self.kind = match self.kind {
-            QueueKind::Classic { .. } => QueueKind::Classic {
-                delivery_limit: Some(limit),
-            },
-            QueueKind::Quorum { .. } => QueueKind::Quorum {
-                delivery_limit: Some(limit),
-            },
-        };
+        self.kind.delivery_limit = Some(limit);
         self
     }
 
@@ -184,9 +175,7 @@ impl<S: Store> RabbitConsumer<S, idem::Json> {
             retry_delays: DEFAULT_RETRY_DELAYS.to_vec(),
             message_ttl: None,
             redelivery_window: None,
-            kind: QueueKind::Classic {
-                delivery_limit: None,
-            },
+            kind: QueueKind::default(),
         }
     }
 }

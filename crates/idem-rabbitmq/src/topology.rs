@@ -15,10 +15,7 @@ pub(crate) fn validate(
     delays: &[Duration],
     kind: QueueKind,
 ) -> Result<(), RabbitError> {
-    if let QueueKind::Classic {
-        delivery_limit: Some(limit),
-    } = kind
-    {
+    if let (false, Some(limit)) = (kind.quorum, kind.delivery_limit) {
         return Err(RabbitError::Config(format!(
             "a delivery limit ({limit}) needs a quorum queue: call quorum() as well \
              (classic queues have no x-delivery-limit)"
@@ -54,14 +51,14 @@ pub(crate) fn validate(
 }
 
 /// The type of the queues the consumer declares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum QueueKind {
-    /// RabbitMQ's classic queues (the type when none is given); a
-    /// delivery limit here is a mistake [`validate`] refuses.
-    Classic { delivery_limit: Option<u32> },
-    /// Quorum queues (`x-queue-type: quorum`), with the queue's
-    /// `x-delivery-limit` when one is set.
-    Quorum { delivery_limit: Option<u32> },
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct QueueKind {
+    /// Quorum queues (`x-queue-type: quorum`), not classic ones (the
+    /// type when none is given).
+    pub(crate) quorum: bool,
+    /// The queue's `x-delivery-limit`; only a quorum queue has one, which
+    /// [`validate`] checks.
+    pub(crate) delivery_limit: Option<u32>,
 }
 
 pub(crate) struct Topology {
@@ -99,12 +96,9 @@ impl Topology {
     /// than its delivery limit, so the last delivery is the limit's plus
     /// one.
     pub(crate) fn last_delivery(&self) -> Option<u32> {
-        match self.kind {
-            QueueKind::Quorum {
-                delivery_limit: Some(limit),
-            } => Some(limit.saturating_add(1)),
-            _ => None,
-        }
+        self.kind
+            .delivery_limit
+            .map(|limit| limit.saturating_add(1))
     }
 
     /// `args` with the arguments of the queue type: for a quorum queue its
@@ -113,7 +107,7 @@ impl Topology {
     /// target does not confirm it, and its retry queues dead-letter every
     /// retry back to the queue).
     fn typed(&self, mut args: FieldTable, dead_letters: bool) -> FieldTable {
-        if let QueueKind::Quorum { .. } = self.kind {
+        if self.kind.quorum {
             args.insert("x-queue-type".into(), long_string("quorum"));
             if dead_letters {
                 args.insert(
@@ -145,10 +139,7 @@ impl Topology {
         if let Some(ttl) = self.message_ttl {
             main.insert("x-message-ttl".into(), millis(ttl));
         }
-        if let QueueKind::Quorum {
-            delivery_limit: Some(limit),
-        } = self.kind
-        {
+        if let Some(limit) = self.kind.delivery_limit {
             main.insert(
                 "x-delivery-limit".into(),
                 AMQPValue::LongLongInt(limit.into()),
@@ -190,9 +181,7 @@ mod tests {
             queue: "q".to_owned(),
             retries: DEFAULT_RETRY_DELAYS.to_vec(),
             message_ttl: None,
-            kind: QueueKind::Classic {
-                delivery_limit: None,
-            },
+            kind: QueueKind::default(),
         };
         assert_eq!(t.retry_for(Duration::from_millis(1)), "q.retry.1000ms");
         assert_eq!(t.retry_for(Duration::from_secs(1)), "q.retry.1000ms");
@@ -203,15 +192,15 @@ mod tests {
     #[test]
     fn bad_configuration_is_refused_with_the_rule() {
         let ok = [Duration::from_secs(1)];
-        let classic = QueueKind::Classic {
-            delivery_limit: None,
-        };
-        let quorum = QueueKind::Quorum {
+        let classic = QueueKind::default();
+        let quorum = QueueKind {
+            quorum: true,
             delivery_limit: Some(5),
         };
         assert!(validate("q", 16, &ok, classic).is_ok());
         assert!(validate("q", 16, &ok, quorum).is_ok());
-        let limited_classic = QueueKind::Classic {
+        let limited_classic = QueueKind {
+            quorum: false,
             delivery_limit: Some(5),
         };
         for (queue, prefetch, delays, kind, needle) in [
