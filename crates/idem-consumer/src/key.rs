@@ -1,7 +1,7 @@
 //! Where a delivery's idempotency key comes from.
 
+use idem::derive::json::{self, JsonDoc, JsonKey, JsonKeyError};
 use idem::{derive, Key, KeyError, KeyRules};
-use serde_json::Value;
 
 use crate::Message;
 
@@ -20,9 +20,24 @@ pub enum KeySource {
     /// Several JSON pointers joined with `:` in order, e.g. an order id and
     /// a step name: `["/order_id", "/step"]`.
     Composite(Vec<String>),
+    /// The hex SHA-256 of the canonical JSON of chosen fields of the
+    /// payload, e.g. `["/account", "/amount", "/day"]`: a key from a
+    /// message's immutable fields when it carries no id. Absent when none
+    /// of the fields is there.
+    Fields(Vec<String>),
     /// The hex SHA-256 of the payload's canonical JSON (member order and
     /// whitespace do not matter), or of its bytes when it is not JSON.
     ContentHash,
+}
+
+impl From<JsonKey> for KeySource {
+    fn from(source: JsonKey) -> Self {
+        match source {
+            JsonKey::Pointer(pointer) => Self::JsonPointer(pointer),
+            JsonKey::Composite(pointers) => Self::Composite(pointers),
+            JsonKey::Fields(fields) => Self::Fields(fields),
+        }
+    }
 }
 
 /// What to do with a delivery none of the sources gives a key for. There
@@ -81,6 +96,10 @@ pub enum KeyProblem {
         /// The retention it exceeds.
         retention: std::time::Duration,
     },
+    /// A JSON source is unusable: a pointer that does not start with `/`,
+    /// or a list naming no field.
+    #[error("{0}")]
+    Unusable(String),
     /// A JSON pointer pointed at something other than a string or integer.
     #[error("{source_name} is {found}, not a string or an integer")]
     WrongType {
@@ -198,7 +217,7 @@ impl KeyExtractor {
         &self,
         message: &M,
     ) -> Result<(Key, Option<&KeySource>), KeyProblem> {
-        let mut json = LazyJson::new(message.payload());
+        let mut json = JsonDoc::new(message.payload());
         for source in &self.sources {
             if let Some(key) = self.read(source, message, &mut json)? {
                 return Ok((self.check_age(key)?, Some(source)));
@@ -234,38 +253,45 @@ impl KeyExtractor {
         &self,
         source: &KeySource,
         message: &M,
-        json: &mut LazyJson<'_>,
+        json: &mut JsonDoc<'_>,
     ) -> Result<Option<Key>, KeyProblem> {
         let raw = match source {
-            KeySource::Header(name) => message.header(name).map(str::to_owned),
-            KeySource::MessageId => message.message_id().map(str::to_owned),
-            KeySource::JsonPointer(pointer) => scalar(json.value(source)?, pointer)?,
-            KeySource::Composite(pointers) => {
-                let value = json.value(source)?;
-                let mut parts = Vec::with_capacity(pointers.len());
-                for pointer in pointers {
-                    match scalar(value, pointer)? {
-                        Some(part) => parts.push(part),
-                        None => return Ok(None),
-                    }
-                }
-                return derive::composite(&parts)
-                    .and_then(|key| self.rules.parse(key.as_str()))
-                    .map(Some)
-                    .map_err(|error| KeyProblem::Invalid {
-                        source_name: describe(source),
-                        error,
-                    });
+            KeySource::Header(name) => message.header(name),
+            KeySource::MessageId => message.message_id(),
+            KeySource::JsonPointer(pointer) => {
+                return json::pointer_key(json, pointer, &self.rules).map_err(from_json)
             }
+            KeySource::Composite(pointers) => {
+                return json::composite_key(json, pointers, &self.rules).map_err(from_json)
+            }
+            KeySource::Fields(fields) => return json::fields_key(json, fields).map_err(from_json),
             KeySource::ContentHash => return Ok(Some(content_hash(message.payload()))),
         };
         raw.map(|raw| {
-            self.rules.parse(&raw).map_err(|error| KeyProblem::Invalid {
+            self.rules.parse(raw).map_err(|error| KeyProblem::Invalid {
                 source_name: describe(source),
                 error,
             })
         })
         .transpose()
+    }
+}
+
+/// A JSON source's problem, as the consumer reports it.
+fn from_json(error: JsonKeyError) -> KeyProblem {
+    match error {
+        JsonKeyError::NotJson {
+            source_name,
+            reason,
+        } => KeyProblem::NotJson {
+            source_name,
+            reason,
+        },
+        JsonKeyError::WrongType { source_name, found } => {
+            KeyProblem::WrongType { source_name, found }
+        }
+        JsonKeyError::Invalid { source_name, error } => KeyProblem::Invalid { source_name, error },
+        other => KeyProblem::Unusable(other.to_string()),
     }
 }
 
@@ -279,49 +305,8 @@ fn describe(source: &KeySource) -> String {
         KeySource::MessageId => "message id".to_owned(),
         KeySource::JsonPointer(pointer) => format!("JSON pointer {pointer:?}"),
         KeySource::Composite(pointers) => format!("composite {pointers:?}"),
+        KeySource::Fields(fields) => format!("hash of fields {fields:?}"),
         KeySource::ContentHash => "content hash".to_owned(),
-    }
-}
-
-/// A string, or an integer in decimal; `None` when absent or null.
-fn scalar(value: &Value, pointer: &str) -> Result<Option<String>, KeyProblem> {
-    let wrong = |found| KeyProblem::WrongType {
-        source_name: format!("JSON pointer {pointer:?}"),
-        found,
-    };
-    match value.pointer(pointer) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Ok(Some(n.to_string())),
-        Some(Value::Number(_)) => Err(wrong("a fractional number")),
-        Some(Value::Bool(_)) => Err(wrong("a boolean")),
-        Some(Value::Array(_)) => Err(wrong("an array")),
-        Some(Value::Object(_)) => Err(wrong("an object")),
-    }
-}
-
-struct LazyJson<'a> {
-    bytes: &'a [u8],
-    parsed: Option<Result<Value, String>>,
-}
-
-impl<'a> LazyJson<'a> {
-    fn new(bytes: &'a [u8]) -> Self {
-        Self {
-            bytes,
-            parsed: None,
-        }
-    }
-
-    fn value(&mut self, source: &KeySource) -> Result<&Value, KeyProblem> {
-        let bytes = self.bytes;
-        self.parsed
-            .get_or_insert_with(|| serde_json::from_slice(bytes).map_err(|e| e.to_string()))
-            .as_ref()
-            .map_err(|reason| KeyProblem::NotJson {
-                source_name: describe(source),
-                reason: reason.clone(),
-            })
     }
 }
 
@@ -436,5 +421,32 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn a_hash_of_chosen_fields_keys_a_message_by_its_immutable_parts() {
+        let keys = KeyExtractor::new(
+            "fields:/account,/amount"
+                .parse::<JsonKey>()
+                .expect("spec")
+                .into(),
+        );
+        let a = keys
+            .extract(&msg(r#"{"account":"a1","amount":5,"sent_at":1}"#))
+            .expect("valid");
+        let b = keys
+            .extract(&msg(r#"{"sent_at":2,"amount":5,"account":"a1"}"#))
+            .expect("valid");
+        assert_eq!(a, b, "a field outside the chosen ones does not matter");
+        let c = keys
+            .extract(&msg(r#"{"account":"a1","amount":6}"#))
+            .expect("valid");
+        assert_ne!(a, c);
+        match keys.extract(&msg(r#"{"sent_at":3}"#)) {
+            Err(KeyProblem::Missing { tried }) => {
+                assert_eq!(tried, r#"hash of fields ["/account", "/amount"]"#);
+            }
+            other => panic!("expected Missing, got {other:?}"),
+        }
     }
 }

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use idem::derive::json::JsonKey;
 use idem::Scope;
 use idem_consumer::{Consumer, KeyExtractor, KeySource};
 
@@ -18,7 +19,9 @@ pub struct ConsumeOptions {
     /// The scope of the keys (usually the queue's purpose: `orders`).
     pub scope: String,
     /// Where keys come from, tried in order: `header:NAME`, `message_id`,
-    /// a JSON pointer into the payload (`/order_id`), or `content_hash`.
+    /// a JSON pointer into the payload (`/order_id`), `fields:/a,/b` (a
+    /// hash of those fields), `composite:/a,/b` (their values joined), or
+    /// `content_hash`.
     pub keys: Option<Vec<String>>,
     /// Whether a key reused with another payload is dead-lettered.
     pub fingerprint: Option<bool>,
@@ -35,7 +38,15 @@ fn source(spec: &str) -> Result<KeySource, EngineError> {
     Ok(match spec {
         "message_id" => KeySource::MessageId,
         "content_hash" => KeySource::ContentHash,
-        pointer if pointer.starts_with('/') => KeySource::JsonPointer(pointer.to_owned()),
+        json if json.starts_with('/')
+            || json.starts_with("fields:")
+            || json.starts_with("composite:") =>
+        {
+            KeySource::from(
+                json.parse::<JsonKey>()
+                    .map_err(|e| EngineError::Config(format!("key source {json:?}: {e}")))?,
+            )
+        }
         other => match other.strip_prefix("header:") {
             Some(name) if !name.is_empty() => KeySource::Header(name.to_owned()),
             _ => {

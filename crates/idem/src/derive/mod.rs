@@ -1,6 +1,8 @@
 //! Key derivation helpers: for producers that send no key of
 //! their own, or whose key must be built from business identifiers.
 
+pub mod json;
+
 use std::time::Duration;
 
 use crate::clock::{duration_millis, Timestamp};
