@@ -9,6 +9,7 @@ use http::request::Parts;
 use http::{HeaderName, HeaderValue, Method, StatusCode};
 use idem::blob::Blobs;
 use idem::codec::Keyring;
+use idem::derive::json::JsonKey;
 use idem::key_hash::KeyHasher;
 use idem::outbox::Sender;
 use idem::{ConfigError, FailureClass, Idempotency, KeyRules, Store};
@@ -54,6 +55,7 @@ pub struct IdempotencyLayerBuilder<S> {
     replay_set_cookie: bool,
     replay_redate: bool,
     grpc_request_id: grpc::RequestIdFields,
+    body_key: Option<JsonKey>,
 }
 
 impl<S> std::fmt::Debug for IdempotencyLayerBuilder<S> {
@@ -313,6 +315,32 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
         self
     }
 
+    /// Takes the key of a request that has no key header from its JSON
+    /// body: a field ([`JsonKey::Pointer`], e.g. Stripe's event `/id`),
+    /// several fields joined ([`JsonKey::Composite`]), or a hash of chosen
+    /// fields ([`JsonKey::Fields`], for requests that carry no id but
+    /// whose fields identify them). The header still wins when both are
+    /// sent.
+    ///
+    /// The body is read, within
+    /// [`max_request_bytes`](Self::max_request_bytes), before the key is
+    /// known. A body without the key, or one that is not JSON, is treated
+    /// as a request without the header: refused with 400 when keys are
+    /// [`required`](Self::required), passed through otherwise. A value
+    /// that is there but is not a valid key (an object, a fraction, a key
+    /// breaking the key rules) is refused with 400. gRPC calls take their
+    /// key from [`grpc_request_id_field`](Self::grpc_request_id_field)
+    /// instead.
+    ///
+    /// With a key from a hash of fields, fingerprint the same fields
+    /// ([`FingerprintRule::JsonFields`]) when the rest of the body may
+    /// differ between a request and its retries (a timestamp, say):
+    /// otherwise such a retry is refused with 422 as a reused key.
+    pub fn key_in_body(mut self, source: JsonKey) -> Self {
+        self.body_key = Some(source);
+        self
+    }
+
     /// Whether replays carry the stored `Set-Cookie` headers (default
     /// `false`): a session cookie given to the first answer would be
     /// handed to anyone who sends the same key and body again. The first
@@ -394,6 +422,9 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
 
     /// Checks the configuration and builds the layer.
     pub fn build(self) -> Result<IdempotencyLayer<S>, ConfigError> {
+        if let Some(source) = &self.body_key {
+            source.check()?;
+        }
         // Room for the head around the largest body.
         let max_stored_bytes = self.max_response_bytes.saturating_add(64 * 1024);
         if self.keep.any_reference() {
@@ -458,6 +489,7 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
                 blobs: self.blobs,
                 replay_redate: self.replay_redate,
                 grpc_request_id: self.grpc_request_id,
+                body_key: self.body_key,
                 runs: TaskTracker::new(),
             }),
         })
@@ -559,6 +591,7 @@ impl<S: Store> IdempotencyLayer<S> {
             replay_set_cookie: false,
             replay_redate: true,
             grpc_request_id: grpc::RequestIdFields::default(),
+            body_key: None,
         }
     }
 }

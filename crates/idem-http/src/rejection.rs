@@ -26,6 +26,9 @@ pub enum Rejection {
     KeyMissing {
         /// The key header's name.
         header: HeaderName,
+        /// Where in a JSON body the key is also looked for, if anywhere
+        /// (e.g. `JSON pointer "/id"`).
+        body: Option<String>,
     },
     /// 400: the key header is malformed; `detail` names the rule broken.
     KeyMalformed {
@@ -176,9 +179,16 @@ impl Rejection {
     /// The problem `detail`: what happened, and what the client may do.
     pub fn detail(&self) -> String {
         match self {
-            Self::KeyMissing { header } => format!(
+            Self::KeyMissing { header, body: None } => format!(
                 "this endpoint requires an {header} header (a unique value per request, e.g. a \
                  UUID)"
+            ),
+            Self::KeyMissing {
+                header,
+                body: Some(body),
+            } => format!(
+                "this endpoint requires an idempotency key: an {header} header, or the {body} of \
+                 a JSON body (a unique value per request, e.g. a UUID)"
             ),
             Self::KeyMalformed { detail } | Self::BadBody { detail } => detail.clone(),
             Self::KeyTooOld { age, retention } => format!(

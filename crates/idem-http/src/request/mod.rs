@@ -15,6 +15,7 @@ use http::{header, HeaderName, HeaderValue, Method, Request, Response, StatusCod
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 use idem::blob::Blobs;
+use idem::derive::json::{JsonDoc, JsonKey, JsonKeyError};
 use idem::derive::{uuid_v7_age, KeyAge};
 use idem::{
     BoxError, FailureClass, Fingerprint, Idempotency, Key, KeyRules, RecordId, Scope, Store,
@@ -81,6 +82,8 @@ pub(crate) struct Settings<S> {
     /// The field of a gRPC request's message that holds its key when the
     /// header does not (AIP-155 `request_id`).
     pub(crate) grpc_request_id: grpc::RequestIdFields,
+    /// Where in a JSON body a request without the key header has its key.
+    pub(crate) body_key: Option<JsonKey>,
     /// The runs going on now, detached from their connections.
     pub(crate) runs: TaskTracker,
 }
@@ -132,6 +135,15 @@ impl Unstored {
     }
 }
 
+/// Where the body of a request without the key header has its key.
+#[derive(Clone, Copy)]
+enum BodySource<'a> {
+    /// A gRPC message's `request_id` field, by number.
+    Grpc(u32),
+    /// A JSON body's field, fields or hash of fields.
+    Json(&'a JsonKey),
+}
+
 /// Where [`Settings::prepare`] leaves a covered request.
 pub(crate) enum Step<B> {
     /// Keyed and checked: to be run.
@@ -167,14 +179,11 @@ impl<S: Store> Settings<S> {
         B::Error: Into<BoxError>,
     {
         let (parts, body) = request.into_parts();
-        // Without the header, a gRPC call may carry its key in its
-        // message's request_id field (AIP-155), once the body is read.
-        let in_message = Some(&parts)
-            .filter(|parts| grpc::is_grpc(&parts.headers))
-            .and_then(|parts| self.grpc_request_id.field(parts.uri.path()));
+        // Without the header, the key may be in the body, once it is read.
+        let in_body = self.body_source(&parts);
         let key = match self.key(&parts) {
             Ok(Some(key)) => Some(key),
-            Ok(None) | Err(Rejection::KeyMissing { .. }) if in_message.is_some() => None,
+            Ok(None) | Err(Rejection::KeyMissing { .. }) if in_body.is_some() => None,
             Ok(None) => return Step::PassThrough(Request::from_parts(parts, body)),
             Err(rejection) => return Step::Refused(self.reject(rejection)),
         };
@@ -183,9 +192,9 @@ impl<S: Store> Settings<S> {
                 self.check_age(key)?;
             }
             let body = self.read_body(&parts, body).await?;
-            let key = match (key, in_message) {
+            let key = match (key, in_body) {
                 (Some(key), _) => Some(key),
-                (None, Some(field)) => self.key_in_message(&body, field)?,
+                (None, Some(source)) => self.key_in_body(&body, source)?,
                 (None, None) => None,
             };
             let Some(key) = key else {
@@ -196,7 +205,7 @@ impl<S: Store> Settings<S> {
         };
         let (key, body, fingerprint) = match prepared.await {
             Ok(Ok(prepared)) => prepared,
-            // No key in the message either, and none required.
+            // No key in the body either, and none required.
             Ok(Err(body)) => return Step::PassThrough(Request::from_parts(parts, B::from(body))),
             Err(rejection) => return Step::Refused(self.reject(rejection)),
         };
@@ -218,9 +227,7 @@ impl<S: Store> Settings<S> {
             let count = parts.headers.get_all(&self.header).iter().count();
             return match count {
                 0 if !self.required => Ok(None),
-                0 => Err(Rejection::KeyMissing {
-                    header: self.header.clone(),
-                }),
+                0 => Err(self.key_missing()),
                 count => Err(Rejection::KeyMalformed {
                     detail: format!(
                         "the {} header appears {count} times (rule: exactly once)",
@@ -236,27 +243,66 @@ impl<S: Store> Settings<S> {
             })
     }
 
-    /// The key in field `field` of a gRPC request's message (AIP-155's
-    /// `request_id`), its age checked as a header key's is: `None` when
-    /// it has none and none is required.
-    fn key_in_message(&self, body: &[u8], field: u32) -> Result<Option<Key>, Rejection> {
+    /// Where the body of a request without the key header has its key: a
+    /// gRPC call's `request_id` field (AIP-155) when one is configured for
+    /// its method, a JSON source for any other request.
+    fn body_source(&self, parts: &Parts) -> Option<BodySource<'_>> {
+        if grpc::is_grpc(&parts.headers) {
+            return self
+                .grpc_request_id
+                .field(parts.uri.path())
+                .map(BodySource::Grpc);
+        }
+        self.body_key.as_ref().map(BodySource::Json)
+    }
+
+    /// The key in the body, its age checked as a header key's is: `None`
+    /// when it has none and none is required.
+    fn key_in_body(&self, body: &[u8], source: BodySource<'_>) -> Result<Option<Key>, Rejection> {
         let malformed = |detail: String| Rejection::KeyMalformed { detail };
-        match grpc::request_id(body, field) {
-            Ok(Some(id)) => {
-                let key = self
-                    .key_rules
-                    .parse(&id)
-                    .map_err(|e| malformed(format!("the request_id (field {field}): {e}")))?;
+        let key = match source {
+            BodySource::Grpc(field) => match grpc::request_id(body, field) {
+                Ok(id) => id
+                    .map(|id| self.key_rules.parse(&id))
+                    .transpose()
+                    .map_err(|e| malformed(format!("the request_id (field {field}): {e}")))?,
+                Err(why) => {
+                    return Err(malformed(format!(
+                        "the key was to be read from the message's request_id (field {field}), \
+                         but {why}"
+                    )))
+                }
+            },
+            BodySource::Json(source) => {
+                match source.read(&mut JsonDoc::new(body), &self.key_rules) {
+                    Ok(key) => key,
+                    // A body that is not JSON carries no key.
+                    Err(JsonKeyError::NotJson { .. }) if !self.required => None,
+                    Err(error) => {
+                        return Err(malformed(format!(
+                            "without an {} header, the key is read from the JSON body, but {error}",
+                            self.header
+                        )))
+                    }
+                }
+            }
+        };
+        match key {
+            Some(key) => {
                 self.check_age(&key)?;
                 Ok(Some(key))
             }
-            Ok(None) if self.required => Err(Rejection::KeyMissing {
-                header: self.header.clone(),
-            }),
-            Ok(None) => Ok(None),
-            Err(why) => Err(malformed(format!(
-                "the key was to be read from the message's request_id (field {field}), but {why}"
-            ))),
+            None if self.required => Err(self.key_missing()),
+            None => Ok(None),
+        }
+    }
+
+    /// The refusal of a request without a key, naming every place it was
+    /// looked for.
+    fn key_missing(&self) -> Rejection {
+        Rejection::KeyMissing {
+            header: self.header.clone(),
+            body: self.body_key.as_ref().map(ToString::to_string),
         }
     }
 

@@ -62,6 +62,10 @@ pub enum ConfigError {
          (outbox) or a dispatcher elsewhere (outbox_sent_elsewhere)"
     )]
     StoreSendsNoMessages,
+    /// A key source is unusable (a pointer not starting with `/`, a list
+    /// naming no field).
+    #[error(transparent)]
+    KeySource(#[from] crate::derive::json::JsonKeyError),
     /// Responses are to be kept by reference, but no blob store was given.
     #[error("a replay policy keeps bodies by reference, but no blob store was given")]
     NoBlobStore,
