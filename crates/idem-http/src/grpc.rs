@@ -160,7 +160,9 @@ mod code {
 ///   retry gets the same status (not ABORTED, which clients retry).
 fn code_of(kind: &str, status: StatusCode) -> u8 {
     match kind {
-        types::KEY_MISSING | types::KEY_MALFORMED | types::BAD_BODY => code::INVALID_ARGUMENT,
+        types::KEY_MISSING | types::KEY_MALFORMED | types::BAD_BODY | types::BAD_SIGNATURE => {
+            code::INVALID_ARGUMENT
+        }
         types::BODY_TOO_LARGE => code::RESOURCE_EXHAUSTED,
         types::IN_PROGRESS => code::ABORTED,
         types::MISMATCH | types::KEY_TOO_OLD => code::FAILED_PRECONDITION,

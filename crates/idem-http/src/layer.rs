@@ -22,6 +22,7 @@ use crate::request::{Settings, Unstored};
 use crate::rules::{default_stored, FingerprintRule, Hook};
 use crate::service::IdempotencyService;
 use crate::stored::Responses;
+use crate::webhook::Webhook;
 
 /// Configures an [`IdempotencyLayer`]; [`IdempotencyLayer::builder`] has
 /// the defaults.
@@ -56,6 +57,7 @@ pub struct IdempotencyLayerBuilder<S> {
     replay_redate: bool,
     grpc_request_id: grpc::RequestIdFields,
     body_key: Option<JsonKey>,
+    webhook: Option<Webhook>,
 }
 
 impl<S> std::fmt::Debug for IdempotencyLayerBuilder<S> {
@@ -341,6 +343,37 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
         self
     }
 
+    /// Serves a webhook sender: the key is read where the sender puts its
+    /// event id (Standard Webhooks' `webhook-id`, GitHub's
+    /// `X-GitHub-Delivery`, Stripe's event `/id` in the body), keys are
+    /// required, and every covered request's signature is checked before
+    /// its key is claimed. A request whose signature does not check out
+    /// is refused with 400 `bad-signature` and uses no key, so a replay
+    /// nobody signed can neither run nor burn the key of the event it
+    /// copies.
+    ///
+    /// ```
+    /// use idem_http::{IdempotencyLayer, Webhook, WebhookKind};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    /// let layer = IdempotencyLayer::builder(idem::MemoryStore::new())
+    ///     .webhook(Webhook::new(WebhookKind::Standard, secret)?)
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn webhook(mut self, webhook: Webhook) -> Self {
+        if let Some(header) = webhook.key_header() {
+            self.header = header;
+        }
+        self.body_key = webhook.body_key();
+        self.required = true;
+        self.webhook = Some(webhook);
+        self
+    }
+
     /// Whether replays carry the stored `Set-Cookie` headers (default
     /// `false`): a session cookie given to the first answer would be
     /// handed to anyone who sends the same key and body again. The first
@@ -490,6 +523,7 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
                 replay_redate: self.replay_redate,
                 grpc_request_id: self.grpc_request_id,
                 body_key: self.body_key,
+                webhook: self.webhook,
                 runs: TaskTracker::new(),
             }),
         })
@@ -592,6 +626,7 @@ impl<S: Store> IdempotencyLayer<S> {
             replay_redate: true,
             grpc_request_id: grpc::RequestIdFields::default(),
             body_key: None,
+            webhook: None,
         }
     }
 }

@@ -83,6 +83,7 @@ mod request;
 mod rules;
 mod service;
 mod stored;
+mod webhook;
 
 pub use body::IdemBody;
 pub use header::{parse_key, KeyHeaderError};
@@ -97,3 +98,4 @@ pub use request::{LIFETIME_HEADER, REPLAYED_HEADER, REPLAY_KEPT_HEADER};
 pub use rules::{default_stored, FingerprintHook, FingerprintRule};
 pub use service::IdempotencyService;
 pub use stored::{strip_hop_by_hop, Binary, Kept, StoredResponse};
+pub use webhook::{Webhook, WebhookKind, WebhookSecretError, DEFAULT_TOLERANCE};

@@ -33,6 +33,8 @@ pub const MISMATCH: &str = crate::problem_type!("fingerprint-mismatch");
 pub const BODY_TOO_LARGE: &str = crate::problem_type!("body-too-large");
 /// The request body could not be read or fingerprinted.
 pub const BAD_BODY: &str = crate::problem_type!("bad-body");
+/// A webhook's signature did not check out; the key was not used.
+pub const BAD_SIGNATURE: &str = crate::problem_type!("bad-signature");
 /// The idempotency store could not be reached.
 pub const STORE_UNAVAILABLE: &str = crate::problem_type!("store-unavailable");
 /// The upstream could not be reached; nothing was sent to it.

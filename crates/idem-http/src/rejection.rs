@@ -57,6 +57,13 @@ pub enum Rejection {
         /// What was wrong.
         detail: String,
     },
+    /// 400: a webhook's signature does not check out (see
+    /// [`Webhook`](crate::Webhook)); nothing was claimed, so the sender's
+    /// own signed delivery still runs.
+    BadSignature {
+        /// What was wrong, without what was expected.
+        detail: String,
+    },
     /// 409: a request with this key is still running.
     InProgress {
         /// When to try again (capped at one second: most requests finish
@@ -121,9 +128,10 @@ impl Rejection {
     /// The status code.
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::KeyMissing { .. } | Self::KeyMalformed { .. } | Self::BadBody { .. } => {
-                StatusCode::BAD_REQUEST
-            }
+            Self::KeyMissing { .. }
+            | Self::KeyMalformed { .. }
+            | Self::BadBody { .. }
+            | Self::BadSignature { .. } => StatusCode::BAD_REQUEST,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::InProgress { .. } => StatusCode::CONFLICT,
             Self::KeyTooOld { .. }
@@ -146,6 +154,7 @@ impl Rejection {
             Self::KeyTooOld { .. } => types::KEY_TOO_OLD,
             Self::BodyTooLarge { .. } => types::BODY_TOO_LARGE,
             Self::BadBody { .. } => types::BAD_BODY,
+            Self::BadSignature { .. } => types::BAD_SIGNATURE,
             Self::InProgress { .. } => types::IN_PROGRESS,
             Self::Mismatch => types::MISMATCH,
             Self::OutcomeUnknown { .. } | Self::LostResponse { .. } => types::OUTCOME_UNKNOWN,
@@ -164,6 +173,7 @@ impl Rejection {
             Self::KeyTooOld { .. } => "Idempotency key older than its lifetime",
             Self::BodyTooLarge { .. } => types::BODY_TOO_LARGE_TITLE,
             Self::BadBody { .. } => "Request body unreadable",
+            Self::BadSignature { .. } => "Webhook signature invalid",
             Self::InProgress { .. } => "Request in progress",
             Self::Mismatch => "Key reused with a different request",
             Self::OutcomeUnknown { .. } => "Outcome of this key unknown",
@@ -191,6 +201,10 @@ impl Rejection {
                  a JSON body (a unique value per request, e.g. a UUID)"
             ),
             Self::KeyMalformed { detail } | Self::BadBody { detail } => detail.clone(),
+            Self::BadSignature { detail } => format!(
+                "{detail}; the request was refused before its key was used, so a delivery the \
+                 sender signed still runs"
+            ),
             Self::KeyTooOld { age, retention } => format!(
                 "this key is a UUIDv7 minted {}s ago, longer than keys are remembered ({}s): a \
                  request that late cannot be told from a new one, so it is refused rather than \

@@ -42,6 +42,18 @@ fn store() -> (tempfile::TempDir, SqliteStore) {
     (dir, store)
 }
 
+/// Served with keys from the body's `/id`, required or not.
+async fn keyed_by_id(required: bool) -> (tempfile::TempDir, String, Arc<AtomicU64>) {
+    let (dir, store) = store();
+    let layer = IdempotencyLayer::builder(store)
+        .required(required)
+        .key_in_body(JsonKey::Pointer("/id".into()))
+        .build()
+        .expect("layer");
+    let (url, runs) = serve(layer).await;
+    (dir, url, runs)
+}
+
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .no_proxy()
@@ -64,13 +76,7 @@ async fn send(url: &str, body: &str, key: Option<&str>) -> (u16, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_duplicates_keyed_by_a_body_field_run_once() {
-    let (_dir, store) = store();
-    let layer = IdempotencyLayer::builder(store)
-        .required(true)
-        .key_in_body(JsonKey::Pointer("/id".into()))
-        .build()
-        .expect("layer");
-    let (url, runs) = serve(layer).await;
+    let (_dir, url, runs) = keyed_by_id(true).await;
     let event = r#"{"id":"evt_1","type":"charge.succeeded","data":{"amount":100}}"#;
 
     let sends = (0..8).map(|_| {
@@ -105,13 +111,7 @@ async fn concurrent_duplicates_keyed_by_a_body_field_run_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_without_the_key_is_refused_when_keys_are_required() {
-    let (_dir, store) = store();
-    let layer = IdempotencyLayer::builder(store)
-        .required(true)
-        .key_in_body(JsonKey::Pointer("/id".into()))
-        .build()
-        .expect("layer");
-    let (url, runs) = serve(layer).await;
+    let (_dir, url, runs) = keyed_by_id(true).await;
 
     let (status, body) = send(&url, r#"{"type":"ping"}"#, None).await;
     assert_eq!(status, 400);
@@ -133,12 +133,7 @@ async fn a_body_without_the_key_is_refused_when_keys_are_required() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_optional_body_key_lets_keyless_bodies_through_unguarded() {
-    let (_dir, store) = store();
-    let layer = IdempotencyLayer::builder(store)
-        .key_in_body(JsonKey::Pointer("/id".into()))
-        .build()
-        .expect("layer");
-    let (url, runs) = serve(layer).await;
+    let (_dir, url, runs) = keyed_by_id(false).await;
     for body in [r#"{"type":"ping"}"#, r#"{"type":"ping"}"#, "plain text"] {
         assert_eq!(send(&url, body, None).await.0, 200);
     }

@@ -161,6 +161,7 @@ mod tests {
             layer::MISMATCH,
             layer::BODY_TOO_LARGE,
             layer::BAD_BODY,
+            layer::BAD_SIGNATURE,
             layer::STORE_UNAVAILABLE,
             layer::UPSTREAM,
             layer::OUTCOME_UNKNOWN,

@@ -30,6 +30,7 @@ use crate::keep::KeepRules;
 use crate::rejection::Rejection;
 use crate::rules::{FingerprintRule, Hook};
 use crate::stored::Responses;
+use crate::webhook::Webhook;
 
 /// The header replays carry.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
@@ -84,6 +85,8 @@ pub(crate) struct Settings<S> {
     pub(crate) grpc_request_id: grpc::RequestIdFields,
     /// Where in a JSON body a request without the key header has its key.
     pub(crate) body_key: Option<JsonKey>,
+    /// The webhook sender whose signatures are checked before a claim.
+    pub(crate) webhook: Option<Webhook>,
     /// The runs going on now, detached from their connections.
     pub(crate) runs: TaskTracker,
 }
@@ -192,6 +195,11 @@ impl<S: Store> Settings<S> {
                 self.check_age(key)?;
             }
             let body = self.read_body(&parts, body).await?;
+            if let Some(webhook) = &self.webhook {
+                webhook
+                    .verify(&parts.headers, &body, Timestamp::now())
+                    .map_err(|detail| Rejection::BadSignature { detail })?;
+            }
             let key = match (key, in_body) {
                 (Some(key), _) => Some(key),
                 (None, Some(source)) => self.key_in_body(&body, source)?,
