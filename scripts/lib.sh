@@ -142,10 +142,11 @@ ensure_tansu() {
     "$venv/bin/tansu" --version >/dev/null
 }
 
-# The HTTP edge is tested with an off-the-shelf API SDK that has its own
-# retry policy: the official Stripe Python SDK, pointed at the gateway.
-ensure_stripe_sdk() {
-    ensure_pip_tool stripe "stripe==16.1.0"
+# The HTTP edge is tested with off-the-shelf Python SDKs: the official
+# Stripe SDK (its own retry policy, pointed at the gateway; its webhook
+# signing helper) and the Standard Webhooks library, which signs webhooks.
+ensure_python_sdks() {
+    ensure_pip_tool sdks "stripe==16.1.0 standardwebhooks==1.1.0"
 }
 
 # The guide (docs/guide) is built with mdBook, installed from crates.io

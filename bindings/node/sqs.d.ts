@@ -36,7 +36,7 @@ export interface SqsConsumerOptions {
   deadLetterQueueUrl?: string;
   /** The keys' scope [default: the queue's name]. */
   scope?: string;
-  /** Key sources in order: "header:NAME", "message_id", "/jsonPointer", "content_hash" [default: the Idempotency-Key attribute, then the MessageId]. */
+  /** Key sources in order: "header:NAME", "message_id", "/jsonPointer", "fields:/a,/b" (a hash of those fields), "composite:/a,/b", "content_hash" [default: the Idempotency-Key attribute, then the MessageId]. */
   keys?: string[];
   /** Whether a key reused with another body is dead-lettered [default: true]. */
   fingerprint?: boolean;

@@ -20,6 +20,8 @@ pub mod guide {
     pub mod http_layer {}
     #[doc = include_str!("../guide/src/gateway.md")]
     pub mod gateway {}
+    #[doc = include_str!("../guide/src/webhooks.md")]
+    pub mod webhooks {}
     #[doc = include_str!("../guide/src/consumers.md")]
     pub mod consumers {}
     #[doc = include_str!("../guide/src/steps.md")]

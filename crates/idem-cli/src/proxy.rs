@@ -36,6 +36,13 @@ pub struct ProxyConfig {
     pub header: HeaderName,
     /// Refuse covered requests without a key.
     pub require_key: bool,
+    /// Where a JSON body holds the key of a request without the header.
+    pub key_in_body: Option<idem::derive::json::JsonKey>,
+    /// The webhook sender whose signatures are checked before a claim.
+    pub webhook: Option<idem_http::Webhook>,
+    /// The JSON pointers a request's fingerprint covers instead of its
+    /// whole body.
+    pub fingerprint_fields: Option<Vec<String>>,
     /// The tenant discriminator header, if any.
     pub tenant_header: Option<HeaderName>,
     /// How long completed keys are remembered.
@@ -280,6 +287,16 @@ pub fn layer(store: AnyStore, config: &ProxyConfig) -> anyhow::Result<Idempotenc
     }
     if let Some(tenant) = &config.tenant_header {
         layer = layer.tenant_header(tenant.clone());
+    }
+    if let Some(source) = &config.key_in_body {
+        layer = layer.key_in_body(source.clone());
+    }
+    // After the key settings: a webhook sender decides where its key is.
+    if let Some(webhook) = &config.webhook {
+        layer = layer.webhook(webhook.clone());
+    }
+    if let Some(fields) = &config.fingerprint_fields {
+        layer = layer.fingerprint(idem_http::FingerprintRule::JsonFields(fields.clone()));
     }
     for (method, field) in &config.grpc_request_id_fields {
         layer = match method {

@@ -57,6 +57,32 @@ pub struct ProxyArgs {
     /// Refuse covered requests without a key (400).
     #[arg(long, env = "IDEM_REQUIRE_KEY", num_args = 0..=1, default_missing_value = "true")]
     pub require_key: Option<bool>,
+    /// For requests without the key header, where their JSON body holds
+    /// the key: a JSON pointer (`/id`, Stripe's event id),
+    /// `composite:/order,/step` (the fields' values joined with `:`), or
+    /// `fields:/account,/amount` (a hash of those fields, for senders
+    /// that send no id). The body is read before the key is known; a body
+    /// without it is a request without a key [default: none].
+    #[arg(long, env = "IDEM_KEY_IN_BODY")]
+    pub key_in_body: Option<String>,
+    /// Verify a webhook sender's signatures before a key is claimed, and
+    /// read keys where it puts its event id: `standard` (Standard
+    /// Webhooks: `webhook-id`), `stripe` (the event's `id` in the body) or
+    /// `github` (`X-GitHub-Delivery`). Keys are then required; a request
+    /// whose signature does not check out gets 400 `bad-signature` and
+    /// uses no key. Needs --webhook-secret-file [default: none].
+    #[arg(long, env = "IDEM_WEBHOOK", requires = "webhook_secret_file")]
+    pub webhook: Option<String>,
+    /// The file holding the webhook signing secret (`whsec_…`; a trailing
+    /// newline is ignored).
+    #[arg(long, env = "IDEM_WEBHOOK_SECRET_FILE", requires = "webhook")]
+    pub webhook_secret_file: Option<PathBuf>,
+    /// Fingerprint only these JSON pointers of a covered request's body,
+    /// comma-separated (with its method and path), instead of the whole
+    /// request: a retry whose other fields differ (a timestamp) is then a
+    /// replay, not 422 [default: the method, path, query and whole body].
+    #[arg(long, env = "IDEM_FINGERPRINT_FIELDS")]
+    pub fingerprint_fields: Option<String>,
     /// Separate keys per value of this header, so no client can replay
     /// another's response. Use one that stays the same between a request
     /// and its retries, set by your authentication proxy (e.g.
@@ -191,6 +217,7 @@ impl ProxyArgs {
         let file: ProxyArgs = toml::from_str(&text)
             .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
         fill!(self, file; listen, tls_cert, tls_key, upstream, upstream_ca, upstream_http2, admin_listen, store, methods, header, require_key,
+              key_in_body, fingerprint_fields, webhook, webhook_secret_file,
               tenant_header, retention, lease, max_request_bytes, max_response_bytes, fail_open,
               upstream_timeout, forward_takeovers, reject_old_uuid_v7, max_wait, default_wait,
               replay_cache_bytes, replay_cache_ttl, trust_forwarded, preserve_host,
@@ -268,6 +295,20 @@ impl ProxyArgs {
                 self.header.as_deref().unwrap_or("idempotency-key"),
             )?,
             require_key: self.require_key.unwrap_or(false),
+            key_in_body: self
+                .key_in_body
+                .as_deref()
+                .map(|spec| {
+                    spec.parse::<idem::derive::json::JsonKey>()
+                        .map_err(|e| anyhow::anyhow!("--key-in-body: {e}"))
+                })
+                .transpose()?,
+            webhook: self.webhook()?,
+            fingerprint_fields: self
+                .fingerprint_fields
+                .as_deref()
+                .map(fingerprint_fields)
+                .transpose()?,
             tenant_header: self
                 .tenant_header
                 .as_deref()
@@ -387,9 +428,56 @@ fn request_id_field(entry: &str) -> anyhow::Result<(Option<String>, u32)> {
     }
 }
 
+impl ProxyArgs {
+    /// The webhook sender of `--webhook`, with the secret read from
+    /// `--webhook-secret-file`.
+    fn webhook(&self) -> anyhow::Result<Option<idem_http::Webhook>> {
+        let (Some(kind), Some(file)) = (&self.webhook, &self.webhook_secret_file) else {
+            if self.webhook.is_some() || self.webhook_secret_file.is_some() {
+                anyhow::bail!("--webhook and --webhook-secret-file go together");
+            }
+            return Ok(None);
+        };
+        if self.key_in_body.is_some() {
+            anyhow::bail!(
+                "--key-in-body and --webhook: the webhook sender decides where its key is; \
+                 give one of them"
+            );
+        }
+        let kind: idem_http::WebhookKind = kind
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--webhook: {e}"))?;
+        let secret = std::fs::read_to_string(file).map_err(|e| {
+            anyhow::anyhow!("--webhook-secret-file: cannot read {}: {e}", file.display())
+        })?;
+        let webhook = idem_http::Webhook::new(kind, &secret)
+            .map_err(|e| anyhow::anyhow!("--webhook-secret-file {}: {e}", file.display()))?;
+        Ok(Some(webhook))
+    }
+}
+
+/// The JSON pointers of `--fingerprint-fields`.
+fn fingerprint_fields(list: &str) -> anyhow::Result<Vec<String>> {
+    let fields: Vec<String> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|f| !f.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if fields.is_empty() {
+        anyhow::bail!("--fingerprint-fields: name at least one JSON pointer (e.g. /amount)");
+    }
+    if let Some(bad) = fields.iter().find(|f| !f.starts_with('/')) {
+        anyhow::bail!(
+            "--fingerprint-fields: {bad:?} is not a JSON pointer (rule: starts with '/')"
+        );
+    }
+    Ok(fields)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::request_id_field;
+    use super::{fingerprint_fields, request_id_field};
 
     #[test]
     fn request_id_fields_are_numbers_for_every_method_or_per_method_path() {
@@ -408,6 +496,18 @@ mod tests {
         ] {
             let error = request_id_field(bad).expect_err(bad).to_string();
             assert!(error.contains("--grpc-request-id-field"), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn fingerprint_fields_are_json_pointers() {
+        assert_eq!(
+            fingerprint_fields("/amount, /to").expect("two"),
+            ["/amount", "/to"]
+        );
+        for bad in ["", " , ", "amount"] {
+            let error = fingerprint_fields(bad).expect_err(bad).to_string();
+            assert!(error.contains("--fingerprint-fields"), "{bad}: {error}");
         }
     }
 }

@@ -9,7 +9,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -51,21 +50,6 @@ async fn charge(State((payments, delay)): State<(Payments, Duration)>, body: Byt
         "description": order,
     })
     .to_string()
-}
-
-fn sdk_python() -> PathBuf {
-    let tools = std::env::var_os("IDEM_TOOLS").map_or_else(
-        || PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/idem/tools"),
-        PathBuf::from,
-    );
-    let python = tools.join("stripe/bin/python");
-    assert!(
-        python.is_file(),
-        "the Stripe SDK is not installed at {}: run scripts/test, which installs it \
-         (ensure_stripe_sdk in scripts/lib.sh)",
-        python.display()
-    );
-    python
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

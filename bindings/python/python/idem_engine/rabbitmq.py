@@ -100,8 +100,9 @@ class RabbitConsumer:
 
     ``scope`` names the keys' scope (default: the queue's name). ``keys``
     says where keys come from, tried in order: ``"header:NAME"``,
-    ``"message_id"``, a JSON pointer into the body (``"/order_id"``) or
-    ``"content_hash"`` (default: the ``Idempotency-Key`` header, then the
+    ``"message_id"``, a JSON pointer into the body (``"/order_id"``),
+    ``"fields:/a,/b"`` (a hash of those fields), ``"composite:/a,/b"``
+    (their values joined with ``:``) or ``"content_hash"`` (default: the ``Idempotency-Key`` header, then the
     message id). ``fingerprint`` (default ``True``) dead-letters a key
     reused with another body. ``retry_delays`` are the retry queues'
     delays in seconds.

@@ -218,6 +218,9 @@ pub fn config(upstream: SocketAddr) -> ProxyConfig {
         methods: vec![http::Method::POST, http::Method::PATCH],
         header: http::HeaderName::from_static("idempotency-key"),
         require_key: false,
+        key_in_body: None,
+        fingerprint_fields: None,
+        webhook: None,
         tenant_header: None,
         retention: Duration::from_secs(3600),
         lease: Duration::from_secs(30),
@@ -450,4 +453,24 @@ fn request_length(bytes: &[u8]) -> Option<usize> {
         .find_map(|l| l.strip_prefix("content-length:"))
         .map_or(0, |v| v.trim().parse().expect("content-length"));
     (bytes.len() >= end + body).then_some(end + body)
+}
+
+/// The Python holding the off-the-shelf SDKs the tests drive (Stripe's,
+/// Standard Webhooks'), installed by `scripts/test`.
+pub fn sdk_python() -> std::path::PathBuf {
+    let tools = std::env::var_os("IDEM_TOOLS").map_or_else(
+        || {
+            std::path::PathBuf::from(std::env::var_os("HOME").expect("HOME"))
+                .join(".cache/idem/tools")
+        },
+        std::path::PathBuf::from,
+    );
+    let python = tools.join("sdks/bin/python");
+    assert!(
+        python.is_file(),
+        "the Python SDKs are not installed at {}: run scripts/test, which installs it \
+         (ensure_python_sdks in scripts/lib.sh)",
+        python.display()
+    );
+    python
 }

@@ -305,13 +305,13 @@ mod tests {
     #[test]
     fn a_hash_of_fields_ignores_the_others_and_absent_means_no_key() {
         let fields = JsonKey::Fields(vec!["/amount".into(), "/to".into()]);
-        let a = read(&fields, r#"{"amount":5,"to":"acct_1","note":"x"}"#).unwrap();
-        let b = read(&fields, r#"{"note":"y","to":"acct_1","amount":5}"#).unwrap();
-        let c = read(&fields, r#"{"amount":6,"to":"acct_1"}"#).unwrap();
+        let a = read(&fields, r#"{"amount":5,"to":"acct_1","note":"x"}"#).expect("read");
+        let b = read(&fields, r#"{"note":"y","to":"acct_1","amount":5}"#).expect("read");
+        let c = read(&fields, r#"{"amount":6,"to":"acct_1"}"#).expect("read");
         assert!(a.is_some());
         assert_eq!(a, b);
         assert_ne!(a, c);
-        assert_eq!(read(&fields, r#"{"note":"x"}"#).unwrap(), None);
+        assert_eq!(read(&fields, r#"{"note":"x"}"#).expect("read"), None);
         assert!(matches!(
             read(&fields, "{broken"),
             Err(JsonKeyError::NotJson { .. })
@@ -339,8 +339,14 @@ mod tests {
     #[test]
     fn pointers_read_strings_and_integers_only() {
         let id = JsonKey::Pointer("/id".into());
-        assert_eq!(read(&id, r#"{"id":42}"#).unwrap().unwrap().as_str(), "42");
-        assert_eq!(read(&id, r#"{"id":null}"#).unwrap(), None);
+        assert_eq!(
+            read(&id, r#"{"id":42}"#)
+                .expect("read")
+                .expect("present")
+                .as_str(),
+            "42"
+        );
+        assert_eq!(read(&id, r#"{"id":null}"#).expect("read"), None);
         assert!(matches!(
             read(&id, r#"{"id":1.5}"#),
             Err(JsonKeyError::WrongType {
