@@ -58,6 +58,7 @@ pub struct IdempotencyLayerBuilder<S> {
     grpc_request_id: grpc::RequestIdFields,
     body_key: Option<JsonKey>,
     webhook: Option<Webhook>,
+    mcp: bool,
 }
 
 impl<S> std::fmt::Debug for IdempotencyLayerBuilder<S> {
@@ -374,6 +375,34 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
         self
     }
 
+    /// Serves MCP tool calls (JSON-RPC over MCP's streamable HTTP
+    /// transport): a `tools/call` whose arguments carry the key in
+    /// `argument` (e.g. [`MCP_KEY_ARGUMENT`](crate::MCP_KEY_ARGUMENT),
+    /// `idempotency_key`) runs once per key; any other message (`initialize`,
+    /// `tools/list`, a call without the argument) passes through. The
+    /// fingerprint covers the method and its params, not the JSON-RPC id,
+    /// which differs between a call and its retry; a replay answers the
+    /// retry's own id, and its result carries
+    /// `"_meta": {"io.idem/replayed": true}`
+    /// ([`MCP_REPLAYED_META`](crate::MCP_REPLAYED_META)), since an agent
+    /// sees no headers. The stored `Mcp-Session-Id` is left out of
+    /// replays, which may reach another session. Answers in JSON and in an
+    /// event stream are both rewritten.
+    ///
+    /// A duplicate of a call still running waits for its result, up to
+    /// [`max_wait`](Self::max_wait), instead of getting a 409 an agent
+    /// cannot act on; set [`default_wait`](Self::default_wait) after this
+    /// to change that.
+    pub fn mcp(mut self, argument: &str) -> Self {
+        self.body_key = Some(JsonKey::Pointer(crate::mcp::key_pointer(argument)));
+        self.fingerprint = FingerprintRule::JsonFields(crate::mcp::fingerprint_fields());
+        self.replay_drop
+            .push(HeaderName::from_static("mcp-session-id"));
+        self.default_wait = self.max_wait;
+        self.mcp = true;
+        self
+    }
+
     /// Whether replays carry the stored `Set-Cookie` headers (default
     /// `false`): a session cookie given to the first answer would be
     /// handed to anyone who sends the same key and body again. The first
@@ -524,6 +553,7 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
                 grpc_request_id: self.grpc_request_id,
                 body_key: self.body_key,
                 webhook: self.webhook,
+                mcp: self.mcp,
                 runs: TaskTracker::new(),
             }),
         })
@@ -627,6 +657,7 @@ impl<S: Store> IdempotencyLayer<S> {
             grpc_request_id: grpc::RequestIdFields::default(),
             body_key: None,
             webhook: None,
+            mcp: false,
         }
     }
 }

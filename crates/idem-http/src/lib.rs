@@ -76,6 +76,7 @@ mod header;
 mod keep;
 mod layer;
 mod marker;
+mod mcp;
 mod problem;
 pub mod problem_types;
 mod rejection;
@@ -92,6 +93,7 @@ pub use layer::{
     IdempotencyLayer, IdempotencyLayerBuilder, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_WAIT,
 };
 pub use marker::{NotExecuted, OutcomeUnknown};
+pub use mcp::{MCP_KEY_ARGUMENT, MCP_REPLAYED_META};
 pub use problem::Problem;
 pub use rejection::Rejection;
 pub use request::{LIFETIME_HEADER, REPLAYED_HEADER, REPLAY_KEPT_HEADER};

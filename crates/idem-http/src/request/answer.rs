@@ -44,6 +44,7 @@ impl<S: Store> Settings<S> {
             mut request,
             wait,
             preferred,
+            rpc_id,
         } = prepared;
         // A response that is not stored goes back to its own client as it
         // came; it waits here while the executor records the failure. So
@@ -184,8 +185,13 @@ impl<S: Store> Settings<S> {
             .into_inner()
             .unwrap_or_else(PoisonError::into_inner);
         let mut response = self.finish(
-            self.answer(result, kept, executed.load(Ordering::Relaxed))
-                .await,
+            self.answer(
+                result,
+                kept,
+                executed.load(Ordering::Relaxed),
+                rpc_id.as_ref(),
+            )
+            .await,
         );
         // Said only when a wait was asked for and allowed (RFC 7240 §3).
         if preferred && !wait.is_zero() {
@@ -230,6 +236,7 @@ impl<S: Store> Settings<S> {
         result: Result<Outcome<StoredResponse>, RunError<Unstored>>,
         kept: Option<Response<IdemBody>>,
         executed: bool,
+        rpc_id: Option<&serde_json::Value>,
     ) -> Response<IdemBody> {
         let replayed = matches!(result, Ok(Outcome::Replayed { .. }));
         let rejection = match result {
@@ -252,6 +259,9 @@ impl<S: Store> Settings<S> {
                                     HeaderValue::from_static(stored.kept.as_str()),
                                 );
                             }
+                        }
+                        if let (true, Some(id)) = (replayed, rpc_id) {
+                            readdress(&mut response, id);
                         }
                         if let Kept::Reference(blob) = &stored.kept {
                             return self
@@ -309,6 +319,20 @@ impl<S: Store> Settings<S> {
             },
         };
         rejection.into_response().map(IdemBody::full)
+    }
+}
+
+/// A replayed answer to an MCP tool call, re-addressed to the retry's
+/// JSON-RPC `id` and marked replayed ([`crate::mcp::replayed`]).
+fn readdress(response: &mut Response<Bytes>, id: &serde_json::Value) {
+    let event_stream = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if let Some(body) = crate::mcp::replayed(response.body(), event_stream, id) {
+        response.headers_mut().remove(http::header::CONTENT_LENGTH);
+        *response.body_mut() = body;
     }
 }
 

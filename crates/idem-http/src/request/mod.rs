@@ -87,6 +87,8 @@ pub(crate) struct Settings<S> {
     pub(crate) body_key: Option<JsonKey>,
     /// The webhook sender whose signatures are checked before a claim.
     pub(crate) webhook: Option<Webhook>,
+    /// Bodies are MCP tool calls: replays answer the retry's JSON-RPC id.
+    pub(crate) mcp: bool,
     /// The runs going on now, detached from their connections.
     pub(crate) runs: TaskTracker,
 }
@@ -166,6 +168,8 @@ pub(crate) struct Prepared<B> {
     wait: Duration,
     /// Whether the wait was asked for with `Prefer: wait`.
     preferred: bool,
+    /// The JSON-RPC id of an MCP tool call, which its replay answers.
+    rpc_id: Option<serde_json::Value>,
 }
 
 impl<S: Store> Settings<S> {
@@ -218,7 +222,13 @@ impl<S: Store> Settings<S> {
             Err(rejection) => return Step::Refused(self.reject(rejection)),
         };
         let preferred = preferred_wait(&parts.headers);
+        let rpc_id = if self.mcp {
+            crate::mcp::request_id(&body)
+        } else {
+            None
+        };
         Step::Run(Prepared {
+            rpc_id,
             id: RecordId::new(self.scope(&parts), key),
             fingerprint,
             wait: preferred.unwrap_or(self.default_wait).min(self.max_wait),
