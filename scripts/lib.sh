@@ -144,9 +144,11 @@ ensure_tansu() {
 
 # The HTTP edge is tested with off-the-shelf Python SDKs: the official
 # Stripe SDK (its own retry policy, pointed at the gateway; its webhook
-# signing helper) and the Standard Webhooks library, which signs webhooks.
+# signing helper), the Standard Webhooks library, which signs webhooks,
+# and the official MCP SDK (an MCP server and an agent's client; 1.x, whose
+# FastMCP API 2.x renamed).
 ensure_python_sdks() {
-    ensure_pip_tool sdks "stripe==16.1.0 standardwebhooks==1.1.0"
+    ensure_pip_tool sdks "stripe==16.1.0 standardwebhooks==1.1.0 mcp==1.30.0"
 }
 
 # The guide (docs/guide) is built with mdBook, installed from crates.io

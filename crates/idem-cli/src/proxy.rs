@@ -40,6 +40,8 @@ pub struct ProxyConfig {
     pub key_in_body: Option<idem::derive::json::JsonKey>,
     /// The webhook sender whose signatures are checked before a claim.
     pub webhook: Option<idem_http::Webhook>,
+    /// Serve MCP tool calls keyed by this tool argument.
+    pub mcp: Option<String>,
     /// The JSON pointers a request's fingerprint covers instead of its
     /// whole body.
     pub fingerprint_fields: Option<Vec<String>>,
@@ -294,6 +296,13 @@ pub fn layer(store: AnyStore, config: &ProxyConfig) -> anyhow::Result<Idempotenc
     // After the key settings: a webhook sender decides where its key is.
     if let Some(webhook) = &config.webhook {
         layer = layer.webhook(webhook.clone());
+    }
+    if let Some(argument) = &config.mcp {
+        layer = layer.mcp(argument);
+        // The MCP default wait, unless one was configured.
+        if !config.default_wait.is_zero() {
+            layer = layer.default_wait(config.default_wait);
+        }
     }
     if let Some(fields) = &config.fingerprint_fields {
         layer = layer.fingerprint(idem_http::FingerprintRule::JsonFields(fields.clone()));

@@ -77,6 +77,15 @@ pub struct ProxyArgs {
     /// newline is ignored).
     #[arg(long, env = "IDEM_WEBHOOK_SECRET_FILE", requires = "webhook")]
     pub webhook_secret_file: Option<PathBuf>,
+    /// Serve MCP tool calls (JSON-RPC over streamable HTTP): a
+    /// `tools/call` whose arguments carry the key in this argument
+    /// (`--mcp` alone: `idempotency_key`) runs once per key, and its
+    /// replay answers the retry's JSON-RPC id with
+    /// `"_meta": {"io.idem/replayed": true}` in the result; other messages
+    /// pass through, and a duplicate of a running call waits for its
+    /// result (up to --max-wait) [default: off].
+    #[arg(long, env = "IDEM_MCP", num_args = 0..=1, default_missing_value = idem_http::MCP_KEY_ARGUMENT)]
+    pub mcp: Option<String>,
     /// Fingerprint only these JSON pointers of a covered request's body,
     /// comma-separated (with its method and path), instead of the whole
     /// request: a retry whose other fields differ (a timestamp) is then a
@@ -217,7 +226,7 @@ impl ProxyArgs {
         let file: ProxyArgs = toml::from_str(&text)
             .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
         fill!(self, file; listen, tls_cert, tls_key, upstream, upstream_ca, upstream_http2, admin_listen, store, methods, header, require_key,
-              key_in_body, fingerprint_fields, webhook, webhook_secret_file,
+              key_in_body, fingerprint_fields, webhook, webhook_secret_file, mcp,
               tenant_header, retention, lease, max_request_bytes, max_response_bytes, fail_open,
               upstream_timeout, forward_takeovers, reject_old_uuid_v7, max_wait, default_wait,
               replay_cache_bytes, replay_cache_ttl, trust_forwarded, preserve_host,
@@ -304,6 +313,7 @@ impl ProxyArgs {
                 })
                 .transpose()?,
             webhook: self.webhook()?,
+            mcp: self.mcp_argument()?,
             fingerprint_fields: self
                 .fingerprint_fields
                 .as_deref()
@@ -453,6 +463,28 @@ impl ProxyArgs {
         let webhook = idem_http::Webhook::new(kind, &secret)
             .map_err(|e| anyhow::anyhow!("--webhook-secret-file {}: {e}", file.display()))?;
         Ok(Some(webhook))
+    }
+}
+
+impl ProxyArgs {
+    /// The tool argument of `--mcp`, which decides where keys are and
+    /// what fingerprints cover, so it goes with no other such setting.
+    fn mcp_argument(&self) -> anyhow::Result<Option<String>> {
+        let Some(argument) = &self.mcp else {
+            return Ok(None);
+        };
+        let clashes = [
+            ("--key-in-body", self.key_in_body.is_some()),
+            ("--fingerprint-fields", self.fingerprint_fields.is_some()),
+            ("--webhook", self.webhook.is_some()),
+        ];
+        if let Some((flag, _)) = clashes.iter().find(|(_, set)| *set) {
+            anyhow::bail!("--mcp decides where keys are and what fingerprints cover: drop {flag}");
+        }
+        if argument.trim().is_empty() {
+            anyhow::bail!("--mcp: name the tool argument holding the key (e.g. idempotency_key)");
+        }
+        Ok(Some(argument.trim().to_owned()))
     }
 }
 

@@ -68,29 +68,15 @@ async fn the_stripe_sdk_retrying_through_the_gateway_charges_each_order_once() {
     let gw = Gateway::start(sqlite(&dir), cfg).await;
 
     let orders = 3;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/stripe_orders.py");
-    let output = tokio::process::Command::new(sdk_python())
-        .arg(script)
-        .arg(&gw.url)
-        .arg(orders.to_string())
-        .arg("0.5")
-        .arg("10")
-        .env("NO_PROXY", "*")
-        .output()
-        .await
-        .expect("run the SDK");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "SDK script failed: {stdout}{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let args = [
+        gw.url.clone(),
+        orders.to_string(),
+        "0.5".into(),
+        "10".into(),
+    ];
+    let answers = run_sdk_script("stripe_orders.py", &args).await;
     let charges = payments.charges.lock().expect("lock").clone();
-    let answers: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("a JSON line"))
-        .collect();
-    assert_eq!(answers.len(), orders, "{stdout}");
+    assert_eq!(answers.len(), orders, "{answers:?}");
     for answer in &answers {
         let order = format!("order-{}", answer["order"]);
         let made = charges.get(&order).cloned().unwrap_or_default();

@@ -57,28 +57,14 @@ async fn deliver(kind: WebhookKind, name: &str, secret: &str) {
     let gw = Gateway::start(sqlite(&dir), cfg).await;
 
     let (events, copies) = (3, 4);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/webhook_sender.py");
-    let output = tokio::process::Command::new(sdk_python())
-        .arg(script)
-        .arg(format!("{}/hooks", gw.url))
-        .arg(name)
-        .arg(secret)
-        .arg(events.to_string())
-        .arg(copies.to_string())
-        .env("NO_PROXY", "*")
-        .output()
-        .await
-        .expect("run the sender");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "sender failed: {stdout}{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let results: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("a JSON line"))
-        .collect();
+    let args = [
+        format!("{}/hooks", gw.url),
+        name.to_owned(),
+        secret.to_owned(),
+        events.to_string(),
+        copies.to_string(),
+    ];
+    let results = run_sdk_script("webhook_sender.py", &args).await;
     let of = |event: &str, try_: &str| -> Vec<&serde_json::Value> {
         results
             .iter()

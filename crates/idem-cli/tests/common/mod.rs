@@ -221,6 +221,7 @@ pub fn config(upstream: SocketAddr) -> ProxyConfig {
         key_in_body: None,
         fingerprint_fields: None,
         webhook: None,
+        mcp: None,
         tenant_header: None,
         retention: Duration::from_secs(3600),
         lease: Duration::from_secs(30),
@@ -473,4 +474,29 @@ pub fn sdk_python() -> std::path::PathBuf {
         python.display()
     );
     python
+}
+
+/// Runs `tests/sdk/SCRIPT` with the SDKs' Python and `args`, asserts it
+/// succeeded, and returns the JSON line it printed for each step.
+pub async fn run_sdk_script(script: &str, args: &[String]) -> Vec<serde_json::Value> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/sdk")
+        .join(script);
+    let output = tokio::process::Command::new(sdk_python())
+        .arg(path)
+        .args(args)
+        .env("NO_PROXY", "*")
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("run {script}: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{script} failed: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect()
 }
