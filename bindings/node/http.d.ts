@@ -44,6 +44,14 @@ export interface IdempotencyOptions<Req> {
   keep?: string;
   /** Where bodies kept by `reference` go: `dir:PATH`, `postgres://…` (default: a directory beside the embedded store). */
   blobs?: string;
+  /** Where a request without the key header has its key in its JSON body: "/id", "composite:/a,/b", "fields:/a,/b" (a hash of those fields) [default: none]. */
+  keyInBody?: string;
+  /** A webhook sender whose signatures are checked before a key is claimed: "standard" (Standard Webhooks), "stripe", "github"; keys are then where it puts its event id, and required. Mount the middleware before any body parser, so it checks the bytes that were signed [default: none]. */
+  webhook?: "standard" | "stripe" | "github";
+  /** The webhook sender's signing secret (`whsec_…`). */
+  webhookSecret?: string;
+  /** Serve MCP tool calls keyed by this tool argument, e.g. "idempotency_key": replays answer the retry's JSON-RPC id, marked replayed in the result's `_meta` [default: off]. */
+  mcp?: string;
 }
 
 /** Express middleware; the handler finds its run in `req.idem`. Mount it after the body parser. */

@@ -137,7 +137,12 @@ function holdExpress(res, finish) {
  * `defaultWaitMs`, `forwardTakeovers`, `rejectOldUuidV7`, `keep` (what is
  * stored for replays: "full", "status-only", "redacted:/card/number",
  * "reference"), `blobs` (where "reference" keeps bodies: "dir:PATH",
- * "postgres://…"; default a directory beside the embedded store).
+ * "postgres://…"; default a directory beside the embedded store),
+ * `keyInBody` ("/id", "fields:/a,/b": the key of a request without the
+ * header, from its JSON body), `webhook` ("standard", "stripe", "github")
+ * with `webhookSecret` (signatures checked before a key is claimed; mount
+ * the middleware before any body parser, so it checks the signed bytes),
+ * and `mcp` (MCP tool calls keyed by this tool argument).
  */
 function idempotency(idem, options = {}) {
   const { guard, tenant } = guardOf(idem, options);

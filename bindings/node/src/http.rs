@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use idem_engine::http::{Exchange, HttpFingerprint, HttpGuard as Guard, HttpOptions};
+use idem_engine::http::{self, Exchange, HttpFingerprint, HttpGuard as Guard, HttpOptions};
 use idem_engine::http::{HttpRequest, HttpResponse};
 use idem_engine::input::{self, Unit};
 use idem_engine::{EngineError, Local};
@@ -47,6 +47,17 @@ pub struct GuardOptions {
     pub keep: Option<String>,
     /// Where bodies kept by `reference` go (the gateway's `--blobs`).
     pub blobs: Option<String>,
+    /// Where a request without the key header has its key in its JSON
+    /// body (the gateway's `--key-in-body`: "/id", "fields:/a,/b").
+    pub key_in_body: Option<String>,
+    /// A webhook sender whose signatures are checked before a claim:
+    /// "standard", "stripe" or "github" (the gateway's `--webhook`).
+    pub webhook: Option<String>,
+    /// The webhook sender's signing secret.
+    pub webhook_secret: Option<String>,
+    /// Serve MCP tool calls keyed by this tool argument (the gateway's
+    /// `--mcp`).
+    pub mcp: Option<String>,
 }
 
 /// A request as the adapter hands it over.
@@ -143,6 +154,9 @@ fn options(given: GuardOptions) -> Result<HttpOptions, EngineError> {
         reject_old_uuid_v7: given.reject_old_uuid_v7.unwrap_or(false),
         keep: given.keep,
         blobs: given.blobs,
+        key_in_body: given.key_in_body,
+        webhook: http::webhook(given.webhook.as_deref(), given.webhook_secret.as_deref())?,
+        mcp: given.mcp,
     })
 }
 

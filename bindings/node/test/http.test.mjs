@@ -6,6 +6,7 @@
 // timeout through Express: one charge.
 
 import assert from "node:assert/strict";
+import { createHmac } from "node:crypto";
 import { once } from "node:events";
 import { readFileSync, readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -239,6 +240,54 @@ test("status-only replays the status, and a sealed store file shows no result", 
   assert.throws(() => idempotency(open("sqlite"), { keep: "forget-it" }), InvalidInput);
   writeFileSync(join(dir, "bad"), "k:not-hex\n");
   assert.throws(() => new Idem({ url: `sqlite:${join(dir, "b.db")}`, keyring: join(dir, "bad") }), /keyring/);
+});
+
+test("keys in the body and webhook signatures are the tower layer's", async () => {
+  const keyed = await expressApp(open("sqlite"), { required: true, keyInBody: "/order" });
+  try {
+    const first = await keyed.post(null, { order: "o-1", amount: 1 });
+    const again = await keyed.post(null, { amount: 1, order: "o-1" });
+    const keyless = await keyed.post(null, { amount: 1 });
+    assert.equal(first.status, 201);
+    assert.equal(again.headers.get("idempotent-replayed"), "true");
+    assert.equal(keyless.status, 400);
+    assert.match((await keyless.json()).detail, /JSON pointer "\/order"/);
+    assert.equal(keyed.state.runs.length, 1);
+  } finally {
+    await keyed.close();
+  }
+
+  // Standard Webhooks: HMAC-SHA256 over "id.timestamp.body", base64.
+  const key = Buffer.from("a webhook signing key");
+  const runs = [];
+  const app = express();
+  app.use(idempotency(open("sqlite"), { webhook: "standard", webhookSecret: `whsec_${key.toString("base64")}` }));
+  app.post("/hooks", (req, res) => {
+    runs.push(JSON.parse(req.body));
+    res.status(204).end();
+  });
+  const server = app.listen(0, "127.0.0.1");
+  await once(server, "listening");
+  try {
+    const body = JSON.stringify({ type: "invoice.paid" });
+    const timestamp = String(Math.floor(Date.now() / 1000));
+    const signature = createHmac("sha256", key).update(`msg_1.${timestamp}.${body}`).digest("base64");
+    const deliver = (sig) =>
+      fetch(`http://127.0.0.1:${server.address().port}/hooks`, {
+        method: "POST",
+        headers: { "webhook-id": "msg_1", "webhook-timestamp": timestamp, "webhook-signature": `v1,${sig}` },
+        body,
+      });
+    const forged = await deliver(Buffer.from("forged").toString("base64"));
+    assert.equal(forged.status, 400);
+    assert.match((await forged.json()).type, /bad-signature$/);
+    assert.equal((await deliver(signature)).status, 204);
+    assert.equal((await deliver(signature)).headers.get("idempotent-replayed"), "true");
+    assert.deepEqual(runs, [{ type: "invoice.paid" }]);
+  } finally {
+    await new Promise((r) => server.close(r));
+  }
+  assert.throws(() => idempotency(open("sqlite"), { webhook: "github" }), /signing secret/);
 });
 
 test("over a remote idem serve the middleware is refused before anything runs", async () => {

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use idem_engine::http::{Exchange, HttpFingerprint, HttpGuard as Guard, HttpOptions};
+use idem_engine::http::{self, Exchange, HttpFingerprint, HttpGuard as Guard, HttpOptions};
 use idem_engine::http::{HttpRequest, HttpResponse};
 use idem_engine::input::{self, Unit};
 use idem_engine::{EngineError, Local};
@@ -99,6 +99,7 @@ impl HttpGuard {
         engine, *, methods=None, header=None, required=false, fingerprint=None, tenant=false,
         max_request_bytes=None, max_response_bytes=None, max_wait=None, default_wait=None,
         forward_takeovers=false, reject_old_uuid_v7=false, keep=None, blobs=None,
+        key_in_body=None, webhook=None, webhook_secret=None, mcp=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -117,6 +118,10 @@ impl HttpGuard {
         reject_old_uuid_v7: bool,
         keep: Option<String>,
         blobs: Option<String>,
+        key_in_body: Option<String>,
+        webhook: Option<String>,
+        webhook_secret: Option<String>,
+        mcp: Option<String>,
     ) -> PyResult<Self> {
         let options = (|| {
             Ok::<_, EngineError>(HttpOptions {
@@ -137,6 +142,9 @@ impl HttpGuard {
                 reject_old_uuid_v7,
                 keep,
                 blobs,
+                key_in_body,
+                webhook: http::webhook(webhook.as_deref(), webhook_secret.as_deref())?,
+                mcp,
             })
         })()
         .map_err(|e| to_py(py, e))?;

@@ -7,6 +7,8 @@ in the handler."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 
 import httpx
@@ -145,9 +147,53 @@ def test_bad_options_are_refused_when_the_middleware_is_built(tmp_path):
         ({"fingerprint": "body"}, "fingerprint"),
         ({"max_wait": -1}, "max_wait"),
         ({"header": "bad header"}, "header name"),
+        ({"key_in_body": "order"}, "key_in_body"),
+        ({"webhook": "github"}, "signing secret"),
+        ({"webhook": "svix", "webhook_secret": "s"}, "webhook sender"),
+        ({"key_in_body": "/id", "mcp": "idempotency_key"}, "give one of them"),
     ]:
         with pytest.raises(Exception, match=complaint):
             IdempotencyMiddleware(FastAPI(), idem, **options)
+
+
+def test_a_key_in_the_body_is_read_as_the_tower_layer_reads_it(tmp_path):
+    app = make_app(Idem(f"sqlite:{tmp_path / 'idem.db'}"), required=True, key_in_body="/order")
+    with TestClient(app) as client:
+        first = post(client, None, {"order": "o-1", "amount": 1})
+        again = post(client, None, {"amount": 1, "order": "o-1"})
+        keyless = post(client, None, {"amount": 1})
+    assert first.status_code == 201 and again.headers["idempotent-replayed"] == "true"
+    assert keyless.status_code == 400
+    assert 'JSON pointer "/order"' in keyless.json()["detail"]
+    assert app.state.runs == [{"order": "o-1", "amount": 1}]
+
+
+def test_a_webhook_whose_signature_fails_is_refused_before_its_key_is_used(tmp_path):
+    secret = "It's a Secret to Everybody"
+    app = make_app(Idem(f"sqlite:{tmp_path / 'idem.db'}"), webhook="github", webhook_secret=secret)
+    body = b'{"amount": 7}'
+    signature = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+    def deliver(client, signature):
+        return client.post(
+            "/charges",
+            content=body,
+            headers={
+                "content-type": "application/json",
+                "X-GitHub-Delivery": "delivery-1",
+                "X-Hub-Signature-256": f"sha256={signature}",
+            },
+        )
+
+    with TestClient(app) as client:
+        forged = deliver(client, "00" * 32)
+        signed = deliver(client, signature)
+        redelivered = deliver(client, signature)
+    assert forged.status_code == 400
+    assert forged.json()["type"].endswith("/bad-signature")
+    assert signed.status_code == 201 and "idempotent-replayed" not in signed.headers
+    assert redelivered.headers["idempotent-replayed"] == "true"
+    assert app.state.runs == [{"amount": 7}]
 
 
 def test_over_a_remote_idem_serve_the_middleware_is_refused_before_anything_runs(serve):

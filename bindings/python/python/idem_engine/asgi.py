@@ -64,6 +64,11 @@ class IdempotencyMiddleware:
     prefix as ``"/tokens=status-only;/users=redacted:/ssn"``), and
     ``blobs``: the blob store for ``"reference"`` (``"dir:PATH"``,
     ``"postgres://…"``; default a directory beside the embedded store).
+    ``key_in_body`` (``"/id"``, ``"fields:/a,/b"``) reads the key of a
+    request without the header from its JSON body; ``webhook``
+    (``"standard"``, ``"stripe"``, ``"github"``) with ``webhook_secret``
+    checks a webhook sender's signatures before a key is claimed; ``mcp``
+    (``"idempotency_key"``) serves MCP tool calls keyed by that argument.
     """
 
     def __init__(

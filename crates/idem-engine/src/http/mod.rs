@@ -59,7 +59,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 pub use message::{HttpRequest, HttpResponse};
-pub use options::{HttpFingerprint, HttpOptions};
+pub use options::{webhook, HttpFingerprint, HttpOptions};
 
 use crate::error::EngineError;
 use crate::local::Local;

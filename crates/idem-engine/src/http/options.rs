@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use http::{HeaderName, Method};
 use idem::blob::Blobs;
-use idem_http::{FingerprintRule, IdempotencyLayer};
+use idem::derive::json::JsonKey;
+use idem_http::{FingerprintRule, IdempotencyLayer, IdempotencyLayerBuilder, Webhook, WebhookKind};
 
 use super::message::{Route, Tenant};
 use crate::error::EngineError;
@@ -81,10 +82,36 @@ pub struct HttpOptions {
     /// gateway's `--keep` form (`status-only;/v1/users=redacted:/ssn`);
     /// default: everything.
     pub keep: Option<String>,
+    /// Where a request without the key header has its key in its JSON
+    /// body, as the gateway's `--key-in-body`: a JSON pointer (`/id`),
+    /// `composite:/a,/b` or `fields:/a,/b` (a hash of those fields).
+    pub key_in_body: Option<String>,
+    /// A webhook sender whose signatures are checked before a key is
+    /// claimed, as the gateway's `--webhook` (see [`webhook`]).
+    pub webhook: Option<Webhook>,
+    /// Serve MCP tool calls keyed by this tool argument, as the
+    /// gateway's `--mcp` (`idempotency_key`).
+    pub mcp: Option<String>,
     /// Where bodies kept by `reference` go, as the gateway's `--blobs`
     /// (`dir:PATH`, `postgres://…`, `s3://…`); default: a directory beside
     /// the embedded store's file, or the PostgreSQL store's database.
     pub blobs: Option<String>,
+}
+
+/// The webhook sender named `kind` (`standard`, `stripe`, `github`)
+/// signing with `secret`, for [`HttpOptions::webhook`]; both are needed
+/// or neither.
+pub fn webhook(kind: Option<&str>, secret: Option<&str>) -> Result<Option<Webhook>, EngineError> {
+    let (kind, secret) = match (kind, secret) {
+        (None, None) => return Ok(None),
+        (Some(kind), Some(secret)) => (kind, secret),
+        (Some(_), None) => return Err(invalid("webhook", "give its signing secret as well")),
+        (None, Some(_)) => return Err(invalid("webhook secret", "name the sender as well")),
+    };
+    let kind: WebhookKind = kind.parse().map_err(|e| invalid("webhook", e))?;
+    Webhook::new(kind, secret)
+        .map(Some)
+        .map_err(|e| invalid("webhook", e))
 }
 
 fn invalid(what: &str, reason: impl std::fmt::Display) -> EngineError {
@@ -118,6 +145,37 @@ impl HttpOptions {
         opened
             .map(Some)
             .map_err(|e| invalid("blobs", idem::error_chain(&e)))
+    }
+
+    /// Where keys are read from besides the header: a JSON body source, a
+    /// webhook sender or MCP tool calls, at most one of them (each decides
+    /// where keys are).
+    fn key_placement(
+        &self,
+        builder: IdempotencyLayerBuilder<AnyStore>,
+    ) -> Result<IdempotencyLayerBuilder<AnyStore>, EngineError> {
+        let given = [
+            ("key_in_body", self.key_in_body.is_some()),
+            ("webhook", self.webhook.is_some()),
+            ("mcp", self.mcp.is_some()),
+        ];
+        if given.iter().filter(|(_, set)| *set).count() > 1 {
+            return Err(EngineError::Config(
+                "key_in_body, webhook and mcp each decide where keys are: give one of them"
+                    .to_owned(),
+            ));
+        }
+        if let Some(spec) = &self.key_in_body {
+            let source: JsonKey = spec.parse().map_err(|e| invalid("key_in_body", e))?;
+            return Ok(builder.key_in_body(source));
+        }
+        if let Some(webhook) = &self.webhook {
+            return Ok(builder.webhook(webhook.clone()));
+        }
+        Ok(match &self.mcp {
+            Some(argument) => builder.mcp(argument),
+            None => builder,
+        })
     }
 
     /// The tower layer over `local`'s store, lease and retention; refused
@@ -199,6 +257,7 @@ impl HttpOptions {
         if let Some(wait) = self.max_wait {
             builder = builder.max_wait(wait);
         }
+        builder = self.key_placement(builder)?;
         if let Some(wait) = self.default_wait {
             builder = builder.default_wait(wait);
         }
