@@ -380,8 +380,9 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
     /// `argument` (e.g. [`MCP_KEY_ARGUMENT`](crate::MCP_KEY_ARGUMENT),
     /// `idempotency_key`) runs once per key; any other message (`initialize`,
     /// `tools/list`, a call without the argument) passes through. The
-    /// fingerprint covers the method and its params, not the JSON-RPC id,
-    /// which differs between a call and its retry; a replay answers the
+    /// fingerprint covers the method, the tool and its arguments, not the
+    /// JSON-RPC id, which differs between a call and its retry, nor the
+    /// params' `_meta` (a progress token); a replay answers the
     /// retry's own id, and its result carries
     /// `"_meta": {"io.idem/replayed": true}`
     /// ([`MCP_REPLAYED_META`](crate::MCP_REPLAYED_META)), since an agent

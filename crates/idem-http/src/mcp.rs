@@ -19,10 +19,13 @@ pub(crate) fn key_pointer(argument: &str) -> String {
     format!("/params/arguments/{escaped}")
 }
 
-/// What a tool call's fingerprint covers: the method and its params, not
-/// the JSON-RPC id, which differs between a call and its retry.
+/// What a tool call's fingerprint covers: the method, the tool and its
+/// arguments; not the JSON-RPC id, which differs between a call and its
+/// retry, nor the params' `_meta` (a progress token is new per request).
 pub(crate) fn fingerprint_fields() -> Vec<String> {
-    vec!["/method".to_owned(), "/params".to_owned()]
+    ["/method", "/params/name", "/params/arguments"]
+        .map(str::to_owned)
+        .to_vec()
 }
 
 /// The JSON-RPC id of a request body, if it has one.
