@@ -117,6 +117,67 @@ async fn bench_runs_every_unique_key_once() {
 }
 
 #[test]
+fn keys_in_the_body_webhooks_and_mcp_come_from_the_config_file_and_clash_when_mixed() {
+    let dir = tempfile::tempdir().expect("dir");
+    let secret = dir.path().join("stripe-secret");
+    std::fs::write(&secret, "whsec_test\n").expect("write");
+    let path = dir.path().join("idem.toml");
+    let from = |toml: String| {
+        std::fs::write(&path, toml).expect("write");
+        ProxyArgs {
+            config: Some(path.clone()),
+            ..ProxyArgs::default()
+        }
+        .with_file()
+        .expect("file read")
+        .proxy_config()
+    };
+    let upstream = "upstream = \"http://127.0.0.1:3000\"\n";
+    let config = from(format!(
+        "{upstream}key_in_body = \"fields:/account, /amount\"\n\
+         fingerprint_fields = \"/account,/amount\"\n"
+    ))
+    .expect("valid");
+    assert_eq!(
+        config.key_in_body,
+        Some(idem::derive::json::JsonKey::Fields(vec![
+            "/account".into(),
+            "/amount".into()
+        ]))
+    );
+    assert_eq!(
+        config.fingerprint_fields.as_deref(),
+        Some(&["/account".to_owned(), "/amount".to_owned()][..])
+    );
+    let config = from(format!(
+        "{upstream}webhook = \"stripe\"\nwebhook_secret_file = {:?}\n",
+        secret.display().to_string()
+    ))
+    .expect("valid");
+    assert_eq!(
+        config.webhook.map(|w| w.kind()),
+        Some(idem_http::WebhookKind::Stripe)
+    );
+    let config = from(format!("{upstream}mcp = \"request_id\"\n")).expect("valid");
+    assert_eq!(config.mcp.as_deref(), Some("request_id"));
+    let secret_file = format!("webhook_secret_file = {:?}\n", secret.display().to_string());
+    for (clash, complaint) in [
+        (
+            "mcp = \"k\"\nkey_in_body = \"/id\"\n".to_owned(),
+            "drop --key-in-body",
+        ),
+        (format!("webhook = \"svix\"\n{secret_file}"), "--webhook"),
+        (secret_file.clone(), "go together"),
+        ("key_in_body = \"id\"\n".to_owned(), "--key-in-body"),
+    ] {
+        let error = from(format!("{upstream}{clash}"))
+            .expect_err(&clash)
+            .to_string();
+        assert!(error.contains(complaint), "{clash}: {error}");
+    }
+}
+
+#[test]
 fn proxy_settings_come_from_flags_then_file_then_defaults() {
     let dir = tempfile::tempdir().expect("dir");
     let path = dir.path().join("idem.toml");
