@@ -128,7 +128,8 @@ function holdExpress(res, finish) {
  *
  * Mount it after your body parser (`express.json()`): the fingerprint
  * covers what it parsed. Without one, the raw body is read into `req.body`
- * as a Buffer. The handler finds its run in `req.idem` (`fence`, `check()`,
+ * as a Buffer. With `webhook`, mount it before any body parser, so the
+ * signature is checked over the bytes that were signed. The handler finds its run in `req.idem` (`fence`, `check()`,
  * `step`). The response is held whole before it is sent (it is stored).
  *
  * Options: `tenant(req)` names the verified caller (keys are then its own);

@@ -151,6 +151,7 @@ def test_bad_options_are_refused_when_the_middleware_is_built(tmp_path):
         ({"webhook": "github"}, "signing secret"),
         ({"webhook": "svix", "webhook_secret": "s"}, "webhook sender"),
         ({"key_in_body": "/id", "mcp": "idempotency_key"}, "give one of them"),
+        ({"mcp": "idempotency_key", "fingerprint": "off"}, "leave fingerprint unset"),
     ]:
         with pytest.raises(Exception, match=complaint):
             IdempotencyMiddleware(FastAPI(), idem, **options)

@@ -66,11 +66,12 @@ pub struct ProxyArgs {
     #[arg(long, env = "IDEM_KEY_IN_BODY")]
     pub key_in_body: Option<String>,
     /// Verify a webhook sender's signatures before a key is claimed, and
-    /// read keys where it puts its event id: `standard` (Standard
-    /// Webhooks: `webhook-id`), `stripe` (the event's `id` in the body) or
-    /// `github` (`X-GitHub-Delivery`). Keys are then required; a request
-    /// whose signature does not check out gets 400 `bad-signature` and
-    /// uses no key. Needs --webhook-secret-file [default: none].
+    /// read keys only from what it signed: `standard` (Standard Webhooks:
+    /// `webhook-id`), `stripe` (the event's `id` in the body) or `github`
+    /// (the SHA-256 of the body: GitHub does not sign its delivery id).
+    /// Every covered request must be signed; one whose signature does not
+    /// check out gets 400 `bad-signature` and uses no key. Needs
+    /// --webhook-secret-file [default: none].
     #[arg(long, env = "IDEM_WEBHOOK", requires = "webhook_secret_file")]
     pub webhook: Option<String>,
     /// The file holding the webhook signing secret (`whsec_…`; a trailing

@@ -84,10 +84,12 @@ async fn deliver(kind: WebhookKind, name: &str, secret: &str) {
                 assert_eq!(copy["body"], first.as_str(), "{copy}");
             }
         }
-        let resigned = of(&event, "resigned");
-        assert_eq!(resigned[0]["status"], 200, "{}", resigned[0]);
-        assert_eq!(resigned[0]["replayed"], true, "{}", resigned[0]);
-        assert_eq!(resigned[0]["body"], first.as_str());
+        for try_ in ["resigned", "rekeyed"] {
+            let again = of(&event, try_);
+            assert_eq!(again[0]["status"], 200, "{}", again[0]);
+            assert_eq!(again[0]["replayed"], true, "{}", again[0]);
+            assert_eq!(again[0]["body"], first.as_str());
+        }
     }
     for try_ in ["forged", "unsigned"] {
         let refused = of("evt_forged", try_);

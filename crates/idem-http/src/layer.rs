@@ -58,7 +58,7 @@ pub struct IdempotencyLayerBuilder<S> {
     grpc_request_id: grpc::RequestIdFields,
     body_key: Option<JsonKey>,
     webhook: Option<Webhook>,
-    mcp: bool,
+    mcp: Option<String>,
 }
 
 impl<S> std::fmt::Debug for IdempotencyLayerBuilder<S> {
@@ -327,11 +327,12 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
     ///
     /// The body is read, within
     /// [`max_request_bytes`](Self::max_request_bytes), before the key is
-    /// known. A body without the key, or one that is not JSON, is treated
-    /// as a request without the header: refused with 400 when keys are
-    /// [`required`](Self::required), passed through otherwise. A value
-    /// that is there but is not a valid key (an object, a fraction, a key
-    /// breaking the key rules) is refused with 400. gRPC calls take their
+    /// known. A body without the key is treated as a request without the
+    /// header: refused with 400 when keys are
+    /// [`required`](Self::required), passed through otherwise; so is a
+    /// body that is not JSON (refused naming the parser's complaint). A
+    /// value that is there but is not a valid key (an object, a fraction,
+    /// a key breaking the key rules) is refused with 400. gRPC calls take their
     /// key from [`grpc_request_id_field`](Self::grpc_request_id_field)
     /// instead.
     ///
@@ -344,14 +345,14 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
         self
     }
 
-    /// Serves a webhook sender: the key is read where the sender puts its
-    /// event id (Standard Webhooks' `webhook-id`, GitHub's
-    /// `X-GitHub-Delivery`, Stripe's event `/id` in the body), keys are
-    /// required, and every covered request's signature is checked before
-    /// its key is claimed. A request whose signature does not check out
-    /// is refused with 400 `bad-signature` and uses no key, so a replay
-    /// nobody signed can neither run nor burn the key of the event it
-    /// copies.
+    /// Serves a webhook sender: every covered request's signature is
+    /// checked before a key is claimed, and the key is read only from what
+    /// the sender signed (see [`Webhook::key`]), whatever the key header,
+    /// [`required`](Self::required) and [`key_in_body`](Self::key_in_body)
+    /// say. A request whose signature does not check out is refused with
+    /// 400 `bad-signature` and uses no key, so a copy nobody signed can
+    /// neither run nor use the key of the event it copies; a captured
+    /// delivery sent again is answered from the store.
     ///
     /// ```
     /// use idem_http::{IdempotencyLayer, Webhook, WebhookKind};
@@ -366,11 +367,6 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
     /// # }
     /// ```
     pub fn webhook(mut self, webhook: Webhook) -> Self {
-        if let Some(header) = webhook.key_header() {
-            self.header = header;
-        }
-        self.body_key = webhook.body_key();
-        self.required = true;
         self.webhook = Some(webhook);
         self
     }
@@ -378,29 +374,33 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
     /// Serves MCP tool calls (JSON-RPC over MCP's streamable HTTP
     /// transport): a `tools/call` whose arguments carry the key in
     /// `argument` (e.g. [`MCP_KEY_ARGUMENT`](crate::MCP_KEY_ARGUMENT),
-    /// `idempotency_key`) runs once per key; any other message (`initialize`,
-    /// `tools/list`, a call without the argument) passes through. The
-    /// fingerprint covers the method, the tool and its arguments, not the
-    /// JSON-RPC id, which differs between a call and its retry, nor the
-    /// params' `_meta` (a progress token); a replay answers the
-    /// retry's own id, and its result carries
+    /// `idempotency_key`) runs once per key; any other message
+    /// (`initialize`, `tools/list`, a call without the argument) passes
+    /// through. The fingerprint covers the method, the tool and its
+    /// arguments, not the JSON-RPC id, which differs between a call and
+    /// its retry, nor the params' `_meta` (a progress token). These
+    /// replace [`key_in_body`](Self::key_in_body) and
+    /// [`fingerprint`](Self::fingerprint), in whatever order they are
+    /// called.
+    ///
+    /// A replay answers the retry's own id, and its result carries
     /// `"_meta": {"io.idem/replayed": true}`
     /// ([`MCP_REPLAYED_META`](crate::MCP_REPLAYED_META)), since an agent
-    /// sees no headers. The stored `Mcp-Session-Id` is left out of
-    /// replays, which may reach another session. Answers in JSON and in an
-    /// event stream are both rewritten.
+    /// sees no headers. Answers in JSON and in an event stream are both
+    /// rewritten: tool calls are passed on without `Accept-Encoding`, and
+    /// a [`keep`](Self::keep) policy keeping bodies by reference is
+    /// refused when the layer is built. The stored `Mcp-Session-Id` is
+    /// left out of replays, which may reach another session.
     ///
     /// A duplicate of a call still running waits for its result, up to
     /// [`max_wait`](Self::max_wait), instead of getting a 409 an agent
     /// cannot act on; set [`default_wait`](Self::default_wait) after this
     /// to change that.
     pub fn mcp(mut self, argument: &str) -> Self {
-        self.body_key = Some(JsonKey::Pointer(crate::mcp::key_pointer(argument)));
-        self.fingerprint = FingerprintRule::JsonFields(crate::mcp::fingerprint_fields());
         self.replay_drop
             .push(HeaderName::from_static("mcp-session-id"));
         self.default_wait = self.max_wait;
-        self.mcp = true;
+        self.mcp = Some(argument.to_owned());
         self
     }
 
@@ -484,7 +484,14 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
     }
 
     /// Checks the configuration and builds the layer.
-    pub fn build(self) -> Result<IdempotencyLayer<S>, ConfigError> {
+    pub fn build(mut self) -> Result<IdempotencyLayer<S>, ConfigError> {
+        if let Some(argument) = &self.mcp {
+            if self.keep.any_reference() {
+                return Err(ConfigError::RewrittenByReference);
+            }
+            self.body_key = Some(JsonKey::Pointer(crate::mcp::key_pointer(argument)));
+            self.fingerprint = FingerprintRule::JsonFields(crate::mcp::fingerprint_fields());
+        }
         if let Some(source) = &self.body_key {
             source.check()?;
         }
@@ -554,7 +561,7 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
                 grpc_request_id: self.grpc_request_id,
                 body_key: self.body_key,
                 webhook: self.webhook,
-                mcp: self.mcp,
+                mcp: self.mcp.is_some(),
                 runs: TaskTracker::new(),
             }),
         })
@@ -658,7 +665,7 @@ impl<S: Store> IdempotencyLayer<S> {
             grpc_request_id: grpc::RequestIdFields::default(),
             body_key: None,
             webhook: None,
-            mcp: false,
+            mcp: None,
         }
     }
 }

@@ -28,6 +28,12 @@ pub(crate) fn fingerprint_fields() -> Vec<String> {
         .to_vec()
 }
 
+/// Whether a request body is a JSON-RPC `tools/call`.
+pub(crate) fn is_tool_call(body: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(body)
+        .is_ok_and(|request| request.get("method").and_then(Value::as_str) == Some("tools/call"))
+}
+
 /// The JSON-RPC id of a request body, if it has one.
 pub(crate) fn request_id(body: &[u8]) -> Option<Value> {
     let request: Value = serde_json::from_slice(body).ok()?;

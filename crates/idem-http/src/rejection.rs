@@ -26,8 +26,8 @@ pub enum Rejection {
     KeyMissing {
         /// The key header's name.
         header: HeaderName,
-        /// Where in a JSON body the key is also looked for, if anywhere
-        /// (e.g. `JSON pointer "/id"`).
+        /// Where in the body the key is also looked for, if anywhere
+        /// (e.g. `the JSON pointer "/id" of its JSON body`).
         body: Option<String>,
     },
     /// 400: the key header is malformed; `detail` names the rule broken.
@@ -197,8 +197,8 @@ impl Rejection {
                 header,
                 body: Some(body),
             } => format!(
-                "this endpoint requires an idempotency key: an {header} header, or the {body} of \
-                 a JSON body (a unique value per request, e.g. a UUID)"
+                "this endpoint requires an idempotency key: an {header} header, or {body} (a \
+                 unique value per request, e.g. a UUID)"
             ),
             Self::KeyMalformed { detail } | Self::BadBody { detail } => detail.clone(),
             Self::BadSignature { detail } => format!(

@@ -7,17 +7,17 @@ use std::time::Duration;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
-use http::{HeaderMap, HeaderName};
-use idem::derive::json::JsonKey;
-use idem::Timestamp;
+use http::HeaderMap;
+use idem::derive::json::{self, JsonDoc};
+use idem::{derive, Key, KeyRules, Timestamp};
 use sha2::Sha256;
 
 /// How far a signed timestamp may be from this machine's clock, either
 /// way, as Stripe's and Standard Webhooks' libraries default to.
 pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 
-/// A webhook sender's conventions: where its event id is, and how its
-/// requests are signed.
+/// A webhook sender's conventions: what it signs, and so where its
+/// event's key is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum WebhookKind {
@@ -28,8 +28,11 @@ pub enum WebhookKind {
     /// Stripe: the event's `id` in the JSON body, signed with the
     /// endpoint secret over `timestamp.body` in `Stripe-Signature`.
     Stripe,
-    /// GitHub: the id in `X-GitHub-Delivery`, signed with the secret over
-    /// the body in `X-Hub-Signature-256`. GitHub signs no timestamp.
+    /// GitHub: signed with the secret over the body in
+    /// `X-Hub-Signature-256`. GitHub signs neither a timestamp nor its
+    /// `X-GitHub-Delivery` id, so deliveries are keyed by the SHA-256 of
+    /// the body: a redelivery, or a captured body sent again, is the same
+    /// key.
     GitHub,
 }
 
@@ -123,20 +126,27 @@ impl Webhook {
         self.kind
     }
 
-    /// The header the sender puts its event id in, if any.
-    pub fn key_header(&self) -> Option<HeaderName> {
+    /// The key of a delivery whose signature checked out, read only from
+    /// what the sender signed: Standard Webhooks' `webhook-id` (part of
+    /// the signed content), Stripe's event `id` in the body, and for
+    /// GitHub, whose `X-GitHub-Delivery` is not signed, the SHA-256 of the
+    /// body (a redelivery carries the same body). A header a client adds,
+    /// such as `Idempotency-Key`, is never used: it could give a captured
+    /// delivery a new key.
+    pub fn key(&self, headers: &HeaderMap, body: &[u8], rules: &KeyRules) -> Result<Key, String> {
         match self.kind {
-            WebhookKind::Standard => Some(HeaderName::from_static("webhook-id")),
-            WebhookKind::GitHub => Some(HeaderName::from_static("x-github-delivery")),
-            WebhookKind::Stripe => None,
-        }
-    }
-
-    /// Where in the body the sender puts its event id, if anywhere.
-    pub fn body_key(&self) -> Option<JsonKey> {
-        match self.kind {
-            WebhookKind::Stripe => Some(JsonKey::Pointer("/id".into())),
-            WebhookKind::Standard | WebhookKind::GitHub => None,
+            WebhookKind::Standard => {
+                let id = header(headers, "webhook-id")?;
+                rules
+                    .parse(id)
+                    .map_err(|e| format!("the webhook-id header: {e}"))
+            }
+            WebhookKind::Stripe => match json::pointer_key(&mut JsonDoc::new(body), "/id", rules) {
+                Ok(Some(key)) => Ok(key),
+                Ok(None) => Err("the Stripe event has no id".to_owned()),
+                Err(error) => Err(format!("the Stripe event's id: {error}")),
+            },
+            WebhookKind::GitHub => Ok(derive::bytes_key(body)),
         }
     }
 
@@ -261,7 +271,7 @@ mod tests {
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         pairs
             .iter()
-            .map(|(k, v)| (HeaderName::from_static(k), v.parse().expect("value")))
+            .map(|(k, v)| (http::HeaderName::from_static(k), v.parse().expect("value")))
             .collect()
     }
 
@@ -323,6 +333,30 @@ mod tests {
         let now = Timestamp::from_millis(1_700_000_000_000);
         assert_eq!(hook.verify(&signed, body, now), Ok(()));
         assert!(hook.verify(&signed, br#"{"id":"evt_2"}"#, now).is_err());
+    }
+
+    #[test]
+    fn keys_come_only_from_what_the_sender_signed() {
+        let rules = KeyRules::default();
+        let added = headers(&[("idempotency-key", "chosen-by-a-client")]);
+        let stripe = Webhook::new(WebhookKind::Stripe, "whsec_test").expect("ok");
+        let key = stripe.key(&added, br#"{"id":"evt_9"}"#, &rules);
+        assert_eq!(key.expect("an id").as_str(), "evt_9");
+        assert!(stripe.key(&added, br#"{"type":"x"}"#, &rules).is_err());
+        let github = Webhook::new(WebhookKind::GitHub, "s").expect("ok");
+        let delivered = headers(&[("x-github-delivery", "d-1")]);
+        let redelivered = headers(&[("x-github-delivery", "d-2")]);
+        assert_eq!(
+            github.key(&delivered, b"{}", &rules),
+            github.key(&redelivered, b"{}", &rules),
+            "the unsigned delivery id does not make a new key"
+        );
+        let standard = Webhook::new(WebhookKind::Standard, "whsec_dGVzdA==").expect("ok");
+        let id = headers(&[("webhook-id", "msg_1"), ("idempotency-key", "other")]);
+        assert_eq!(
+            standard.key(&id, b"{}", &rules).expect("id").as_str(),
+            "msg_1"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::Router;
 use idem::derive::json::JsonKey;
-use idem_http::{FingerprintRule, IdempotencyLayer};
+use idem_http::{FingerprintRule, IdempotencyLayer, Webhook, WebhookKind};
 use idem_sqlite::SqliteStore;
 
 /// Serves `layer` over a handler counting its runs; the base URL and the
@@ -116,7 +116,7 @@ async fn a_body_without_the_key_is_refused_when_keys_are_required() {
     let (status, body) = send(&url, r#"{"type":"ping"}"#, None).await;
     assert_eq!(status, 400);
     assert!(
-        body.contains(r#"an idempotency-key header, or the JSON pointer \"/id\" of a JSON body"#),
+        body.contains(r#"an idempotency-key header, or the JSON pointer \"/id\" of its JSON body"#),
         "{body}"
     );
     let (status, body) = send(&url, "not json", None).await;
@@ -163,6 +163,46 @@ async fn a_key_from_a_hash_of_chosen_fields_catches_a_resend_with_a_new_timestam
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_is_verified_and_keyed_by_what_was_signed_whatever_the_other_settings() {
+    // GitHub's documented example: this secret signs this body so.
+    let secret = "It's a Secret to Everybody";
+    let signature = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17";
+    let (_dir, store) = store();
+    let layer = IdempotencyLayer::builder(store)
+        .webhook(Webhook::new(WebhookKind::GitHub, secret).expect("secret"))
+        // Settings that would let an unsigned request through, or key it
+        // by a header a client chooses, are not the webhook's.
+        .required(false)
+        .header(http::HeaderName::from_static("x-github-delivery"))
+        .build()
+        .expect("layer");
+    let (url, runs) = serve(layer).await;
+    let deliver = |delivery: Option<&'static str>, signature: Option<&'static str>| {
+        let mut request = client().post(&url).body("Hello, World!");
+        if let Some(delivery) = delivery {
+            request = request.header("x-github-delivery", delivery);
+        }
+        if let Some(signature) = signature {
+            request = request.header("x-hub-signature-256", signature);
+        }
+        request.send()
+    };
+    for delivery in [Some("d-1"), None] {
+        let unsigned = deliver(delivery, None).await.expect("sent");
+        assert_eq!(unsigned.status(), 400, "{delivery:?}");
+        let body = unsigned.text().await.expect("body");
+        assert!(body.contains("bad-signature"), "{body}");
+    }
+    let signed = deliver(Some("d-1"), Some(signature)).await.expect("sent");
+    assert_eq!(signed.status(), 200);
+    assert_eq!(signed.text().await.expect("body"), "handled 1");
+    // The same signed body under another (unsigned) delivery id.
+    let again = deliver(Some("d-2"), Some(signature)).await.expect("sent");
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
 #[test]
 fn an_unusable_body_key_is_refused_when_the_layer_is_built() {
     let dir = tempfile::tempdir().expect("dir");
@@ -175,5 +215,19 @@ fn an_unusable_body_key_is_refused_when_the_layer_is_built() {
         error.to_string(),
         "JSON pointer \"id\" is not a usable key source: a field is not a JSON pointer (rule: \
          empty, or starting with '/')"
+    );
+}
+
+#[test]
+fn mcp_replays_cannot_be_kept_by_reference_because_they_are_rewritten() {
+    let (_dir, store) = store();
+    let error = IdempotencyLayer::builder(store)
+        .mcp(idem_http::MCP_KEY_ARGUMENT)
+        .keep_rules(idem_http::KeepRules::parse("reference").expect("policy"))
+        .build()
+        .expect_err("refused");
+    assert!(
+        error.to_string().contains("cannot be kept by reference"),
+        "{error}"
     );
 }

@@ -86,6 +86,10 @@ class HttpGuard:
         reject_old_uuid_v7: bool = False,
         keep: Optional[str] = None,
         blobs: Optional[str] = None,
+        key_in_body: Optional[str] = None,
+        webhook: Optional[str] = None,
+        webhook_secret: Optional[str] = None,
+        mcp: Optional[str] = None,
     ) -> None: ...
     def covers(self, method: str) -> bool: ...
     def begin(

@@ -2,7 +2,8 @@
 signed by the senders' own libraries: the Standard Webhooks library and
 the Stripe SDK's signing helper. Each event is delivered several times at
 once (a sender retrying a delivery that timed out), then once more,
-re-signed with a new timestamp (a later retry). Then copies of an event
+re-signed with a new timestamp (a later retry), and once with an
+Idempotency-Key header of its own (a captured delivery under a chosen key). Then copies of an event
 not yet delivered, one signed with the wrong secret and one not signed at
 all, are sent before its signed delivery.
 
@@ -66,6 +67,10 @@ def main() -> None:
             ]
             results += [t.result() for t in tries]
             results.append(send(url, event_id, "resigned", body, signed(kind, secret, event_id, body)))
+            # A captured delivery sent again under a key of the sender's
+            # choosing: the key is read only from what was signed.
+            rekeyed = {**headers, "Idempotency-Key": f"chosen-{n}"}
+            results.append(send(url, event_id, "rekeyed", body, rekeyed))
     forged_id = "evt_forged"
     body = event(kind, forged_id)
     forged = signed(kind, "whsec_QUFBQUFBQUFBQUFBQUFBQQ==", forged_id, body)

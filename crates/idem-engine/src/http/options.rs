@@ -172,10 +172,15 @@ impl HttpOptions {
         if let Some(webhook) = &self.webhook {
             return Ok(builder.webhook(webhook.clone()));
         }
-        Ok(match &self.mcp {
-            Some(argument) => builder.mcp(argument),
-            None => builder,
-        })
+        match &self.mcp {
+            Some(_) if self.fingerprint != HttpFingerprint::default() => Err(invalid(
+                "mcp",
+                "MCP tool calls are fingerprinted by their tool and arguments; leave fingerprint \
+                 unset",
+            )),
+            Some(argument) => Ok(builder.mcp(argument)),
+            None => Ok(builder),
+        }
     }
 
     /// The tower layer over `local`'s store, lease and retention; refused

@@ -329,7 +329,7 @@ fn readdress(response: &mut Response<Bytes>, id: &serde_json::Value) {
         .headers()
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+        .is_some_and(|v| v.to_ascii_lowercase().starts_with("text/event-stream"));
     if let Some(body) = crate::mcp::replayed(response.body(), event_stream, id) {
         response.headers_mut().remove(http::header::CONTENT_LENGTH);
         *response.body_mut() = body;

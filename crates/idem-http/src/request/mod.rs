@@ -185,29 +185,39 @@ impl<S: Store> Settings<S> {
         B: Body<Data = Bytes> + From<Bytes>,
         B::Error: Into<BoxError>,
     {
-        let (parts, body) = request.into_parts();
-        // Without the header, the key may be in the body, once it is read.
+        let (mut parts, body) = request.into_parts();
+        if self.mcp {
+            // A replay is re-addressed to its retry's JSON-RPC id, so the
+            // answer must come unencoded.
+            parts.headers.remove(header::ACCEPT_ENCODING);
+        }
+        // A webhook's key is read where its sender signed it, once the
+        // signature checks out; any other request's from the key header,
+        // else from its body once that is read.
         let in_body = self.body_source(&parts);
-        let key = match self.key(&parts) {
-            Ok(Some(key)) => Some(key),
-            Ok(None) | Err(Rejection::KeyMissing { .. }) if in_body.is_some() => None,
-            Ok(None) => return Step::PassThrough(Request::from_parts(parts, body)),
-            Err(rejection) => return Step::Refused(self.reject(rejection)),
+        let key = if self.webhook.is_some() {
+            None
+        } else {
+            match self.key(&parts) {
+                Ok(Some(key)) => Some(key),
+                Ok(None) if in_body.is_some() => None,
+                Ok(None) if self.required => {
+                    return Step::Refused(self.reject(self.key_missing(None)))
+                }
+                Ok(None) => return Step::PassThrough(Request::from_parts(parts, body)),
+                Err(rejection) => return Step::Refused(self.reject(rejection)),
+            }
         };
         let prepared = async {
             if let Some(key) = &key {
                 self.check_age(key)?;
             }
             let body = self.read_body(&parts, body).await?;
-            if let Some(webhook) = &self.webhook {
-                webhook
-                    .verify(&parts.headers, &body, Timestamp::now())
-                    .map_err(|detail| Rejection::BadSignature { detail })?;
-            }
-            let key = match (key, in_body) {
-                (Some(key), _) => Some(key),
-                (None, Some(source)) => self.key_in_body(&body, source)?,
-                (None, None) => None,
+            let key = match (&self.webhook, key, in_body) {
+                (Some(webhook), _, _) => Some(self.webhook_key(webhook, &parts.headers, &body)?),
+                (None, Some(key), _) => Some(key),
+                (None, None, Some(source)) => self.key_in_body(&body, source)?,
+                (None, None, None) => None,
             };
             let Some(key) = key else {
                 return Ok(Err(body));
@@ -237,15 +247,13 @@ impl<S: Store> Settings<S> {
         })
     }
 
-    /// The request's key. `Ok(None)`: no key and none required, so the
-    /// request passes through.
+    /// The request's key header's key. `Ok(None)`: there is none.
     fn key(&self, parts: &Parts) -> Result<Option<Key>, Rejection> {
         let mut values = parts.headers.get_all(&self.header).iter();
         let (Some(value), None) = (values.next(), values.next()) else {
             let count = parts.headers.get_all(&self.header).iter().count();
             return match count {
-                0 if !self.required => Ok(None),
-                0 => Err(self.key_missing()),
+                0 => Ok(None),
                 count => Err(Rejection::KeyMalformed {
                     detail: format!(
                         "the {} header appears {count} times (rule: exactly once)",
@@ -291,6 +299,8 @@ impl<S: Store> Settings<S> {
                     )))
                 }
             },
+            // Only an MCP tool call is keyed by its arguments.
+            BodySource::Json(_) if self.mcp && !crate::mcp::is_tool_call(body) => None,
             BodySource::Json(source) => {
                 match source.read(&mut JsonDoc::new(body), &self.key_rules) {
                     Ok(key) => key,
@@ -310,18 +320,39 @@ impl<S: Store> Settings<S> {
                 self.check_age(&key)?;
                 Ok(Some(key))
             }
-            None if self.required => Err(self.key_missing()),
+            None if self.required => Err(self.key_missing(Some(source))),
             None => Ok(None),
         }
     }
 
     /// The refusal of a request without a key, naming every place it was
     /// looked for.
-    fn key_missing(&self) -> Rejection {
+    fn key_missing(&self, in_body: Option<BodySource<'_>>) -> Rejection {
         Rejection::KeyMissing {
             header: self.header.clone(),
-            body: self.body_key.as_ref().map(ToString::to_string),
+            body: in_body.map(|source| match source {
+                BodySource::Grpc(field) => format!("the request_id (field {field}) of its message"),
+                BodySource::Json(source) => format!("the {source} of its JSON body"),
+            }),
         }
+    }
+
+    /// A webhook's key, read where its sender signed it once the
+    /// signature checks out: nothing is claimed for a request that fails.
+    fn webhook_key(
+        &self,
+        webhook: &Webhook,
+        headers: &http::HeaderMap,
+        body: &[u8],
+    ) -> Result<Key, Rejection> {
+        webhook
+            .verify(headers, body, Timestamp::now())
+            .map_err(|detail| Rejection::BadSignature { detail })?;
+        let key = webhook
+            .key(headers, body, &self.key_rules)
+            .map_err(|detail| Rejection::KeyMalformed { detail })?;
+        self.check_age(&key)?;
+        Ok(key)
     }
 
     /// Refuses a UUIDv7 key older than the retention, when configured.

@@ -66,6 +66,13 @@ pub enum ConfigError {
     /// naming no field).
     #[error(transparent)]
     KeySource(#[from] crate::derive::json::JsonKeyError),
+    /// Responses are rewritten on replay (an MCP answer's JSON-RPC id), so
+    /// their bodies cannot be kept by reference in a blob store.
+    #[error(
+        "replays of MCP tool calls are re-addressed to each retry's JSON-RPC id, so their \
+         bodies cannot be kept by reference: keep them whole"
+    )]
+    RewrittenByReference,
     /// Responses are to be kept by reference, but no blob store was given.
     #[error("a replay policy keeps bodies by reference, but no blob store was given")]
     NoBlobStore,
