@@ -41,9 +41,10 @@ pub(crate) fn request_id(body: &[u8]) -> Option<Value> {
 }
 
 /// A stored answer to a tool call, as the answer to the retry whose
-/// JSON-RPC id is `id`: in a JSON body, or in each `data:` line of an
-/// event stream, every JSON-RPC response gets `id` and a result marked
-/// replayed. `None` when there is nothing to rewrite.
+/// JSON-RPC id is `id`: in a JSON body, or in each event of an event
+/// stream (its `data:` lines joined, as the stream's reader joins them),
+/// every JSON-RPC response gets `id` and a result marked replayed. `None`
+/// when there is nothing to rewrite.
 pub(crate) fn replayed(body: &[u8], event_stream: bool, id: &Value) -> Option<Bytes> {
     if !event_stream {
         return answer(body, id).map(Bytes::from);
@@ -51,22 +52,47 @@ pub(crate) fn replayed(body: &[u8], event_stream: bool, id: &Value) -> Option<By
     let text = std::str::from_utf8(body).ok()?;
     let mut out = String::with_capacity(text.len() + 64);
     let mut changed = false;
+    let mut event: Vec<&str> = Vec::new();
     for line in text.split_inclusive('\n') {
-        let (content, end) = split_end(line);
-        let rewritten = content
-            .strip_prefix("data:")
-            .and_then(|data| answer(data.trim_start().as_bytes(), id));
-        match rewritten {
-            Some(json) => {
-                changed = true;
-                out.push_str("data: ");
-                out.push_str(&String::from_utf8_lossy(&json));
-                out.push_str(end);
-            }
-            None => out.push_str(line),
+        event.push(line);
+        if split_end(line).0.is_empty() {
+            changed |= rewrite_event(&event, id, &mut out);
+            event.clear();
         }
     }
+    changed |= rewrite_event(&event, id, &mut out);
     changed.then(|| Bytes::from(out))
+}
+
+/// Writes one event (its lines, terminators kept) to `out`: with its data
+/// rewritten into one `data:` line where it is a JSON-RPC response, as it
+/// was otherwise. Whether it was rewritten.
+fn rewrite_event(lines: &[&str], id: &Value, out: &mut String) -> bool {
+    let data: Vec<&str> = lines
+        .iter()
+        .filter_map(|line| split_end(line).0.strip_prefix("data:"))
+        .map(|data| data.strip_prefix(' ').unwrap_or(data))
+        .collect();
+    let Some(json) = (!data.is_empty())
+        .then(|| answer(data.join("\n").as_bytes(), id))
+        .flatten()
+    else {
+        lines.iter().for_each(|line| out.push_str(line));
+        return false;
+    };
+    let mut written = false;
+    for line in lines {
+        let (content, end) = split_end(line);
+        if !content.starts_with("data:") {
+            out.push_str(line);
+        } else if !written {
+            written = true;
+            out.push_str("data: ");
+            out.push_str(&String::from_utf8_lossy(&json));
+            out.push_str(end);
+        }
+    }
+    true
 }
 
 /// A line without its terminator (`\n` or `\r\n`), and the terminator.
@@ -133,6 +159,23 @@ mod tests {
             "a notification is left alone: {out}"
         );
         assert_eq!(replayed(b"event: ping\n\n", true, &Value::from(1)), None);
+    }
+
+    #[test]
+    fn an_answer_split_over_several_data_lines_is_joined_and_rewritten() {
+        let stored =
+            "event: message\ndata: {\"jsonrpc\":\"2.0\",\ndata: \"id\":1,\"result\":{}}\n\n";
+        let out = replayed(stored.as_bytes(), true, &Value::from(5)).expect("rewritten");
+        let out = String::from_utf8(out.to_vec()).expect("utf-8");
+        let data: Vec<&str> = out.lines().filter(|l| l.starts_with("data:")).collect();
+        assert_eq!(data.len(), 1, "{out}");
+        let answer: Value =
+            serde_json::from_str(data[0].trim_start_matches("data: ")).expect("json");
+        assert_eq!(answer["id"], 5);
+        assert!(
+            out.starts_with("event: message\n") && out.ends_with("\n\n"),
+            "{out:?}"
+        );
     }
 
     #[test]
