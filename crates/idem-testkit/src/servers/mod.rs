@@ -1,10 +1,13 @@
 //! The real servers the tests run, each started on a free loopback port
 //! for one run (PostgreSQL, MariaDB, Redis standalone and Cluster, RabbitMQ, NATS
-//! JetStream, a Kafka-protocol broker, moto for AWS), and what they share:
+//! JetStream, a Kafka-protocol broker, moto for AWS, a local Lambda runtime
+//! with the `lambda` feature), and what they share:
 //! their error, free ports, and finding programs.
 
 pub(crate) mod cluster;
 pub mod kafka;
+#[cfg(feature = "lambda")]
+pub mod lambda;
 pub mod moto;
 pub mod mysql;
 pub mod nats;
