@@ -24,6 +24,8 @@ pub mod guide {
     pub mod webhooks {}
     #[doc = include_str!("../guide/src/consumers.md")]
     pub mod consumers {}
+    #[doc = include_str!("../guide/src/lambda.md")]
+    pub mod lambda {}
     #[doc = include_str!("../guide/src/steps.md")]
     pub mod steps {}
     #[doc = include_str!("../guide/src/outbox.md")]

@@ -139,7 +139,10 @@ impl<S, C, H> std::fmt::Debug for BatchHandler<S, C, H> {
 
 impl<S: Store, C: Codec, H> BatchHandler<S, C, H> {
     /// Runs each record with `handler`, through `consumer`, one at a time.
-    pub fn new(consumer: Consumer<S, C>, handler: H) -> Self {
+    pub fn new<Fut>(consumer: Consumer<S, C>, handler: H) -> Self
+    where
+        H: Fn(Job<Record>) -> Fut,
+    {
         Self {
             consumer,
             handler,
