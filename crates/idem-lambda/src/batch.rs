@@ -11,7 +11,7 @@ use aws_lambda_events::event::kinesis::KinesisEvent;
 use aws_lambda_events::event::sqs::SqsEvent;
 use futures_util::StreamExt as _;
 use idem::{Codec, Store};
-use idem_consumer::{Consumer, Decision, Disposition, Job};
+use idem_consumer::{Consumer, Decision, Disposition, Job, RetryCause};
 use lambda_runtime::{service_fn, LambdaEvent};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -116,14 +116,19 @@ impl From<BatchError> for lambda_runtime::Diagnostic {
 ///
 /// **Time.** Every run stops [`margin`](Self::margin) before the
 /// invocation's deadline: the handler is dropped, its claim released
-/// with a retryable failure ([`Interrupted::OutOfTime`](crate::Interrupted::OutOfTime)) and its record
-/// named for redelivery, which then runs at once instead of meeting a
-/// claim Lambda's kill would have left until its lease ran out. A record
-/// not started by then is named without a claim.
+/// with a retryable failure
+/// ([`Interrupted::OutOfTime`](crate::Interrupted::OutOfTime)) and its
+/// record named, so its redelivery runs instead of meeting a claim
+/// Lambda's kill would have left until its lease ran out. A record is
+/// started only with [`min_time_to_start`](Self::min_time_to_start) left
+/// before that stop; the rest are named without a claim. On an ordered
+/// source, a record whose key a run elsewhere still holds is waited for
+/// while time is left.
 pub struct BatchHandler<S, C, H> {
     consumer: Consumer<S, C>,
     handler: H,
     margin: Duration,
+    min_to_start: Duration,
     concurrency: usize,
 }
 
@@ -132,6 +137,7 @@ impl<S, C, H> std::fmt::Debug for BatchHandler<S, C, H> {
         f.debug_struct("BatchHandler")
             .field("consumer", &self.consumer)
             .field("margin", &self.margin)
+            .field("min_to_start", &self.min_to_start)
             .field("concurrency", &self.concurrency)
             .finish_non_exhaustive()
     }
@@ -147,6 +153,7 @@ impl<S: Store, C: Codec, H> BatchHandler<S, C, H> {
             consumer,
             handler,
             margin: DEFAULT_MARGIN,
+            min_to_start: DEFAULT_MARGIN,
             concurrency: 1,
         }
     }
@@ -157,6 +164,17 @@ impl<S: Store, C: Codec, H> BatchHandler<S, C, H> {
     #[must_use]
     pub fn margin(mut self, margin: Duration) -> Self {
         self.margin = margin;
+        self
+    }
+
+    /// The least time a record must have before the stop (the deadline
+    /// less the [`margin`](Self::margin)) to be started (default
+    /// [`DEFAULT_MARGIN`]): one started later would cost a claim, an
+    /// attempt and a release for nothing. Set it to how long the handler
+    /// usually takes.
+    #[must_use]
+    pub fn min_time_to_start(mut self, least: Duration) -> Self {
+        self.min_to_start = least;
         self
     }
 
@@ -202,7 +220,7 @@ where
             self.in_order(&records, stop).await
         } else {
             futures_util::stream::iter(records.iter().cloned())
-                .map(|record| self.one(record, stop))
+                .map(|record| async { matches!(self.one(record, stop).await, Settled::Done) })
                 .buffered(self.concurrency)
                 .collect()
                 .await
@@ -231,12 +249,22 @@ where
     }
 
     /// The records of an ordered source, one after another until the
-    /// first that is not acked; that one and the rest are not.
+    /// first that is not acked; that one and the rest are not. A record
+    /// whose key is held by a run elsewhere (one Lambda killed at its
+    /// timeout, say) is waited for while time is left, since naming it
+    /// would have Lambda retry the shard at once and spend its retry
+    /// attempts on a claim that is still alive.
     async fn in_order(&self, records: &[Arc<Record>], stop: Instant) -> Vec<bool> {
         let mut done = Vec::with_capacity(records.len());
-        for record in records {
-            if !self.one(Arc::clone(record), stop).await {
-                break;
+        'records: for record in records {
+            loop {
+                match self.one(Arc::clone(record), stop).await {
+                    Settled::Done => break,
+                    Settled::HeldElsewhere(after) if Instant::now() < stop => {
+                        tokio::time::sleep_until((Instant::now() + after).min(stop)).await;
+                    }
+                    Settled::HeldElsewhere(_) | Settled::Again => break 'records,
+                }
             }
             done.push(true);
         }
@@ -244,15 +272,15 @@ where
         done
     }
 
-    /// Whether `record` is done with (acked).
-    async fn one(&self, record: Arc<Record>, stop: Instant) -> bool {
-        if Instant::now() >= stop {
+    /// Whether `record` is done with.
+    async fn one(&self, record: Arc<Record>, stop: Instant) -> Settled {
+        if Instant::now() + self.min_to_start >= stop {
             tracing::debug!(
                 consumer = self.consumer.name(),
                 item = record.item_id(),
                 "not started: too close to the invocation's deadline"
             );
-            return false;
+            return Settled::Again;
         }
         let margin = self.margin;
         let item = record.item_id().map(str::to_owned);
@@ -262,18 +290,33 @@ where
                 deadline::within(stop, margin, (self.handler)(job))
             })
             .await;
-        acked(self.consumer.name(), item.as_deref(), decision)
+        settled(self.consumer.name(), item.as_deref(), decision)
     }
 }
 
-/// Whether a decision lets Lambda forget the record; says why not in the
-/// log.
-fn acked(consumer: &str, item: Option<&str>, decision: Decision) -> bool {
+/// What became of a record.
+enum Settled {
+    /// Acked: Lambda may forget it.
+    Done,
+    /// Its key is claimed by a run elsewhere, whose lease ends in about
+    /// this long.
+    HeldElsewhere(Duration),
+    /// To be delivered again.
+    Again,
+}
+
+/// What a decision means for the batch response; says why a record is to
+/// be delivered again in the log.
+fn settled(consumer: &str, item: Option<&str>, decision: Decision) -> Settled {
     match decision.disposition {
-        Disposition::Ack(_) => true,
+        Disposition::Ack(_) => Settled::Done,
+        Disposition::Retry {
+            cause: RetryCause::InProgress,
+            after,
+        } => Settled::HeldElsewhere(after),
         Disposition::Retry { cause, .. } => {
             tracing::debug!(consumer, item, %cause, "record to be delivered again");
-            false
+            Settled::Again
         }
         Disposition::DeadLetter { reason } => {
             tracing::warn!(
@@ -284,9 +327,9 @@ fn acked(consumer: &str, item: Option<&str>, decision: Decision) -> bool {
                 "record failed for good; left to the queue's redrive policy or the mapping's \
                  on-failure destination"
             );
-            false
+            Settled::Again
         }
-        _ => false,
+        _ => Settled::Again,
     }
 }
 
@@ -302,13 +345,11 @@ mod tests {
 
     use super::*;
 
+    type Work = BoxFuture<'static, Result<u8, idem::Terminal>>;
+
     fn handler(
         concurrency: usize,
-    ) -> BatchHandler<
-        MemoryStore,
-        idem::Json,
-        impl Fn(Job<Record>) -> BoxFuture<'static, Result<u8, idem::Terminal>>,
-    > {
+    ) -> BatchHandler<MemoryStore, idem::Json, impl Fn(Job<Record>) -> Work> {
         let idem = Idempotency::builder(MemoryStore::new())
             .build()
             .expect("executor");
@@ -384,7 +425,10 @@ mod tests {
             .handle(event(&batch, Duration::from_secs(5)))
             .await
             .expect_err("no id to name it by");
-        assert!(matches!(error, BatchError::NoItemId { index: 1 }), "{error}");
+        assert!(
+            matches!(error, BatchError::NoItemId { index: 1 }),
+            "{error}"
+        );
         let diagnostic = lambda_runtime::Diagnostic::from(error);
         assert_eq!(diagnostic.error_type, "Idem.BatchError");
     }

@@ -22,10 +22,7 @@ pub enum Interrupted<E> {
     /// The handler had not finished `margin` before the invocation's
     /// deadline: it was stopped and its claim released, for Lambda to
     /// deliver the record again.
-    #[error(
-        "stopped {margin:?} before the invocation's deadline; the claim is released for the \
-         redelivery"
-    )]
+    #[error("ran out of time: stopped {margin:?} before the invocation's deadline")]
     OutOfTime {
         /// How long before the deadline.
         margin: Duration,

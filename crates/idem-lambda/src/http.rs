@@ -5,7 +5,7 @@ use std::future::poll_fn;
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::Full;
+use http_body_util::{BodyExt as _, Full};
 use tower_service::Service;
 
 /// Runs `service` as the function, for HTTP events: each request arrives
@@ -16,6 +16,11 @@ use tower_service::Service;
 /// a server: the replayed response with `Idempotent-Replayed: true`, 409
 /// while the first request runs, 422 for a key reused with another body.
 ///
+/// The response body is read whole before it is handed to `lambda_http`
+/// (a body that fails fails the invocation, which the client sees as a
+/// 502), and sent as text unless its `Content-Type` says binary: give
+/// binary responses theirs.
+///
 /// Lambda kills a function at its timeout without telling it, so a run
 /// cut short there keeps its claim until its lease runs out, and retries
 /// meanwhile get 409 with `Retry-After`: give the executor a lease near
@@ -25,9 +30,9 @@ where
     I: Service<Request<Full<Bytes>>, Response = Response<RB>> + Clone + Send + 'static,
     I::Future: Send,
     I::Error: Into<lambda_runtime::Error>,
-    RB: http_body::Body + Unpin + Send + 'static,
+    RB: http_body::Body + Send + 'static,
     RB::Data: Send,
-    RB::Error: std::fmt::Debug,
+    RB::Error: Into<lambda_runtime::Error>,
 {
     lambda_http::run(lambda_http::service_fn(
         move |request: lambda_http::Request| {
@@ -38,7 +43,10 @@ where
                 poll_fn(|cx| service.poll_ready(cx))
                     .await
                     .map_err(Into::into)?;
-                service.call(request).await.map_err(Into::into)
+                let response = service.call(request).await.map_err(Into::into)?;
+                let (parts, body) = response.into_parts();
+                let body = body.collect().await.map_err(Into::into)?.to_bytes();
+                Ok::<_, lambda_runtime::Error>(Response::from_parts(parts, Full::new(body)))
             }
         },
     ))

@@ -14,11 +14,11 @@
 //! - [`run_http`] for API Gateway, an Application Load Balancer or a
 //!   function URL, where `idem_http::IdempotencyLayer` answers as it does
 //!   on a server;
-//! - the invocation's remaining time bounds every run: one that cannot
+//! - the invocation's remaining time bounds every batch run: one that cannot
 //!   finish is stopped [`margin`](BatchHandler::margin) before the
-//!   deadline and its claim released ([`Interrupted::OutOfTime`]), so the
-//!   redelivery runs at once instead of waiting out a lease Lambda's kill
-//!   would have left;
+//!   deadline and its claim released ([`Interrupted::OutOfTime`]), so its
+//!   redelivery runs instead of waiting out a lease Lambda's kill would
+//!   have left;
 //! - [`store_from_env`]: DynamoDB by default, or any store URL idem reads.
 //!
 //! ```no_run

@@ -36,9 +36,6 @@ impl Source {
 /// attributes.
 const SQS_SYSTEM_ATTRIBUTES: [&str; 3] = ["MessageDeduplicationId", "MessageGroupId", "SenderId"];
 
-/// What a DynamoDB stream record's payload keeps of its change.
-const DYNAMODB_IMAGES: [&str; 3] = ["Keys", "NewImage", "OldImage"];
-
 /// A record of a Lambda batch event, handed to the handler in its
 /// [`Job`](idem_consumer::Job).
 ///
@@ -46,12 +43,14 @@ const DYNAMODB_IMAGES: [&str; 3] = ["Keys", "NewImage", "OldImage"];
 /// |---|---|---|---|---|
 /// | SQS | the body | message attributes (string and number), then `MessageDeduplicationId`, `MessageGroupId`, `SenderId` | `messageId` | `messageId` |
 /// | Kinesis | the data, decoded | `PartitionKey` | `eventID` | the sequence number |
-/// | DynamoDB Streams | `{"Keys", "NewImage", "OldImage"}` of the stream record, as DynamoDB JSON | `EventName` (`INSERT`, `MODIFY`, `REMOVE`) | `eventID` | the sequence number |
+/// | DynamoDB Streams | the stream record as Lambda sent it (`eventID`, `eventName`, `dynamodb` with `Keys`, `NewImage`, `OldImage`, `SequenceNumber`) | `EventName` (`INSERT`, `MODIFY`, `REMOVE`) | `eventID` | the sequence number |
 ///
 /// Every one of those message ids is assigned per send: a key read from
 /// it catches Lambda's redeliveries of the batch, not a producer that
 /// sends the same thing twice. Key on something the producer sets (a
-/// message attribute, a field of the payload) for that.
+/// message attribute, a field of the payload) for that. A DynamoDB
+/// stream's `eventID` names one change, the right key for its records: an
+/// item's own key would make its next change a duplicate of the first.
 #[derive(Debug, Clone)]
 pub struct Record {
     source: Source,
@@ -103,16 +102,11 @@ impl Record {
         }
     }
 
-    /// A DynamoDB stream record. The payload holds the item's images
-    /// and nothing of the stream's own (sequence number, time, size), so
-    /// that one change delivered again fingerprints the same.
+    /// A DynamoDB stream record. The payload is the whole record, as
+    /// Lambda sent it: one change, delivered again, is the same bytes;
+    /// two changes to one item are not.
     pub fn from_dynamodb(record: EventRecord) -> Self {
-        let mut change = match serde_json::to_value(&record.change) {
-            Ok(serde_json::Value::Object(change)) => change,
-            _ => serde_json::Map::new(),
-        };
-        change.retain(|name, _| DYNAMODB_IMAGES.contains(&name.as_str()));
-        let payload = serde_json::to_vec(&change).unwrap_or_default();
+        let payload = serde_json::to_vec(&record).unwrap_or_default();
         Self {
             source: Source::DynamoDbStreams,
             item_id: record.change.sequence_number,

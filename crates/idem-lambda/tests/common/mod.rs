@@ -28,6 +28,8 @@ use tower::Layer as _;
 const SOURCE_ENV: &str = "IDEM_TEST_LAMBDA_SOURCE";
 /// Set in the child: the effects ledger.
 const EFFECTS_ENV: &str = "IDEM_TEST_LAMBDA_EFFECTS";
+/// Set in the child: the executor's lease, in milliseconds.
+const LEASE_ENV: &str = "IDEM_TEST_LAMBDA_LEASE_MS";
 
 /// The shared moto server (serial, so conditional writes are atomic).
 pub fn moto() -> &'static MotoServer {
@@ -46,8 +48,13 @@ pub struct Function {
 
 impl Function {
     /// Starts the function for `source` (`sqs`, `kinesis`, `dynamodb`,
-    /// `http`).
+    /// `http`), with the executor's default lease.
     pub async fn start(source: &str) -> Self {
+        Self::with_lease(source, idem::DEFAULT_LEASE).await
+    }
+
+    /// [`start`](Self::start) with the executor's `lease`.
+    pub async fn with_lease(source: &str, lease: Duration) -> Self {
         let server = moto();
         let client =
             idem_dynamodb::client_for(Some(&server.url()), REGION, ACCESS_KEY, SECRET_KEY, None)
@@ -77,6 +84,7 @@ impl Function {
                 ])
                 .env(SOURCE_ENV, &source)
                 .env(EFFECTS_ENV, &ledger)
+                .env(LEASE_ENV, lease.as_millis().to_string())
                 .env(STORE_ENV, &store)
                 .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
                 .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
@@ -286,15 +294,18 @@ async fn serve(source: &str, ledger: &Path) -> Result<(), lambda_runtime::Error>
         });
         return idem_lambda::run_http(layer.layer(charges)).await;
     }
-    let idem = Idempotency::builder(store).build()?;
-    let pointer = if source == "dynamodb" {
-        "/Keys/id/S"
+    let lease: u64 = std::env::var(LEASE_ENV)?.parse()?;
+    let idem = Idempotency::builder(store)
+        .lease(Duration::from_millis(lease))
+        .build()?;
+    let consumer = Consumer::builder(idem, Scope::new("orders")?);
+    // A DynamoDB stream record is keyed by its eventID (the default): one
+    // change; the others by the order id in the payload.
+    let consumer = if source == "dynamodb" {
+        consumer.build()
     } else {
-        "/id"
+        consumer.keys(KeyExtractor::json_pointer("/id")).build()
     };
-    let consumer = Consumer::builder(idem, Scope::new("orders")?)
-        .keys(KeyExtractor::json_pointer(pointer))
-        .build();
     let handler = BatchHandler::new(consumer, |job| work(job, ledger));
     match source {
         "sqs" => handler.run::<SqsEvent>().await,
@@ -305,7 +316,8 @@ async fn serve(source: &str, ledger: &Path) -> Result<(), lambda_runtime::Error>
 }
 
 /// The handler: logs its start, fails terminally on `"poison": true`,
-/// sleeps `sleep_ms` on a first attempt, then logs its effect.
+/// sleeps `sleep_ms` on a first attempt (or blocks its thread for
+/// `block_ms`, deaf to the deadline), then logs its effect.
 async fn work(job: Job<Record>, ledger: &Path) -> Result<Value, Terminal> {
     let key = job.key().as_str().to_owned();
     record(ledger, &format!("start {key}"));
@@ -313,9 +325,12 @@ async fn work(job: Job<Record>, ledger: &Path) -> Result<Value, Terminal> {
     if payload["poison"] == true {
         return Err(Terminal::new(format!("{key} is poison")));
     }
-    if let Some(ms) = payload["sleep_ms"].as_u64() {
-        if job.ctx().attempt() == 1 {
+    if job.ctx().attempt() == 1 {
+        if let Some(ms) = payload["sleep_ms"].as_u64() {
             tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        if let Some(ms) = payload["block_ms"].as_u64() {
+            std::thread::sleep(Duration::from_millis(ms));
         }
     }
     record(ledger, &format!("effect {key}"));

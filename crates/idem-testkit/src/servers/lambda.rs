@@ -178,7 +178,9 @@ impl LambdaRuntime {
     /// Invokes the function with `event` and waits for its answer, at most
     /// `timeout` (the function's configured timeout: its deadline is now
     /// plus `timeout`). Past it the function's process is killed and
-    /// started again, and the invocation is [`Invoked::TimedOut`].
+    /// started again, and the invocation is [`Invoked::TimedOut`]. One
+    /// invocation at a time, as one Lambda execution environment takes
+    /// them: the timeout runs from when it is queued.
     pub async fn invoke(&self, event: &serde_json::Value, timeout: Duration) -> Invoked {
         let id = format!("{:032x}", rand::random::<u128>());
         let (tx, rx) = oneshot::channel();
@@ -241,10 +243,17 @@ fn stop(child: &mut Child) {
 }
 
 async fn next(State(shared): State<Arc<Shared>>) -> (StatusCode, HeaderMap, Bytes) {
-    let pending = shared.queue.lock().await.recv().await;
-    let Some(pending) = pending else {
-        return (StatusCode::GONE, HeaderMap::new(), Bytes::new());
+    let mut queue = shared.queue.lock().await;
+    // An invocation whose caller gave up (it timed out before the function
+    // fetched it) is dropped, as Lambda drops it.
+    let pending = loop {
+        match queue.recv().await {
+            Some(p) if shared.replies.lock().expect("replies").contains_key(&p.id) => break p,
+            Some(_) => continue,
+            None => return (StatusCode::GONE, HeaderMap::new(), Bytes::new()),
+        }
     };
+    drop(queue);
     let mut headers = HeaderMap::new();
     let value = |v: &str| HeaderValue::from_str(v).expect("header value");
     headers.insert("lambda-runtime-aws-request-id", value(&pending.id));
