@@ -4,12 +4,8 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::{counts, url_event, Function};
+use common::{counts, url_event, Function, TIMEOUT};
 use serde_json::{json, Value};
-
-const TIMEOUT: Duration = Duration::from_secs(3);
 
 #[test]
 #[ignore = "the function's process, started by the tests"]

@@ -4,12 +4,10 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use common::{counts, failures, sqs_event, Function};
+use common::{counts, failures, sqs_event, Function, TIMEOUT};
 use serde_json::json;
-
-const TIMEOUT: Duration = Duration::from_secs(3);
 
 #[test]
 #[ignore = "the function's process, started by the tests"]

@@ -6,11 +6,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{counts, dynamodb_event, failures, kinesis_event, Function};
+use common::{counts, dynamodb_event, failures, kinesis_event, Function, TIMEOUT};
 use idem_testkit::servers::lambda::Invoked;
 use serde_json::json;
-
-const TIMEOUT: Duration = Duration::from_secs(3);
 
 #[test]
 #[ignore = "the function's process, started by the tests"]

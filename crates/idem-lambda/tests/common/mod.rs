@@ -24,6 +24,9 @@ use idem_testkit::servers::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
 use serde_json::{json, Value};
 use tower::Layer as _;
 
+/// The function's timeout in the tests.
+pub const TIMEOUT: Duration = Duration::from_secs(3);
+
 /// Set in the child: which event source the function handles.
 const SOURCE_ENV: &str = "IDEM_TEST_LAMBDA_SOURCE";
 /// Set in the child: the effects ledger.
