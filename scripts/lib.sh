@@ -27,14 +27,10 @@ ensure_command() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$2"
 }
 
-# ensure_nginx: nginx as a program only (the gateway bench starts its own,
-# as a child on a loopback port). Debian's package would start a system
-# nginx on port 80 when installed: a policy-rc.d refuses that start.
-ensure_nginx() {
-    if command -v nginx >/dev/null 2>&1; then
-        return
-    fi
-    step "installing nginx-light (not started as a service)"
+# apt_install_unstarted ARGS...: apt-get install ARGS with every service
+# start refused meanwhile (a policy-rc.d), for packages wanted only for
+# their programs.
+apt_install_unstarted() {
     local sudo="" policy=/usr/sbin/policy-rc.d placed=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
     if [ ! -e "$policy" ]; then
@@ -43,8 +39,30 @@ ensure_nginx() {
         placed=1
     fi
     $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nginx-light
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@"
     if [ -n "$placed" ]; then $sudo rm -f "$policy"; fi
+}
+
+# ensure_nginx: nginx as a program only (the gateway bench starts its own,
+# as a child on a loopback port). Debian's package would start a system
+# nginx on port 80 when installed.
+ensure_nginx() {
+    if command -v nginx >/dev/null 2>&1; then
+        return
+    fi
+    step "installing nginx-light (not started as a service)"
+    apt_install_unstarted nginx-light
+}
+
+# ensure_promtool: promtool, from Debian's prometheus package, to check the
+# alert rules in deploy/prometheus. The package's server (port 9090, the
+# gateway's admin port) is not started, nor its exporters installed.
+ensure_promtool() {
+    if command -v promtool >/dev/null 2>&1; then
+        return
+    fi
+    step "installing prometheus (for promtool; not started as a service)"
+    apt_install_unstarted --no-install-recommends prometheus
 }
 
 # ensure_postgres_programs: the PostgreSQL server programs (initdb,
