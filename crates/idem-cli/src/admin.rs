@@ -220,7 +220,7 @@ pub async fn resolve(
 
 /// Up to `limit` live records of `state` and `scope` that `keep` accepts,
 /// read a page at a time.
-async fn collect(
+pub(crate) async fn collect(
     store: &AnyStore,
     state: Option<StateKind>,
     scope: Option<idem::Scope>,

@@ -11,6 +11,7 @@ use idem::{RecordId, Scope, StateKind};
 pub mod admin;
 pub mod bench;
 mod deadline;
+pub mod failures;
 pub mod forwarded;
 pub mod logging;
 pub mod outbox;
@@ -126,6 +127,45 @@ pub enum Command {
         /// The effect did not happen: the next attempt runs the step.
         #[arg(long)]
         not_applied: bool,
+    },
+    /// Failed and parked records grouped by how they failed (class and
+    /// message, with ids and numbers taken out), as JSON lines, largest
+    /// group first: count, first and last seen, scopes, a few keys.
+    Failures {
+        /// Only records in this scope.
+        #[arg(long)]
+        scope: Option<String>,
+        /// Read at most this many failed records.
+        #[arg(long, default_value_t = 100_000)]
+        limit: usize,
+    },
+    /// Handle a failure group (see `idem failures`) in bulk: release its
+    /// keys to run again, or resolve their steps in doubt. Prints a line
+    /// per record and a summary.
+    Redrive {
+        /// The group's id.
+        group: String,
+        /// Delete each record so its next delivery runs afresh (refused
+        /// for records with finished journaled steps).
+        #[arg(long, required_unless_present_any = ["applied", "not_applied"], conflicts_with_all = ["applied", "not_applied"])]
+        release: bool,
+        /// Each record's step in doubt took effect: journal this JSON as
+        /// its result; the next delivery resumes after it.
+        #[arg(long, value_name = "JSON", conflicts_with = "not_applied")]
+        applied: Option<String>,
+        /// Each record's step in doubt did not take effect: the next
+        /// delivery runs it.
+        #[arg(long)]
+        not_applied: bool,
+        /// Say what would be done, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Only records in this scope.
+        #[arg(long)]
+        scope: Option<String>,
+        /// Read at most this many failed records.
+        #[arg(long, default_value_t = 100_000)]
+        limit: usize,
     },
     /// Force-release a stuck key (its record is deleted; the next request
     /// with it runs).
@@ -261,6 +301,13 @@ pub(crate) fn print_json(value: &serde_json::Value) {
     }
 }
 
+/// The `--scope` of an admin command, checked.
+fn scope_arg(scope: Option<String>) -> anyhow::Result<Option<Scope>> {
+    scope
+        .map(|s| Scope::new(&s).map_err(|e| anyhow::anyhow!("--scope: {e}")))
+        .transpose()
+}
+
 /// Runs a parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -335,9 +382,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             scope,
             limit,
         } => {
-            let scope = scope
-                .map(|s| Scope::new(&s).map_err(|e| anyhow::anyhow!("--scope: {e}")))
-                .transpose()?;
+            let scope = scope_arg(scope)?;
             let records = match state {
                 Some(StateArg::Parked) => {
                     admin::list_parked(&store, scope, limit, &secrets).await?
@@ -359,6 +404,32 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let id = stored_id(&scope, &key)?;
             admin::resolve(&store, &id, &step, resolution, &secrets).await?;
             print_json(&serde_json::json!({ "resolved": step, "state": "released" }));
+        }
+        Command::Failures { scope, limit } => {
+            for group in failures::failures(&store, scope_arg(scope)?, limit).await? {
+                print_json(&group);
+            }
+        }
+        Command::Redrive {
+            group,
+            release,
+            applied,
+            not_applied: _,
+            dry_run,
+            scope,
+            limit,
+        } => {
+            let action = if release {
+                failures::Redrive::Release
+            } else {
+                failures::Redrive::Resolve(admin::resolution(applied.as_deref())?)
+            };
+            let scope = scope_arg(scope)?;
+            let lines =
+                failures::redrive(&store, &group, &action, scope, limit, dry_run, &secrets).await?;
+            for line in lines {
+                print_json(&line);
+            }
         }
         Command::Release { scope, key } => {
             let released = admin::release(&store, &stored_id(&scope, &key)?).await?;

@@ -1,0 +1,272 @@
+//! `idem failures` and `idem redrive`: failed and parked records grouped
+//! by how they failed, and a group handled in bulk with the commands an
+//! operator would run one key at a time.
+
+use std::collections::BTreeMap;
+
+use idem::{
+    DeleteRecord, FailureClass, Record, RecordId, Resolution, Resolved, Scope, State, StateKind,
+    StepJournal, StepState,
+};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::admin::{collect, Secrets};
+use crate::store::AnyStore;
+
+/// How many keys a group shows.
+const SAMPLES: usize = 5;
+
+/// A failure message with what varies between records of one cause taken
+/// out: ids (runs of hex digits and dashes with a digit, eight or longer)
+/// become `<id>`, other digit runs `#`.
+///
+/// ```
+/// use idem_cli::failures::pattern;
+///
+/// assert_eq!(
+///     pattern("card 4242 declined for order 0b9f7c2e-1d2a-4c5e-9f00-2a9d1c3e4f5a"),
+///     "card # declined for order <id>"
+/// );
+/// assert_eq!(pattern("step \"ship\" is in doubt"), "step \"ship\" is in doubt");
+/// ```
+pub fn pattern(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(start) = rest.find(|c: char| c.is_ascii_alphanumeric()) {
+        out.push_str(&rest[..start]);
+        rest = &rest[start..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+            .unwrap_or(rest.len());
+        let word = &rest[..end];
+        let id_like = word.len() >= 8
+            && word.chars().any(|c| c.is_ascii_digit())
+            && word.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
+        if id_like {
+            out.push_str("<id>");
+        } else {
+            let mut digits = false;
+            for c in word.chars() {
+                if c.is_ascii_digit() {
+                    if !digits {
+                        out.push('#');
+                    }
+                    digits = true;
+                } else {
+                    out.push(c);
+                    digits = false;
+                }
+            }
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The group a failure belongs to: 12 hex digits of the SHA-256 of its
+/// class and pattern, stable across runs and machines.
+fn group_id(class: FailureClass, pattern: &str) -> String {
+    let digest = Sha256::digest(format!("{}\n{pattern}", class.as_str()));
+    digest[..6].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// One group as it is being counted.
+struct Group {
+    class: FailureClass,
+    pattern: String,
+    records: Vec<(RecordId, Record)>,
+}
+
+/// Failed records (up to `limit`, of `scope` if given) by group id.
+async fn groups(
+    store: &AnyStore,
+    scope: Option<Scope>,
+    limit: usize,
+) -> anyhow::Result<BTreeMap<String, Group>> {
+    let failed = collect(store, Some(StateKind::Failed), scope, limit, |_| true).await?;
+    let mut groups: BTreeMap<String, Group> = BTreeMap::new();
+    for (id, record) in failed {
+        let State::Failed { failure } = &record.state else {
+            continue;
+        };
+        let pattern = pattern(&failure.message);
+        let class = failure.class;
+        groups
+            .entry(group_id(class, &pattern))
+            .or_insert_with(|| Group {
+                class,
+                pattern,
+                records: Vec::new(),
+            })
+            .records
+            .push((id, record));
+    }
+    Ok(groups)
+}
+
+/// `idem failures`: failed and parked records grouped by class and
+/// pattern, largest group first, each with its count, when it was first
+/// and last seen (the records' last updates), its scopes and a few keys.
+pub async fn failures(
+    store: &AnyStore,
+    scope: Option<Scope>,
+    limit: usize,
+) -> anyhow::Result<Vec<Value>> {
+    let mut out: Vec<Value> = groups(store, scope, limit)
+        .await?
+        .into_iter()
+        .map(|(id, group)| {
+            let seen = group.records.iter().map(|(_, r)| r.updated_at.as_millis());
+            let mut scopes: Vec<&str> = group
+                .records
+                .iter()
+                .map(|(id, _)| id.scope().as_str())
+                .collect();
+            scopes.sort_unstable();
+            scopes.dedup();
+            json!({
+                "group": id,
+                "state": if group.class == FailureClass::Unknown { "parked" } else { "failed" },
+                "class": group.class.as_str(),
+                "pattern": group.pattern,
+                "count": group.records.len(),
+                "first_seen_ms": seen.clone().min(),
+                "last_seen_ms": seen.max(),
+                "scopes": scopes,
+                "keys": group.records.iter().take(SAMPLES).map(|(id, _)| id.key().as_str()).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| b["count"].as_u64().cmp(&a["count"].as_u64()));
+    Ok(out)
+}
+
+/// What `idem redrive` does to each record of a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Redrive {
+    /// Delete the record, so the next delivery of its key runs afresh:
+    /// refused for a record with finished journaled steps, which a fresh
+    /// run would repeat.
+    Release,
+    /// Resolve the step in doubt of a parked record (see `idem resolve`),
+    /// so the next delivery resumes after its finished steps.
+    Resolve(Resolution),
+}
+
+/// `idem redrive GROUP`: carries out `action` on every record of the
+/// group (up to `limit` failed records read), or with `dry_run` says what
+/// it would do. One JSON object per record (`scope`, `key`, `action`, and
+/// `why` when skipped), then a summary.
+pub async fn redrive(
+    store: &AnyStore,
+    group: &str,
+    action: &Redrive,
+    scope: Option<Scope>,
+    limit: usize,
+    dry_run: bool,
+    secrets: &Secrets,
+) -> anyhow::Result<Vec<Value>> {
+    let mut groups = groups(store, scope, limit).await?;
+    let Some(found) = groups.remove(group) else {
+        anyhow::bail!("no failure group {group:?}; `idem failures` lists them");
+    };
+    let mut out = Vec::with_capacity(found.records.len() + 1);
+    let (mut done, mut skipped) = (0u64, 0u64);
+    for (id, _) in &found.records {
+        let steps = store.steps(id).await?;
+        let finished = steps
+            .iter()
+            .filter(|s| matches!(s.state, StepState::Done { .. }))
+            .count();
+        let in_doubt: Vec<&str> = steps
+            .iter()
+            .filter(|s| matches!(s.state, StepState::Started { .. }))
+            .map(|s| s.name.as_str())
+            .collect();
+        let step = match (action, in_doubt.as_slice()) {
+            (Redrive::Release, _) if finished > 0 => Err(format!(
+                "{finished} journaled step(s) finished, which a fresh run would repeat: \
+                 resolve the step in doubt instead"
+            )),
+            (Redrive::Release, _) => Ok(None),
+            (Redrive::Resolve(_), [step]) => Ok(Some(*step)),
+            (Redrive::Resolve(_), []) => {
+                Err("no step in doubt to resolve: release the key instead".to_owned())
+            }
+            (Redrive::Resolve(_), many) => Err(format!(
+                "several steps in doubt ({}): resolve them one at a time with `idem resolve`",
+                many.join(", ")
+            )),
+        };
+        let mut line = json!({"scope": id.scope().as_str(), "key": id.key().as_str()});
+        match step {
+            Err(why) => {
+                skipped += 1;
+                line["action"] = json!("skipped");
+                line["why"] = json!(why);
+            }
+            Ok(step) => {
+                line["action"] = json!(match (action, dry_run) {
+                    (Redrive::Release, false) => "released",
+                    (Redrive::Release, true) => "would release",
+                    (Redrive::Resolve(_), false) => "resolved",
+                    (Redrive::Resolve(_), true) => "would resolve",
+                });
+                if let Some(step) = step {
+                    line["step"] = json!(step);
+                }
+                if !dry_run {
+                    apply(store, id, action, step, secrets, &mut line).await?;
+                }
+                if line["action"] == "skipped" {
+                    skipped += 1;
+                } else {
+                    done += 1;
+                }
+            }
+        }
+        out.push(line);
+    }
+    let mut summary = json!({
+        "group": group,
+        "pattern": found.pattern,
+        "records": found.records.len(),
+        "skipped": skipped,
+        "dry_run": dry_run,
+    });
+    summary[if dry_run { "would_redrive" } else { "redriven" }] = json!(done);
+    out.push(summary);
+    Ok(out)
+}
+
+/// Carries out `action` on one record; a record that changed since it was
+/// read (resolved, released or run meanwhile) is marked skipped.
+async fn apply(
+    store: &AnyStore,
+    id: &RecordId,
+    action: &Redrive,
+    step: Option<&str>,
+    secrets: &Secrets,
+    line: &mut Value,
+) -> anyhow::Result<()> {
+    let changed = match (action, step) {
+        (Redrive::Release, _) => !store.delete(id).await?,
+        (Redrive::Resolve(resolution), Some(step)) => {
+            let resolution = match resolution {
+                Resolution::Applied(json) => {
+                    Resolution::Applied(secrets.at_rest().seal_step(id, step, json.clone()))
+                }
+                other => other.clone(),
+            };
+            store.resolve_step(id, step, resolution).await? != Resolved::Released
+        }
+        (Redrive::Resolve(_), None) => true,
+    };
+    if changed {
+        line["action"] = json!("skipped");
+        line["why"] = json!("the record changed since it was read");
+    }
+    Ok(())
+}
