@@ -29,18 +29,19 @@ ensure_command() {
 
 # apt_install_unstarted ARGS...: apt-get install ARGS with every service
 # start refused meanwhile (a policy-rc.d), for packages wanted only for
-# their programs.
+# their programs. The policy it placed is removed even when apt fails.
 apt_install_unstarted() {
-    local sudo="" policy=/usr/sbin/policy-rc.d placed=""
+    local sudo="" policy=/usr/sbin/policy-rc.d placed="" rc=0
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
     if [ ! -e "$policy" ]; then
         printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
         $sudo chmod +x "$policy"
         placed=1
     fi
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@"
+    { $sudo apt-get update -qq &&
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@"; } || rc=$?
     if [ -n "$placed" ]; then $sudo rm -f "$policy"; fi
+    return "$rc"
 }
 
 # ensure_nginx: nginx as a program only (the gateway bench starts its own,
@@ -63,6 +64,11 @@ ensure_promtool() {
     fi
     step "installing prometheus (for promtool; not started as a service)"
     apt_install_unstarted --no-install-recommends prometheus
+    # Nor started at the next boot, where init systems run.
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo systemctl disable prometheus >/dev/null 2>&1 ||
+        $sudo update-rc.d prometheus disable >/dev/null 2>&1 || true
 }
 
 # ensure_postgres_programs: the PostgreSQL server programs (initdb,

@@ -4,9 +4,10 @@
 
 use std::collections::BTreeMap;
 
+use idem::durable::INPUT_STEP;
 use idem::{
-    DeleteRecord, FailureClass, Record, RecordId, Resolution, Resolved, Scope, State, StateKind,
-    StepJournal, StepState,
+    DeleteRecord, FailureClass, GetRecord, Record, RecordId, Resolution, Resolved, Scope, State,
+    StateKind, StepJournal, StepState,
 };
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -18,8 +19,11 @@ use crate::store::AnyStore;
 const SAMPLES: usize = 5;
 
 /// A failure message with what varies between records of one cause taken
-/// out: ids (runs of hex digits and dashes with a digit, eight or longer)
-/// become `<id>`, other digit runs `#`.
+/// out: a word (letters, digits, `-`, `_`) of eight characters or more
+/// with a digit in it is an id and becomes `<id>` (UUIDs, hex digests,
+/// ULIDs, `pi_3Mtw…`), a run of four digits or more elsewhere becomes `#`;
+/// shorter numbers stay (status codes, step names such as `ship-2`), so
+/// that causes they tell apart stay apart.
 ///
 /// ```
 /// use idem_cli::failures::pattern;
@@ -28,41 +32,47 @@ const SAMPLES: usize = 5;
 ///     pattern("card 4242 declined for order 0b9f7c2e-1d2a-4c5e-9f00-2a9d1c3e4f5a"),
 ///     "card # declined for order <id>"
 /// );
-/// assert_eq!(pattern("step \"ship\" is in doubt"), "step \"ship\" is in doubt");
+/// assert_eq!(pattern("upstream returned 502"), "upstream returned 502");
+/// assert_eq!(pattern("step \"ship-2\" is in doubt"), "step \"ship-2\" is in doubt");
+/// assert_eq!(pattern("intent pi_3MtwBwLkdIwHu7ix28a3tqPa failed"), "intent <id> failed");
 /// ```
 pub fn pattern(message: &str) -> String {
     let mut out = String::with_capacity(message.len());
     let mut rest = message;
-    while let Some(start) = rest.find(|c: char| c.is_ascii_alphanumeric()) {
+    let in_word = |c: char| c.is_alphanumeric() || c == '-' || c == '_';
+    while let Some(start) = rest.find(in_word) {
         out.push_str(&rest[..start]);
         rest = &rest[start..];
-        let end = rest
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
-            .unwrap_or(rest.len());
+        let end = rest.find(|c: char| !in_word(c)).unwrap_or(rest.len());
         let word = &rest[..end];
-        let id_like = word.len() >= 8
-            && word.chars().any(|c| c.is_ascii_digit())
-            && word.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
-        if id_like {
+        if word.chars().count() >= 8 && word.chars().any(|c| c.is_numeric()) {
             out.push_str("<id>");
         } else {
-            let mut digits = false;
+            let mut digits = String::new();
             for c in word.chars() {
-                if c.is_ascii_digit() {
-                    if !digits {
-                        out.push('#');
-                    }
-                    digits = true;
-                } else {
-                    out.push(c);
-                    digits = false;
+                if c.is_numeric() {
+                    digits.push(c);
+                    continue;
                 }
+                flush_digits(&mut out, &mut digits);
+                out.push(c);
             }
+            flush_digits(&mut out, &mut digits);
         }
         rest = &rest[end..];
     }
     out.push_str(rest);
     out
+}
+
+/// A run of digits as [`pattern`] writes it: four or more as `#`.
+fn flush_digits(out: &mut String, digits: &mut String) {
+    if digits.chars().count() >= 4 {
+        out.push('#');
+    } else {
+        out.push_str(digits);
+    }
+    digits.clear();
 }
 
 /// The group a failure belongs to: 12 hex digits of the SHA-256 of its
@@ -79,13 +89,15 @@ struct Group {
     records: Vec<(RecordId, Record)>,
 }
 
-/// Failed records (up to `limit`, of `scope` if given) by group id.
+/// Failed records (up to `limit`, of `scope` if given) by group id, and
+/// whether the limit cut the reading short.
 async fn groups(
     store: &AnyStore,
     scope: Option<Scope>,
     limit: usize,
-) -> anyhow::Result<BTreeMap<String, Group>> {
+) -> anyhow::Result<(BTreeMap<String, Group>, bool)> {
     let failed = collect(store, Some(StateKind::Failed), scope, limit, |_| true).await?;
+    let truncated = failed.len() >= limit;
     let mut groups: BTreeMap<String, Group> = BTreeMap::new();
     for (id, record) in failed {
         let State::Failed { failure } = &record.state else {
@@ -103,19 +115,22 @@ async fn groups(
             .records
             .push((id, record));
     }
-    Ok(groups)
+    Ok((groups, truncated))
 }
 
 /// `idem failures`: failed and parked records grouped by class and
 /// pattern, largest group first, each with its count, when it was first
-/// and last seen (the records' last updates), its scopes and a few keys.
+/// and last seen (the records' last updates), its scopes and a few keys
+/// (as stored: hashed under `--key-secret`). When `limit` records were
+/// read before the end, every group says `"truncated": true` and its count
+/// is a lower bound.
 pub async fn failures(
     store: &AnyStore,
     scope: Option<Scope>,
     limit: usize,
 ) -> anyhow::Result<Vec<Value>> {
-    let mut out: Vec<Value> = groups(store, scope, limit)
-        .await?
+    let (groups, truncated) = groups(store, scope, limit).await?;
+    let mut out: Vec<Value> = groups
         .into_iter()
         .map(|(id, group)| {
             let seen = group.records.iter().map(|(_, r)| r.updated_at.as_millis());
@@ -136,6 +151,7 @@ pub async fn failures(
                 "last_seen_ms": seen.max(),
                 "scopes": scopes,
                 "keys": group.records.iter().take(SAMPLES).map(|(id, _)| id.key().as_str()).collect::<Vec<_>>(),
+                "truncated": truncated,
             })
         })
         .collect();
@@ -168,29 +184,49 @@ pub async fn redrive(
     dry_run: bool,
     secrets: &Secrets,
 ) -> anyhow::Result<Vec<Value>> {
-    let mut groups = groups(store, scope, limit).await?;
+    let (mut groups, truncated) = groups(store, scope, limit).await?;
     let Some(found) = groups.remove(group) else {
-        anyhow::bail!("no failure group {group:?}; `idem failures` lists them");
+        let read = if truncated {
+            format!(" among the first {limit} failed records (raise --limit)")
+        } else {
+            String::new()
+        };
+        anyhow::bail!("no failure group {group:?}{read}; `idem failures` lists them");
     };
+    if matches!(action, Redrive::Resolve(_)) && found.class != FailureClass::Unknown {
+        anyhow::bail!(
+            "group {group:?} failed {}, not parked: it has no step in doubt to resolve; \
+             release it with --release",
+            found.class.as_str()
+        );
+    }
     let mut out = Vec::with_capacity(found.records.len() + 1);
     let (mut done, mut skipped) = (0u64, 0u64);
-    for (id, _) in &found.records {
-        let steps = store.steps(id).await?;
+    for (id, listed) in &found.records {
+        let journal = store.steps(id).await?;
+        let durable = journal.iter().any(|s| s.name == INPUT_STEP);
+        let steps = journal.iter().filter(|s| s.name != INPUT_STEP);
         let finished = steps
-            .iter()
+            .clone()
             .filter(|s| matches!(s.state, StepState::Done { .. }))
             .count();
         let in_doubt: Vec<&str> = steps
-            .iter()
             .filter(|s| matches!(s.state, StepState::Started { .. }))
             .map(|s| s.name.as_str())
             .collect();
         let step = match (action, in_doubt.as_slice()) {
-            (Redrive::Release, _) if finished > 0 => Err(format!(
-                "{finished} journaled step(s) finished, which a fresh run would repeat: \
-                 resolve the step in doubt instead"
+            (Redrive::Release, _) if durable => Err(
+                "a durable run: deleting it would drop its journaled input, and nothing would \
+                 run it again; resolve its step in doubt, or `idem release` it knowingly"
+                    .to_owned(),
+            ),
+            (Redrive::Release, [step, ..]) => Err(format!(
+                "step {step:?} is in doubt, and a fresh run would repeat it: resolve it instead"
             )),
-            (Redrive::Release, _) => Ok(None),
+            (Redrive::Release, []) if finished > 0 => Err(format!(
+                "{finished} journaled step(s) finished, which a fresh run would repeat"
+            )),
+            (Redrive::Release, []) => Ok(None),
             (Redrive::Resolve(_), [step]) => Ok(Some(*step)),
             (Redrive::Resolve(_), []) => {
                 Err("no step in doubt to resolve: release the key instead".to_owned())
@@ -218,7 +254,7 @@ pub async fn redrive(
                     line["step"] = json!(step);
                 }
                 if !dry_run {
-                    apply(store, id, action, step, secrets, &mut line).await?;
+                    apply(store, (id, listed), action, step, secrets, &mut line).await?;
                 }
                 if line["action"] == "skipped" {
                     skipped += 1;
@@ -242,17 +278,29 @@ pub async fn redrive(
 }
 
 /// Carries out `action` on one record; a record that changed since it was
-/// read (resolved, released or run meanwhile) is marked skipped.
+/// `listed` (resolved, released or run meanwhile) is marked skipped. A
+/// release reads the record again just before deleting it, since the
+/// delete itself is unconditional: a record resolved and claimed again
+/// meanwhile, deleted with its journal, would run its finished steps
+/// again. (The window left is that one round trip.)
 async fn apply(
     store: &AnyStore,
-    id: &RecordId,
+    (id, listed): (&RecordId, &Record),
     action: &Redrive,
     step: Option<&str>,
     secrets: &Secrets,
     line: &mut Value,
 ) -> anyhow::Result<()> {
     let changed = match (action, step) {
-        (Redrive::Release, _) => !store.delete(id).await?,
+        (Redrive::Release, _) => {
+            let now = store.get(id).await?;
+            let same = now.as_ref().is_some_and(|r| {
+                r.state.kind() == StateKind::Failed
+                    && r.fence == listed.fence
+                    && r.updated_at == listed.updated_at
+            });
+            !same || !store.delete(id).await?
+        }
         (Redrive::Resolve(resolution), Some(step)) => {
             let resolution = match resolution {
                 Resolution::Applied(json) => {

@@ -106,18 +106,14 @@ async fn failures_are_grouped_by_cause_and_redriven_in_bulk() {
         )
         .await;
     }
-    failed(
-        &store,
-        "g-1",
-        unknown,
-        "the upstream broke off after 3 s",
-        &[],
-        &[],
-    )
-    .await;
+    let charge = "step \"charge\" is in doubt";
+    failed(&store, "p-3", unknown, charge, &[], &["charge"]).await;
+    let broke = "the upstream broke off after 3 s";
+    failed(&store, "g-1", unknown, broke, &[], &[]).await;
 
     let groups = failures(&store, None, 1_000).await.expect("failures");
-    assert_eq!(groups.len(), 4, "{groups:#?}");
+    assert_eq!(groups.len(), 5, "{groups:#?}");
+    assert!(groups.iter().all(|g| g["truncated"] == false));
     assert_eq!(groups[0]["count"], 3, "largest first: {groups:#?}");
     let declined = group(&groups, "card # declined for order <id>");
     assert_eq!(
@@ -135,7 +131,10 @@ async fn failures_are_grouped_by_cause_and_redriven_in_bulk() {
         (&parked["state"], &parked["count"]),
         (&Value::from("parked"), &Value::from(2))
     );
-    let broke_off = group(&groups, "the upstream broke off after # s");
+    let broke_off = group(&groups, broke);
+    let charge_in_doubt = group(&groups, charge);
+    let cut = failures(&store, None, 2).await.expect("failures");
+    assert!(cut.iter().all(|g| g["truncated"] == true), "{cut:?}");
     let in_scope = failures(
         &store,
         Some(idem::Scope::new("other").expect("scope")),
@@ -161,9 +160,21 @@ async fn failures_are_grouped_by_cause_and_redriven_in_bulk() {
     assert_eq!(dry.last().expect("summary")["would_redrive"], 3);
     assert_eq!(
         failures(&store, None, 1_000).await.expect("failures").len(),
-        4,
+        5,
         "unchanged"
     );
+    let not_parked = redrive(
+        &store,
+        &declined_id,
+        &Redrive::Resolve(Resolution::NotApplied),
+        None,
+        1_000,
+        true,
+        &secrets,
+    )
+    .await
+    .expect_err("a terminal failure has no step in doubt");
+    assert!(not_parked.to_string().contains("--release"), "{not_parked}");
     let done = redrive(
         &store,
         &declined_id,
@@ -257,6 +268,29 @@ async fn failures_are_grouped_by_cause_and_redriven_in_bulk() {
     );
     assert_eq!(shipments.load(Ordering::SeqCst), 2);
 
+    // A run parked on its first step is not released either: the step may
+    // have charged.
+    let first_step = charge_in_doubt["group"].as_str().expect("id");
+    let refused = redrive(
+        &store,
+        first_step,
+        &Redrive::Release,
+        None,
+        1_000,
+        false,
+        &secrets,
+    )
+    .await
+    .expect("redrive");
+    assert_eq!(refused[0]["action"], "skipped");
+    assert!(
+        refused[0]["why"]
+            .as_str()
+            .expect("why")
+            .contains("in doubt"),
+        "{refused:?}"
+    );
+
     // An unknown outcome without a journal (the gateway's) has no step to
     // resolve: release it.
     let broke_off_id = broke_off["group"].as_str().expect("id");
@@ -300,7 +334,7 @@ async fn the_binary_lists_groups_and_redrives_one() {
         &store,
         "o-1",
         FailureClass::Terminal,
-        "declined 1",
+        "declined by issuer 5001",
         &[],
         &[],
     )
@@ -309,7 +343,7 @@ async fn the_binary_lists_groups_and_redrives_one() {
         &store,
         "o-2",
         FailureClass::Terminal,
-        "declined 2",
+        "declined by issuer 5002",
         &[],
         &[],
     )
@@ -330,7 +364,7 @@ async fn the_binary_lists_groups_and_redrives_one() {
     let group: Value = serde_json::from_str(listed.lines().next().expect("a group")).expect("JSON");
     assert_eq!(
         (&group["pattern"], &group["count"]),
-        (&Value::from("declined #"), &Value::from(2))
+        (&Value::from("declined by issuer #"), &Value::from(2))
     );
     let id = group["group"].as_str().expect("id");
 
