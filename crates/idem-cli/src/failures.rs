@@ -159,6 +159,47 @@ pub async fn failures(
     Ok(out)
 }
 
+/// `idem redrive`'s arguments: the group, and exactly one action.
+#[derive(Debug, clap::Args)]
+pub struct RedriveArgs {
+    /// The group's id.
+    pub group: String,
+    /// Delete each record so its next delivery runs afresh (skipped for
+    /// records with a step in doubt, a finished step or a durable input).
+    #[arg(long, required_unless_present_any = ["applied", "not_applied"], conflicts_with_all = ["applied", "not_applied"])]
+    pub release: bool,
+    /// Each record's step in doubt took effect: journal this JSON as its
+    /// result; the next delivery resumes after it.
+    #[arg(long, value_name = "JSON", conflicts_with = "not_applied")]
+    pub applied: Option<String>,
+    /// Each record's step in doubt did not take effect: the next delivery
+    /// runs it.
+    #[arg(long)]
+    pub not_applied: bool,
+    /// Say what would be done, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Only records in this scope.
+    #[arg(long)]
+    pub scope: Option<String>,
+    /// Read at most this many failed records.
+    #[arg(long, default_value_t = 100_000)]
+    pub limit: usize,
+}
+
+impl RedriveArgs {
+    /// The action the flags name (`--applied` must be JSON).
+    pub fn action(&self) -> anyhow::Result<Redrive> {
+        if self.release {
+            Ok(Redrive::Release)
+        } else {
+            Ok(Redrive::Resolve(crate::admin::resolution(
+                self.applied.as_deref(),
+            )?))
+        }
+    }
+}
+
 /// What `idem redrive` does to each record of a group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Redrive {

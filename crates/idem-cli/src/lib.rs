@@ -142,31 +142,7 @@ pub enum Command {
     /// Handle a failure group (see `idem failures`) in bulk: release its
     /// keys to run again, or resolve their steps in doubt. Prints a line
     /// per record and a summary.
-    Redrive {
-        /// The group's id.
-        group: String,
-        /// Delete each record so its next delivery runs afresh (refused
-        /// for records with finished journaled steps).
-        #[arg(long, required_unless_present_any = ["applied", "not_applied"], conflicts_with_all = ["applied", "not_applied"])]
-        release: bool,
-        /// Each record's step in doubt took effect: journal this JSON as
-        /// its result; the next delivery resumes after it.
-        #[arg(long, value_name = "JSON", conflicts_with = "not_applied")]
-        applied: Option<String>,
-        /// Each record's step in doubt did not take effect: the next
-        /// delivery runs it.
-        #[arg(long)]
-        not_applied: bool,
-        /// Say what would be done, change nothing.
-        #[arg(long)]
-        dry_run: bool,
-        /// Only records in this scope.
-        #[arg(long)]
-        scope: Option<String>,
-        /// Read at most this many failed records.
-        #[arg(long, default_value_t = 100_000)]
-        limit: usize,
-    },
+    Redrive(failures::RedriveArgs),
     /// Force-release a stuck key (its record is deleted; the next request
     /// with it runs).
     Release {
@@ -410,23 +386,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 print_json(&group);
             }
         }
-        Command::Redrive {
-            group,
-            release,
-            applied,
-            not_applied: _,
-            dry_run,
-            scope,
-            limit,
-        } => {
-            let action = if release {
-                failures::Redrive::Release
-            } else {
-                failures::Redrive::Resolve(admin::resolution(applied.as_deref())?)
-            };
-            let scope = scope_arg(scope)?;
-            let lines =
-                failures::redrive(&store, &group, &action, scope, limit, dry_run, &secrets).await?;
+        Command::Redrive(args) => {
+            let scope = scope_arg(args.scope.clone())?;
+            let (group, action) = (&args.group, args.action()?);
+            let lines = failures::redrive(
+                &store,
+                group,
+                &action,
+                scope,
+                args.limit,
+                args.dry_run,
+                &secrets,
+            )
+            .await?;
             for line in lines {
                 print_json(&line);
             }

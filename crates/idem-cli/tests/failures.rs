@@ -65,6 +65,16 @@ fn group<'a>(groups: &'a [Value], pattern: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no group {pattern:?} in {groups:?}"))
 }
 
+/// `idem redrive` of a whole group, in any scope, without key secrets.
+async fn redrive_group(
+    store: &AnyStore,
+    group: &str,
+    action: &Redrive,
+    dry_run: bool,
+) -> anyhow::Result<Vec<Value>> {
+    redrive(store, group, action, None, 1_000, dry_run, &no_secrets()).await
+}
+
 async fn open(dir: &tempfile::TempDir) -> (AnyStore, String) {
     let url = format!("sqlite:{}", dir.path().join("idem.db").display());
     let store = url
@@ -145,47 +155,27 @@ async fn failures_are_grouped_by_cause_and_redriven_in_bulk() {
     assert!(in_scope.is_empty(), "{in_scope:?}");
 
     let declined_id = declined["group"].as_str().expect("id").to_owned();
-    let secrets = no_secrets();
-    let dry = redrive(
-        &store,
-        &declined_id,
-        &Redrive::Release,
-        None,
-        1_000,
-        true,
-        &secrets,
-    )
-    .await
-    .expect("dry run");
+    let dry = redrive_group(&store, &declined_id, &Redrive::Release, true)
+        .await
+        .expect("dry run");
     assert_eq!(dry.last().expect("summary")["would_redrive"], 3);
     assert_eq!(
         failures(&store, None, 1_000).await.expect("failures").len(),
         5,
         "unchanged"
     );
-    let not_parked = redrive(
+    let not_parked = redrive_group(
         &store,
         &declined_id,
         &Redrive::Resolve(Resolution::NotApplied),
-        None,
-        1_000,
         true,
-        &secrets,
     )
     .await
     .expect_err("a terminal failure has no step in doubt");
     assert!(not_parked.to_string().contains("--release"), "{not_parked}");
-    let done = redrive(
-        &store,
-        &declined_id,
-        &Redrive::Release,
-        None,
-        1_000,
-        false,
-        &secrets,
-    )
-    .await
-    .expect("redrive");
+    let done = redrive_group(&store, &declined_id, &Redrive::Release, false)
+        .await
+        .expect("redrive");
     assert_eq!(done[0]["action"], "released");
     assert_eq!(done.last().expect("summary")["redriven"], 3);
 
@@ -209,30 +199,19 @@ async fn failures_are_grouped_by_cause_and_redriven_in_bulk() {
     // charge again); their step in doubt is resolved, and the next run
     // resumes after the charge.
     let parked_id = parked["group"].as_str().expect("id").to_owned();
-    let refused = redrive(
-        &store,
-        &parked_id,
-        &Redrive::Release,
-        None,
-        1_000,
-        false,
-        &secrets,
-    )
-    .await
-    .expect("redrive");
+    let refused = redrive_group(&store, &parked_id, &Redrive::Release, false)
+        .await
+        .expect("redrive");
     assert_eq!(refused[0]["action"], "skipped");
     assert!(
         refused[0]["why"].as_str().expect("why").contains("repeat"),
         "{refused:?}"
     );
-    let resolved = redrive(
+    let resolved = redrive_group(
         &store,
         &parked_id,
         &Redrive::Resolve(Resolution::NotApplied),
-        None,
-        1_000,
         false,
-        &secrets,
     )
     .await
     .expect("redrive");
@@ -271,17 +250,9 @@ async fn failures_are_grouped_by_cause_and_redriven_in_bulk() {
     // A run parked on its first step is not released either: the step may
     // have charged.
     let first_step = charge_in_doubt["group"].as_str().expect("id");
-    let refused = redrive(
-        &store,
-        first_step,
-        &Redrive::Release,
-        None,
-        1_000,
-        false,
-        &secrets,
-    )
-    .await
-    .expect("redrive");
+    let refused = redrive_group(&store, first_step, &Redrive::Release, false)
+        .await
+        .expect("redrive");
     assert_eq!(refused[0]["action"], "skipped");
     assert!(
         refused[0]["why"]
@@ -294,14 +265,11 @@ async fn failures_are_grouped_by_cause_and_redriven_in_bulk() {
     // An unknown outcome without a journal (the gateway's) has no step to
     // resolve: release it.
     let broke_off_id = broke_off["group"].as_str().expect("id");
-    let no_step = redrive(
+    let no_step = redrive_group(
         &store,
         broke_off_id,
         &Redrive::Resolve(Resolution::NotApplied),
-        None,
-        1_000,
         false,
-        &secrets,
     )
     .await
     .expect("redrive");
@@ -309,17 +277,9 @@ async fn failures_are_grouped_by_cause_and_redriven_in_bulk() {
         no_step[0]["why"].as_str().expect("why").contains("release"),
         "{no_step:?}"
     );
-    let unknown_group = redrive(
-        &store,
-        "000000000000",
-        &Redrive::Release,
-        None,
-        1_000,
-        false,
-        &secrets,
-    )
-    .await
-    .expect_err("no such group");
+    let unknown_group = redrive_group(&store, "000000000000", &Redrive::Release, false)
+        .await
+        .expect_err("no such group");
     assert!(
         unknown_group.to_string().contains("idem failures"),
         "{unknown_group}"
