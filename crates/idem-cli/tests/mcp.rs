@@ -18,11 +18,7 @@ use tokio::process::{Child, Command};
 /// The MCP server on a free port, once it accepts connections; its
 /// output goes to `log`.
 async fn start_server(runs: &std::path::Path, log: &std::path::Path) -> (Child, SocketAddr) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
+    let port = idem_testkit::free_port().expect("a free port");
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/mcp_server.py");
     let mut child = Command::new(sdk_python())

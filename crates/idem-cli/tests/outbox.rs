@@ -296,10 +296,7 @@ impl Drop for Served {
 /// Starts `idem serve` over `store_url` on a free loopback port with
 /// `extra` arguments; its URL once it answers.
 fn serve(store_url: &str, extra: &[&str]) -> (Served, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = idem_testkit::free_port().expect("a free port");
     let listen = format!("127.0.0.1:{port}");
     let child = Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(["--store", store_url, "serve", "--listen", &listen])

@@ -3,13 +3,12 @@
 //! the nodes), with the faults a Cluster meets: a master killed and its
 //! replica promoted, the dead node replaced, slots migrated.
 
-use std::net::{Ipv4Addr, TcpListener};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::servers::failed;
 use crate::servers::redis::{cli, RedisServer};
 use crate::servers::ServerError;
+use crate::servers::{failed, free_run};
 
 /// The masters of every Cluster here.
 const MASTERS: usize = 3;
@@ -107,21 +106,11 @@ impl RedisCluster {
         Ok(cluster)
     }
 
-    /// `count` free loopback ports below 55535 whose cluster-bus twins
-    /// (+10000) are free as well, consecutive.
+    /// `count` consecutive free loopback ports whose cluster-bus twins
+    /// (+10000) are free as well, all reserved for this process.
     pub fn free_ports(count: usize) -> Result<Vec<u16>, ServerError> {
         let count = u16::try_from(count).map_err(|_| failed("too many ports"))?;
-        for _ in 0..200 {
-            let base = 20_000 + rand::random::<u16>() % 30_000;
-            let free = (base..base + count).all(|p| {
-                TcpListener::bind((Ipv4Addr::LOCALHOST, p)).is_ok()
-                    && TcpListener::bind((Ipv4Addr::LOCALHOST, p + 10_000)).is_ok()
-            });
-            if free {
-                return Ok((base..base + count).collect());
-            }
-        }
-        Err(failed(format!("no {count} free consecutive ports found")))
+        free_run(count, Some(10_000))
     }
 
     /// Waits until every running node reports `cluster_state:ok`, every

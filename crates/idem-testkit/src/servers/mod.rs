@@ -11,14 +11,18 @@ pub mod lambda;
 pub mod moto;
 pub mod mysql;
 pub mod nats;
+mod ports;
 pub mod postgres;
 pub mod rabbitmq;
 pub mod redis;
 pub mod tls;
 
+pub use ports::free_port;
+pub(crate) use ports::free_run;
+
 use std::ffi::OsStr;
 use std::io::Write;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -67,16 +71,6 @@ pub(crate) fn tool(env_var: &str, name: &str, cached: &str) -> Option<PathBuf> {
 /// The watchdog for a server that needs nothing but killing: `$0` is the
 /// program, the rest its arguments.
 const WATCHDOG: &str = r#""$0" "$@" & pid=$!; read -r _; case "$pid" in ''|0|*[!0-9]*) exit 1 ;; esac; kill -s KILL -- "$pid"; wait "$pid""#;
-
-/// A free loopback port (free when asked; bind it soon).
-pub fn free_port() -> Result<u16, ServerError> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .map_err(|e| failed(format!("no free port: {e}")))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| failed(format!("no free port: {e}")))
-}
 
 /// Whether something accepts connections on the loopback `port`.
 pub(crate) fn listening(port: u16) -> bool {

@@ -141,7 +141,8 @@ impl RedisServer {
             "no",
         ];
         let dir = self.dir.to_string_lossy().into_owned();
-        args.extend(["--dir", &dir]);
+        let log = self.log().to_string_lossy().into_owned();
+        args.extend(["--dir", &dir, "--logfile", &log]);
         args.extend(self.extra.iter().map(String::as_str));
         let mut child = Command::new("sh")
             .arg("-c")
@@ -173,8 +174,21 @@ impl RedisServer {
             std::thread::sleep(Duration::from_millis(20));
         }
         Err(failed(format!(
-            "redis-server on port {port} did not answer PING in 10 s"
+            "redis-server on port {port} did not answer PING in 10 s; its log ends:\n{}",
+            self.log_tail(5)
         )))
+    }
+
+    /// The server's log file (in its directory).
+    fn log(&self) -> PathBuf {
+        self.dir.join("redis.log")
+    }
+
+    /// The last `lines` lines of the server's log, for errors.
+    fn log_tail(&self, lines: usize) -> String {
+        let log = std::fs::read_to_string(self.log()).unwrap_or_default();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
     }
 
     /// Sends one command (space-separated words) with `redis-cli` and
