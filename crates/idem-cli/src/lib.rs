@@ -18,6 +18,7 @@ pub mod outbox;
 mod payload;
 pub mod proxy;
 mod proxy_args;
+pub mod reconcile;
 pub mod serve;
 pub mod tls;
 pub mod upstream;

@@ -69,6 +69,9 @@ pub struct ProxyConfig {
     /// 422 `outcome-unknown`: for upstreams that deduplicate on the
     /// forwarded `Idempotency-Key` themselves.
     pub forward_takeovers: bool,
+    /// The upstream's URL to ask whether a request whose outcome is
+    /// unknown took effect ([`crate::reconcile`]), if any.
+    pub reconcile: Option<Uri>,
     /// Refuse UUIDv7 keys older than the retention (422 `key-too-old`).
     pub reject_old_uuid_v7: bool,
     /// The longest a duplicate asking `Prefer: wait=N` is held for the
@@ -278,6 +281,14 @@ pub fn layer(store: AnyStore, config: &ProxyConfig) -> anyhow::Result<Idempotenc
         .replay_drop_headers(config.replay_drop_headers.clone())
         .replay_set_cookie(config.replay_set_cookie)
         .keep_rules(config.keep.clone());
+    if let Some(url) = &config.reconcile {
+        layer = layer.reconciler(crate::reconcile::Probe::new(
+            url,
+            &config.upstream_protocol,
+            config.header.clone(),
+            config.max_response_bytes,
+        )?);
+    }
     if let Some(keyring) = &config.keyring {
         layer = layer.keyring(keyring.clone());
     }

@@ -128,6 +128,14 @@ pub struct ProxyArgs {
     /// deduplicate on the forwarded Idempotency-Key themselves.
     #[arg(long, env = "IDEM_FORWARD_TAKEOVERS", num_args = 0..=1, default_missing_value = "true")]
     pub forward_takeovers: Option<bool>,
+    /// Ask this URL of the upstream whether a request whose outcome is
+    /// unknown took effect, when a retry of its key arrives, instead of
+    /// answering 422 outcome-unknown until someone runs `idem release`:
+    /// `GET URL` with the key, `Idem-Method` and `Idem-Path`; the answer's
+    /// `Idempotency-Outcome: applied` (the answer is the response to
+    /// replay) or `not-applied` (the retry runs) settles the key.
+    #[arg(long, env = "IDEM_RECONCILE")]
+    pub reconcile: Option<String>,
     /// Refuse keys that are UUIDv7s older than the retention with 422
     /// key-too-old: a retry that late cannot be told from a new request
     /// [default: false].
@@ -229,7 +237,7 @@ impl ProxyArgs {
         fill!(self, file; listen, tls_cert, tls_key, upstream, upstream_ca, upstream_http2, admin_listen, store, methods, header, require_key,
               key_in_body, fingerprint_fields, webhook, webhook_secret_file, mcp,
               tenant_header, retention, lease, max_request_bytes, max_response_bytes, fail_open,
-              upstream_timeout, forward_takeovers, reject_old_uuid_v7, max_wait, default_wait,
+              upstream_timeout, forward_takeovers, reconcile, reject_old_uuid_v7, max_wait, default_wait,
               replay_cache_bytes, replay_cache_ttl, trust_forwarded, preserve_host,
               replay_drop_headers, replay_set_cookie, grpc_request_id_field, keep, blobs, keyring,
               key_secret);
@@ -346,6 +354,11 @@ impl ProxyArgs {
                 self.upstream_timeout.as_deref().unwrap_or("60s"),
             )?,
             forward_takeovers: self.forward_takeovers.unwrap_or(false),
+            reconcile: self
+                .reconcile
+                .as_deref()
+                .map(|url| url.parse().map_err(|e| anyhow::anyhow!("--reconcile: {e}")))
+                .transpose()?,
             reject_old_uuid_v7: self.reject_old_uuid_v7.unwrap_or(false),
             max_wait: match self.max_wait.as_deref() {
                 Some(text) => wait("--max-wait", text)?,

@@ -79,6 +79,7 @@ mod marker;
 mod mcp;
 mod problem;
 pub mod problem_types;
+pub mod reconcile;
 mod rejection;
 mod request;
 mod rules;

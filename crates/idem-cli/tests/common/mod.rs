@@ -230,6 +230,7 @@ pub fn config(upstream: SocketAddr) -> ProxyConfig {
         fail_open: false,
         upstream_timeout: Duration::from_secs(10),
         forward_takeovers: false,
+        reconcile: None,
         reject_old_uuid_v7: false,
         max_wait: Duration::from_secs(10),
         default_wait: Duration::ZERO,

@@ -20,6 +20,7 @@ mod keys;
 
 use crate::grpc;
 use crate::keep::{KeepRules, ReplayPolicy};
+use crate::reconcile::Reconciling;
 use crate::request::{Settings, Unstored};
 use crate::rules::{default_stored, FingerprintRule, Hook};
 use crate::service::IdempotencyService;
@@ -61,6 +62,7 @@ pub struct IdempotencyLayerBuilder<S> {
     body_key: Option<JsonKey>,
     webhook: Option<Webhook>,
     mcp: Option<String>,
+    pub(crate) reconciling: Option<Reconciling>,
 }
 
 impl<S> std::fmt::Debug for IdempotencyLayerBuilder<S> {
@@ -448,6 +450,7 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
                 body_key: self.body_key,
                 webhook: self.webhook,
                 mcp: self.mcp.is_some(),
+                reconciling: self.reconciling,
                 runs: TaskTracker::new(),
             }),
         })
@@ -552,6 +555,7 @@ impl<S: Store> IdempotencyLayer<S> {
             body_key: None,
             webhook: None,
             mcp: None,
+            reconciling: None,
         }
     }
 }

@@ -8,12 +8,13 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
-use idem::{BoxError, FailureClass, Outcome, RunError, Store};
+use idem::{BoxError, Context, FailureClass, Outcome, RecordId, RunError, Store};
 use tower_service::Service;
 
 use crate::body::IdemBody;
 use crate::grpc::{self, Verdict};
 use crate::marker::{is_not_executed, OutcomeUnknown};
+use crate::reconcile::{settled_response, Question};
 use crate::rejection::Rejection;
 use crate::stored::{Kept, StoredResponse};
 
@@ -41,7 +42,7 @@ impl<S: Store> Settings<S> {
         let Prepared {
             id,
             fingerprint,
-            mut request,
+            request,
             wait,
             preferred,
             rpc_id,
@@ -61,126 +62,202 @@ impl<S: Store> Settings<S> {
             .filter(|_| self.blobs.is_some());
         let inline = threshold.map_or(self.max_response_bytes, |t| t.min(self.max_response_bytes));
         let executed = AtomicBool::new(false);
-        let result = self
-            .idem
-            .run_waiting(&id, fingerprint, Some(wait), |ctx| async {
-                if ctx.is_takeover() && !self.forward_takeovers {
-                    return Err(Unstored::Takeover {
-                        attempt: ctx.attempt(),
-                    });
-                }
-                let fence = ctx.fence();
-                request.extensions_mut().insert(ctx);
-                executed.store(true, Ordering::Relaxed);
-                let response = match inner.call(request).await {
-                    Ok(response) => response,
-                    Err(error) => {
-                        let error: BoxError = error.into();
-                        return Err(if is_not_executed(&*error) {
-                            Unstored::NotExecuted(idem::error_chain(&*error))
-                        } else {
-                            Unstored::Failed(idem::error_chain(&*error))
-                        });
-                    }
-                };
-                let (head, body) = response.into_parts();
-                if head.extensions.get::<OutcomeUnknown>().is_some() {
-                    keep(Response::from_parts(head, IdemBody::new(body)));
-                    return Err(Unstored::Unknown);
-                }
-                if !(self.stored)(head.status) {
-                    let status = head.status;
-                    keep(Response::from_parts(head, IdemBody::new(body)));
-                    return Err(Unstored::Status(status));
-                }
-                // A gRPC error before any message comes in the head.
-                if let Some(unstored) = grpc_unstored(&head.headers, &head.headers) {
-                    keep(Response::from_parts(head, IdemBody::new(body)));
-                    return Err(unstored);
-                }
-                let too_large = Unstored::TooLarge {
-                    limit: self.max_response_bytes,
-                };
-                match read_up_to(Box::pin(body), inline).await {
-                    Read::All(bytes, trailers)
-                        if StoredResponse::size_bound(
-                            &head.headers,
-                            bytes.len(),
-                            trailers.as_ref(),
-                        ) > self.max_stored_bytes =>
-                    {
-                        // The body fits but the head does not: the client
-                        // that caused it still gets its response.
-                        keep(Response::from_parts(head, full(bytes, trailers)));
-                        Err(too_large)
-                    }
-                    Read::All(bytes, trailers) => {
-                        // A gRPC error after a message comes in the trailers.
-                        if let Some(unstored) = trailers
-                            .as_ref()
-                            .and_then(|t| grpc_unstored(&head.headers, t))
-                        {
-                            keep(Response::from_parts(head, full(bytes, trailers)));
-                            return Err(unstored);
+        let settled = AtomicBool::new(false);
+        // The request waits here until the handler runs: a run that finds
+        // its key parked leaves it for the reconciler's question and the
+        // run after.
+        let slot = Mutex::new(Some(request));
+        let mut reconciled = false;
+        let result = loop {
+            let result = self
+                .idem
+                .run_waiting(&id, fingerprint, Some(wait), |ctx| async {
+                    let marker = ctx.clone();
+                    let result = async {
+                        if ctx.is_takeover() && !self.forward_takeovers {
+                            return Err(Unstored::Takeover {
+                                attempt: ctx.attempt(),
+                            });
                         }
-                        let stored = StoredResponse::new(head.status, head.headers, bytes);
-                        let stored = match &trailers {
-                            Some(trailers) => stored.with_trailers(trailers),
-                            None => stored,
-                        };
-                        Ok(match policy.reduce(&stored) {
-                            Some(reduced) => {
-                                keep(stored_response(&stored));
-                                reduced
+                        // Settled applied by a reconciler or a person: the
+                        // outcome found is this run's, nothing forwarded.
+                        match ctx.settled_effect().await {
+                            Ok(Some(bytes)) => {
+                                settled.store(true, Ordering::Relaxed);
+                                return settled_response(&bytes).map_err(Unstored::Unkept);
                             }
-                            None => stored,
-                        })
-                    }
-                    // Too large to store whole, but its body is not kept:
-                    // stored reduced, and passed on to its client whole.
-                    Read::Over { prefix, rest } if policy.drops_body() => {
-                        let whole =
-                            StoredResponse::new(head.status, head.headers.clone(), Bytes::new());
-                        let reduced = policy.reduce(&whole).unwrap_or(whole);
-                        keep(Response::from_parts(head, IdemBody::chain(prefix, rest)));
-                        Ok(reduced)
-                    }
-                    // Kept by reference: the body goes to a blob, written and
-                    // synced before the record names it.
-                    Read::Over { prefix, rest } if threshold.is_some() && fence.is_some() => {
-                        let fence = fence.expect("checked");
-                        let (blob, trailers) =
-                            self.to_blob(&id, fence, head.status, prefix, rest).await?;
-                        // A gRPC error after the messages: not stored (the
-                        // blob is left to the sweep), its client answered
-                        // from the blob all the same.
-                        if let Some(unstored) = trailers
-                            .as_ref()
-                            .and_then(|t| grpc_unstored(&head.headers, t))
-                        {
-                            let answer = Response::from_parts(head, Bytes::new());
-                            keep(self.streamed_from_blob(answer, &blob, trailers, true).await);
+                            Ok(None) => {}
+                            Err(error) => {
+                                return Err(Unstored::NotExecuted(format!(
+                                    "reading the settled outcome: {}",
+                                    idem::error_chain(&error)
+                                )))
+                            }
+                        }
+                        let Some(mut request) =
+                            slot.lock().unwrap_or_else(PoisonError::into_inner).take()
+                        else {
+                            return Err(Unstored::NotExecuted(
+                                "the request was already sent".into(),
+                            ));
+                        };
+                        let fence = ctx.fence();
+                        request.extensions_mut().insert(ctx);
+                        executed.store(true, Ordering::Relaxed);
+                        let response = match inner.call(request).await {
+                            Ok(response) => response,
+                            Err(error) => {
+                                let error: BoxError = error.into();
+                                return Err(if is_not_executed(&*error) {
+                                    Unstored::NotExecuted(idem::error_chain(&*error))
+                                } else {
+                                    Unstored::Failed(idem::error_chain(&*error))
+                                });
+                            }
+                        };
+                        let (head, body) = response.into_parts();
+                        if head.extensions.get::<OutcomeUnknown>().is_some() {
+                            keep(Response::from_parts(head, IdemBody::new(body)));
+                            return Err(Unstored::Unknown);
+                        }
+                        if !(self.stored)(head.status) {
+                            let status = head.status;
+                            keep(Response::from_parts(head, IdemBody::new(body)));
+                            return Err(Unstored::Status(status));
+                        }
+                        // A gRPC error before any message comes in the head.
+                        if let Some(unstored) = grpc_unstored(&head.headers, &head.headers) {
+                            keep(Response::from_parts(head, IdemBody::new(body)));
                             return Err(unstored);
                         }
-                        let stored = StoredResponse::new(head.status, head.headers, Bytes::new());
-                        let mut stored = match &trailers {
-                            Some(trailers) => stored.with_trailers(trailers),
-                            None => stored,
+                        let too_large = Unstored::TooLarge {
+                            limit: self.max_response_bytes,
                         };
-                        stored.kept = Kept::Reference(blob);
-                        Ok(stored)
+                        match read_up_to(Box::pin(body), inline).await {
+                            Read::All(bytes, trailers)
+                                if StoredResponse::size_bound(
+                                    &head.headers,
+                                    bytes.len(),
+                                    trailers.as_ref(),
+                                ) > self.max_stored_bytes =>
+                            {
+                                // The body fits but the head does not: the client
+                                // that caused it still gets its response.
+                                keep(Response::from_parts(head, full(bytes, trailers)));
+                                Err(too_large)
+                            }
+                            Read::All(bytes, trailers) => {
+                                // A gRPC error after a message comes in the trailers.
+                                if let Some(unstored) = trailers
+                                    .as_ref()
+                                    .and_then(|t| grpc_unstored(&head.headers, t))
+                                {
+                                    keep(Response::from_parts(head, full(bytes, trailers)));
+                                    return Err(unstored);
+                                }
+                                let stored = StoredResponse::new(head.status, head.headers, bytes);
+                                let stored = match &trailers {
+                                    Some(trailers) => stored.with_trailers(trailers),
+                                    None => stored,
+                                };
+                                Ok(match policy.reduce(&stored) {
+                                    Some(reduced) => {
+                                        keep(stored_response(&stored));
+                                        reduced
+                                    }
+                                    None => stored,
+                                })
+                            }
+                            // Too large to store whole, but its body is not kept:
+                            // stored reduced, and passed on to its client whole.
+                            Read::Over { prefix, rest } if policy.drops_body() => {
+                                let whole = StoredResponse::new(
+                                    head.status,
+                                    head.headers.clone(),
+                                    Bytes::new(),
+                                );
+                                let reduced = policy.reduce(&whole).unwrap_or(whole);
+                                keep(Response::from_parts(head, IdemBody::chain(prefix, rest)));
+                                Ok(reduced)
+                            }
+                            // Kept by reference: the body goes to a blob, written and
+                            // synced before the record names it.
+                            Read::Over { prefix, rest }
+                                if threshold.is_some() && fence.is_some() =>
+                            {
+                                let fence = fence.expect("checked");
+                                let (blob, trailers) =
+                                    self.to_blob(&id, fence, head.status, prefix, rest).await?;
+                                // A gRPC error after the messages: not stored (the
+                                // blob is left to the sweep), its client answered
+                                // from the blob all the same.
+                                if let Some(unstored) = trailers
+                                    .as_ref()
+                                    .and_then(|t| grpc_unstored(&head.headers, t))
+                                {
+                                    let answer = Response::from_parts(head, Bytes::new());
+                                    keep(
+                                        self.streamed_from_blob(answer, &blob, trailers, true)
+                                            .await,
+                                    );
+                                    return Err(unstored);
+                                }
+                                let stored =
+                                    StoredResponse::new(head.status, head.headers, Bytes::new());
+                                let mut stored = match &trailers {
+                                    Some(trailers) => stored.with_trailers(trailers),
+                                    None => stored,
+                                };
+                                stored.kept = Kept::Reference(blob);
+                                Ok(stored)
+                            }
+                            Read::Over { prefix, rest } => {
+                                keep(Response::from_parts(head, IdemBody::chain(prefix, rest)));
+                                Err(too_large)
+                            }
+                            Read::Failed(error) => Err(Unstored::BrokeOff {
+                                status: head.status,
+                                error: error.to_string(),
+                            }),
+                        }
                     }
-                    Read::Over { prefix, rest } => {
-                        keep(Response::from_parts(head, IdemBody::chain(prefix, rest)));
-                        Err(too_large)
+                    .await;
+                    if result
+                        .as_ref()
+                        .is_err_and(|e| e.class() == FailureClass::Unknown)
+                    {
+                        mark_in_doubt(&marker, &id).await;
                     }
-                    Read::Failed(error) => Err(Unstored::BrokeOff {
-                        status: head.status,
-                        error: error.to_string(),
-                    }),
+                    result
+                })
+                .await;
+            // A key found parked, or found held by a run that died (just
+            // marked in doubt): the reconciler, if any, is asked once.
+            let in_doubt = match &result {
+                Err(RunError::Failed(failure)) => failure.is_parked(),
+                Err(RunError::Handler { error, .. }) => matches!(error, Unstored::Takeover { .. }),
+                _ => false,
+            };
+            if in_doubt && !reconciled {
+                let question = slot
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .as_ref()
+                    .map(|request| Question {
+                        id: id.clone(),
+                        method: request.method().clone(),
+                        uri: request.uri().clone(),
+                        headers: request.headers().clone(),
+                    });
+                if let Some(question) = question {
+                    reconciled = true;
+                    if self.reconcile(question).await {
+                        continue;
+                    }
                 }
-            })
-            .await;
+            }
+            break result;
+        };
         let kept = unstored
             .into_inner()
             .unwrap_or_else(PoisonError::into_inner);
@@ -189,6 +266,7 @@ impl<S: Store> Settings<S> {
                 result,
                 kept,
                 executed.load(Ordering::Relaxed),
+                settled.load(Ordering::Relaxed),
                 rpc_id.as_ref(),
             )
             .await,
@@ -236,9 +314,10 @@ impl<S: Store> Settings<S> {
         result: Result<Outcome<StoredResponse>, RunError<Unstored>>,
         kept: Option<Response<IdemBody>>,
         executed: bool,
+        settled: bool,
         rpc_id: Option<&serde_json::Value>,
     ) -> Response<IdemBody> {
-        let replayed = matches!(result, Ok(Outcome::Replayed { .. }));
+        let replayed = settled || matches!(result, Ok(Outcome::Replayed { .. }));
         let rejection = match result {
             // Stored reduced: its own client gets the whole response.
             Ok(Outcome::Executed { .. } | Outcome::Unguarded { .. }) if kept.is_some() => {
@@ -422,4 +501,13 @@ where
         }
     }
     Read::All(buf.freeze(), trailers)
+}
+
+/// Marks a run about to fail with an unknown outcome as in doubt, so a
+/// reconciler or a person can settle it ([`crate::reconcile`]). A mark
+/// that cannot be written leaves the key for `idem release`, as before.
+async fn mark_in_doubt(ctx: &Context, id: &RecordId) {
+    if let Err(error) = ctx.effect_in_doubt().await {
+        tracing::warn!(%id, error = %idem::error_chain(&error), "could not mark the outcome in doubt");
+    }
 }

@@ -89,6 +89,8 @@ pub(crate) struct Settings<S> {
     pub(crate) webhook: Option<Webhook>,
     /// Bodies are MCP tool calls: replays answer the retry's JSON-RPC id.
     pub(crate) mcp: bool,
+    /// Asks the service about keys whose outcome is unknown.
+    pub(crate) reconciling: Option<crate::reconcile::Reconciling>,
     /// The runs going on now, detached from their connections.
     pub(crate) runs: TaskTracker,
 }

@@ -57,9 +57,9 @@ pub trait StepJournal: Store {
 /// A boxed future, for [`DynStepJournal`].
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The dyn-compatible form of a [`StepJournal`]'s holder writes, as the
-/// executor keeps it (see [`Store::step_journal`]). Implemented for every
-/// [`StepJournal`]; wrap one with [`journal_of`].
+/// The dyn-compatible form of a [`StepJournal`], as the executor keeps it
+/// (see [`Store::step_journal`]). Implemented for every [`StepJournal`];
+/// wrap one with [`journal_of`].
 pub trait DynStepJournal: Send + Sync + 'static {
     /// [`StepJournal::begin_step`].
     fn begin_step<'a>(
@@ -75,6 +75,17 @@ pub trait DynStepJournal: Send + Sync + 'static {
         step: &'a str,
         result: Bytes,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// [`StepJournal::steps`].
+    fn steps<'a>(&'a self, id: &'a RecordId) -> BoxFuture<'a, Result<Vec<StepEntry>, StoreError>>;
+
+    /// [`StepJournal::resolve_step`].
+    fn resolve_step<'a>(
+        &'a self,
+        id: &'a RecordId,
+        step: &'a str,
+        resolution: Resolution,
+    ) -> BoxFuture<'a, Result<Resolved, StoreError>>;
 }
 
 impl<S: StepJournal> DynStepJournal for S {
@@ -93,6 +104,19 @@ impl<S: StepJournal> DynStepJournal for S {
         result: Bytes,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(StepJournal::finish_step(self, lease, step, result))
+    }
+
+    fn steps<'a>(&'a self, id: &'a RecordId) -> BoxFuture<'a, Result<Vec<StepEntry>, StoreError>> {
+        Box::pin(StepJournal::steps(self, id))
+    }
+
+    fn resolve_step<'a>(
+        &'a self,
+        id: &'a RecordId,
+        step: &'a str,
+        resolution: Resolution,
+    ) -> BoxFuture<'a, Result<Resolved, StoreError>> {
+        Box::pin(StepJournal::resolve_step(self, id, step, resolution))
     }
 }
 

@@ -1,0 +1,168 @@
+//! The gateway's reconciler (`--reconcile URL`): asks an endpoint of the
+//! upstream whether a request whose outcome is unknown took effect
+//! ([`idem_http::reconcile`]).
+//!
+//! The question is `GET URL` with the key in the gateway's key header, the
+//! request's method in `Idem-Method`, its path and query in `Idem-Path`,
+//! and its `Authorization`, if any. The upstream answers with
+//! `Idempotency-Outcome`:
+//!
+//! - `applied`: the rest of the answer — status, headers, body — is the
+//!   response the request got (or would have got), stored and replayed;
+//! - `not-applied`: the key is released and the retry runs;
+//! - absent or anything else (or no answer in time): unknown, the key stays
+//!   for a person.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{header, HeaderName, HeaderValue, Method, Request, Response, Uri};
+use http_body_util::{BodyExt, Limited};
+use idem_http::reconcile::{BoxFinding, Finding, Question, Reconciler};
+use idem_http::strip_hop_by_hop;
+
+use crate::upstream::{self, UpstreamClient, UpstreamProtocol};
+
+/// The header the upstream's answer says what it found in.
+pub const OUTCOME_HEADER: HeaderName = HeaderName::from_static("idempotency-outcome");
+/// The question's header naming the request's method.
+pub const METHOD_HEADER: HeaderName = HeaderName::from_static("idem-method");
+/// The question's header naming the request's path and query.
+pub const PATH_HEADER: HeaderName = HeaderName::from_static("idem-path");
+
+/// Asks `GET URL` of the upstream (see [the module](self)).
+#[derive(Clone)]
+pub struct Probe {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: UpstreamClient,
+    /// The URL's path and query, asked of `client`'s origin.
+    target: String,
+    key_header: HeaderName,
+    max_body: usize,
+}
+
+impl Probe {
+    /// A probe of `url` (http or https; `protocol`'s CA trusted), sending
+    /// the key in `key_header` and reading answers of up to `max_body`
+    /// bytes.
+    pub fn new(
+        url: &Uri,
+        protocol: &UpstreamProtocol,
+        key_header: HeaderName,
+        max_body: usize,
+    ) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            matches!(url.scheme_str(), Some("http" | "https")) && url.authority().is_some(),
+            "--reconcile must be an http:// or https:// URL with a host, got {url}"
+        );
+        let origin: Uri = format!(
+            "{}://{}",
+            url.scheme_str().unwrap_or("http"),
+            url.authority().map_or("", |a| a.as_str())
+        )
+        .parse()?;
+        let protocol = UpstreamProtocol {
+            ca_file: protocol.ca_file.clone(),
+            http2_only: false,
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                client: upstream::client(&origin, &protocol, Duration::from_secs(2))?,
+                target: url
+                    .path_and_query()
+                    .map_or("/", |pq| pq.as_str())
+                    .to_owned(),
+                key_header,
+                max_body,
+            }),
+        })
+    }
+}
+
+impl std::fmt::Debug for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Probe")
+            .field("client", &self.inner.client)
+            .field("target", &self.inner.target)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reconciler for Probe {
+    fn reconcile(&self, question: Question) -> BoxFinding {
+        let inner = Arc::clone(&self.inner);
+        Box::pin(async move { inner.ask(question).await })
+    }
+}
+
+impl Inner {
+    async fn ask(&self, question: Question) -> Finding {
+        let request = match self.question(&question) {
+            Ok(request) => request,
+            Err(why) => return Finding::Unknown(why),
+        };
+        let response = match self.client.request(request).await {
+            Ok(response) => response,
+            Err(error) => {
+                return Finding::Unknown(format!("the reconcile URL did not answer: {error}"))
+            }
+        };
+        let (mut head, body) = response.into_parts();
+        let said = head
+            .headers
+            .remove(&OUTCOME_HEADER)
+            .map(|v| v.to_str().unwrap_or("").trim().to_ascii_lowercase());
+        match said.as_deref() {
+            Some("applied") => {}
+            Some("not-applied") => return Finding::NotApplied,
+            Some(other) => {
+                return Finding::Unknown(format!(
+                    "the reconcile URL answered {} with {OUTCOME_HEADER}: {other:?}",
+                    head.status
+                ))
+            }
+            None => {
+                return Finding::Unknown(format!(
+                    "the reconcile URL answered {} without {OUTCOME_HEADER}",
+                    head.status
+                ))
+            }
+        }
+        let body = match Limited::new(body, self.max_body).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(error) => {
+                return Finding::Unknown(format!(
+                    "reading the applied response (at most {} bytes): {error}",
+                    self.max_body
+                ))
+            }
+        };
+        strip_hop_by_hop(&mut head.headers);
+        head.headers.remove(header::CONTENT_LENGTH);
+        Finding::Applied(Response::from_parts(head, body))
+    }
+
+    /// The question's request.
+    fn question(&self, question: &Question) -> Result<Request<Body>, String> {
+        let key = HeaderValue::from_str(question.id.key().as_str())
+            .map_err(|_| "the key is not a header value".to_owned())?;
+        let path = question.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let path = HeaderValue::from_str(path).map_err(|_| "the path is not a header value")?;
+        let mut request = Request::builder()
+            .method(Method::GET)
+            .uri(self.target.as_str())
+            .header(self.key_header.clone(), key)
+            .header(METHOD_HEADER, question.method.as_str())
+            .header(PATH_HEADER, path);
+        if let Some(authorization) = question.headers.get(header::AUTHORIZATION) {
+            request = request.header(header::AUTHORIZATION, authorization.clone());
+        }
+        request
+            .body(Body::empty())
+            .map_err(|e| format!("building the question: {e}"))
+    }
+}

@@ -1,0 +1,228 @@
+//! Outcomes resolved by asking the service. A key whose outcome is
+//! unknown (the response was lost after the request went out, or the
+//! process serving it died mid-request) is kept failed and answered 422
+//! `outcome-unknown`, never run a second time. With a [`Reconciler`], a
+//! retry of such a key first asks the service whether the request took
+//! effect, and settles the key on what it hears:
+//!
+//! - [`Finding::Applied`] with the response it would have answered: that
+//!   response is stored as the key's and the retry gets it (marked
+//!   replayed), nothing forwarded;
+//! - [`Finding::NotApplied`]: the key is released and the retry runs;
+//! - [`Finding::Unknown`] (or no answer within the timeout): the key stays
+//!   as it was, for a person (`idem release`), and the retry gets 422.
+//!
+//! Settling goes through the step journal ([`idem::EFFECT_STEP`], marked
+//! when the outcome became unknown), atomically with the record's
+//! release, so two retries reconciling at once settle the key once. Every
+//! finding is logged and counted ([`RECONCILIATIONS`]).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Response, Uri};
+use idem::store::DynStepJournal;
+use idem::{Codec, RecordId, Resolution, Resolved, Store, EFFECT_STEP};
+use tokio::sync::Semaphore;
+
+use crate::layer::IdempotencyLayerBuilder;
+use crate::request::Settings;
+use crate::stored::{Responses, StoredResponse};
+
+/// Reconciliations, by `finding` (`applied`, `not_applied`, `unknown`)
+/// and, for unknown ones, `why` (`said`, `timeout`, `busy`, `unmarked`,
+/// `too_large`, `store`).
+pub const RECONCILIATIONS: &str = "idem_reconciliations_total";
+
+/// How long a reconciler may take before its finding counts as unknown.
+pub const DEFAULT_RECONCILE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many reconciliations may run at once; a retry that finds them all
+/// busy is answered as before (422), without asking.
+pub const DEFAULT_MAX_RECONCILING: usize = 16;
+
+/// The request a reconciler is asked about: the retry of a key whose
+/// outcome is unknown (the same key and, by the fingerprint check, the
+/// same request).
+#[derive(Debug, Clone)]
+pub struct Question {
+    /// The key's record id (its scope — tenant and route — and key).
+    pub id: RecordId,
+    /// The retry's method.
+    pub method: Method,
+    /// The retry's URI.
+    pub uri: Uri,
+    /// The retry's headers.
+    pub headers: HeaderMap,
+}
+
+/// What a reconciler found out.
+#[derive(Debug)]
+pub enum Finding {
+    /// The request took effect, and this is the response it answers (or
+    /// would have answered): stored as the key's outcome and replayed.
+    Applied(Response<Bytes>),
+    /// The request did not take effect: the key is released and runs again.
+    NotApplied,
+    /// It cannot tell; why, for the log. The key stays for a person.
+    Unknown(String),
+}
+
+/// A boxed finding, for [`Reconciler`].
+pub type BoxFinding = Pin<Box<dyn Future<Output = Finding> + Send>>;
+
+/// Asks the service whether a request whose outcome is unknown took
+/// effect. Any `Fn(Question) -> impl Future<Output = Finding>` is one;
+/// the `idem` gateway's `--reconcile URL` asks an endpoint of the upstream.
+pub trait Reconciler: Send + Sync + 'static {
+    /// Finds out about `question`'s request.
+    fn reconcile(&self, question: Question) -> BoxFinding;
+}
+
+impl<F, Fut> Reconciler for F
+where
+    F: Fn(Question) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Finding> + Send + 'static,
+{
+    fn reconcile(&self, question: Question) -> BoxFinding {
+        Box::pin(self(question))
+    }
+}
+
+/// A layer's reconciler and its bounds.
+#[derive(Clone)]
+pub(crate) struct Reconciling {
+    reconciler: Arc<dyn Reconciler>,
+    timeout: Duration,
+    slots: Arc<Semaphore>,
+}
+
+impl Reconciling {
+    fn new(reconciler: Arc<dyn Reconciler>) -> Self {
+        Self {
+            reconciler,
+            timeout: DEFAULT_RECONCILE_TIMEOUT,
+            slots: Arc::new(Semaphore::new(DEFAULT_MAX_RECONCILING)),
+        }
+    }
+}
+
+impl<S> IdempotencyLayerBuilder<S> {
+    /// Asks `reconciler` about a key whose outcome is unknown when a retry
+    /// of it arrives, instead of answering 422 until a person releases it
+    /// (see [the module](crate::reconcile)). Off by default.
+    pub fn reconciler(mut self, reconciler: impl Reconciler) -> Self {
+        self.reconciling = Some(Reconciling::new(Arc::new(reconciler)));
+        self
+    }
+
+    /// How long the reconciler may take (default
+    /// [`DEFAULT_RECONCILE_TIMEOUT`]) and how many reconciliations may run
+    /// at once (default [`DEFAULT_MAX_RECONCILING`]). No effect without a
+    /// [`reconciler`](Self::reconciler).
+    pub fn reconcile_limits(mut self, timeout: Duration, at_once: usize) -> Self {
+        if let Some(reconciling) = &mut self.reconciling {
+            reconciling.timeout = timeout;
+            reconciling.slots = Arc::new(Semaphore::new(at_once.max(1)));
+        }
+        self
+    }
+}
+
+impl<S: Store> Settings<S> {
+    /// Asks the reconciler about `question`'s key (found parked) and
+    /// settles it on the finding. Whether the key may have changed, so the
+    /// request should be run again: settled here or by someone else.
+    pub(crate) async fn reconcile(&self, question: Question) -> bool {
+        let Some(reconciling) = &self.reconciling else {
+            return false;
+        };
+        let Some(journal) = self.idem.store().step_journal() else {
+            return false;
+        };
+        let id = self.idem.stored_id(&question.id).into_owned();
+        let Ok(_slot) = reconciling.slots.try_acquire() else {
+            return unknown(&id, "busy", "too many reconciliations at once");
+        };
+        let finding = tokio::time::timeout(
+            reconciling.timeout,
+            reconciling.reconciler.reconcile(question),
+        )
+        .await
+        .unwrap_or_else(|_| Finding::Unknown("no finding within the timeout".into()));
+        let (label, resolution) = match finding {
+            Finding::Applied(response) => match self.journaled(&id, response) {
+                Ok(sealed) => ("applied", Resolution::Applied(sealed)),
+                Err(why) => return unknown(&id, "too_large", &why),
+            },
+            Finding::NotApplied => ("not_applied", Resolution::NotApplied),
+            Finding::Unknown(why) => {
+                let timed_out = why == "no finding within the timeout";
+                return unknown(&id, if timed_out { "timeout" } else { "said" }, &why);
+            }
+        };
+        settle(&*journal, &id, label, resolution).await
+    }
+
+    /// An applied finding's response as the effect's journaled result:
+    /// stored-response bytes, sealed as the executor seals step results.
+    fn journaled(&self, id: &RecordId, response: Response<Bytes>) -> Result<Bytes, String> {
+        let (head, body) = response.into_parts();
+        if StoredResponse::size_bound(&head.headers, body.len(), None) > self.max_stored_bytes {
+            return Err(format!(
+                "the response found is over the {}-byte limit for stored responses",
+                self.max_stored_bytes
+            ));
+        }
+        let stored = StoredResponse::new(head.status, head.headers, body);
+        let bytes = Responses
+            .encode(&stored)
+            .map_err(|e| format!("encoding the response found: {e}"))?;
+        Ok(self
+            .idem
+            .at_rest()
+            .seal_step(id, EFFECT_STEP, Bytes::from(bytes)))
+    }
+}
+
+/// Journals `resolution` for `id`'s effect and releases the record.
+async fn settle(
+    journal: &dyn DynStepJournal,
+    id: &RecordId,
+    label: &'static str,
+    resolution: Resolution,
+) -> bool {
+    match journal.resolve_step(id, EFFECT_STEP, resolution).await {
+        Ok(Resolved::Released) => {
+            metrics::counter!(RECONCILIATIONS, "finding" => label).increment(1);
+            tracing::info!(%id, finding = label, "outcome unknown: reconciled and released");
+            true
+        }
+        // Settled by another retry (or released by a person) meanwhile.
+        Ok(Resolved::NotParked) => true,
+        Ok(Resolved::StepNotInDoubt) => unknown(
+            id,
+            "unmarked",
+            "the key was parked without its effect marked in doubt (by an older version, or the \
+             mark could not be written)",
+        ),
+        Err(error) => unknown(id, "store", &idem::error_chain(&error)),
+    }
+}
+
+/// Counts and logs a reconciliation that settled nothing.
+fn unknown(id: &RecordId, why: &'static str, detail: &str) -> bool {
+    metrics::counter!(RECONCILIATIONS, "finding" => "unknown", "why" => why).increment(1);
+    tracing::warn!(%id, why, detail, "outcome unknown: the reconciler did not settle it");
+    false
+}
+
+/// A stored response read back from the effect's journaled result.
+pub(crate) fn settled_response(bytes: &[u8]) -> Result<StoredResponse, String> {
+    Responses
+        .decode::<StoredResponse>(bytes)
+        .map_err(|e| format!("the settled response does not decode: {e}"))
+}
