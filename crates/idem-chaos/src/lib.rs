@@ -281,7 +281,7 @@ pub struct Plan {
     /// The `idem-chaos` binary, started in worker mode.
     pub worker_bin: PathBuf,
     /// More `idem proxy` arguments for the gateway of an HTTP run (none by
-    /// default).
+    /// default); `{upstream}` in them stands for the upstream's URL.
     pub gateway_args: Vec<String>,
 }
 

@@ -95,7 +95,9 @@ struct RunArgs {
     #[arg(long)]
     no_replica_acks: bool,
     /// More `idem proxy` arguments for the gateways of the HTTP targets,
-    /// one per flag (`--gateway-arg=--keyring=/path/keys`).
+    /// one per flag (`--gateway-arg=--keyring=/path/keys`); `{upstream}`
+    /// stands for the upstream's URL
+    /// (`--gateway-arg=--reconcile={upstream}/reconcile`).
     #[arg(long = "gateway-arg", allow_hyphen_values = true)]
     gateway_args: Vec<String>,
 }

@@ -20,6 +20,11 @@
 //!   and gateway (answers delayed, held, connections reset, answers cut
 //!   off midway).
 //!
+//! With `--reconcile={upstream}/reconcile` among the gateway's arguments,
+//! keys whose outcome became unknown are settled by asking the upstream,
+//! which answers from its ledger (applied, with the first execution's
+//! answer, or not applied).
+//!
 //! After the fault phase every key gets one more request (after a lease,
 //! so claims left by a dead gateway have run out), and the checker proves
 //! for every key: the upstream executed it at most once; every client
@@ -64,6 +69,9 @@ use upstream::Upstream;
 
 /// The scope the gateway gives the run's requests.
 const SCOPE: &str = "http POST /charges";
+/// Stands for the upstream's URL in the gateway's extra arguments
+/// (`--reconcile={upstream}/reconcile`).
+pub const UPSTREAM_PLACEHOLDER: &str = "{upstream}";
 /// How long the gateway lets the upstream take.
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -287,7 +295,11 @@ impl Run {
             .args(["--store", &self.store_url, "--admin-listen", "off"])
             .args(["--lease", &lease, "--upstream-timeout", &timeout])
             .args(["--retention", "1h"])
-            .args(&self.gateway_args)
+            .args(
+                self.gateway_args
+                    .iter()
+                    .map(|arg| arg.replace(UPSTREAM_PLACEHOLDER, &upstream)),
+            )
             .env("IDEM_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

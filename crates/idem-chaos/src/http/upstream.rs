@@ -10,6 +10,11 @@
 //! waits. Either way the answer is lost on purpose, and the key is noted
 //! as broken in the ledger.
 //! Answer: `201 {"exec": N, "key": KEY}`.
+//!
+//! `GET /reconcile` answers the gateway's reconciler (`--reconcile`) from
+//! the ledger: a key executed is `Idempotency-Outcome: applied` with its
+//! first execution's answer, any other `not-applied` (an execution happens
+//! as a request arrives, and the gateway asks only after giving up on it).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -25,7 +30,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::Router;
 use bytes::Bytes;
 use http_body::Frame;
@@ -67,6 +72,7 @@ impl Upstream {
         };
         let app = Router::new()
             .route("/charges", post(charge))
+            .route("/reconcile", get(reconcile))
             .with_state(upstream.clone());
         tokio::spawn(async move { axum::serve(listener, app).await });
         Ok(upstream)
@@ -138,13 +144,44 @@ async fn charge(State(upstream): State<Upstream>, headers: HeaderMap) -> Respons
         upstream.broke(&key);
         return (StatusCode::CREATED, Body::new(BreaksOff(false))).into_response();
     }
-    let body = serde_json::json!({ "exec": exec, "key": key }).to_string();
     (
         StatusCode::CREATED,
         [("content-type", "application/json")],
-        body,
+        answer(exec, &key),
     )
         .into_response()
+}
+
+async fn reconcile(State(upstream): State<Upstream>, headers: HeaderMap) -> Response {
+    let Some(key) = header(&headers, "idempotency-key") else {
+        return (StatusCode::BAD_REQUEST, "no idempotency-key").into_response();
+    };
+    let first = upstream
+        .lock()
+        .executions
+        .get(key)
+        .and_then(|e| e.first().copied());
+    match first {
+        Some(exec) => (
+            StatusCode::CREATED,
+            [
+                ("content-type", "application/json"),
+                ("idempotency-outcome", "applied"),
+            ],
+            answer(exec, key),
+        )
+            .into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            [("idempotency-outcome", "not-applied")],
+        )
+            .into_response(),
+    }
+}
+
+/// The answer to execution `exec` of `key`.
+fn answer(exec: u64, key: &str) -> String {
+    serde_json::json!({ "exec": exec, "key": key }).to_string()
 }
 
 /// A body that sends a few bytes and then fails, so the connection is
