@@ -122,7 +122,12 @@ fn main() -> ExitCode {
         Cmd::Gateway { args } => {
             idem_cli::Cli::try_parse_from(std::iter::once("idem".to_owned()).chain(args))
                 .map_err(anyhow::Error::from)
-                .and_then(|cli| runtime.block_on(idem_cli::run(cli)))
+                .and_then(|cli| {
+                    // Logged as the `idem` binary logs (IDEM_LOG), to the
+                    // run directory's gateway-N.err.
+                    idem_cli::logging::init(cli.log_format);
+                    runtime.block_on(idem_cli::run(cli))
+                })
                 .map(|()| true)
         }
         Cmd::Run(args) => runtime.block_on(run(args)),

@@ -41,7 +41,8 @@ pub const RECONCILIATIONS: &str = "idem_reconciliations_total";
 pub const DEFAULT_RECONCILE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How many reconciliations may run at once; a retry that finds them all
-/// busy is answered as before (422), without asking.
+/// busy waits its turn for up to the reconcile timeout, then is answered
+/// as before (422), without asking.
 pub const DEFAULT_MAX_RECONCILING: usize = 16;
 
 /// The request a reconciler is asked about: the retry of a key whose
@@ -144,8 +145,11 @@ impl<S: Store> Settings<S> {
             return false;
         };
         let id = self.idem.stored_id(&question.id).into_owned();
-        let Ok(_slot) = reconciling.slots.try_acquire() else {
-            return unknown(&id, "busy", "too many reconciliations at once");
+        // Waits its turn for as long as one reconciliation may take.
+        let Ok(Ok(_slot)) =
+            tokio::time::timeout(reconciling.timeout, reconciling.slots.acquire()).await
+        else {
+            return unknown(&id, "busy", "no turn to reconcile within the timeout");
         };
         let finding = tokio::time::timeout(
             reconciling.timeout,

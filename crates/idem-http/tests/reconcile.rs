@@ -11,10 +11,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
-use idem::{ManualClock, MemoryStore, Store};
+use idem::store::Lease;
+use idem::{ManualClock, MemoryStore, Store, StoreError};
 use idem_http::reconcile::{Finding, Question};
 use idem_http::{IdempotencyLayer, OutcomeUnknown};
 use idem_sqlite::SqliteStore;
+use idem_testkit::doubles::{Double, Hooks};
 use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, ServiceExt};
 
@@ -268,4 +270,78 @@ async fn a_request_whose_process_died_is_settled_too() {
     assert_eq!(retry.status(), StatusCode::CREATED);
     assert_eq!(body(retry).await, "charge 1");
     assert_eq!(calls.load(Ordering::SeqCst), 0, "nothing ran again");
+}
+
+/// A store whose completions hang (the process dies in them) while
+/// `dying` is set, saying so on `reached`.
+#[derive(Clone, Default)]
+struct DiesCompleting {
+    dying: Arc<std::sync::atomic::AtomicBool>,
+    reached: Arc<Mutex<Option<tokio::sync::oneshot::Sender<()>>>>,
+}
+
+impl Hooks<MemoryStore<ManualClock>> for DiesCompleting {
+    async fn complete(
+        &self,
+        inner: &MemoryStore<ManualClock>,
+        lease: &Lease,
+        response: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        if self.dying.load(Ordering::SeqCst) {
+            if let Some(reached) = self.reached.lock().expect("lock").take() {
+                let _ = reached.send(());
+            }
+            std::future::pending::<()>().await;
+        }
+        inner.complete(lease, response, retention).await
+    }
+}
+
+/// A key settled applied whose next attempt died before storing the
+/// outcome found: the attempt that takes over stores and replays it,
+/// rather than finding the key in doubt again with nothing left to settle
+/// (on the old code: 422 for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_that_died_storing_a_settled_outcome_is_taken_over_with_it() {
+    let clock = ManualClock::default();
+    let hooks = DiesCompleting::default();
+    let store = Double::new(
+        MemoryStore::builder().clock(clock.clone()).build(),
+        hooks.clone(),
+    );
+    let layer = IdempotencyLayer::builder(store)
+        .reconciler(|_: Question| async { Finding::Applied(first_charge()) })
+        .build()
+        .expect("layer");
+    let calls = Arc::new(AtomicU32::new(0));
+    let inner = loses_first(&calls);
+    send(&layer, inner.clone(), "order-6").await;
+
+    // The retry is settled applied; its process dies storing the outcome.
+    hooks.dying.store(true, Ordering::SeqCst);
+    let (reached, inside) = tokio::sync::oneshot::channel();
+    *hooks.reached.lock().expect("lock") = Some(reached);
+    let doomed = layer.clone();
+    let doomed_inner = inner.clone();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            tokio::spawn(async move { send(&doomed, doomed_inner, "order-6").await });
+            inside.await.expect("reached the completion");
+        });
+        runtime.shutdown_background();
+    })
+    .join()
+    .expect("the doomed runtime");
+    hooks.dying.store(false, Ordering::SeqCst);
+    clock.advance(Duration::from_secs(31));
+
+    let retry = send(&layer, inner.clone(), "order-6").await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(body(retry).await, "charge 1");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "nothing ran again");
 }

@@ -74,25 +74,29 @@ impl<S: Store> Settings<S> {
                 .run_waiting(&id, fingerprint, Some(wait), |ctx| async {
                     let marker = ctx.clone();
                     let result = async {
-                        if ctx.is_takeover() && !self.forward_takeovers {
-                            return Err(Unstored::Takeover {
-                                attempt: ctx.attempt(),
-                            });
-                        }
                         // Settled applied by a reconciler or a person: the
-                        // outcome found is this run's, nothing forwarded.
+                        // outcome found is this run's, nothing forwarded —
+                        // also for a run taking over one that died with it.
                         match ctx.settled_effect().await {
                             Ok(Some(bytes)) => {
                                 settled.store(true, Ordering::Relaxed);
                                 return settled_response(&bytes).map_err(Unstored::Unkept);
                             }
                             Ok(None) => {}
+                            // Unread, a dead run's outcome stays unknown; an
+                            // attempt after a release has sent nothing.
+                            Err(_) if ctx.is_takeover() => {}
                             Err(error) => {
                                 return Err(Unstored::NotExecuted(format!(
                                     "reading the settled outcome: {}",
                                     idem::error_chain(&error)
                                 )))
                             }
+                        }
+                        if ctx.is_takeover() && !self.forward_takeovers {
+                            return Err(Unstored::Takeover {
+                                attempt: ctx.attempt(),
+                            });
                         }
                         let Some(mut request) =
                             slot.lock().unwrap_or_else(PoisonError::into_inner).take()
