@@ -251,8 +251,13 @@ pub async fn redrive(
             .clone()
             .filter(|s| matches!(s.state, StepState::Done { .. }))
             .count();
+        // A run's effect in doubt as a whole (a gateway key whose answer
+        // was lost) is what releasing or resolving it decides, not a step
+        // a fresh run would repeat; its latest attempt's mark is the one.
+        let effect = idem::effect_in_doubt_of(&journal);
         let in_doubt: Vec<&str> = steps
             .filter(|s| matches!(s.state, StepState::Started { .. }))
+            .filter(|s| idem::effect_mark_attempt(&s.name).is_none())
             .map(|s| s.name.as_str())
             .collect();
         let step = match (action, in_doubt.as_slice()) {
@@ -268,6 +273,13 @@ pub async fn redrive(
                 "{finished} journaled step(s) finished, which a fresh run would repeat"
             )),
             (Redrive::Release, []) => Ok(None),
+            (Redrive::Resolve(Resolution::Applied(_)), []) if effect.is_some() => Err(
+                "the outcome of a gateway request is in doubt: --applied takes a step's JSON, \
+                 not the request's response; settle it with the gateway's --reconcile, or \
+                 --not-applied (the next request runs)"
+                    .to_owned(),
+            ),
+            (Redrive::Resolve(_), []) if effect.is_some() => Ok(effect),
             (Redrive::Resolve(_), [step]) => Ok(Some(*step)),
             (Redrive::Resolve(_), []) => {
                 Err("no step in doubt to resolve: release the key instead".to_owned())

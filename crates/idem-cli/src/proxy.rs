@@ -285,7 +285,7 @@ pub fn layer(store: AnyStore, config: &ProxyConfig) -> anyhow::Result<Idempotenc
         layer = layer.reconciler(crate::reconcile::Probe::new(
             url,
             &config.upstream_protocol,
-            config.header.clone(),
+            (config.header.clone(), config.tenant_header.clone()),
             config.max_response_bytes,
         )?);
     }

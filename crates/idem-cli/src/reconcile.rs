@@ -3,8 +3,10 @@
 //! ([`idem_http::reconcile`]).
 //!
 //! The question is `GET URL` with the key in the gateway's key header, the
+//! key's scope in `Idem-Scope` (the tenant, if any, and the route), the
 //! request's method in `Idem-Method`, its path and query in `Idem-Path`,
-//! and its `Authorization`, if any. The upstream answers with
+//! and its `Authorization` and tenant header (`--tenant-header`), if any:
+//! the same key from two tenants is two questions. The upstream answers with
 //! `Idempotency-Outcome`:
 //!
 //! - `applied`: the rest of the answer — status, headers, body — is the
@@ -30,6 +32,8 @@ pub const OUTCOME_HEADER: HeaderName = HeaderName::from_static("idempotency-outc
 pub const METHOD_HEADER: HeaderName = HeaderName::from_static("idem-method");
 /// The question's header naming the request's path and query.
 pub const PATH_HEADER: HeaderName = HeaderName::from_static("idem-path");
+/// The question's header naming the key's scope.
+pub const SCOPE_HEADER: HeaderName = HeaderName::from_static("idem-scope");
 
 /// Asks `GET URL` of the upstream (see [the module](self)).
 #[derive(Clone)]
@@ -42,17 +46,18 @@ struct Inner {
     /// The URL's path and query, asked of `client`'s origin.
     target: String,
     key_header: HeaderName,
+    tenant_header: Option<HeaderName>,
     max_body: usize,
 }
 
 impl Probe {
     /// A probe of `url` (http or https; `protocol`'s CA trusted), sending
-    /// the key in `key_header` and reading answers of up to `max_body`
-    /// bytes.
+    /// the key in `key_header` (and the retry's `tenant_header`, if any)
+    /// and reading answers of up to `max_body` bytes.
     pub fn new(
         url: &Uri,
         protocol: &UpstreamProtocol,
-        key_header: HeaderName,
+        (key_header, tenant_header): (HeaderName, Option<HeaderName>),
         max_body: usize,
     ) -> anyhow::Result<Self> {
         anyhow::ensure!(
@@ -77,6 +82,7 @@ impl Probe {
                     .map_or("/", |pq| pq.as_str())
                     .to_owned(),
                 key_header,
+                tenant_header,
                 max_body,
             }),
         })
@@ -152,14 +158,20 @@ impl Inner {
             .map_err(|_| "the key is not a header value".to_owned())?;
         let path = question.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let path = HeaderValue::from_str(path).map_err(|_| "the path is not a header value")?;
+        let scope = HeaderValue::from_str(question.id.scope().as_str())
+            .map_err(|_| "the scope is not a header value")?;
         let mut request = Request::builder()
             .method(Method::GET)
             .uri(self.target.as_str())
             .header(self.key_header.clone(), key)
+            .header(SCOPE_HEADER, scope)
             .header(METHOD_HEADER, question.method.as_str())
             .header(PATH_HEADER, path);
-        if let Some(authorization) = question.headers.get(header::AUTHORIZATION) {
-            request = request.header(header::AUTHORIZATION, authorization.clone());
+        let passed = std::iter::once(&header::AUTHORIZATION).chain(self.tenant_header.as_ref());
+        for name in passed {
+            if let Some(value) = question.headers.get(name) {
+                request = request.header(name, value.clone());
+            }
         }
         request
             .body(Body::empty())

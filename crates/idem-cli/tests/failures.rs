@@ -11,7 +11,8 @@ use bytes::Bytes;
 use idem::step::{Park, Retry};
 use idem::store::{ClaimOutcome, ClaimParams};
 use idem::{
-    Failure, FailureClass, HandlerError, Idempotency, RecordId, Resolution, StepJournal, Store,
+    Failure, FailureClass, GetRecord, HandlerError, Idempotency, RecordId, Resolution, StepJournal,
+    Store,
 };
 use idem_cli::failures::{failures, redrive, Redrive};
 use idem_cli::store::{AnyStore, StoreUrl};
@@ -340,4 +341,78 @@ async fn the_binary_lists_groups_and_redrives_one() {
     let (ok, listed, stderr) = idem(&["failures"]);
     assert!(ok, "{stderr}");
     assert_eq!(listed.trim(), "", "nothing failed is left");
+}
+
+/// Gateway keys whose answer was lost carry their attempt's effect mark:
+/// releasing them is not held back by it, resolving one "not applied"
+/// settles the mark, and "applied" with a step's JSON is refused (it is
+/// not a stored response).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_keys_in_doubt_are_released_or_settled_not_applied() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (store, _) = open(&dir).await;
+    let lost = "the request may have reached the upstream, but its response was lost";
+    let died = "attempt 2 found the key's earlier attempt stopped without an outcome";
+    for key in ["lost-1", "lost-2"] {
+        failed(
+            &store,
+            key,
+            FailureClass::Unknown,
+            lost,
+            &[],
+            &["$effect.1"],
+        )
+        .await;
+    }
+    failed(
+        &store,
+        "died-1",
+        FailureClass::Unknown,
+        died,
+        &[],
+        &["$effect.1"],
+    )
+    .await;
+    let groups = failures(&store, None, 1_000).await.expect("failures");
+    let lost_group = group(&groups, lost)["group"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    let died_group = group(&groups, died)["group"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+
+    let applied = Redrive::Resolve(Resolution::Applied(Bytes::from_static(b"{}")));
+    let refused = redrive_group(&store, &lost_group, &applied, false)
+        .await
+        .expect("redrive");
+    assert_eq!(refused.last().expect("summary")["skipped"], 2);
+    assert!(refused[0]["why"]
+        .as_str()
+        .expect("why")
+        .contains("--applied takes a step's JSON"));
+
+    let settled = redrive_group(
+        &store,
+        &lost_group,
+        &Redrive::Resolve(Resolution::NotApplied),
+        false,
+    )
+    .await
+    .expect("redrive");
+    assert_eq!(settled[0]["action"], "resolved", "{settled:?}");
+    assert_eq!(settled[0]["step"], "$effect.1");
+    assert_eq!(settled.last().expect("summary")["redriven"], 2);
+    for key in ["lost-1", "lost-2"] {
+        let record = store.get(&id(key)).await.expect("get").expect("kept");
+        assert_eq!(record.state.kind(), idem::StateKind::Released);
+        assert!(store.steps(&id(key)).await.expect("steps").is_empty());
+    }
+
+    let released = redrive_group(&store, &died_group, &Redrive::Release, false)
+        .await
+        .expect("redrive");
+    assert_eq!(released[0]["action"], "released", "{released:?}");
+    assert!(store.get(&id("died-1")).await.expect("get").is_none());
 }

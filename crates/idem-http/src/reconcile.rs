@@ -12,10 +12,17 @@
 //! - [`Finding::Unknown`] (or no answer within the timeout): the key stays
 //!   as it was, for a person (`idem release`), and the retry gets 422.
 //!
-//! Settling goes through the step journal ([`idem::EFFECT_STEP`], marked
-//! when the outcome became unknown), atomically with the record's
-//! release, so two retries reconciling at once settle the key once. Every
-//! finding is logged and counted ([`RECONCILIATIONS`]).
+//! Settling goes through the step journal (the attempt's effect mark,
+//! [`idem::effect_mark`], written when the outcome became unknown),
+//! atomically with the record's release, so two retries reconciling at
+//! once settle the key once, and a late finding about an earlier attempt
+//! settles nothing. Every finding is logged and counted
+//! ([`RECONCILIATIONS`]).
+//!
+//! Answer [`Finding::NotApplied`] only when the request can no longer take
+//! effect: it never arrived, or a late copy of it would be refused (the
+//! service deduplicates on the key). A request still being worked on is
+//! [`Finding::Unknown`]; the next retry asks again.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -25,7 +32,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, Method, Response, Uri};
 use idem::store::DynStepJournal;
-use idem::{Codec, RecordId, Resolution, Resolved, Store, EFFECT_STEP};
+use idem::{Codec, RecordId, Resolution, Resolved, Store};
 use tokio::sync::Semaphore;
 
 use crate::layer::IdempotencyLayerBuilder;
@@ -33,11 +40,13 @@ use crate::request::Settings;
 use crate::stored::{Responses, StoredResponse};
 
 /// Reconciliations, by `finding` (`applied`, `not_applied`, `unknown`)
-/// and, for unknown ones, `why` (`said`, `timeout`, `busy`, `unmarked`,
-/// `too_large`, `store`).
+/// and `why`: `answered` (settled), `raced` (settled meanwhile by another
+/// retry), and for unknown ones `said`, `timeout`, `busy`, `unmarked`,
+/// `unstorable`, `store`.
 pub const RECONCILIATIONS: &str = "idem_reconciliations_total";
 
-/// How long a reconciler may take before its finding counts as unknown.
+/// How long a reconciler may take before its finding counts as unknown
+/// (and, as long again, how long a retry waits for its turn to ask).
 pub const DEFAULT_RECONCILE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How many reconciliations may run at once; a retry that finds them all
@@ -114,7 +123,8 @@ impl Reconciling {
 impl<S> IdempotencyLayerBuilder<S> {
     /// Asks `reconciler` about a key whose outcome is unknown when a retry
     /// of it arrives, instead of answering 422 until a person releases it
-    /// (see [the module](crate::reconcile)). Off by default.
+    /// (see [the module](crate::reconcile)). Off by default; the store
+    /// must keep a step journal (every store idem ships does).
     pub fn reconciler(mut self, reconciler: impl Reconciler) -> Self {
         self.reconciling = Some(Reconciling::new(Arc::new(reconciler)));
         self
@@ -145,36 +155,67 @@ impl<S: Store> Settings<S> {
             return false;
         };
         let id = self.idem.stored_id(&question.id).into_owned();
+        // The attempt whose effect is in doubt: the finding settles that
+        // one only.
+        let mark = match journal.steps(&id).await {
+            Ok(steps) => match idem::effect_in_doubt_of(&steps) {
+                Some(mark) => mark.to_owned(),
+                None => {
+                    return unknown(
+                        &id,
+                        "unmarked",
+                        "the key was parked without its effect marked in doubt (by an older \
+                         version, or the mark could not be written)",
+                    )
+                }
+            },
+            Err(error) => return unknown(&id, "store", &idem::error_chain(&error)),
+        };
         // Waits its turn for as long as one reconciliation may take.
         let Ok(Ok(_slot)) =
             tokio::time::timeout(reconciling.timeout, reconciling.slots.acquire()).await
         else {
             return unknown(&id, "busy", "no turn to reconcile within the timeout");
         };
+        let path = question.uri.path().to_owned();
         let finding = tokio::time::timeout(
             reconciling.timeout,
             reconciling.reconciler.reconcile(question),
         )
         .await
-        .unwrap_or_else(|_| Finding::Unknown("no finding within the timeout".into()));
+        .unwrap_or_else(|_| Finding::Unknown(TIMED_OUT.into()));
         let (label, resolution) = match finding {
-            Finding::Applied(response) => match self.journaled(&id, response) {
+            Finding::Applied(response) => match self.journaled(&id, &mark, &path, response) {
                 Ok(sealed) => ("applied", Resolution::Applied(sealed)),
-                Err(why) => return unknown(&id, "too_large", &why),
+                Err(why) => return unknown(&id, "unstorable", &why),
             },
             Finding::NotApplied => ("not_applied", Resolution::NotApplied),
             Finding::Unknown(why) => {
-                let timed_out = why == "no finding within the timeout";
-                return unknown(&id, if timed_out { "timeout" } else { "said" }, &why);
+                let said = if why == TIMED_OUT { "timeout" } else { "said" };
+                return unknown(&id, said, &why);
             }
         };
-        settle(&*journal, &id, label, resolution).await
+        settle(&*journal, &id, &mark, label, resolution).await
     }
 
     /// An applied finding's response as the effect's journaled result:
-    /// stored-response bytes, sealed as the executor seals step results.
-    fn journaled(&self, id: &RecordId, response: Response<Bytes>) -> Result<Bytes, String> {
+    /// what the route keeps of it, as stored-response bytes, sealed as the
+    /// executor seals step results. Refused when the layer would not store
+    /// it (its status, its size).
+    fn journaled(
+        &self,
+        id: &RecordId,
+        mark: &str,
+        path: &str,
+        response: Response<Bytes>,
+    ) -> Result<Bytes, String> {
         let (head, body) = response.into_parts();
+        if !(self.stored)(head.status) {
+            return Err(format!(
+                "the response found has status {}, which is not stored",
+                head.status
+            ));
+        }
         if StoredResponse::size_bound(&head.headers, body.len(), None) > self.max_stored_bytes {
             return Err(format!(
                 "the response found is over the {}-byte limit for stored responses",
@@ -182,41 +223,43 @@ impl<S: Store> Settings<S> {
             ));
         }
         let stored = StoredResponse::new(head.status, head.headers, body);
+        let policy = self.keep.for_path(path);
+        let stored = policy.reduce(&stored).unwrap_or(stored);
         let bytes = Responses
             .encode(&stored)
             .map_err(|e| format!("encoding the response found: {e}"))?;
-        Ok(self
-            .idem
-            .at_rest()
-            .seal_step(id, EFFECT_STEP, Bytes::from(bytes)))
+        Ok(self.idem.at_rest().seal_step(id, mark, Bytes::from(bytes)))
     }
 }
 
-/// Journals `resolution` for `id`'s effect and releases the record.
+/// What a reconciler that did not answer in time is taken to have said.
+const TIMED_OUT: &str = "no finding within the timeout";
+
+/// Journals `resolution` for `id`'s effect `mark` and releases the record.
 async fn settle(
     journal: &dyn DynStepJournal,
     id: &RecordId,
+    mark: &str,
     label: &'static str,
     resolution: Resolution,
 ) -> bool {
-    match journal.resolve_step(id, EFFECT_STEP, resolution).await {
+    match journal.resolve_step(id, mark, resolution).await {
         Ok(Resolved::Released) => {
-            metrics::counter!(RECONCILIATIONS, "finding" => label).increment(1);
+            metrics::counter!(RECONCILIATIONS, "finding" => label, "why" => "answered")
+                .increment(1);
             tracing::info!(%id, finding = label, "outcome unknown: reconciled and released");
             true
         }
-        // Settled by another retry (or released by a person) meanwhile.
-        Ok(Resolved::NotParked) => true,
-        Ok(Resolved::StepNotInDoubt) => unknown(
-            id,
-            "unmarked",
-            "the key was parked without its effect marked in doubt (by an older version, or the \
-             mark could not be written)",
-        ),
+        // Settled by another retry (or released by a person) meanwhile:
+        // the run again finds the key as it is now.
+        Ok(Resolved::NotParked | Resolved::StepNotInDoubt) => {
+            metrics::counter!(RECONCILIATIONS, "finding" => label, "why" => "raced").increment(1);
+            tracing::info!(%id, finding = label, "outcome unknown: settled meanwhile by another");
+            true
+        }
         Err(error) => unknown(id, "store", &idem::error_chain(&error)),
     }
 }
-
 /// Counts and logs a reconciliation that settled nothing.
 fn unknown(id: &RecordId, why: &'static str, detail: &str) -> bool {
     metrics::counter!(RECONCILIATIONS, "finding" => "unknown", "why" => why).increment(1);

@@ -345,3 +345,64 @@ async fn an_attempt_that_died_storing_a_settled_outcome_is_taken_over_with_it() 
     assert_eq!(body(retry).await, "charge 1");
     assert_eq!(calls.load(Ordering::SeqCst), 1, "nothing ran again");
 }
+
+/// Acts on every call (counted) and loses every response.
+fn loses_all(calls: &Arc<AtomicU32>) -> Inner {
+    let calls = Arc::clone(calls);
+    BoxCloneService::new(service_fn(move |_: Request<Body>| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let mut response = Response::builder()
+                .status(502)
+                .body(Full::new(Bytes::from_static(b"lost")))
+                .expect("response");
+            response.extensions_mut().insert(OutcomeUnknown);
+            Ok(response)
+        }
+    }))
+}
+
+/// Two retries ask at once; the first to hear "not applied" runs the
+/// request, which loses its answer again. The other's finding, about the
+/// first attempt, arrives after: it settles nothing (on a mark without
+/// its attempt it released the second attempt's key, and the request ran
+/// a third time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_finding_about_an_earlier_attempt_settles_nothing() {
+    let (store, _dir) = sqlite();
+    let (asked, first_asked) = tokio::sync::oneshot::channel::<()>();
+    let (answer, answered) = tokio::sync::oneshot::channel::<()>();
+    let first = Arc::new(Mutex::new(Some((asked, answered))));
+    let layer = IdempotencyLayer::builder(store)
+        .reconciler(move |_: Question| {
+            let first = first.lock().expect("lock").take();
+            async move {
+                if let Some((asked, answered)) = first {
+                    let _ = asked.send(());
+                    let _ = answered.await;
+                }
+                Finding::NotApplied
+            }
+        })
+        .build()
+        .expect("layer");
+    let calls = Arc::new(AtomicU32::new(0));
+    let inner = loses_all(&calls);
+    send(&layer, inner.clone(), "order-7").await;
+
+    let slow = {
+        let (layer, inner) = (layer.clone(), inner.clone());
+        tokio::spawn(async move { send(&layer, inner, "order-7").await })
+    };
+    first_asked.await.expect("the slow retry asked");
+    let quick = send(&layer, inner.clone(), "order-7").await;
+    assert_eq!(
+        quick.status(),
+        StatusCode::BAD_GATEWAY,
+        "ran again, lost again"
+    );
+    answer.send(()).expect("answered");
+    let late = slow.await.expect("the slow retry");
+    problem(late, 422, "/outcome-unknown").await;
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}

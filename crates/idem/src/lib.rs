@@ -109,11 +109,11 @@ pub use chain::error_chain;
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use codec::{Codec, Json};
 pub use executor::{
-    default_classifier, Backoff, Begun, ClaimedAhead, Classifier, ConfigError, Context,
-    HandlerError, Heartbeats, HeldRun, Idempotency, IdempotencyBuilder, OpenStep, Outcome,
-    RunError, StepStart, Terminal, DEFAULT_LEASE, DEFAULT_MAX_RESPONSE_BYTES,
-    DEFAULT_REPLAY_CACHE_BYTES, DEFAULT_REPLAY_CACHE_TTL, DEFAULT_RETENTION, EFFECT_STEP,
-    STORE_RETRY_AFTER,
+    default_classifier, effect_in_doubt_of, effect_mark, effect_mark_attempt, Backoff, Begun,
+    ClaimedAhead, Classifier, ConfigError, Context, HandlerError, Heartbeats, HeldRun, Idempotency,
+    IdempotencyBuilder, OpenStep, Outcome, RunError, StepStart, Terminal, DEFAULT_LEASE,
+    DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_REPLAY_CACHE_BYTES, DEFAULT_REPLAY_CACHE_TTL,
+    DEFAULT_RETENTION, EFFECT_STEP, STORE_RETRY_AFTER,
 };
 pub use fingerprint::{canonical_json, Fingerprint, FingerprintError};
 pub use key::{Key, KeyError, KeyRules, RecordId, Scope, DEFAULT_MAX_KEY_LEN, MAX_SCOPE_LEN};

@@ -383,6 +383,9 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
         if let Some(source) = &self.body_key {
             source.check()?;
         }
+        if self.reconciling.is_some() && self.store.step_journal().is_none() {
+            return Err(ConfigError::ReconcilerWithoutJournal);
+        }
         // Room for the head around the largest body.
         let max_stored_bytes = self.max_response_bytes.saturating_add(64 * 1024);
         if self.keep.any_reference() {

@@ -40,6 +40,10 @@ pub enum ConfigError {
     /// keeps a step journal (its input is journaled there).
     #[error("durable handlers need a store with a step journal; this store keeps none")]
     NoStepJournal,
+    /// A reconciler settles keys through the step journal; the store keeps
+    /// none.
+    #[error("a reconciler needs a store with a step journal; this store keeps none")]
+    ReconcilerWithoutJournal,
     /// A keyring was given for a store that re-encodes what it is handed
     /// (the remote store): configure encryption where the records are
     /// stored (`idem serve --keyring`).

@@ -4,8 +4,11 @@
 //! step journal before failing with an unknown outcome; someone who can
 //! find out — an operator, or a reconciler that asks the service — then
 //! settles it with
-//! [`StepJournal::resolve_step`](crate::StepJournal::resolve_step) on
-//! [`EFFECT_STEP`], atomically with the record's release:
+//! [`StepJournal::resolve_step`](crate::StepJournal::resolve_step) on that
+//! attempt's mark ([`effect_mark`]), atomically with the record's release.
+//! The mark names its attempt, so a finding about one attempt cannot
+//! settle a later one (a slow "not applied" arriving after the key ran
+//! again and lost its answer again):
 //!
 //! - [`Resolution::Applied`](crate::Resolution::Applied) with the run's
 //!   outcome: the next attempt finds it with
@@ -16,19 +19,44 @@
 use bytes::Bytes;
 
 use super::Context;
-use crate::record::StepState;
+use crate::record::{StepEntry, StepState};
 use crate::step::with_retries;
 use crate::store::StoreError;
 
-/// The journal entry that stands for a run's whole effect (reserved: user
-/// step names cannot start with `$`). Its result, once settled applied, is
-/// the run's outcome as the handler would have returned it, encoded by
-/// the handler's owner (the HTTP layer: the stored response).
+/// What the journal entries that stand for a run's whole effect are
+/// called, followed by `.` and the attempt (reserved: user step names
+/// cannot start with `$`). An entry's result, once settled applied, is the
+/// run's outcome as the handler would have returned it, encoded by the
+/// handler's owner (the HTTP layer: the stored response).
 pub const EFFECT_STEP: &str = "$effect";
 
+/// The mark of `attempt`'s effect: `$effect.<attempt>`.
+pub fn effect_mark(attempt: u32) -> String {
+    format!("{EFFECT_STEP}.{attempt}")
+}
+
+/// The attempt whose effect mark `name` is, if it is one.
+pub fn effect_mark_attempt(name: &str) -> Option<u32> {
+    name.strip_prefix(EFFECT_STEP)?
+        .strip_prefix('.')?
+        .parse()
+        .ok()
+}
+
+/// The effect mark in doubt in `journal` (started, not settled) of the
+/// latest attempt: the one a finding about the key settles.
+pub fn effect_in_doubt_of(journal: &[StepEntry]) -> Option<&str> {
+    journal
+        .iter()
+        .filter(|entry| matches!(entry.state, StepState::Started { .. }))
+        .filter_map(|entry| Some((effect_mark_attempt(&entry.name)?, entry.name.as_str())))
+        .max()
+        .map(|(_, name)| name)
+}
+
 impl Context {
-    /// Marks this run's effect in doubt ([`EFFECT_STEP`] started by this
-    /// attempt), for a handler about to fail with an unknown outcome, so
+    /// Marks this run's effect in doubt (its attempt's [`effect_mark`]
+    /// started), for a handler about to fail with an unknown outcome, so
     /// the record can be settled later instead of only released by hand.
     /// `false` when there is nothing to mark under: the run is unguarded or
     /// the store keeps no step journal.
@@ -36,14 +64,15 @@ impl Context {
         let (Some(lease), Some(journal)) = (self.lease(), self.steps.journal.as_deref()) else {
             return Ok(false);
         };
-        with_retries(|| journal.begin_step(lease, EFFECT_STEP)).await?;
+        let mark = effect_mark(lease.attempt);
+        with_retries(|| journal.begin_step(lease, &mark)).await?;
         Ok(true)
     }
 
     /// On an attempt after the first: the outcome settled for an effect an
-    /// earlier attempt left in doubt ([`EFFECT_STEP`] resolved applied),
-    /// opened from its seal. `None` otherwise — and on a first attempt,
-    /// without reading anything.
+    /// earlier attempt left in doubt (its mark resolved applied), opened
+    /// from its seal. `None` otherwise — and on a first attempt, without
+    /// reading anything.
     pub async fn settled_effect(&self) -> Result<Option<Bytes>, StoreError> {
         let (Some(lease), Some(journal)) = (self.lease(), self.steps.journal.as_deref()) else {
             return Ok(None);
@@ -52,9 +81,11 @@ impl Context {
             return Ok(None);
         }
         let steps = with_retries(|| journal.steps(&lease.id)).await?;
-        let Some(result) = steps.into_iter().find_map(|entry| match entry.state {
-            StepState::Done { result } if entry.name == EFFECT_STEP && !result.is_empty() => {
-                Some(result)
+        let Some((name, result)) = steps.into_iter().find_map(|entry| match entry.state {
+            StepState::Done { result }
+                if effect_mark_attempt(&entry.name).is_some() && !result.is_empty() =>
+            {
+                Some((entry.name, result))
             }
             _ => None,
         }) else {
@@ -63,7 +94,7 @@ impl Context {
         let opened = self
             .steps
             .at_rest
-            .open_step(&lease.id, EFFECT_STEP, &result)
+            .open_step(&lease.id, &name, &result)
             .map_err(|reason| StoreError::Backend(reason.into()))?;
         Ok(Some(Bytes::from(opened.into_owned())))
     }
