@@ -240,8 +240,8 @@ async fn the_gateway_with_a_reconciler_settles_the_keys_it_would_leave_unknown()
     )
     .await;
     assert!(
-        report.count("unknown") * 100 <= report.keys() as u64,
-        "at most 1 % of the keys left unknown, not {}",
+        report.count("unknown") * 50 <= report.keys() as u64,
+        "at most 2 % of the keys left unknown (a sixth without), not {}",
         report.count("unknown")
     );
 }

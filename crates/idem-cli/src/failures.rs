@@ -255,9 +255,12 @@ pub async fn redrive(
         // was lost) is what releasing or resolving it decides, not a step
         // a fresh run would repeat; its latest attempt's mark is the one.
         let effect = idem::effect_in_doubt_of(&journal);
+        let settled = journal.iter().any(|s| {
+            idem::effect_mark_fence(&s.name).is_some() && matches!(s.state, StepState::Done { .. })
+        });
         let in_doubt: Vec<&str> = steps
             .filter(|s| matches!(s.state, StepState::Started { .. }))
-            .filter(|s| idem::effect_mark_attempt(&s.name).is_none())
+            .filter(|s| idem::effect_mark_fence(&s.name).is_none())
             .map(|s| s.name.as_str())
             .collect();
         let step = match (action, in_doubt.as_slice()) {
@@ -269,6 +272,11 @@ pub async fn redrive(
             (Redrive::Release, [step, ..]) => Err(format!(
                 "step {step:?} is in doubt, and a fresh run would repeat it: resolve it instead"
             )),
+            (Redrive::Release, []) if settled => Err(
+                "the request's outcome was settled applied: its next request stores and replays \
+                 it, and a fresh run would send the request again"
+                    .to_owned(),
+            ),
             (Redrive::Release, []) if finished > 0 => Err(format!(
                 "{finished} journaled step(s) finished, which a fresh run would repeat"
             )),

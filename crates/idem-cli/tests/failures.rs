@@ -373,6 +373,17 @@ async fn gateway_keys_in_doubt_are_released_or_settled_not_applied() {
         &["$effect.1"],
     )
     .await;
+    // Settled applied once (a later attempt died storing it): its release
+    // would send the request again.
+    failed(
+        &store,
+        "died-2",
+        FailureClass::Unknown,
+        died,
+        &["$effect.5"],
+        &["$effect.6"],
+    )
+    .await;
     let groups = failures(&store, None, 1_000).await.expect("failures");
     let lost_group = group(&groups, lost)["group"]
         .as_str()
@@ -413,6 +424,18 @@ async fn gateway_keys_in_doubt_are_released_or_settled_not_applied() {
     let released = redrive_group(&store, &died_group, &Redrive::Release, false)
         .await
         .expect("redrive");
-    assert_eq!(released[0]["action"], "released", "{released:?}");
+    let action = |key: &str| {
+        released
+            .iter()
+            .find(|l| l["key"] == key)
+            .unwrap_or_else(|| panic!("{key} in {released:?}"))
+    };
+    assert_eq!(action("died-1")["action"], "released", "{released:?}");
     assert!(store.get(&id("died-1")).await.expect("get").is_none());
+    assert_eq!(action("died-2")["action"], "skipped");
+    assert!(action("died-2")["why"]
+        .as_str()
+        .expect("why")
+        .contains("settled applied"));
+    assert!(store.get(&id("died-2")).await.expect("get").is_some());
 }

@@ -46,7 +46,7 @@ async fn charge(State(ledger): State<Ledger>, headers: HeaderMap) -> impl IntoRe
         *n == 1
     };
     if first && key.starts_with("dropped-") {
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
         return (StatusCode::SERVICE_UNAVAILABLE, "gave up".to_owned());
     }
     let n = {
@@ -56,7 +56,7 @@ async fn charge(State(ledger): State<Ledger>, headers: HeaderMap) -> impl IntoRe
         *n
     };
     if first && key.starts_with("slow-") {
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
     }
     (StatusCode::CREATED, format!("charged {key} ({n})"))
 }
@@ -129,7 +129,7 @@ async fn gateway(upstream: std::net::SocketAddr, db: &std::path::Path) -> Gatewa
         .args(["--store", &format!("sqlite:{}", db.display())])
         .args(["proxy", "--listen", &listen, "--admin-listen", "off"])
         .args(["--upstream", &format!("http://{upstream}")])
-        .args(["--upstream-timeout", "500ms"])
+        .args(["--upstream-timeout", "1s"])
         .args(["--reconcile", &format!("http://{upstream}/reconcile")])
         .env("IDEM_LOG", "warn")
         .stdout(Stdio::null())

@@ -32,17 +32,17 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, Method, Response, Uri};
 use idem::store::DynStepJournal;
-use idem::{Codec, RecordId, Resolution, Resolved, Store};
+use idem::{Codec, Record, RecordId, Resolution, Resolved, State, Store};
 use tokio::sync::Semaphore;
 
 use crate::layer::IdempotencyLayerBuilder;
 use crate::request::Settings;
 use crate::stored::{Responses, StoredResponse};
 
-/// Reconciliations, by `finding` (`applied`, `not_applied`, `unknown`)
-/// and `why`: `answered` (settled), `raced` (settled meanwhile by another
-/// retry), and for unknown ones `said`, `timeout`, `busy`, `unmarked`,
-/// `unstorable`, `store`.
+/// Reconciliations, by `finding` (`applied`, `not_applied`, `unknown`,
+/// `none`) and `why`: `answered` (settled), `raced` (settled meanwhile by
+/// another retry; `none` when it was before asking), and for unknown ones
+/// `said`, `timeout`, `busy`, `unmarked`, `unstorable`, `store`.
 pub const RECONCILIATIONS: &str = "idem_reconciliations_total";
 
 /// How long a reconciler may take before its finding counts as unknown
@@ -160,14 +160,7 @@ impl<S: Store> Settings<S> {
         let mark = match journal.steps(&id).await {
             Ok(steps) => match idem::effect_in_doubt_of(&steps) {
                 Some(mark) => mark.to_owned(),
-                None => {
-                    return unknown(
-                        &id,
-                        "unmarked",
-                        "the key was parked without its effect marked in doubt (by an older \
-                         version, or the mark could not be written)",
-                    )
-                }
+                None => return self.unmarked(&id).await,
             },
             Err(error) => return unknown(&id, "store", &idem::error_chain(&error)),
         };
@@ -198,6 +191,26 @@ impl<S: Store> Settings<S> {
         settle(&*journal, &id, &mark, label, resolution).await
     }
 
+    /// A key found parked with no effect mark in doubt: settled by another
+    /// retry since (run again to find out how), or parked without a mark
+    /// (by an older version, or the mark could not be written).
+    async fn unmarked(&self, id: &RecordId) -> bool {
+        let parked = matches!(
+            self.idem.store().peek(id).await,
+            Ok(Some(Record { state: State::Failed { ref failure }, .. })) if failure.is_parked()
+        );
+        if !parked {
+            metrics::counter!(RECONCILIATIONS, "finding" => "none", "why" => "raced").increment(1);
+            return true;
+        }
+        unknown(
+            id,
+            "unmarked",
+            "the key was parked without its effect marked in doubt (by an older version, or the \
+             mark could not be written)",
+        )
+    }
+
     /// An applied finding's response as the effect's journaled result:
     /// what the route keeps of it, as stored-response bytes, sealed as the
     /// executor seals step results. Refused when the layer would not store
@@ -216,18 +229,18 @@ impl<S: Store> Settings<S> {
                 head.status
             ));
         }
-        if StoredResponse::size_bound(&head.headers, body.len(), None) > self.max_stored_bytes {
-            return Err(format!(
-                "the response found is over the {}-byte limit for stored responses",
-                self.max_stored_bytes
-            ));
-        }
         let stored = StoredResponse::new(head.status, head.headers, body);
         let policy = self.keep.for_path(path);
         let stored = policy.reduce(&stored).unwrap_or(stored);
         let bytes = Responses
             .encode(&stored)
             .map_err(|e| format!("encoding the response found: {e}"))?;
+        if bytes.len() > self.max_stored_bytes {
+            return Err(format!(
+                "the response found is over the {}-byte limit for stored responses",
+                self.max_stored_bytes
+            ));
+        }
         Ok(self.idem.at_rest().seal_step(id, mark, Bytes::from(bytes)))
     }
 }

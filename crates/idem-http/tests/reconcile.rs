@@ -21,8 +21,10 @@ use tower::util::BoxCloneService;
 use tower::{service_fn, Layer, ServiceExt};
 
 mod common;
+mod dying;
 
 use common::{body, problem, Body};
+use dying::{die_mid_request, die_when};
 
 type Inner = BoxCloneService<Request<Body>, Response<Body>, Infallible>;
 
@@ -238,28 +240,7 @@ async fn a_request_whose_process_died_is_settled_too() {
         .build()
         .expect("layer");
     // The first request's process dies inside the inner service.
-    let doomed = layer.clone();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async {
-            let (reached, inside) = tokio::sync::oneshot::channel::<()>();
-            let reached = Arc::new(Mutex::new(Some(reached)));
-            let hangs = service_fn(move |_: Request<Body>| {
-                if let Some(tx) = reached.lock().expect("lock").take() {
-                    let _ = tx.send(());
-                }
-                std::future::pending::<Result<Response<Body>, Infallible>>()
-            });
-            tokio::spawn(doomed.layer(hangs).oneshot(post("order-5")));
-            inside.await.expect("reached the inner service");
-        });
-        runtime.shutdown_background();
-    })
-    .join()
-    .expect("the doomed runtime");
+    die_mid_request(&layer, post("order-5"));
     clock.advance(Duration::from_secs(31));
 
     let calls = Arc::new(AtomicU32::new(0));
@@ -322,21 +303,11 @@ async fn an_attempt_that_died_storing_a_settled_outcome_is_taken_over_with_it() 
     hooks.dying.store(true, Ordering::SeqCst);
     let (reached, inside) = tokio::sync::oneshot::channel();
     *hooks.reached.lock().expect("lock") = Some(reached);
-    let doomed = layer.clone();
-    let doomed_inner = inner.clone();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async {
-            tokio::spawn(async move { send(&doomed, doomed_inner, "order-6").await });
-            inside.await.expect("reached the completion");
-        });
-        runtime.shutdown_background();
-    })
-    .join()
-    .expect("the doomed runtime");
+    let (doomed, doomed_inner) = (layer.clone(), inner.clone());
+    die_when(
+        async move { send(&doomed, doomed_inner, "order-6").await },
+        inside,
+    );
     hooks.dying.store(false, Ordering::SeqCst);
     clock.advance(Duration::from_secs(31));
 

@@ -20,8 +20,10 @@ use tower::util::BoxCloneService;
 use tower::{service_fn, BoxError, Layer, ServiceExt};
 
 mod common;
+mod dying;
 
 use common::{body, problem, Body};
+use dying::die_mid_request;
 
 fn post(key: &str) -> Request<Body> {
     Request::post("/charges")
@@ -56,41 +58,12 @@ fn counting(calls: &Arc<AtomicU32>) -> Inner {
     }))
 }
 
-/// A request whose process dies mid-run: served in a runtime of its own,
-/// which is then shut down with the request still inside the inner
-/// service (its heartbeat and everything with it stop, as in a crash).
-fn die_mid_request(layer: &IdempotencyLayer<MemoryStore<ManualClock>>, key: &str) {
-    let layer = layer.clone();
-    let key = key.to_owned();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async {
-            let (reached, inside) = tokio::sync::oneshot::channel::<()>();
-            let reached = Arc::new(std::sync::Mutex::new(Some(reached)));
-            let hangs = service_fn(move |_: Request<Body>| {
-                if let Some(tx) = reached.lock().expect("lock").take() {
-                    let _ = tx.send(());
-                }
-                std::future::pending::<Result<Response<Body>, Infallible>>()
-            });
-            tokio::spawn(layer.layer(hangs).oneshot(post(&key)));
-            inside.await.expect("the request reached the inner service");
-        });
-        runtime.shutdown_background();
-    })
-    .join()
-    .expect("the doomed runtime");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_takeover_is_in_doubt_by_default_and_never_passed_on() {
     let clock = ManualClock::default();
     let store = MemoryStore::builder().clock(clock.clone()).build();
     let layer = IdempotencyLayer::builder(store).build().expect("layer");
-    die_mid_request(&layer, "order-1");
+    die_mid_request(&layer, post("order-1"));
     // The dead run's lease (30 s) runs out.
     clock.advance(Duration::from_secs(31));
 
@@ -118,7 +91,7 @@ async fn a_takeover_is_passed_on_when_asked_and_the_handler_is_told() {
         .forward_takeovers(true)
         .build()
         .expect("layer");
-    die_mid_request(&layer, "order-2");
+    die_mid_request(&layer, post("order-2"));
     clock.advance(Duration::from_secs(31));
 
     let calls = Arc::new(AtomicU32::new(0));

@@ -109,7 +109,7 @@ pub use chain::error_chain;
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use codec::{Codec, Json};
 pub use executor::{
-    default_classifier, effect_in_doubt_of, effect_mark, effect_mark_attempt, Backoff, Begun,
+    default_classifier, effect_in_doubt_of, effect_mark, effect_mark_fence, Backoff, Begun,
     ClaimedAhead, Classifier, ConfigError, Context, HandlerError, Heartbeats, HeldRun, Idempotency,
     IdempotencyBuilder, OpenStep, Outcome, RunError, StepStart, Terminal, DEFAULT_LEASE,
     DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_REPLAY_CACHE_BYTES, DEFAULT_REPLAY_CACHE_TTL,

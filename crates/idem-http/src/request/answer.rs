@@ -242,7 +242,7 @@ impl<S: Store> Settings<S> {
                 Err(RunError::Handler { error, .. }) => matches!(error, Unstored::Takeover { .. }),
                 _ => false,
             };
-            if in_doubt && !reconciled {
+            if in_doubt && !reconciled && self.reconciling.is_some() {
                 let question = slot
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)

@@ -6,9 +6,11 @@
 //! settles it with
 //! [`StepJournal::resolve_step`](crate::StepJournal::resolve_step) on that
 //! attempt's mark ([`effect_mark`]), atomically with the record's release.
-//! The mark names its attempt, so a finding about one attempt cannot
+//! The mark names its attempt by its fence, which grows with every claim
+//! of the key, across records too, so a finding about one attempt cannot
 //! settle a later one (a slow "not applied" arriving after the key ran
-//! again and lost its answer again):
+//! again and lost its answer again, or after the record was deleted and
+//! claimed anew):
 //!
 //! - [`Resolution::Applied`](crate::Resolution::Applied) with the run's
 //!   outcome: the next attempt finds it with
@@ -24,19 +26,20 @@ use crate::step::with_retries;
 use crate::store::StoreError;
 
 /// What the journal entries that stand for a run's whole effect are
-/// called, followed by `.` and the attempt (reserved: user step names
-/// cannot start with `$`). An entry's result, once settled applied, is the
-/// run's outcome as the handler would have returned it, encoded by the
-/// handler's owner (the HTTP layer: the stored response).
+/// called, followed by `.` and the attempt's fence (reserved: user step
+/// names cannot start with `$`). An entry's result, once settled applied,
+/// is the run's outcome as the handler would have returned it, encoded by
+/// the handler's owner (the HTTP layer: the stored response).
 pub const EFFECT_STEP: &str = "$effect";
 
-/// The mark of `attempt`'s effect: `$effect.<attempt>`.
-pub fn effect_mark(attempt: u32) -> String {
-    format!("{EFFECT_STEP}.{attempt}")
+/// The mark of the effect of the attempt holding `fence`:
+/// `$effect.<fence>`.
+pub fn effect_mark(fence: u64) -> String {
+    format!("{EFFECT_STEP}.{fence}")
 }
 
-/// The attempt whose effect mark `name` is, if it is one.
-pub fn effect_mark_attempt(name: &str) -> Option<u32> {
+/// The fence of the attempt whose effect mark `name` is, if it is one.
+pub fn effect_mark_fence(name: &str) -> Option<u64> {
     name.strip_prefix(EFFECT_STEP)?
         .strip_prefix('.')?
         .parse()
@@ -49,7 +52,7 @@ pub fn effect_in_doubt_of(journal: &[StepEntry]) -> Option<&str> {
     journal
         .iter()
         .filter(|entry| matches!(entry.state, StepState::Started { .. }))
-        .filter_map(|entry| Some((effect_mark_attempt(&entry.name)?, entry.name.as_str())))
+        .filter_map(|entry| Some((effect_mark_fence(&entry.name)?, entry.name.as_str())))
         .max()
         .map(|(_, name)| name)
 }
@@ -64,7 +67,7 @@ impl Context {
         let (Some(lease), Some(journal)) = (self.lease(), self.steps.journal.as_deref()) else {
             return Ok(false);
         };
-        let mark = effect_mark(lease.attempt);
+        let mark = effect_mark(lease.fence);
         with_retries(|| journal.begin_step(lease, &mark)).await?;
         Ok(true)
     }
@@ -83,7 +86,7 @@ impl Context {
         let steps = with_retries(|| journal.steps(&lease.id)).await?;
         let Some((name, result)) = steps.into_iter().find_map(|entry| match entry.state {
             StepState::Done { result }
-                if effect_mark_attempt(&entry.name).is_some() && !result.is_empty() =>
+                if effect_mark_fence(&entry.name).is_some() && !result.is_empty() =>
             {
                 Some((entry.name, result))
             }

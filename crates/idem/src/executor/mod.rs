@@ -46,7 +46,7 @@ pub(crate) use claim::Claimed;
 pub use classify::{default_classifier, Backoff, Classifier, Terminal};
 use context::Held;
 pub use context::{Context, Heartbeats, OpenStep, StepStart};
-pub use effect::{effect_in_doubt_of, effect_mark, effect_mark_attempt, EFFECT_STEP};
+pub use effect::{effect_in_doubt_of, effect_mark, effect_mark_fence, EFFECT_STEP};
 pub use handler_error::HandlerError;
 pub use held::{Begun, HeldRun};
 use outcome::outcome_label;
