@@ -35,6 +35,13 @@ class InProgress extends IdemError {
 }
 /** The key was first used with another fingerprint (another request). */
 class Mismatch extends IdemError {}
+/** The key ran before and its record expired; the store remembers it: refused, not run again. */
+class KeyExpired extends IdemError {
+  constructor(message, ageMs) {
+    super(message);
+    this.ageMs = ageMs;
+  }
+}
 /** An earlier run of the key failed for good; its failure is replayed. */
 class ReplayedFailure extends IdemError {
   constructor(message, failureClass, failure) {
@@ -79,6 +86,8 @@ function translated(error) {
       return new Unavailable(info.message);
     case "Mismatch":
       return new Mismatch(info.message);
+    case "KeyExpired":
+      return new KeyExpired(info.message, info.ageMs);
     case "LeaseLost":
       return new LeaseLost(info.message);
     case "ResultTooLarge":
@@ -126,6 +135,7 @@ module.exports = {
   InProgress,
   InvalidInput,
   InvalidStep,
+  KeyExpired,
   LeaseLost,
   Mismatch,
   ReplayedFailure,

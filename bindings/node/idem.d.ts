@@ -155,6 +155,11 @@ export class InProgress extends IdemError {
 }
 /** The key was first used with another fingerprint. */
 export class Mismatch extends IdemError {}
+/** The key ran before and its record expired; the store remembers it: refused, not run again. */
+export class KeyExpired extends IdemError {
+  /** How long ago the key ran, at least, in milliseconds. */
+  readonly ageMs: number;
+}
 /** An earlier run of the key failed for good; its failure is replayed. */
 export class ReplayedFailure extends IdemError {
   readonly failureClass: FailureClass;

@@ -14,6 +14,9 @@ pub(crate) fn to_js(error: EngineError) -> napi::Error {
         EngineError::InProgress { retry_after } => {
             reason["retryAfterMs"] = json!(retry_after.as_secs_f64() * 1000.0);
         }
+        EngineError::KeyExpired { age } => {
+            reason["ageMs"] = json!(age.as_secs_f64() * 1000.0);
+        }
         EngineError::ReplayedFailure { class, message } => {
             reason["failureClass"] = json!(class.as_str());
             reason["failure"] = json!(message);

@@ -29,6 +29,7 @@ pub(crate) fn to_py(py: Python<'_>, error: EngineError) -> PyErr {
         EngineError::InProgress { retry_after } => {
             raise(py, kind, (text, retry_after.as_secs_f64()))
         }
+        EngineError::KeyExpired { age } => raise(py, kind, (text, age.as_secs_f64())),
         EngineError::ReplayedFailure { class, message } => {
             raise(py, kind, (text, class.as_str(), message))
         }

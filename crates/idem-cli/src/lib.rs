@@ -460,7 +460,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 
 async fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     let mut config = args.proxy_config()?;
-    let url: StoreUrl = args.store.as_deref().unwrap_or(DEFAULT_STORE).parse()?;
+    let url = args.store_url()?;
     let store = url.open().await?;
     config.blobs = args.open_blobs(&store, &config.keep).await?;
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()

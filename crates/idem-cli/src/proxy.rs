@@ -72,7 +72,7 @@ pub struct ProxyConfig {
     /// The upstream's URL to ask whether a request whose outcome is
     /// unknown took effect ([`crate::reconcile`]), if any.
     pub reconcile: Option<Uri>,
-    /// Refuse UUIDv7 keys older than the retention (422 `key-too-old`).
+    /// Refuse UUIDv7 keys older than the retention (410 `key-too-old`).
     pub reject_old_uuid_v7: bool,
     /// The longest a duplicate asking `Prefer: wait=N` is held for the
     /// running request's outcome.

@@ -6,7 +6,15 @@ use std::path::PathBuf;
 use http::{HeaderName, Method, Uri};
 use serde::Deserialize;
 
+use idem_engine::store::{StoreUrl, DEFAULT_STORE};
+
 use crate::{duration, forwarded, proxy, tls, wait};
+
+/// How long the gateway remembers keys whose records expired, unless told
+/// (`--remember-expired`): a month, thirty times the default retention,
+/// at about 60 bytes a key (see the guide's "Keys after the retention").
+pub(crate) const DEFAULT_REMEMBER_EXPIRED: std::time::Duration =
+    std::time::Duration::from_secs(30 * 86_400);
 
 /// `idem proxy` settings. Each comes from its flag, else its `IDEM_*`
 /// environment variable, else the `--config` TOML file (same names, with
@@ -136,9 +144,17 @@ pub struct ProxyArgs {
     /// replay) or `not-applied` (the retry runs) settles the key.
     #[arg(long, env = "IDEM_RECONCILE")]
     pub reconcile: Option<String>,
-    /// Refuse keys that are UUIDv7s older than the retention with 422
-    /// key-too-old: a retry that late cannot be told from a new request
-    /// [default: false].
+    /// How long keys whose records expired are remembered, so a retry that
+    /// comes after the retention is answered 410 key-expired instead of
+    /// run again (the same key with another request still runs); 0 turns
+    /// it off. The store URL's own `?remember=` wins. The embedded stores
+    /// (SQLite, memory) remember; on others this gateway warns that late
+    /// retries run again [default: 30d].
+    #[arg(long, env = "IDEM_REMEMBER_EXPIRED")]
+    pub remember_expired: Option<String>,
+    /// Refuse keys that are UUIDv7s older than the retention with 410
+    /// key-too-old: a retry that late may belong to a request whose record
+    /// has expired [default: false].
     #[arg(long, env = "IDEM_REJECT_OLD_UUID_V7", num_args = 0..=1, default_missing_value = "true")]
     pub reject_old_uuid_v7: Option<bool>,
     /// The longest a duplicate of a running request that asks
@@ -237,11 +253,40 @@ impl ProxyArgs {
         fill!(self, file; listen, tls_cert, tls_key, upstream, upstream_ca, upstream_http2, admin_listen, store, methods, header, require_key,
               key_in_body, fingerprint_fields, webhook, webhook_secret_file, mcp,
               tenant_header, retention, lease, max_request_bytes, max_response_bytes, fail_open,
-              upstream_timeout, forward_takeovers, reconcile, reject_old_uuid_v7, max_wait, default_wait,
+              upstream_timeout, forward_takeovers, reconcile, remember_expired, reject_old_uuid_v7,
+              max_wait, default_wait,
               replay_cache_bytes, replay_cache_ttl, trust_forwarded, preserve_host,
               replay_drop_headers, replay_set_cookie, grpc_request_id_field, keep, blobs, keyring,
               key_secret);
         Ok(self)
+    }
+
+    /// The store URL with the gateway's memory of expired keys: the URL's
+    /// own `?remember=`, else `--remember-expired` (30 days by default).
+    /// A store that cannot remember is refused if the flag was given, and
+    /// warned about if not.
+    pub fn store_url(&self) -> anyhow::Result<StoreUrl> {
+        let url: StoreUrl = self.store.as_deref().unwrap_or(DEFAULT_STORE).parse()?;
+        let memory = match self.remember_expired.as_deref().map(str::trim) {
+            Some("0") => std::time::Duration::ZERO,
+            Some(text) => duration("--remember-expired", text)?,
+            None => DEFAULT_REMEMBER_EXPIRED,
+        };
+        if memory.is_zero() || url.can_remember() {
+            return Ok(url.remembering_by_default(memory));
+        }
+        if self.remember_expired.is_some() {
+            anyhow::bail!(
+                "--remember-expired: the store {url} cannot remember expired keys yet (SQLite \
+                 and memory can); give --remember-expired 0 to run without"
+            );
+        }
+        tracing::warn!(
+            store = %url,
+            "this store cannot remember expired keys: a retry that comes after the retention \
+             runs again (SQLite and memory stores remember; --remember-expired 0 silences this)"
+        );
+        Ok(url)
     }
 
     /// The blob store, opened: the one `--blobs` names, else the one

@@ -6,15 +6,16 @@
 mod common;
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
+use common::process::GatewayProcess;
 use common::{client, problem};
 
 /// The upstream's ledger: how often each key was sent and charged, and the
@@ -112,41 +113,26 @@ async fn start_upstream() -> (Ledger, std::net::SocketAddr) {
     (ledger, addr)
 }
 
-/// `idem proxy` as a process, killed and reaped when dropped.
-struct Gateway(Child, String);
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+async fn gateway(upstream: std::net::SocketAddr, db: &std::path::Path) -> GatewayProcess {
+    let upstream = format!("http://{upstream}");
+    let reconcile = format!("{upstream}/reconcile");
+    GatewayProcess::start(
+        &format!("sqlite:{}", db.display()),
+        &[
+            "--upstream",
+            &upstream,
+            "--upstream-timeout",
+            "1s",
+            "--reconcile",
+            &reconcile,
+        ],
+    )
+    .await
 }
 
-async fn gateway(upstream: std::net::SocketAddr, db: &std::path::Path) -> Gateway {
-    let port = idem_testkit::free_port().expect("port");
-    let listen = format!("127.0.0.1:{port}");
-    let child = Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(["--store", &format!("sqlite:{}", db.display())])
-        .args(["proxy", "--listen", &listen, "--admin-listen", "off"])
-        .args(["--upstream", &format!("http://{upstream}")])
-        .args(["--upstream-timeout", "1s"])
-        .args(["--reconcile", &format!("http://{upstream}/reconcile")])
-        .env("IDEM_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start idem proxy");
-    let gateway = Gateway(child, format!("http://{listen}"));
-    let start = Instant::now();
-    while tokio::net::TcpStream::connect(&listen).await.is_err() {
-        assert!(start.elapsed() < Duration::from_secs(10), "gateway not up");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    gateway
-}
-
-async fn post_charge(gateway: &Gateway, key: &str) -> reqwest::Response {
+async fn post_charge(gateway: &GatewayProcess, key: &str) -> reqwest::Response {
     client()
-        .post(format!("{}/charges?currency=eur", gateway.1))
+        .post(format!("{}/charges?currency=eur", gateway.url))
         .header("idempotency-key", key)
         .header("content-type", "application/json")
         .body(r#"{"amount":100}"#)

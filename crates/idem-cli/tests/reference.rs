@@ -8,18 +8,19 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::{routing, Router};
+use common::process::GatewayProcess;
 use common::*;
 use idem::blob::{BlobOwner, BlobStore, Blobs, DirBlobs};
 use sha2::{Digest, Sha256};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 /// The upstream of these tests: `POST /blob/{mib}` answers `mib` MiB of a
 /// pattern, in 64 KiB chunks, `x-pace-ms` apart if asked; counted.
@@ -302,57 +303,21 @@ async fn blobs_no_record_names_are_swept_and_named_ones_kept() {
 }
 
 /// The `idem` binary as a gateway process keeping `/blob` by reference.
-struct GatewayProcess {
-    child: Child,
-    url: String,
-}
-
-impl GatewayProcess {
-    async fn start(port: u16, upstream: std::net::SocketAddr, dir: &std::path::Path) -> Self {
-        let child = Command::new(env!("CARGO_BIN_EXE_idem"))
-            .args(["proxy", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--upstream", &format!("http://{upstream}")])
-            .args([
-                "--store",
-                &format!("sqlite:{}", dir.join("idem.db").display()),
-            ])
-            .args(["--admin-listen", "off", "--lease", "1s"])
-            .args(["--keep", "/blob=reference"])
-            .env("IDEM_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start idem proxy");
-        let addr = format!("127.0.0.1:{port}");
-        let start = Instant::now();
-        while TcpStream::connect(&addr).await.is_err() {
-            assert!(start.elapsed() < Duration::from_secs(10), "gateway not up");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Self {
-            child,
-            url: format!("http://{addr}"),
-        }
-    }
-
-    /// The process's peak resident memory, in bytes (`VmHWM`).
-    fn peak_rss(&self) -> u64 {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("status");
-        let kib: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .expect("VmHWM");
-        kib * 1024
-    }
-}
-
-impl Drop for GatewayProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+async fn blob_gateway(upstream: std::net::SocketAddr, dir: &std::path::Path) -> GatewayProcess {
+    let store = format!("sqlite:{}", dir.join("idem.db").display());
+    let upstream = format!("http://{upstream}");
+    GatewayProcess::start(
+        &store,
+        &[
+            "--upstream",
+            &upstream,
+            "--lease",
+            "1s",
+            "--keep",
+            "/blob=reference",
+        ],
+    )
+    .await
 }
 
 /// Reads a response's body chunk by chunk, as a streaming client does;
@@ -371,8 +336,7 @@ async fn digest_of(mut response: reqwest::Response) -> Result<(Vec<u8>, usize), 
 async fn fifty_megabytes_are_kept_and_replayed_streamed_in_bounded_memory() {
     let dir = tempfile::tempdir().expect("dir");
     let (up, addr) = sized_upstream().await;
-    let port = idem_testkit::free_port().expect("port");
-    let gw = GatewayProcess::start(port, addr, dir.path()).await;
+    let gw = blob_gateway(addr, dir.path()).await;
     let small = format!("{}/blob/1", gw.url);
     assert_eq!(send(&small, "warm-up").await.status(), 200);
     let baseline = gw.peak_rss();
@@ -412,13 +376,12 @@ async fn fifty_megabytes_are_kept_and_replayed_streamed_in_bounded_memory() {
 async fn a_gateway_killed_anywhere_leaves_no_record_naming_a_missing_blob() {
     let dir = tempfile::tempdir().expect("dir");
     let (up, addr) = sized_upstream().await;
-    let port = idem_testkit::free_port().expect("port");
     let expected = Sha256::digest(pattern(4 << 20)).to_vec();
     // Replayed, outcome unknown, killed before its claim (run by the retry).
     let mut outcomes = (0, 0, 0);
     for round in 0..10u64 {
         let at_start = up.runs.load(Ordering::SeqCst);
-        let gw = GatewayProcess::start(port, addr, dir.path()).await;
+        let gw = blob_gateway(addr, dir.path()).await;
         let key = format!("killed-{round}");
         let url = format!("{}/blob/4096", gw.url);
         let request = {
@@ -438,7 +401,7 @@ async fn a_gateway_killed_anywhere_leaves_no_record_naming_a_missing_blob() {
         drop(gw);
         let _ = request.await;
 
-        let gw = GatewayProcess::start(port, addr, dir.path()).await;
+        let gw = blob_gateway(addr, dir.path()).await;
         tokio::time::sleep(Duration::from_millis(1100)).await;
         let url = format!("{}/blob/4096", gw.url);
         let runs_before = up.runs.load(Ordering::SeqCst);

@@ -42,6 +42,17 @@ pub enum EngineError {
     /// The key was used before with another fingerprint; nothing ran.
     #[error("the key was already used with a different fingerprint")]
     Mismatch,
+    /// The key ran before and its record has expired; the store remembers
+    /// the key ([`idem::horizon`]), so this late call is refused rather
+    /// than run again. Nothing ran.
+    #[error(
+        "the key ran about {}s ago and its record has expired: refused rather than run again",
+        age.as_secs()
+    )]
+    KeyExpired {
+        /// How long ago the key's record ended, at least.
+        age: Duration,
+    },
     /// The key failed for good before (or is parked in doubt): its stored
     /// failure, replayed. Nothing ran.
     #[error("replayed stored failure ({class}): {message}")]
@@ -94,7 +105,7 @@ pub enum EngineError {
 impl EngineError {
     /// The name of the exception every binding raises for this error:
     /// `InvalidInput`, `Unavailable`, `InProgress`, `Mismatch`,
-    /// `ReplayedFailure`, `LeaseLost`, `ResultTooLarge`, `StepInDoubt`,
+    /// `KeyExpired`, `ReplayedFailure`, `LeaseLost`, `ResultTooLarge`, `StepInDoubt`,
     /// `InvalidStep`, or `IdemError` for the rest. One table, so the
     /// languages cannot drift apart.
     pub fn kind(&self) -> &'static str {
@@ -107,6 +118,7 @@ impl EngineError {
             EngineError::Open(_) | EngineError::Store(_) => "Unavailable",
             EngineError::InProgress { .. } => "InProgress",
             EngineError::Mismatch => "Mismatch",
+            EngineError::KeyExpired { .. } => "KeyExpired",
             EngineError::ReplayedFailure { .. } => "ReplayedFailure",
             EngineError::LeaseLost => "LeaseLost",
             EngineError::TooLarge { .. } => "ResultTooLarge",
@@ -135,6 +147,7 @@ impl<E> From<RunError<E>> for EngineError {
         match error {
             RunError::InProgress { retry_after } => EngineError::InProgress { retry_after },
             RunError::Mismatch => EngineError::Mismatch,
+            RunError::Forgotten { age } => EngineError::KeyExpired { age },
             RunError::Failed(failure) | RunError::Parked(failure) => EngineError::ReplayedFailure {
                 class: failure.class,
                 message: failure.message,

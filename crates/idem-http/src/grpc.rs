@@ -165,7 +165,7 @@ fn code_of(kind: &str, status: StatusCode) -> u8 {
         }
         types::BODY_TOO_LARGE => code::RESOURCE_EXHAUSTED,
         types::IN_PROGRESS => code::ABORTED,
-        types::MISMATCH | types::KEY_TOO_OLD => code::FAILED_PRECONDITION,
+        types::MISMATCH | types::KEY_TOO_OLD | types::KEY_EXPIRED => code::FAILED_PRECONDITION,
         types::STORE_UNAVAILABLE | types::UPSTREAM => code::UNAVAILABLE,
         types::OUTCOME_UNKNOWN | types::NOT_STORED | types::STORED_UNREADABLE => code::DATA_LOSS,
         _ => match status.as_u16() {

@@ -25,6 +25,9 @@ pub const KEY_MISSING: &str = crate::problem_type!("key-missing");
 pub const KEY_MALFORMED: &str = crate::problem_type!("key-malformed");
 /// The key is a UUIDv7 older than the key lifetime.
 pub const KEY_TOO_OLD: &str = crate::problem_type!("key-too-old");
+/// The key's record expired, and the store remembers the key: a late
+/// retry.
+pub const KEY_EXPIRED: &str = crate::problem_type!("key-expired");
 /// A request with this key is still running.
 pub const IN_PROGRESS: &str = crate::problem_type!("in-progress");
 /// The key was used with a different request.

@@ -35,9 +35,9 @@ pub enum Rejection {
         /// Which rule, in words.
         detail: String,
     },
-    /// 422: the key is a UUIDv7 older than the retention: a retry this
+    /// 410: the key is a UUIDv7 older than the retention: a retry this
     /// late may belong to a request whose record has already expired, so
-    /// it cannot be told from a new request.
+    /// it is refused rather than run again.
     KeyTooOld {
         /// How old the key is, by the time in it.
         age: Duration,
@@ -72,6 +72,13 @@ pub enum Rejection {
     },
     /// 422: the key was used with a different request.
     Mismatch,
+    /// 410: a request with this key ran, and its record has expired; the
+    /// store remembers the key ([`idem::horizon`]), so this late retry is
+    /// refused rather than run again.
+    KeyExpired {
+        /// How long ago the key's record ended, at least.
+        age: Duration,
+    },
     /// 422: an earlier request with this key may have been processed, but
     /// its response was lost (its process died mid-request, or the
     /// upstream's answer never came); the key is kept and will not run
@@ -134,10 +141,10 @@ impl Rejection {
             | Self::BadSignature { .. } => StatusCode::BAD_REQUEST,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::InProgress { .. } => StatusCode::CONFLICT,
-            Self::KeyTooOld { .. }
-            | Self::Mismatch
-            | Self::OutcomeUnknown { .. }
-            | Self::NotStored { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::KeyTooOld { .. } | Self::KeyExpired { .. } => StatusCode::GONE,
+            Self::Mismatch | Self::OutcomeUnknown { .. } | Self::NotStored { .. } => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             Self::LostResponse { .. } | Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
             Self::StoreUnavailable { .. } | Self::LeaseLost => StatusCode::SERVICE_UNAVAILABLE,
             Self::StoredUnreadable { .. } | Self::Internal { .. } => {
@@ -152,6 +159,7 @@ impl Rejection {
             Self::KeyMissing { .. } => types::KEY_MISSING,
             Self::KeyMalformed { .. } => types::KEY_MALFORMED,
             Self::KeyTooOld { .. } => types::KEY_TOO_OLD,
+            Self::KeyExpired { .. } => types::KEY_EXPIRED,
             Self::BodyTooLarge { .. } => types::BODY_TOO_LARGE,
             Self::BadBody { .. } => types::BAD_BODY,
             Self::BadSignature { .. } => types::BAD_SIGNATURE,
@@ -171,6 +179,7 @@ impl Rejection {
             Self::KeyMissing { .. } => "Idempotency key missing",
             Self::KeyMalformed { .. } => "Idempotency key malformed",
             Self::KeyTooOld { .. } => "Idempotency key older than its lifetime",
+            Self::KeyExpired { .. } => "Idempotency key expired",
             Self::BodyTooLarge { .. } => types::BODY_TOO_LARGE_TITLE,
             Self::BadBody { .. } => "Request body unreadable",
             Self::BadSignature { .. } => "Webhook signature invalid",
@@ -211,6 +220,12 @@ impl Rejection {
                  run again; use a new key for a new request",
                 age.as_secs(),
                 retention.as_secs()
+            ),
+            Self::KeyExpired { age } => format!(
+                "a request with this key was processed about {} ago and its stored response \
+                 has since expired: this retry came too late to be answered, and is refused \
+                 rather than run again; use a new key for a new request",
+                spoken(*age)
             ),
             Self::BodyTooLarge { size, limit } => format!(
                 "the request body is {size} bytes; the limit is {limit} bytes. The key was not \
@@ -288,6 +303,19 @@ impl Rejection {
     }
 }
 
+/// `age` as a person says it, to the largest whole unit: "3 days",
+/// "5 hours", "12 minutes", "40 seconds".
+fn spoken(age: Duration) -> String {
+    let secs = age.as_secs();
+    let (n, unit) = match secs {
+        0..=119 => (secs, "second"),
+        120..=7_199 => (secs / 60, "minute"),
+        7_200..=172_799 => (secs / 3_600, "hour"),
+        _ => (secs / 86_400, "day"),
+    };
+    format!("{n} {unit}{}", if n == 1 { "" } else { "s" })
+}
+
 impl std::fmt::Display for Rejection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} {}: {}", self.status(), self.title(), self.detail())
@@ -301,9 +329,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn ages_are_said_in_their_largest_whole_unit() {
+        let said = |secs| spoken(Duration::from_secs(secs));
+        assert_eq!(said(1), "1 second");
+        assert_eq!(said(119), "119 seconds");
+        assert_eq!(said(7_199), "119 minutes");
+        assert_eq!(said(86_400), "24 hours");
+        assert_eq!(said(3 * 86_400 + 5), "3 days");
+    }
+
+    #[test]
     fn every_answer_is_problem_json_with_its_status_and_type() {
         let cases = [
             (Rejection::Mismatch, 422, types::MISMATCH, None),
+            (
+                Rejection::KeyExpired {
+                    age: Duration::from_secs(3 * 86_400),
+                },
+                410,
+                types::KEY_EXPIRED,
+                None,
+            ),
             (
                 Rejection::InProgress {
                     retry_after: Duration::from_secs(30),

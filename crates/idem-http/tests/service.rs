@@ -316,7 +316,7 @@ async fn an_old_uuid_v7_key_is_refused_when_asked() {
         .oneshot(post(old))
         .await
         .expect("answered");
-    problem(response, 422, "/key-too-old").await;
+    problem(response, 410, "/key-too-old").await;
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     for key in [fresh.as_str(), "not-a-uuid"] {
         let response = checking

@@ -120,6 +120,9 @@ impl Store for RemoteStore {
                 ClaimOutcome::Failed(Failure::new(class.into(), message))
             }
             ClaimAnswer::Mismatch => ClaimOutcome::Mismatch,
+            ClaimAnswer::Forgotten { expired_at_ms } => ClaimOutcome::Forgotten {
+                expired_at: Timestamp::from_millis(expired_at_ms),
+            },
         })
     }
 

@@ -269,6 +269,12 @@ pub enum ClaimAnswer {
     },
     /// The key was claimed with another fingerprint.
     Mismatch,
+    /// A retry after its key's record expired, remembered by the server's
+    /// store: refused, nothing written.
+    Forgotten {
+        /// When the record expired (milliseconds since the Unix epoch).
+        expired_at_ms: u64,
+    },
 }
 
 /// `POST /v1/extend`'s answer.
@@ -486,6 +492,7 @@ struct Fields {
     attempt: Option<u32>,
     downstream_key: Option<String>,
     name: Option<String>,
+    expired_at_ms: Option<u64>,
 }
 
 /// `field`, or why the answer is not what the API sends.
@@ -515,6 +522,9 @@ impl TryFrom<Fields> for ClaimAnswer {
                 message: need(f.message, "message", of)?,
             },
             "mismatch" => ClaimAnswer::Mismatch,
+            "forgotten" => ClaimAnswer::Forgotten {
+                expired_at_ms: need(f.expired_at_ms, "expired_at_ms", of)?,
+            },
             other => return Err(format!("unknown claim outcome {other:?}")),
         })
     }

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, Notify};
 
 use crate::schema::{self, Durability, OpenError, Role};
 use crate::store::{Inner, SqliteStore};
-use crate::writer::{WriteConnection, Writer};
+use crate::writer::{Site, WriteConnection, Writer};
 
 /// The default busy timeout: how long a connection waits for another
 /// process's write lock before reporting the store unavailable.
@@ -30,6 +30,7 @@ pub struct SqliteStoreBuilder<C: Clock = SystemClock> {
     busy: Duration,
     max_batch: usize,
     queue: usize,
+    memory: Option<Duration>,
 }
 
 impl SqliteStore<SystemClock> {
@@ -48,6 +49,7 @@ impl SqliteStore<SystemClock> {
             busy: DEFAULT_BUSY_TIMEOUT,
             max_batch: DEFAULT_MAX_BATCH,
             queue: DEFAULT_QUEUE,
+            memory: None,
         }
     }
 }
@@ -63,6 +65,7 @@ impl<C: Clock> SqliteStoreBuilder<C> {
             busy: self.busy,
             max_batch: self.max_batch,
             queue: self.queue,
+            memory: self.memory,
         }
     }
 
@@ -91,12 +94,27 @@ impl<C: Clock> SqliteStoreBuilder<C> {
         self
     }
 
+    /// Remembers the keys of completed and failed records for `memory`
+    /// after the purge deletes them, so a late retry is answered
+    /// [`Forgotten`](idem::store::ClaimOutcome::Forgotten) instead of run
+    /// again ([`idem::horizon`]); zero turns it off. The setting is kept
+    /// in the file: every process that opens it without saying (an
+    /// `idem purge`, a second worker) remembers alike, and a file never
+    /// told does not remember. Costs about 60 bytes of file per key,
+    /// dropped a day at a time by the purge, and one index read more for
+    /// a claim of a new key.
+    pub fn remember_expired(mut self, memory: Duration) -> Self {
+        self.memory = Some(memory);
+        self
+    }
+
     /// Opens the file, migrating its schema, and starts the writer.
     pub fn open(self) -> Result<SqliteStore<C>, OpenError> {
-        let (conn, store_id) = schema::retry_busy(self.busy, || {
+        let (conn, store_id, memory) = schema::retry_busy(self.busy, || {
             let mut conn = schema::connect(&self.path, self.durability, self.busy, Role::Writer)?;
             let store_id = schema::migrate(&mut conn, &self.path, self.busy)?;
-            Ok((conn, store_id))
+            let memory = schema::memory(&conn, &self.path, self.busy, self.memory)?;
+            Ok((conn, store_id, memory))
         })?;
         let (tx, rx) = mpsc::channel(self.queue);
         let clock = Arc::new(self.clock);
@@ -104,7 +122,7 @@ impl<C: Clock> SqliteStoreBuilder<C> {
         let connection = Arc::new(Mutex::new(WriteConnection {
             conn,
             clock: Arc::clone(&clock),
-            store_id,
+            site: Site { store_id, memory },
         }));
         let writer = Writer {
             connection: Arc::clone(&connection),

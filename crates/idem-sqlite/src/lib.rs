@@ -56,6 +56,7 @@
 mod admin;
 mod builder;
 mod encode;
+mod horizon;
 pub mod inbox;
 mod many;
 pub mod outbox;

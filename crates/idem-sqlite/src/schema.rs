@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
+use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
 
 /// One schema migration, applied in order of `version`.
 #[derive(Debug, Clone, Copy)]
@@ -33,10 +33,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "0003_abandoned.sql",
         sql: include_str!("../migrations/0003_abandoned.sql"),
     },
+    Migration {
+        version: 4,
+        name: "0004_horizon.sql",
+        sql: include_str!("../migrations/0004_horizon.sql"),
+    },
 ];
 
 /// The schema version this build writes (SQLite's `user_version`).
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// The store's migrations, oldest first.
 pub fn migrations() -> &'static [Migration] {
@@ -212,6 +217,37 @@ pub(crate) fn retry_busy<T>(
             other => return other,
         }
     }
+}
+
+/// How long the file remembers expired keys: `set` written first if given
+/// (zero: not at all), else what the file says; `None` for not at all.
+pub(crate) fn memory(
+    conn: &Connection,
+    path: &Path,
+    busy: Duration,
+    set: Option<Duration>,
+) -> Result<Option<Duration>, OpenError> {
+    let fail = |e| OpenError::classify(path, busy, e);
+    if let Some(memory) = set {
+        let ms = i64::try_from(memory.as_millis()).unwrap_or(i64::MAX);
+        conn.execute(
+            "INSERT OR REPLACE INTO idem_meta (name, value) VALUES ('remember_ms', ?1)",
+            [ms],
+        )
+        .map_err(fail)?;
+    }
+    let ms: Option<i64> = conn
+        .query_row(
+            "SELECT value FROM idem_meta WHERE name = 'remember_ms'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(fail)?;
+    Ok(ms
+        .and_then(|ms| u64::try_from(ms).ok())
+        .filter(|ms| *ms > 0)
+        .map(Duration::from_millis))
 }
 
 /// Brings the file to [`SCHEMA_VERSION`] and returns the store's id.

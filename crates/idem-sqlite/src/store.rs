@@ -109,6 +109,12 @@ impl<C: Clock> SqliteStore<C> {
         &self.inner.path
     }
 
+    /// How many expired keys the file remembers
+    /// ([`remember_expired`](crate::SqliteStoreBuilder::remember_expired)).
+    pub async fn remembered(&self) -> Result<u64, StoreError> {
+        self.read(crate::horizon::remembered).await
+    }
+
     pub(crate) async fn submit(&self, op: Op) -> Result<Done, StoreError> {
         // Inline commits and reads finish without ever waiting, so a loop of
         // store calls would otherwise never give its worker thread back to

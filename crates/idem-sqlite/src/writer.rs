@@ -10,6 +10,7 @@
 //! gets the error and nothing of the batch is kept.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use idem::machine::{
@@ -22,6 +23,7 @@ use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::encode::{self, Place};
+use crate::horizon;
 
 /// What a job asks the writer to do.
 pub(crate) enum Op {
@@ -113,7 +115,16 @@ pub(crate) fn corrupt(id: &RecordId, reason: String) -> StoreError {
 pub(crate) struct WriteConnection<C> {
     pub(crate) conn: Connection,
     pub(crate) clock: Arc<C>,
+    pub(crate) site: Site,
+}
+
+/// What every job of a store's file needs to know of it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Site {
+    /// The store's id: the high half of every token.
     pub(crate) store_id: u64,
+    /// How long expired keys are remembered ([`idem::horizon`]), if at all.
+    pub(crate) memory: Option<Duration>,
 }
 
 pub(crate) struct Writer<C> {
@@ -193,7 +204,7 @@ impl<C: Clock> WriteConnection<C> {
         let conn = &self.conn;
         conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
         let result =
-            run_jobs(conn, ops, isolation, self.clock.as_ref(), self.store_id).and_then(|done| {
+            run_jobs(conn, ops, isolation, self.clock.as_ref(), self.site).and_then(|done| {
                 conn.prepare_cached("COMMIT")?.execute([])?;
                 Ok(done)
             });
@@ -248,7 +259,7 @@ fn run_jobs<C: Clock>(
     ops: &[&Op],
     isolation: Isolation,
     clock: &C,
-    store_id: u64,
+    site: Site,
 ) -> Result<Vec<Result<Done, StoreError>>, JobsError> {
     let start: i64 = conn
         .prepare_cached("SELECT value FROM idem_meta WHERE name = 'seq'")?
@@ -259,7 +270,7 @@ fn run_jobs<C: Clock>(
     let mut done = Vec::with_capacity(ops.len());
     for op in ops {
         if isolation != Isolation::Savepoints {
-            match apply(conn, op, clock.now(), store_id, &mut seq) {
+            match apply(conn, op, clock.now(), site, &mut seq) {
                 Ok(answer) => done.push(Ok(answer)),
                 Err(e) if isolation == Isolation::Optimistic && !conn.is_autocommit() => {
                     return Err(JobsError::Job(e))
@@ -269,7 +280,7 @@ fn run_jobs<C: Clock>(
             continue;
         }
         conn.prepare_cached("SAVEPOINT job")?.execute([])?;
-        match apply(conn, op, clock.now(), store_id, &mut seq) {
+        match apply(conn, op, clock.now(), site, &mut seq) {
             Ok(answer) => {
                 conn.prepare_cached("RELEASE job")?.execute([])?;
                 done.push(Ok(answer));
@@ -297,14 +308,14 @@ fn apply(
     tx: &Connection,
     op: &Op,
     now: Timestamp,
-    store_id: u64,
+    site: Site,
     seq: &mut u64,
 ) -> rusqlite::Result<Done> {
     Ok(match op {
         Op::Claim(claims) => {
             let mut outcomes = Vec::with_capacity(claims.len());
             for (id, params) in claims {
-                outcomes.push(claim(tx, id, params, now, store_id, seq)?);
+                outcomes.push(claim(tx, id, params, now, site, seq)?);
             }
             Done::Claims(outcomes)
         }
@@ -331,16 +342,18 @@ fn apply(
                 .optional()?;
             Done::Delete(expires.is_some_and(|e| e > encode::millis(now)))
         }
-        Op::Purge(limit) => Done::Purge(
-            tx.prepare_cached(
-                "DELETE FROM idem_records WHERE rowid IN \
-                 (SELECT rowid FROM idem_records WHERE expires_at <= ?1 LIMIT ?2)",
-            )?
-            .execute(params![
-                encode::millis(now),
-                i64::try_from(*limit).unwrap_or(i64::MAX)
-            ])?,
-        ),
+        Op::Purge(limit) => Done::Purge(match site.memory {
+            None => tx
+                .prepare_cached(
+                    "DELETE FROM idem_records WHERE rowid IN \
+                     (SELECT rowid FROM idem_records WHERE expires_at <= ?1 LIMIT ?2)",
+                )?
+                .execute(params![
+                    encode::millis(now),
+                    i64::try_from(*limit).unwrap_or(i64::MAX)
+                ])?,
+            Some(memory) => horizon::purge_remembering(tx, *limit, now, memory)?,
+        }),
         Op::BeginStep { lease, step } => Done::BeginStep(begin_step(tx, lease, step, now)?),
         Op::FinishStep {
             lease,
@@ -441,36 +454,56 @@ fn claim(
     id: &RecordId,
     params: &ClaimParams,
     now: Timestamp,
-    store_id: u64,
+    site: Site,
     seq: &mut u64,
 ) -> rusqlite::Result<Result<ClaimOutcome, StoreError>> {
     let next = *seq + 1;
     let fresh = Fresh {
-        token: LeaseToken::from_parts(store_id, next),
+        token: LeaseToken::from_parts(site.store_id, next),
         fence_floor: next,
     };
+    let remembered = match site.memory {
+        Some(_) => horizon::recall(conn, id)?,
+        None => None,
+    };
     // Most claims are first deliveries: try the machine's answer for an
-    // absent key first, and read the row only if the key is taken.
+    // absent key first, and read the row only if the key is taken (or
+    // remembered: then whether it is still held decides).
     let (write, outcome) = decide_claim(None, params, now, fresh).into_parts(id);
     let first = write.expect("an absent key is always acquired");
-    if encode::store(conn, id, Place::NewIfAbsent, &first)? {
+    if remembered.is_none() && encode::store(conn, id, Place::NewIfAbsent, &first)? {
         *seq = next;
         return Ok(Ok(outcome));
     }
     let (rowid, existing) = match encode::load(conn, id)? {
-        Some((rowid, Ok(record))) => (rowid, record),
+        Some((rowid, Ok(record))) => (Some(rowid), Some(record)),
         Some((_, Err(reason))) => return Ok(Err(corrupt(id, reason))),
-        None => unreachable!("the insert just found this key taken"),
+        None => (None, None),
     };
-    let (write, outcome) = decide_claim(Some(&existing), params, now, fresh).into_parts(id);
-    if let Some(record) = write {
-        if record.attempt == 1 {
-            // A new record where an expired one was: its journal goes too.
-            encode::delete_steps(conn, id)?;
+    let (write, outcome) = decide_claim(existing.as_ref(), params, now, fresh).into_parts(id);
+    let Some(record) = write else {
+        return Ok(Ok(outcome));
+    };
+    if let (Some(memory), 1) = (site.memory, record.attempt) {
+        let late =
+            idem::horizon::late_retry(existing.as_ref(), remembered.as_ref(), params, now, memory);
+        if let Some(late) = late {
+            return Ok(Ok(late));
         }
-        encode::store(conn, id, Place::Row(rowid), &record)?;
-        *seq = next;
     }
+    match rowid {
+        Some(rowid) => {
+            if record.attempt == 1 {
+                // A new record where an expired one was: its journal goes too.
+                encode::delete_steps(conn, id)?;
+            }
+            encode::store(conn, id, Place::Row(rowid), &record)?;
+        }
+        None => {
+            encode::store(conn, id, Place::NewIfAbsent, &record)?;
+        }
+    }
+    *seq = next;
     Ok(Ok(outcome))
 }
 

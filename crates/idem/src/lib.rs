@@ -92,6 +92,7 @@ pub mod durable;
 mod executor;
 mod fingerprint;
 pub mod group;
+pub mod horizon;
 pub mod key;
 pub mod key_hash;
 pub mod machine;

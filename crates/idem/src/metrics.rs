@@ -22,6 +22,9 @@ pub const TAKEOVERS: &str = "idem_takeovers_total";
 pub const LEASE_LOST: &str = "idem_lease_lost_total";
 /// Claims refused for a different fingerprint.
 pub const MISMATCHES: &str = "idem_mismatches_total";
+/// Late retries refused: their key's record had expired (remembered by
+/// the store, or a UUIDv7 key older than the retention).
+pub const FORGOTTEN: &str = "idem_forgotten_total";
 /// Handler runs by result.
 pub const EXECUTIONS: &str = "idem_executions_total";
 /// Handler runs without protection because the store was down (fail-open).

@@ -366,6 +366,15 @@ pub enum ClaimOutcome {
     Failed(Failure),
     /// The key is bound to a different fingerprint.
     Mismatch,
+    /// The key's record ended (completed or failed) with this claim's
+    /// fingerprint and expired at `expired_at`, within the store's memory
+    /// of expired keys ([`crate::horizon`]): a retry that came too late to
+    /// be replayed, refused rather than run again. Nothing was written.
+    Forgotten {
+        /// When the record expired (the start of that day, once the record
+        /// itself is gone).
+        expired_at: Timestamp,
+    },
 }
 
 impl ClaimOutcome {
@@ -378,6 +387,7 @@ impl ClaimOutcome {
             ClaimOutcome::Completed(_) => "completed",
             ClaimOutcome::Failed(_) => "failed",
             ClaimOutcome::Mismatch => "mismatch",
+            ClaimOutcome::Forgotten { .. } => "forgotten",
         }
     }
 }

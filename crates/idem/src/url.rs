@@ -32,17 +32,28 @@ pub fn redact(url: &str) -> String {
     }
 }
 
-/// Parses `250ms`, `2s` or a bare number of milliseconds; the error says
-/// how to write one.
+/// Parses `250ms`, `2s`, `15m`, `24h`, `30d` or a bare number of
+/// milliseconds; the error says how to write one.
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(idem::url::parse_duration("250ms"), Ok(Duration::from_millis(250)));
+/// assert_eq!(idem::url::parse_duration("30d"), Ok(Duration::from_secs(30 * 86_400)));
+/// assert!(idem::url::parse_duration("soon").is_err());
+/// ```
 pub fn parse_duration(value: &str) -> Result<Duration, String> {
-    let bad = || format!("{value:?} is not a duration (write 500ms or 2s)");
-    let (digits, scale) = if let Some(ms) = value.strip_suffix("ms") {
-        (ms, 1)
-    } else if let Some(s) = value.strip_suffix('s') {
-        (s, 1000)
-    } else {
-        (value, 1)
-    };
+    let bad = || format!("{value:?} is not a duration (write 500ms, 2s, 15m, 24h or 30d)");
+    let units: [(&str, u64); 5] = [
+        ("ms", 1),
+        ("s", 1000),
+        ("m", 60_000),
+        ("h", 3_600_000),
+        ("d", 86_400_000),
+    ];
+    let (digits, scale) = units
+        .iter()
+        .find_map(|(unit, scale)| Some((value.strip_suffix(unit)?, *scale)))
+        .unwrap_or((value, 1));
     let n: u64 = digits.parse().map_err(|_| bad())?;
     Ok(Duration::from_millis(n.saturating_mul(scale)))
 }
@@ -90,11 +101,14 @@ mod tests {
     }
 
     #[test]
-    fn durations_take_ms_s_or_bare_milliseconds() {
+    fn durations_take_a_unit_or_bare_milliseconds() {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3h"), Ok(Duration::from_secs(3 * 3600)));
         assert_eq!(parse_duration("40"), Ok(Duration::from_millis(40)));
-        assert!(parse_duration("2m").is_err());
+        assert!(parse_duration("2w").is_err());
+        assert!(parse_duration("ms").is_err());
         assert!(parse_duration("").is_err());
     }
 }

@@ -40,6 +40,16 @@ class Mismatch(IdemError):
     """The key was first used with another fingerprint (another request)."""
 
 
+class KeyExpired(IdemError):
+    """The key ran before and its record has expired; the store remembers
+    the key (``remember=`` in its URL), so this late call is refused rather
+    than run again. ``age`` is how many seconds ago it ran, at least."""
+
+    def __init__(self, message: str, age: float) -> None:
+        super().__init__(message)
+        self.age = age
+
+
 class ReplayedFailure(IdemError):
     """An earlier run of the key failed for good; its failure is replayed.
     ``failure_class`` is ``"terminal"`` or ``"unknown"`` (a step whose

@@ -174,6 +174,9 @@ impl Api {
                     message: failure.message,
                 },
                 ClaimOutcome::Mismatch => ClaimAnswer::Mismatch,
+                ClaimOutcome::Forgotten { expired_at } => ClaimAnswer::Forgotten {
+                    expired_at_ms: expired_at.as_millis(),
+                },
             });
         }
     }

@@ -157,6 +157,7 @@ mod tests {
             layer::KEY_MISSING,
             layer::KEY_MALFORMED,
             layer::KEY_TOO_OLD,
+            layer::KEY_EXPIRED,
             layer::IN_PROGRESS,
             layer::MISMATCH,
             layer::BODY_TOO_LARGE,

@@ -24,6 +24,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
+pub mod process;
+
 /// Executions per upstream path.
 #[derive(Clone, Default)]
 pub struct Upstream {

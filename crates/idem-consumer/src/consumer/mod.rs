@@ -454,6 +454,11 @@ impl<S: Store, C: Codec> Consumer<S, C> {
             RunError::Mismatch => {
                 dead_letter("idempotency key was already used with a different payload".to_owned())
             }
+            RunError::Forgotten { age } => dead_letter(format!(
+                "delivered again after its idempotency record expired (it ran about {}s ago, \
+                 and the store remembers only that it did): not run a second time",
+                age.as_secs()
+            )),
             RunError::LeaseLost => Disposition::Retry {
                 after: self.inner.min_retry,
                 cause: RetryCause::LeaseLost,

@@ -1,6 +1,7 @@
 //! Store URLs: what each scheme names, and opening it.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use idem::MemoryStore;
 use idem_mysql::MySqlStore;
@@ -19,9 +20,22 @@ pub const DEFAULT_STORE: &str = "sqlite:idem.db";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreUrl {
     /// `memory:`: in this process only, gone when it exits.
-    Memory,
+    /// `memory:?remember=30d` remembers expired keys ([`idem::horizon`]).
+    Memory {
+        /// How long expired keys are remembered (zero or `None`: not at
+        /// all).
+        remember: Option<Duration>,
+    },
     /// `sqlite:PATH` (or a bare path): the embedded durable store.
-    Sqlite(PathBuf),
+    /// `sqlite:PATH?remember=30d` remembers expired keys
+    /// ([`idem::horizon`]).
+    Sqlite {
+        /// The file.
+        path: PathBuf,
+        /// How long expired keys are remembered (zero: not at all);
+        /// `None` keeps what the file says.
+        remember: Option<Duration>,
+    },
     /// `redis://…`, `rediss://…`, `redis+cluster://…`: a Redis server or
     /// Cluster (the URL as [`idem_redis`] reads it).
     Redis(String),
@@ -79,19 +93,23 @@ impl std::str::FromStr for StoreUrl {
     type Err = StoreUrlError;
 
     fn from_str(url: &str) -> Result<Self, Self::Err> {
-        if url == "memory:" || url == "memory" {
-            return Ok(StoreUrl::Memory);
+        let (local, remember) = remembering(url)?;
+        if local == "memory:" || local == "memory" {
+            return Ok(StoreUrl::Memory { remember });
         }
-        if let Some(path) = url
+        if let Some(path) = local
             .strip_prefix("sqlite://")
-            .or(url.strip_prefix("sqlite:"))
+            .or(local.strip_prefix("sqlite:"))
         {
             if path.is_empty() {
                 return Err(StoreUrlError::Unknown {
                     url: url.to_owned(),
                 });
             }
-            return Ok(StoreUrl::Sqlite(PathBuf::from(path)));
+            return Ok(StoreUrl::Sqlite {
+                path: PathBuf::from(path),
+                remember,
+            });
         }
         if let Some((scheme, _)) = url.split_once("://") {
             return match scheme {
@@ -117,12 +135,39 @@ impl std::str::FromStr for StoreUrl {
                 }),
             };
         }
-        if url.is_empty() || url.contains(':') {
+        if local.is_empty() || local.contains(':') {
             return Err(StoreUrlError::Unknown {
                 url: url.to_owned(),
             });
         }
-        Ok(StoreUrl::Sqlite(PathBuf::from(url)))
+        Ok(StoreUrl::Sqlite {
+            path: PathBuf::from(local),
+            remember,
+        })
+    }
+}
+
+/// A local store's URL split from its `?remember=DURATION` (the only
+/// parameter a local store takes); other URLs are given back whole.
+fn remembering(url: &str) -> Result<(&str, Option<Duration>), StoreUrlError> {
+    let local = url.starts_with("memory") || url.starts_with("sqlite:") || !url.contains("://");
+    let Some((base, query)) = url.split_once('?').filter(|_| local) else {
+        return Ok((url, None));
+    };
+    let invalid = |why: String| StoreUrlError::Invalid {
+        url: url.to_owned(),
+        why,
+    };
+    match query.split_once('=') {
+        Some(("remember", value)) => {
+            let memory =
+                idem::url::parse_duration(value).map_err(|e| invalid(format!("remember: {e}")))?;
+            Ok((base, Some(memory)))
+        }
+        _ => Err(invalid(format!(
+            "{query:?}: a local store takes only remember=DURATION (how long expired keys are \
+             remembered, e.g. remember=30d)"
+        ))),
     }
 }
 
@@ -171,9 +216,19 @@ impl StoreUrl {
         let connect =
             |source: Box<dyn std::error::Error + Send + Sync>| OpenError::Connect { store, source };
         Ok(match self {
-            StoreUrl::Memory => AnyStore::Memory(MemoryStore::new()),
-            StoreUrl::Sqlite(path) => {
-                AnyStore::Sqlite(SqliteStore::open(path).map_err(|source| OpenError::File {
+            StoreUrl::Memory { remember } => {
+                let builder = MemoryStore::builder();
+                AnyStore::Memory(match remember {
+                    Some(memory) => builder.remember_expired(*memory).build(),
+                    None => builder.build(),
+                })
+            }
+            StoreUrl::Sqlite { path, remember } => {
+                let mut builder = SqliteStore::builder(path);
+                if let Some(memory) = remember {
+                    builder = builder.remember_expired(*memory);
+                }
+                AnyStore::Sqlite(builder.open().map_err(|source| OpenError::File {
                     path: path.display().to_string(),
                     source,
                 })?)
@@ -256,8 +311,14 @@ async fn open_dynamodb(_: &str) -> Result<AnyStore, Box<dyn std::error::Error + 
 impl std::fmt::Display for StoreUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            StoreUrl::Memory => f.write_str("memory:"),
-            StoreUrl::Sqlite(path) => write!(f, "sqlite:{}", path.display()),
+            StoreUrl::Memory { remember } => {
+                f.write_str("memory:")?;
+                write_remember(f, *remember)
+            }
+            StoreUrl::Sqlite { path, remember } => {
+                write!(f, "sqlite:{}", path.display())?;
+                write_remember(f, *remember)
+            }
             StoreUrl::Redis(url) => f.write_str(&idem_redis::redact_url(url)),
             StoreUrl::Postgres(url) => f.write_str(&idem_postgres::redact_url(url)),
             StoreUrl::MySql(url) => f.write_str(&idem_mysql::redact_url(url)),
@@ -270,21 +331,84 @@ impl std::fmt::Display for StoreUrl {
     }
 }
 
+/// `?remember=…` for a local store that remembers expired keys.
+fn write_remember(f: &mut std::fmt::Formatter<'_>, remember: Option<Duration>) -> std::fmt::Result {
+    match remember {
+        Some(memory) => write!(f, "?remember={}s", memory.as_secs()),
+        None => Ok(()),
+    }
+}
+
+impl StoreUrl {
+    /// Whether the store this URL names can remember expired keys
+    /// ([`idem::horizon`]): the local ones.
+    pub fn can_remember(&self) -> bool {
+        matches!(self, StoreUrl::Memory { .. } | StoreUrl::Sqlite { .. })
+    }
+
+    /// This URL, remembering expired keys for `memory` unless it says
+    /// how long itself (and if its store can).
+    pub fn remembering_by_default(self, memory: Duration) -> Self {
+        match self {
+            StoreUrl::Memory { remember: None } => StoreUrl::Memory {
+                remember: Some(memory),
+            },
+            StoreUrl::Sqlite {
+                path,
+                remember: None,
+            } => StoreUrl::Sqlite {
+                path,
+                remember: Some(memory),
+            },
+            other => other,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn urls() {
-        assert_eq!("memory:".parse::<StoreUrl>().ok(), Some(StoreUrl::Memory));
+        let sqlite = |path: &str, remember: Option<u64>| StoreUrl::Sqlite {
+            path: path.into(),
+            remember: remember.map(Duration::from_secs),
+        };
+        assert_eq!(
+            "memory:".parse::<StoreUrl>().ok(),
+            Some(StoreUrl::Memory { remember: None })
+        );
         assert_eq!(
             "sqlite:/tmp/x.db".parse::<StoreUrl>().ok(),
-            Some(StoreUrl::Sqlite("/tmp/x.db".into()))
+            Some(sqlite("/tmp/x.db", None))
         );
         assert_eq!(
             "data/idem.db".parse::<StoreUrl>().ok(),
-            Some(StoreUrl::Sqlite("data/idem.db".into()))
+            Some(sqlite("data/idem.db", None))
         );
+        assert_eq!(
+            "sqlite:/tmp/x.db?remember=30d".parse::<StoreUrl>().ok(),
+            Some(sqlite("/tmp/x.db", Some(30 * 86_400)))
+        );
+        assert_eq!(
+            "idem.db?remember=0s".parse::<StoreUrl>().ok(),
+            Some(sqlite("idem.db", Some(0)))
+        );
+        assert_eq!(
+            "memory:?remember=1h".parse::<StoreUrl>().ok(),
+            Some(StoreUrl::Memory {
+                remember: Some(Duration::from_secs(3600))
+            })
+        );
+        assert_eq!(
+            sqlite("a.db", Some(60)).to_string(),
+            "sqlite:a.db?remember=60s"
+        );
+        for bad in ["idem.db?remember=soon", "idem.db?mode=ro", "memory:?x"] {
+            let error = bad.parse::<StoreUrl>().expect_err(bad).to_string();
+            assert!(error.contains("remember"), "{bad}: {error}");
+        }
         assert_eq!(
             "redis+cluster://127.0.0.1:7000,127.0.0.1:7001"
                 .parse::<StoreUrl>()

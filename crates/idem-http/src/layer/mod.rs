@@ -256,7 +256,7 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
     /// Refuse keys that are UUIDv7s minted longer ago than the retention
     /// (default `false`). Such a key may be a late retry of a request whose
     /// record has already expired, which cannot be told from a new request,
-    /// so it is answered 422 `key-too-old` instead of run. Keys that are
+    /// so it is answered 410 `key-too-old` instead of run. Keys that are
     /// not UUIDv7s are not affected; the age is read from the key's own
     /// timestamp against this machine's clock, with 5 s of slack for keys
     /// from the future.

@@ -379,6 +379,7 @@ impl<S: Store> Settings<S> {
             },
             Err(RunError::InProgress { retry_after }) => Rejection::InProgress { retry_after },
             Err(RunError::Mismatch) => Rejection::Mismatch,
+            Err(RunError::Forgotten { age }) => Rejection::KeyExpired { age },
             Err(RunError::Failed(failure)) if failure.is_parked() => Rejection::OutcomeUnknown {
                 detail: failure.message,
             },

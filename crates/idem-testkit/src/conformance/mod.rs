@@ -2,7 +2,8 @@
 //! `idem::contract`), in groups by capability: [`core`] and
 //! [`concurrency`] for every store, [`batches`], [`admin`] and [`steps`]
 //! for the stores that have them, [`ttl`] for stores that tell a record's
-//! time left. Each case takes a [`Fixture`] and panics with a message
+//! time left, [`horizon`] for stores that remember expired keys (with a
+//! fixture whose store remembers). Each case takes a [`Fixture`] and panics with a message
 //! saying which rule of the contract the store broke.
 
 use std::sync::Arc;
@@ -20,6 +21,7 @@ pub mod admin;
 pub mod batches;
 pub mod concurrency;
 pub mod core;
+pub mod horizon;
 mod layouts;
 pub mod outbox;
 pub mod outbox_table;
@@ -226,6 +228,15 @@ macro_rules! __conformance_group {
             a_sent_run_leaves_nothing_pending_and_its_key_reused_sends_anew,
         );
     };
+    ($fixture:path; horizon) => {
+        $crate::__conformance_cases!(
+            $fixture; horizon;
+            a_late_retry_is_forgotten_before_and_after_the_purge,
+            failed_keys_are_remembered_and_released_ones_are_not,
+            the_memory_ends_whole_days_after_it,
+            concurrent_late_retries_never_run,
+        );
+    };
     ($fixture:path; ttl) => {
         $crate::__conformance_cases!(
             $fixture; ttl;
@@ -236,7 +247,7 @@ macro_rules! __conformance_group {
         ::core::compile_error!(::core::concat!(
             "unknown conformance group `",
             ::core::stringify!($other),
-            "` (core, concurrency, batches, admin, steps, outbox, ttl)"
+            "` (core, concurrency, batches, admin, steps, outbox, ttl, horizon)"
         ));
     };
 }

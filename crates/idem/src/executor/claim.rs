@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use super::{deadline, Context, Held, Idempotency, Outcome, RunError};
 use crate::cache::CACHE_HITS;
+use crate::clock::Timestamp;
 use crate::codec::{AtRest, Codec};
 use crate::key::RecordId;
 use crate::metrics as m;
@@ -92,6 +93,11 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         })
     }
 
+    /// The store's time, or this machine's for a networked store.
+    pub(crate) fn now(&self) -> Timestamp {
+        self.store.local_now().unwrap_or_else(Timestamp::now)
+    }
+
     /// The response of a run of `id` this executor completed, if its
     /// replay cache still holds it for this claim's fingerprint.
     pub(crate) fn remembered(&self, id: &RecordId, params: &ClaimParams) -> Option<Bytes> {
@@ -136,6 +142,13 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             ClaimOutcome::Mismatch => {
                 m::count(m::MISMATCHES, &[]);
                 Err(RunError::Mismatch)
+            }
+            ClaimOutcome::Forgotten { expired_at } => {
+                m::count(m::FORGOTTEN, &[]);
+                let since = self.now().since(expired_at);
+                Err(RunError::Forgotten {
+                    age: since.saturating_add(self.config.retention),
+                })
             }
             ClaimOutcome::InProgress { retry_after } => Err(RunError::InProgress { retry_after }),
         }

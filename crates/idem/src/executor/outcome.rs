@@ -73,6 +73,15 @@ pub enum RunError<E> {
     /// The key was used before with a different fingerprint. Nothing ran.
     #[error("key was already used with a different request fingerprint")]
     Mismatch,
+    /// A retry that came after its key's record expired, which the store
+    /// remembers ([`crate::horizon`]): refused rather than run again, as
+    /// the first run's outcome is gone. Nothing ran.
+    #[error("key expired: its record ended about {}s ago and is no longer kept", age.as_secs())]
+    Forgotten {
+        /// How long ago the key's record ended, at least (the time since it
+        /// expired, plus the retention).
+        age: Duration,
+    },
     /// The handler ran now and failed; the failure was recorded.
     #[error("handler failed on attempt {attempt} ({class})")]
     Handler {
@@ -153,6 +162,7 @@ pub(super) fn outcome_label<T, E>(result: &Result<Outcome<T>, RunError<E>>) -> &
         Ok(Outcome::Unguarded { .. }) => "unguarded",
         Err(RunError::InProgress { .. }) => "in_progress",
         Err(RunError::Mismatch) => "mismatch",
+        Err(RunError::Forgotten { .. }) => "forgotten",
         Err(RunError::Handler { .. }) => "handler_failed",
         Err(RunError::Failed(_)) => "replayed_failure",
         Err(RunError::ResponseTooLarge { .. }) => "response_too_large",

@@ -4,12 +4,14 @@ use std::collections::HashMap;
 use std::hash::RandomState;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
+use std::time::Duration;
 
 use hashbrown::HashTable;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::clock::{Clock, SystemClock};
+use crate::memory::horizon::Horizon;
 use crate::memory::shard::{Shard, ShardState};
 use crate::memory::store::Inner;
 use crate::MemoryStore;
@@ -26,6 +28,7 @@ pub struct MemoryStoreBuilder<C: Clock = SystemClock> {
     clock: C,
     shards: usize,
     max_records: usize,
+    memory: Option<Duration>,
 }
 
 impl MemoryStore<SystemClock> {
@@ -40,6 +43,7 @@ impl MemoryStore<SystemClock> {
             clock: SystemClock,
             shards: DEFAULT_SHARDS,
             max_records: DEFAULT_MAX_RECORDS,
+            memory: None,
         }
     }
 }
@@ -58,6 +62,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
             clock,
             shards: self.shards,
             max_records: self.max_records,
+            memory: self.memory,
         }
     }
 
@@ -73,6 +78,16 @@ impl<C: Clock> MemoryStoreBuilder<C> {
         self
     }
 
+    /// Remembers the keys of completed and failed records for `memory`
+    /// after their records expire, so a late retry is answered
+    /// [`Forgotten`](crate::store::ClaimOutcome::Forgotten) instead of run
+    /// again ([`crate::horizon`]; default: not remembered). Kept per day,
+    /// dropped a day at a time by the purge.
+    pub fn remember_expired(mut self, memory: Duration) -> Self {
+        self.memory = (!memory.is_zero()).then_some(memory);
+        self
+    }
+
     /// Builds the store.
     pub fn build(self) -> MemoryStore<C> {
         let shards = (0..self.shards)
@@ -81,6 +96,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
                     records: HashTable::new(),
                     journals: HashMap::new(),
                     seq: 0,
+                    horizon: Horizon::default(),
                 }),
                 changed: Notify::new(),
                 waiters: AtomicUsize::new(0),
@@ -94,6 +110,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
                 instance: rand::random(),
                 max_records: self.max_records,
                 per_shard: self.max_records.div_ceil(self.shards),
+                memory: self.memory,
             }),
         }
     }

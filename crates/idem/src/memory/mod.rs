@@ -5,6 +5,7 @@
 
 mod admin;
 mod builder;
+mod horizon;
 mod many;
 mod shard;
 mod steps;

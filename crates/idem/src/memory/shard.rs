@@ -8,8 +8,12 @@ use hashbrown::HashTable;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use std::time::Duration;
+
 use crate::clock::Timestamp;
+use crate::horizon::{first_kept_day, Forgotten};
 use crate::key::RecordId;
+use crate::memory::horizon::Horizon;
 use crate::record::{Record, StepState};
 
 pub(crate) struct Shard {
@@ -29,6 +33,9 @@ pub(crate) struct ShardState {
     pub(crate) journals: HashMap<RecordId, BTreeMap<String, StepState>>,
     /// Claims that acquired in this shard; never decreases.
     pub(crate) seq: u64,
+    /// What is remembered of the records this shard dropped, when the
+    /// store remembers expired keys.
+    pub(crate) horizon: Horizon,
 }
 
 impl ShardState {
@@ -38,10 +45,17 @@ impl ShardState {
             .map(|(_, _, r)| r)
     }
 
-    /// Removes expired records (at most `limit`) and their journals;
-    /// returns how many.
-    pub(crate) fn remove_expired(&mut self, now: Timestamp, limit: usize) -> usize {
+    /// Removes expired records (at most `limit`) and their journals,
+    /// remembering the ended ones for `memory` if it is set; returns how
+    /// many.
+    pub(crate) fn remove_expired(
+        &mut self,
+        now: Timestamp,
+        limit: usize,
+        memory: Option<Duration>,
+    ) -> usize {
         let journals = &mut self.journals;
+        let horizon = &mut self.horizon;
         let mut removed = 0;
         self.records.retain(|(_, id, r)| {
             if removed < limit && r.is_expired(now) {
@@ -49,11 +63,17 @@ impl ShardState {
                 if !journals.is_empty() {
                     journals.remove(id);
                 }
+                if let Some(entry) = memory.and_then(|_| Forgotten::of(id, r)) {
+                    horizon.remember(entry);
+                }
                 false
             } else {
                 true
             }
         });
+        if let Some(memory) = memory {
+            self.horizon.drop_before(first_kept_day(now, memory));
+        }
         removed
     }
 }

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use hashbrown::hash_table::Entry;
 
 use crate::clock::{Clock, SystemClock, Timestamp};
+use crate::horizon;
 use crate::key::RecordId;
 use crate::machine::{decide_claim, decide_write, Fresh, Write};
 use crate::memory::shard::Shard;
@@ -74,6 +75,8 @@ pub(crate) struct Inner<C> {
     pub(crate) instance: u64,
     pub(crate) max_records: usize,
     pub(crate) per_shard: usize,
+    /// How long expired keys are remembered, if at all.
+    pub(crate) memory: Option<Duration>,
 }
 
 impl<C: Clock> MemoryStore<C> {
@@ -121,6 +124,12 @@ impl<C: Clock> MemoryStore<C> {
         let Some(record) = write else {
             return Ok(outcome);
         };
+        if let (Some(memory), 1) = (self.inner.memory, record.attempt) {
+            let remembered = shard.horizon.recall(&horizon::digest(id));
+            if let Some(late) = horizon::late_retry(existing, remembered, params, now, memory) {
+                return Ok(late);
+            }
+        }
         if record.attempt == 1 && !shard.journals.is_empty() {
             // A new record: whatever an earlier one journaled is gone.
             shard.journals.remove(id);
@@ -132,7 +141,7 @@ impl<C: Clock> MemoryStore<C> {
             }
             Entry::Vacant(_) => {
                 // Full: make room from expired records of this shard only.
-                shard.remove_expired(now, usize::MAX);
+                shard.remove_expired(now, usize::MAX, self.inner.memory);
                 if shard.records.len() >= self.inner.per_shard {
                     return Err(StoreError::CapacityExceeded {
                         capacity: self.inner.max_records,
@@ -207,7 +216,10 @@ impl<C: Clock> MemoryStore<C> {
             if removed >= limit {
                 break;
             }
-            removed += shard.state.lock().remove_expired(now, limit - removed);
+            removed += shard
+                .state
+                .lock()
+                .remove_expired(now, limit - removed, self.inner.memory);
         }
         removed
     }
@@ -224,6 +236,16 @@ impl<C: Clock> MemoryStore<C> {
     /// Whether no record is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// How many expired keys are remembered
+    /// ([`remember_expired`](crate::MemoryStoreBuilder::remember_expired)).
+    pub fn remembered(&self) -> usize {
+        self.inner
+            .shards
+            .iter()
+            .map(|s| s.state.lock().horizon.len())
+            .sum()
     }
 }
 

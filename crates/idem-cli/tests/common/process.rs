@@ -1,0 +1,63 @@
+//! The `idem` binary as a gateway process: started with its arguments,
+//! waited for until it listens, killed and reaped when dropped.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpStream;
+
+pub struct GatewayProcess {
+    pub child: Child,
+    /// `http://` and the address it listens on.
+    pub url: String,
+}
+
+impl GatewayProcess {
+    /// `idem --store STORE proxy --listen 127.0.0.1:PORT --admin-listen off
+    /// ARGS…` (a free port), once it accepts connections.
+    pub async fn start(store: &str, args: &[&str]) -> Self {
+        let port = idem_testkit::free_port().expect("port");
+        let listen = format!("127.0.0.1:{port}");
+        let child = Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["--store", store])
+            .args(["proxy", "--listen", &listen, "--admin-listen", "off"])
+            .args(args)
+            .env("IDEM_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start idem proxy");
+        let mut gateway = Self {
+            child,
+            url: format!("http://{listen}"),
+        };
+        let start = Instant::now();
+        while TcpStream::connect(&listen).await.is_err() {
+            if let Ok(Some(exit)) = gateway.child.try_wait() {
+                panic!("idem proxy {args:?} exited at start: {exit}");
+            }
+            assert!(start.elapsed() < Duration::from_secs(10), "gateway not up");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        gateway
+    }
+
+    /// The process's peak resident memory, in bytes (`VmHWM`).
+    pub fn peak_rss(&self) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("status");
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .expect("VmHWM");
+        kib * 1024
+    }
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,119 @@
+//! Keys after the retention, through the gateway binary on its default
+//! embedded store: a retry that comes after its record expired is 410
+//! `key-expired` and never reaches the upstream, also after an `idem
+//! purge` run by another process that was not told to remember (the
+//! memory is kept in the store file); the same key with another body runs;
+//! `--remember-expired 0` turns it off; a store that cannot remember is
+//! refused when the flag asks for it.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::process::GatewayProcess;
+use common::{post, problem, start_upstream};
+
+fn purge(store: &str) {
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["--store", store, "purge"])
+        .output()
+        .expect("idem purge");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_retry_is_410_before_and_after_a_purge_elsewhere() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = format!("sqlite:{}", dir.path().join("idem.db").display());
+    let (up, addr) = start_upstream().await;
+    let upstream = format!("http://{addr}");
+    let args = [
+        "--upstream",
+        &upstream,
+        "--lease",
+        "1s",
+        "--retention",
+        "1s",
+    ];
+    let gw = GatewayProcess::start(&store, &args).await;
+    let url = format!("{}/charge", gw.url);
+
+    assert_eq!(post(&url, Some("order-1")).await.status(), 201);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let detail = problem(post(&url, Some("order-1")).await, 410, "key-expired").await;
+    assert!(
+        detail.contains("second ago") || detail.contains("seconds ago"),
+        "{detail}"
+    );
+
+    purge(&store);
+    problem(post(&url, Some("order-1")).await, 410, "key-expired").await;
+    assert_eq!(
+        up.runs("/charge"),
+        1,
+        "late retries never reach the upstream"
+    );
+
+    let reused = common::client()
+        .post(&url)
+        .header("idempotency-key", "order-1")
+        .header("content-type", "application/json")
+        .body(r#"{"amount":5}"#)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(
+        reused.status(),
+        201,
+        "another request under an old key runs"
+    );
+    assert_eq!(up.runs("/charge"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remembering_can_be_turned_off() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = format!("sqlite:{}", dir.path().join("idem.db").display());
+    let (up, addr) = start_upstream().await;
+    let upstream = format!("http://{addr}");
+    let args = [
+        "--upstream",
+        &upstream,
+        "--lease",
+        "1s",
+        "--retention",
+        "1s",
+        "--remember-expired",
+        "0",
+    ];
+    let gw = GatewayProcess::start(&store, &args).await;
+    let url = format!("{}/charge", gw.url);
+    assert_eq!(post(&url, Some("order-2")).await.status(), 201);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(post(&url, Some("order-2")).await.status(), 201);
+    assert_eq!(up.runs("/charge"), 2, "forgotten, as asked");
+}
+
+#[test]
+fn a_store_that_cannot_remember_is_refused_when_asked_to() {
+    let output = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["--store", "redis://127.0.0.1:9", "proxy"])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://127.0.0.1:9",
+        ])
+        .args(["--remember-expired", "7d"])
+        .env("IDEM_LOG", "warn")
+        .output()
+        .expect("ran");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("cannot remember expired keys"), "{stderr}");
+}

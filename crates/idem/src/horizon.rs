@@ -1,0 +1,224 @@
+//! After the retention: a compact memory of the keys whose records expired
+//! (design §11), so that a late retry is refused instead of run again.
+//!
+//! A store configured to remember (for how long is its *memory*, far
+//! longer than the retention) keeps one [`Forgotten`] for each completed or
+//! failed record it drops: a digest of the record's id, the first bytes of
+//! the request's fingerprint and the day the record expired — 28 bytes,
+//! never the outcome. Entries are kept by day and dropped a whole day at a
+//! time once the day is older than the memory.
+//!
+//! A claim that would start a key afresh asks [`late_retry`]: a key whose
+//! record ended (completed or failed) with the same fingerprint, and that
+//! expired within the memory, is answered [`ClaimOutcome::Forgotten`]. The
+//! same key with another fingerprint is a new request reusing an old key,
+//! and runs. A record that expired but is still held (not yet purged)
+//! counts as remembered too, so the answer does not depend on when the
+//! purge ran.
+
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use crate::clock::Timestamp;
+use crate::fingerprint::Fingerprint;
+use crate::key::RecordId;
+use crate::record::{ClaimOutcome, ClaimParams, Record, State};
+
+/// A day, in milliseconds: the memory's unit.
+pub const DAY_MS: u64 = 86_400_000;
+
+/// The digest a memory keeps of a record's id.
+pub type IdDigest = [u8; 16];
+
+/// The bytes of a fingerprint a memory keeps (all zero for none).
+pub type FingerprintPrefix = [u8; 8];
+
+/// What a store remembers of one key whose record expired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Forgotten {
+    /// The digest of the record's id ([`digest`]).
+    pub digest: IdDigest,
+    /// The first bytes of the record's fingerprint ([`fingerprint_prefix`]).
+    pub fingerprint: FingerprintPrefix,
+    /// The day the record expired, counted from the Unix epoch.
+    pub day: u32,
+}
+
+impl Forgotten {
+    /// What to remember of `id`'s record as it is dropped: something for a
+    /// completed or failed record, nothing for a record that never ended
+    /// (released or abandoned: running it again is what its retry must
+    /// do).
+    pub fn of(id: &RecordId, record: &Record) -> Option<Self> {
+        let fingerprint = ended(record)?;
+        Some(Self {
+            digest: digest(id),
+            fingerprint,
+            day: day_of(record.expires_at),
+        })
+    }
+
+    /// The start of the day the record expired (the memory keeps no finer
+    /// time).
+    pub fn expired_at(&self) -> Timestamp {
+        Timestamp::from_millis(u64::from(self.day) * DAY_MS)
+    }
+}
+
+/// The digest of `id` a memory keeps: the first 16 bytes of a SHA-256 of
+/// its scope and key (under a domain of its own). With keys hashed at
+/// rest ([`KeyHasher`](crate::key_hash::KeyHasher)) the key is already the
+/// keyed hash, so the memory shows no key a client sent.
+pub fn digest(id: &RecordId) -> IdDigest {
+    let mut hash = Sha256::new();
+    hash.update(b"idem.horizon.v1\0");
+    hash.update(id.scope().as_str().as_bytes());
+    hash.update([0]);
+    hash.update(id.key().as_str().as_bytes());
+    let full = hash.finalize();
+    let mut out = [0; 16];
+    out.copy_from_slice(&full[..16]);
+    out
+}
+
+/// The bytes of `fingerprint` a memory keeps: enough to tell a late retry
+/// from a new request under an old key.
+pub fn fingerprint_prefix(fingerprint: Option<&Fingerprint>) -> FingerprintPrefix {
+    let mut out = [0; 8];
+    if let Some(fingerprint) = fingerprint {
+        out.copy_from_slice(&fingerprint.as_bytes()[..8]);
+    }
+    out
+}
+
+/// The day of `at`, counted from the Unix epoch.
+pub fn day_of(at: Timestamp) -> u32 {
+    u32::try_from(at.as_millis() / DAY_MS).unwrap_or(u32::MAX)
+}
+
+/// The first day a memory of `memory` still keeps at `now`; the days
+/// before it are dropped whole.
+pub fn first_kept_day(now: Timestamp, memory: Duration) -> u32 {
+    day_of(now.saturating_sub(memory))
+}
+
+/// The answer to a claim that would start a key afresh, if it is a late
+/// retry: `expired` is the record the store still holds for the key (if
+/// any, expired), `remembered` what its memory holds. `None` means the
+/// claim acquires as usual.
+pub fn late_retry(
+    expired: Option<&Record>,
+    remembered: Option<&Forgotten>,
+    params: &ClaimParams,
+    now: Timestamp,
+    memory: Duration,
+) -> Option<ClaimOutcome> {
+    let first_day = first_kept_day(now, memory);
+    let held = expired
+        .filter(|r| r.is_expired(now))
+        .and_then(|r| Some((ended(r)?, r.expires_at)));
+    let (fingerprint, expired_at) = match (held, remembered) {
+        (Some(held), _) => held,
+        (None, Some(entry)) => (entry.fingerprint, entry.expired_at()),
+        (None, None) => return None,
+    };
+    let same = fingerprint == fingerprint_prefix(params.fingerprint.as_ref());
+    (same && day_of(expired_at) >= first_day).then_some(ClaimOutcome::Forgotten { expired_at })
+}
+
+/// The fingerprint to remember of a record that ended (completed or
+/// failed); `None` for one that never did.
+fn ended(record: &Record) -> Option<FingerprintPrefix> {
+    matches!(record.state, State::Completed { .. } | State::Failed { .. })
+        .then(|| fingerprint_prefix(record.fingerprint.as_ref()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Failure;
+
+    const MEMORY: Duration = Duration::from_secs(30 * 86_400);
+
+    fn record(state: State, fingerprint: Option<Fingerprint>, expires_at: Timestamp) -> Record {
+        Record {
+            state,
+            fingerprint,
+            attempt: 1,
+            fence: 1,
+            created_at: Timestamp::from_millis(0),
+            updated_at: Timestamp::from_millis(0),
+            expires_at,
+        }
+    }
+
+    fn params(fingerprint: Option<Fingerprint>) -> ClaimParams {
+        ClaimParams {
+            fingerprint,
+            lease: Duration::from_secs(30),
+            retention: Duration::from_secs(3600),
+        }
+    }
+
+    #[test]
+    fn a_late_retry_is_told_from_a_new_request_under_an_old_key() {
+        let a = Some(Fingerprint::of_bytes(b"a"));
+        let b = Some(Fingerprint::of_bytes(b"b"));
+        let expiry = Timestamp::from_millis(10 * DAY_MS + 5);
+        let now = expiry.saturating_add(Duration::from_secs(86_400 * 3));
+        let done = record(
+            State::Completed {
+                response: "r".into(),
+            },
+            a,
+            expiry,
+        );
+        assert_eq!(
+            late_retry(Some(&done), None, &params(a), now, MEMORY),
+            Some(ClaimOutcome::Forgotten { expired_at: expiry })
+        );
+        assert_eq!(late_retry(Some(&done), None, &params(b), now, MEMORY), None);
+        let id = RecordId::parse("s", "k").expect("a valid id");
+        let entry = Forgotten::of(&id, &done).expect("a completed record is remembered");
+        assert_eq!(
+            late_retry(None, Some(&entry), &params(a), now, MEMORY),
+            Some(ClaimOutcome::Forgotten {
+                expired_at: Timestamp::from_millis(10 * DAY_MS)
+            })
+        );
+        assert_eq!(
+            late_retry(None, Some(&entry), &params(b), now, MEMORY),
+            None
+        );
+    }
+
+    #[test]
+    fn only_ended_records_within_the_memory_are_remembered() {
+        let expiry = Timestamp::from_millis(10 * DAY_MS);
+        let failed = record(
+            State::Failed {
+                failure: Failure::new(crate::FailureClass::Terminal, "no"),
+            },
+            None,
+            expiry,
+        );
+        let released = record(State::Released { last_failure: None }, None, expiry);
+        let soon = expiry.saturating_add(Duration::from_secs(60));
+        assert!(late_retry(Some(&failed), None, &params(None), soon, MEMORY).is_some());
+        assert_eq!(
+            late_retry(Some(&released), None, &params(None), soon, MEMORY),
+            None
+        );
+        let beyond = expiry.saturating_add(MEMORY + Duration::from_secs(86_400));
+        assert_eq!(
+            late_retry(Some(&failed), None, &params(None), beyond, MEMORY),
+            None
+        );
+        let live = expiry.saturating_sub(Duration::from_secs(1));
+        assert_eq!(
+            late_retry(Some(&failed), None, &params(None), live, MEMORY),
+            None
+        );
+    }
+}
