@@ -296,6 +296,41 @@ async fn a_uuid_v7_key_older_than_the_retention_is_dead_lettered_when_asked() {
 }
 
 #[tokio::test]
+async fn a_delivery_after_its_record_expired_is_dead_lettered_when_the_store_remembers() {
+    let day = Duration::from_secs(86_400);
+    let clock = idem::ManualClock::default();
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .remember_expired(day * 30)
+        .build();
+    let idem = Idempotency::builder(store)
+        .retention(day)
+        .build()
+        .expect("config");
+    let consumer = Consumer::builder(idem, Scope::new("late").expect("scope")).build();
+    let runs = AtomicU32::new(0);
+    let message = keyed("order-12", r#"{"amount": 5}"#);
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let decision = consumer
+            .process(Arc::clone(&message), |_| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, Io>(()) }
+            })
+            .await;
+        seen.push(decision.disposition);
+        clock.advance(day * 2);
+    }
+    assert_eq!(seen[0], Disposition::Ack(Acked::Executed));
+    let reason = dead_letter_reason(&seen[1]);
+    assert!(
+        reason.contains("after its idempotency record expired"),
+        "{reason}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "never run a second time");
+}
+
+#[tokio::test]
 async fn a_store_outage_is_retried_fail_closed() {
     let consumer = consumer(DownStore);
     let runs = AtomicU32::new(0);

@@ -6,6 +6,11 @@
 //! kept 10 s, so about 10,000 records are live at any moment; the purger
 //! runs every 50 ms (real time) in batches of 2,000.
 //!
+//! With `IDEM_BENCH_REMEMBER=30d` the store remembers expired keys
+//! ([`idem::horizon`]): the file then grows by what it remembers, and the
+//! last line says how many bytes a remembered key costs, against the same
+//! run without (run both: the anchor is the run without).
+//!
 //! Run: `cargo bench -p idem-sqlite --bench file_growth`
 //! (`IDEM_BENCH_KEYS` sets the number of keys, default 1,000,000).
 
@@ -39,6 +44,9 @@ fn main() {
     let dir = tempfile::tempdir_in(base).expect("tempdir");
     let path = dir.path().join("growth.db");
     let wal = dir.path().join("growth.db-wal");
+    let remember = std::env::var("IDEM_BENCH_REMEMBER")
+        .ok()
+        .map(|s| idem::url::parse_duration(&s).expect("IDEM_BENCH_REMEMBER: a duration"));
     let clock = ManualClock::default();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -46,17 +54,17 @@ fn main() {
         .build()
         .expect("runtime");
     println!(
-        "{keys} keys, retention {RETENTION:?} of manual time, 1 ms per pair, {CALLERS} callers\n"
+        "{keys} keys, retention {RETENTION:?} of manual time, 1 ms per pair, {CALLERS} \
+         callers, expired keys remembered: {remember:?}\n"
     );
-    println!("| keys done | db MiB | wal MiB | rows in file | elapsed |");
-    println!("|---:|---:|---:|---:|---:|");
+    println!("| keys done | db MiB | wal MiB | rows in file | keys remembered | elapsed |");
+    println!("|---:|---:|---:|---:|---:|---:|");
     rt.block_on(async {
-        let store = Arc::new(
-            SqliteStore::builder(&path)
-                .clock(clock.clone())
-                .open()
-                .expect("open"),
-        );
+        let mut builder = SqliteStore::builder(&path).clock(clock.clone());
+        if let Some(memory) = remember {
+            builder = builder.remember_expired(memory);
+        }
+        let store = Arc::new(builder.open().expect("open"));
         let _purger = store.spawn_purger(Duration::from_millis(50), 2_000);
         let next = Arc::new(AtomicU64::new(0));
         let done = Arc::new(AtomicU64::new(0));
@@ -97,8 +105,9 @@ fn main() {
                                     })
                                 })
                                 .expect("count");
+                            let remembered = store.remembered().await.expect("remembered");
                             println!(
-                                "| {n} | {:.1} | {:.1} | {rows} | {:.1} s |",
+                                "| {n} | {:.1} | {:.1} | {rows} | {remembered} | {:.1} s |",
                                 size(&path),
                                 size(&wal),
                                 started.elapsed().as_secs_f64()
@@ -110,6 +119,15 @@ fn main() {
             .collect();
         for t in tasks {
             t.await.expect("caller");
+        }
+        let remembered = store.remembered().await.expect("remembered");
+        if remembered > 0 {
+            println!(
+                "\n{remembered} keys remembered; file {:.1} MiB: {:.0} bytes of file per \
+                 remembered key above the run without (subtract that run's size)",
+                size(&path),
+                size(&path) * 1024.0 * 1024.0 / remembered as f64
+            );
         }
     });
 }

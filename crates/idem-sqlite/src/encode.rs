@@ -24,6 +24,11 @@ const COMPLETED: i64 = 1;
 const FAILED: i64 = 2;
 const RELEASED: i64 = 3;
 
+/// Whether a row's state code is one that ended (completed or failed).
+pub(crate) fn ended(code: i64) -> bool {
+    code == COMPLETED || code == FAILED
+}
+
 pub(crate) fn state_code(kind: StateKind) -> i64 {
     match kind {
         StateKind::InProgress => IN_PROGRESS,

@@ -6,18 +6,18 @@
 use std::time::Duration;
 
 use idem::horizon::{self, Forgotten};
-use idem::{RecordId, Scope, Timestamp};
+use idem::{RecordId, Timestamp};
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::encode::{self, columns};
+use crate::encode;
 
 /// What the file remembers of `id`, if anything (whatever its day: the
 /// caller weighs it against the memory).
 pub(crate) fn recall(conn: &Connection, id: &RecordId) -> rusqlite::Result<Option<Forgotten>> {
     let digest = horizon::digest(id);
     conn.prepare_cached("SELECT fingerprint, day FROM idem_horizon WHERE digest = ?1")?
-        .query_row([&digest[..]], |row| {
-            let fingerprint: Vec<u8> = row.get(0)?;
+        .query_row([packed(&digest)], |row| {
+            let fingerprint: i64 = row.get(0)?;
             let day: i64 = row.get(1)?;
             Ok((fingerprint, day))
         })
@@ -26,68 +26,76 @@ pub(crate) fn recall(conn: &Connection, id: &RecordId) -> rusqlite::Result<Optio
             found.and_then(|(fingerprint, day)| {
                 Some(Forgotten {
                     digest,
-                    fingerprint: fingerprint.try_into().ok()?,
+                    fingerprint: fingerprint.to_be_bytes(),
                     day: u32::try_from(day).ok()?,
                 })
             })
         })
 }
 
+/// The first 8 bytes of `bytes` as the signed integer the table keeps.
+fn packed(bytes: &[u8]) -> i64 {
+    let mut first = [0; 8];
+    first.copy_from_slice(&bytes[..8]);
+    i64::from_be_bytes(first)
+}
+
 /// Deletes up to `limit` expired records, remembering the ones that ended
 /// (completed or failed), and drops the days older than `memory`. Returns
-/// how many records were deleted. A row that cannot be read is deleted
-/// without being remembered (it could not be replayed either).
+/// how many records were deleted. Only the columns the memory keeps are
+/// read (not the responses).
 pub(crate) fn purge_remembering(
     tx: &Connection,
     limit: usize,
     now: Timestamp,
     memory: Duration,
 ) -> rusqlite::Result<usize> {
-    const EXPIRED: &str = concat!(
-        "SELECT rowid, scope, key, ",
-        columns!(),
-        " FROM idem_records WHERE expires_at <= ?1 LIMIT ?2"
-    );
-    let expired = tx
-        .prepare_cached(EXPIRED)?
+    let mut expired = tx.prepare_cached(
+        "SELECT rowid, scope, key, state, fingerprint, expires_at FROM idem_records \
+         WHERE expires_at <= ?1 LIMIT ?2",
+    )?;
+    let mut remember = tx.prepare_cached(
+        "INSERT OR REPLACE INTO idem_horizon (digest, fingerprint, day) VALUES (?1, ?2, ?3)",
+    )?;
+    let mut delete = tx.prepare_cached("DELETE FROM idem_records WHERE rowid = ?1")?;
+    // Read first, then write: rows are not changed under an open read.
+    let found = expired
         .query_map(
             params![
                 encode::millis(now),
                 i64::try_from(limit).unwrap_or(i64::MAX)
             ],
             |row| {
-                let scope: String = row.get(1)?;
-                let key: String = row.get(2)?;
-                Ok((row.get::<_, i64>(0)?, scope, key, encode::decode(row, 3)))
+                let rowid: i64 = row.get(0)?;
+                if !encode::ended(row.get(3)?) {
+                    return Ok((rowid, None));
+                }
+                let scope = row.get_ref(1)?.as_str()?;
+                let key = row.get_ref(2)?.as_str()?;
+                let fingerprint =
+                    horizon::fingerprint_prefix_of(row.get_ref(4)?.as_blob_or_null()?);
+                let expires_at: i64 = row.get(5)?;
+                let day = horizon::day_of(Timestamp::from_millis(expires_at.unsigned_abs()));
+                Ok((
+                    rowid,
+                    Some((horizon::digest_of(scope, key), fingerprint, day)),
+                ))
             },
         )?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    let mut remember = tx.prepare_cached(
-        "INSERT OR REPLACE INTO idem_horizon (digest, fingerprint, day) VALUES (?1, ?2, ?3)",
-    )?;
-    let mut delete = tx.prepare_cached("DELETE FROM idem_records WHERE rowid = ?1")?;
-    for (rowid, scope, key, record) in &expired {
-        let id = Scope::new(scope).ok().and_then(|s| {
-            Some(RecordId::new(
-                s,
-                encode::stored_key_rules().parse(key).ok()?,
-            ))
-        });
-        let entry = id
-            .zip(record.as_ref().ok())
-            .and_then(|(id, record)| Forgotten::of(&id, record));
-        if let Some(entry) = entry {
+    for (rowid, entry) in &found {
+        if let Some((digest, fingerprint, day)) = entry {
             remember.execute(params![
-                &entry.digest[..],
-                &entry.fingerprint[..],
-                i64::from(entry.day)
+                packed(digest),
+                packed(fingerprint),
+                i64::from(*day)
             ])?;
         }
         delete.execute([rowid])?;
     }
     tx.prepare_cached("DELETE FROM idem_horizon WHERE day < ?1")?
         .execute([i64::from(horizon::first_kept_day(now, memory))])?;
-    Ok(expired.len())
+    Ok(found.len())
 }
 
 /// How many keys the file remembers.

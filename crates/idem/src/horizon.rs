@@ -71,11 +71,17 @@ impl Forgotten {
 /// rest ([`KeyHasher`](crate::key_hash::KeyHasher)) the key is already the
 /// keyed hash, so the memory shows no key a client sent.
 pub fn digest(id: &RecordId) -> IdDigest {
+    digest_of(id.scope().as_str(), id.key().as_str())
+}
+
+/// [`digest`] of a scope and key as stored (for a store reading them back
+/// as text).
+pub fn digest_of(scope: &str, key: &str) -> IdDigest {
     let mut hash = Sha256::new();
     hash.update(b"idem.horizon.v1\0");
-    hash.update(id.scope().as_str().as_bytes());
+    hash.update(scope.as_bytes());
     hash.update([0]);
-    hash.update(id.key().as_str().as_bytes());
+    hash.update(key.as_bytes());
     let full = hash.finalize();
     let mut out = [0; 16];
     out.copy_from_slice(&full[..16]);
@@ -85,11 +91,15 @@ pub fn digest(id: &RecordId) -> IdDigest {
 /// The bytes of `fingerprint` a memory keeps: enough to tell a late retry
 /// from a new request under an old key.
 pub fn fingerprint_prefix(fingerprint: Option<&Fingerprint>) -> FingerprintPrefix {
-    let mut out = [0; 8];
-    if let Some(fingerprint) = fingerprint {
-        out.copy_from_slice(&fingerprint.as_bytes()[..8]);
-    }
-    out
+    fingerprint_prefix_of(fingerprint.map(|f| &f.as_bytes()[..]))
+}
+
+/// [`fingerprint_prefix`] of a fingerprint's bytes as stored (all zero
+/// for none, or for bytes too short to be one).
+pub fn fingerprint_prefix_of(fingerprint: Option<&[u8]>) -> FingerprintPrefix {
+    fingerprint
+        .and_then(|bytes| bytes.get(..8)?.try_into().ok())
+        .unwrap_or([0; 8])
 }
 
 /// The day of `at`, counted from the Unix epoch.
