@@ -12,7 +12,7 @@ use crate::{duration, forwarded, proxy, tls, wait};
 
 /// How long the gateway remembers keys whose records expired, unless told
 /// (`--remember-expired`): a month, thirty times the default retention,
-/// at about 60 bytes a key (see the guide's "Keys after the retention").
+/// at about 40 bytes a key (see the guide's "Keys after the retention").
 pub(crate) const DEFAULT_REMEMBER_EXPIRED: std::time::Duration =
     std::time::Duration::from_secs(30 * 86_400);
 
@@ -147,9 +147,10 @@ pub struct ProxyArgs {
     /// How long keys whose records expired are remembered, so a retry that
     /// comes after the retention is answered 410 key-expired instead of
     /// run again (the same key with another request still runs); 0 turns
-    /// it off. The store URL's own `?remember=` wins. The embedded stores
-    /// (SQLite, memory) remember; on others this gateway warns that late
-    /// retries run again [default: 30d].
+    /// it off. The store URL's own `remember=` wins; the setting is kept in
+    /// the store, so this overrides what another process set. SQLite,
+    /// memory and PostgreSQL remember; on others this gateway warns that
+    /// late retries run again [default: 30d].
     #[arg(long, env = "IDEM_REMEMBER_EXPIRED")]
     pub remember_expired: Option<String>,
     /// Refuse keys that are UUIDv7s older than the retention with 410
@@ -277,14 +278,15 @@ impl ProxyArgs {
         }
         if self.remember_expired.is_some() {
             anyhow::bail!(
-                "--remember-expired: the store {url} cannot remember expired keys yet (SQLite \
-                 and memory can); give --remember-expired 0 to run without"
+                "--remember-expired: the store {url} cannot remember expired keys yet (SQLite, \
+                 memory and PostgreSQL can); give --remember-expired 0 to run without"
             );
         }
         tracing::warn!(
             store = %url,
             "this store cannot remember expired keys: a retry that comes after the retention \
-             runs again (SQLite and memory stores remember; --remember-expired 0 silences this)"
+             runs again (SQLite, memory and PostgreSQL remember; --remember-expired 0 silences \
+             this)"
         );
         Ok(url)
     }

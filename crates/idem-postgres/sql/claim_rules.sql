@@ -19,6 +19,6 @@
         created_at = CASE WHEN r.expires_at <= now() THEN excluded.created_at ELSE r.created_at END,
         expires_at = CASE WHEN r.expires_at <= now() THEN excluded.expires_at
                           ELSE greatest(r.expires_at, excluded.expires_at) END
-    WHERE r.expires_at <= now()
+    WHERE (r.expires_at <= now()
        OR (r.fingerprint IS NOT DISTINCT FROM excluded.fingerprint
-           AND (r.state = 'released' OR (r.state = 'in_progress' AND r.lease_until <= now())))
+           AND (r.state = 'released' OR (r.state = 'in_progress' AND r.lease_until <= now()))))

@@ -48,7 +48,11 @@ impl DeleteRecord for PgStore {
         let rows = self
             .query(
                 &self.inner.sql.delete,
-                &[&id.scope().as_str(), &id.key().as_str()],
+                &[
+                    &id.scope().as_str(),
+                    &id.key().as_str(),
+                    &self.remembers_expired().is_some(),
+                ],
             )
             .await?;
         Ok(rows
@@ -97,7 +101,16 @@ impl FindAbandoned for PgStore {
 impl PurgeExpired for PgStore {
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let changed = self.write(&self.inner.sql.purge, &[&limit]).await?;
-        Ok(usize::try_from(changed).unwrap_or(usize::MAX))
+        let Some(memory) = self.remembers_expired() else {
+            let changed = self.write(&self.inner.sql.purge, &[&limit]).await?;
+            return Ok(usize::try_from(changed).unwrap_or(usize::MAX));
+        };
+        let first_day = idem::horizon::first_kept_day(idem::Timestamp::now(), memory);
+        let day = i32::try_from(first_day).unwrap_or(i32::MAX);
+        let rows = self
+            .query(&self.inner.sql.purge_remembering, &[&limit, &day])
+            .await?;
+        let purged: i64 = rows.first().map_or(0, |row| row.get(0));
+        Ok(usize::try_from(purged).unwrap_or(0))
     }
 }

@@ -1,6 +1,7 @@
 //! [`PgStoreBuilder`]: the settings a URL gives, the defaults, and
 //! connecting.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +42,7 @@ pub struct PgStoreBuilder {
     listen: bool,
     setup: bool,
     batching: bool,
+    memory: Option<Duration>,
 }
 
 impl PgStoreBuilder {
@@ -99,6 +101,18 @@ impl PgStoreBuilder {
         self
     }
 
+    /// Remembers the keys of completed and failed records for `memory`
+    /// after the purge deletes them, so a late retry is answered
+    /// [`Forgotten`](idem::store::ClaimOutcome::Forgotten) instead of run
+    /// again ([`idem::horizon`]); zero turns it off (the URL's
+    /// `remember=30d`). Kept in the schema (`idem_settings`): every process
+    /// on it that does not say remembers alike. A schema that remembers
+    /// claims each key in its own statement (no batching of claims).
+    pub fn remember_expired(mut self, memory: Duration) -> Self {
+        self.memory = Some(memory);
+        self
+    }
+
     /// Connects (one connection is made to check the server answers) and,
     /// unless turned off, applies the migrations.
     pub async fn connect(self) -> Result<PgStore, ConnectError> {
@@ -136,6 +150,7 @@ impl PgStoreBuilder {
                 tokens: TokenMint::new(),
                 listener,
                 demotion,
+                memory_ms: AtomicU64::new(0),
             }),
         };
         // One connection, to check the server answers; it goes back to the pool.
@@ -154,6 +169,13 @@ impl PgStoreBuilder {
                 source,
             })?;
         }
+        store
+            .settle_memory(self.memory)
+            .await
+            .map_err(|source| ConnectError::Setup {
+                schema: store.schema().to_owned(),
+                source,
+            })?;
         Ok(store)
     }
 }
@@ -178,6 +200,7 @@ impl PgStore {
             listen: parsed.listen.unwrap_or(true),
             setup: true,
             batching: true,
+            memory: parsed.remember,
         })
     }
 }

@@ -76,6 +76,47 @@ fn fence(row: &Row, id: &RecordId) -> Result<u64, StoreError> {
     u64::try_from(n).map_err(|_| corrupt(id, format!("fence {n}")))
 }
 
+/// The answer of `sql/claim_remembering.sql` (see there), or `None` when
+/// the client must run it again.
+pub(crate) fn remembered_claim_outcome(
+    rows: &[Row],
+    id: &RecordId,
+    token: LeaseToken,
+    wanted: Option<Fingerprint>,
+    first_day: u32,
+) -> Result<Option<ClaimOutcome>, StoreError> {
+    let expired_at = |row: &Row| column::<SystemTime>(row, id, "expires_at").map(timestamp);
+    let forgotten = |row: &Row| -> Result<ClaimOutcome, StoreError> {
+        Ok(ClaimOutcome::Forgotten {
+            expired_at: expired_at(row)?,
+        })
+    };
+    let state = |row: &Row| column::<String>(row, id, "state");
+    let mut remembered = None;
+    let mut held = None;
+    for row in rows {
+        if state(row)? == "forgotten" {
+            remembered = Some(row);
+        } else {
+            held = Some(row);
+        }
+    }
+    if let Some(outcome) = claim_outcome(held, id, token, wanted)? {
+        return Ok(Some(outcome));
+    }
+    if let Some(row) = held {
+        // Not acquired and not live: an expired row that ended with this
+        // fingerprint, kept from the claim by the memory.
+        let ended = matches!(state(row)?.as_str(), "completed" | "failed");
+        let live: bool = column(row, id, "live")?;
+        let kept = idem::horizon::day_of(expired_at(row)?) >= first_day;
+        if ended && !live && kept && fingerprint(row, id)? == wanted {
+            return forgotten(row).map(Some);
+        }
+    }
+    remembered.map(forgotten).transpose()
+}
+
 /// The answer of the claim statement, or `None` when the client must run
 /// it again (the statement's snapshot did not show the row that stopped
 /// the claim, or showed it in a state that should have been claimable).

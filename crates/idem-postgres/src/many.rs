@@ -14,7 +14,7 @@ use crate::encode;
 use crate::encode::{ms, token_bytes};
 use crate::error::one_item_may_cause;
 use crate::store::PgStore;
-use idem::group::{claims_or_each, completions_or_each, key_order};
+use idem::group::{claims_or_each, completions_or_each, key_order, Direct};
 
 impl ClaimMany for PgStore {
     async fn claim_many(
@@ -23,6 +23,19 @@ impl ClaimMany for PgStore {
     ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
         if claims.is_empty() {
             return Ok(Vec::new());
+        }
+        if let Some(memory) = self.remembers_expired() {
+            // A schema that remembers claims each key on its own
+            // (sql/claim_remembering.sql has no batch form yet).
+            let mut outcomes = Vec::with_capacity(claims.len());
+            for (id, params) in claims {
+                outcomes.push(if idem::horizon::remembered_scope(id.scope().as_str()) {
+                    self.claim_remembering(id, params, memory).await
+                } else {
+                    self.claim_one(id, params).await
+                });
+            }
+            return Ok(outcomes);
         }
         let batch = self.batch(claims).await;
         claims_or_each(self, claims, batch, one_item_may_cause).await

@@ -8,6 +8,8 @@ use crate::schema;
 pub(crate) struct Sql {
     pub(crate) claim: String,
     pub(crate) claim_many: String,
+    pub(crate) claim_remembering: String,
+    pub(crate) purge_remembering: String,
     pub(crate) complete: String,
     pub(crate) complete_many: String,
     pub(crate) fail: String,
@@ -41,6 +43,8 @@ impl Sql {
         Self {
             claim: claim(include_str!("../sql/claim.sql")),
             claim_many: claim(include_str!("../sql/claim_many.sql")),
+            claim_remembering: claim(include_str!("../sql/claim_remembering.sql")),
+            purge_remembering: r(include_str!("../sql/purge_remembering.sql")),
             complete: r(include_str!("../sql/complete.sql")),
             complete_many: r(include_str!("../sql/complete_many.sql")),
             fail: r(include_str!("../sql/fail.sql")),

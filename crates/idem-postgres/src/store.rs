@@ -1,5 +1,6 @@
 //! [`PgStore`] and its `impl Store`: every transition one statement.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +41,9 @@ pub(crate) struct Inner {
     pub(crate) listener: notify::Listener,
     /// A failover seen by a connection of `pool`.
     pub(crate) demotion: Arc<conn::Demotion>,
+    /// How long the schema remembers expired keys, in milliseconds (0:
+    /// not at all); read from `idem_settings` at connect.
+    pub(crate) memory_ms: AtomicU64,
 }
 
 impl PgStore {
@@ -164,6 +168,88 @@ impl PgStore {
         })
     }
 
+    /// How long the schema remembers expired keys ([`idem::horizon`]), if
+    /// at all: what `idem_settings` said when this store connected.
+    pub fn remembers_expired(&self) -> Option<Duration> {
+        let ms = self.inner.memory_ms.load(Ordering::Relaxed);
+        (ms > 0).then(|| Duration::from_millis(ms))
+    }
+
+    /// Writes `set` (if given; zero turns it off) as the schema's memory of
+    /// expired keys, then reads the schema's setting. A schema without the
+    /// settings table (migrations applied by another tool, not yet 0011)
+    /// does not remember, unless asked to, which is an error.
+    pub(crate) async fn settle_memory(&self, set: Option<Duration>) -> Result<(), StoreError> {
+        let table = format!("{}.idem_settings", self.schema());
+        if let Some(memory) = set {
+            let ms = i64::try_from(memory.as_millis()).unwrap_or(i64::MAX);
+            let sql = format!(
+                "INSERT INTO {table} (name, value) VALUES ('remember_ms', $1) \
+                 ON CONFLICT (name) DO UPDATE SET value = excluded.value"
+            );
+            self.write(&sql, &[&ms]).await?;
+        }
+        let sql = format!("SELECT value FROM {table} WHERE name = 'remember_ms'");
+        let ms = match self.query(&sql, &[]).await {
+            Ok(rows) => rows.first().map(|row| row.get::<_, i64>(0)).unwrap_or(0),
+            Err(_) if set.is_none() => 0,
+            Err(error) => return Err(error),
+        };
+        self.inner
+            .memory_ms
+            .store(u64::try_from(ms).unwrap_or(0), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A claim on a schema that remembers expired keys
+    /// (`sql/claim_remembering.sql`), one statement on a pooled connection.
+    pub(crate) async fn claim_remembering(
+        &self,
+        id: &RecordId,
+        params: &ClaimParams,
+        memory: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let client = self.client().await?;
+        let statement = self
+            .prepare(&client, &self.inner.sql.claim_remembering)
+            .await?;
+        let fingerprint = params.fingerprint.map(|f| f.as_bytes().to_vec());
+        let (lease, retention) = (ms(params.lease), ms(params.retention));
+        let digest = packed(&idem::horizon::digest(id));
+        let prefix = packed(&idem::horizon::fingerprint_prefix(
+            params.fingerprint.as_ref(),
+        ));
+        let first_day = idem::horizon::first_kept_day(Timestamp::now(), memory);
+        let day = i32::try_from(first_day).unwrap_or(i32::MAX);
+        for _ in 0..CLAIM_ROUNDS {
+            let token = self.inner.tokens.next();
+            let rows = self
+                .timed(client.query(
+                    &statement,
+                    &[
+                        &id.scope().as_str(),
+                        &id.key().as_str(),
+                        &fingerprint,
+                        &&token_bytes(token)[..],
+                        &lease,
+                        &retention,
+                        &digest,
+                        &prefix,
+                        &day,
+                    ],
+                ))
+                .await?;
+            if let Some(outcome) =
+                encode::remembered_claim_outcome(&rows, id, token, params.fingerprint, first_day)?
+            {
+                return Ok(outcome);
+            }
+        }
+        Ok(ClaimOutcome::InProgress {
+            retry_after: Duration::from_millis(10),
+        })
+    }
+
     /// Runs `sql` (prepared once per connection) on a pooled connection;
     /// its rows.
     pub(crate) async fn query(
@@ -186,6 +272,14 @@ impl PgStore {
         let statement = self.prepare(&client, sql).await?;
         self.timed(client.execute(&statement, params)).await
     }
+}
+
+/// The first 8 bytes of `bytes` as the signed integer `idem_horizon`
+/// keeps.
+pub(crate) fn packed(bytes: &[u8]) -> i64 {
+    let mut first = [0; 8];
+    first.copy_from_slice(&bytes[..8]);
+    i64::from_be_bytes(first)
 }
 
 pub(crate) fn lease_written(changed: u64) -> Result<(), StoreError> {
@@ -234,7 +328,12 @@ impl Store for PgStore {
     idem::store_capabilities!(peek, steps);
 
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
-        claim_through(self.groups.as_deref(), self, id, params).await
+        match self.remembers_expired() {
+            Some(memory) if idem::horizon::remembered_scope(id.scope().as_str()) => {
+                self.claim_remembering(id, params, memory).await
+            }
+            _ => claim_through(self.groups.as_deref(), self, id, params).await,
+        }
     }
 
     async fn complete(

@@ -100,7 +100,8 @@ impl<C: Clock> SqliteStoreBuilder<C> {
     /// again ([`idem::horizon`]); zero turns it off. The setting is kept
     /// in the file: every process that opens it without saying (an
     /// `idem purge`, a second worker) remembers alike, and a file never
-    /// told does not remember. Costs about 60 bytes of file per key,
+    /// told does not remember (a process reads the setting when it opens
+    /// the file). Costs about 40 bytes of file per key,
     /// dropped a day at a time by the purge, and one index read more for
     /// a claim of a new key.
     pub fn remember_expired(mut self, memory: Duration) -> Self {

@@ -41,7 +41,8 @@ fn packed(bytes: &[u8]) -> i64 {
 }
 
 /// Deletes up to `limit` expired records, remembering the ones that ended
-/// (completed or failed), and drops the days older than `memory`. Returns
+/// (completed or failed), and drops up to `limit` remembered keys of the
+/// days older than `memory`. Returns
 /// how many records were deleted. Only the columns the memory keeps are
 /// read (not the responses).
 pub(crate) fn purge_remembering(
@@ -93,8 +94,16 @@ pub(crate) fn purge_remembering(
         }
         delete.execute([rowid])?;
     }
-    tx.prepare_cached("DELETE FROM idem_horizon WHERE day < ?1")?
-        .execute([i64::from(horizon::first_kept_day(now, memory))])?;
+    // Days past the memory go a batch at a time too, so no purge holds
+    // the writer for a whole day's keys.
+    tx.prepare_cached(
+        "DELETE FROM idem_horizon WHERE digest IN \
+         (SELECT digest FROM idem_horizon WHERE day < ?1 LIMIT ?2)",
+    )?
+    .execute(params![
+        i64::from(horizon::first_kept_day(now, memory)),
+        i64::try_from(limit).unwrap_or(i64::MAX)
+    ])?;
     Ok(found.len())
 }
 

@@ -332,13 +332,23 @@ fn apply(
             Done::Completes(written)
         }
         Op::Delete(id) => {
+            // With a memory, an expired record is left to the purge, which
+            // remembers it; deleting it here would forget its key.
+            let live_only = site.memory.is_some();
             let expires: Option<i64> = tx
                 .prepare_cached(
-                    "DELETE FROM idem_records WHERE scope = ?1 AND key = ?2 RETURNING expires_at",
+                    "DELETE FROM idem_records WHERE scope = ?1 AND key = ?2 \
+                     AND (NOT ?3 OR expires_at > ?4) RETURNING expires_at",
                 )?
-                .query_row(params![id.scope().as_str(), id.key().as_str()], |r| {
-                    r.get(0)
-                })
+                .query_row(
+                    params![
+                        id.scope().as_str(),
+                        id.key().as_str(),
+                        live_only,
+                        encode::millis(now)
+                    ],
+                    |r| r.get(0),
+                )
                 .optional()?;
             Done::Delete(expires.is_some_and(|e| e > encode::millis(now)))
         }
@@ -463,8 +473,10 @@ fn claim(
         fence_floor: next,
     };
     let remembered = match site.memory {
-        Some(_) => horizon::recall(conn, id)?,
-        None => None,
+        Some(_) if idem::horizon::remembered_scope(id.scope().as_str()) => {
+            horizon::recall(conn, id)?
+        }
+        _ => None,
     };
     // Most claims are first deliveries: try the machine's answer for an
     // absent key first, and read the row only if the key is taken (or
@@ -485,8 +497,14 @@ fn claim(
         return Ok(Ok(outcome));
     };
     if let (Some(memory), 1) = (site.memory, record.attempt) {
-        let late =
-            idem::horizon::late_retry(existing.as_ref(), remembered.as_ref(), params, now, memory);
+        let late = idem::horizon::late_retry(
+            id,
+            existing.as_ref(),
+            remembered.as_ref(),
+            params,
+            now,
+            memory,
+        );
         if let Some(late) = late {
             return Ok(Ok(late));
         }

@@ -35,5 +35,5 @@ idem_testkit::conformance_suite!(fixture);
 
 mod horizon {
     use super::remembering;
-    idem_testkit::conformance_suite!(remembering; horizon);
+    idem_testkit::conformance_suite!(remembering; horizon, horizon_days);
 }

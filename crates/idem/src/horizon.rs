@@ -34,7 +34,8 @@ pub type IdDigest = [u8; 16];
 /// The bytes of a fingerprint a memory keeps (all zero for none).
 pub type FingerprintPrefix = [u8; 8];
 
-/// What a store remembers of one key whose record expired.
+/// What a store remembers of one key whose record expired (the SQL stores
+/// keep the digest's first 8 bytes only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Forgotten {
     /// The digest of the record's id ([`digest`]).
@@ -51,6 +52,9 @@ impl Forgotten {
     /// (released or abandoned: running it again is what its retry must
     /// do).
     pub fn of(id: &RecordId, record: &Record) -> Option<Self> {
+        if !remembered_scope(id.scope().as_str()) {
+            return None;
+        }
         let fingerprint = ended(record)?;
         Some(Self {
             digest: digest(id),
@@ -117,24 +121,42 @@ pub fn first_kept_day(now: Timestamp, memory: Duration) -> u32 {
 /// retry: `expired` is the record the store still holds for the key (if
 /// any, expired), `remembered` what its memory holds. `None` means the
 /// claim acquires as usual.
+///
+/// Both are weighed: a key reused by another request whose record has
+/// expired in turn still refuses the first request's late retry while the
+/// memory holds it. The memory keeps one entry a key (the latest request
+/// under it). Keys of [`remembered_scope`]s only.
 pub fn late_retry(
+    id: &RecordId,
     expired: Option<&Record>,
     remembered: Option<&Forgotten>,
     params: &ClaimParams,
     now: Timestamp,
     memory: Duration,
 ) -> Option<ClaimOutcome> {
+    if !remembered_scope(id.scope().as_str()) {
+        return None;
+    }
     let first_day = first_kept_day(now, memory);
+    let wanted = fingerprint_prefix(params.fingerprint.as_ref());
     let held = expired
         .filter(|r| r.is_expired(now))
         .and_then(|r| Some((ended(r)?, r.expires_at)));
-    let (fingerprint, expired_at) = match (held, remembered) {
-        (Some(held), _) => held,
-        (None, Some(entry)) => (entry.fingerprint, entry.expired_at()),
-        (None, None) => return None,
-    };
-    let same = fingerprint == fingerprint_prefix(params.fingerprint.as_ref());
-    (same && day_of(expired_at) >= first_day).then_some(ClaimOutcome::Forgotten { expired_at })
+    let remembered = remembered.map(|entry| (entry.fingerprint, entry.expired_at()));
+    [held, remembered]
+        .into_iter()
+        .flatten()
+        .find(|(fingerprint, expired_at)| {
+            *fingerprint == wanted && day_of(*expired_at) >= first_day
+        })
+        .map(|(_, expired_at)| ClaimOutcome::Forgotten { expired_at })
+}
+
+/// Whether keys of `scope` are remembered: every scope but the outbox's
+/// own bookkeeping (`idem.outbox` and `idem.outbox/…`), whose records are
+/// claimed again by design.
+pub fn remembered_scope(scope: &str) -> bool {
+    scope != crate::outbox::REGISTRY_SCOPE && !scope.starts_with(crate::outbox::MARKER_SCOPE_PREFIX)
 }
 
 /// The fingerprint to remember of a record that ended (completed or
@@ -173,6 +195,7 @@ mod tests {
 
     #[test]
     fn a_late_retry_is_told_from_a_new_request_under_an_old_key() {
+        let id = RecordId::parse("s", "k").expect("a valid id");
         let a = Some(Fingerprint::of_bytes(b"a"));
         let b = Some(Fingerprint::of_bytes(b"b"));
         let expiry = Timestamp::from_millis(10 * DAY_MS + 5);
@@ -185,26 +208,29 @@ mod tests {
             expiry,
         );
         assert_eq!(
-            late_retry(Some(&done), None, &params(a), now, MEMORY),
+            late_retry(&id, Some(&done), None, &params(a), now, MEMORY),
             Some(ClaimOutcome::Forgotten { expired_at: expiry })
         );
-        assert_eq!(late_retry(Some(&done), None, &params(b), now, MEMORY), None);
-        let id = RecordId::parse("s", "k").expect("a valid id");
+        assert_eq!(
+            late_retry(&id, Some(&done), None, &params(b), now, MEMORY),
+            None
+        );
         let entry = Forgotten::of(&id, &done).expect("a completed record is remembered");
         assert_eq!(
-            late_retry(None, Some(&entry), &params(a), now, MEMORY),
+            late_retry(&id, None, Some(&entry), &params(a), now, MEMORY),
             Some(ClaimOutcome::Forgotten {
                 expired_at: Timestamp::from_millis(10 * DAY_MS)
             })
         );
         assert_eq!(
-            late_retry(None, Some(&entry), &params(b), now, MEMORY),
+            late_retry(&id, None, Some(&entry), &params(b), now, MEMORY),
             None
         );
     }
 
     #[test]
     fn only_ended_records_within_the_memory_are_remembered() {
+        let id = RecordId::parse("s", "k").expect("a valid id");
         let expiry = Timestamp::from_millis(10 * DAY_MS);
         let failed = record(
             State::Failed {
@@ -215,20 +241,68 @@ mod tests {
         );
         let released = record(State::Released { last_failure: None }, None, expiry);
         let soon = expiry.saturating_add(Duration::from_secs(60));
-        assert!(late_retry(Some(&failed), None, &params(None), soon, MEMORY).is_some());
+        assert!(late_retry(&id, Some(&failed), None, &params(None), soon, MEMORY).is_some());
         assert_eq!(
-            late_retry(Some(&released), None, &params(None), soon, MEMORY),
+            late_retry(&id, Some(&released), None, &params(None), soon, MEMORY),
             None
         );
         let beyond = expiry.saturating_add(MEMORY + Duration::from_secs(86_400));
         assert_eq!(
-            late_retry(Some(&failed), None, &params(None), beyond, MEMORY),
+            late_retry(&id, Some(&failed), None, &params(None), beyond, MEMORY),
             None
         );
         let live = expiry.saturating_sub(Duration::from_secs(1));
         assert_eq!(
-            late_retry(Some(&failed), None, &params(None), live, MEMORY),
+            late_retry(&id, Some(&failed), None, &params(None), live, MEMORY),
             None
         );
+    }
+
+    #[test]
+    fn a_reused_key_that_expired_in_turn_still_refuses_the_first_requests_retry() {
+        let id = RecordId::parse("s", "k").expect("a valid id");
+        let (a, b) = (
+            Some(Fingerprint::of_bytes(b"a")),
+            Some(Fingerprint::of_bytes(b"b")),
+        );
+        let first = record(
+            State::Completed {
+                response: "1".into(),
+            },
+            a,
+            Timestamp::from_millis(DAY_MS),
+        );
+        let entry = Forgotten::of(&id, &first).expect("remembered");
+        let reuse_expiry = Timestamp::from_millis(3 * DAY_MS);
+        let reuse = record(
+            State::Completed {
+                response: "2".into(),
+            },
+            b,
+            reuse_expiry,
+        );
+        let now = reuse_expiry.saturating_add(Duration::from_secs(60));
+        assert!(late_retry(&id, Some(&reuse), Some(&entry), &params(a), now, MEMORY).is_some());
+        assert!(late_retry(&id, Some(&reuse), Some(&entry), &params(b), now, MEMORY).is_some());
+    }
+
+    #[test]
+    fn the_outboxs_own_records_are_never_remembered() {
+        let done = record(
+            State::Completed {
+                response: "r".into(),
+            },
+            None,
+            Timestamp::from_millis(DAY_MS),
+        );
+        for scope in ["idem.outbox", "idem.outbox/00ff"] {
+            let id = RecordId::parse(scope, "k").expect("a valid id");
+            assert_eq!(Forgotten::of(&id, &done), None);
+            let later = Timestamp::from_millis(2 * DAY_MS);
+            assert_eq!(
+                late_retry(&id, Some(&done), None, &params(None), later, MEMORY),
+                None
+            );
+        }
     }
 }

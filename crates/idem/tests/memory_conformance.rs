@@ -23,5 +23,5 @@ async fn remembering(case: &'static str) -> Fixture<MemoryStore<ManualClock>> {
 
 mod horizon {
     use super::remembering;
-    idem_testkit::conformance_suite!(remembering; horizon);
+    idem_testkit::conformance_suite!(remembering; horizon, horizon_days);
 }

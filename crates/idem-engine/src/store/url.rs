@@ -331,6 +331,15 @@ impl std::fmt::Display for StoreUrl {
     }
 }
 
+/// Whether `url`'s query names `param`.
+fn has_param(url: &str, param: &str) -> bool {
+    url.split_once('?').is_some_and(|(_, query)| {
+        query
+            .split('&')
+            .any(|pair| pair.split_once('=').map_or(pair, |(name, _)| name) == param)
+    })
+}
+
 /// `?remember=…` for a local store that remembers expired keys.
 fn write_remember(f: &mut std::fmt::Formatter<'_>, remember: Option<Duration>) -> std::fmt::Result {
     match remember {
@@ -341,9 +350,12 @@ fn write_remember(f: &mut std::fmt::Formatter<'_>, remember: Option<Duration>) -
 
 impl StoreUrl {
     /// Whether the store this URL names can remember expired keys
-    /// ([`idem::horizon`]): the local ones.
+    /// ([`idem::horizon`]): the local ones and PostgreSQL.
     pub fn can_remember(&self) -> bool {
-        matches!(self, StoreUrl::Memory { .. } | StoreUrl::Sqlite { .. })
+        matches!(
+            self,
+            StoreUrl::Memory { .. } | StoreUrl::Sqlite { .. } | StoreUrl::Postgres(_)
+        )
     }
 
     /// This URL, remembering expired keys for `memory` unless it says
@@ -360,6 +372,10 @@ impl StoreUrl {
                 path,
                 remember: Some(memory),
             },
+            StoreUrl::Postgres(url) if !has_param(&url, "remember") => {
+                let joint = if url.contains('?') { '&' } else { '?' };
+                StoreUrl::Postgres(format!("{url}{joint}remember={}s", memory.as_secs()))
+            }
             other => other,
         }
     }

@@ -18,11 +18,13 @@ pub(crate) struct ParsedUrl {
     pub(crate) connect_timeout: Option<Duration>,
     pub(crate) response_timeout: Option<Duration>,
     pub(crate) listen: Option<bool>,
+    pub(crate) remember: Option<Duration>,
     pub(crate) tls: Tls,
 }
 
 /// Parses `postgres://` / `postgresql://` URLs. idem reads `schema`,
 /// `pool_size`, `connect_timeout`, `response_timeout` (`500ms`, `2s`),
+/// `remember` (`30d`: how long expired keys are remembered),
 /// `listen` (`true`, `false`), `sslmode` and `sslrootcert`; every other parameter (`application_name`,
 /// `options`, …) goes to tokio-postgres, which rejects the ones it does
 /// not know.
@@ -49,6 +51,7 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
         connect_timeout: None,
         response_timeout: None,
         listen: None,
+        remember: None,
         tls: Tls {
             mode: TlsMode::Prefer,
             root_cert: None,
@@ -70,6 +73,9 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
             }
             "response_timeout" => {
                 parsed.response_timeout = Some(idem::url::parse_duration(value).map_err(invalid)?);
+            }
+            "remember" => {
+                parsed.remember = Some(idem::url::parse_duration(value).map_err(invalid)?);
             }
             "listen" => {
                 parsed.listen = Some(match value {

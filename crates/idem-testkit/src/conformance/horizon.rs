@@ -1,9 +1,12 @@
 //! The memory of expired keys ([`idem::horizon`]), for stores that
 //! remember: a late retry of a completed or failed key is answered
 //! `Forgotten` before and after the purge, never acquired; another request
-//! under the old key runs; released records are not remembered; the
-//! memory ends a whole day at a time. The fixture's store must remember
-//! for [`MEMORY`], on a manual clock (the cases move time by days).
+//! under the old key runs; released records are not remembered; deleting
+//! an expired record leaves it to the purge (which remembers); and (on
+//! a manual clock, group `horizon_days`) the memory ends a whole day at a
+//! time. The fixture's store must remember for [`MEMORY`]. On a manual
+//! clock records are kept a day; on a server's clock, the fixture's short
+//! lease.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,15 +23,23 @@ pub const MEMORY: Duration = Duration::from_secs(7 * 86_400);
 
 const DAY: Duration = Duration::from_secs(86_400);
 
-fn params(fingerprint: &[u8]) -> ClaimParams {
-    ClaimParams::new(Duration::from_secs(10), DAY).fingerprint(Fingerprint::of_bytes(fingerprint))
+/// How long the cases keep records: a day on a manual clock, the short
+/// lease on a server's.
+fn retention<S: idem::Store>(f: &Fixture<S>) -> Duration {
+    if f.is_manual() {
+        DAY
+    } else {
+        f.lease
+    }
 }
 
-fn manual<S: idem::Store>(f: &Fixture<S>) {
-    assert!(
-        f.is_manual(),
-        "the horizon cases move time by days: give them a store on a manual clock"
-    );
+fn params<S: idem::Store>(f: &Fixture<S>, fingerprint: &[u8]) -> ClaimParams {
+    ClaimParams::new(f.lease, retention(f)).fingerprint(Fingerprint::of_bytes(fingerprint))
+}
+
+/// Moves time past the records' expiry.
+async fn expire<S: idem::Store>(f: &Fixture<S>) {
+    f.advance(retention(f) + Duration::from_secs(1)).await;
 }
 
 async fn purge_all<S: Admin>(f: &Fixture<S>) {
@@ -44,12 +55,11 @@ fn day_start(at: Timestamp) -> Timestamp {
 /// after the purge deleted it (naming the day); it writes nothing; the
 /// same key with another fingerprint is a new request and is acquired.
 pub async fn a_late_retry_is_forgotten_before_and_after_the_purge<S: Admin>(f: &Fixture<S>) {
-    manual(f);
     let key = id(&f.scope("s"), "paid");
-    let (same, other) = (params(b"charge 10"), params(b"charge 20"));
+    let (same, other) = (params(f, b"charge 10"), params(f, b"charge 20"));
     let lease = acquire(f, &key, &same).await;
     f.store
-        .complete(&lease, Bytes::from_static(b"done"), DAY)
+        .complete(&lease, Bytes::from_static(b"done"), retention(f))
         .await
         .expect("complete");
     let expires_at = f
@@ -59,7 +69,7 @@ pub async fn a_late_retry_is_forgotten_before_and_after_the_purge<S: Admin>(f: &
         .expect("get")
         .expect("held")
         .expires_at;
-    f.advance(DAY + Duration::from_secs(60)).await;
+    expire(f).await;
     assert_eq!(
         claim(f, &key, &same).await,
         ClaimOutcome::Forgotten {
@@ -70,6 +80,14 @@ pub async fn a_late_retry_is_forgotten_before_and_after_the_purge<S: Admin>(f: &
     assert!(
         f.store.get(&key).await.expect("get").is_none(),
         "a forgotten answer writes nothing"
+    );
+    assert!(
+        !f.store.delete(&key).await.expect("delete"),
+        "an expired record is not live"
+    );
+    assert!(
+        matches!(claim(f, &key, &same).await, ClaimOutcome::Forgotten { .. }),
+        "deleting an expired record does not forget its key"
     );
     purge_all(f).await;
     for _ in 0..2 {
@@ -90,22 +108,21 @@ pub async fn a_late_retry_is_forgotten_before_and_after_the_purge<S: Admin>(f: &
 /// Failed records are remembered like completed ones; released records
 /// (which never ended) are not: their retry runs.
 pub async fn failed_keys_are_remembered_and_released_ones_are_not<S: Admin>(f: &Fixture<S>) {
-    manual(f);
     let scope = f.scope("s");
     let (failed, released) = (id(&scope, "declined"), id(&scope, "released"));
-    let p = params(b"request");
+    let p = params(f, b"request");
     let lease = acquire(f, &failed, &p).await;
     f.store
         .fail(
             &lease,
             Failure::new(FailureClass::Terminal, "declined"),
-            DAY,
+            retention(f),
         )
         .await
         .expect("fail");
     let lease = acquire(f, &released, &p).await;
     f.store.release(&lease).await.expect("release");
-    f.advance(DAY * 2).await;
+    expire(f).await;
     purge_all(f).await;
     assert!(
         matches!(claim(f, &failed, &p).await, ClaimOutcome::Forgotten { .. }),
@@ -120,9 +137,12 @@ pub async fn failed_keys_are_remembered_and_released_ones_are_not<S: Admin>(f: &
 /// What is remembered is dropped a day at a time once older than the
 /// memory: a retry after that runs again.
 pub async fn the_memory_ends_whole_days_after_it<S: Admin>(f: &Fixture<S>) {
-    manual(f);
+    assert!(
+        f.is_manual(),
+        "this case moves time by days: give it a store on a manual clock"
+    );
     let key = id(&f.scope("s"), "old");
-    let p = params(b"request");
+    let p = params(f, b"request");
     let lease = acquire(f, &key, &p).await;
     f.store
         .complete(&lease, Bytes::from_static(b"done"), DAY)
@@ -147,15 +167,14 @@ pub async fn the_memory_ends_whole_days_after_it<S: Admin>(f: &Fixture<S>) {
 /// Many concurrent late retries of a remembered key: every one is
 /// `Forgotten`, none acquires.
 pub async fn concurrent_late_retries_never_run<S: Admin>(f: &Fixture<S>) {
-    manual(f);
     let key = id(&f.scope("s"), "racing");
-    let p = params(b"request");
+    let p = params(f, b"request");
     let lease = acquire(f, &key, &p).await;
     f.store
-        .complete(&lease, Bytes::from_static(b"done"), DAY)
+        .complete(&lease, Bytes::from_static(b"done"), retention(f))
         .await
         .expect("complete");
-    f.advance(DAY * 2).await;
+    expire(f).await;
     purge_all(f).await;
     let store = Arc::clone(&f.store);
     let tasks: Vec<_> = (0..32)

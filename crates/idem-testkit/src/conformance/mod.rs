@@ -233,8 +233,13 @@ macro_rules! __conformance_group {
             $fixture; horizon;
             a_late_retry_is_forgotten_before_and_after_the_purge,
             failed_keys_are_remembered_and_released_ones_are_not,
-            the_memory_ends_whole_days_after_it,
             concurrent_late_retries_never_run,
+        );
+    };
+    ($fixture:path; horizon_days) => {
+        $crate::__conformance_cases!(
+            $fixture; horizon;
+            the_memory_ends_whole_days_after_it,
         );
     };
     ($fixture:path; ttl) => {
@@ -247,7 +252,7 @@ macro_rules! __conformance_group {
         ::core::compile_error!(::core::concat!(
             "unknown conformance group `",
             ::core::stringify!($other),
-            "` (core, concurrency, batches, admin, steps, outbox, ttl, horizon)"
+            "` (core, concurrency, batches, admin, steps, outbox, ttl, horizon, horizon_days)"
         ));
     };
 }

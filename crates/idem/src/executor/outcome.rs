@@ -78,8 +78,9 @@ pub enum RunError<E> {
     /// the first run's outcome is gone. Nothing ran.
     #[error("key expired: its record ended about {}s ago and is no longer kept", age.as_secs())]
     Forgotten {
-        /// How long ago the key's record ended, at least (the time since it
-        /// expired, plus the retention).
+        /// About how long ago the key's record ended: the time since it
+        /// expired (to the day, once the record itself is gone), plus this
+        /// executor's retention.
         age: Duration,
     },
     /// The handler ran now and failed; the failure was recorded.

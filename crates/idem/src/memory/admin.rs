@@ -42,14 +42,21 @@ impl<C: Clock> DeleteRecord for MemoryStore<C> {
         let now = self.now();
         let (hash, index) = self.locate(id);
         let shard = &self.inner.shards[index];
+        let remembers = self.inner.memory.is_some();
         let removed = {
             let mut state = shard.state.lock();
-            state.journals.remove(id);
             match state
                 .records
                 .find_entry(hash, |(h, k, _)| *h == hash && k == id)
             {
-                Ok(entry) => Some(entry.remove().0 .2),
+                // An expired record is left to the purge, which remembers
+                // it; deleting it here would forget its key.
+                Ok(entry) if remembers && entry.get().2.is_expired(now) => None,
+                Ok(entry) => {
+                    let removed = entry.remove().0 .2;
+                    state.journals.remove(id);
+                    Some(removed)
+                }
                 Err(_) => None,
             }
         };

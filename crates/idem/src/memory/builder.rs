@@ -82,7 +82,8 @@ impl<C: Clock> MemoryStoreBuilder<C> {
     /// after their records expire, so a late retry is answered
     /// [`Forgotten`](crate::store::ClaimOutcome::Forgotten) instead of run
     /// again ([`crate::horizon`]; default: not remembered). Kept per day,
-    /// dropped a day at a time by the purge.
+    /// dropped a day at a time by the purge, and bounded like the records
+    /// (at [`max_records`](Self::max_records) keys the oldest day goes).
     pub fn remember_expired(mut self, memory: Duration) -> Self {
         self.memory = (!memory.is_zero()).then_some(memory);
         self

@@ -13,8 +13,15 @@ pub(crate) struct Horizon {
 }
 
 impl Horizon {
-    /// Remembers `entry`, in place of what was remembered of its id.
-    pub(crate) fn remember(&mut self, entry: Forgotten) {
+    /// Remembers `entry`, in place of what was remembered of its id; at
+    /// `cap` keys, the oldest day is dropped first (the memory is bounded
+    /// like the records).
+    pub(crate) fn remember(&mut self, entry: Forgotten, cap: usize) {
+        if self.entries.len() >= cap && !self.entries.contains_key(&entry.digest) {
+            if let Some(&oldest) = self.days.keys().next() {
+                self.drop_before(oldest.saturating_add(1));
+            }
+        }
         self.entries.insert(entry.digest, entry);
         self.days.entry(entry.day).or_default().push(entry.digest);
     }

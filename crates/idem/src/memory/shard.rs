@@ -46,13 +46,14 @@ impl ShardState {
     }
 
     /// Removes expired records (at most `limit`) and their journals,
-    /// remembering the ended ones for `memory` if it is set; returns how
-    /// many.
+    /// remembering the ended ones for `memory` if it is set (at most `cap`
+    /// keys); returns how many.
     pub(crate) fn remove_expired(
         &mut self,
         now: Timestamp,
         limit: usize,
         memory: Option<Duration>,
+        cap: usize,
     ) -> usize {
         let journals = &mut self.journals;
         let horizon = &mut self.horizon;
@@ -64,7 +65,7 @@ impl ShardState {
                     journals.remove(id);
                 }
                 if let Some(entry) = memory.and_then(|_| Forgotten::of(id, r)) {
-                    horizon.remember(entry);
+                    horizon.remember(entry, cap);
                 }
                 false
             } else {

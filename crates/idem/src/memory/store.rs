@@ -126,7 +126,7 @@ impl<C: Clock> MemoryStore<C> {
         };
         if let (Some(memory), 1) = (self.inner.memory, record.attempt) {
             let remembered = shard.horizon.recall(&horizon::digest(id));
-            if let Some(late) = horizon::late_retry(existing, remembered, params, now, memory) {
+            if let Some(late) = horizon::late_retry(id, existing, remembered, params, now, memory) {
                 return Ok(late);
             }
         }
@@ -141,7 +141,7 @@ impl<C: Clock> MemoryStore<C> {
             }
             Entry::Vacant(_) => {
                 // Full: make room from expired records of this shard only.
-                shard.remove_expired(now, usize::MAX, self.inner.memory);
+                shard.remove_expired(now, usize::MAX, self.inner.memory, self.inner.per_shard);
                 if shard.records.len() >= self.inner.per_shard {
                     return Err(StoreError::CapacityExceeded {
                         capacity: self.inner.max_records,
@@ -216,10 +216,12 @@ impl<C: Clock> MemoryStore<C> {
             if removed >= limit {
                 break;
             }
-            removed += shard
-                .state
-                .lock()
-                .remove_expired(now, limit - removed, self.inner.memory);
+            removed += shard.state.lock().remove_expired(
+                now,
+                limit - removed,
+                self.inner.memory,
+                self.inner.per_shard,
+            );
         }
         removed
     }

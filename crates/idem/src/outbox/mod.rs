@@ -93,4 +93,6 @@ pub fn stored_messages(
 }
 pub(crate) use frame::decode as decode_messages;
 pub use frame::encode as encode_messages;
-pub(crate) use marker::{marker_id, marker_scope, registry_id, run_scope_of, REGISTRY_SCOPE};
+pub(crate) use marker::{
+    marker_id, marker_scope, registry_id, run_scope_of, MARKER_SCOPE_PREFIX, REGISTRY_SCOPE,
+};
