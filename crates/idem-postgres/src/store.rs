@@ -239,10 +239,36 @@ impl PgStore {
                     ],
                 ))
                 .await?;
-            if let Some(outcome) =
-                encode::remembered_claim_outcome(&rows, id, token, params.fingerprint, first_day)?
+            match encode::remembered_claim_outcome(&rows, id, token, params.fingerprint, first_day)?
             {
-                return Ok(outcome);
+                Some(ClaimOutcome::Acquired(lease)) if lease.attempt == 1 && !lease.takeover => {
+                    let recheck = self.prepare(&client, &self.inner.sql.claim_recheck).await?;
+                    let found = self
+                        .timed(client.query(
+                            &recheck,
+                            &[
+                                &id.scope().as_str(),
+                                &id.key().as_str(),
+                                &&token_bytes(token)[..],
+                                &digest,
+                                &prefix,
+                                &day,
+                            ],
+                        ))
+                        .await?;
+                    return Ok(match found.first() {
+                        Some(row) => {
+                            let remembered: i32 = row.get(0);
+                            let ms = u64::try_from(remembered).unwrap_or(0) * idem::horizon::DAY_MS;
+                            ClaimOutcome::Forgotten {
+                                expired_at: Timestamp::from_millis(ms),
+                            }
+                        }
+                        None => ClaimOutcome::Acquired(lease),
+                    });
+                }
+                Some(outcome) => return Ok(outcome),
+                None => {}
             }
         }
         Ok(ClaimOutcome::InProgress {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use idem::horizon::{self, Forgotten};
+use idem::horizon::{self, FingerprintPrefix, Forgotten, IdDigest};
 use idem::{RecordId, Timestamp};
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -68,19 +68,9 @@ pub(crate) fn purge_remembering(
             ],
             |row| {
                 let rowid: i64 = row.get(0)?;
-                if !encode::ended(row.get(3)?) {
-                    return Ok((rowid, None));
-                }
-                let scope = row.get_ref(1)?.as_str()?;
-                let key = row.get_ref(2)?.as_str()?;
-                let fingerprint =
-                    horizon::fingerprint_prefix_of(row.get_ref(4)?.as_blob_or_null()?);
-                let expires_at: i64 = row.get(5)?;
-                let day = horizon::day_of(Timestamp::from_millis(expires_at.unsigned_abs()));
-                Ok((
-                    rowid,
-                    Some((horizon::digest_of(scope, key), fingerprint, day)),
-                ))
+                // A row that cannot be read is deleted, not remembered (it
+                // could not be replayed either), and never stops the purge.
+                Ok((rowid, remembered_entry(row)))
             },
         )?
         .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -105,6 +95,25 @@ pub(crate) fn purge_remembering(
         i64::try_from(limit).unwrap_or(i64::MAX)
     ])?;
     Ok(found.len())
+}
+
+/// What to remember of an expired row (`rowid, scope, key, state,
+/// fingerprint, expires_at`): its digest, fingerprint prefix and day, if
+/// it ended, in a remembered scope, and reads.
+fn remembered_entry(row: &rusqlite::Row<'_>) -> Option<(IdDigest, FingerprintPrefix, u32)> {
+    let ended = row.get::<_, i64>(3).ok().is_some_and(encode::ended);
+    let scope = row.get_ref(1).ok()?.as_str().ok()?;
+    if !ended || !horizon::remembered_scope(scope) {
+        return None;
+    }
+    let key = row.get_ref(2).ok()?.as_str().ok()?;
+    let fingerprint = row.get_ref(4).ok()?.as_blob_or_null().ok()?;
+    let expires_at: i64 = row.get(5).ok()?;
+    Some((
+        horizon::digest_of(scope, key),
+        horizon::fingerprint_prefix_of(fingerprint),
+        horizon::day_of(Timestamp::from_millis(expires_at.unsigned_abs())),
+    ))
 }
 
 /// How many keys the file remembers.

@@ -164,6 +164,49 @@ pub async fn the_memory_ends_whole_days_after_it<S: Admin>(f: &Fixture<S>) {
     }
 }
 
+/// The outbox's own records (its registry and markers, claimed again by
+/// design) are never remembered.
+pub async fn the_outboxs_own_records_are_never_remembered<S: Admin>(f: &Fixture<S>) {
+    let unique = format!("{:016x}", rand::random::<u64>());
+    for scope in ["idem.outbox", "idem.outbox/00ff00ff"] {
+        let key = idem::RecordId::parse(scope, &unique).expect("a valid id");
+        let p = params(f, b"marker");
+        let lease = acquire(f, &key, &p).await;
+        f.store
+            .complete(&lease, Bytes::from_static(b"sent"), retention(f))
+            .await
+            .expect("complete");
+    }
+    expire(f).await;
+    for scope in ["idem.outbox", "idem.outbox/00ff00ff"] {
+        let key = idem::RecordId::parse(scope, &unique).expect("a valid id");
+        let p = params(f, b"marker");
+        match claim(f, &key, &p).await {
+            ClaimOutcome::Acquired(_) => {}
+            found => panic!("{scope} is claimed again after expiry, got {found:?}"),
+        }
+    }
+    purge_all(f).await;
+    for scope in ["idem.outbox", "idem.outbox/00ff00ff"] {
+        let key = idem::RecordId::parse(scope, &format!("{unique}-purged")).expect("a valid id");
+        let p = params(f, b"marker");
+        let lease = acquire(f, &key, &p).await;
+        f.store
+            .complete(&lease, Bytes::from_static(b"sent"), retention(f))
+            .await
+            .expect("complete");
+    }
+    expire(f).await;
+    purge_all(f).await;
+    for scope in ["idem.outbox", "idem.outbox/00ff00ff"] {
+        let key = idem::RecordId::parse(scope, &format!("{unique}-purged")).expect("a valid id");
+        match claim(f, &key, &params(f, b"marker")).await {
+            ClaimOutcome::Acquired(_) => {}
+            found => panic!("{scope} is not remembered by the purge, got {found:?}"),
+        }
+    }
+}
+
 /// Many concurrent late retries of a remembered key: every one is
 /// `Forgotten`, none acquires.
 pub async fn concurrent_late_retries_never_run<S: Admin>(f: &Fixture<S>) {

@@ -234,6 +234,7 @@ macro_rules! __conformance_group {
             a_late_retry_is_forgotten_before_and_after_the_purge,
             failed_keys_are_remembered_and_released_ones_are_not,
             concurrent_late_retries_never_run,
+            the_outboxs_own_records_are_never_remembered,
         );
     };
     ($fixture:path; horizon_days) => {

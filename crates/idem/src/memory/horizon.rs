@@ -14,12 +14,23 @@ pub(crate) struct Horizon {
 
 impl Horizon {
     /// Remembers `entry`, in place of what was remembered of its id; at
-    /// `cap` keys, the oldest day is dropped first (the memory is bounded
-    /// like the records).
+    /// `cap` keys, a key of the oldest day is forgotten first (the memory
+    /// is bounded like the records).
     pub(crate) fn remember(&mut self, entry: Forgotten, cap: usize) {
-        if self.entries.len() >= cap && !self.entries.contains_key(&entry.digest) {
-            if let Some(&oldest) = self.days.keys().next() {
-                self.drop_before(oldest.saturating_add(1));
+        while self.entries.len() >= cap && !self.entries.contains_key(&entry.digest) {
+            let Some(mut oldest) = self.days.first_entry() else {
+                break;
+            };
+            let day = *oldest.key();
+            match oldest.get_mut().pop() {
+                Some(digest) => {
+                    if self.entries.get(&digest).is_some_and(|e| e.day == day) {
+                        self.entries.remove(&digest);
+                    }
+                }
+                None => {
+                    oldest.remove();
+                }
             }
         }
         self.entries.insert(entry.digest, entry);
@@ -46,8 +57,47 @@ impl Horizon {
         }
     }
 
+    #[cfg(test)]
+    fn days_held(&self) -> usize {
+        self.days.len()
+    }
+
     /// How many keys are remembered.
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(n: u8, day: u32) -> Forgotten {
+        Forgotten {
+            digest: [n; 16],
+            fingerprint: [0; 8],
+            day,
+        }
+    }
+
+    #[test]
+    fn at_its_cap_the_memory_forgets_a_key_of_its_oldest_day_not_the_day() {
+        let mut horizon = Horizon::default();
+        for n in 0..4 {
+            horizon.remember(entry(n, 10), 4);
+        }
+        horizon.remember(entry(9, 11), 4);
+        assert_eq!(horizon.len(), 4);
+        assert!(horizon.recall(&[9; 16]).is_some());
+        assert_eq!(
+            (0..4)
+                .filter(|n| horizon.recall(&[*n; 16]).is_some())
+                .count(),
+            3,
+            "one key of day 10 gave way"
+        );
+        assert_eq!(horizon.days_held(), 2);
+        horizon.drop_before(11);
+        assert_eq!(horizon.len(), 1);
     }
 }
