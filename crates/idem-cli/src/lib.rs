@@ -19,6 +19,7 @@ mod payload;
 pub mod proxy;
 mod proxy_args;
 pub mod reconcile;
+mod remember;
 pub mod serve;
 pub mod tls;
 pub mod upstream;

@@ -215,8 +215,8 @@ impl PgStore {
             .await?;
         let fingerprint = params.fingerprint.map(|f| f.as_bytes().to_vec());
         let (lease, retention) = (ms(params.lease), ms(params.retention));
-        let digest = packed(&idem::horizon::digest(id));
-        let prefix = packed(&idem::horizon::fingerprint_prefix(
+        let digest = idem::horizon::packed(&idem::horizon::digest(id));
+        let prefix = idem::horizon::packed(&idem::horizon::fingerprint_prefix(
             params.fingerprint.as_ref(),
         ));
         let first_day = idem::horizon::first_kept_day(Timestamp::now(), memory);
@@ -298,14 +298,6 @@ impl PgStore {
         let statement = self.prepare(&client, sql).await?;
         self.timed(client.execute(&statement, params)).await
     }
-}
-
-/// The first 8 bytes of `bytes` as the signed integer `idem_horizon`
-/// keeps.
-pub(crate) fn packed(bytes: &[u8]) -> i64 {
-    let mut first = [0; 8];
-    first.copy_from_slice(&bytes[..8]);
-    i64::from_be_bytes(first)
 }
 
 pub(crate) fn lease_written(changed: u64) -> Result<(), StoreError> {

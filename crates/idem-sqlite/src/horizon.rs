@@ -16,7 +16,7 @@ use crate::encode;
 pub(crate) fn recall(conn: &Connection, id: &RecordId) -> rusqlite::Result<Option<Forgotten>> {
     let digest = horizon::digest(id);
     conn.prepare_cached("SELECT fingerprint, day FROM idem_horizon WHERE digest = ?1")?
-        .query_row([packed(&digest)], |row| {
+        .query_row([horizon::packed(&digest)], |row| {
             let fingerprint: i64 = row.get(0)?;
             let day: i64 = row.get(1)?;
             Ok((fingerprint, day))
@@ -31,13 +31,6 @@ pub(crate) fn recall(conn: &Connection, id: &RecordId) -> rusqlite::Result<Optio
                 })
             })
         })
-}
-
-/// The first 8 bytes of `bytes` as the signed integer the table keeps.
-fn packed(bytes: &[u8]) -> i64 {
-    let mut first = [0; 8];
-    first.copy_from_slice(&bytes[..8]);
-    i64::from_be_bytes(first)
 }
 
 /// Deletes up to `limit` expired records, remembering the ones that ended
@@ -77,8 +70,8 @@ pub(crate) fn purge_remembering(
     for (rowid, entry) in &found {
         if let Some((digest, fingerprint, day)) = entry {
             remember.execute(params![
-                packed(digest),
-                packed(fingerprint),
+                horizon::packed(digest),
+                horizon::packed(fingerprint),
                 i64::from(*day)
             ])?;
         }

@@ -106,6 +106,16 @@ pub fn fingerprint_prefix_of(fingerprint: Option<&[u8]>) -> FingerprintPrefix {
         .unwrap_or([0; 8])
 }
 
+/// The first 8 bytes of `bytes` (a digest, a fingerprint prefix) as the
+/// big-endian signed integer the SQL stores keep (shorter input padded
+/// with zeros).
+pub fn packed(bytes: &[u8]) -> i64 {
+    let mut first = [0; 8];
+    let n = bytes.len().min(8);
+    first[..n].copy_from_slice(&bytes[..n]);
+    i64::from_be_bytes(first)
+}
+
 /// The day of `at`, counted from the Unix epoch.
 pub fn day_of(at: Timestamp) -> u32 {
     u32::try_from(at.as_millis() / DAY_MS).unwrap_or(u32::MAX)

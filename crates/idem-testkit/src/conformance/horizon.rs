@@ -37,6 +37,15 @@ fn params<S: idem::Store>(f: &Fixture<S>, fingerprint: &[u8]) -> ClaimParams {
     ClaimParams::new(f.lease, retention(f)).fingerprint(Fingerprint::of_bytes(fingerprint))
 }
 
+/// Acquires `key` and completes it, kept for the cases' retention.
+async fn completed<S: Admin>(f: &Fixture<S>, key: &idem::RecordId, p: &ClaimParams) {
+    let lease = acquire(f, key, p).await;
+    f.store
+        .complete(&lease, Bytes::from_static(b"done"), retention(f))
+        .await
+        .expect("complete");
+}
+
 /// Moves time past the records' expiry.
 async fn expire<S: idem::Store>(f: &Fixture<S>) {
     f.advance(retention(f) + Duration::from_secs(1)).await;
@@ -168,41 +177,26 @@ pub async fn the_memory_ends_whole_days_after_it<S: Admin>(f: &Fixture<S>) {
 /// design) are never remembered.
 pub async fn the_outboxs_own_records_are_never_remembered<S: Admin>(f: &Fixture<S>) {
     let unique = format!("{:016x}", rand::random::<u64>());
-    for scope in ["idem.outbox", "idem.outbox/00ff00ff"] {
-        let key = idem::RecordId::parse(scope, &unique).expect("a valid id");
-        let p = params(f, b"marker");
-        let lease = acquire(f, &key, &p).await;
-        f.store
-            .complete(&lease, Bytes::from_static(b"sent"), retention(f))
-            .await
-            .expect("complete");
-    }
-    expire(f).await;
-    for scope in ["idem.outbox", "idem.outbox/00ff00ff"] {
-        let key = idem::RecordId::parse(scope, &unique).expect("a valid id");
-        let p = params(f, b"marker");
-        match claim(f, &key, &p).await {
-            ClaimOutcome::Acquired(_) => {}
-            found => panic!("{scope} is claimed again after expiry, got {found:?}"),
+    let p = params(f, b"marker");
+    // Claimed again once expired, whether or not the purge ran between.
+    for (suffix, purged) in [("", false), ("-purged", true)] {
+        let ids = ["idem.outbox", "idem.outbox/00ff00ff"].map(|scope| {
+            idem::RecordId::parse(scope, &format!("{unique}{suffix}")).expect("a valid id")
+        });
+        for key in &ids {
+            completed(f, key, &p).await;
         }
-    }
-    purge_all(f).await;
-    for scope in ["idem.outbox", "idem.outbox/00ff00ff"] {
-        let key = idem::RecordId::parse(scope, &format!("{unique}-purged")).expect("a valid id");
-        let p = params(f, b"marker");
-        let lease = acquire(f, &key, &p).await;
-        f.store
-            .complete(&lease, Bytes::from_static(b"sent"), retention(f))
-            .await
-            .expect("complete");
-    }
-    expire(f).await;
-    purge_all(f).await;
-    for scope in ["idem.outbox", "idem.outbox/00ff00ff"] {
-        let key = idem::RecordId::parse(scope, &format!("{unique}-purged")).expect("a valid id");
-        match claim(f, &key, &params(f, b"marker")).await {
-            ClaimOutcome::Acquired(_) => {}
-            found => panic!("{scope} is not remembered by the purge, got {found:?}"),
+        expire(f).await;
+        if purged {
+            purge_all(f).await;
+        }
+        for key in &ids {
+            match claim(f, key, &p).await {
+                ClaimOutcome::Acquired(_) => {}
+                found => {
+                    panic!("{key} is claimed again after expiry (purged: {purged}), got {found:?}")
+                }
+            }
         }
     }
 }
@@ -212,11 +206,7 @@ pub async fn the_outboxs_own_records_are_never_remembered<S: Admin>(f: &Fixture<
 pub async fn concurrent_late_retries_never_run<S: Admin>(f: &Fixture<S>) {
     let key = id(&f.scope("s"), "racing");
     let p = params(f, b"request");
-    let lease = acquire(f, &key, &p).await;
-    f.store
-        .complete(&lease, Bytes::from_static(b"done"), retention(f))
-        .await
-        .expect("complete");
+    completed(f, &key, &p).await;
     expire(f).await;
     purge_all(f).await;
     let store = Arc::clone(&f.store);
