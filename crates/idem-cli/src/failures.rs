@@ -244,85 +244,11 @@ pub async fn redrive(
     let mut out = Vec::with_capacity(found.records.len() + 1);
     let (mut done, mut skipped) = (0u64, 0u64);
     for (id, listed) in &found.records {
-        let journal = store.steps(id).await?;
-        let durable = journal.iter().any(|s| s.name == INPUT_STEP);
-        let steps = journal.iter().filter(|s| s.name != INPUT_STEP);
-        let finished = steps
-            .clone()
-            .filter(|s| matches!(s.state, StepState::Done { .. }))
-            .count();
-        // A run's effect in doubt as a whole (a gateway key whose answer
-        // was lost) is what releasing or resolving it decides, not a step
-        // a fresh run would repeat; its latest attempt's mark is the one.
-        let effect = idem::effect_in_doubt_of(&journal);
-        let settled = journal.iter().any(|s| {
-            idem::effect_mark_fence(&s.name).is_some() && matches!(s.state, StepState::Done { .. })
-        });
-        let in_doubt: Vec<&str> = steps
-            .filter(|s| matches!(s.state, StepState::Started { .. }))
-            .filter(|s| idem::effect_mark_fence(&s.name).is_none())
-            .map(|s| s.name.as_str())
-            .collect();
-        let step = match (action, in_doubt.as_slice()) {
-            (Redrive::Release, _) if durable => Err(
-                "a durable run: deleting it would drop its journaled input, and nothing would \
-                 run it again; resolve its step in doubt, or `idem release` it knowingly"
-                    .to_owned(),
-            ),
-            (Redrive::Release, [step, ..]) => Err(format!(
-                "step {step:?} is in doubt, and a fresh run would repeat it: resolve it instead"
-            )),
-            (Redrive::Release, []) if settled => Err(
-                "the request's outcome was settled applied: its next request stores and replays \
-                 it, and a fresh run would send the request again"
-                    .to_owned(),
-            ),
-            (Redrive::Release, []) if finished > 0 => Err(format!(
-                "{finished} journaled step(s) finished, which a fresh run would repeat"
-            )),
-            (Redrive::Release, []) => Ok(None),
-            (Redrive::Resolve(Resolution::Applied(_)), []) if effect.is_some() => Err(
-                "the outcome of a gateway request is in doubt: --applied takes a step's JSON, \
-                 not the request's response; settle it with the gateway's --reconcile, or \
-                 --not-applied (the next request runs)"
-                    .to_owned(),
-            ),
-            (Redrive::Resolve(_), []) if effect.is_some() => Ok(effect),
-            (Redrive::Resolve(_), [step]) => Ok(Some(*step)),
-            (Redrive::Resolve(_), []) => {
-                Err("no step in doubt to resolve: release the key instead".to_owned())
-            }
-            (Redrive::Resolve(_), many) => Err(format!(
-                "several steps in doubt ({}): resolve them one at a time with `idem resolve`",
-                many.join(", ")
-            )),
-        };
-        let mut line = json!({"scope": id.scope().as_str(), "key": id.key().as_str()});
-        match step {
-            Err(why) => {
-                skipped += 1;
-                line["action"] = json!("skipped");
-                line["why"] = json!(why);
-            }
-            Ok(step) => {
-                line["action"] = json!(match (action, dry_run) {
-                    (Redrive::Release, false) => "released",
-                    (Redrive::Release, true) => "would release",
-                    (Redrive::Resolve(_), false) => "resolved",
-                    (Redrive::Resolve(_), true) => "would resolve",
-                });
-                if let Some(step) = step {
-                    line["step"] = json!(step);
-                }
-                if !dry_run {
-                    apply(store, (id, listed), action, step, secrets, &mut line).await?;
-                }
-                if line["action"] == "skipped" {
-                    skipped += 1;
-                } else {
-                    done += 1;
-                }
-            }
+        let line = redrive_record(store, (id, listed), action, dry_run, secrets).await?;
+        if line["action"] == "skipped" {
+            skipped += 1;
+        } else {
+            done += 1;
         }
         out.push(line);
     }
@@ -336,6 +262,95 @@ pub async fn redrive(
     summary[if dry_run { "would_redrive" } else { "redriven" }] = json!(done);
     out.push(summary);
     Ok(out)
+}
+
+/// `idem redrive`'s rules for one failed record `listed` as `id`: which
+/// step `action` settles, or why the record is skipped (a durable run, a
+/// step a fresh run would repeat, several steps in doubt…), carried out
+/// unless `dry_run`. The line `idem redrive` prints for it (`scope`,
+/// `key`, `action`, `step`, `why`).
+pub async fn redrive_record(
+    store: &AnyStore,
+    (id, listed): (&RecordId, &Record),
+    action: &Redrive,
+    dry_run: bool,
+    secrets: &Secrets,
+) -> anyhow::Result<Value> {
+    let journal = store.steps(id).await?;
+    let durable = journal.iter().any(|s| s.name == INPUT_STEP);
+    let steps = journal.iter().filter(|s| s.name != INPUT_STEP);
+    let finished = steps
+        .clone()
+        .filter(|s| matches!(s.state, StepState::Done { .. }))
+        .count();
+    // A run's effect in doubt as a whole (a gateway key whose answer
+    // was lost) is what releasing or resolving it decides, not a step
+    // a fresh run would repeat; its latest attempt's mark is the one.
+    let effect = idem::effect_in_doubt_of(&journal);
+    let settled = journal.iter().any(|s| {
+        idem::effect_mark_fence(&s.name).is_some() && matches!(s.state, StepState::Done { .. })
+    });
+    let in_doubt: Vec<&str> = steps
+        .filter(|s| matches!(s.state, StepState::Started { .. }))
+        .filter(|s| idem::effect_mark_fence(&s.name).is_none())
+        .map(|s| s.name.as_str())
+        .collect();
+    let step = match (action, in_doubt.as_slice()) {
+        (Redrive::Release, _) if durable => Err(
+            "a durable run: deleting it would drop its journaled input, and nothing would \
+             run it again; resolve its step in doubt, or `idem release` it knowingly"
+                .to_owned(),
+        ),
+        (Redrive::Release, [step, ..]) => Err(format!(
+            "step {step:?} is in doubt, and a fresh run would repeat it: resolve it instead"
+        )),
+        (Redrive::Release, []) if settled => Err(
+            "the request's outcome was settled applied: its next request stores and replays \
+             it, and a fresh run would send the request again"
+                .to_owned(),
+        ),
+        (Redrive::Release, []) if finished > 0 => Err(format!(
+            "{finished} journaled step(s) finished, which a fresh run would repeat"
+        )),
+        (Redrive::Release, []) => Ok(None),
+        (Redrive::Resolve(Resolution::Applied(_)), []) if effect.is_some() => Err(
+            "the outcome of a gateway request is in doubt: --applied takes a step's JSON, \
+             not the request's response; settle it with the gateway's --reconcile, or \
+             --not-applied (the next request runs)"
+                .to_owned(),
+        ),
+        (Redrive::Resolve(_), []) if effect.is_some() => Ok(effect),
+        (Redrive::Resolve(_), [step]) => Ok(Some(*step)),
+        (Redrive::Resolve(_), []) => {
+            Err("no step in doubt to resolve: release the key instead".to_owned())
+        }
+        (Redrive::Resolve(_), many) => Err(format!(
+            "several steps in doubt ({}): resolve them one at a time with `idem resolve`",
+            many.join(", ")
+        )),
+    };
+    let mut line = json!({"scope": id.scope().as_str(), "key": id.key().as_str()});
+    match step {
+        Err(why) => {
+            line["action"] = json!("skipped");
+            line["why"] = json!(why);
+        }
+        Ok(step) => {
+            line["action"] = json!(match (action, dry_run) {
+                (Redrive::Release, false) => "released",
+                (Redrive::Release, true) => "would release",
+                (Redrive::Resolve(_), false) => "resolved",
+                (Redrive::Resolve(_), true) => "would resolve",
+            });
+            if let Some(step) = step {
+                line["step"] = json!(step);
+            }
+            if !dry_run {
+                apply(store, (id, listed), action, step, secrets, &mut line).await?;
+            }
+        }
+    }
+    Ok(line)
 }
 
 /// Carries out `action` on one record; a record that changed since it was
