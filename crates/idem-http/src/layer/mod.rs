@@ -518,6 +518,15 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
 pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(10);
 
 impl<S: Store> IdempotencyLayer<S> {
+    /// Drops the replay this layer keeps in memory of the record stored as
+    /// `stored` (its key hashed, if the layer hashes keys; see
+    /// [`replay_cache_bytes`](IdempotencyLayerBuilder::replay_cache_bytes)):
+    /// call it when an operator deleted or released that record, so the
+    /// key's next request reaches the store at once.
+    pub fn forget_stored(&self, stored: &idem::RecordId) {
+        self.settings.idem.forget_stored(stored);
+    }
+
     /// Starts configuring a layer over `store`. Defaults: POST and PATCH
     /// covered, `Idempotency-Key` optional, fingerprint of method, path,
     /// query and body, 2xx and most 4xx stored, 1 MiB request and response

@@ -169,7 +169,14 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     /// [`IdempotencyBuilder::replay_cache_bytes`]): call it when the record
     /// was deleted some other way and the key must run again at once.
     pub fn forget(&self, id: &RecordId) {
-        self.config.replays.remove(&self.stored_id(id));
+        self.forget_stored(&self.stored_id(id));
+    }
+
+    /// As [`forget`](Self::forget), for a record named as the store holds
+    /// it (its key already hashed, if this executor hashes keys): what
+    /// admin tools that list stored records have in hand.
+    pub fn forget_stored(&self, stored: &RecordId) {
+        self.config.replays.remove(stored);
     }
 
     /// The secret keys are hashed with, if the executor hashes them.
