@@ -71,6 +71,17 @@ ensure_promtool() {
         $sudo update-rc.d prometheus disable >/dev/null 2>&1 || true
 }
 
+# ensure_chromium: Debian's Chromium and its ChromeDriver (/usr/bin/chromium,
+# /usr/bin/chromedriver), which the console's browser tests drive headless.
+# No driver is let download a browser of its own.
+ensure_chromium() {
+    if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
+        return
+    fi
+    step "installing chromium and chromium-driver (the console's browser tests)"
+    apt_install_unstarted --no-install-recommends chromium chromium-driver
+}
+
 # ensure_postgres_programs: the PostgreSQL server programs (initdb,
 # postgres, pg_isready, psql, pgbench) under /usr/lib/postgresql/*/bin.
 # The tests start their own server with them; nothing needs to be running.

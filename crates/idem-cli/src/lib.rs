@@ -10,6 +10,7 @@ use idem::{RecordId, Scope, StateKind};
 
 pub mod admin;
 pub mod bench;
+pub mod console;
 mod deadline;
 pub mod failures;
 pub mod forwarded;
@@ -76,6 +77,10 @@ pub enum Command {
     Proxy(Box<ProxyArgs>),
     /// Serve the claim API (HTTP and JSON) for programs in any language.
     Serve(serve::ServeArgs),
+    /// Serve the operator console on its own, on any store: records by
+    /// state and scope, parked runs, failure groups (charts are on the
+    /// gateway's admin listener, where the metrics are).
+    Console(console::ConsoleArgs),
     /// The outbox: send what runs and producers left pending.
     #[command(subcommand)]
     Outbox(OutboxCommand),
@@ -262,7 +267,7 @@ pub(crate) fn wait(flag: &str, text: &str) -> anyhow::Result<Duration> {
     duration(flag, text)
 }
 
-fn record_id(scope: &str, key: &str) -> anyhow::Result<RecordId> {
+pub(crate) fn record_id(scope: &str, key: &str) -> anyhow::Result<RecordId> {
     Ok(RecordId::new(
         Scope::new(scope).map_err(|e| anyhow::anyhow!("scope: {e}"))?,
         idem::KeyRules::default()
@@ -312,12 +317,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         return outbox::run(store, cli.keyring.as_deref(), args, shutdown_signal()).await;
     }
     let secrets = admin::Secrets::read(cli.keyring.as_deref(), cli.key_secret.as_deref())?;
+    if let Command::Console(args) = &cli.command {
+        return console::serve_alone(store, args, secrets, shutdown_signal()).await;
+    }
     // The record the admin commands name, as stored (its key hashed
     // under --key-secret).
     let stored_id =
         |scope: &str, key: &str| Ok::<_, anyhow::Error>(secrets.stored_id(&record_id(scope, key)?));
     match cli.command {
-        Command::Proxy(_) | Command::Serve(_) | Command::Outbox(_) => {
+        Command::Proxy(_) | Command::Serve(_) | Command::Outbox(_) | Command::Console(_) => {
             unreachable!("handled above")
         }
         Command::Inspect {
@@ -472,18 +480,26 @@ async fn run_proxy(args: ProxyArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
+    let console = args.console(metrics.as_ref())?;
     let admin = match args.admin_listen.as_deref().unwrap_or("127.0.0.1:9090") {
+        "off" if console.is_some() => {
+            anyhow::bail!("--admin-token serves the console on the admin listener: not with --admin-listen off")
+        }
         "off" => None,
-        addr => Some((
-            tokio::net::TcpListener::bind(addr)
+        addr => Some(proxy::Admin {
+            listener: tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (admin): {e}"))?,
             metrics,
-        )),
+            console,
+        }),
     };
+    if let Some(admin) = admin.as_ref().filter(|a| a.console.is_some()) {
+        console::warn_if_exposed(&admin.listener);
+    }
     tracing::info!(
         listen = %proxy::local_addr(&listener),
-        admin = admin.as_ref().map(|(l, _)| proxy::local_addr(l)),
+        admin = admin.as_ref().map(|a| proxy::local_addr(&a.listener)),
         upstream = %config.upstream,
         store = %url,
         "idem proxy ready"
@@ -496,12 +512,38 @@ async fn run_serve(
     args: &serve::ServeArgs,
     secrets: admin::Secrets,
 ) -> anyhow::Result<()> {
-    let config = args.open(secrets).await?;
+    let config = args.open(secrets.clone()).await?;
     let url: StoreUrl = store.unwrap_or(DEFAULT_STORE).parse()?;
     let store = url.open().await?;
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+    let _admin = match &args.admin_listen {
+        Some(addr) => {
+            let admin = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (admin): {e}"))?;
+            let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .map_err(|e| tracing::warn!(error = %e, "metrics recorder not installed"))
+                .ok();
+            let console = console::Console::from_settings(
+                args.admin_token.as_deref(),
+                args.console_every.as_deref(),
+                secrets,
+                metrics.as_ref(),
+            )?;
+            if console.is_some() {
+                console::warn_if_exposed(&admin);
+            }
+            tracing::info!(admin = %proxy::local_addr(&admin), "admin listener");
+            let router = proxy::admin_router(metrics, console, &store);
+            Some(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
+                async move { axum::serve(admin, router).await },
+            )))
+        }
+        None => None,
+    };
     if config.tenants.is_open() {
         tracing::warn!(
             "no --tokens: every caller acts as tenant {:?}",

@@ -379,9 +379,34 @@ pub fn router(layer: IdempotencyLayer<AnyStore>, config: &ProxyConfig) -> anyhow
         .layer(layer))
 }
 
-/// The admin listener's router: `/metrics` (Prometheus text) and
-/// `/healthz`.
-pub fn admin_router(metrics: Option<PrometheusHandle>) -> Router {
+/// What the admin listener serves: `/healthz`, the metrics the process
+/// records, and the console when an admin token is set.
+#[derive(Debug)]
+pub struct Admin {
+    /// Where it listens.
+    pub listener: TcpListener,
+    /// The process's Prometheus recorder, if it installed one.
+    pub metrics: Option<PrometheusHandle>,
+    /// The operator console, if served.
+    pub console: Option<crate::console::Console>,
+}
+
+/// The admin listener's router: `/metrics` (Prometheus text),
+/// `/healthz`, and `/console` (on `store`) when `console` is given.
+pub fn admin_router(
+    metrics: Option<PrometheusHandle>,
+    console: Option<crate::console::Console>,
+    store: &AnyStore,
+) -> Router {
+    let console = match console {
+        Some(console) => console.router(store.clone()),
+        None => Router::new()
+            .route("/console", get(|| async { crate::console::not_served() }))
+            .route(
+                "/console/{*rest}",
+                get(|| async { crate::console::not_served() }),
+            ),
+    };
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
@@ -408,6 +433,7 @@ pub fn admin_router(metrics: Option<PrometheusHandle>) -> Router {
                 }
             }),
         )
+        .merge(console)
 }
 
 /// How often the gateway sweeps blobs no record names.
@@ -421,7 +447,7 @@ pub async fn serve(
     store: AnyStore,
     config: &ProxyConfig,
     listener: TcpListener,
-    admin: Option<(TcpListener, Option<PrometheusHandle>)>,
+    admin: Option<Admin>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     if let Some(warning) = listener
@@ -439,10 +465,15 @@ pub async fn serve(
         .clone()
         .map(|blobs| idem::blob::spawn_blob_sweeper(store.clone(), blobs, BLOB_SWEEP_EVERY, 1_000));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let admin_task = admin.map(|(listener, metrics)| {
+    let admin_task = admin.map(|admin| {
         let mut stop = stop_rx.clone();
+        let forgets = layer.clone();
+        let console = admin
+            .console
+            .map(|console| console.forgetting(move |id| forgets.forget_stored(id)));
+        let router = admin_router(admin.metrics, console, &store);
         tokio::spawn(async move {
-            axum::serve(listener, admin_router(metrics))
+            axum::serve(admin.listener, router)
                 .with_graceful_shutdown(async move {
                     let _ = stop.wait_for(|s| *s).await;
                 })

@@ -45,6 +45,17 @@ pub struct ProxyArgs {
     /// "off" for none].
     #[arg(long, env = "IDEM_ADMIN_LISTEN")]
     pub admin_listen: Option<String>,
+    /// Serve the operator console on the admin listener, at `/console`,
+    /// to whoever signs in with this token (16 characters or more;
+    /// `openssl rand -hex 16` makes one). Prefer the variable or the
+    /// config file to the flag, which other users can read in `ps`
+    /// [default: no console].
+    #[arg(long, env = "IDEM_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// How often the console's charts sample the gateway's metrics
+    /// [default: 10s].
+    #[arg(long, env = "IDEM_CONSOLE_EVERY")]
+    pub console_every: Option<String>,
     /// The store (as the global --store; this one also reads the file).
     #[arg(skip)]
     pub store: Option<String>,
@@ -243,7 +254,7 @@ impl ProxyArgs {
             .map_err(|e| anyhow::anyhow!("cannot read the config file {}: {e}", path.display()))?;
         let file: ProxyArgs = toml::from_str(&text)
             .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
-        fill!(self, file; listen, tls_cert, tls_key, upstream, upstream_ca, upstream_http2, admin_listen, store, methods, header, require_key,
+        fill!(self, file; listen, tls_cert, tls_key, upstream, upstream_ca, upstream_http2, admin_listen, admin_token, console_every, store, methods, header, require_key,
               key_in_body, fingerprint_fields, webhook, webhook_secret_file, mcp,
               tenant_header, retention, lease, max_request_bytes, max_response_bytes, fail_open,
               upstream_timeout, forward_takeovers, reconcile, remember_expired, reject_old_uuid_v7,
@@ -252,6 +263,22 @@ impl ProxyArgs {
               replay_drop_headers, replay_set_cookie, grpc_request_id_field, keep, blobs, keyring,
               key_secret);
         Ok(self)
+    }
+
+    /// The console `--admin-token` asks for, with charts of `metrics`
+    /// (sampled every `--console-every`); `None` without a token.
+    pub fn console(
+        &self,
+        metrics: Option<&metrics_exporter_prometheus::PrometheusHandle>,
+    ) -> anyhow::Result<Option<crate::console::Console>> {
+        let secrets =
+            crate::admin::Secrets::read(self.keyring.as_deref(), self.key_secret.as_deref())?;
+        crate::console::Console::from_settings(
+            self.admin_token.as_deref(),
+            self.console_every.as_deref(),
+            secrets,
+            metrics,
+        )
     }
 
     /// The blob store, opened: the one `--blobs` names, else the one

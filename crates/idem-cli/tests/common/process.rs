@@ -10,17 +10,34 @@ pub struct GatewayProcess {
     pub child: Child,
     /// `http://` and the address it listens on.
     pub url: String,
+    /// `http://` and the admin listener's address, if it has one.
+    pub admin_url: Option<String>,
 }
 
 impl GatewayProcess {
     /// `idem --store STORE proxy --listen 127.0.0.1:PORT --admin-listen off
     /// ARGS…` (a free port), once it accepts connections.
     pub async fn start(store: &str, args: &[&str]) -> Self {
-        let port = idem_testkit::free_port().expect("port");
-        let listen = format!("127.0.0.1:{port}");
+        Self::spawn(store, false, args).await
+    }
+
+    /// As [`start`](Self::start), with the admin listener on a free port
+    /// (its address in [`admin_url`](Self::admin_url)).
+    pub async fn start_with_admin(store: &str, args: &[&str]) -> Self {
+        Self::spawn(store, true, args).await
+    }
+
+    async fn spawn(store: &str, with_admin: bool, args: &[&str]) -> Self {
+        let address = || format!("127.0.0.1:{}", idem_testkit::free_port().expect("port"));
+        let listen = address();
+        let admin = if with_admin {
+            address()
+        } else {
+            "off".to_owned()
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_idem"))
             .args(["--store", store])
-            .args(["proxy", "--listen", &listen, "--admin-listen", "off"])
+            .args(["proxy", "--listen", &listen, "--admin-listen", &admin])
             .args(args)
             .env("IDEM_LOG", "warn")
             .stdout(Stdio::null())
@@ -29,9 +46,12 @@ impl GatewayProcess {
         let mut gateway = Self {
             child,
             url: format!("http://{listen}"),
+            admin_url: with_admin.then(|| format!("http://{admin}")),
         };
         let start = Instant::now();
-        while TcpStream::connect(&listen).await.is_err() {
+        while TcpStream::connect(&listen).await.is_err()
+            || (with_admin && TcpStream::connect(&admin).await.is_err())
+        {
             if let Ok(Some(exit)) = gateway.child.try_wait() {
                 panic!("idem proxy {args:?} exited at start: {exit}");
             }
