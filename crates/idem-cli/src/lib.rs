@@ -527,11 +527,13 @@ async fn run_serve(
                 .install_recorder()
                 .map_err(|e| tracing::warn!(error = %e, "metrics recorder not installed"))
                 .ok();
+            // No charts: the claim API runs no handlers, so the metrics
+            // they would draw are not recorded here.
             let console = console::Console::from_settings(
                 args.admin_token.as_deref(),
                 args.console_every.as_deref(),
                 secrets,
-                metrics.as_ref(),
+                None,
             )?;
             if console.is_some() {
                 console::warn_if_exposed(&admin);
@@ -542,7 +544,12 @@ async fn run_serve(
                 async move { axum::serve(admin, router).await },
             )))
         }
-        None => None,
+        None => {
+            if args.admin_token.is_some() {
+                tracing::warn!("an admin token is set but no --admin-listen: no console is served");
+            }
+            None
+        }
     };
     if config.tenants.is_open() {
         tracing::warn!(

@@ -185,9 +185,28 @@ async fn an_operator_resolves_parked_runs_in_the_browser_and_the_retries_run() {
         .await
         .expect("rows");
     assert_eq!(rows.len(), 3);
+    assert!(browser
+        .find("tr.record[data-key='hang-1'] a")
+        .await
+        .attr("href")
+        .await
+        .expect("attr")
+        .is_some());
+    // Found by its key as the client sent it.
     browser
-        .click("tr.record[data-key='hang-1'] a", "#fields")
-        .await;
+        .find("input[name=scope]")
+        .await
+        .send_keys("http POST /charges")
+        .await
+        .expect("type");
+    browser
+        .find("#search-key")
+        .await
+        .send_keys("hang-1")
+        .await
+        .expect("type");
+    browser.click("#search", "#fields").await;
+    assert_eq!(browser.text("#field-key").await, "hang-1");
     assert_eq!(browser.text("#field-state").await, "failed");
     // The gateway's one step: the forward, named for the attempt's fence.
     let step = "tr.step";

@@ -351,6 +351,9 @@ pub(super) async fn redrive(
     )
 }
 
+/// How many records a redrive page lists (its summary counts them all).
+const SHOWN: usize = 200;
+
 /// `idem redrive`'s lines as a table, its summary below.
 fn redrive_table(lines: &[Value]) -> String {
     let mut out = String::from(
@@ -360,7 +363,7 @@ fn redrive_table(lines: &[Value]) -> String {
         Some((summary, records)) => (records, Some(summary)),
         None => (lines, None),
     };
-    for line in records {
+    for line in records.iter().take(SHOWN) {
         let text = |name: &str| escape(line[name].as_str().unwrap_or_default());
         let _ = write!(
             out,
@@ -369,6 +372,13 @@ fn redrive_table(lines: &[Value]) -> String {
             text("key"),
             text("action"),
             text("why")
+        );
+    }
+    if records.len() > SHOWN {
+        let _ = write!(
+            out,
+            "<tr><td colspan=4 class=note>… and {} more</td></tr>",
+            records.len() - SHOWN
         );
     }
     out.push_str("</table>");

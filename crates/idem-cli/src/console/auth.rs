@@ -10,6 +10,9 @@ use sha2::Sha256;
 /// The session cookie's name.
 pub(crate) const COOKIE: &str = "idem_console";
 
+/// How long a browser stays signed in.
+pub(crate) const SESSION: std::time::Duration = std::time::Duration::from_secs(12 * 3600);
+
 /// The shortest admin token accepted.
 const SHORTEST: usize = 16;
 
@@ -67,10 +70,30 @@ impl AdminToken {
         hex::decode(given).is_ok_and(|bytes| self.mac(purpose).verify_slice(&bytes).is_ok())
     }
 
-    /// The session cookie's value: derived from the token, so it holds no
-    /// state and changes when the token does.
-    pub(crate) fn session(&self) -> String {
-        self.derived(b"idem.console.session.v1")
+    /// A session cookie's value for a sign-in at `issued` (seconds since
+    /// the epoch): the time and a MAC of it under the token, so it holds no
+    /// state, lapses after [`SESSION`], and every session ends when the
+    /// token changes.
+    pub(crate) fn session_at(&self, issued: u64) -> String {
+        let mut purpose = b"idem.console.session.v1\0".to_vec();
+        purpose.extend_from_slice(&issued.to_be_bytes());
+        format!("{issued}.{}", self.derived(&purpose))
+    }
+
+    /// Whether `value` is a session cookie of this token issued within
+    /// [`SESSION`] before `now` (seconds since the epoch).
+    fn is_session(&self, value: &str, now: u64) -> bool {
+        let Some((issued, mac)) = value.split_once('.') else {
+            return false;
+        };
+        let Ok(issued) = issued.parse::<u64>() else {
+            return false;
+        };
+        let mut purpose = b"idem.console.session.v1\0".to_vec();
+        purpose.extend_from_slice(&issued.to_be_bytes());
+        issued <= now.saturating_add(60)
+            && now.saturating_sub(issued) < SESSION.as_secs()
+            && self.is_derived(&purpose, mac)
     }
 
     /// The token every form carries (and every POST must bring back).
@@ -86,8 +109,8 @@ impl AdminToken {
     /// Whether `given` is the token (compared in constant time).
     pub(crate) fn is_token(&self, given: &str) -> bool {
         self.is_derived(
-            b"idem.console.session.v1",
-            &Self(given.to_owned()).session(),
+            b"idem.console.token.v1",
+            &Self(given.to_owned()).derived(b"idem.console.token.v1"),
         )
     }
 
@@ -103,7 +126,7 @@ impl AdminToken {
         }
         cookies(headers)
             .filter(|(name, _)| *name == COOKIE)
-            .any(|(_, value)| self.is_derived(b"idem.console.session.v1", value))
+            .any(|(_, value)| self.is_session(value, now_secs()))
     }
 
     /// The `Set-Cookie` that signs a browser in: only for the console's
@@ -111,8 +134,9 @@ impl AdminToken {
     /// site starts.
     pub(crate) fn sign_in_cookie(&self) -> String {
         format!(
-            "{COOKIE}={}; Path=/console; HttpOnly; SameSite=Strict",
-            self.session()
+            "{COOKIE}={}; Path=/console; Max-Age={}; HttpOnly; SameSite=Strict",
+            self.session_at(now_secs()),
+            SESSION.as_secs()
         )
     }
 }
@@ -120,6 +144,13 @@ impl AdminToken {
 /// The `Set-Cookie` that signs a browser out.
 pub(crate) fn sign_out_cookie() -> String {
     format!("{COOKIE}=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0")
+}
+
+/// Now, in seconds since the epoch.
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// The request's cookies, as name and value.
@@ -187,7 +218,7 @@ mod tests {
         );
         assert!(token.admits(&headers));
         let mut headers = HeaderMap::new();
-        let cookie = format!("other=1; {COOKIE}={}", token.session());
+        let cookie = format!("other=1; {COOKIE}={}", token.session_at(now_secs()));
         headers.insert(
             header::COOKIE,
             HeaderValue::from_str(&cookie).expect("cookie"),
@@ -197,9 +228,31 @@ mod tests {
         assert!(!other.admits(&headers), "a cookie of another token");
         assert!(token.is_form_token(&token.form_token()));
         assert!(
-            !token.is_form_token(&token.session()),
+            !token.is_form_token(&token.session_at(now_secs())),
             "the cookie is not the form token"
         );
+    }
+
+    #[test]
+    fn a_session_lapses_and_cannot_be_moved_to_another_time() {
+        let token = token();
+        let now = 1_800_000_000;
+        let cookie = token.session_at(now);
+        assert!(token.is_session(&cookie, now + 3600));
+        assert!(
+            !token.is_session(&cookie, now + SESSION.as_secs()),
+            "lapsed"
+        );
+        assert!(
+            !token.is_session(&cookie, now - 3600),
+            "issued in the future"
+        );
+        let (_, mac) = cookie.split_once('.').expect("mac");
+        assert!(
+            !token.is_session(&format!("{}.{mac}", now + 7200), now + 7200),
+            "re-dated"
+        );
+        assert!(!token.is_session("garbage", now));
     }
 
     #[test]

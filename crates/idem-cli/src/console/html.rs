@@ -33,10 +33,13 @@ pub(crate) fn query(text: &str) -> String {
 
 /// A time in milliseconds since the epoch, in UTC.
 pub(crate) fn time(ms: Option<u64>) -> String {
-    ms.map_or_else(
-        || "—".to_owned(),
-        |ms| httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_millis(ms)),
-    )
+    /// The end of year 9999, the last an HTTP date can name.
+    const LAST_MS: u64 = 253_402_300_799_999;
+    match ms {
+        None => "—".to_owned(),
+        Some(ms) if ms > LAST_MS => format!("{ms} ms after the epoch"),
+        Some(ms) => httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_millis(ms)),
+    }
 }
 
 const STYLE: &str = "\
@@ -90,6 +93,10 @@ pub(crate) fn html_response(status: StatusCode, html: String) -> Response {
         ),
     );
     headers.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
+    headers.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
     response
 }
 
@@ -186,6 +193,16 @@ pub(crate) fn chart(id: &str, title: &str, points: &[Point], value: fn(&Point) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_time_past_what_a_date_can_name_is_shown_as_a_number() {
+        assert_eq!(time(Some(0)), "Thu, 01 Jan 1970 00:00:00 GMT");
+        assert_eq!(
+            time(Some(u64::MAX)),
+            format!("{} ms after the epoch", u64::MAX)
+        );
+        assert_eq!(time(None), "—");
+    }
 
     #[test]
     fn markup_in_keys_and_messages_stays_text() {

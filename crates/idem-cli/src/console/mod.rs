@@ -123,7 +123,7 @@ impl Console {
             .route("/console", get(pages::overview))
             .route("/console/records", get(pages::records))
             .route("/console/record", get(pages::record))
-            .route("/console/search", get(pages::search))
+            .route("/console/search", post(pages::search))
             .route("/console/failures", get(pages::failures))
             .route("/console/history.json", get(pages::history))
             .route("/console/release", post(actions::release))

@@ -19,8 +19,9 @@ use crate::{admin, failures as groups, StateArg};
 const COUNTED: usize = 10_000;
 /// How many records a list shows at most.
 const LISTED: usize = 200;
-/// How many failed records the failure groups read at most.
-pub(super) const GROUPED: usize = 100_000;
+/// How many failed records the failure groups read at most (`idem
+/// failures --limit` reads further).
+pub(super) const GROUPED: usize = 10_000;
 
 /// The sign-in page.
 pub(super) async fn login() -> Response {
@@ -35,7 +36,7 @@ pub(super) fn login_page(status: axum::http::StatusCode, error: &str) -> Respons
         format!("<p class=error id=problem>{}</p>", escape(error))
     };
     let body = format!(
-        "<html lang=en><head><meta charset=utf-8><title>Sign in · idem console</title></head>\
+        "<!doctype html><html lang=en><head><meta charset=utf-8><title>Sign in · idem console</title></head>\
          <body style='font:14px system-ui;margin:40px'><h1>idem console</h1>{error}\
          <form method=post action='/console/login'>\
          <label>Admin token <input id=token type=password name=token autocomplete=off autofocus></label> \
@@ -142,7 +143,7 @@ pub(super) async fn records(
         Ok(scope) => scope,
         Err(response) => return *response,
     };
-    let limit = params.limit.unwrap_or(LISTED).clamp(1, 10_000);
+    let limit = params.limit.unwrap_or(LISTED).clamp(1, 1_000);
     let listed = match state {
         Some(StateArg::Parked) => {
             admin::list_parked(&app.store, scope, limit, &app.console.secrets).await
@@ -159,7 +160,7 @@ pub(super) async fn records(
             .cmp(&a["updated_at_ms"].as_u64())
     });
     let mut body = format!(
-        "<form method=get action='/console/search'>Find a key: \
+        "<form method=post action='/console/search'>Find a key: \
          <input name=scope placeholder=scope value='{scope}'> \
          <input name=key id=search-key placeholder=key> <button id=search>Find</button></form>",
         scope = escape(&params.scope)
@@ -227,10 +228,11 @@ pub(super) struct RecordParams {
 }
 
 /// The search by key: the key as a client sent it, hashed as the
-/// gateway stores it, then its record's page.
+/// gateway stores it, then its record's page. A POST, so the key as sent
+/// stays out of the browser's history and any proxy's log.
 pub(super) async fn search(
     axum::extract::State(app): Shared,
-    Query(params): Query<RecordParams>,
+    axum::Form(params): axum::Form<RecordParams>,
 ) -> Response {
     if params.scope.is_empty() {
         return html::problem(

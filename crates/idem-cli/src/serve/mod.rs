@@ -91,15 +91,10 @@ pub struct ServeArgs {
     /// console are served [default: none].
     #[arg(long, env = "IDEM_SERVE_ADMIN_LISTEN")]
     pub admin_listen: Option<String>,
-    /// Serve the operator console on --admin-listen to whoever signs in
-    /// with this token (16 characters or more); prefer the variable to the
-    /// flag, which `ps` shows [default: no console].
-    #[arg(
-        long,
-        env = "IDEM_ADMIN_TOKEN",
-        hide_env_values = true,
-        requires = "admin_listen"
-    )]
+    /// Serve the operator console on --admin-listen (ignored without it)
+    /// to whoever signs in with this token (16 characters or more); prefer
+    /// the variable to the flag, which `ps` shows [default: no console].
+    #[arg(long, env = "IDEM_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
     /// How often the console's charts sample the metrics [default: 10s].
     #[arg(long, env = "IDEM_CONSOLE_EVERY")]
