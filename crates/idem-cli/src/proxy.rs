@@ -72,6 +72,10 @@ pub struct ProxyConfig {
     /// The upstream's URL to ask whether a request whose outcome is
     /// unknown took effect ([`crate::reconcile`]), if any.
     pub reconcile: Option<Uri>,
+    /// How often the gateway sweeps the store for keys whose outcome is
+    /// unknown and asks `reconcile` about them, without waiting for a
+    /// retry ([`crate::reconcile::spawn_sweep`]); `None` never.
+    pub reconcile_every: Option<Duration>,
     /// Refuse UUIDv7 keys older than the retention (410 `key-too-old`).
     pub reject_old_uuid_v7: bool,
     /// The longest a duplicate asking `Prefer: wait=N` is held for the
@@ -460,6 +464,19 @@ pub async fn serve(
     let layer = layer(store.clone(), config)?;
     let app = router(layer.clone(), config)?;
     let _purger = store.spawn_purger();
+    let _reconciler = match (&config.reconcile, config.reconcile_every) {
+        (Some(_), Some(every)) if config.key_hasher.is_none() => Some(
+            crate::reconcile::spawn_sweep(store.clone(), layer.clone(), every),
+        ),
+        (Some(_), Some(_)) => {
+            tracing::warn!(
+                "no sweep for outcomes unknown: with --key-secret the upstream would be asked \
+                 about hashed keys; retries are still reconciled"
+            );
+            None
+        }
+        _ => None,
+    };
     let _sweeper = config
         .blobs
         .clone()

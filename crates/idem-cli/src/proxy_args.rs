@@ -147,6 +147,13 @@ pub struct ProxyArgs {
     /// replay) or `not-applied` (the retry runs) settles the key.
     #[arg(long, env = "IDEM_RECONCILE")]
     pub reconcile: Option<String>,
+    /// With --reconcile, also sweep the store this often for keys whose
+    /// outcome is unknown and ask about them before any retry comes (up to
+    /// 100 keys a sweep, taking turns); 0 only asks when a retry arrives.
+    /// Not with --key-secret: the upstream would be asked about the hash
+    /// [default: 60s].
+    #[arg(long, env = "IDEM_RECONCILE_EVERY")]
+    pub reconcile_every: Option<String>,
     /// How long keys whose records expired are remembered, so a retry that
     /// comes after the retention is answered 410 key-expired instead of
     /// run again (the same key with another request still runs); 0 turns
@@ -257,7 +264,7 @@ impl ProxyArgs {
         fill!(self, file; listen, tls_cert, tls_key, upstream, upstream_ca, upstream_http2, admin_listen, admin_token, console_every, store, methods, header, require_key,
               key_in_body, fingerprint_fields, webhook, webhook_secret_file, mcp,
               tenant_header, retention, lease, max_request_bytes, max_response_bytes, fail_open,
-              upstream_timeout, forward_takeovers, reconcile, remember_expired, reject_old_uuid_v7,
+              upstream_timeout, forward_takeovers, reconcile, reconcile_every, remember_expired, reject_old_uuid_v7,
               max_wait, default_wait,
               replay_cache_bytes, replay_cache_ttl, trust_forwarded, preserve_host,
               replay_drop_headers, replay_set_cookie, grpc_request_id_field, keep, blobs, keyring,
@@ -396,6 +403,10 @@ impl ProxyArgs {
                 .as_deref()
                 .map(|url| url.parse().map_err(|e| anyhow::anyhow!("--reconcile: {e}")))
                 .transpose()?,
+            reconcile_every: match self.reconcile_every.as_deref().unwrap_or("60s") {
+                "0" => None,
+                every => Some(duration("--reconcile-every", every)?),
+            },
             reject_old_uuid_v7: self.reject_old_uuid_v7.unwrap_or(false),
             max_wait: match self.max_wait.as_deref() {
                 Some(text) => wait("--max-wait", text)?,

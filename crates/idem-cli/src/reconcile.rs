@@ -21,9 +21,12 @@ use std::time::Duration;
 use axum::body::Body;
 use http::{header, HeaderName, HeaderValue, Method, Request, Response, Uri};
 use http_body_util::{BodyExt, Limited};
-use idem_http::reconcile::{BoxFinding, Finding, Question, Reconciler};
+use idem::{ListQuery, ListRecords, RecordId, State, StateKind};
+use idem_http::reconcile::{BoxFinding, Finding, Question, Reconciler, Swept};
 use idem_http::strip_hop_by_hop;
+use idem_http::IdempotencyLayer;
 
+use crate::store::AnyStore;
 use crate::upstream::{self, UpstreamClient, UpstreamProtocol};
 
 /// The header the upstream's answer says what it found in.
@@ -176,5 +179,93 @@ impl Inner {
         request
             .body(Body::empty())
             .map_err(|e| format!("building the question: {e}"))
+    }
+}
+
+/// How many parked keys one sweep asks about at most.
+pub const SWEEP_BATCH: usize = 100;
+
+/// Sweeps `store` every `every` for keys the gateway's `layer` parked
+/// with an unknown outcome and asks its reconciler about each
+/// ([`IdempotencyLayer::reconcile_parked`]), up to [`SWEEP_BATCH`] a
+/// sweep; the next sweep goes on after the last key asked, so keys the
+/// upstream cannot settle do not hold the others back. Stops when the
+/// handle is dropped.
+pub fn spawn_sweep(
+    store: AnyStore,
+    layer: IdempotencyLayer<AnyStore>,
+    every: Duration,
+) -> tokio_util::task::AbortOnDropHandle<()> {
+    tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        let mut after = None;
+        loop {
+            tick.tick().await;
+            match sweep(&store, &layer, after.take()).await {
+                Ok((next, tally)) => {
+                    after = next;
+                    if tally.asked > 0 {
+                        tracing::info!(
+                            asked = tally.asked,
+                            settled = tally.settled,
+                            "swept keys whose outcome is unknown"
+                        );
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(error = %format!("{error:#}"), "sweep for outcomes unknown")
+                }
+            }
+        }
+    }))
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Keys asked about.
+    pub asked: usize,
+    /// Of those, settled.
+    pub settled: usize,
+}
+
+/// One sweep from `after` (the start when `None`): failed records read a
+/// page at a time, the gateway's parked ones asked about until
+/// [`SWEEP_BATCH`] were; where the next sweep goes on (`None`: from the
+/// start).
+pub async fn sweep(
+    store: &AnyStore,
+    layer: &IdempotencyLayer<AnyStore>,
+    mut after: Option<RecordId>,
+) -> anyhow::Result<(Option<RecordId>, Tally)> {
+    let mut tally = Tally::default();
+    loop {
+        let mut query = ListQuery::new(SWEEP_BATCH);
+        query.state = Some(StateKind::Failed);
+        query.after = after.take();
+        let page = store.list(&query).await?;
+        for (id, record) in &page.records {
+            let State::Failed { failure } = &record.state else {
+                continue;
+            };
+            if !failure.is_parked() {
+                continue;
+            }
+            match layer.reconcile_parked(id).await {
+                Swept::Settled => tally.settled += 1,
+                Swept::Unsettled => {}
+                Swept::NotAsked => continue,
+            }
+            tally.asked += 1;
+            if tally.asked == SWEEP_BATCH {
+                return Ok((Some(id.clone()), tally));
+            }
+        }
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return Ok((None, tally)),
+        }
     }
 }

@@ -125,6 +125,8 @@ async fn gateway(upstream: std::net::SocketAddr, db: &std::path::Path) -> Gatewa
             "1s",
             "--reconcile",
             &reconcile,
+            "--reconcile-every",
+            "0",
         ],
     )
     .await
@@ -209,4 +211,88 @@ fn a_reconcile_url_that_cannot_work_is_refused_at_start() {
         stderr.contains("--reconcile must be an http:// or https:// URL"),
         "{stderr}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_sweeps_unknown_outcomes_before_any_retry_comes() {
+    use idem::GetRecord;
+    let dir = tempfile::tempdir().expect("dir");
+    let db = dir.path().join("idem.db");
+    let (ledger, upstream) = start_upstream().await;
+    let upstream = format!("http://{upstream}");
+    let reconcile = format!("{upstream}/reconcile");
+    let gw = GatewayProcess::start(
+        &format!("sqlite:{}", db.display()),
+        &[
+            "--upstream",
+            &upstream,
+            "--upstream-timeout",
+            "1s",
+            "--reconcile",
+            &reconcile,
+            "--reconcile-every",
+            "200ms",
+        ],
+    )
+    .await;
+    for key in ["slow-2", "dropped-2", "slow-unsure-2"] {
+        assert_eq!(post_charge(&gw, key).await.status(), 502, "{key}");
+    }
+    // No retry: the sweep asks about each key, with the method and route
+    // its scope names (the query string is not kept).
+    let start = std::time::Instant::now();
+    while ledger.asked.lock().expect("lock").len() < 3 {
+        assert!(start.elapsed() < Duration::from_secs(10), "not swept");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let asked = ledger.asked.lock().expect("lock").clone();
+    for key in ["slow-2", "dropped-2", "slow-unsure-2"] {
+        assert!(
+            asked.contains(&(key.to_owned(), "POST".to_owned(), "/charges".to_owned())),
+            "{key}: {asked:?}"
+        );
+    }
+    let store = format!("sqlite:{}", db.display())
+        .parse::<idem_cli::store::StoreUrl>()
+        .expect("url")
+        .open()
+        .await
+        .expect("open");
+    let state = |key: &str| {
+        let id = idem::RecordId::parse("http POST /charges", key).expect("id");
+        let store = store.clone();
+        async move {
+            store
+                .get(&id)
+                .await
+                .expect("get")
+                .expect("kept")
+                .state
+                .kind()
+        }
+    };
+    let settled = std::time::Instant::now();
+    while state("slow-2").await != idem::StateKind::Released
+        || state("dropped-2").await != idem::StateKind::Released
+    {
+        assert!(settled.elapsed() < Duration::from_secs(5), "not settled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        state("slow-unsure-2").await,
+        idem::StateKind::Failed,
+        "left for a person"
+    );
+
+    // The retries: the charge's response replayed, the dropped one run
+    // once; each charged once.
+    let retry = post_charge(&gw, "slow-2").await;
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.text().await.expect("body"), "charged slow-2 (1)");
+    let retry = post_charge(&gw, "dropped-2").await;
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.text().await.expect("body"), "charged dropped-2 (1)");
+    let charges = ledger.charges.lock().expect("lock").clone();
+    assert_eq!((charges["slow-2"], charges["dropped-2"]), (1, 1));
 }

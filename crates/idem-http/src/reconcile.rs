@@ -143,6 +143,59 @@ impl<S> IdempotencyLayerBuilder<S> {
     }
 }
 
+/// What a sweep made of one parked key (see
+/// [`IdempotencyLayer::reconcile_parked`](crate::IdempotencyLayer::reconcile_parked)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Swept {
+    /// Asked, and settled (or settled meanwhile by a retry): the key's
+    /// next request replays the response found, or runs.
+    Settled,
+    /// Asked, and left for a person (or for the next sweep).
+    Unsettled,
+    /// Not asked: the layer has no reconciler, hashes its keys (the
+    /// service would be asked about the hash), or the key's scope is not
+    /// one of this layer's routes.
+    NotAsked,
+}
+
+impl<S: Store> crate::IdempotencyLayer<S> {
+    /// Asks the reconciler about a key found parked by a sweep over the
+    /// store, with no retry in hand: the question carries the method and
+    /// route its scope names (`http POST /charges`; no query string) and no
+    /// headers, so a service that needs the caller's credentials or tenant
+    /// to answer says unknown, and the key waits for its retry as before.
+    /// Settles the key on the finding exactly as a retry's reconciliation
+    /// does.
+    pub async fn reconcile_parked(&self, stored: &RecordId) -> Swept {
+        let settings = &self.settings;
+        if settings.reconciling.is_none() || settings.idem.key_hasher().is_some() {
+            return Swept::NotAsked;
+        }
+        let Some(question) = swept_question(stored) else {
+            return Swept::NotAsked;
+        };
+        if settings.reconcile(question).await {
+            Swept::Settled
+        } else {
+            Swept::Unsettled
+        }
+    }
+}
+
+/// The question a sweep asks about `id`: the method and route of its
+/// scope (`http METHOD ROUTE[ tenant:HASH]`).
+fn swept_question(id: &RecordId) -> Option<Question> {
+    let rest = id.scope().as_str().strip_prefix("http ")?;
+    let (method, route) = rest.split_once(' ')?;
+    let route = route.split(" tenant:").next()?;
+    Some(Question {
+        id: id.clone(),
+        method: Method::from_bytes(method.as_bytes()).ok()?,
+        uri: route.parse().ok()?,
+        headers: HeaderMap::new(),
+    })
+}
+
 impl<S: Store> Settings<S> {
     /// Asks the reconciler about `question`'s key (found parked) and
     /// settles it on the finding. Whether the key may have changed, so the
@@ -278,6 +331,29 @@ fn unknown(id: &RecordId, why: &'static str, detail: &str) -> bool {
     metrics::counter!(RECONCILIATIONS, "finding" => "unknown", "why" => why).increment(1);
     tracing::warn!(%id, why, detail, "outcome unknown: the reconciler did not settle it");
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sweep_asks_about_the_method_and_route_of_the_scope() {
+        let id = RecordId::parse("http POST /charges/42 tenant:0a1b", "k-1").expect("id");
+        let question = swept_question(&id).expect("a question");
+        assert_eq!(question.method, Method::POST);
+        assert_eq!(question.uri.path(), "/charges/42");
+        assert!(question.headers.is_empty());
+        for scope in [
+            "orders",
+            "http POST",
+            "http P(ST /x",
+            "http POST not-a-path^",
+        ] {
+            let id = RecordId::parse(scope, "k-1").expect("id");
+            assert!(swept_question(&id).is_none(), "{scope}");
+        }
+    }
 }
 
 /// A stored response read back from the effect's journaled result.

@@ -234,6 +234,7 @@ pub fn config(upstream: SocketAddr) -> ProxyConfig {
         upstream_timeout: Duration::from_secs(10),
         forward_takeovers: false,
         reconcile: None,
+        reconcile_every: None,
         reject_old_uuid_v7: false,
         max_wait: Duration::from_secs(10),
         default_wait: Duration::ZERO,

@@ -471,7 +471,7 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
 /// the stored response after. Call [`drain`](Self::drain) at shutdown so
 /// the process waits for such runs.
 pub struct IdempotencyLayer<S> {
-    settings: Arc<Settings<S>>,
+    pub(crate) settings: Arc<Settings<S>>,
 }
 
 impl<S> Clone for IdempotencyLayer<S> {
