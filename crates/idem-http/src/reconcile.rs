@@ -333,6 +333,13 @@ fn unknown(id: &RecordId, why: &'static str, detail: &str) -> bool {
     false
 }
 
+/// A stored response read back from the effect's journaled result.
+pub(crate) fn settled_response(bytes: &[u8]) -> Result<StoredResponse, String> {
+    Responses
+        .decode::<StoredResponse>(bytes)
+        .map_err(|e| format!("the settled response does not decode: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -354,11 +361,4 @@ mod tests {
             assert!(swept_question(&id).is_none(), "{scope}");
         }
     }
-}
-
-/// A stored response read back from the effect's journaled result.
-pub(crate) fn settled_response(bytes: &[u8]) -> Result<StoredResponse, String> {
-    Responses
-        .decode::<StoredResponse>(bytes)
-        .map_err(|e| format!("the settled response does not decode: {e}"))
 }
