@@ -518,39 +518,7 @@ async fn run_serve(
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
-    let _admin = match &args.admin_listen {
-        Some(addr) => {
-            let admin = tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (admin): {e}"))?;
-            let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
-                .install_recorder()
-                .map_err(|e| tracing::warn!(error = %e, "metrics recorder not installed"))
-                .ok();
-            // No charts: the claim API runs no handlers, so the metrics
-            // they would draw are not recorded here.
-            let console = console::Console::from_settings(
-                args.admin_token.as_deref(),
-                args.console_every.as_deref(),
-                secrets,
-                None,
-            )?;
-            if console.is_some() {
-                console::warn_if_exposed(&admin);
-            }
-            tracing::info!(admin = %proxy::local_addr(&admin), "admin listener");
-            let router = proxy::admin_router(metrics, console, &store);
-            Some(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
-                async move { axum::serve(admin, router).await },
-            )))
-        }
-        None => {
-            if args.admin_token.is_some() {
-                tracing::warn!("an admin token is set but no --admin-listen: no console is served");
-            }
-            None
-        }
-    };
+    let _admin = serve::admin(args, secrets, &store).await?;
     if config.tenants.is_open() {
         tracing::warn!(
             "no --tokens: every caller acts as tenant {:?}",

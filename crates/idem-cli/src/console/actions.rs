@@ -80,6 +80,19 @@ fn checked(app: &super::App, headers: &HeaderMap, form_token: &str) -> Result<()
     Ok(())
 }
 
+/// [`checked`], and the record the form names (its key as stored).
+fn checked_record(
+    app: &super::App,
+    headers: &HeaderMap,
+    form_token: &str,
+    scope: &str,
+    key: &str,
+) -> Result<idem::RecordId, Box<Response>> {
+    checked(app, headers, form_token)?;
+    crate::record_id(scope, key)
+        .map_err(|e| Box::new(html::problem(StatusCode::BAD_REQUEST, &e.to_string())))
+}
+
 /// The page that asks to confirm: what will happen, and a button that
 /// sends the same form again with `confirm=yes`.
 fn confirm_page(
@@ -113,12 +126,15 @@ pub(super) async fn release(
     headers: HeaderMap,
     Form(form): Form<ReleaseForm>,
 ) -> Response {
-    if let Err(refused) = checked(&app, &headers, &form.confirmed.form_token) {
-        return *refused;
-    }
-    let id = match crate::record_id(&form.scope, &form.key) {
+    let id = match checked_record(
+        &app,
+        &headers,
+        &form.confirmed.form_token,
+        &form.scope,
+        &form.key,
+    ) {
         Ok(id) => id,
-        Err(e) => return html::problem(StatusCode::BAD_REQUEST, &e.to_string()),
+        Err(refused) => return *refused,
     };
     if form.confirmed.confirm != "yes" {
         return confirm_page(
@@ -168,12 +184,15 @@ pub(super) async fn resolve(
     headers: HeaderMap,
     Form(form): Form<ResolveForm>,
 ) -> Response {
-    if let Err(refused) = checked(&app, &headers, &form.confirmed.form_token) {
-        return *refused;
-    }
-    let id = match crate::record_id(&form.scope, &form.key) {
+    let id = match checked_record(
+        &app,
+        &headers,
+        &form.confirmed.form_token,
+        &form.scope,
+        &form.key,
+    ) {
         Ok(id) => id,
-        Err(e) => return html::problem(StatusCode::BAD_REQUEST, &e.to_string()),
+        Err(refused) => return *refused,
     };
     let applied = match form.outcome.as_str() {
         "applied" => Some(form.result.as_str()),

@@ -276,6 +276,50 @@ fn outbox_executor(store: &AnyStore, config: &ServeConfig) -> anyhow::Result<Out
         .map_err(|e| anyhow::anyhow!("the outbox: {e}"))
 }
 
+/// `--admin-listen`'s listener, served in a task until the handle is
+/// dropped: `/metrics`, `/healthz` and, with `--admin-token`, the console
+/// (without charts: the claim API runs no handlers, so their metrics are
+/// not recorded here). `None` without `--admin-listen`.
+pub async fn admin(
+    args: &ServeArgs,
+    secrets: crate::payload::Secrets,
+    store: &AnyStore,
+) -> anyhow::Result<Option<tokio_util::task::AbortOnDropHandle<std::io::Result<()>>>> {
+    Ok(match &args.admin_listen {
+        Some(addr) => {
+            let admin = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (admin): {e}"))?;
+            let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .map_err(|e| tracing::warn!(error = %e, "metrics recorder not installed"))
+                .ok();
+            // No charts: the claim API runs no handlers, so the metrics
+            // they would draw are not recorded here.
+            let console = crate::console::Console::from_settings(
+                args.admin_token.as_deref(),
+                args.console_every.as_deref(),
+                secrets,
+                None,
+            )?;
+            if console.is_some() {
+                crate::console::warn_if_exposed(&admin);
+            }
+            tracing::info!(admin = %crate::proxy::local_addr(&admin), "admin listener");
+            let router = crate::proxy::admin_router(metrics, console, store);
+            Some(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
+                async move { axum::serve(admin, router).await },
+            )))
+        }
+        None => {
+            if args.admin_token.is_some() {
+                tracing::warn!("an admin token is set but no --admin-listen: no console is served");
+            }
+            None
+        }
+    })
+}
+
 /// Serves the API on `listener` until `shutdown` resolves; then stops
 /// accepting, and returns once in-flight requests, and writes whose
 /// callers went away, have finished.
