@@ -1,6 +1,6 @@
 # Shared helpers for the scripts in this folder. Sourced, not run.
 
-step() { printf '\n==> %s\n' "$*"; }
+step() { printf '\n==> [%s] %s\n' "$(date -u +%T)" "$*"; }
 warn() { printf 'warning: %s\n' "$*" >&2; }
 
 # A C compiler is needed to build zstd (and to link at all).
