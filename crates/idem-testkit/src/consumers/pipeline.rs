@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use idem::outbox::{Message, SendError, SendFuture, Sender};
+use idem::store::GetRecord;
+use idem::{Key, Record, RecordId, Scope, State};
 
 /// Inputs each pipeline test publishes (each twice).
 pub const INPUTS: usize = 30;
@@ -70,19 +72,30 @@ impl<S: Sender> Sender for FirstPhase<S> {
     }
 }
 
-/// How many times each input's effect was applied at one hop.
+/// Each application of each input's effect at one hop, by the attempt
+/// and fence of the run that applied it (so a failure tells a takeover
+/// from two runs of one claim).
 #[derive(Debug, Clone, Default)]
-pub struct Effects(Arc<Mutex<HashMap<String, usize>>>);
+pub struct Effects(Arc<Mutex<HashMap<String, Vec<Run>>>>);
+
+/// The run that applied an effect: its attempt and fence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    /// The claim's attempt (1 for the first).
+    pub attempt: u32,
+    /// The claim's fencing number.
+    pub fence: Option<u64>,
+}
 
 impl Effects {
-    /// Counts one application of `input`'s effect.
-    pub fn apply(&self, input: &str) {
-        *self
-            .0
+    /// Notes one application of `input`'s effect by `run`.
+    pub fn apply(&self, input: &str, run: Run) {
+        self.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .entry(input.to_owned())
-            .or_default() += 1;
+            .or_default()
+            .push(run);
     }
 
     /// How many inputs had an effect.
@@ -107,11 +120,43 @@ impl Effects {
     pub fn assert_each_once(&self, hop: &str) {
         let effects = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         assert_eq!(effects.len(), INPUTS, "inputs with an effect at {hop}");
-        let wrong: Vec<_> = effects.iter().filter(|(_, n)| **n != 1).collect();
+        let wrong: Vec<_> = effects.iter().filter(|(_, runs)| runs.len() != 1).collect();
         assert!(
             wrong.is_empty(),
             "effects at {hop} not applied exactly once: {wrong:?}"
         );
+    }
+}
+
+/// Waits (a minute at most) until the record of every input at A
+/// (`order-0` to `order-29` in scope `orders`) is completed in `store`, so
+/// that a first phase killed after this has no run in flight: without
+/// it, a run killed between its effect and its completion is taken over
+/// and applies its effect again, as idem promises for an effect outside a
+/// step (at least once), and the test would count it.
+pub async fn wait_completed<S: GetRecord>(store: &S) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let scope = Scope::new("orders").expect("a valid scope");
+    for n in 0..INPUTS {
+        let id = RecordId::new(
+            scope.clone(),
+            Key::new(&format!("order-{n}")).expect("a valid key"),
+        );
+        loop {
+            let record = store.get(&id).await;
+            if let Ok(Some(Record {
+                state: State::Completed { .. },
+                ..
+            })) = record
+            {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for order-{n} to complete at A: {record:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }
 
@@ -135,7 +180,14 @@ pub fn hop<M: idem_consumer::Message>(
                 Some(_) => job.key().as_str().to_owned(),
                 None => String::from_utf8_lossy(job.payload()).into_owned(),
             };
-            effects.apply(&input);
+            let ctx = job.ctx();
+            effects.apply(
+                &input,
+                Run {
+                    attempt: ctx.attempt(),
+                    fence: ctx.fence(),
+                },
+            );
             if let Some(to) = to {
                 job.ctx().send(Message::new(to, input).header("hop", "a"))?;
             }
