@@ -30,14 +30,14 @@ impl ProxyArgs {
         if self.remember_expired.is_some() {
             anyhow::bail!(
                 "--remember-expired: the store {url} cannot remember expired keys yet (SQLite, \
-                 memory and PostgreSQL can); give --remember-expired 0 to run without"
+                 memory, PostgreSQL and MySQL can); give --remember-expired 0 to run without"
             );
         }
         tracing::warn!(
             store = %url,
             "this store cannot remember expired keys: a retry that comes after the retention \
-             runs again (SQLite, memory and PostgreSQL remember; --remember-expired 0 silences \
-             this)"
+             runs again (SQLite, memory, PostgreSQL and MySQL remember; --remember-expired 0 \
+             silences this)"
         );
         Ok(url)
     }

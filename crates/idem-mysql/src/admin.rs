@@ -50,7 +50,9 @@ impl DeleteRecord for MySqlStore {
         let live = self
             .write(&self.inner.sql.delete_live, id_params(id).to_vec())
             .await?;
-        if live == 0 {
+        // An expired record is left to the purge when the database
+        // remembers: the purge remembers its key as it drops it.
+        if live == 0 && self.remembers_expired().is_none() {
             self.write(&self.inner.sql.delete, id_params(id).to_vec())
                 .await?;
         }
@@ -105,6 +107,9 @@ impl FindAbandoned for MySqlStore {
 
 impl PurgeExpired for MySqlStore {
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        if let Some(memory) = self.remembers_expired() {
+            return self.purge_remembering(limit, memory).await;
+        }
         let changed = self
             .write(&self.inner.sql.purge, vec![count(limit)])
             .await?;

@@ -1,6 +1,7 @@
 //! [`MySqlStoreBuilder`]: the settings a URL gives, the defaults, and
 //! connecting.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +42,7 @@ pub struct MySqlStoreBuilder {
     response_timeout: Duration,
     setup: bool,
     batching: bool,
+    memory: Option<Duration>,
 }
 
 impl MySqlStoreBuilder {
@@ -71,6 +73,19 @@ impl MySqlStoreBuilder {
     /// runs on its own at once.
     pub fn batching(mut self, on: bool) -> Self {
         self.batching = on;
+        self
+    }
+
+    /// Remembers the keys of completed and failed records for `memory`
+    /// after the purge drops them ([`idem::horizon`]): a late retry of
+    /// such a key is answered `Forgotten` instead of running again. Kept
+    /// in the database (`idem_settings`, migration 0006), so every process
+    /// on it, `idem purge` included, remembers alike; zero turns it off.
+    /// A database that remembers claims each key on its own (a read before
+    /// the claim and one after), not in batches. The URL's `remember=30d`
+    /// says the same.
+    pub fn remember_expired(mut self, memory: Duration) -> Self {
+        self.memory = Some(memory);
         self
     }
 
@@ -121,6 +136,7 @@ impl MySqlStoreBuilder {
                 response_timeout: self.response_timeout,
                 tokens: TokenMint::new(),
                 max_stored_bytes: stored_limit(max_packet),
+                memory_ms: AtomicU64::new(0),
             }),
         };
         if self.batching {
@@ -132,6 +148,13 @@ impl MySqlStoreBuilder {
                 source,
             })?;
         }
+        store
+            .settle_memory(self.memory)
+            .await
+            .map_err(|source| ConnectError::Setup {
+                database: store.database().to_owned(),
+                source,
+            })?;
         Ok(store)
     }
 }
@@ -169,6 +192,7 @@ impl MySqlStore {
             response_timeout: parsed.response_timeout.unwrap_or(DEFAULT_RESPONSE_TIMEOUT),
             setup: true,
             batching: true,
+            memory: parsed.remember,
         })
     }
 }

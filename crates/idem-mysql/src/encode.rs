@@ -33,7 +33,7 @@ fn corrupt(id: &RecordId, reason: impl Into<String>) -> StoreError {
 }
 
 /// The value of column `name`, `NULL` if the row has no such column.
-fn value<'a>(row: &'a Row, name: &str) -> &'a Value {
+pub(crate) fn value<'a>(row: &'a Row, name: &str) -> &'a Value {
     row.columns_ref()
         .iter()
         .position(|c| c.name_str() == name)

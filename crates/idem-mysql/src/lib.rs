@@ -42,8 +42,10 @@
 //!
 //! `mysql://[user[:password]@]host[:port]/database[?params]` (or
 //! `mariadb://`). idem reads `pool_size` (default [`DEFAULT_POOL_SIZE`]),
-//! `connect_timeout` and `response_timeout` (`500ms`, `2s`), `ssl-mode`
-//! and `ssl-ca`; every other parameter (`stmt_cache_size`,
+//! `connect_timeout` and `response_timeout` (`500ms`, `2s`), `remember`
+//! (`30d`: how long expired keys are remembered, see
+//! [`MySqlStoreBuilder::remember_expired`]), `ssl-mode` and `ssl-ca`;
+//! every other parameter (`stmt_cache_size`,
 //! `max_allowed_packet`, …) goes to mysql_async. The connection goes to
 //! the host and port named, over TCP, unless `prefer_socket=true`.
 //! Passwords never appear in error messages.
@@ -67,7 +69,8 @@
 //!
 //! In the URL's database: `idem_records` (one row per record, `PRIMARY
 //! KEY (scope, key)` as bytes, so ids sort as idem lists them),
-//! `idem_steps` for journaled steps, `idem_inbox` for the inbox, the
+//! `idem_steps` for journaled steps, `idem_inbox` for the inbox,
+//! `idem_horizon` and `idem_settings` for the memory of expired keys, the
 //! `idem_*` procedures, and `idem_migrations` recording what was applied.
 //! Scopes are at most 512 bytes and keys at most 2,048 (a longer key is
 //! refused, never cut). [`migrations`] hands the SQL to projects that run
@@ -84,12 +87,19 @@
 //!   duplicate that waits for a record in progress reads its state, 5 ms
 //!   doubling to 200 ms, until it ends or the wait does.
 //! - **Purge** waits for a row a claim holds rather than skipping it.
+//! - **Remembering expired keys**: a claim takes a transaction of its own
+//!   (the record locked, the memory read, `idem_claim_row`, rolled back
+//!   when the key is a late retry), not a batch; the purge reads a batch of
+//!   expired records `FOR UPDATE`, remembers and deletes them in one
+//!   transaction, the digest worked out in Rust (MySQL has no `DELETE …
+//!   RETURNING`).
 
 mod admin;
 mod builder;
 mod conn;
 mod encode;
 mod error;
+mod horizon;
 pub mod inbox;
 mod many;
 pub mod outbox;

@@ -27,6 +27,19 @@ impl ClaimMany for MySqlStore {
         if claims.is_empty() {
             return Ok(Vec::new());
         }
+        if let Some(memory) = self.remembers_expired() {
+            // A database that remembers claims each key on its own
+            // (crate::horizon: a read before, a read after).
+            let mut outcomes = Vec::with_capacity(claims.len());
+            for (id, params) in claims {
+                outcomes.push(if idem::horizon::remembered_scope(id.scope().as_str()) {
+                    self.claim_remembering(id, params, memory).await
+                } else {
+                    self.claim_single(id, params).await
+                });
+            }
+            return Ok(outcomes);
+        }
         let batch = self.claim_batch(claims).await;
         claims_or_each(self, claims, batch, one_item_may_cause).await
     }

@@ -52,6 +52,11 @@ const FILES: &[(u32, &str, &str)] = &[
         "0005_outbox",
         include_str!("../migrations/0005_outbox.sql"),
     ),
+    (
+        6,
+        "0006_horizon",
+        include_str!("../migrations/0006_horizon.sql"),
+    ),
 ];
 
 /// Every migration, for projects that apply migrations with their own
@@ -144,7 +149,7 @@ mod tests {
     #[test]
     fn migrations_are_in_order() {
         let versions: Vec<u32> = migrations().iter().map(|m| m.version).collect();
-        assert_eq!(versions, [1, 2, 3, 4, 5]);
+        assert_eq!(versions, [1, 2, 3, 4, 5, 6]);
     }
 
     #[test]

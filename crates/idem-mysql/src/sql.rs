@@ -13,6 +13,8 @@ pub(crate) struct Sql {
     pub(crate) delete_live: String,
     pub(crate) delete: String,
     pub(crate) purge: String,
+    pub(crate) purge_take: String,
+    pub(crate) held_locked: String,
     pub(crate) ttl: String,
     pub(crate) steps: String,
     pub(crate) state: String,
@@ -21,6 +23,9 @@ pub(crate) struct Sql {
 /// The procedures (`migrations/0004_procedures.sql`), as calls.
 pub(crate) const CLAIM: &str = "CALL idem_claim(?, ?, ?, ?, ?, ?)";
 pub(crate) const CLAIM_MANY: &str = "CALL idem_claim_many(?)";
+/// One claim inside the caller's transaction (its answer in the
+/// session's `idem_answers`, made by `idem_answers_ready`).
+pub(crate) const CLAIM_ROW: &str = "CALL idem_claim_row(1, ?, ?, ?, ?, ?, ?)";
 pub(crate) const COMPLETE_MANY: &str = "CALL idem_complete_many(?)";
 pub(crate) const EXTEND: &str = "CALL idem_extend(?, ?, ?, ?)";
 pub(crate) const STEP_BEGIN: &str = "CALL idem_step_begin(?, ?, ?, ?, ?)";
@@ -49,6 +54,8 @@ impl Sql {
             delete_live: r(include_str!("../sql/delete_live.sql")),
             delete: r(include_str!("../sql/delete.sql")),
             purge: r(include_str!("../sql/purge.sql")),
+            purge_take: r(include_str!("../sql/purge_take.sql")),
+            held_locked: r(include_str!("../sql/held_locked.sql")),
             ttl: r(include_str!("../sql/ttl.sql")),
             steps: r(include_str!("../sql/steps.sql")),
             state: r(include_str!("../sql/state.sql")),

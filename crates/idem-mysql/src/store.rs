@@ -1,5 +1,6 @@
 //! [`MySqlStore`] and its `impl Store`: every transition one round trip.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use crate::sql::{self, Sql};
 
 /// How many times a claim runs when it finds a state that should have
 /// been claimable (it never should: the procedure decides on a locked row).
-const CLAIM_ROUNDS: usize = 4;
+pub(crate) const CLAIM_ROUNDS: usize = 4;
 
 /// The MySQL and MariaDB store. Cheap to clone; clones share the pool.
 #[derive(Debug, Clone)]
@@ -38,6 +39,9 @@ pub(crate) struct Inner {
     pub(crate) tokens: TokenMint,
     /// The largest response a statement can carry ([`stored_limit`]).
     pub(crate) max_stored_bytes: usize,
+    /// How long expired keys are remembered, in ms (0: not at all), as
+    /// `idem_settings` said at connect ([`crate::horizon`]).
+    pub(crate) memory_ms: AtomicU64,
 }
 
 /// The server's `max_allowed_packet` when it does not say (MariaDB's and
@@ -234,7 +238,12 @@ impl Store for MySqlStore {
     }
 
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
-        claim_through(self.groups.as_deref(), self, id, params).await
+        match self.remembers_expired() {
+            Some(memory) if idem::horizon::remembered_scope(id.scope().as_str()) => {
+                self.claim_remembering(id, params, memory).await
+            }
+            _ => claim_through(self.groups.as_deref(), self, id, params).await,
+        }
     }
 
     async fn complete(

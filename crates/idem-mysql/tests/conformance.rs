@@ -11,3 +11,27 @@ async fn fixture(case: &'static str) -> Fixture<MySqlStore> {
 }
 
 idem_testkit::conformance_suite!(fixture; core, concurrency, batches, admin, steps, outbox, ttl);
+
+/// A store whose database remembers expired keys, for the horizon cases
+/// (the URL's `remember=`, as the gateway's default gives it).
+async fn remembering(case: &'static str) -> Fixture<MySqlStore> {
+    let memory = idem_testkit::conformance::horizon::MEMORY;
+    let url = format!(
+        "{}?remember={}ms",
+        common::url("remember"),
+        memory.as_millis()
+    );
+    let store = MySqlStore::builder(&url)
+        .expect("valid URL")
+        .pool_size(8)
+        .connect()
+        .await
+        .expect("connect");
+    assert_eq!(store.remembers_expired(), Some(memory));
+    Fixture::real_time(store, case)
+}
+
+mod horizon {
+    use super::remembering;
+    idem_testkit::conformance_suite!(remembering; horizon);
+}

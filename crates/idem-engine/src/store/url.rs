@@ -340,6 +340,12 @@ fn has_param(url: &str, param: &str) -> bool {
     })
 }
 
+/// `url` with `remember=` for `memory` added to its parameters.
+fn with_remember(url: &str, memory: Duration) -> String {
+    let joint = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{joint}remember={}s", memory.as_secs())
+}
+
 /// `?remember=…` for a local store that remembers expired keys.
 fn write_remember(f: &mut std::fmt::Formatter<'_>, remember: Option<Duration>) -> std::fmt::Result {
     match remember {
@@ -350,11 +356,14 @@ fn write_remember(f: &mut std::fmt::Formatter<'_>, remember: Option<Duration>) -
 
 impl StoreUrl {
     /// Whether the store this URL names can remember expired keys
-    /// ([`idem::horizon`]): the local ones and PostgreSQL.
+    /// ([`idem::horizon`]): the local ones, PostgreSQL and MySQL.
     pub fn can_remember(&self) -> bool {
         matches!(
             self,
-            StoreUrl::Memory { .. } | StoreUrl::Sqlite { .. } | StoreUrl::Postgres(_)
+            StoreUrl::Memory { .. }
+                | StoreUrl::Sqlite { .. }
+                | StoreUrl::Postgres(_)
+                | StoreUrl::MySql(_)
         )
     }
 
@@ -373,8 +382,10 @@ impl StoreUrl {
                 remember: Some(memory),
             },
             StoreUrl::Postgres(url) if !has_param(&url, "remember") => {
-                let joint = if url.contains('?') { '&' } else { '?' };
-                StoreUrl::Postgres(format!("{url}{joint}remember={}s", memory.as_secs()))
+                StoreUrl::Postgres(with_remember(&url, memory))
+            }
+            StoreUrl::MySql(url) if !has_param(&url, "remember") => {
+                StoreUrl::MySql(with_remember(&url, memory))
             }
             other => other,
         }
@@ -384,6 +395,24 @@ impl StoreUrl {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn server_stores_remember_by_default_unless_their_url_says() {
+        let day = Duration::from_secs(86_400);
+        let url = |s: &str| s.parse::<StoreUrl>().expect(s);
+        assert_eq!(
+            url("mysql://root@127.0.0.1/app").remembering_by_default(day),
+            StoreUrl::MySql("mysql://root@127.0.0.1/app?remember=86400s".into())
+        );
+        assert_eq!(
+            url("postgres://127.0.0.1/app?pool_size=4").remembering_by_default(day),
+            StoreUrl::Postgres("postgres://127.0.0.1/app?pool_size=4&remember=86400s".into())
+        );
+        let own = url("mysql://root@127.0.0.1/app?remember=0s");
+        assert_eq!(own.clone().remembering_by_default(day), own);
+        assert!(url("mysql://root@127.0.0.1/app").can_remember());
+        assert!(!url("redis://127.0.0.1").can_remember());
+    }
 
     #[test]
     fn urls() {

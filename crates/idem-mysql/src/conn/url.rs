@@ -19,10 +19,13 @@ pub(crate) struct ParsedUrl {
     pub(crate) response_timeout: Option<Duration>,
     pub(crate) prefer_socket: bool,
     pub(crate) tls: Tls,
+    /// `remember`: how long expired keys are remembered ([`idem::horizon`]).
+    pub(crate) remember: Option<Duration>,
 }
 
 /// Parses `mysql://` and `mariadb://` URLs. idem reads `pool_size`,
-/// `connect_timeout`, `response_timeout` (`500ms`, `2s`), `ssl-mode`
+/// `connect_timeout`, `response_timeout` (`500ms`, `2s`), `remember`
+/// (`30d`: how long expired keys are remembered), `ssl-mode`
 /// and `ssl-ca`; every other parameter goes to mysql_async, which rejects
 /// the ones it does not know. The database is required: idem's tables
 /// live there.
@@ -49,6 +52,7 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
         connect_timeout: None,
         response_timeout: None,
         prefer_socket: false,
+        remember: None,
         tls: Tls {
             mode: SslMode::Disabled,
             ca: None,
@@ -72,6 +76,7 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
             }
             "connect_timeout" => parsed.connect_timeout = Some(duration(name, value)?),
             "response_timeout" => parsed.response_timeout = Some(duration(name, value)?),
+            "remember" => parsed.remember = Some(duration(name, value)?),
             "ssl-mode" | "ssl_mode" | "sslmode" => {
                 parsed.tls.mode = SslMode::parse(value).map_err(invalid)?;
             }
@@ -113,12 +118,13 @@ mod tests {
     #[test]
     fn idem_parameters_are_taken_out_and_the_rest_passed_on() {
         let parsed = parse_url(
-            "mysql://app:secret@127.0.0.1:3307/orders?pool_size=4&response_timeout=2s&stmt_cache_size=64",
+            "mysql://app:secret@127.0.0.1:3307/orders?pool_size=4&response_timeout=2s&stmt_cache_size=64&remember=30d",
         )
         .expect("valid");
         assert_eq!(parsed.database, "orders");
         assert_eq!(parsed.pool_size, Some(4));
         assert_eq!(parsed.response_timeout, Some(Duration::from_secs(2)));
+        assert_eq!(parsed.remember, Some(Duration::from_secs(30 * 86_400)));
         assert_eq!(parsed.opts.stmt_cache_size(), 64);
         assert_eq!(parsed.opts.tcp_port(), 3307);
         assert!(!parsed.prefer_socket);
@@ -134,6 +140,7 @@ mod tests {
                 "mysql://app:secret@h/db?response_timeout=soon",
                 "response_timeout",
             ),
+            ("mysql://app:secret@h/db?remember=soon", "remember"),
             ("mysql://app:secret@h/db?ssl-mode=PREFERRED", "PREFERRED"),
             ("mysql://app:secret@h/db?require_ssl=true", "ssl-mode"),
             ("mysql://app:secret@h/db?no_such=1", "no_such"),
