@@ -4,7 +4,9 @@
 //! complete statement (prepared, as the store sends them). The ratio
 //! column is idem pairs/s over driver pairs/s; the server's CPU per pair
 //! is read from `/proc`. Then batched claims (`claim_many`, 100 per call)
-//! against single claims.
+//! against single claims, and the pairs of a store that remembers expired
+//! keys (`?remember=30d`: a claim is a transaction of its own, the key's
+//! record locked and the memory read) against one that does not.
 //!
 //! Run: `cargo bench -p idem-mysql --bench pairs [-- --secs N --rounds R]`
 //!
@@ -237,4 +239,49 @@ async fn main() {
         "| 8 | {single:.0} | {batched:.0} | {:.1} |",
         batched / single
     );
+
+    let remembering = MySqlStore::builder(&format!("{url}?remember=30d"))
+        .expect("url")
+        .pool_size(32)
+        .connect()
+        .await
+        .expect("connect");
+    // The setting is the database's: the other store has its own.
+    let plain_db = server.create_database("bench").expect("database");
+    let plain = MySqlStore::builder(&server.url(&plain_db))
+        .expect("url")
+        .pool_size(32)
+        .connect()
+        .await
+        .expect("connect");
+    assert_eq!(plain.remembers_expired(), None);
+    println!("\n| connections | pairs/s, remembering | pairs/s, not | remembering/not |");
+    println!("|---:|---:|---:|---:|");
+    for connections in [8, 32] {
+        let (mut with, mut without) = (Vec::new(), Vec::new());
+        for round in 0..=rounds {
+            for remember_first in [round % 2 == 0, round % 2 != 0] {
+                let (store, db) = if remember_first {
+                    (&remembering, &db)
+                } else {
+                    (&plain, &plain_db)
+                };
+                server.admin(db, "TRUNCATE idem_records").expect("truncate");
+                let rate = idem_pairs(store, connections, secs, round + 100).await;
+                if round > 0 {
+                    if remember_first {
+                        with.push(rate)
+                    } else {
+                        without.push(rate)
+                    }
+                }
+            }
+        }
+        println!(
+            "| {connections} | {} | {} | {} |",
+            range(&with),
+            range(&without),
+            ratio_range(&with, &without),
+        );
+    }
 }
