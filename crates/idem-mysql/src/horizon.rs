@@ -48,20 +48,24 @@ impl MySqlStore {
             )
             .await?;
         }
-        let read = self
-            .query(
-                "SELECT value FROM idem_settings WHERE name = 'remember_ms'",
-                Vec::new(),
-            )
-            .await;
-        let ms = match read {
-            Ok(rows) => rows
-                .first()
-                .and_then(|row| encode::int_at(row, 0))
-                .unwrap_or(0),
-            Err(_) if set.is_none() => 0,
-            Err(error) => return Err(error),
-        };
+        // Only a database without the table (not yet 0006) does not
+        // remember: any other error is returned, or a purge would drop
+        // expired records without remembering them.
+        let ms = self
+            .timed(async {
+                let mut conn = self.inner.pool.get_conn().await?;
+                match conn
+                    .query_first::<i64, _>(
+                        "SELECT value FROM idem_settings WHERE name = 'remember_ms'",
+                    )
+                    .await
+                {
+                    Ok(ms) => Ok(ms.unwrap_or(0)),
+                    Err(mysql_async::Error::Server(e)) if e.code == 1146 => Ok(0),
+                    Err(error) => Err(error),
+                }
+            })
+            .await?;
         self.inner
             .memory_ms
             .store(u64::try_from(ms).unwrap_or(0), Ordering::Relaxed);
@@ -71,10 +75,11 @@ impl MySqlStore {
     /// A claim on a database that remembers expired keys for `memory`,
     /// in one transaction: the key's record locked (`FOR UPDATE`, so a
     /// purge dropping it has committed its memory before this reads on),
-    /// what it holds and what the memory holds weighed, then the claim
-    /// (`idem_claim_row`). A record ended under this fingerprint that the
-    /// claim replaced as expired (it expired between the read and the
-    /// claim) is a late retry too: the transaction is rolled back.
+    /// the claim (`idem_claim_row`), and, when it would start the key
+    /// afresh (a new record: attempt 1), what the store held and what the
+    /// memory holds weighed; a late retry is rolled back and answered
+    /// `Forgotten`. A record the claim replaced was expired by the
+    /// server's clock, whatever this process's clock says.
     pub(crate) async fn claim_remembering(
         &self,
         id: &RecordId,
@@ -87,15 +92,15 @@ impl MySqlStore {
             .map_or(Value::NULL, |f| Value::Bytes(f.as_bytes().to_vec()));
         for _ in 0..CLAIM_ROUNDS {
             let token = self.inner.tokens.next();
-            let (tx, held, remembered, answers) = self
+            let decided = self
                 .timed(async {
-                    let mut tx = self.inner.pool.start_transaction(TxOpts::default()).await?;
-                    tx.query_drop("CALL idem_answers_ready()").await?;
+                    let mut conn = self.inner.pool.get_conn().await?;
+                    // Before the transaction: MySQL with GTIDs refuses
+                    // CREATE TEMPORARY TABLE inside one.
+                    conn.query_drop("CALL idem_answers_ready()").await?;
+                    let mut tx = conn.start_transaction(TxOpts::default()).await?;
                     let held: Vec<Row> = tx
                         .exec(&self.inner.sql.held_locked, id_params(id).to_vec())
-                        .await?;
-                    let remembered: Vec<Row> = tx
-                        .exec(REMEMBERED, vec![Value::Int(horizon::packed(&digest))])
                         .await?;
                     let [scope, key] = id_params(id);
                     tx.exec_drop(
@@ -111,35 +116,55 @@ impl MySqlStore {
                     )
                     .await?;
                     let answers: Vec<Row> = tx.query("SELECT * FROM idem_answers").await?;
-                    Ok((tx, held, remembered, answers))
+                    let outcome =
+                        encode::claim_outcome(answers.first(), id, token, params.fingerprint);
+                    let fresh = matches!(
+                        &outcome,
+                        Ok(Some(ClaimOutcome::Acquired(lease))) if lease.attempt == 1 && !lease.takeover
+                    );
+                    if !fresh {
+                        tx.commit().await?;
+                        return Ok(outcome);
+                    }
+                    let remembered: Vec<Row> = tx
+                        .exec(REMEMBERED, vec![Value::Int(horizon::packed(&digest))])
+                        .await?;
+                    let late = held
+                        .first()
+                        .map(|row| encode::record(row).map(|(_, record)| record))
+                        .transpose()
+                        .map(|held| {
+                            let now = held
+                                .as_ref()
+                                .map_or(Timestamp::now(), |h| h.expires_at.max(Timestamp::now()));
+                            let remembered =
+                                remembered.first().and_then(|row| memory_at(row, digest));
+                            horizon::late_retry(
+                                id,
+                                held.as_ref(),
+                                remembered.as_ref(),
+                                params,
+                                now,
+                                memory,
+                            )
+                        });
+                    match late {
+                        Ok(None) => {
+                            tx.commit().await?;
+                            Ok(outcome)
+                        }
+                        Ok(Some(late)) => {
+                            tx.rollback().await?;
+                            Ok(Ok(Some(late)))
+                        }
+                        Err(error) => {
+                            tx.rollback().await?;
+                            Ok(Err(error))
+                        }
+                    }
                 })
                 .await?;
-            let held = held
-                .first()
-                .map(|row| encode::record(row).map(|(_, record)| record))
-                .transpose()?;
-            let remembered = remembered.first().and_then(|row| memory_at(row, digest));
-            let late = horizon::late_retry(
-                id,
-                held.as_ref(),
-                remembered.as_ref(),
-                params,
-                Timestamp::now(),
-                memory,
-            );
-            let outcome = encode::claim_outcome(answers.first(), id, token, params.fingerprint)?;
-            let replaced = match (&outcome, &held) {
-                (Some(ClaimOutcome::Acquired(lease)), Some(held)) if lease.attempt == 1 => {
-                    horizon::late_retry(id, Some(held), None, params, held.expires_at, memory)
-                }
-                _ => None,
-            };
-            if let Some(late) = late.or(replaced) {
-                self.timed(tx.rollback()).await?;
-                return Ok(late);
-            }
-            self.timed(tx.commit()).await?;
-            if let Some(outcome) = outcome {
+            if let Some(outcome) = decided? {
                 return Ok(outcome);
             }
         }

@@ -62,7 +62,8 @@ fn day_start(at: Timestamp) -> Timestamp {
 /// A retry of a completed key after its record expired is `Forgotten`
 /// (naming the expiry) both while the expired record is still held and
 /// after the purge deleted it (naming the day); it writes nothing; the
-/// same key with another fingerprint is a new request and is acquired.
+/// same key with another fingerprint is a new request and is acquired,
+/// and while that record is live the old request meets it (`Mismatch`).
 pub async fn a_late_retry_is_forgotten_before_and_after_the_purge<S: Admin>(f: &Fixture<S>) {
     let key = id(&f.scope("s"), "paid");
     let (same, other) = (params(f, b"charge 10"), params(f, b"charge 20"));
@@ -112,6 +113,11 @@ pub async fn a_late_retry_is_forgotten_before_and_after_the_purge<S: Admin>(f: &
         ClaimOutcome::Acquired(lease) => assert_eq!(lease.attempt, 1, "a new record"),
         found => panic!("another request under an old key runs, got {found:?}"),
     }
+    assert_eq!(
+        claim(f, &key, &same).await,
+        ClaimOutcome::Mismatch,
+        "while the key's new record is live, the old request meets it, not the memory"
+    );
 }
 
 /// Failed records are remembered like completed ones; released records
