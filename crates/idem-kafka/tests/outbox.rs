@@ -62,7 +62,7 @@ async fn a_two_hop_pipeline_applies_every_effect_once_and_loses_no_message() {
     let first = consumer(&a, FirstPhase::new(sender(&a))).await;
     let phase1 = spawn(first, &at_a, Some(b.topic.clone()));
     at_a.wait_for(REFUSED + 1, "A").await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    pipeline::wait_completed(&a.store().await, &at_a).await;
     phase1.abort();
     let _ = phase1.await;
 

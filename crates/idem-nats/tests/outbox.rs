@@ -52,7 +52,7 @@ async fn a_two_hop_pipeline_applies_every_effect_once_and_loses_no_message() {
     // Phase 1: every input applied at A; then A's process dies.
     let phase1 = spawn(first, &at_a, Some(b.subject()));
     at_a.wait_for(INPUTS, "A").await;
-    pipeline::wait_completed(&a.store().await).await;
+    pipeline::wait_completed(&a.store().await, &at_a).await;
     phase1.abort();
     let _ = phase1.await;
 

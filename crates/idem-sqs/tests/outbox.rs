@@ -53,7 +53,7 @@ async fn pipeline(fifo_b: bool) {
     let first = consumer(&a, FirstPhase::new(SqsSender::new(a.client()))).await;
     let phase1 = spawn(first, &at_a, Some(b.queue_url.clone()));
     at_a.wait_for(INPUTS, "A").await;
-    pipeline::wait_completed(&a.store()).await;
+    pipeline::wait_completed(&a.store(), &at_a).await;
     phase1.abort();
     let _ = phase1.await;
 

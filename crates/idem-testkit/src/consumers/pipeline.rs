@@ -98,6 +98,16 @@ impl Effects {
             .push(run);
     }
 
+    /// The inputs that had an effect.
+    pub fn input_keys(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect()
+    }
+
     /// How many inputs had an effect.
     pub fn inputs(&self) -> usize {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).len()
@@ -128,34 +138,39 @@ impl Effects {
     }
 }
 
-/// Waits (a minute at most) until the record of every input at A
-/// (`order-0` to `order-29` in scope `orders`) is completed in `store`, so
-/// that a first phase killed after this has no run in flight: without
-/// it, a run killed between its effect and its completion is taken over
-/// and applies its effect again, as idem promises for an effect outside a
-/// step (at least once), and the test would count it.
-pub async fn wait_completed<S: GetRecord>(store: &S) {
+/// Waits (a minute at most) until A is quiet: the record of every input
+/// whose effect `effects` counted is completed in `store` (scope
+/// `orders`), and no input had its first effect meanwhile. A first phase
+/// killed after this has no run in flight: without it, a run killed
+/// between its effect and its completion is taken over and applies its
+/// effect again, as idem promises for an effect outside a step (at least
+/// once), and the test would count it.
+pub async fn wait_completed<S: GetRecord>(store: &S, effects: &Effects) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let scope = Scope::new("orders").expect("a valid scope");
-    for n in 0..INPUTS {
-        let id = RecordId::new(
-            scope.clone(),
-            Key::new(&format!("order-{n}")).expect("a valid key"),
-        );
-        loop {
-            let record = store.get(&id).await;
-            if let Ok(Some(Record {
-                state: State::Completed { .. },
-                ..
-            })) = record
-            {
-                break;
+    loop {
+        let inputs = effects.input_keys();
+        for input in &inputs {
+            let id = RecordId::new(scope.clone(), Key::new(input).expect("a valid key"));
+            loop {
+                let record = store.get(&id).await;
+                if let Ok(Some(Record {
+                    state: State::Completed { .. },
+                    ..
+                })) = record
+                {
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "timed out waiting for {input} to complete at A: {record:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for order-{n} to complete at A: {record:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if effects.inputs() == inputs.len() {
+            return;
         }
     }
 }
