@@ -23,8 +23,13 @@ use crate::store::{id_params, MySqlStore, CLAIM_ROUNDS};
 /// The memory of one key (its digest packed), if it is remembered.
 const REMEMBERED: &str = "SELECT fingerprint, day FROM idem_horizon WHERE digest = ?";
 
-/// How many records one statement of the purge names.
+/// How many records one statement of the purge names at most.
 const CHUNK: usize = 200;
+
+/// How many bytes of ids (in hex) one statement of the purge carries at
+/// most: far below the smallest `max_allowed_packet` a server is set to
+/// (1 MiB), whatever the keys' length.
+const CHUNK_BYTES: usize = 256 * 1024;
 
 impl MySqlStore {
     /// How long the database remembers expired keys ([`idem::horizon`]),
@@ -189,7 +194,7 @@ impl MySqlStore {
             let mut tx = conn.start_transaction(TxOpts::default()).await?;
             let rows: Vec<Row> = tx.exec(&self.inner.sql.purge_take, (limit,)).await?;
             let mut purged = 0;
-            for chunk in rows.chunks(CHUNK) {
+            for chunk in chunks(&rows) {
                 let memories: Vec<String> = chunk
                     .iter()
                     .filter_map(memory_of)
@@ -249,6 +254,25 @@ fn memory_at(row: &Row, digest: horizon::IdDigest) -> Option<Forgotten> {
         fingerprint: fingerprint.to_be_bytes(),
         day,
     })
+}
+
+/// `rows` in runs of at most [`CHUNK`] records and [`CHUNK_BYTES`] of
+/// ids in hex (each run has at least one record).
+fn chunks(rows: &[Row]) -> Vec<&[Row]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, row) in rows.iter().enumerate() {
+        let size = 2 * (column_bytes(row, "scope").len() + column_bytes(row, "key").len()) + 16;
+        if i > start && (i - start == CHUNK || bytes + size > CHUNK_BYTES) {
+            out.push(&rows[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += size;
+    }
+    if start < rows.len() {
+        out.push(&rows[start..]);
+    }
+    out
 }
 
 /// The bytes of `column` in `row` (empty when absent or not bytes).

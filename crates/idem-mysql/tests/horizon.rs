@@ -7,11 +7,12 @@
 
 mod common;
 
+use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use idem::horizon;
 use idem::store::{ClaimOutcome, ClaimParams};
-use idem::{Fingerprint, GetRecord, RecordId, Store};
+use idem::{Fingerprint, GetRecord, KeyRules, PurgeExpired, RecordId, Scope, Store};
 use idem_mysql::MySqlStore;
 use mysql_async::prelude::Queryable;
 use mysql_async::Value;
@@ -98,4 +99,51 @@ async fn a_late_retry_during_the_purge_of_its_key_waits_and_is_refused() {
         "the refused claim left no record"
     );
     purge.disconnect().await.expect("disconnect");
+}
+
+/// A purge of many records with the longest keys remembers and deletes
+/// them all, its statements split to stay far below the server's largest
+/// packet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_of_many_long_keys_remembers_every_one() {
+    let store = MySqlStore::builder(&format!("{}?remember=30d", common::url("long")))
+        .expect("valid URL")
+        .connect()
+        .await
+        .expect("connect");
+    let retention = Duration::from_millis(300);
+    let params = ClaimParams::new(Duration::from_secs(5), retention)
+        .fingerprint(Fingerprint::of_bytes(b"request"));
+    // Keys of 2,048 bytes, the most the store takes.
+    let rules = KeyRules::default().max_len(NonZeroUsize::new(2048).expect("not zero"));
+    let scope = Scope::new("orders").expect("scope");
+    let ids: Vec<RecordId> = (0..300)
+        .map(|n| {
+            let key = rules
+                .parse(&format!("{n:04}{}", "k".repeat(2044)))
+                .expect("key");
+            RecordId::new(scope.clone(), key)
+        })
+        .collect();
+    for id in &ids {
+        let ClaimOutcome::Acquired(lease) = store.claim(id, &params).await.expect("claim") else {
+            panic!("a new key is acquired");
+        };
+        store
+            .complete(&lease, "{}".into(), retention)
+            .await
+            .expect("complete");
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(store.purge_expired(1000).await.expect("purge"), 300);
+    for id in [&ids[0], &ids[150], &ids[299]] {
+        assert!(
+            matches!(
+                store.claim(id, &params).await.expect("claim"),
+                ClaimOutcome::Forgotten { .. }
+            ),
+            "{} is remembered",
+            &id.key().as_str()[..4]
+        );
+    }
 }
