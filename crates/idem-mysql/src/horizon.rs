@@ -16,9 +16,9 @@ use idem::{RecordId, StoreError, Timestamp};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Row, TxOpts, Value};
 
-use crate::encode::{self, ms, token_bytes};
+use crate::encode;
 use crate::sql;
-use crate::store::{id_params, MySqlStore, CLAIM_ROUNDS};
+use crate::store::{claim_args, id_params, MySqlStore, CLAIM_ROUNDS};
 
 /// The memory of one key (its digest packed), if it is remembered.
 const REMEMBERED: &str = "SELECT fingerprint, day FROM idem_horizon WHERE digest = ?";
@@ -92,9 +92,6 @@ impl MySqlStore {
         memory: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
         let digest = horizon::digest(id);
-        let fingerprint = params
-            .fingerprint
-            .map_or(Value::NULL, |f| Value::Bytes(f.as_bytes().to_vec()));
         for _ in 0..CLAIM_ROUNDS {
             let token = self.inner.tokens.next();
             let decided = self
@@ -107,19 +104,8 @@ impl MySqlStore {
                     let held: Vec<Row> = tx
                         .exec(&self.inner.sql.held_locked, id_params(id).to_vec())
                         .await?;
-                    let [scope, key] = id_params(id);
-                    tx.exec_drop(
-                        sql::CLAIM_ROW,
-                        vec![
-                            scope,
-                            key,
-                            fingerprint.clone(),
-                            Value::Bytes(token_bytes(token)),
-                            Value::Int(ms(params.lease)),
-                            Value::Int(ms(params.retention)),
-                        ],
-                    )
-                    .await?;
+                    tx.exec_drop(sql::CLAIM_ROW, claim_args(id, params, token))
+                        .await?;
                     let answers: Vec<Row> = tx.query("SELECT * FROM idem_answers").await?;
                     let outcome =
                         encode::claim_outcome(answers.first(), id, token, params.fingerprint);
@@ -134,26 +120,8 @@ impl MySqlStore {
                     let remembered: Vec<Row> = tx
                         .exec(REMEMBERED, vec![Value::Int(horizon::packed(&digest))])
                         .await?;
-                    let late = held
-                        .first()
-                        .map(|row| encode::record(row).map(|(_, record)| record))
-                        .transpose()
-                        .map(|held| {
-                            let now = held
-                                .as_ref()
-                                .map_or(Timestamp::now(), |h| h.expires_at.max(Timestamp::now()));
-                            let remembered =
-                                remembered.first().and_then(|row| memory_at(row, digest));
-                            horizon::late_retry(
-                                id,
-                                held.as_ref(),
-                                remembered.as_ref(),
-                                params,
-                                now,
-                                memory,
-                            )
-                        });
-                    match late {
+                    let remembered = remembered.first().and_then(|row| memory_at(row, digest));
+                    match late_retry(id, held.first(), remembered, params, memory) {
                         Ok(None) => {
                             tx.commit().await?;
                             Ok(outcome)
@@ -242,6 +210,33 @@ impl MySqlStore {
         })
         .await
     }
+}
+
+/// [`horizon::late_retry`] for a claim that started `id` afresh, over
+/// the record it held before (`held`, read under the claim's lock) and
+/// what the memory holds. A held record the claim replaced was expired
+/// by the server's clock, so it is weighed at its expiry at the latest.
+fn late_retry(
+    id: &RecordId,
+    held: Option<&Row>,
+    remembered: Option<Forgotten>,
+    params: &ClaimParams,
+    memory: Duration,
+) -> Result<Option<ClaimOutcome>, StoreError> {
+    let held = held
+        .map(|row| encode::record(row).map(|(_, record)| record))
+        .transpose()?;
+    let now = held
+        .as_ref()
+        .map_or(Timestamp::now(), |h| h.expires_at.max(Timestamp::now()));
+    Ok(horizon::late_retry(
+        id,
+        held.as_ref(),
+        remembered.as_ref(),
+        params,
+        now,
+        memory,
+    ))
 }
 
 /// The memory of the key whose digest is `digest`, from its

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem::group::{claim_through, complete_through, Direct, Pairs};
-use idem::store::{ClaimOutcome, ClaimParams, Lease, TokenMint};
+use idem::store::{ClaimOutcome, ClaimParams, Lease, LeaseToken, TokenMint};
 use idem::{Failure, RecordId, Store, StoreError, Timestamp};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Pool, Row, Value};
@@ -62,6 +62,23 @@ pub(crate) fn id_params(id: &RecordId) -> [Value; 2] {
     [
         Value::Bytes(id.scope().as_str().as_bytes().to_vec()),
         Value::Bytes(id.key().as_str().as_bytes().to_vec()),
+    ]
+}
+
+/// A claim's arguments as `idem_claim` and `idem_claim_row` take them
+/// (after `idem_claim_row`'s answer slot): scope, key, fingerprint or
+/// NULL, token, lease ms, retention ms.
+pub(crate) fn claim_args(id: &RecordId, params: &ClaimParams, token: LeaseToken) -> Vec<Value> {
+    let [scope, key] = id_params(id);
+    vec![
+        scope,
+        key,
+        params
+            .fingerprint
+            .map_or(Value::NULL, |f| Value::Bytes(f.as_bytes().to_vec())),
+        Value::Bytes(token_bytes(token)),
+        Value::Int(ms(params.lease)),
+        Value::Int(ms(params.retention)),
     ]
 }
 
@@ -162,21 +179,8 @@ impl MySqlStore {
     ) -> Result<ClaimOutcome, StoreError> {
         for _ in 0..CLAIM_ROUNDS {
             let token = self.inner.tokens.next();
-            let [scope, key] = id_params(id);
             let rows = self
-                .query(
-                    sql::CLAIM,
-                    vec![
-                        scope,
-                        key,
-                        params
-                            .fingerprint
-                            .map_or(Value::NULL, |f| Value::Bytes(f.as_bytes().to_vec())),
-                        Value::Bytes(token_bytes(token)),
-                        Value::Int(ms(params.lease)),
-                        Value::Int(ms(params.retention)),
-                    ],
-                )
+                .query(sql::CLAIM, claim_args(id, params, token))
                 .await?;
             if let Some(outcome) =
                 encode::claim_outcome(rows.first(), id, token, params.fingerprint)?
