@@ -159,8 +159,10 @@ pub struct ProxyArgs {
     /// run again (the same key with another request still runs); 0 turns
     /// it off. The store URL's own `remember=` wins; the setting is kept in
     /// the store, so this overrides what another process set. SQLite,
-    /// memory, PostgreSQL and MySQL remember; on others this gateway warns
-    /// that late retries run again [default: 30d].
+    /// memory, PostgreSQL and MySQL remember unless told; Redis, which
+    /// keeps the memory in RAM, when this flag (or its URL) says so; on
+    /// others this gateway warns that late retries run again [default:
+    /// 30d].
     #[arg(long, env = "IDEM_REMEMBER_EXPIRED")]
     pub remember_expired: Option<String>,
     /// Refuse keys that are UUIDv7s older than the retention with 410

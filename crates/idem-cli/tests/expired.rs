@@ -3,7 +3,8 @@
 //! `key-expired` and never reaches the upstream, also after an `idem
 //! purge` run by another process that was not told to remember (the
 //! memory is kept in the store file); the same key with another body runs;
-//! `--remember-expired 0` turns it off; a store that cannot remember is
+//! `--remember-expired 0` turns it off; on Redis, where the memory is
+//! kept in RAM, the flag turns it on; a store that cannot remember is
 //! refused when the flag asks for it.
 
 mod common;
@@ -99,10 +100,52 @@ async fn remembering_can_be_turned_off() {
     assert_eq!(up.runs("/charge"), 2, "forgotten, as asked");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_the_flag_turns_remembering_on() {
+    let redis = idem_testkit::servers::redis::RedisServer::shared().expect("redis-server");
+    let store = format!(
+        "{}?namespace=expired-{:016x}",
+        redis.url(),
+        rand::random::<u64>()
+    );
+    let (up, addr) = start_upstream().await;
+    let upstream = format!("http://{addr}");
+    let mut args = vec![
+        "--upstream",
+        &upstream,
+        "--lease",
+        "1s",
+        "--retention",
+        "1s",
+    ];
+    let unasked = GatewayProcess::start(&store, &args).await;
+    let url = format!("{}/charge", unasked.url);
+    assert_eq!(post(&url, Some("before")).await.status(), 201);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        post(&url, Some("before")).await.status(),
+        201,
+        "not remembered unless asked"
+    );
+    drop(unasked);
+
+    args.extend(["--remember-expired", "7d"]);
+    let gw = GatewayProcess::start(&store, &args).await;
+    let url = format!("{}/charge", gw.url);
+    assert_eq!(post(&url, Some("order-1")).await.status(), 201);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    problem(post(&url, Some("order-1")).await, 410, "key-expired").await;
+    assert_eq!(
+        up.runs("/charge"),
+        3,
+        "the late retry never reached the upstream"
+    );
+}
+
 #[test]
 fn a_store_that_cannot_remember_is_refused_when_asked_to() {
     let output = Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(["--store", "redis://127.0.0.1:9", "proxy"])
+        .args(["--store", "http://127.0.0.1:9", "proxy"])
         .args([
             "--listen",
             "127.0.0.1:0",

@@ -10,8 +10,12 @@
 //! spent per pair.
 //! Batched claims (`claim_many`, 100 per call) are compared with single
 //! claims, and with `redis-benchmark -P 100` (the same script, pipelined).
+//! Last, a store that remembers expired keys for 30 days against one that
+//! does not, over `--rounds` rounds (order alternated, the first round
+//! not reported): pairs per second, Redis CPU per pair, and the Redis
+//! memory each remembered key adds (`INFO memory`).
 //!
-//! Run: `cargo bench -p idem-redis --bench pairs [-- --cluster] [-- --secs N]`
+//! Run: `cargo bench -p idem-redis --bench pairs [-- --cluster] [-- --secs N] [-- --rounds N]`
 //!
 //! It starts its own `redis-server` (or 3-master Cluster) on free loopback
 //! ports, so nothing else competes for the server.
@@ -25,7 +29,7 @@ use bytes::Bytes;
 use idem::store::ClaimParams;
 use idem::{ClaimMany, RecordId, Store};
 use idem_redis::RedisStore;
-use idem_testkit::bench::{pair, rate, secs_arg, CpuMeter};
+use idem_testkit::bench::{count_arg, pair, rate, secs_arg, CpuMeter};
 use idem_testkit::servers::redis::{RedisCluster, RedisServer};
 
 const CALLERS: [usize; 3] = [1, 16, 64];
@@ -82,6 +86,20 @@ impl Servers {
         (calls, usec)
     }
 
+    /// The memory the servers use now, in bytes (`INFO memory`).
+    fn used_memory(&self) -> f64 {
+        self.nodes()
+            .iter()
+            .map(|n| {
+                let info = n.cli("INFO memory").expect("INFO memory");
+                info.lines()
+                    .find_map(|l| l.strip_prefix("used_memory:"))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+                    .expect("used_memory")
+            })
+            .sum()
+    }
+
     fn flush(&self) {
         for node in self.nodes() {
             node.cli("FLUSHALL").expect("flush");
@@ -106,7 +124,7 @@ fn redis_benchmark(
     let requests = ((secs * 40_000.0) as usize).max(20_000) * pipeline.min(4);
     let token = "0".repeat(32);
     let claim = [
-        "EVALSHA", sha, "1", KEY, &token, "", "30000", "3600000", "bench", "k", "60000",
+        "EVALSHA", sha, "1", KEY, &token, "", "30000", "3600000", "bench", "k", "60000", "0",
     ];
     redis_benchmark_run(servers, clients, pipeline, requests, 100_000_000, &claim)
 }
@@ -326,6 +344,79 @@ async fn main() {
             "| {callers} | {single:.0} | {batched:.0} | {:.1} | {ceiling:.0} | {:.2} |",
             batched / single,
             batched / ceiling
+        );
+    }
+    remembering(&servers, secs, count_arg("--rounds", 3)).await;
+}
+
+/// One round of [`remembering`]: the remembering store's pairs and the
+/// bytes each left, then the plain store's.
+type Compared = (Pairs, f64, Pairs, f64);
+
+/// A remembering store's pairs against a plain one's, same servers, order
+/// alternated each round: pairs per second, Redis CPU per pair, and the
+/// memory each pair leaves (its record, and for the remembering store the
+/// record's memory too).
+async fn remembering(servers: &Servers, secs: f64, rounds: usize) {
+    let namespace = |name: &str| format!("{}?namespace={name}", servers.url());
+    // Namespaces of one length, so that records cost the same.
+    let remembering = RedisStore::builder(&namespace("idem-r"))
+        .expect("url")
+        .remember_expired(Duration::from_secs(30 * 86_400))
+        .connect()
+        .await
+        .expect("connect");
+    let plain = RedisStore::connect(&namespace("idem-p"))
+        .await
+        .expect("connect");
+    println!(
+        "\n| callers | pairs/s, remembering | pairs/s, not | remembering/not \
+         | Redis us/pair, remembering | not | bytes/key, remembering | not |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for callers in [16, 64] {
+        let mut rows: Vec<Compared> = Vec::new();
+        for round in 0..=rounds {
+            // A store keeps the memory it read at connect, so the flush
+            // (which takes the namespace's setting too) does not turn it off.
+            let run = |store: &RedisStore| {
+                let store = store.clone();
+                async move {
+                    servers.flush();
+                    let before = servers.used_memory();
+                    let pairs = pairs_of(servers, store, callers, secs).await;
+                    let bytes =
+                        (servers.used_memory() - before) / (pairs.per_second * secs).max(1.0);
+                    (pairs, bytes)
+                }
+            };
+            let (r, n) = if round % 2 == 0 {
+                let r = run(&remembering).await;
+                (r, run(&plain).await)
+            } else {
+                let n = run(&plain).await;
+                (run(&remembering).await, n)
+            };
+            if round > 0 {
+                rows.push((r.0, r.1, n.0, n.1));
+            }
+        }
+        let range = |f: &dyn Fn(&Compared) -> f64, digits: usize| {
+            let values: Vec<f64> = rows.iter().map(f).collect();
+            let (lo, hi) = values
+                .iter()
+                .fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+            format!("{lo:.digits$}–{hi:.digits$}")
+        };
+        println!(
+            "| {callers} | {} | {} | {} | {} | {} | {} | {} |",
+            range(&|r| r.0.per_second, 0),
+            range(&|r| r.2.per_second, 0),
+            range(&|r| r.0.per_second / r.2.per_second, 2),
+            range(&|r| r.0.server, 1),
+            range(&|r| r.2.server, 1),
+            range(&|r| r.1, 0),
+            range(&|r| r.3, 0),
         );
     }
 }

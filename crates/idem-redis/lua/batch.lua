@@ -5,12 +5,12 @@
 -- own script replies, or {'!', message} if it raised an error, in which
 -- case the operations after it still run.
 -- A batch runs on a single server only (never a Cluster), where touching
--- a journal no KEYS entry names is allowed.
-journal_declared = true
+-- a journal or a memory no KEYS entry names is allowed.
+all_declared = true
 local ops = {
-  c = {claim, 7},
-  d = {complete, 4},
-  f = {fail, 5},
+  c = {claim, 8},
+  d = {complete, 5},
+  f = {fail, 6},
   x = {extend, 3},
   r = {release, 1},
 }

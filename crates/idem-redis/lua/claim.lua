@@ -1,9 +1,12 @@
 -- claim(record; token, fingerprint, lease ms, retention ms, scope, key,
--- grace ms), mirroring idem::machine::decide_claim. Replies:
+-- grace ms, memory ms), mirroring idem::machine::decide_claim, and
+-- idem::horizon::late_retry when the store remembers (memory above 0).
+-- Replies:
 --   {'A', fence, attempt, takeover 0|1, lease deadline ms}  acquired
 --   {'P', ms until the lease runs out}                      in progress
 --   {'C', response} | {'F', class, message} | {'M'}         stored outcome / mismatch
-local function claim(key, token, fp, lease, retention, scope, name, grace)
+--   {'G', expiry ms}                                        a late retry, forgotten
+local function claim(key, token, fp, lease, retention, scope, name, grace, memory)
   lease = tonumber(lease)
   retention = math.max(tonumber(retention), lease)
   grace = tonumber(grace)
@@ -18,6 +21,10 @@ local function claim(key, token, fp, lease, retention, scope, name, grace)
   end
 
   if not r or r.ex <= now then
+    local expired_at = memory ~= '0' and late_retry(key, r, fp, memory)
+    if expired_at then
+      return {'G', expired_at}
+    end
     -- No record, an expired one or a tombstone: a new record (SET replaces
     -- whatever the key held), with a new journal.
     if r and r.j == 1 then

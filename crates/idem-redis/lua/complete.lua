@@ -1,13 +1,16 @@
--- complete(record; token, response, retention ms, grace ms): 1 if stored,
--- 0 if the lease was lost (nothing written).
-local function complete(key, token, response, retention, grace)
+-- complete(record; token, response, retention ms, grace ms, memory ms): 1
+-- if stored (and remembered, when memory is above 0), 0 if the lease was
+-- lost (nothing written).
+local function complete(key, token, response, retention, grace, memory)
   local r = held(key, token)
   if not r then
     return 0
   end
+  local at = memory ~= '0' and memory_key(key)
   r.st, r.ua, r.ex = 'c', now, now + tonumber(retention)
   r.lu, r.tk, r.fc, r.fm, r.rs = 0, '', '', '', response
   save(key, r, r.ex + tonumber(grace))
+  remember(at, r, memory)
   ended(key, r)
   return 1
 end

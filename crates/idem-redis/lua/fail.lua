@@ -1,11 +1,13 @@
--- fail(record; token, class, message, retention ms, grace ms): a retryable
--- failure releases the record, terminal and unknown ones are kept and
--- replayed. 1 if written, 0 if the lease was lost.
-local function fail(key, token, class, message, retention, grace)
+-- fail(record; token, class, message, retention ms, grace ms, memory ms): a
+-- retryable failure releases the record, terminal and unknown ones are
+-- kept and replayed (and remembered, when memory is above 0). 1 if
+-- written, 0 if the lease was lost.
+local function fail(key, token, class, message, retention, grace, memory)
   local r = held(key, token)
   if not r then
     return 0
   end
+  local at = memory ~= '0' and memory_key(key)
   r.st = 'f'
   if class == 'retryable' then
     r.st = 'r'
@@ -13,6 +15,7 @@ local function fail(key, token, class, message, retention, grace)
   r.fc, r.fm, r.ua, r.ex = class, message, now, now + tonumber(retention)
   r.lu, r.tk = 0, ''
   save(key, r, r.ex + tonumber(grace))
+  remember(at, r, memory)
   ended(key, r)
   return 1
 end

@@ -22,7 +22,7 @@
 --
 -- The step journal is a hash of its own, `<record key>:j` (the same hash
 -- tag, so the same Cluster slot), kept until the record's own expiry. A
--- script touches it only when it is declared as KEYS[2] beside the record,
+-- script touches it only when it is declared (in KEYS) beside the record,
 -- so that a Cluster moving the slot answers TRYAGAIN while the two are
 -- apart instead of running the script on half of them: a script about to
 -- touch an undeclared journal stops first, before any write, with the
@@ -32,6 +32,20 @@
 -- record reads its journal only once it is marked as having one (j), and
 -- the mark is set by wiping the journal first, so a new record never reads
 -- the journal of the record it replaced.
+--
+-- Keys remembered past their retention (design §11, idem::horizon): a
+-- store that remembers keeps, beside each record that ended (completed or
+-- failed), the record's memory `<record key>:h` (the same hash tag, so the
+-- same Cluster slot): the day its retention ends (4 bytes, big-endian)
+-- and the first 16 hex digits of its fingerprint. Redis drops it `memory`
+-- ms after that day ends, so it outlives the record by the memory. It is
+-- written by the end itself (Redis drops records by expiry, with nothing
+-- to run as it does), holds the latest request that ended under the key,
+-- and is read only by a claim that would start the key afresh. Deleting a
+-- live record or releasing a parked one forgets it. A script touches it
+-- only when it is declared beside the record, as the journal is; a
+-- script about to read or write an undeclared memory stops first with
+-- the error MEMORY.
 --
 -- Builds before 2026-11-27 named the journal `<record key>:j:<generation>`
 -- (g below) and did not declare it. A record of theirs that has a journal
@@ -47,8 +61,26 @@
 -- Time is the server's. Numbers given to Redis are formatted with '%d'
 -- because Lua's default formatting would round integers above 10^14.
 
--- Whether the script's caller declared the record's journal (KEYS[2]).
-local journal_declared = KEYS[2] ~= nil
+-- Set by a script that runs on a single server only, where every key
+-- counts as declared (the batch, which names many records).
+local all_declared = false
+
+-- Whether the script's caller declared the record's (KEYS[1]) key named
+-- by `suffix` beside it: ':j' its journal, ':h' its memory. Asked only
+-- when the key is needed, so that a script that needs neither pays
+-- nothing.
+local function declared(suffix)
+  if all_declared then
+    return true
+  end
+  local name = KEYS[1] .. suffix
+  for i = 2, #KEYS do
+    if KEYS[i] == name then
+      return true
+    end
+  end
+  return false
+end
 
 local tm = redis.call('TIME')
 local now_us = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
@@ -57,6 +89,7 @@ local now = math.floor(now_us / 1000)
 local RECORD = '>c1I4dddddBc0Bc0Bc0I4c0I4c0I4c0dBBI4c0'
 local RECORD_HASH = '>c1I4dddddBc0Bc0Bc0I4c0I4c0I4c0'
 local STATES = {p = true, c = true, f = true, r = true, x = true}
+local DAY = 86400000
 
 local function int(n)
   return string.format('%d', n)
@@ -122,7 +155,7 @@ end
 -- journal an earlier build kept under the generation's name is renamed to
 -- it first.
 local function journal(key, r)
-  if not journal_declared then
+  if not declared(':j') then
     error({err = 'JOURNAL record ' .. key .. ' needs its step journal declared'})
   end
   local steps = key .. ':j'
@@ -226,4 +259,56 @@ local function held(key, token)
     return nil
   end
   return r
+end
+
+-- The key of the record's memory (see the top of this file). The scripts
+-- that end a record name it before their first write, when the store
+-- remembers (their `memory` argument is not '0'): an undeclared memory
+-- stops the script first.
+local function memory_key(key)
+  if not declared(':h') then
+    error({err = 'MEMORY record ' .. key .. ' needs its memory declared'})
+  end
+  return key .. ':h'
+end
+
+-- Remembers record `r`, which has just ended, at `at` (its memory_key, or
+-- nil when the store does not remember) for `memory` ms past the day its
+-- retention ends: a completed or failed record only.
+local function remember(at, r, memory)
+  if not at or (r.st ~= 'c' and r.st ~= 'f') then
+    return
+  end
+  local day = math.floor(r.ex / DAY)
+  redis.call('SET', at, struct.pack('>I4', day) .. string.sub(r.fp, 1, 16),
+    'PXAT', int((day + 1) * DAY + tonumber(memory)))
+end
+
+-- For a claim of `key` with fingerprint `fp` that would start the key
+-- afresh (`r` is nil or expired), on a store that remembers for `memory`
+-- ms: when it is a late retry, the time to name as its record's expiry,
+-- else nil. A late retry repeats the last request that ended under the
+-- key, whose record expired on a day the memory still keeps: the expired
+-- record if Redis still holds it, else its memory. Mirrors
+-- idem::horizon::late_retry.
+local function late_retry(key, r, fp, memory)
+  memory = tonumber(memory)
+  local first_day = math.floor((now - memory) / DAY)
+  local wanted = string.sub(fp, 1, 16)
+  if r and (r.st == 'c' or r.st == 'f') and string.sub(r.fp, 1, 16) == wanted
+      and math.floor(r.ex / DAY) >= first_day then
+    return r.ex
+  end
+  local m = redis.call('GET', memory_key(key))
+  if not m then
+    return nil
+  end
+  if #m < 4 then
+    damaged(key, 'its memory holds ' .. #m .. ' bytes, too few for a day')
+  end
+  local day = struct.unpack('>I4', m)
+  if string.sub(m, 5) == wanted and day >= first_day then
+    return day * DAY
+  end
+  return nil
 end

@@ -1,7 +1,8 @@
 -- resolve(KEYS[1] record, KEYS[2] its journal; ARGV step name, 'a' applied
 -- | 'n' not applied, result): on a parked record (failed, outcome unknown)
 -- whose step is in doubt, journals the finding and releases the record.
--- Replies 'R' released, 'P' not parked, 'S' step not in doubt.
+-- Replies 'R' released, 'P' not parked, 'S' step not in doubt. A released
+-- record is not remembered: its memory, written when it failed, goes.
 local key = KEYS[1]
 local r = load(key)
 if not r or r.st ~= 'f' or r.fc ~= 'unknown' or r.ex <= now then
@@ -25,4 +26,7 @@ else
 end
 r.st, r.ua, r.fc, r.fm = 'r', now, '', ''
 save(key, r)
+if declared(':h') then
+  redis.call('DEL', key .. ':h')
+end
 return 'R'

@@ -119,7 +119,7 @@ impl FindAbandoned for RedisStore {
                 .into_iter()
                 .map(|k| (k, vec![b"abandoned".to_vec()]))
                 .collect();
-            let replies = self.run_each(&self.inner.scripts.get, &calls).await;
+            let replies = self.run_each(&self.inner.scripts.get, &calls, false).await;
             for ((key, _), reply) in calls.iter().zip(replies) {
                 let reply = reply.map_err(|e| damaged(key, e))?;
                 if let Some((id, record)) = encode::record(None, reply)? {
@@ -154,7 +154,7 @@ impl GetRecord for RedisStore {
             .inner
             .scripts
             .get
-            .run(&self.inner.conn, &key, sync)
+            .run(&self.inner.conn, &key, sync, false)
             .await
             .map_err(|e| damaged(id, store_error(e)))?;
         Ok(encode::record(Some(id), reply)?.map(|(_, r)| r))
@@ -168,7 +168,12 @@ impl DeleteRecord for RedisStore {
             .inner
             .scripts
             .delete
-            .run(&self.inner.conn, &key, &[&self.inner.grace_ms])
+            .run(
+                &self.inner.conn,
+                &key,
+                &[&self.inner.grace_ms],
+                self.remembers(),
+            )
             .await
             .map_err(|e| damaged(id, store_error(e)))?;
         Ok(matches!(reply, Value::Int(1)))
@@ -185,7 +190,7 @@ impl ListRecords for RedisStore {
         while let Some(keys) = scan.next(&self.inner.conn).await? {
             let calls: Vec<(String, Vec<Vec<u8>>)> =
                 keys.into_iter().map(|k| (k, Vec::new())).collect();
-            let replies = self.run_each(&self.inner.scripts.get, &calls).await;
+            let replies = self.run_each(&self.inner.scripts.get, &calls, false).await;
             for ((key, _), reply) in calls.iter().zip(replies) {
                 let reply = reply.map_err(|e| damaged(key, e))?;
                 let Some((id, record)) = encode::record(None, reply)? else {
@@ -223,7 +228,9 @@ impl PurgeExpired for RedisStore {
                 rest = tail;
                 let calls: Vec<(String, Vec<Vec<u8>>)> =
                     chunk.iter().map(|k| (k.clone(), Vec::new())).collect();
-                let replies = self.run_each(&self.inner.scripts.purge, &calls).await;
+                let replies = self
+                    .run_each(&self.inner.scripts.purge, &calls, false)
+                    .await;
                 for ((key, _), reply) in calls.iter().zip(replies) {
                     if matches!(reply.map_err(|e| damaged(key, e))?, Value::Int(1)) {
                         purged += 1;

@@ -10,6 +10,7 @@ use redis::Value;
 use crate::conn::{url, Conn, Options, ReplicaAcks, Target};
 use crate::error::ConnectError;
 use crate::group::Scripted;
+use crate::horizon::settle_memory;
 use crate::notify::Notifier;
 use crate::scripts::Scripts;
 use crate::store::{Inner, RedisStore};
@@ -45,6 +46,7 @@ pub struct RedisStoreBuilder {
     tls_ca_file: Option<String>,
     grace: Duration,
     batching: bool,
+    memory: Option<Duration>,
 }
 
 impl RedisStoreBuilder {
@@ -84,6 +86,21 @@ impl RedisStoreBuilder {
     /// either way.
     pub fn batching(mut self, on: bool) -> Self {
         self.batching = on;
+        self
+    }
+
+    /// Remembers the keys of completed and failed records for `memory`
+    /// after their retention ([`idem::horizon`]): a late retry of such a
+    /// key is answered `Forgotten` instead of running again. Each record
+    /// that ends leaves a small key beside it (`<record key>:h`, about 200
+    /// bytes of Redis memory with its key and expiry) that Redis keeps for
+    /// `memory` past the day the record's retention ends. Kept in the
+    /// namespace (`<namespace>:remember_ms`), so every process on it
+    /// remembers alike; zero turns it off. Only the keys of records that
+    /// end while it is on are remembered. The URL's `remember=30d` says
+    /// the same.
+    pub fn remember_expired(mut self, memory: Duration) -> Self {
+        self.memory = Some(memory);
         self
     }
 
@@ -152,6 +169,12 @@ impl RedisStoreBuilder {
             Target::Standalone(url) => url.clone(),
             Target::Cluster { nodes, .. } => nodes.first().cloned().unwrap_or_default(),
         };
+        let (memory, memory_ms) = settle_memory(&conn, &self.namespace, self.memory)
+            .await
+            .map_err(|source| ConnectError::Unavailable {
+                url: url::redact(&self.url),
+                source,
+            })?;
         let notifier = Notifier::new(notify_at, self.options.clone());
         let scripts = Arc::new(Scripts::new());
         let batcher = match &conn {
@@ -167,6 +190,8 @@ impl RedisStoreBuilder {
                 conn,
                 namespace: self.namespace,
                 grace_ms: Bytes::from(self.grace.as_millis().to_string()),
+                memory,
+                memory_ms,
                 tokens: TokenMint::new(),
                 scripts,
                 batcher,
@@ -207,6 +232,7 @@ impl RedisStore {
             tls_ca_file: parsed.tls_ca_file,
             grace: DEFAULT_GRACE,
             batching: true,
+            memory: parsed.remember,
         })
     }
 }

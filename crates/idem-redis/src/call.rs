@@ -31,9 +31,9 @@ impl Op {
 
     pub(crate) fn arity(self) -> usize {
         match self {
-            Op::Claim => 7,
-            Op::Complete => 4,
-            Op::Fail => 5,
+            Op::Claim => 8,
+            Op::Complete => 5,
+            Op::Fail => 6,
             Op::Extend => 3,
             Op::Release => 1,
         }

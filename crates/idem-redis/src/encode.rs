@@ -84,6 +84,9 @@ pub(crate) fn claim_outcome(
             Ok(ClaimOutcome::Failed(failure(id, class, message)?))
         }
         (b"M", 1) => Ok(ClaimOutcome::Mismatch),
+        (b"G", 2) => Ok(ClaimOutcome::Forgotten {
+            expired_at: millis(&items[1]).ok_or_else(shape)?,
+        }),
         _ => Err(shape()),
     }
 }

@@ -44,6 +44,11 @@
 //!   One pub/sub connection per store, opened on first wait; a read each
 //!   second stays underneath as a safety net, and without pub/sub the wait
 //!   polls.
+//! - **Late retries refused, when asked.** With
+//!   [`RedisStoreBuilder::remember_expired`], each record that ends leaves
+//!   a small memory beside it that outlives it, and a retry that comes
+//!   after the retention is answered `Forgotten` (HTTP 410) instead of
+//!   running again ([`idem::horizon`]).
 //! - **Fails fast.** Connect and response timeouts are bounded, so a dead
 //!   server is a [`StoreError::Unavailable`](idem::StoreError::Unavailable) within about a second, and the
 //!   connection recovers on its own when the server returns.
@@ -75,7 +80,9 @@
 //! Query parameters: `namespace` (the key prefix, default `idem`),
 //! `connect_timeout` and `response_timeout` (`500ms`, `2s`), `replicas`
 //! and `replica_timeout` (writes wait for replicas:
-//! [`RedisStoreBuilder::replica_acks`]), and for TLS
+//! [`RedisStoreBuilder::replica_acks`]), `remember` (`30d`: how long
+//! expired keys are remembered, see
+//! [`RedisStoreBuilder::remember_expired`]), and for TLS
 //! `tls_ca_file` (a PEM file of roots to trust instead of the platform's);
 //! others (such as `protocol=resp3`) go to the `redis` crate.
 //!
@@ -92,6 +99,7 @@ mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 mod group;
+mod horizon;
 mod many;
 mod notify;
 mod scripts;

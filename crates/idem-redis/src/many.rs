@@ -29,7 +29,7 @@ impl RedisStore {
             .into_iter()
             .map(|c| (c.key, c.args.iter().map(|a| a.to_vec()).collect()))
             .collect();
-        self.run_each(self.inner.scripts.primitive(op), &calls)
+        self.run_each(self.inner.scripts.primitive(op), &calls, self.remembers())
             .await
     }
 }
@@ -73,7 +73,7 @@ impl CompleteMany for RedisStore {
         let calls: Vec<Call> = completions
             .iter()
             .map(|c| {
-                let args = self.completion_args(c.response.clone(), c.retention);
+                let args = self.completion_args(&c.lease.id, c.response.clone(), c.retention);
                 self.holder_call(Op::Complete, &c.lease, args)
             })
             .collect();
@@ -94,10 +94,13 @@ impl RedisStore {
     /// followed. Calls on the same key share a slot, so they run in the
     /// order given, as single calls would. Errors come as the server gave
     /// them: the caller knows what to name a damaged record by.
+    /// `remembering`: the script may touch the records' memories, which a
+    /// Cluster then declares ([`Script::run`](scripts::Script::run)).
     pub(crate) async fn run_each(
         &self,
         script: &scripts::Script,
         calls: &[(String, Vec<Vec<u8>>)],
+        remembering: bool,
     ) -> Vec<Result<Value, StoreError>> {
         let Conn::Standalone(server) = &self.inner.conn else {
             let mut by_slot: HashMap<u16, Vec<usize>> = HashMap::new();
@@ -112,7 +115,7 @@ impl RedisStore {
                 for i in group {
                     let (key, args) = &calls[i];
                     let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
-                    let result = script.run(&self.inner.conn, key, &args).await;
+                    let result = script.run(&self.inner.conn, key, &args, remembering).await;
                     out.push((i, result.map_err(store_error)));
                 }
                 out
@@ -164,7 +167,7 @@ impl RedisStore {
                 Err(e) if scripts::is_noscript(&e) => {
                     let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
                     script
-                        .run(&self.inner.conn, key, &args)
+                        .run(&self.inner.conn, key, &args, false)
                         .await
                         .map_err(store_error)
                 }

@@ -68,6 +68,13 @@ fn journal_key(key: &str) -> String {
     format!("{key}:j")
 }
 
+/// The memory of the record `key` past its retention (`lua/prelude.lua`),
+/// in the record's slot by its hash tag, declared beside the record as the
+/// journal is.
+fn memory_key(key: &str) -> String {
+    format!("{key}:h")
+}
+
 /// Whether a script stopped, before any write, because it needs the
 /// record's journal declared (`JOURNAL`, see `lua/prelude.lua`).
 fn needs_journal(error: &redis::RedisError) -> bool {
@@ -81,10 +88,11 @@ impl Script {
         Self { body, sha }
     }
 
-    /// The `EVALSHA` command for the record `key` (and its journal) with
-    /// `args`, for a pipeline to a single server.
+    /// The `EVALSHA` command for the record `key` (its journal and memory
+    /// declared) with `args`, for a pipeline to a single server.
     pub(crate) fn evalsha(&self, key: &str, args: &[&[u8]]) -> Cmd {
-        self.command("EVALSHA", &self.sha, &[key, &journal_key(key)], args)
+        let (journal, memory) = (journal_key(key), memory_key(key));
+        self.command("EVALSHA", &self.sha, &[key, &journal, &memory], args)
     }
 
     fn command(&self, name: &str, script: &str, keys: &[&str], args: &[&[u8]]) -> Cmd {
@@ -97,18 +105,30 @@ impl Script {
     }
 
     /// Runs the script on `key`'s server. A single server gets the
-    /// record's journal declared every time; a Cluster only when the
-    /// script asks for it (the record has a journal): a record without one
-    /// stays one key, which a slot on the move serves by `ASK`.
-    pub(crate) async fn run(&self, conn: &Conn, key: &str, args: &[&[u8]]) -> RedisResult<Value> {
-        let journal = journal_key(key);
-        let both = [key, journal.as_str()];
+    /// record's journal and memory declared every time. A Cluster gets the
+    /// memory declared when `remembering` (the store remembers expired
+    /// keys), and the journal only when the script asks for it (the record
+    /// has a journal): a record with neither stays one key, which a slot
+    /// on the move serves by `ASK`.
+    pub(crate) async fn run(
+        &self,
+        conn: &Conn,
+        key: &str,
+        args: &[&[u8]],
+        remembering: bool,
+    ) -> RedisResult<Value> {
+        let (journal, memory) = (journal_key(key), memory_key(key));
+        let all = [key, memory.as_str(), journal.as_str()];
         let first = match conn {
-            Conn::Cluster(_) => &both[..1],
-            Conn::Standalone(_) => &both[..],
+            Conn::Cluster(_) if remembering => &all[..2],
+            Conn::Cluster(_) => &all[..1],
+            Conn::Standalone(_) => &all[..],
         };
         match self.run_keys(conn, key, first, args).await {
-            Err(e) if needs_journal(&e) => self.run_keys(conn, key, &both, args).await,
+            Err(e) if needs_journal(&e) => {
+                let with_journal: Vec<&str> = first.iter().copied().chain([all[2]]).collect();
+                self.run_keys(conn, key, &with_journal, args).await
+            }
             other => other,
         }
     }
@@ -138,7 +158,8 @@ impl Script {
         key: &str,
         args: &[&[u8]],
     ) -> RedisResult<Value> {
-        self.run_many(server, &[key, &journal_key(key)], args).await
+        let (journal, memory) = (journal_key(key), memory_key(key));
+        self.run_many(server, &[key, &journal, &memory], args).await
     }
 
     /// Runs the script with many `keys` on one server.

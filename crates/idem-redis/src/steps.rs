@@ -25,7 +25,7 @@ impl RedisStore {
         all.push(token.as_bytes());
         all.extend_from_slice(args);
         script
-            .run(&self.inner.conn, &key, &all)
+            .run(&self.inner.conn, &key, &all, false)
             .await
             .map_err(|e| damaged(&lease.id, store_error(e)))
     }
@@ -66,7 +66,7 @@ impl StepJournal for RedisStore {
             .inner
             .scripts
             .steps
-            .run(&self.inner.conn, &key, &[])
+            .run(&self.inner.conn, &key, &[], false)
             .await
             .map_err(|e| damaged(id, store_error(e)))?;
         encode::steps(id, reply)
@@ -87,7 +87,12 @@ impl StepJournal for RedisStore {
             .inner
             .scripts
             .resolve
-            .run(&self.inner.conn, &key, &[step.as_bytes(), kind, &result])
+            .run(
+                &self.inner.conn,
+                &key,
+                &[step.as_bytes(), kind, &result],
+                self.remembers(),
+            )
             .await
             .map_err(|e| damaged(id, store_error(e)))?;
         encode::resolved(id, reply)

@@ -28,6 +28,11 @@ pub(crate) struct Inner {
     pub(crate) conn: Conn,
     pub(crate) namespace: String,
     pub(crate) grace_ms: Bytes,
+    /// How long expired keys are remembered, if they are (see
+    /// `horizon.rs`).
+    pub(crate) memory: Option<Duration>,
+    /// [`memory`](Self::memory) as the scripts take it (`0` for none).
+    pub(crate) memory_ms: Bytes,
     pub(crate) tokens: TokenMint,
     pub(crate) scripts: Arc<Scripts>,
     /// Sends the primitives in batches (a single server, unless turned
@@ -118,6 +123,7 @@ impl RedisStore {
                 Bytes::copy_from_slice(id.scope().as_str().as_bytes()),
                 Bytes::copy_from_slice(id.key().as_str().as_bytes()),
                 self.inner.grace_ms.clone(),
+                self.memory_arg(id),
             ],
         }
     }
@@ -131,7 +137,12 @@ impl RedisStore {
         self.inner
             .scripts
             .primitive(call.op)
-            .run(&self.inner.conn, &call.key, &call.arg_slices())
+            .run(
+                &self.inner.conn,
+                &call.key,
+                &call.arg_slices(),
+                self.remembers(),
+            )
             .await
             .map_err(store_error)
     }
@@ -161,8 +172,18 @@ impl RedisStore {
     }
 
     /// The completion's arguments after the token.
-    pub(crate) fn completion_args(&self, response: Bytes, retention: Duration) -> Vec<Bytes> {
-        vec![response, millis(retention), self.inner.grace_ms.clone()]
+    pub(crate) fn completion_args(
+        &self,
+        id: &RecordId,
+        response: Bytes,
+        retention: Duration,
+    ) -> Vec<Bytes> {
+        vec![
+            response,
+            millis(retention),
+            self.inner.grace_ms.clone(),
+            self.memory_arg(id),
+        ]
     }
 }
 
@@ -179,7 +200,7 @@ impl Store for RedisStore {
         response: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let args = self.completion_args(response, retention);
+        let args = self.completion_args(&lease.id, response, retention);
         let reply = self.write(Op::Complete, lease, args).await?;
         written(&lease.id, reply)
     }
@@ -195,6 +216,7 @@ impl Store for RedisStore {
             Bytes::from(failure.message),
             millis(retention),
             self.inner.grace_ms.clone(),
+            self.memory_arg(&lease.id),
         ];
         let reply = self.write(Op::Fail, lease, args).await?;
         written(&lease.id, reply)
@@ -232,7 +254,7 @@ impl Store for RedisStore {
                     .inner
                     .scripts
                     .watch
-                    .run(&self.inner.conn, &key, &[])
+                    .run(&self.inner.conn, &key, &[], false)
                     .await;
                 matches!(watched, Ok(Value::Int(1)))
             })

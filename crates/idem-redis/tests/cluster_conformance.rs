@@ -25,3 +25,25 @@ async fn fixture(case: &'static str) -> Fixture<RedisStore> {
 }
 
 idem_testkit::conformance_suite!(fixture);
+
+/// A Cluster store that remembers expired keys, for the horizon cases and
+/// the step journal's (a journaled record's completion declares its
+/// memory and, when the script asks, its journal too).
+async fn remembering(case: &'static str) -> Fixture<RedisStore> {
+    let memory = idem_testkit::conformance::horizon::MEMORY;
+    let store = RedisStore::builder(&cluster().url())
+        .expect("valid URL")
+        .namespace(format!("horizon-{:016x}", rand::random::<u64>()))
+        .remember_expired(memory)
+        .connect()
+        .await
+        .expect("connect");
+    assert!(store.is_cluster());
+    assert_eq!(store.remembers_expired(), Some(memory));
+    Fixture::real_time(store, case)
+}
+
+mod horizon {
+    use super::remembering;
+    idem_testkit::conformance_suite!(remembering; horizon, steps);
+}

@@ -11,3 +11,27 @@ async fn fixture(case: &'static str) -> Fixture<RedisStore> {
 }
 
 idem_testkit::conformance_suite!(fixture);
+
+/// A store whose namespace remembers expired keys, for the horizon cases
+/// (the URL's `remember=`, as `--remember-expired` gives it).
+async fn remembering(case: &'static str) -> Fixture<RedisStore> {
+    let memory = idem_testkit::conformance::horizon::MEMORY;
+    let url = format!(
+        "{}?remember={}ms",
+        common::server().url(),
+        memory.as_millis()
+    );
+    let store = RedisStore::builder(&url)
+        .expect("valid URL")
+        .namespace(format!("horizon-{:016x}", rand::random::<u64>()))
+        .connect()
+        .await
+        .expect("connect");
+    assert_eq!(store.remembers_expired(), Some(memory));
+    Fixture::real_time(store, case)
+}
+
+mod horizon {
+    use super::remembering;
+    idem_testkit::conformance_suite!(remembering; horizon);
+}

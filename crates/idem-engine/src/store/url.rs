@@ -356,8 +356,16 @@ fn write_remember(f: &mut std::fmt::Formatter<'_>, remember: Option<Duration>) -
 
 impl StoreUrl {
     /// Whether the store this URL names can remember expired keys
-    /// ([`idem::horizon`]): the local ones, PostgreSQL and MySQL.
+    /// ([`idem::horizon`]): the local ones, PostgreSQL, MySQL and Redis.
     pub fn can_remember(&self) -> bool {
+        self.remembers_unless_told() || matches!(self, StoreUrl::Redis(_))
+    }
+
+    /// Whether the gateway turns the memory on when not told: for the
+    /// stores that keep it on disk (the local ones, PostgreSQL and
+    /// MySQL), not for Redis, which keeps it in memory (about 200 bytes a
+    /// key for the whole memory) and remembers when asked.
+    pub fn remembers_unless_told(&self) -> bool {
         matches!(
             self,
             StoreUrl::Memory { .. }
@@ -387,6 +395,9 @@ impl StoreUrl {
             StoreUrl::MySql(url) if !has_param(&url, "remember") => {
                 StoreUrl::MySql(with_remember(&url, memory))
             }
+            StoreUrl::Redis(url) if !has_param(&url, "remember") => {
+                StoreUrl::Redis(with_remember(&url, memory))
+            }
             other => other,
         }
     }
@@ -411,7 +422,13 @@ mod tests {
         let own = url("mysql://root@127.0.0.1/app?remember=0s");
         assert_eq!(own.clone().remembering_by_default(day), own);
         assert!(url("mysql://root@127.0.0.1/app").can_remember());
-        assert!(!url("redis://127.0.0.1").can_remember());
+        assert_eq!(
+            url("redis+cluster://127.0.0.1:7000").remembering_by_default(day),
+            StoreUrl::Redis("redis+cluster://127.0.0.1:7000?remember=86400s".into())
+        );
+        let redis = url("redis://127.0.0.1");
+        assert!(redis.can_remember() && !redis.remembers_unless_told());
+        assert!(!url("http://127.0.0.1:8080").can_remember());
     }
 
     #[test]

@@ -33,6 +33,8 @@ pub(crate) struct ParsedUrl {
     pub(crate) replicas: Option<u32>,
     /// `replica_timeout`: how long a write waits for them.
     pub(crate) replica_timeout: Option<Duration>,
+    /// `remember`: how long expired keys are remembered.
+    pub(crate) remember: Option<Duration>,
 }
 
 /// Parses `redis://`, `rediss://`, `redis+cluster://` and
@@ -72,6 +74,7 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
         tls_ca_file: None,
         replicas: None,
         replica_timeout: None,
+        remember: None,
     };
     let mut passed_on = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -91,6 +94,12 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl, ConnectError> {
             }
             "replica_timeout" => {
                 parsed.replica_timeout = Some(idem::url::parse_duration(value).map_err(invalid)?)
+            }
+            "remember" => {
+                parsed.remember = Some(
+                    idem::url::parse_duration(value)
+                        .map_err(|e| invalid(format!("remember: {e}")))?,
+                )
             }
             "tls_ca_file" if !tls => {
                 return Err(invalid(
@@ -161,6 +170,14 @@ mod tests {
         assert_eq!(p.target, Target::Standalone("redis://h:1".into()));
         assert_eq!(p.replicas, Some(2));
         assert_eq!(p.replica_timeout, Some(Duration::from_millis(300)));
+        let p = parse_url("redis://h:1?remember=30d&protocol=resp3").expect("valid");
+        assert_eq!(p.remember, Some(Duration::from_secs(30 * 86_400)));
+        assert_eq!(
+            p.target,
+            Target::Standalone("redis://h:1?protocol=resp3".into())
+        );
+        let bad = parse_url("redis://h:1?remember=soon").expect_err("invalid");
+        assert!(bad.to_string().contains("remember"), "{bad}");
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub(crate) fn server() -> &'static RedisServer {
 }
 
 /// A store on [`server`] in a fresh namespace `PREFIX-<random>`.
+#[allow(dead_code)] // not every test binary that includes this module uses it
 pub(crate) async fn store(prefix: &str) -> RedisStore {
     RedisStore::builder(&server().url())
         .expect("valid URL")
