@@ -75,7 +75,15 @@ impl UrlOptions {
     /// Reads a URL's query; an unknown parameter or a `create` that is
     /// not `true` or `false` is refused, in words.
     pub fn parse(query: &str) -> Result<Self, String> {
+        Self::parse_with(query, &[]).map(|(options, _)| options)
+    }
+
+    /// [`parse`](Self::parse), handing back the parameters named in `own`
+    /// (a service's own, such as DynamoDB's `remember`), in order, instead
+    /// of refusing them.
+    pub fn parse_with(query: &str, own: &[&str]) -> Result<(Self, Vec<(String, String)>), String> {
         let mut options = Self::default();
+        let mut kept = Vec::new();
         for (name, value) in form_urlencoded::parse(query.as_bytes()) {
             match &*name {
                 "endpoint" => options.endpoint = Some(value.into_owned()),
@@ -85,14 +93,20 @@ impl UrlOptions {
                         .parse()
                         .map_err(|_| format!("create={value} is not true or false"))?;
                 }
+                mine if own.contains(&mine) => kept.push((name.into_owned(), value.into_owned())),
                 other => {
+                    let taken: Vec<&str> = ["endpoint", "region", "create"]
+                        .into_iter()
+                        .chain(own.iter().copied())
+                        .collect();
                     return Err(format!(
-                        "unknown parameter {other:?} (endpoint, region and create are taken)"
-                    ))
+                        "unknown parameter {other:?} ({} are taken)",
+                        taken.join(", ")
+                    ));
                 }
             }
         }
-        Ok(options)
+        Ok((options, kept))
     }
 
     /// The configuration these options name: in `region=` with the

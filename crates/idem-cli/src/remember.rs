@@ -33,7 +33,7 @@ impl ProxyArgs {
         if told.is_some() {
             anyhow::bail!(
                 "--remember-expired: the store {url} cannot remember expired keys yet (SQLite, \
-                 memory, PostgreSQL, MySQL and Redis can); give --remember-expired 0 to run without"
+                 memory, PostgreSQL, MySQL, DynamoDB and Redis can); give --remember-expired 0 to run without"
             );
         }
         if url.can_remember() {
@@ -49,7 +49,7 @@ impl ProxyArgs {
         tracing::warn!(
             store = %url,
             "this store cannot remember expired keys: a retry that comes after the retention \
-             runs again (SQLite, memory, PostgreSQL, MySQL and Redis remember; \
+             runs again (SQLite, memory, PostgreSQL, MySQL, DynamoDB and Redis remember; \
              --remember-expired 0 silences this)"
         );
         Ok(url)

@@ -1,12 +1,15 @@
 //! The binary's DynamoDB store (feature `dynamodb`), opened from its URL
 //! against a real DynamoDB-compatible server (moto_server, started for the
-//! test on a free loopback port), behind the gateway: each key runs once.
+//! test on a free loopback port), behind the gateway: each key runs once,
+//! and a retry after the retention is 410 by default, before and after an
+//! `idem purge` run by another process.
 
 #![cfg(feature = "dynamodb")]
 
 mod common;
 
-use common::{config, post, start_upstream, Gateway};
+use common::process::{late_retry, purge};
+use common::{config, post, problem, start_upstream, Gateway};
 use idem_cli::store::StoreUrl;
 use idem_testkit::servers::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
 
@@ -126,4 +129,33 @@ async fn idem_serve_ends_a_claim_whose_result_the_store_refused() {
     );
     let _ = stop.send(());
     served.await.expect("join").expect("served cleanly");
+}
+
+/// The gateway remembers expired keys on DynamoDB without being told: a
+/// late retry is 410 `key-expired` while the expired item is held and
+/// after another process's `idem purge` stripped it to its memory, and
+/// never reaches the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_retry_is_410_on_dynamodb_by_default() {
+    let moto = MotoServer::start_serial().expect("moto_server");
+    std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY);
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_KEY);
+    let store = format!(
+        "dynamodb://idem-late?endpoint={}&region={REGION}&create=true",
+        moto.url()
+    );
+    let (up, _gw, url, late) = late_retry(&store, &[]).await;
+    problem(late, 410, "key-expired").await;
+
+    let purged = purge(&store);
+    assert!(
+        purged.contains("\"purged\":1"),
+        "the expired item was stripped: {purged}"
+    );
+    problem(post(&url, Some("order-1")).await, 410, "key-expired").await;
+    assert_eq!(
+        up.runs("/charge"),
+        1,
+        "late retries never reach the upstream"
+    );
 }

@@ -10,43 +10,16 @@
 mod common;
 
 use std::process::Command;
-use std::time::Duration;
 
-use common::process::GatewayProcess;
-use common::{post, problem, start_upstream};
-
-fn purge(store: &str) {
-    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(["--store", store, "purge"])
-        .output()
-        .expect("idem purge");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+use common::process::{late_retry, purge};
+use common::{post, problem};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_retry_is_410_before_and_after_a_purge_elsewhere() {
     let dir = tempfile::tempdir().expect("dir");
     let store = format!("sqlite:{}", dir.path().join("idem.db").display());
-    let (up, addr) = start_upstream().await;
-    let upstream = format!("http://{addr}");
-    let args = [
-        "--upstream",
-        &upstream,
-        "--lease",
-        "1s",
-        "--retention",
-        "1s",
-    ];
-    let gw = GatewayProcess::start(&store, &args).await;
-    let url = format!("{}/charge", gw.url);
-
-    assert_eq!(post(&url, Some("order-1")).await.status(), 201);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let detail = problem(post(&url, Some("order-1")).await, 410, "key-expired").await;
+    let (up, _gw, url, late) = late_retry(&store, &[]).await;
+    let detail = problem(late, 410, "key-expired").await;
     assert!(
         detail.contains("second ago") || detail.contains("seconds ago"),
         "{detail}"
@@ -80,64 +53,31 @@ async fn a_late_retry_is_410_before_and_after_a_purge_elsewhere() {
 async fn remembering_can_be_turned_off() {
     let dir = tempfile::tempdir().expect("dir");
     let store = format!("sqlite:{}", dir.path().join("idem.db").display());
-    let (up, addr) = start_upstream().await;
-    let upstream = format!("http://{addr}");
-    let args = [
-        "--upstream",
-        &upstream,
-        "--lease",
-        "1s",
-        "--retention",
-        "1s",
-        "--remember-expired",
-        "0",
-    ];
-    let gw = GatewayProcess::start(&store, &args).await;
-    let url = format!("{}/charge", gw.url);
-    assert_eq!(post(&url, Some("order-2")).await.status(), 201);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(post(&url, Some("order-2")).await.status(), 201);
+    let (up, _gw, _, late) = late_retry(&store, &["--remember-expired", "0"]).await;
+    assert_eq!(late.status(), 201);
     assert_eq!(up.runs("/charge"), 2, "forgotten, as asked");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis_the_flag_turns_remembering_on() {
     let redis = idem_testkit::servers::redis::RedisServer::shared().expect("redis-server");
-    let store = format!(
-        "{}?namespace=expired-{:016x}",
-        redis.url(),
-        rand::random::<u64>()
-    );
-    let (up, addr) = start_upstream().await;
-    let upstream = format!("http://{addr}");
-    let mut args = vec![
-        "--upstream",
-        &upstream,
-        "--lease",
-        "1s",
-        "--retention",
-        "1s",
-    ];
-    let unasked = GatewayProcess::start(&store, &args).await;
-    let url = format!("{}/charge", unasked.url);
-    assert_eq!(post(&url, Some("before")).await.status(), 201);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(
-        post(&url, Some("before")).await.status(),
-        201,
-        "not remembered unless asked"
-    );
+    let namespace = || {
+        format!(
+            "{}?namespace=expired-{:016x}",
+            redis.url(),
+            rand::random::<u64>()
+        )
+    };
+    let (up, unasked, _, late) = late_retry(&namespace(), &[]).await;
+    assert_eq!(late.status(), 201, "not remembered unless asked");
+    assert_eq!(up.runs("/charge"), 2);
     drop(unasked);
 
-    args.extend(["--remember-expired", "7d"]);
-    let gw = GatewayProcess::start(&store, &args).await;
-    let url = format!("{}/charge", gw.url);
-    assert_eq!(post(&url, Some("order-1")).await.status(), 201);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    problem(post(&url, Some("order-1")).await, 410, "key-expired").await;
+    let (up, _gw, _, late) = late_retry(&namespace(), &["--remember-expired", "7d"]).await;
+    problem(late, 410, "key-expired").await;
     assert_eq!(
         up.runs("/charge"),
-        3,
+        1,
         "the late retry never reached the upstream"
     );
 }

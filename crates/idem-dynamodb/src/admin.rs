@@ -13,6 +13,7 @@ use idem::{
 
 use crate::encode::{self, n, s, Stored};
 use crate::error::map_err;
+use crate::horizon::TTL_LAG;
 use crate::request::{Update, Written};
 use crate::store::DynamoStore;
 
@@ -67,7 +68,10 @@ impl RecordTtl for DynamoStore {
 impl DeleteRecord for DynamoStore {
     /// Leaves a tombstone (expired, released, empty journal) that keeps the
     /// fence, so the next claim's fence is higher; DynamoDB's TTL removes
-    /// it after the grace, and so does [`PurgeExpired`].
+    /// it after the grace, and so does [`PurgeExpired`]. Deleting a live
+    /// record forgets its key's memory ([`crate::horizon`]: its retry is
+    /// to run again); an expired record that remembers is left to the
+    /// purge, which keeps the memory.
     async fn delete(&self, id: &RecordId) -> Result<bool, StoreError> {
         let now = self.now();
         let values = HashMap::from([
@@ -81,8 +85,8 @@ impl DeleteRecord for DynamoStore {
         let op = Update {
             update:
                 "SET st = :r, ex = :zero, sweep_at = :ttl, ua = :now, j = :empty, v = v + :one \
-                     REMOVE tk, lu, rs, rz, fc, fm, wn",
-            condition: "attribute_exists(pk)",
+                     REMOVE tk, lu, rs, rz, fc, fm, wn, hd, hf, hu",
+            condition: "attribute_exists(pk) AND (ex > :now OR attribute_not_exists(hu))",
             values,
             names: HashMap::new(),
             returns: ReturnValue::AllOld,
@@ -138,15 +142,20 @@ impl PurgeExpired for DynamoStore {
     /// older than `grace` by this clock: a later claim takes its fence from
     /// its own clock, which must then still be past the fence even if it
     /// runs behind this one (by less than `grace`), as for DynamoDB's TTL.
-    /// Successive calls walk the table from where the last one stopped; a
-    /// call that reaches the end starts the next walk over. DynamoDB's TTL
-    /// does the same work for free, later.
+    /// An expired item that remembers its key ([`crate::horizon`]) is
+    /// stripped to its memory instead, at once (a tombstone keeping the
+    /// fence, so the grace does not apply); a
+    /// memory that ended is deleted [`TTL_LAG`] later, where DynamoDB's
+    /// TTL has not done it already. Successive calls walk the table from
+    /// where the last one stopped; a call that reaches the end starts the
+    /// next walk over. DynamoDB's TTL does the deleting for free, later.
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
         let now = self.now();
         let floor = now
             .saturating_sub(self.inner.settings.grace)
             .as_millis()
             .saturating_mul(1000);
+        let gone = now.saturating_sub(TTL_LAG).as_millis();
         let mut purged = 0;
         let mut from = self.inner.purge_from.lock().take();
         while purged < limit {
@@ -157,10 +166,15 @@ impl PurgeExpired for DynamoStore {
                 .scan()
                 .table_name(&self.inner.table.name)
                 .consistent_read(true)
-                .filter_expression("ex <= :now AND fe < :floor")
-                .projection_expression("pk, v")
+                .filter_expression(
+                    "ex <= :now AND ((ex > :zero AND hu > :now) OR (fe < :floor \
+                     AND (ex > :zero OR attribute_not_exists(hu) OR hu <= :gone)))",
+                )
+                .projection_expression("pk, v, hu")
                 .expression_attribute_values(":now", n(now.as_millis()))
                 .expression_attribute_values(":floor", n(floor))
+                .expression_attribute_values(":zero", n(0))
+                .expression_attribute_values(":gone", n(gone))
                 .set_exclusive_start_key(
                     from.take()
                         .map(|pk| HashMap::from([("pk".to_owned(), s(pk))])),
@@ -180,26 +194,22 @@ impl PurgeExpired for DynamoStore {
                     continue;
                 };
                 from = Some(pk.clone());
-                let deleted = self
-                    .inner
-                    .table
-                    .client
-                    .delete_item()
-                    .table_name(&self.inner.table.name)
-                    .key("pk", s(pk.clone()))
-                    .condition_expression("v = :v AND ex <= :now AND fe < :floor")
-                    .expression_attribute_values(":v", AttributeValue::N(v.clone()))
-                    .expression_attribute_values(":now", n(now.as_millis()))
-                    .expression_attribute_values(":floor", n(floor))
-                    .send()
-                    .await;
-                match deleted {
-                    Ok(_) => purged += 1,
-                    Err(SdkError::ServiceError(e))
-                        if e.err().is_conditional_check_failed_exception() => {}
+                let until = found
+                    .get("hu")
+                    .and_then(|v| v.as_n().ok())
+                    .and_then(|raw| raw.parse::<u64>().ok());
+                let ended = match until {
+                    Some(until) if until > now.as_millis() => self.strip(pk, v).await,
+                    // A memory that ended, not yet TTL's to delete.
+                    Some(until) if until > gone => continue,
+                    _ => self.drop_expired(pk, v, now, floor).await,
+                };
+                match ended {
+                    Ok(true) => purged += 1,
+                    Ok(false) => {}
                     Err(e) => {
                         *self.inner.purge_from.lock() = from;
-                        return Err(map_err(e));
+                        return Err(e);
                     }
                 }
             }
@@ -216,6 +226,72 @@ impl PurgeExpired for DynamoStore {
         }
         *self.inner.purge_from.lock() = from;
         Ok(purged)
+    }
+}
+
+impl DynamoStore {
+    /// Deletes the expired item `pk` if it is still at version `v`, expired
+    /// and fenced below `floor`; `false` if it changed since the scan.
+    async fn drop_expired(
+        &self,
+        pk: &str,
+        v: &str,
+        now: Timestamp,
+        floor: u64,
+    ) -> Result<bool, StoreError> {
+        let deleted = self
+            .inner
+            .table
+            .client
+            .delete_item()
+            .table_name(&self.inner.table.name)
+            .key("pk", s(pk))
+            .condition_expression("v = :v AND ex <= :now AND fe < :floor")
+            .expression_attribute_values(":v", AttributeValue::N(v.to_owned()))
+            .expression_attribute_values(":now", n(now.as_millis()))
+            .expression_attribute_values(":floor", n(floor))
+            .send()
+            .await;
+        match deleted {
+            Ok(_) => Ok(true),
+            Err(SdkError::ServiceError(e)) if e.err().is_conditional_check_failed_exception() => {
+                Ok(false)
+            }
+            Err(e) => Err(map_err(e)),
+        }
+    }
+
+    /// Strips the expired item `pk`, if it is still at version `v`, to the
+    /// memory it keeps: a tombstone (released, expired, no response, no
+    /// journal; the scope and key only in `pk`) that keeps the fence and
+    /// the memory's attributes.
+    async fn strip(&self, pk: &str, v: &str) -> Result<bool, StoreError> {
+        let stripped = self
+            .inner
+            .table
+            .client
+            .update_item()
+            .table_name(&self.inner.table.name)
+            .key("pk", s(pk))
+            .update_expression(
+                "SET st = :r, ex = :zero, j = :empty, v = v + :one \
+                 REMOVE s, k, tk, lu, rs, rz, fc, fm, wn, fp",
+            )
+            .condition_expression("v = :v")
+            .expression_attribute_values(":v", AttributeValue::N(v.to_owned()))
+            .expression_attribute_values(":r", s("r"))
+            .expression_attribute_values(":zero", n(0))
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":empty", AttributeValue::M(HashMap::new()))
+            .send()
+            .await;
+        match stripped {
+            Ok(_) => Ok(true),
+            Err(SdkError::ServiceError(e)) if e.err().is_conditional_check_failed_exception() => {
+                Ok(false)
+            }
+            Err(e) => Err(map_err(e)),
+        }
     }
 }
 

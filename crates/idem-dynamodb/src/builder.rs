@@ -35,6 +35,7 @@ impl std::fmt::Debug for DynamoStoreBuilder {
             .field("client", &self.client.is_some())
             .field("options", &self.options)
             .field("grace", &self.settings.grace)
+            .field("memory", &self.settings.memory)
             .finish_non_exhaustive()
     }
 }
@@ -76,6 +77,19 @@ impl DynamoStoreBuilder {
     /// ([`DEFAULT_COMPRESS_ABOVE`]).
     pub fn compress_above(mut self, bytes: usize) -> Self {
         self.settings.encoding.compress_above = bytes;
+        self
+    }
+
+    /// Remembers the keys of the records this store ends (completed or
+    /// failed) for `memory` past their retention ([`idem::horizon`]): a
+    /// late retry is answered `Forgotten` instead of running again. The
+    /// memory is kept in the record's item and honoured by every client
+    /// of the table; give every client that ends records the same
+    /// setting, or the keys of the records the others end are not
+    /// remembered. Zero turns it off (the default); the URL's
+    /// `remember=30d` says the same.
+    pub fn remember_expired(mut self, memory: Duration) -> Self {
+        self.settings.memory = Some(memory).filter(|m| !m.is_zero());
         self
     }
 
@@ -124,12 +138,13 @@ impl DynamoStore {
 
     /// Connects to the table a `dynamodb://` URL names, with the defaults.
     ///
-    /// `dynamodb://TABLE[?endpoint=URL][&region=R][&create=true]`: the
-    /// region comes from `region=` or `AWS_REGION`, credentials from
+    /// `dynamodb://TABLE[?endpoint=URL][&region=R][&create=true][&remember=30d]`:
+    /// the region comes from `region=` or `AWS_REGION`, credentials from
     /// `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` (and
     /// `AWS_SESSION_TOKEN`); `endpoint=` names a DynamoDB-compatible server
     /// (DynamoDB Local, moto); `create=true` creates the table if it is
-    /// missing.
+    /// missing; `remember=` is
+    /// [`remember_expired`](DynamoStoreBuilder::remember_expired).
     pub async fn connect(url: &str) -> Result<Self, ConnectError> {
         Self::builder(url)?.connect().await
     }
@@ -156,12 +171,18 @@ impl DynamoStore {
                 "the table name {table:?} must be 3 to 255 characters of A-Z a-z 0-9 _ . -"
             )));
         }
-        let builder = DynamoStoreBuilder {
+        let (options, own) = idem_aws::UrlOptions::parse_with(query, &["remember"]).map_err(bad)?;
+        let mut builder = DynamoStoreBuilder {
             table: table.to_owned(),
             client: None,
-            options: idem_aws::UrlOptions::parse(query).map_err(bad)?,
+            options,
             settings: Settings::default(),
         };
+        for (_, memory) in own {
+            let memory = idem::url::parse_duration(&memory)
+                .map_err(|why| bad(format!("remember={memory}: {why}")))?;
+            builder = builder.remember_expired(memory);
+        }
         Ok(builder)
     }
 
@@ -198,6 +219,12 @@ impl DynamoStore {
         self.with(|s| s.grace = grace)
     }
 
+    /// This store remembering the keys of the records it ends for
+    /// `memory` (see [`DynamoStoreBuilder::remember_expired`]).
+    pub fn with_remember_expired(self, memory: Duration) -> Self {
+        self.with(|s| s.memory = Some(memory).filter(|m| !m.is_zero()))
+    }
+
     /// This store compressing above `bytes` (see
     /// [`DynamoStoreBuilder::compress_above`]).
     pub fn with_compress_above(self, bytes: usize) -> Self {
@@ -222,6 +249,14 @@ mod tests {
         );
         assert_eq!(builder.options.region, None);
         assert!(builder.options.create);
+        assert_eq!(builder.settings.memory, None, "no memory unless asked");
+        let remembering = DynamoStore::builder("dynamodb://t_1?remember=30d").expect("valid");
+        assert_eq!(
+            remembering.settings.memory,
+            Some(Duration::from_secs(30 * 86_400))
+        );
+        let off = DynamoStore::builder("dynamodb://t_1?remember=0").expect("valid");
+        assert_eq!(off.settings.memory, None, "zero turns it off");
         let trailing = DynamoStore::builder("dynamodb://t_1/?region=eu-west-1").expect("valid");
         assert_eq!(
             (trailing.table.as_str(), trailing.options.region.as_deref()),
@@ -231,7 +266,8 @@ mod tests {
             ("dynamodb://ab", "3 to 255"),
             ("dynamodb://t%20x", "3 to 255"),
             ("dynamodb://table?create=yes", "not true or false"),
-            ("dynamodb://table?port=1", "unknown parameter"),
+            ("dynamodb://table?port=1", "remember are taken"),
+            ("dynamodb://table?remember=soon", "remember=soon"),
             ("redis://table", "dynamodb://"),
         ] {
             let error = DynamoStore::builder(url).expect_err(url).to_string();

@@ -12,6 +12,8 @@ use idem::{
     Timestamp,
 };
 
+use crate::horizon::Memory;
+
 /// An item as the SDK holds it.
 pub(crate) type Item = HashMap<String, AttributeValue>;
 
@@ -61,6 +63,8 @@ pub(crate) struct Stored {
     pub(crate) nonce: Option<LeaseToken>,
     /// The raw journal, copied as is when a claim keeps it.
     pub(crate) journal: HashMap<String, AttributeValue>,
+    /// The memory of an ended request the item keeps ([`crate::horizon`]).
+    pub(crate) memory: Option<Memory>,
 }
 
 impl Stored {
@@ -339,6 +343,7 @@ fn decode_fields(item: &Item, id: &RecordId) -> Result<Stored, String> {
         version: num(item, "v")?,
         nonce: item.get("wn").map(|_| token("wn")).transpose()?,
         journal,
+        memory: Memory::of(item)?,
     })
 }
 

@@ -41,6 +41,16 @@
 //!   than `grace` by the purging clock. So clocks that disagree by less
 //!   than `grace` (an hour by default) cannot make a fence fall; clocks
 //!   further apart can, for a key claimed again after its item is gone.
+//! * **Keys after the retention** ([`idem::horizon`]). A store built with
+//!   [`remember_expired`](DynamoStoreBuilder::remember_expired) (or the
+//!   URL's `remember=30d`) keeps, in the item of each record it ends, the
+//!   day its retention ends, its fingerprint and until when that is
+//!   remembered (written by the ending write itself), and the purge strips
+//!   an expired item that remembers to that memory instead of deleting it.
+//!   A claim's first write refuses an item whose memory still runs, so
+//!   every client of the table honours a memory; the item that comes back
+//!   decides whether the claim is a late retry (`Forgotten`) or another
+//!   request under the key (which runs, carrying the memory).
 //! * **Size.** Responses longer than 1 KiB are stored zstd-compressed when
 //!   that is shorter; a response that would still pass DynamoDB's 400 KB
 //!   limit is refused with [`ItemTooLarge`] before anything is sent. The
@@ -74,6 +84,7 @@ mod builder;
 mod conn;
 mod encode;
 mod error;
+mod horizon;
 mod many;
 mod request;
 mod schema;

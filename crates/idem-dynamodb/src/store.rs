@@ -18,6 +18,7 @@ use idem::{
 use crate::encode::Encoding;
 use crate::encode::{self, n, s, Item, Stored};
 use crate::error::ItemTooLarge;
+use crate::horizon;
 use crate::request::{held_values, Table, Update, Written, HELD};
 
 /// What a record's item holds besides its response, at most (names,
@@ -42,6 +43,9 @@ pub(crate) struct Settings {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) grace: Duration,
     pub(crate) encoding: Encoding,
+    /// How long the keys of records this store ends are remembered
+    /// ([`crate::horizon`]); `None`: not at all.
+    pub(crate) memory: Option<Duration>,
 }
 
 impl Default for Settings {
@@ -52,6 +56,7 @@ impl Default for Settings {
             encoding: Encoding {
                 compress_above: DEFAULT_COMPRESS_ABOVE,
             },
+            memory: None,
         }
     }
 }
@@ -121,8 +126,8 @@ impl DynamoStore {
             .filter(|s| !s.record.is_expired(now)))
     }
 
-    /// Writes `record` over the item `seen` (keeping its journal, or with
-    /// `journal`), on the condition that the item is still at `seen`'s
+    /// Writes `record` over the item `seen` (with `journal`, and the
+    /// memory `seen` keeps), on the condition that the item is still at `seen`'s
     /// version (or still absent).
     pub(crate) async fn replace(
         &self,
@@ -135,6 +140,9 @@ impl DynamoStore {
         let version = seen.map_or(1, |s| s.version + 1);
         let mut item = self.encode(id, record, version, nonce);
         item.insert("j".into(), AttributeValue::M(journal));
+        if let Some(seen) = seen {
+            horizon::carry(&mut item, seen);
+        }
         Self::check_size(id, encode::size(&item))?;
         match seen {
             None => {
@@ -169,7 +177,8 @@ impl DynamoStore {
     }
 
     /// The first try of a claim: creates the item if it is absent or
-    /// expired (and its fence below ours).
+    /// expired (its fence below ours, and no memory that still runs:
+    /// [`horizon::CLAIMABLE`]).
     pub(crate) async fn claim_fresh(
         &self,
         id: &RecordId,
@@ -183,14 +192,7 @@ impl DynamoStore {
             (":now".to_owned(), n(now.as_millis())),
             (":fe".to_owned(), n(record.fence)),
         ]);
-        self.inner
-            .table
-            .put(
-                item,
-                "attribute_not_exists(pk) OR (ex <= :now AND fe < :fe)",
-                values,
-            )
-            .await
+        self.inner.table.put(item, horizon::CLAIMABLE, values).await
     }
 
     /// A holder's write: `update` (which must set `wn = :wn`) on the
@@ -270,6 +272,12 @@ impl Store for DynamoStore {
                 }
             }
             let now = self.now();
+            if let Some(late) = seen
+                .as_ref()
+                .and_then(|seen| horizon::late_retry(id, seen, params, now))
+            {
+                return Ok(late);
+            }
             let decision =
                 machine::decide_claim(seen.as_ref().map(|s| &s.record), params, now, fresh);
             last_takeover = matches!(decision, ClaimDecision::Acquire { takeover: true, .. });
@@ -305,21 +313,23 @@ impl Store for DynamoStore {
         let size = value.as_b().map_or(0, |b| b.as_ref().len()) + RECORD_OVERHEAD;
         Self::check_size(&lease.id, size)?;
         let ex = now.saturating_add(retention);
+        let (remember, memory, ttl) = self.ending(&lease.id, ex);
         // The response is set first. The step journal shares the item, so
         // DynamoDB can still refuse the write as too large; its UpdateItem
         // is atomic, but moto (the tests' DynamoDB) applies an update's
         // actions one by one and keeps those before the one that
         // overflowed, which would leave "completed" without a response.
         let update = format!(
-            "SET {attr} = :r, st = :c, ex = :ex, sweep_at = :ttl, ua = :now, wn = :wn, v = v + :one \
-             REMOVE tk, lu, fc, fm"
+            "SET {attr} = :r, st = :c, ex = :ex, sweep_at = :ttl, ua = :now, wn = :wn, v = v + :one\
+             {remember} REMOVE tk, lu, fc, fm"
         );
-        let values = HashMap::from([
+        let mut values = HashMap::from([
             (":c".to_owned(), s("c")),
             (":r".to_owned(), value),
             (":ex".to_owned(), n(ex.as_millis())),
-            (":ttl".to_owned(), n(encode::ttl(ex, self.grace_secs()))),
+            (":ttl".to_owned(), n(ttl)),
         ]);
+        values.extend(memory.into_iter().map(|(k, v)| (k.to_owned(), v)));
         self.held_write(lease, &update, values).await
     }
 
@@ -331,25 +341,26 @@ impl Store for DynamoStore {
     ) -> Result<(), StoreError> {
         let now = self.now();
         let ex = now.saturating_add(retention);
-        let state = if failure.class == FailureClass::Retryable {
-            "r"
+        // A retryable failure releases the record: it never ended, and is
+        // not remembered.
+        let (state, (remember, memory, ttl)) = if failure.class == FailureClass::Retryable {
+            ("r", ("", Vec::new(), encode::ttl(ex, self.grace_secs())))
         } else {
-            "f"
+            ("f", self.ending(&lease.id, ex))
         };
-        let values = HashMap::from([
+        let mut values = HashMap::from([
             (":st".to_owned(), s(state)),
             (":fc".to_owned(), s(failure.class.as_str())),
             (":fm".to_owned(), s(failure.message.clone())),
             (":ex".to_owned(), n(ex.as_millis())),
-            (":ttl".to_owned(), n(encode::ttl(ex, self.grace_secs()))),
+            (":ttl".to_owned(), n(ttl)),
         ]);
-        self.held_write(
-            lease,
+        values.extend(memory.into_iter().map(|(k, v)| (k.to_owned(), v)));
+        let update = format!(
             "SET st = :st, fc = :fc, fm = :fm, ex = :ex, sweep_at = :ttl, ua = :now, wn = :wn, \
-             v = v + :one REMOVE tk, lu",
-            values,
-        )
-        .await
+             v = v + :one{remember} REMOVE tk, lu"
+        );
+        self.held_write(lease, &update, values).await
     }
 
     async fn extend(&self, lease: &Lease, duration: Duration) -> Result<Timestamp, StoreError> {

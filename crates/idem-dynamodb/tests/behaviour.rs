@@ -37,18 +37,7 @@ async fn raw_item(
     store: &DynamoStore,
     id: &RecordId,
 ) -> std::collections::HashMap<String, AttributeValue> {
-    let pk = format!("{}\n{}", id.scope().as_str(), id.key().as_str());
-    store
-        .client()
-        .get_item()
-        .table_name(store.table())
-        .key("pk", AttributeValue::S(pk))
-        .consistent_read(true)
-        .send()
-        .await
-        .expect("get item")
-        .item
-        .expect("item present")
+    common::item(store, id).await.expect("item present")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

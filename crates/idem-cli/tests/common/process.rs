@@ -81,3 +81,45 @@ impl Drop for GatewayProcess {
         let _ = self.child.wait();
     }
 }
+
+/// `idem --store STORE purge`, run as its own process (as an operator
+/// would, beside a running gateway); what it printed.
+pub fn purge(store: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["--store", store, "purge"])
+        .output()
+        .expect("idem purge");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A gateway on `store` keeping records 1 s (lease 1 s; and `args`), in
+/// front of an upstream of its own: `POST /charge` with key `order-1`,
+/// answered 201, and the same request again once the retention has
+/// passed. The upstream, the gateway, the URL and the late retry's answer.
+pub async fn late_retry(
+    store: &str,
+    args: &[&str],
+) -> (super::Upstream, GatewayProcess, String, reqwest::Response) {
+    let (up, addr) = super::start_upstream().await;
+    let upstream = format!("http://{addr}");
+    let mut all = vec![
+        "--upstream",
+        &upstream,
+        "--lease",
+        "1s",
+        "--retention",
+        "1s",
+    ];
+    all.extend_from_slice(args);
+    let gw = GatewayProcess::start(store, &all).await;
+    let url = format!("{}/charge", gw.url);
+    assert_eq!(super::post(&url, Some("order-1")).await.status(), 201);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let late = super::post(&url, Some("order-1")).await;
+    (up, gw, url, late)
+}

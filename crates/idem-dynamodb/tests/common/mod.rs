@@ -2,7 +2,11 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodb::Client;
+use idem::RecordId;
 use idem_dynamodb::{client_for, create_table, DynamoStore};
 use idem_testkit::servers::moto::{MotoServer, ACCESS_KEY, REGION, SECRET_KEY};
 
@@ -35,4 +39,19 @@ pub async fn table(name: &str) -> (Client, String) {
 pub async fn store(name: &str) -> DynamoStore {
     let (client, table) = table(name).await;
     DynamoStore::new(client, table)
+}
+
+/// The item of `id` as stored, read consistently past the store.
+pub async fn item(store: &DynamoStore, id: &RecordId) -> Option<HashMap<String, AttributeValue>> {
+    let pk = format!("{}\n{}", id.scope().as_str(), id.key().as_str());
+    store
+        .client()
+        .get_item()
+        .table_name(store.table())
+        .key("pk", AttributeValue::S(pk))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("get item")
+        .item
 }

@@ -356,15 +356,16 @@ fn write_remember(f: &mut std::fmt::Formatter<'_>, remember: Option<Duration>) -
 
 impl StoreUrl {
     /// Whether the store this URL names can remember expired keys
-    /// ([`idem::horizon`]): the local ones, PostgreSQL, MySQL and Redis.
+    /// ([`idem::horizon`]): the local ones, PostgreSQL, MySQL, DynamoDB
+    /// and Redis.
     pub fn can_remember(&self) -> bool {
         self.remembers_unless_told() || matches!(self, StoreUrl::Redis(_))
     }
 
     /// Whether the gateway turns the memory on when not told: for the
-    /// stores that keep it on disk (the local ones, PostgreSQL and
-    /// MySQL), not for Redis, which keeps it in memory (about 200 bytes a
-    /// key for the whole memory) and remembers when asked.
+    /// stores that keep it on disk (the local ones, PostgreSQL, MySQL and
+    /// DynamoDB), not for Redis, which keeps it in memory (about 200 bytes
+    /// a key for the whole memory) and remembers when asked.
     pub fn remembers_unless_told(&self) -> bool {
         matches!(
             self,
@@ -372,6 +373,7 @@ impl StoreUrl {
                 | StoreUrl::Sqlite { .. }
                 | StoreUrl::Postgres(_)
                 | StoreUrl::MySql(_)
+                | StoreUrl::DynamoDb(_)
         )
     }
 
@@ -397,6 +399,9 @@ impl StoreUrl {
             }
             StoreUrl::Redis(url) if !has_param(&url, "remember") => {
                 StoreUrl::Redis(with_remember(&url, memory))
+            }
+            StoreUrl::DynamoDb(url) if !has_param(&url, "remember") => {
+                StoreUrl::DynamoDb(with_remember(&url, memory))
             }
             other => other,
         }
@@ -425,6 +430,10 @@ mod tests {
         assert_eq!(
             url("redis+cluster://127.0.0.1:7000").remembering_by_default(day),
             StoreUrl::Redis("redis+cluster://127.0.0.1:7000?remember=86400s".into())
+        );
+        assert_eq!(
+            url("dynamodb://idem_records?region=eu-west-1").remembering_by_default(day),
+            StoreUrl::DynamoDb("dynamodb://idem_records?region=eu-west-1&remember=86400s".into())
         );
         let redis = url("redis://127.0.0.1");
         assert!(redis.can_remember() && !redis.remembers_unless_told());
