@@ -43,6 +43,7 @@ mod key;
 mod memory;
 mod message;
 pub mod metrics;
+pub mod reconcile;
 mod run;
 mod window;
 

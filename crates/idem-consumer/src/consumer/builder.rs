@@ -7,6 +7,7 @@ use idem::{ClaimMany, Codec, Idempotency, Json, Scope, Store};
 
 use crate::ahead::ClaimAhead;
 use crate::key::KeyExtractor;
+use crate::reconcile::{Reconciler, Reconciling};
 
 use super::{Consumer, Counters, Inner};
 
@@ -22,6 +23,7 @@ impl<S: Store> Consumer<S, Json> {
             min_retry: Duration::from_millis(100),
             max_retry: Duration::from_secs(300),
             ahead: None,
+            reconciling: None,
         }
     }
 }
@@ -36,6 +38,7 @@ pub struct ConsumerBuilder<S, C = Json> {
     min_retry: Duration,
     max_retry: Duration,
     ahead: Option<ClaimAhead<S, C>>,
+    reconciling: Option<Reconciling>,
 }
 
 impl<S, C> std::fmt::Debug for ConsumerBuilder<S, C> {
@@ -46,6 +49,7 @@ impl<S, C> std::fmt::Debug for ConsumerBuilder<S, C> {
             .field("name", &self.name)
             .field("fingerprint", &self.fingerprint)
             .field("claims_ahead", &self.ahead.is_some())
+            .field("reconciles", &self.reconciling.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -85,6 +89,31 @@ impl<S: Store, C: Codec> ConsumerBuilder<S, C> {
         self
     }
 
+    /// Asks `reconciler` whether a step in doubt took effect when a
+    /// delivery finds its key parked, instead of dead-lettering it for a
+    /// person (see [`crate::reconcile`]); [`Consumer::sweep_parked`] asks
+    /// about parked keys on a schedule. Off by default; the store must
+    /// keep a step journal (every store idem ships does).
+    #[must_use]
+    pub fn reconciler(mut self, reconciler: impl Reconciler) -> Self {
+        self.reconciling = Some(Reconciling::new(Arc::new(reconciler)));
+        self
+    }
+
+    /// How long the reconciler may take (default
+    /// [`DEFAULT_RECONCILE_TIMEOUT`](crate::reconcile::DEFAULT_RECONCILE_TIMEOUT))
+    /// and how many reconciliations may run at once (default
+    /// [`DEFAULT_MAX_RECONCILING`](crate::reconcile::DEFAULT_MAX_RECONCILING)).
+    /// No effect without a [`reconciler`](Self::reconciler).
+    #[must_use]
+    pub fn reconcile_limits(mut self, timeout: Duration, at_once: usize) -> Self {
+        if let Some(reconciling) = &mut self.reconciling {
+            reconciling.timeout = timeout;
+            reconciling.slots = Arc::new(tokio::sync::Semaphore::new(at_once.max(1)));
+        }
+        self
+    }
+
     /// The consumer.
     pub fn build(self) -> Consumer<S, C> {
         let name: Arc<str> = self
@@ -101,6 +130,7 @@ impl<S: Store, C: Codec> ConsumerBuilder<S, C> {
                 min_retry: self.min_retry,
                 max_retry: self.max_retry,
                 ahead: self.ahead,
+                reconciling: self.reconciling,
                 counters: Counters::default(),
             }),
         }

@@ -73,6 +73,9 @@ pub enum RetryCause {
     /// would leave it; the redelivery takes over after the lease, and a
     /// message that keeps panicking becomes terminal after the attempts.
     Panicked(String),
+    /// The key was parked with a step in doubt, and the reconciler
+    /// settled it ([`crate::reconcile`]): the redelivery resumes the run.
+    Reconciled,
 }
 
 impl fmt::Display for RetryCause {
@@ -91,6 +94,9 @@ impl fmt::Display for RetryCause {
                 "the handler ran, but the idempotency store could not keep its outcome: {error}"
             ),
             RetryCause::Panicked(message) => write!(f, "handler panicked: {message}"),
+            RetryCause::Reconciled => {
+                f.write_str("parked, and settled by the reconciler: the run resumes")
+            }
         }
     }
 }

@@ -28,6 +28,7 @@ use tracing::Instrument as _;
 use crate::ahead::ClaimAhead;
 use crate::key::{KeyExtractor, KeySource};
 use crate::metrics as m;
+use crate::reconcile::Settled;
 use crate::window::{RedeliveryWindow, WindowError};
 use crate::Message;
 use unfit::Unfit;
@@ -143,6 +144,7 @@ struct Inner<S, C> {
     min_retry: Duration,
     max_retry: Duration,
     ahead: Option<ClaimAhead<S, C>>,
+    reconciling: Option<crate::reconcile::Reconciling>,
     counters: Counters,
 }
 
@@ -160,6 +162,11 @@ impl<S: Store, C: Codec> Consumer<S, C> {
     /// The name in metrics and logs.
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// The reconciler, if the consumer was given one.
+    pub(crate) fn reconciling(&self) -> Option<&crate::reconcile::Reconciling> {
+        self.inner.reconciling.as_ref()
     }
 
     /// The longest delay a retried delivery is given.
@@ -393,6 +400,8 @@ impl<S: Store, C: Codec> Consumer<S, C> {
                     .await
             }
         };
+        let parked = matches!(&run, Ok(Err(RunError::Parked(_))))
+            || matches!(&run, Ok(Err(RunError::Failed(f))) if f.is_parked());
         let disposition = match run {
             Ok(Ok(Outcome::Executed { .. })) => Disposition::Ack(Acked::Executed),
             Ok(Ok(Outcome::Replayed { .. })) => Disposition::Ack(Acked::Replayed),
@@ -410,6 +419,23 @@ impl<S: Store, C: Codec> Consumer<S, C> {
                     cause: RetryCause::Panicked(message),
                 }
             }
+        };
+        let disposition = match (&inner.reconciling, disposition) {
+            (Some(reconciling), Disposition::DeadLetter { reason }) if parked => {
+                let payload = bytes::Bytes::copy_from_slice(message.payload());
+                // Boxed: a rare path, kept out of the delivery future's
+                // layout (which callers nest in their own futures).
+                let settled =
+                    Box::pin(reconciling.settle(&inner.name, &inner.idem, &id, Some(payload)));
+                match settled.await {
+                    Settled::Yes => Disposition::Retry {
+                        after: inner.min_retry,
+                        cause: RetryCause::Reconciled,
+                    },
+                    Settled::No(why) => dead_letter(format!("{reason} (reconciler: {why})")),
+                }
+            }
+            (_, disposition) => disposition,
         };
         self.decide(Some(key), disposition)
     }
