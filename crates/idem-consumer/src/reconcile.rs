@@ -294,6 +294,39 @@ impl<S: Store + ListRecords, C: Codec> Consumer<S, C> {
         }
         Ok(sweep)
     }
+
+    /// Runs [`sweep_parked`](Self::sweep_parked)`(limit)` every `every`
+    /// (the first at once) on the current tokio runtime, logging what each
+    /// pass settled, until the handle is dropped. A pass asks about the
+    /// scope's first `limit` parked keys, so keys the service cannot tell
+    /// about are asked again each pass (bounded by the reconciler's timeout
+    /// and the reconciliations allowed at once).
+    pub fn spawn_parked_sweep(&self, every: Duration, limit: usize) -> idem::PurgerHandle
+    where
+        S: Clone + 'static,
+        C: 'static,
+    {
+        let consumer = self.clone();
+        idem::spawn_every(every, move || {
+            let consumer = consumer.clone();
+            async move {
+                match consumer.sweep_parked(limit).await {
+                    Ok(sweep) if sweep.parked > 0 => tracing::info!(
+                        consumer = consumer.name(),
+                        parked = sweep.parked,
+                        settled = sweep.settled,
+                        "swept parked keys"
+                    ),
+                    Ok(_) => {}
+                    Err(error) => tracing::warn!(
+                        consumer = consumer.name(),
+                        error = %idem::error_chain(&error),
+                        "sweeping parked keys failed; trying again at the next pass"
+                    ),
+                }
+            }
+        })
+    }
 }
 
 #[cfg(test)]

@@ -160,7 +160,7 @@ async fn findings_decide_whether_the_step_runs_again() {
 #[tokio::test]
 async fn unknown_or_late_findings_leave_the_key_parked_until_a_sweep_settles_it() {
     let (known, asked) = (Arc::new(AtomicBool::new(false)), Arc::default());
-    let consumer = consumer(Arc::clone(&known), asked);
+    let consumer = consumer(Arc::clone(&known), Arc::clone(&asked));
     let shipments = Shipments::default();
     for (key, why) in [
         ("unknown-1", "the carrier's API is down"),
@@ -188,6 +188,13 @@ async fn unknown_or_late_findings_leave_the_key_parked_until_a_sweep_settles_it(
         },
         "the unknown one is settled now; the slow one is still too slow"
     );
+    // On a schedule: the sweep asks about the slow one again each pass.
+    let asked_before = asked.lock().expect("lock").len();
+    let sweeping = consumer.spawn_parked_sweep(Duration::from_millis(100), 10);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    drop(sweeping);
+    let passes = asked.lock().expect("lock").len() - asked_before;
+    assert!(passes >= 2, "asked again on each pass: {passes}");
     assert_eq!(
         shipments.deliver(&consumer, "unknown-1").await,
         Disposition::Ack(Acked::Executed)

@@ -120,7 +120,7 @@ pub use fingerprint::{canonical_json, Fingerprint, FingerprintError};
 pub use key::{Key, KeyError, KeyRules, RecordId, Scope, DEFAULT_MAX_KEY_LEN, MAX_SCOPE_LEN};
 pub use machine::LeaseLost;
 pub use memory::{MemoryStore, MemoryStoreBuilder, DEFAULT_MAX_RECORDS, DEFAULT_SHARDS};
-pub use purger::{spawn_purger, PurgerHandle};
+pub use purger::{spawn_every, spawn_purger, PurgerHandle};
 pub use record::{
     Failure, FailureClass, InboxOutcome, Record, Resolution, Resolved, State, StateKind, StepEntry,
     StepState,

@@ -44,6 +44,18 @@ where
     })
 }
 
+/// Starts a task on the current tokio runtime that awaits `pass()` every
+/// `every` (the first at once; a pass that overruns delays the next),
+/// stopped when the handle is dropped: a background sweep of your own
+/// (the consumers' sweep of parked keys is one).
+pub fn spawn_every<F, Fut>(every: Duration, pass: F) -> PurgerHandle
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    PurgerHandle::new(self::every(every, pass))
+}
+
 /// Starts a task on the current tokio runtime (the reaper) that, every
 /// `every`, purges expired records `batch` at a time until a batch comes
 /// back short. No single purge holds the store for long, and between two
