@@ -44,7 +44,7 @@ use crate::Consumer;
 /// Reconciliations, by `consumer`, `finding` (`applied`, `not_applied`,
 /// `unknown`, `none`) and `why`: `answered` (settled), `raced` (settled
 /// meanwhile by another delivery), and for unknown ones `said`,
-/// `timeout`, `busy`, `unmarked`, `unjournaled`, `store`.
+/// `timeout`, `busy`, `unmarked`, `gone`, `raced`, `unjournaled`, `store`.
 pub const RECONCILIATIONS: &str = "idem_consumer_reconciliations_total";
 
 /// How long a reconciler may take before its finding counts as unknown
@@ -161,15 +161,18 @@ impl Reconciling {
         let (step, attempt) = match journal.steps(&stored).await {
             Ok(steps) => match in_doubt(&steps) {
                 Some(found) => found,
-                None if !still_parked(idem.store().peek(&stored).await) => {
-                    count("none", "raced");
-                    return Settled::Yes;
-                }
                 None => {
-                    return unsettled(
-                        "unmarked",
-                        "parked with no step in doubt (by the handler's own failure)".into(),
-                    )
+                    return match now_parked(idem, &stored).await {
+                        Now::Settled => {
+                            count("none", "raced");
+                            Settled::Yes
+                        }
+                        Now::Parked => unsettled(
+                            "unmarked",
+                            "parked with no step in doubt (by the handler's own failure)".into(),
+                        ),
+                        Now::Gone(why) => unsettled("gone", why),
+                    };
                 }
             },
             Err(error) => return unsettled("store", idem::error_chain(&error)),
@@ -205,12 +208,49 @@ impl Reconciling {
                 tracing::info!(consumer, %id, step, finding = label, "parked run reconciled");
                 Settled::Yes
             }
+            // Settled meanwhile by another delivery or a person, if the
+            // record is still there: its journal decides the next run. A
+            // record that expired meanwhile would run afresh, its journal
+            // gone: that is for a person, not a retry.
             Ok(Resolved::NotParked | Resolved::StepNotInDoubt) => {
-                count(label, "raced");
-                Settled::Yes
+                match now_parked(idem, &stored).await {
+                    Now::Settled => {
+                        count(label, "raced");
+                        Settled::Yes
+                    }
+                    Now::Parked => unsettled("raced", "still parked after settling".into()),
+                    Now::Gone(why) => unsettled("gone", why),
+                }
             }
             Err(error) => unsettled("store", idem::error_chain(&error)),
         }
+    }
+}
+
+/// What a parked key's record is now.
+enum Now {
+    /// Live and no longer parked: settled.
+    Settled,
+    /// Still parked (or the store could not say).
+    Parked,
+    /// Expired or deleted, and why that settles nothing.
+    Gone(String),
+}
+
+/// What `stored`'s record is now (read past the executor).
+async fn now_parked<S: Store, C: Codec>(idem: &Idempotency<S, C>, stored: &RecordId) -> Now {
+    match idem.store().peek(stored).await {
+        Ok(Some(Record {
+            state: State::Failed { failure },
+            ..
+        })) if failure.is_parked() => Now::Parked,
+        Ok(Some(_)) => Now::Settled,
+        Ok(None) => Now::Gone(
+            "the record expired (or was deleted) before it was settled: its journal is gone, so \
+             a retry would run every step again"
+                .into(),
+        ),
+        Err(_) => Now::Parked,
     }
 }
 
@@ -231,18 +271,6 @@ fn in_doubt(journal: &[StepEntry]) -> Option<(String, u32)> {
         .map(|(attempt, name)| (name.to_owned(), attempt))
 }
 
-/// Whether a peek found the record still parked (or could not tell).
-fn still_parked(peeked: Result<Option<Record>, idem::StoreError>) -> bool {
-    match peeked {
-        Ok(Some(Record {
-            state: State::Failed { failure },
-            ..
-        })) => failure.is_parked(),
-        Ok(_) => false,
-        Err(_) => true,
-    }
-}
-
 /// What a sweep of parked keys came to.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Sweep {
@@ -259,7 +287,8 @@ impl<S: Store + ListRecords, C: Codec> Consumer<S, C> {
     /// it on a schedule, so keys whose deliveries were dead-lettered are
     /// settled for their redelivery. Nothing is asked without a
     /// reconciler, or when keys are hashed at rest (the service would be
-    /// asked about the hash).
+    /// asked about the hash; deliveries still ask, with the key they
+    /// carry).
     pub async fn sweep_parked(&self, limit: usize) -> Result<Sweep, idem::StoreError> {
         let mut sweep = Sweep::default();
         let idem = self.idempotency();

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem::step::{Park, StepError};
-use idem::{Idempotency, MemoryStore, Scope, Store};
+use idem::{DeleteRecord, Idempotency, MemoryStore, Scope, Store};
 use idem_consumer::reconcile::{Doubt, Finding, Sweep};
 use idem_consumer::{Acked, Consumer, Disposition, OwnedMessage, RetryCause};
 
@@ -60,17 +60,23 @@ impl Shipments {
 
 /// A consumer whose reconciler answers by key: `applied-…` applied with
 /// `"shp_found"`, `not-…` not applied, `slow-…` too late, `unknown-…`
-/// unknown until `now_known` is set (then not applied). Every question is
-/// kept.
+/// unknown until `now_known` is set (then not applied), `deleted-…` not
+/// applied after deleting the record (as if it expired meanwhile). Every
+/// question is kept. The limits are given before the reconciler.
 fn consumer(now_known: Arc<AtomicBool>, asked: Arc<Mutex<Vec<Doubt>>>) -> Consumer<MemoryStore> {
-    let idem = Idempotency::builder(MemoryStore::new())
-        .build()
-        .expect("config");
+    let store = MemoryStore::new();
+    let records = store.clone();
+    let idem = Idempotency::builder(store).build().expect("config");
     Consumer::builder(idem, Scope::new("shipping").expect("scope"))
+        .reconcile_limits(Duration::from_millis(300), 4)
         .reconciler(move |doubt: Doubt| {
             let (now_known, asked) = (Arc::clone(&now_known), Arc::clone(&asked));
+            let records = records.clone();
             async move {
                 let key = doubt.id.key().as_str().to_owned();
+                if key.starts_with("deleted") {
+                    records.delete(&doubt.id).await.expect("delete");
+                }
                 asked.lock().expect("lock").push(doubt);
                 if key.starts_with("applied") {
                     Finding::Applied(serde_json::json!("shp_found"))
@@ -84,7 +90,6 @@ fn consumer(now_known: Arc<AtomicBool>, asked: Arc<Mutex<Vec<Doubt>>>) -> Consum
                 }
             }
         })
-        .reconcile_limits(Duration::from_millis(300), 4)
         .build()
 }
 
@@ -238,4 +243,22 @@ async fn deliveries_reconciling_at_once_settle_the_step_once() {
             "{key}: once in doubt, once after it was settled"
         );
     }
+}
+
+/// A key whose record is gone by the time the finding is written (expired
+/// or deleted meanwhile) is not "settled": its retry would run every step
+/// again with the journal gone. It is dead-lettered for a person.
+#[tokio::test]
+async fn a_record_gone_before_it_is_settled_is_left_for_a_person() {
+    let (known, asked) = (Arc::new(AtomicBool::new(true)), Arc::default());
+    let consumer = consumer(known, asked);
+    let shipments = Shipments::default();
+    assert!(retried(&shipments.deliver(&consumer, "deleted-1").await));
+    match shipments.deliver(&consumer, "deleted-1").await {
+        Disposition::DeadLetter { reason } => {
+            assert!(reason.contains("expired (or was deleted)"), "{reason}")
+        }
+        other => panic!("dead-lettered, got {other:?}"),
+    }
+    assert_eq!(shipments.ran("deleted-1"), 1);
 }

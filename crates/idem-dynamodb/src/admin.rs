@@ -69,7 +69,7 @@ impl DeleteRecord for DynamoStore {
     /// Leaves a tombstone (expired, released, empty journal) that keeps the
     /// fence, so the next claim's fence is higher; DynamoDB's TTL removes
     /// it after the grace, and so does [`PurgeExpired`]. Deleting a live
-    /// record forgets its key's memory ([`crate::horizon`]: its retry is
+    /// record forgets its key's memory ([`idem::horizon`]: its retry is
     /// to run again); an expired record that remembers is left to the
     /// purge, which keeps the memory.
     async fn delete(&self, id: &RecordId) -> Result<bool, StoreError> {
@@ -142,10 +142,11 @@ impl PurgeExpired for DynamoStore {
     /// older than `grace` by this clock: a later claim takes its fence from
     /// its own clock, which must then still be past the fence even if it
     /// runs behind this one (by less than `grace`), as for DynamoDB's TTL.
-    /// An expired item that remembers its key ([`crate::horizon`]) is
+    /// An expired item that remembers its key ([`idem::horizon`]) is
     /// stripped to its memory instead, at once (a tombstone keeping the
     /// fence, so the grace does not apply); a
-    /// memory that ended is deleted [`TTL_LAG`] later, where DynamoDB's
+    /// memory that ended is deleted two days later (DynamoDB's TTL may lag
+    /// that long), where DynamoDB's
     /// TTL has not done it already. Successive calls walk the table from
     /// where the last one stopped; a call that reaches the end starts the
     /// next walk over. DynamoDB's TTL does the deleting for free, later.
@@ -199,7 +200,7 @@ impl PurgeExpired for DynamoStore {
                     .and_then(|v| v.as_n().ok())
                     .and_then(|raw| raw.parse::<u64>().ok());
                 let ended = match until {
-                    Some(until) if until > now.as_millis() => self.strip(pk, v).await,
+                    Some(until) if until > now.as_millis() => self.strip(pk, v, until).await,
                     // A memory that ended, not yet TTL's to delete.
                     Some(until) if until > gone => continue,
                     _ => self.drop_expired(pk, v, now, floor).await,
@@ -264,8 +265,10 @@ impl DynamoStore {
     /// Strips the expired item `pk`, if it is still at version `v`, to the
     /// memory it keeps: a tombstone (released, expired, no response, no
     /// journal; the scope and key only in `pk`) that keeps the fence and
-    /// the memory's attributes.
-    async fn strip(&self, pk: &str, v: &str) -> Result<bool, StoreError> {
+    /// the memory's attributes, and that DynamoDB's TTL keeps until the
+    /// memory `until` ends (a write that carried the memory under a later
+    /// request may have set `sweep_at` by that request's retention).
+    async fn strip(&self, pk: &str, v: &str, until: u64) -> Result<bool, StoreError> {
         let stripped = self
             .inner
             .table
@@ -274,10 +277,11 @@ impl DynamoStore {
             .table_name(&self.inner.table.name)
             .key("pk", s(pk))
             .update_expression(
-                "SET st = :r, ex = :zero, j = :empty, v = v + :one \
+                "SET st = :r, ex = :zero, j = :empty, sweep_at = :sweep, v = v + :one \
                  REMOVE s, k, tk, lu, rs, rz, fc, fm, wn, fp",
             )
             .condition_expression("v = :v")
+            .expression_attribute_values(":sweep", n(until.div_ceil(1000)))
             .expression_attribute_values(":v", AttributeValue::N(v.to_owned()))
             .expression_attribute_values(":r", s("r"))
             .expression_attribute_values(":zero", n(0))

@@ -7,7 +7,8 @@
 //! when it is kept: the end of that day plus the memory, in ms). The
 //! item's `sweep_at` moves to `hu`, so DynamoDB's TTL keeps it as long.
 //!
-//! The memory describes itself, so every client of the table honours it,
+//! The memory describes itself, so every client of the table (of this
+//! version or later: upgrade them all before turning it on) honours it,
 //! whether or not it remembers itself: a claim's first write refuses an
 //! item whose memory still runs (`hu > :now`) as it refuses a live one,
 //! and the item that comes back is weighed by [`late_retry`]. The purge
@@ -15,7 +16,12 @@
 //! keeping the fence) instead of deleting it; DynamoDB's TTL removes it
 //! once the memory ends (the purge too, [`TTL_LAG`] later, for a table
 //! without TTL). A claim that runs a new request under the key carries
-//! the memory into the new item; a delete of a live record forgets it.
+//! the memory into the new item; a delete of a live record, and the
+//! resolution that releases a parked one, forget it. A new request's
+//! later writes set `sweep_at` by its own retention, and the purge's
+//! strip puts it back to the memory's end: on a table where no purge
+//! runs, a memory carried under a reused key whose new request never
+//! ended may be swept by TTL with that request's record.
 
 use std::time::Duration;
 
@@ -160,6 +166,19 @@ pub(crate) fn carry(item: &mut Item, seen: &Stored) {
         .unwrap_or(0);
     let kept = memory.until.as_millis().div_ceil(1000);
     item.insert("sweep_at".into(), n(sweep.max(kept)));
+}
+
+/// Drops from `seen` the memory its own record left when it ended, for a
+/// write that makes the record never have ended (a parked record
+/// released by its resolution).
+pub(crate) fn forget_own(id: &RecordId, seen: &mut Stored) {
+    let own = seen
+        .memory
+        .as_ref()
+        .is_some_and(|memory| Forgotten::of(id, &seen.record) == Some(memory.entry(id)));
+    if own {
+        seen.memory = None;
+    }
 }
 
 /// The answer to a claim of `id` that found `seen` expired, if it is a

@@ -11,6 +11,7 @@ use idem::{RecordId, Resolution, Resolved, StepEntry, StepJournal, StoreError};
 use idem::machine;
 
 use crate::encode::{self, Step};
+use crate::horizon;
 use crate::request::{held_values, Update, Written, HELD};
 use crate::store::DynamoStore;
 use crate::store::MAX_RACES;
@@ -120,7 +121,11 @@ impl StepJournal for DynamoStore {
                 Ok(decided) => decided,
                 Err(answer) => return Ok(answer),
             };
-            let seen = seen.expect("a resolution needs a record");
+            let mut seen = seen.expect("a resolution needs a record");
+            // A parked record ended (failed, outcome unknown) and so left
+            // its own memory; released, it never ended: the memory goes
+            // (one carried from an earlier request under the key stays).
+            horizon::forget_own(id, &mut seen);
             let mut journal = seen.journal.clone();
             match &new_step {
                 Some(state) => journal.insert(step.to_owned(), encode::step_value(state)),

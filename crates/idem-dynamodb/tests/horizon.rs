@@ -15,7 +15,7 @@ use idem::horizon::DAY_MS;
 use idem::store::{ClaimOutcome, ClaimParams, Lease};
 use idem::{
     Clock, DeleteRecord, Failure, FailureClass, Fingerprint, GetRecord, ManualClock, PurgeExpired,
-    RecordId, Store, Timestamp,
+    RecordId, Resolution, Resolved, StepJournal, Store, Timestamp,
 };
 use idem_dynamodb::DynamoStore;
 
@@ -221,6 +221,18 @@ async fn a_new_request_under_the_key_carries_the_memory_and_a_live_delete_forget
         ),
         "A's late retry is refused after B's record expired"
     );
+    let carried = common::item(&store, &id).await.expect("item");
+    assert!(
+        number(&carried, "sweep_at") < number(&carried, "hu") / 1000,
+        "B's release set sweep_at by its own retention"
+    );
+    purge_all(&store).await;
+    let stripped = common::item(&store, &id).await.expect("a tombstone");
+    assert_eq!(
+        number(&stripped, "sweep_at"),
+        number(&stripped, "hu").div_ceil(1000),
+        "the strip keeps the item for DynamoDB's TTL until A's memory ends"
+    );
     acquire(&store, &id, &b).await;
     assert!(
         store.delete(&id).await.expect("delete"),
@@ -275,4 +287,47 @@ async fn the_purge_leaves_an_ended_memory_to_the_ttl_for_two_days() {
         common::item(&store, &other).await.is_none(),
         "two days after the memory ended, the purge deletes what TTL left"
     );
+}
+
+#[tokio::test]
+async fn releasing_a_parked_record_forgets_the_memory_its_end_left() {
+    let (store, _, clock) = stores("mem-resolved").await;
+    let id = RecordId::parse("shipping", "parked").expect("valid id");
+    let p = params(b"ship order 7");
+    let lease = acquire(&store, &id, &p).await;
+    store.begin_step(&lease, "ship").await.expect("begin");
+    store
+        .fail(
+            &lease,
+            Failure::new(FailureClass::Unknown, "step \"ship\" is in doubt"),
+            RETENTION,
+        )
+        .await
+        .expect("park");
+    assert!(
+        common::item(&store, &id)
+            .await
+            .expect("item")
+            .contains_key("hu"),
+        "a parked record ended, and is remembered"
+    );
+    assert_eq!(
+        store
+            .resolve_step(&id, "ship", Resolution::NotApplied)
+            .await
+            .expect("resolve"),
+        Resolved::Released
+    );
+    assert!(
+        !common::item(&store, &id)
+            .await
+            .expect("item")
+            .contains_key("hu"),
+        "released, it never ended"
+    );
+    clock.advance(RETENTION + Duration::from_secs(1));
+    match store.claim(&id, &p).await.expect("claim") {
+        ClaimOutcome::Acquired(_) => {}
+        other => panic!("the retry of a released key runs, got {other:?}"),
+    }
 }

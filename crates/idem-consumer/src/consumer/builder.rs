@@ -24,6 +24,7 @@ impl<S: Store> Consumer<S, Json> {
             max_retry: Duration::from_secs(300),
             ahead: None,
             reconciling: None,
+            reconcile_limits: None,
         }
     }
 }
@@ -39,6 +40,7 @@ pub struct ConsumerBuilder<S, C = Json> {
     max_retry: Duration,
     ahead: Option<ClaimAhead<S, C>>,
     reconciling: Option<Reconciling>,
+    reconcile_limits: Option<(Duration, usize)>,
 }
 
 impl<S, C> std::fmt::Debug for ConsumerBuilder<S, C> {
@@ -104,13 +106,13 @@ impl<S: Store, C: Codec> ConsumerBuilder<S, C> {
     /// [`DEFAULT_RECONCILE_TIMEOUT`](crate::reconcile::DEFAULT_RECONCILE_TIMEOUT))
     /// and how many reconciliations may run at once (default
     /// [`DEFAULT_MAX_RECONCILING`](crate::reconcile::DEFAULT_MAX_RECONCILING)).
-    /// No effect without a [`reconciler`](Self::reconciler).
+    /// No effect without a [`reconciler`](Self::reconciler), given before
+    /// or after. Keep the timeout well within the broker's visibility
+    /// timeout: the message is not kept alive while the reconciler is
+    /// asked.
     #[must_use]
     pub fn reconcile_limits(mut self, timeout: Duration, at_once: usize) -> Self {
-        if let Some(reconciling) = &mut self.reconciling {
-            reconciling.timeout = timeout;
-            reconciling.slots = Arc::new(tokio::sync::Semaphore::new(at_once.max(1)));
-        }
+        self.reconcile_limits = Some((timeout, at_once.max(1)));
         self
     }
 
@@ -130,7 +132,13 @@ impl<S: Store, C: Codec> ConsumerBuilder<S, C> {
                 min_retry: self.min_retry,
                 max_retry: self.max_retry,
                 ahead: self.ahead,
-                reconciling: self.reconciling,
+                reconciling: self.reconciling.map(|mut reconciling| {
+                    if let Some((timeout, at_once)) = self.reconcile_limits {
+                        reconciling.timeout = timeout;
+                        reconciling.slots = Arc::new(tokio::sync::Semaphore::new(at_once));
+                    }
+                    reconciling
+                }),
                 counters: Counters::default(),
             }),
         }
