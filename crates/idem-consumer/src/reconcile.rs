@@ -136,12 +136,15 @@ impl Reconciling {
         }
     }
 
-    /// Asks about `id`'s step in doubt and settles it on the finding.
+    /// Asks about `id`'s step in doubt (the one its record's failure,
+    /// `parked`, names, if the journal has it in doubt) and settles it on
+    /// the finding.
     pub(crate) async fn settle<S: Store, C: Codec>(
         &self,
         consumer: &str,
         idem: &Idempotency<S, C>,
         id: &RecordId,
+        parked: &str,
         payload: Option<Bytes>,
     ) -> Settled {
         let count = |finding: &'static str, why: &'static str| {
@@ -159,7 +162,7 @@ impl Reconciling {
         };
         let stored = idem.stored_id(id).into_owned();
         let (step, attempt) = match journal.steps(&stored).await {
-            Ok(steps) => match in_doubt(&steps) {
+            Ok(steps) => match in_doubt(&steps, idem::step::parked_step(parked).as_deref()) {
                 Some(found) => found,
                 None => {
                     return match now_parked(idem, &stored).await {
@@ -258,17 +261,22 @@ async fn now_parked<S: Store, C: Codec>(idem: &Idempotency<S, C>, stored: &Recor
 const TIMED_OUT: &str = "no finding within the timeout";
 
 /// The step in doubt in a parked run's journal: a user step (not a `$`
-/// mark) started and never finished, by the latest attempt that left one.
-fn in_doubt(journal: &[StepEntry]) -> Option<(String, u32)> {
-    journal
+/// mark) started and never finished — `named` (the one the record's
+/// failure names) if it is, else the one the latest attempt left.
+fn in_doubt(journal: &[StepEntry], named: Option<&str>) -> Option<(String, u32)> {
+    let started: Vec<(u32, &str)> = journal
         .iter()
         .filter(|entry| !entry.name.starts_with('$'))
         .filter_map(|entry| match entry.state {
             StepState::Started { attempt } => Some((attempt, entry.name.as_str())),
             StepState::Done { .. } => None,
         })
-        .max_by_key(|(attempt, _)| *attempt)
-        .map(|(attempt, name)| (name.to_owned(), attempt))
+        .collect();
+    started
+        .iter()
+        .find(|(_, name)| Some(*name) == named)
+        .or_else(|| started.iter().max_by_key(|(attempt, _)| *attempt))
+        .map(|(attempt, name)| ((*name).to_owned(), *attempt))
 }
 
 /// What a sweep of parked keys came to.
@@ -311,7 +319,13 @@ impl<S: Store + ListRecords, C: Codec> Consumer<S, C> {
                     continue;
                 }
                 sweep.parked += 1;
-                let settled = reconciling.settle(self.name(), idem, id, None).await;
+                let reason = match &record.state {
+                    State::Failed { failure } => failure.message.as_str(),
+                    _ => "",
+                };
+                let settled = reconciling
+                    .settle(self.name(), idem, id, reason, None)
+                    .await;
                 if settled == Settled::Yes {
                     sweep.settled += 1;
                 }
@@ -374,7 +388,16 @@ mod tests {
             entry("ship", StepState::Started { attempt: 1 }),
             entry("notify", StepState::Started { attempt: 2 }),
         ];
-        assert_eq!(in_doubt(&journal), Some(("notify".into(), 2)));
-        assert_eq!(in_doubt(&journal[..2]), None);
+        assert_eq!(in_doubt(&journal, None), Some(("notify".into(), 2)));
+        assert_eq!(
+            in_doubt(&journal, Some("ship")),
+            Some(("ship".into(), 1)),
+            "the step the failure names, when it is in doubt"
+        );
+        assert_eq!(
+            in_doubt(&journal, Some("reserve")),
+            Some(("notify".into(), 2))
+        );
+        assert_eq!(in_doubt(&journal[..2], None), None);
     }
 }

@@ -303,6 +303,29 @@ pub fn downstream_key(id: &RecordId, step: &str) -> String {
     format!("idem-{}", hex::encode(hash.finalize()))
 }
 
+/// Why a run parked: `step "NAME" is in doubt (started by attempt N,
+/// never finished)`, the failure message of its record.
+pub(crate) fn parked_reason(step: &str, attempt: u32) -> String {
+    format!("step {step:?} is in doubt (started by attempt {attempt}, never finished)")
+}
+
+/// The step a parked record's failure message names as the one in doubt
+/// (the executor's wording), if it names one: what a reconciler asks
+/// about.
+pub fn parked_step(message: &str) -> Option<String> {
+    let rest = message.strip_prefix("step \"")?;
+    let mut name = String::new();
+    let mut chars = rest.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => return chars.as_str().starts_with(" is in doubt").then_some(name),
+            '\\' => name.push(chars.next()?),
+            c => name.push(c),
+        }
+    }
+    None
+}
+
 /// Checks a step name: 1 to [`MAX_STEP_NAME_LEN`] bytes of visible ASCII
 /// (`0x21..=0x7E`), not starting with `$` (reserved for idem's own journal
 /// entries, such as a [`Durable`](crate::durable::Durable) run's input).
@@ -382,5 +405,20 @@ where
             }
             other => return other,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_parked_step_is_read_back_from_the_reason() {
+        for name in ["ship", "a\"b", "back\\slash", "x.y-z"] {
+            assert_eq!(parked_step(&parked_reason(name, 3)).as_deref(), Some(name));
+        }
+        assert_eq!(parked_step("handler failed: step \"ship\""), None);
+        assert_eq!(parked_step("step \"ship\" failed"), None);
+        assert_eq!(parked_step("step \"unterminated"), None);
     }
 }

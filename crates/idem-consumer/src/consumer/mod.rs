@@ -400,8 +400,13 @@ impl<S: Store, C: Codec> Consumer<S, C> {
                     .await
             }
         };
-        let parked = matches!(&run, Ok(Err(RunError::Parked(_))))
-            || matches!(&run, Ok(Err(RunError::Failed(f))) if f.is_parked());
+        let parked = match &run {
+            Ok(Err(RunError::Parked(failure))) => Some(failure.message.clone()),
+            Ok(Err(RunError::Failed(failure))) if failure.is_parked() => {
+                Some(failure.message.clone())
+            }
+            _ => None,
+        };
         let disposition = match run {
             Ok(Ok(Outcome::Executed { .. })) => Disposition::Ack(Acked::Executed),
             Ok(Ok(Outcome::Replayed { .. })) => Disposition::Ack(Acked::Replayed),
@@ -420,13 +425,18 @@ impl<S: Store, C: Codec> Consumer<S, C> {
                 }
             }
         };
-        let disposition = match (&inner.reconciling, disposition) {
-            (Some(reconciling), Disposition::DeadLetter { reason }) if parked => {
+        let disposition = match (&inner.reconciling, parked, disposition) {
+            (Some(reconciling), Some(parked), Disposition::DeadLetter { reason }) => {
                 let payload = bytes::Bytes::copy_from_slice(message.payload());
                 // Boxed: a rare path, kept out of the delivery future's
                 // layout (which callers nest in their own futures).
-                let settled =
-                    Box::pin(reconciling.settle(&inner.name, &inner.idem, &id, Some(payload)));
+                let settled = Box::pin(reconciling.settle(
+                    &inner.name,
+                    &inner.idem,
+                    &id,
+                    &parked,
+                    Some(payload),
+                ));
                 match settled.await {
                     Settled::Yes => Disposition::Retry {
                         after: inner.min_retry,
@@ -435,7 +445,7 @@ impl<S: Store, C: Codec> Consumer<S, C> {
                     Settled::No(why) => dead_letter(format!("{reason} (reconciler: {why})")),
                 }
             }
-            (_, disposition) => disposition,
+            (_, _, disposition) => disposition,
         };
         self.decide(Some(key), disposition)
     }

@@ -396,9 +396,7 @@ impl Context {
                     return Ok(StepStart::Done(None));
                 }
                 if P::PARKS {
-                    *self.steps.parked.lock() = Some(format!(
-                        "step {name:?} is in doubt (started by attempt {attempt}, never finished)"
-                    ));
+                    *self.steps.parked.lock() = Some(crate::step::parked_reason(name, attempt));
                     return Err(StepError::Parked {
                         step: step(),
                         attempt,
