@@ -23,6 +23,10 @@ use crate::store::{claim_args, id_params, MySqlStore, CLAIM_ROUNDS};
 /// The memory of one key (its digest packed), if it is remembered.
 const REMEMBERED: &str = "SELECT fingerprint, day FROM idem_horizon WHERE digest = ?";
 
+/// How many times a remembering claim runs its transaction again after
+/// the server rolled it back for a deadlock or a lock wait.
+const CONTENDED_RETRIES: usize = 12;
+
 /// How many records one statement of the purge names at most.
 const CHUNK: usize = 200;
 
@@ -84,7 +88,10 @@ impl MySqlStore {
     /// afresh (a new record: attempt 1), what the store held and what the
     /// memory holds weighed; a late retry is rolled back and answered
     /// `Forgotten`. A record the claim replaced was expired by the
-    /// server's clock, whatever this process's clock says.
+    /// server's clock, whatever this process's clock says. Concurrent
+    /// claims of a key with no record can deadlock on InnoDB's gap locks;
+    /// the loser's transaction is rolled back whole and run again, after
+    /// a few random milliseconds, up to [`CONTENDED_RETRIES`] times.
     pub(crate) async fn claim_remembering(
         &self,
         id: &RecordId,
@@ -92,7 +99,9 @@ impl MySqlStore {
         memory: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
         let digest = horizon::digest(id);
-        for _ in 0..CLAIM_ROUNDS {
+        let mut contended = 0;
+        let mut rounds = 0;
+        while rounds < CLAIM_ROUNDS {
             let token = self.inner.tokens.next();
             let decided = self
                 .timed(async {
@@ -136,7 +145,17 @@ impl MySqlStore {
                         }
                     }
                 })
-                .await?;
+                .await;
+            let decided = match decided {
+                Err(error) if error.is_contention() && contended < CONTENDED_RETRIES => {
+                    contended += 1;
+                    let pause = rand::random_range(1..=5 * contended);
+                    tokio::time::sleep(Duration::from_millis(pause as u64)).await;
+                    continue;
+                }
+                other => other?,
+            };
+            rounds += 1;
             if let Some(outcome) = decided? {
                 return Ok(outcome);
             }
