@@ -2,6 +2,14 @@
 
 use clap::Parser;
 
+/// mimalloc, not glibc's allocator: a gateway allocates and frees a
+/// request's buffers on whichever worker thread runs it, and glibc's
+/// per-thread arenas spent a sixth of a unique-key request's CPU in
+/// malloc, its arena locks and the `mprotect` calls that grow them
+/// (BENCHMARKS.md, "The gateway's allocator").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     let cli = idem_cli::Cli::parse();
     idem_cli::logging::init(cli.log_format);
