@@ -1,7 +1,6 @@
 //! [`SqliteStoreBuilder`]: the defaults, and opening the file.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +10,7 @@ use tokio::sync::{mpsc, Notify};
 
 use crate::schema::{self, Durability, OpenError, Role};
 use crate::store::{Inner, SqliteStore};
+use crate::traffic::Traffic;
 use crate::writer::{Site, WriteConnection, Writer};
 
 /// The default busy timeout: how long a connection waits for another
@@ -144,7 +144,7 @@ impl<C: Clock> SqliteStoreBuilder<C> {
                 jobs: Some(tx),
                 writer: Some(handle),
                 connection,
-                in_flight: AtomicUsize::new(0),
+                traffic: Traffic::new(),
                 readers: Mutex::new(Vec::new()),
                 clock,
                 changed,

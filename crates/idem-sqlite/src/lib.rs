@@ -40,10 +40,12 @@
 //!   (`RELIABILITY.md`, `sqlite-lease` with clock jumps of up to three
 //!   leases).
 //! - **Threads:** concurrent writes are batched by one writer thread per
-//!   store. A write with nothing else in flight, on a multi-threaded tokio
-//!   runtime, commits on the caller's thread instead (saving two thread
-//!   wake-ups; it waits up to the busy timeout if another process holds
-//!   the write lock). Reads (`get`, `list`, the first look of a `claim`)
+//!   store. A write with nothing else in flight, while no two writes have
+//!   overlapped for a tenth of a second, on a multi-threaded tokio runtime
+//!   with more than one worker, commits on the caller's thread instead
+//!   (saving two thread wake-ups; it waits up to the busy timeout if
+//!   another process holds the write lock). Under load every write goes
+//!   to the writer, so that they share commits. Reads (`get`, `list`, the first look of a `claim`)
 //!   are short indexed lookups on the caller's thread. Dropping the last
 //!   clone waits for the writer's current batch, so nothing acknowledged
 //!   is lost.
@@ -63,6 +65,7 @@ pub mod outbox;
 mod schema;
 mod steps;
 mod store;
+mod traffic;
 mod writer;
 
 pub use builder::{SqliteStoreBuilder, DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_BATCH, DEFAULT_QUEUE};

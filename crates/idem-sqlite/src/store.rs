@@ -2,7 +2,6 @@
 //! writes through the writer (or inline, with nothing else in flight).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -19,6 +18,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::encode;
 use crate::schema::{self, Durability, Role};
+use crate::traffic::Traffic;
 use crate::writer::{self, Done, Job, Op, WriteConnection};
 
 /// The embedded durable store. Cloning is cheap; clones share the file,
@@ -51,8 +51,9 @@ pub(crate) struct Inner<C> {
     pub(crate) writer: Option<JoinHandle<()>>,
     /// The write connection, shared by the writer thread and idle callers.
     pub(crate) connection: Arc<Mutex<WriteConnection<C>>>,
-    /// Writes submitted and not yet answered.
-    pub(crate) in_flight: AtomicUsize,
+    /// Writes submitted and not yet answered, and whether one may
+    /// commit on its caller's thread.
+    pub(crate) traffic: Traffic,
     pub(crate) readers: Mutex<Vec<Connection>>,
     pub(crate) clock: Arc<C>,
     pub(crate) changed: Arc<Notify>,
@@ -69,34 +70,6 @@ impl<C> Drop for Inner<C> {
             let _ = writer.join();
         }
     }
-}
-
-/// Counts a write as in flight until dropped (also when its future is).
-struct InFlight<'a> {
-    count: &'a AtomicUsize,
-    before: usize,
-}
-
-impl<'a> InFlight<'a> {
-    fn enter(count: &'a AtomicUsize) -> Self {
-        let before = count.fetch_add(1, Ordering::AcqRel);
-        Self { count, before }
-    }
-
-    fn alone(&self) -> bool {
-        self.before == 0
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.count.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-pub(crate) fn multi_threaded_runtime() -> bool {
-    tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
 pub(crate) fn writer_stopped() -> StoreError {
@@ -120,13 +93,12 @@ impl<C: Clock> SqliteStore<C> {
         // store calls would otherwise never give its worker thread back to
         // the runtime: take part in tokio's cooperative budget instead.
         tokio::task::coop::consume_budget().await;
-        let in_flight = InFlight::enter(&self.inner.in_flight);
-        // Alone, on a multi-threaded runtime: commit on this thread rather
-        // than crossing to the writer and back (two thread wake-ups). With
-        // anything else in flight, queue for the writer so that concurrent
-        // writes share a commit; on a current-thread runtime always queue,
-        // as inline commits there would never overlap to share one.
-        if in_flight.alone() && multi_threaded_runtime() {
+        let in_flight = self.inner.traffic.enter();
+        // Alone on a quiet store, with another worker to serve the rest:
+        // commit on this thread rather than crossing to the writer and
+        // back (two thread wake-ups). Otherwise queue for the writer, so
+        // that concurrent writes share a commit (`traffic.rs` says why).
+        if in_flight.inline() {
             if let Some(mut connection) = self.inner.connection.try_lock() {
                 let result = connection.execute(&[&op]);
                 drop(connection);
