@@ -1,5 +1,6 @@
 //! [`SqliteStore`] and its `impl Store`: reads on the caller's thread,
-//! writes through the writer (or inline, with nothing else in flight).
+//! writes through the writer (or inline, alone on a quiet store: see
+//! `traffic.rs`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
