@@ -194,17 +194,29 @@ where
         let idem = &self.inner.idem;
         let journal = &self.inner.journal;
         let bytes = idem.at_rest().seal_step(&lease.id, INPUT_STEP, bytes);
-        let written = match with_retries(|| journal.begin_step(lease, INPUT_STEP)).await {
-            Ok(StepBegin::Done(_)) => Ok(()),
-            Ok(_) => with_retries(|| journal.finish_step(lease, INPUT_STEP, bytes.clone())).await,
-            Err(error) => Err(error),
-        };
+        let key = idem.logged_key(&lease.id);
+        let written =
+            match with_retries(key, INPUT_STEP, || journal.begin_step(lease, INPUT_STEP)).await {
+                Ok(StepBegin::Done(_)) => Ok(()),
+                Ok(_) => {
+                    with_retries(key, INPUT_STEP, || {
+                        journal.finish_step(lease, INPUT_STEP, bytes.clone())
+                    })
+                    .await
+                }
+                Err(error) => Err(error),
+            };
         match written {
             Ok(()) => Ok(()),
             Err(StoreError::LeaseLost) => Err(RunError::LeaseLost),
             Err(error) => {
                 if let Err(release) = idem.store().release(lease).await {
-                    tracing::warn!(%release, "could not give back the claim after a journal error");
+                    tracing::warn!(
+                        scope = %key.scope(),
+                        %key,
+                        %release,
+                        "could not give back the claim after a journal error"
+                    );
                 }
                 Err(RunError::Store(error))
             }
@@ -232,14 +244,19 @@ where
             Ok(Claimed::Held { lease, sent }) if lease.takeover => (lease, sent),
             Ok(Claimed::Held { lease, .. }) => {
                 // Released or gone between the look and the claim.
-                tracing::info!(scope = %id.scope(), key = %id.log_hash(), "completer found the record changed at its claim; giving it back");
+                tracing::info!(scope = %id.scope(), key = %idem.logged_key(&id), "completer found the record changed at its claim; giving it back");
                 let _ = idem.store().release(&lease).await;
                 return Redriven::Skipped;
             }
             // Someone else took it over or finished it first.
             Ok(_) => return Redriven::Skipped,
             Err(error) => {
-                tracing::warn!(%error, "completer could not claim an abandoned record");
+                tracing::warn!(
+                    scope = %id.scope(),
+                    key = %idem.logged_key(&id),
+                    %error,
+                    "completer could not claim an abandoned record"
+                );
                 return Redriven::Error;
             }
         };
@@ -248,7 +265,7 @@ where
             Err(why) => {
                 tracing::warn!(
                     scope = %id.scope(),
-                    key = %id.log_hash(),
+                    key = %idem.logged_key(&id),
                     why,
                     "completer cannot re-drive this record; released for its next delivery"
                 );
@@ -279,7 +296,8 @@ where
     /// use.
     async fn journaled_input(&self, lease: &Lease) -> Result<I, &'static str> {
         let journal = &self.inner.journal;
-        match with_retries(|| journal.begin_step(lease, INPUT_STEP)).await {
+        let key = self.inner.idem.logged_key(&lease.id);
+        match with_retries(key, INPUT_STEP, || journal.begin_step(lease, INPUT_STEP)).await {
             Ok(StepBegin::Done(bytes)) => {
                 let opened = self
                     .inner

@@ -244,6 +244,37 @@ impl RecordId {
         h.update(self.key.as_str().as_bytes());
         hex::encode(&h.finalize()[..8])
     }
+
+    /// The key as logs write it: the key itself when `plain` (an
+    /// executor built with `log_keys`), else [`log_hash`](Self::log_hash),
+    /// worked out only when written.
+    pub(crate) fn logged(&self, plain: bool) -> LoggedKey<'_> {
+        LoggedKey { id: self, plain }
+    }
+}
+
+/// A record's key as logs show it (see [`RecordId::logged`]).
+#[derive(Clone, Copy)]
+pub(crate) struct LoggedKey<'a> {
+    id: &'a RecordId,
+    plain: bool,
+}
+
+impl LoggedKey<'_> {
+    /// The record's scope.
+    pub(crate) fn scope(&self) -> &Scope {
+        self.id.scope()
+    }
+}
+
+impl fmt::Display for LoggedKey<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.plain {
+            fmt::Display::fmt(&self.id.key, f)
+        } else {
+            f.write_str(&self.id.log_hash())
+        }
+    }
 }
 
 impl fmt::Display for RecordId {

@@ -64,7 +64,7 @@ use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
 use crate::codec::AtRest;
-use crate::key::RecordId;
+use crate::key::{LoggedKey, RecordId};
 use crate::store::{DynStepJournal, StoreError};
 
 /// The longest step name, in bytes.
@@ -352,6 +352,8 @@ pub(crate) struct StepRun {
     pub(crate) at_rest: AtRest,
     pub(crate) begun: Mutex<HashSet<String>>,
     pub(crate) parked: Mutex<Option<String>>,
+    /// Whether logs show the run's key itself (`log_keys`) or its hash.
+    pub(crate) log_keys: bool,
 }
 
 impl fmt::Debug for StepRun {
@@ -369,6 +371,7 @@ impl StepRun {
         journal: Option<Arc<dyn DynStepJournal>>,
         max_result_bytes: usize,
         at_rest: AtRest,
+        log_keys: bool,
     ) -> Self {
         Self {
             id,
@@ -377,6 +380,7 @@ impl StepRun {
             at_rest,
             begun: Mutex::new(HashSet::new()),
             parked: Mutex::new(None),
+            log_keys,
         }
     }
 
@@ -387,9 +391,13 @@ impl StepRun {
     }
 }
 
-/// Runs a store call of a step, retrying a few times while the store is
-/// unavailable.
-pub(crate) async fn with_retries<T, Fut>(mut op: impl FnMut() -> Fut) -> Result<T, StoreError>
+/// Runs a store call of step `step` of the run of `key`, retrying a few
+/// times while the store is unavailable.
+pub(crate) async fn with_retries<T, Fut>(
+    key: LoggedKey<'_>,
+    step: &str,
+    mut op: impl FnMut() -> Fut,
+) -> Result<T, StoreError>
 where
     Fut: Future<Output = Result<T, StoreError>>,
 {
@@ -398,7 +406,13 @@ where
     loop {
         match op().await {
             Err(StoreError::Unavailable(error)) if tries < STORE_TRIES => {
-                tracing::warn!(%error, "store unavailable at a step; retrying");
+                tracing::warn!(
+                    scope = %key.scope(),
+                    %key,
+                    step,
+                    %error,
+                    "store unavailable at a step; retrying"
+                );
                 tokio::time::sleep(delay).await;
                 delay *= 2;
                 tries += 1;

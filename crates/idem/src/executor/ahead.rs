@@ -166,7 +166,12 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                 Err(error @ StoreError::Unavailable(_))
                     if self.config.fail_open && !error.is_contention() =>
                 {
-                    tracing::warn!(%error, "store unreachable; running unguarded (fail-open)");
+                    tracing::warn!(
+                        scope = %id.scope(),
+                        key = %self.logged_key(&id),
+                        %error,
+                        "store unreachable; running unguarded (fail-open)"
+                    );
                     m::count(m::FAIL_OPEN, &[]);
                     self.unguarded(&id, handler).await
                 }

@@ -52,7 +52,12 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             let outcome = match self.claim_once(id, params).await {
                 Ok(Claimed::Answered(outcome)) => outcome,
                 Err(error @ StoreError::Unavailable(_)) if fail_open && !error.is_contention() => {
-                    tracing::warn!(%error, "store unreachable; running unguarded (fail-open)");
+                    tracing::warn!(
+                        scope = %id.scope(),
+                        key = %self.logged_key(id),
+                        %error,
+                        "store unreachable; running unguarded (fail-open)"
+                    );
                     m::count(m::FAIL_OPEN, &[]);
                     return Ok(Claimed::Unguarded);
                 }
@@ -196,7 +201,13 @@ pub(crate) fn unguarded_context(id: &RecordId, outbox: bool) -> Context {
     Context {
         lease: None,
         held,
-        steps: Arc::new(StepRun::new(id.clone(), None, 0, AtRest::new(0, None))),
+        steps: Arc::new(StepRun::new(
+            id.clone(),
+            None,
+            0,
+            AtRest::new(0, None),
+            false,
+        )),
         outgoing: Arc::new(Outgoing::new(outbox)),
     }
 }

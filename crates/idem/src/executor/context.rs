@@ -348,9 +348,11 @@ impl Context {
         if self.is_lease_lost() {
             return Err(StepError::LeaseLost { step: step() });
         }
-        let begun = with_retries(|| m::timed(m::OP_STEP_BEGIN, journal.begin_step(lease, name)))
-            .await
-            .map_err(|e| store_error(name, e))?;
+        let begun = with_retries(lease.id.logged(self.steps.log_keys), name, || {
+            m::timed(m::OP_STEP_BEGIN, journal.begin_step(lease, name))
+        })
+        .await
+        .map_err(|e| store_error(name, e))?;
         let in_doubt = match begun {
             StepBegin::Done(result) => {
                 tracing::Span::current().record("replayed", true);
@@ -386,6 +388,8 @@ impl Context {
             StepBegin::InDoubt { attempt } => {
                 crate::metrics::count(crate::metrics::STEPS_IN_DOUBT, &[("policy", P::NAME)]);
                 tracing::warn!(
+                    scope = %lease.id.scope(),
+                    key = %lease.id.logged(self.steps.log_keys),
                     step = name,
                     started_by = attempt,
                     policy = P::NAME,
@@ -453,7 +457,7 @@ impl Context {
         name: &str,
         result: Bytes,
     ) -> Result<(), StepError<E>> {
-        with_retries(|| {
+        with_retries(lease.id.logged(self.steps.log_keys), name, || {
             m::timed(
                 m::OP_STEP_FINISH,
                 journal.finish_step(lease, name, result.clone()),

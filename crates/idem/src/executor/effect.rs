@@ -68,7 +68,10 @@ impl Context {
             return Ok(false);
         };
         let mark = effect_mark(lease.fence);
-        with_retries(|| journal.begin_step(lease, &mark)).await?;
+        with_retries(lease.id.logged(self.steps.log_keys), &mark, || {
+            journal.begin_step(lease, &mark)
+        })
+        .await?;
         Ok(true)
     }
 
@@ -83,7 +86,10 @@ impl Context {
         if lease.attempt <= 1 {
             return Ok(None);
         }
-        let steps = with_retries(|| journal.steps(&lease.id)).await?;
+        let steps = with_retries(lease.id.logged(self.steps.log_keys), "(effect)", || {
+            journal.steps(&lease.id)
+        })
+        .await?;
         let Some((name, result)) = steps.into_iter().find_map(|entry| match entry.state {
             StepState::Done { result }
                 if effect_mark_fence(&entry.name).is_some() && !result.is_empty() =>

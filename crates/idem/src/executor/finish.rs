@@ -25,7 +25,12 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     pub(super) async fn park<E>(&self, lease: &Lease, why: String) -> RunError<E> {
         m::count(m::PARKED, &[]);
         m::count(m::EXECUTIONS, &[("result", FailureClass::Unknown.as_str())]);
-        tracing::warn!(attempt = lease.attempt, %why, "parking the record for reconciliation");
+        tracing::warn!(
+            scope = %lease.id.scope(),
+            key = %self.logged_key(&lease.id),
+            attempt = lease.attempt,
+            %why,
+            "parking the record for reconciliation");
         let failure = Failure::new(FailureClass::Unknown, why);
         self.record_failure(lease, failure.clone()).await;
         RunError::Parked(failure)
@@ -109,6 +114,8 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             Err(StoreError::LeaseLost) => {
                 m::count(m::LEASE_LOST, &[("at", "complete")]);
                 tracing::warn!(
+                    scope = %lease.id.scope(),
+                    key = %self.logged_key(&lease.id),
                     "handler finished after its lease was taken over; its outcome was not stored"
                 );
                 Err(RunError::LeaseLost)
@@ -117,7 +124,11 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                 // The store answered and said no (too large, invalid,
                 // corrupt): left in progress, the claim would be taken
                 // over and the handler run again (docs/design.md §5.5).
-                tracing::error!(error = %refused, "the store refused the response; recording a terminal failure");
+                tracing::error!(
+                    scope = %lease.id.scope(),
+                    key = %self.logged_key(&lease.id),
+                    error = %refused,
+                    "the store refused the response; recording a terminal failure");
                 self.record_failure(lease, Failure::result_refused(&refused))
                     .await;
                 Err(RunError::Store(refused))
@@ -194,7 +205,12 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             if matches!(error, StoreError::LeaseLost) {
                 m::count(m::LEASE_LOST, &[("at", "fail")]);
             }
-            tracing::warn!(%error, "could not record the failure");
+            tracing::warn!(
+                scope = %lease.id.scope(),
+                key = %self.logged_key(&lease.id),
+                %error,
+                "could not record the failure"
+            );
         }
     }
 
@@ -220,7 +236,12 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                     if deadline(Instant::now(), delay) < give_up =>
                 {
                     uncertain = true;
-                    tracing::warn!(%error, attempt = lease.attempt, "store unavailable while recording the outcome; retrying");
+                    tracing::warn!(
+                        scope = %lease.id.scope(),
+                        key = %self.logged_key(&lease.id),
+                        %error,
+                        attempt = lease.attempt,
+                        "store unavailable while recording the outcome; retrying");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(self.config.lease / 4);
                 }

@@ -30,7 +30,12 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         let flag = |why: &'static str| {
             if held.send_if_modified(|h| !std::mem::replace(&mut h.lost, true)) {
                 m::count(m::LEASE_LOST, &[("at", "heartbeat")]);
-                tracing::warn!(why, "lease lost");
+                tracing::warn!(
+                    scope = %lease.id.scope(),
+                    key = %self.logged_key(&lease.id),
+                    why,
+                    "lease lost"
+                );
             }
         };
         loop {
@@ -76,7 +81,12 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                     flag("another worker took over");
                     return std::future::pending().await;
                 }
-                Err(error) => tracing::warn!(%error, "heartbeat failed"),
+                Err(error) => tracing::warn!(
+                    scope = %lease.id.scope(),
+                    key = %self.logged_key(&lease.id),
+                    %error,
+                    "heartbeat failed"
+                ),
             }
         }
     }

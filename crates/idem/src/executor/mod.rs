@@ -30,7 +30,7 @@ use tracing::Instrument;
 
 use crate::codec::{AtRest, Codec, Json};
 use crate::fingerprint::Fingerprint;
-use crate::key::RecordId;
+use crate::key::{LoggedKey, RecordId};
 use crate::key_hash::KeyHasher;
 use crate::metrics as m;
 use crate::outbox::{OutboxConfig, Outgoing};
@@ -307,33 +307,35 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     /// outcome there. `work` is boxed first: a run's state is several
     /// kilobytes, and every future that holds it (a task, a consumer's
     /// delivery) would otherwise copy all of it each time it is moved.
+    ///
+    /// The span is at DEBUG, as the spans around it are: at the binaries'
+    /// default `info` a span per run cost the gateway 5–10 µs of CPU a
+    /// request (BENCHMARKS.md). The warnings a run logs name its scope and
+    /// key themselves ([`logged_key`](Self::logged_key)).
     pub(crate) fn instrumented<'a, T, E>(
         &self,
         id: &RecordId,
         work: impl Future<Output = Result<Outcome<T>, RunError<E>>> + 'a,
     ) -> impl Future<Output = Result<Outcome<T>, RunError<E>>> + 'a {
-        let span = tracing::info_span!(
+        let span = tracing::debug_span!(
             "idem.run",
             scope = %id.scope(),
-            key = tracing::field::Empty,
+            key = %self.logged_key(id),
             attempt = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
-        // The key's hash is only worked out for a span that is recorded.
-        if !span.is_disabled() {
-            let key = if self.config.log_keys {
-                id.key().to_string()
-            } else {
-                id.log_hash()
-            };
-            span.record("key", key.as_str());
-        }
         let work = Box::pin(work);
         async move {
             let result = work.instrument(span.clone()).await;
             span.record("outcome", outcome_label(&result));
             result
         }
+    }
+
+    /// How `id`'s key is written in logs: a short hash of it, or the key
+    /// itself when the executor was built with `log_keys`.
+    pub(crate) fn logged_key<'a>(&self, id: &'a RecordId) -> LoggedKey<'a> {
+        id.logged(self.config.log_keys)
     }
 
     /// What this executor claims with.
@@ -420,6 +422,8 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                 ),
             );
             tracing::warn!(
+                scope = %lease.id.scope(),
+                key = %self.logged_key(&lease.id),
                 attempt = lease.attempt,
                 "attempts exhausted without an outcome; recording a terminal failure"
             );
@@ -429,6 +433,8 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         if lease.takeover {
             m::count(m::TAKEOVERS, &[]);
             tracing::warn!(
+                scope = %lease.id.scope(),
+                key = %self.logged_key(&lease.id),
                 attempt = lease.attempt,
                 "took over an expired lease; an earlier attempt may have partly run"
             );
@@ -439,6 +445,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             self.config.journal.clone(),
             self.config.max_response_bytes,
             self.config.at_rest.clone(),
+            self.config.log_keys,
         ));
         let ctx = Context {
             lease: Some(lease.clone()),
