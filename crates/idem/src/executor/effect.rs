@@ -86,7 +86,7 @@ impl Context {
         if lease.attempt <= 1 {
             return Ok(None);
         }
-        let steps = with_retries(lease.id.logged(self.steps.log_keys), "(effect)", || {
+        let steps = with_retries(lease.id.logged(self.steps.log_keys), "effect marks", || {
             journal.steps(&lease.id)
         })
         .await?;

@@ -30,7 +30,8 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             key = %self.logged_key(&lease.id),
             attempt = lease.attempt,
             %why,
-            "parking the record for reconciliation");
+            "parking the record for reconciliation"
+        );
         let failure = Failure::new(FailureClass::Unknown, why);
         self.record_failure(lease, failure.clone()).await;
         RunError::Parked(failure)
@@ -128,7 +129,8 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                     scope = %lease.id.scope(),
                     key = %self.logged_key(&lease.id),
                     error = %refused,
-                    "the store refused the response; recording a terminal failure");
+                    "the store refused the response; recording a terminal failure"
+                );
                 self.record_failure(lease, Failure::result_refused(&refused))
                     .await;
                 Err(RunError::Store(refused))
@@ -241,7 +243,8 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                         key = %self.logged_key(&lease.id),
                         %error,
                         attempt = lease.attempt,
-                        "store unavailable while recording the outcome; retrying");
+                        "store unavailable while recording the outcome; retrying"
+                    );
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(self.config.lease / 4);
                 }
