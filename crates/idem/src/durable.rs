@@ -195,15 +195,11 @@ where
         let journal = &self.inner.journal;
         let bytes = idem.at_rest().seal_step(&lease.id, INPUT_STEP, bytes);
         let key = idem.logged_key(&lease.id);
+        let finish = || journal.finish_step(lease, INPUT_STEP, bytes.clone());
         let written =
             match with_retries(key, INPUT_STEP, || journal.begin_step(lease, INPUT_STEP)).await {
                 Ok(StepBegin::Done(_)) => Ok(()),
-                Ok(_) => {
-                    with_retries(key, INPUT_STEP, || {
-                        journal.finish_step(lease, INPUT_STEP, bytes.clone())
-                    })
-                    .await
-                }
+                Ok(_) => with_retries(key, INPUT_STEP, finish).await,
                 Err(error) => Err(error),
             };
         match written {
