@@ -58,6 +58,18 @@ pub const FENCED_VAR: &str = "IDEM_WORKER_FENCED";
 /// [pipeline](Work::Pipeline) (both hops).
 pub const PIPELINE_VAR: &str = "IDEM_WORKER_PIPELINE";
 
+/// The environment variable naming a chaos run's worker slot: a worker
+/// that replaces a killed or departed one is given the same name, so a
+/// broker with static group membership (Kafka's `group.instance.id`)
+/// hands it its predecessor's partitions without a rebalance.
+pub const MEMBER_VAR: &str = "IDEM_WORKER_MEMBER";
+
+/// In a worker process: the name of its slot in a chaos run, if it has
+/// one ([`MEMBER_VAR`]).
+pub fn member() -> Option<String> {
+    std::env::var(MEMBER_VAR).ok()
+}
+
 /// The key worker A hangs on.
 pub const SLOW_KEY: &str = "slow-1";
 
@@ -76,6 +88,7 @@ where
         .env_remove(SLOW_VAR)
         .env_remove(FENCED_VAR)
         .env_remove(PIPELINE_VAR)
+        .env_remove(MEMBER_VAR)
         .envs(env)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())

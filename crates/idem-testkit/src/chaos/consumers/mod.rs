@@ -8,8 +8,10 @@
 //!   a handler last and the one that wrote last;
 //! - a worker SIGSTOPped for 1.5 to 3 leases, then SIGCONTed: a stale
 //!   holder that wakes up mid-handler;
-//! - a worker told to leave cleanly (it finishes what it holds; a Kafka
-//!   member commits and leaves its group) while a new one joins;
+//! - a worker told to leave cleanly (it finishes what it holds and
+//!   commits), replaced once it has gone — every replacement takes its
+//!   slot's member name ([`MEMBER_VAR`](crate::consumers::scenario::MEMBER_VAR)),
+//!   which Kafka's workers use as their static group membership;
 //! - the broker killed and started again (it keeps what it stored);
 //! - the store killed and started again (a Redis of the run's own, with
 //!   an fsync-always append-only file; a store on the broker's own

@@ -11,7 +11,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 use crate::consumers::ledger::Work;
-use crate::consumers::scenario::spawn_worker;
+use crate::consumers::scenario::{spawn_worker, MEMBER_VAR};
 use crate::consumers::under_test::ChaosBroker;
 use crate::doubles::proxy::FaultProxy;
 
@@ -72,12 +72,21 @@ fn send(pid: u32, signal: &str) -> bool {
             .is_ok_and(|s| s.success())
 }
 
+/// A worker process and the member name of its slot ([`MEMBER_VAR`]),
+/// which its replacement takes over.
+struct Member {
+    name: usize,
+    process: Child,
+}
+
 /// The worker processes, by slot, and those leaving.
 pub(super) struct Workers {
     env: Vec<(&'static str, String)>,
-    running: Vec<Child>,
+    running: Vec<Member>,
     /// Workers told to leave, until they have exited.
-    leaving: Vec<Child>,
+    leaving: Vec<Member>,
+    /// Slots named so far.
+    named: usize,
     exits: usize,
 }
 
@@ -88,6 +97,7 @@ impl Workers {
             env,
             running: Vec::new(),
             leaving: Vec::new(),
+            named: 0,
             exits: 0,
         }
     }
@@ -97,14 +107,26 @@ impl Workers {
         self.exits
     }
 
+    /// Starts a worker in a new slot.
     pub(super) fn spawn(&mut self) {
-        self.running
-            .push(spawn_worker(self.env.clone(), &Work::Fenced));
+        let member = self.start(self.named);
+        self.named += 1;
+        self.running.push(member);
+    }
+
+    /// Starts a worker process named `name`.
+    fn start(&self, name: usize) -> Member {
+        let mut env = self.env.clone();
+        env.push((MEMBER_VAR, format!("w{name}")));
+        Member {
+            name,
+            process: spawn_worker(env, &Work::Fenced),
+        }
     }
 
     /// The slot of the worker with process id `pid`, or a random one.
     pub(super) fn slot_of(&self, pid: Option<u32>, rng: &mut StdRng) -> usize {
-        pid.and_then(|pid| self.running.iter().position(|w| w.id() == pid))
+        pid.and_then(|pid| self.running.iter().position(|w| w.process.id() == pid))
             .unwrap_or_else(|| rng.random_range(0..self.running.len()))
     }
 
@@ -113,24 +135,22 @@ impl Workers {
         let Some(worker) = self.running.get_mut(slot) else {
             return;
         };
-        let _ = worker.kill();
-        let _ = worker.wait();
-        *worker = spawn_worker(self.env.clone(), &Work::Fenced);
+        let _ = worker.process.kill();
+        let _ = worker.process.wait();
+        let name = worker.name;
+        self.running[slot] = self.start(name);
     }
 
     /// Closes the stdin of the worker in `slot`, so that it stops cleanly
-    /// (see [`worker_main`](crate::consumers::scenario::worker_main)); a new one
-    /// takes its place once it has gone, as in a rolling restart. (Tansu,
-    /// the Kafka-protocol broker of the tests, stops assigning a group's
-    /// partitions for good when a member leaves cleanly while another
-    /// joins.)
-    /// Whether it was told: the last worker running never is.
+    /// (see [`worker_main`](crate::consumers::scenario::worker_main)); a worker
+    /// of the same name takes its place once it has gone, as in a rolling
+    /// restart. Whether it was told: the last worker running never is.
     pub(super) fn leave(&mut self, slot: usize) -> bool {
         if slot >= self.running.len() || self.running.len() < 2 {
             return false;
         }
         let mut old = self.running.remove(slot);
-        drop(old.stdin.take());
+        drop(old.process.stdin.take());
         self.leaving.push(old);
         true
     }
@@ -138,7 +158,7 @@ impl Workers {
     /// Stops (SIGSTOP) the worker in `slot`; its process id if it was
     /// stopped.
     pub(super) fn stop(&self, slot: usize) -> Option<u32> {
-        let pid = self.running.get(slot).map(Child::id)?;
+        let pid = self.running.get(slot).map(|w| w.process.id())?;
         send(pid, "STOP").then_some(pid)
     }
 
@@ -150,33 +170,40 @@ impl Workers {
             .running
             .iter()
             .chain(&self.leaving)
-            .any(|w| w.id() == pid)
+            .any(|w| w.process.id() == pid)
         {
             send(pid, "CONT");
         }
     }
 
     /// Replaces workers that exited by themselves, and those that left
-    /// once they have gone.
+    /// once they have gone, each by a worker of the same name.
     pub(super) fn replace_exited(&mut self) {
-        let before = self.leaving.len();
-        self.leaving
-            .retain_mut(|w| !matches!(w.try_wait(), Ok(Some(_))));
-        for _ in self.leaving.len()..before {
-            self.spawn();
+        let mut gone = Vec::new();
+        self.leaving.retain_mut(|w| {
+            let exited = matches!(w.process.try_wait(), Ok(Some(_)));
+            if exited {
+                gone.push(w.name);
+            }
+            !exited
+        });
+        for name in gone {
+            let member = self.start(name);
+            self.running.push(member);
         }
         for slot in 0..self.running.len() {
-            if matches!(self.running[slot].try_wait(), Ok(Some(_))) {
+            if matches!(self.running[slot].process.try_wait(), Ok(Some(_))) {
                 self.exits += 1;
-                self.running[slot] = spawn_worker(self.env.clone(), &Work::Fenced);
+                let name = self.running[slot].name;
+                self.running[slot] = self.start(name);
             }
         }
     }
 
     pub(super) fn stop_all(&mut self) {
         for worker in self.running.iter_mut().chain(&mut self.leaving) {
-            let _ = worker.kill();
-            let _ = worker.wait();
+            let _ = worker.process.kill();
+            let _ = worker.process.wait();
         }
     }
 }
