@@ -9,34 +9,12 @@ mod common;
 use std::collections::HashMap;
 
 use common::{config, sqlite, start_upstream, Gateway};
+use idem_testkit::logs::Captured;
 
 async fn seen(request: reqwest::RequestBuilder) -> HashMap<String, String> {
     let response = request.send().await.expect("send");
     assert_eq!(response.status(), 200);
     response.json().await.expect("json")
-}
-
-/// What a tracing subscriber wrote, shared with the test.
-#[derive(Clone, Default)]
-struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("lock").extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Self;
-
-    fn make_writer(&'a self) -> Self {
-        self.clone()
-    }
 }
 
 /// One runtime thread, so the subscriber set here sees the gateway's tasks.
@@ -77,7 +55,7 @@ async fn a_keyed_request_is_traced_through_the_gateway_and_its_trace_context_rea
     assert_eq!(up.runs("/headers"), 2);
     gateway.shutdown().await;
 
-    let text = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("utf-8");
+    let text = captured.text();
     let closed: Vec<serde_json::Value> = text
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())

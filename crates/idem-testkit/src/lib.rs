@@ -41,7 +41,8 @@
 //!   report) every run drives its target with, and (with `consumers`)
 //!   the broker adapters' target, one `consumer_chaos!` line per adapter;
 //! - [`bench`](mod@bench): the throughput benches;
-//! - [`blobs`]: what every blob store must do.
+//! - [`blobs`]: what every blob store must do;
+//! - [`logs`]: a log subscriber's output kept for a test to read.
 
 pub mod at_rest;
 pub mod bench;
@@ -52,6 +53,7 @@ pub mod conformance;
 pub mod consumers;
 pub mod doubles;
 pub mod fixtures;
+pub mod logs;
 pub mod servers;
 
 pub use conformance::{ConformanceStore, Fixture, TimeControl};

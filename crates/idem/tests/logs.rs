@@ -5,45 +5,13 @@
 //! a subscriber set for one test thread must not race other tests over
 //! the spans' cached interest.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem::store::ClaimParams;
 use idem::{Idempotency, MemoryStore, RecordId, Store};
+use idem_testkit::logs::Captured;
 use idem_testkit::TokioClock;
 use serde_json::Value;
-
-/// What the subscriber wrote, shared with the test.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("lock").extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Self;
-
-    fn make_writer(&'a self) -> Self {
-        self.clone()
-    }
-}
-
-impl Captured {
-    fn lines(&self) -> Vec<Value> {
-        let text = String::from_utf8(self.0.lock().expect("lock").clone()).expect("utf-8");
-        text.lines()
-            .map(|line| serde_json::from_str(line).expect("a JSON line"))
-            .collect()
-    }
-}
 
 /// Runs `key` once after an earlier claim of it was abandoned (its lease
 /// ran out), with an `info` subscriber; what it logged.
