@@ -390,6 +390,11 @@ impl<S: RecordTtl, R: ReplayCache> Store for Cached<S, R> {
         self.store.step_journal()
     }
 
+    /// Marks are written with completions, by the inner store.
+    fn pending_sends(&self) -> Option<std::sync::Arc<dyn crate::store::DynPendingSends>> {
+        self.store.pending_sends()
+    }
+
     fn local_now(&self) -> Option<Timestamp> {
         self.store.local_now()
     }

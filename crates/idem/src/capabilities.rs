@@ -9,6 +9,7 @@
 /// |---|---|---|
 /// | `peek` | [`GetRecord`](crate::GetRecord) | [`Store::peek`](crate::Store::peek) answers with [`GetRecord::get`](crate::GetRecord::get): a write whose answer was lost is read back instead of reported unknown |
 /// | `steps` | [`StepJournal`](crate::StepJournal) (and `Clone`) | [`Store::step_journal`](crate::Store::step_journal) returns the journal: [`Context::step`](crate::Context::step) works |
+/// | `pending` | [`PendingSends`](crate::store::PendingSends) (and `Clone`) | [`Store::pending_sends`](crate::Store::pending_sends) returns the index: a run that sends marks itself pending in its completion instead of holding a marker record |
 ///
 /// A store that implements a capability's trait but does not name it here
 /// still compiles, and the executor then behaves as if the store lacked
@@ -83,11 +84,20 @@ macro_rules! __store_capability {
             )))
         }
     };
+    (pending) => {
+        fn pending_sends(
+            &self,
+        ) -> ::core::option::Option<::std::sync::Arc<dyn $crate::store::DynPendingSends>> {
+            ::core::option::Option::Some($crate::store::pending_of(::core::clone::Clone::clone(
+                self,
+            )))
+        }
+    };
     ($other:ident) => {
         ::core::compile_error!(::core::concat!(
             "unknown store capability `",
             ::core::stringify!($other),
-            "` (store_capabilities! takes peek and steps)"
+            "` (store_capabilities! takes peek, steps and pending)"
         ));
     };
 }

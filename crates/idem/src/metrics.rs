@@ -56,8 +56,9 @@ pub const OUTBOX_FAILED: &str = "idem_outbox_send_failures_total";
 /// Runs' messages dispatched in full, by `by` (`run`, `replay`,
 /// `dispatcher`, `unguarded`).
 pub const OUTBOX_DISPATCHES: &str = "idem_outbox_dispatches_total";
-/// Markers the dispatcher found pending on its last pass (their runs'
-/// messages not confirmed sent, their holder gone): the outbox's backlog.
+/// Runs the dispatcher found pending on its last pass (their messages not
+/// confirmed sent, their holder gone: markers, or runs the store's
+/// pending index marked): the outbox's backlog.
 pub const OUTBOX_PENDING: &str = "idem_outbox_pending";
 /// Seconds from a message's making (the time in its UUIDv7 id) to its
 /// broker's confirmation: the outbox's lag.
@@ -67,6 +68,7 @@ pub(crate) const OP_COMPLETE: &str = "complete";
 pub(crate) const OP_FAIL: &str = "fail";
 pub(crate) const OP_EXTEND: &str = "extend";
 pub(crate) const OP_RELEASE: &str = "release";
+pub(crate) const OP_CONFIRM: &str = "confirm_sent";
 pub(crate) const OP_STEP_BEGIN: &str = "step_begin";
 pub(crate) const OP_STEP_FINISH: &str = "step_finish";
 

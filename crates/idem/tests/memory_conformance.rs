@@ -9,7 +9,7 @@ async fn fixture(case: &'static str) -> Fixture<MemoryStore<ManualClock>> {
     Fixture::manual(store, clock, case)
 }
 
-idem_testkit::conformance_suite!(fixture; core, concurrency, batches, admin, steps, outbox, ttl);
+idem_testkit::conformance_suite!(fixture; core, concurrency, batches, admin, steps, outbox, pending, ttl);
 
 /// A store that remembers expired keys, for the horizon cases.
 async fn remembering(case: &'static str) -> Fixture<MemoryStore<ManualClock>> {

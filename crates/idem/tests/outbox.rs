@@ -526,3 +526,52 @@ async fn a_marker_whose_run_ended_without_completing_is_given_back_by_the_dispat
     assert_eq!(pass.pending, 0, "the marker was given back: {pass:?}");
     assert!(sender.messages().is_empty());
 }
+
+/// Hides the memory store's pending index, as a store without one.
+#[derive(Clone, Copy)]
+struct NoIndex;
+
+impl<S: Store> Hooks<S> for NoIndex {}
+
+#[tokio::test]
+async fn a_store_with_a_pending_index_marks_the_run_instead_of_writing_a_marker() {
+    for indexed in [true, false] {
+        let (store, clock) = store();
+        let sender = MemorySender::new();
+        sender.fail(true);
+        let id = run_id("counted");
+        let send_one = |ctx: idem::Context| async move {
+            ctx.send(Message::new("events", "charged"))?;
+            Ok::<_, HandlerError>(7u32)
+        };
+        let ran = if indexed {
+            executor(store.clone(), sender.clone())
+                .run(&id, None, send_one)
+                .await
+        } else {
+            let idem = executor(Double::new(store.clone(), NoIndex), sender.clone());
+            idem.run(&id, None, send_one).await
+        };
+        assert!(matches!(ran, Ok(Outcome::Executed { .. })), "{ran:?}");
+        // The run's record and its scope's entry in the registry; a
+        // marker record beside them only without the index.
+        let records = if indexed { 2 } else { 3 };
+        assert_eq!(store.len(), records, "indexed: {indexed}");
+
+        // Either way the dispatcher finds the run once its hold ran out,
+        // and sends it once.
+        sender.fail(false);
+        let idem = executor(store.clone(), sender.clone());
+        clock.advance(LEASE);
+        let pass = idem.dispatch_pending().await.expect("a pass");
+        assert_eq!(
+            (pass.runs, pass.messages),
+            (1, 1),
+            "indexed {indexed}: {pass:?}"
+        );
+        clock.advance(LEASE);
+        let pass = idem.dispatch_pending().await.expect("a pass");
+        assert_eq!(pass.runs, 0, "indexed {indexed}: {pass:?}");
+        assert_eq!(sender.messages().len(), 1);
+    }
+}

@@ -68,6 +68,10 @@ impl Store for AnyStore {
         each!(self, s => s.step_journal())
     }
 
+    fn pending_sends(&self) -> Option<std::sync::Arc<dyn idem::store::DynPendingSends>> {
+        each!(self, s => s.pending_sends())
+    }
+
     fn local_now(&self) -> Option<idem::Timestamp> {
         each!(self, s => s.local_now())
     }

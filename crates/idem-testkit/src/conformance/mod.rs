@@ -25,6 +25,7 @@ pub mod horizon;
 mod layouts;
 pub mod outbox;
 pub mod outbox_table;
+pub mod pending;
 pub mod steps;
 pub mod ttl;
 
@@ -228,6 +229,16 @@ macro_rules! __conformance_group {
             a_sent_run_leaves_nothing_pending_and_its_key_reused_sends_anew,
         );
     };
+    ($fixture:path; pending) => {
+        $crate::__conformance_cases!(
+            $fixture; pending;
+            the_index_reaches_the_executor,
+            a_mark_is_held_then_taken_once_and_cleared_by_its_fence,
+            only_a_held_completion_marks_and_marks_stay_in_their_scope,
+            a_mark_ends_with_its_record,
+            concurrent_takers_take_each_run_once,
+        );
+    };
     ($fixture:path; horizon) => {
         $crate::__conformance_cases!(
             $fixture; horizon;
@@ -253,7 +264,7 @@ macro_rules! __conformance_group {
         ::core::compile_error!(::core::concat!(
             "unknown conformance group `",
             ::core::stringify!($other),
-            "` (core, concurrency, batches, admin, steps, outbox, ttl, horizon, horizon_days)"
+            "` (core, concurrency, batches, admin, steps, outbox, pending, ttl, horizon, horizon_days)"
         ));
     };
 }

@@ -72,9 +72,12 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                     .await);
             }
         }
-        // Claimed before the completion, so that once the messages are
-        // stored the dispatcher can always find them.
-        let marker = match messages.is_empty() || !self.holds_markers() {
+        // Marked pending by the completion's own write where the store
+        // keeps a pending index; otherwise a marker claimed before the
+        // completion, so that once the messages are stored the dispatcher
+        // can always find them.
+        let pending = self.pending_index(&lease.id, &messages).await;
+        let marker = match messages.is_empty() || !self.holds_markers() || pending.is_some() {
             true => None,
             false => Some(self.hold_outbox_marker(&lease.id).await),
         };
@@ -83,7 +86,15 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         let (stored, uncertain) = self
             .with_store_retries(
                 lease,
-                || self.store.complete(lease, sealed.clone(), retention),
+                || async {
+                    match &pending {
+                        Some(index) => {
+                            let hold = self.config.lease;
+                            (index.complete_pending(lease, sealed.clone(), retention, hold)).await
+                        }
+                        None => self.store.complete(lease, sealed.clone(), retention).await,
+                    }
+                },
                 m::OP_COMPLETE,
             )
             .await;
@@ -105,6 +116,10 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                     .put(&lease.id, fingerprint, sealed, retention, sent);
                 if let Some(marker) = marker {
                     self.dispatch_held(&messages, marker, retention).await;
+                }
+                if let Some(index) = &pending {
+                    self.dispatch_marked(index.as_ref(), &lease.id, lease.fence, &messages)
+                        .await;
                 }
                 Ok(Outcome::Executed {
                     value,

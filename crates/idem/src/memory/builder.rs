@@ -112,6 +112,7 @@ impl<C: Clock> MemoryStoreBuilder<C> {
                 max_records: self.max_records,
                 per_shard: self.max_records.div_ceil(self.shards),
                 memory: self.memory,
+                pending: Mutex::default(),
             }),
         }
     }

@@ -7,6 +7,7 @@ mod admin;
 mod builder;
 mod horizon;
 mod many;
+mod pending;
 mod shard;
 mod steps;
 mod store;

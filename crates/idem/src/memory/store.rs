@@ -77,6 +77,9 @@ pub(crate) struct Inner<C> {
     pub(crate) per_shard: usize,
     /// How long expired keys are remembered, if at all.
     pub(crate) memory: Option<Duration>,
+    /// The outbox's pending index (`pending.rs`).
+    pub(crate) pending:
+        parking_lot::Mutex<std::collections::HashMap<RecordId, super::pending::Mark>>,
 }
 
 impl<C: Clock> MemoryStore<C> {
@@ -252,7 +255,7 @@ impl<C: Clock> MemoryStore<C> {
 }
 
 impl<C: Clock> Store for MemoryStore<C> {
-    crate::store_capabilities!(peek, steps);
+    crate::store_capabilities!(peek, steps, pending);
 
     fn local_now(&self) -> Option<Timestamp> {
         Some(self.inner.clock.now())

@@ -15,7 +15,7 @@ use crate::executor::Idempotency;
 use crate::key::{RecordId, Scope};
 use crate::metrics as m;
 use crate::record::{ClaimOutcome, ClaimParams, Lease, State};
-use crate::store::{Store, StoreError};
+use crate::store::{DynPendingSends, Store, StoreError};
 
 /// How long a process trusts that a scope's entry in the registry is
 /// there before it checks again.
@@ -137,6 +137,53 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
             }
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_millis(200));
+        }
+    }
+
+    /// The store's pending index, when a run that sent `messages` is
+    /// marked pending by its completion rather than holding a marker: the
+    /// run sent some, this executor holds markers at all, and the store
+    /// keeps such an index. Makes sure the run's scope is registered
+    /// first, as a marker's claim does.
+    pub(crate) async fn pending_index(
+        &self,
+        run: &RecordId,
+        messages: &[Message],
+    ) -> Option<Arc<dyn DynPendingSends>> {
+        if messages.is_empty() || !self.holds_markers() {
+            return None;
+        }
+        let index = self.store().pending_sends()?;
+        self.register(run.scope()).await;
+        Some(index)
+    }
+
+    /// After a run marked pending by its completion (under `fence`) was
+    /// stored: dispatches its messages and, once all are confirmed,
+    /// clears the mark. A dispatch that fails, or an executor without a
+    /// sender, leaves the mark to a dispatcher once its hold runs out.
+    pub(crate) async fn dispatch_marked(
+        &self,
+        index: &dyn DynPendingSends,
+        run: &RecordId,
+        fence: u64,
+        messages: &[Message],
+    ) {
+        if self.dispatch(messages, "run").await.is_ok() {
+            self.confirm_sent(index, run, fence).await;
+        }
+    }
+
+    /// Clears a run's pending mark once its messages are confirmed; a
+    /// mark left only means they are sent again, under the same ids.
+    pub(crate) async fn confirm_sent(
+        &self,
+        index: &dyn DynPendingSends,
+        run: &RecordId,
+        fence: u64,
+    ) {
+        if let Err(error) = m::timed(m::OP_CONFIRM, index.confirm_sent(run, fence)).await {
+            tracing::debug!(%error, "the outbox's pending mark was not cleared; the messages may be sent again");
         }
     }
 
@@ -297,6 +344,15 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                 return;
             }
         };
+        if let Some(index) = self.store().pending_sends() {
+            // Marked by its completion: pending only while the mark is
+            // there, and taken only once its holder's hold ran out.
+            if let Ok(Some(taken)) = index.take_pending_run(run, self.lease()).await {
+                self.dispatch_marked(index.as_ref(), &taken.id, taken.fence, &messages)
+                    .await;
+            }
+            return;
+        }
         let marker = marker_id(run);
         match self.store().peek(&marker).await {
             Ok(Some(record)) if !matches!(record.state, State::InProgress { .. }) => return,

@@ -19,20 +19,27 @@
 //!    and re-dispatches the messages if they are not yet confirmed sent;
 //!    a process that died before confirming leaves them to the
 //!    [dispatcher](crate::Idempotency::spawn_outbox_dispatcher), which
-//!    finds them through a marker written before the completion.
+//!    finds them through the store's pending index or a marker written
+//!    before the completion.
 //!
 //! Dispatch is at least once, each message under its stable id: a message
 //! whose broker confirmation was lost is sent again with the same id.
 //!
 //! ## What it costs, and where it is kept
 //!
-//! A run that sends writes two more records beside its own: a *marker*
-//! (claimed before the completion, completed — or released, by a
-//! dispatcher or a replay — once every message is confirmed) in the scope `idem.outbox/` followed by a digest of the
-//! run's scope, and — once per process and scope — the scope's entry in
-//! `idem.outbox`, through which the dispatcher finds the markers. A run
-//! that sends nothing writes nothing more. Both are ordinary records, seen
-//! and purged like any other.
+//! On a store that keeps a pending index
+//! ([`PendingSends`](crate::store::PendingSends): the memory store), the
+//! completion's own write marks the run pending, held by its process for
+//! a lease, and one more write clears the mark once every message is
+//! confirmed: a sending run writes once more than a run that sends
+//! nothing. On any other store it writes two more records beside its
+//! own: a *marker* (claimed before the completion, completed — or
+//! released, by a dispatcher or a replay — once every message is
+//! confirmed) in the scope `idem.outbox/` followed by a digest of the
+//! run's scope. Either way, once per process and scope, the scope's entry
+//! in `idem.outbox`, through which the dispatcher finds the runs. A run
+//! that sends nothing writes nothing more. Markers and entries are
+//! ordinary records, seen and purged like any other.
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {

@@ -49,14 +49,16 @@ where
     C: Codec + Clone,
 {
     /// One pass of the dispatcher: for every scope with runs that sent
-    /// messages, takes over each marker whose holder is gone (its lease
-    /// ran out), and if its run is completed sends the run's messages and
-    /// releases the marker. A marker whose run is not completed (still
+    /// messages, takes each run the store's pending index marked whose
+    /// hold ran out, sends its messages and clears the mark; and takes
+    /// over each marker whose holder is gone (its lease ran out), and if
+    /// its run is completed sends the run's messages and releases the
+    /// marker. A marker whose run is not completed (still
     /// running, or never to complete) is left to run out and looked at
     /// again; it lives no longer than the run's record would.
     ///
-    /// Several dispatchers may run at once: each marker is taken by one
-    /// claim, fenced like any other.
+    /// Several dispatchers may run at once: each marked run is taken by
+    /// one of them, each marker by one claim, fenced like any other.
     pub async fn dispatch_pending(&self) -> Result<DispatchPass, StoreError> {
         let mut pass = DispatchPass::default();
         let registry = Scope::new(REGISTRY_SCOPE).expect("a valid scope");
@@ -89,7 +91,7 @@ where
     /// One pass of the dispatcher over the runs of `scope` alone (see
     /// [`dispatch_pending`](Self::dispatch_pending)).
     pub async fn dispatch_scope(&self, scope: &Scope) -> Result<DispatchPass, StoreError> {
-        let mut pass = DispatchPass::default();
+        let mut pass = self.dispatch_marked_runs(scope).await?;
         let found = self.store().abandoned(&marker_scope(scope), BATCH).await?;
         pass.pending += found.len();
         for (marker, _) in found {
@@ -132,6 +134,42 @@ where
             }
         }
         Ok(pass)
+    }
+
+    /// The part of a pass over `scope` that the store's pending index
+    /// answers (none without one): each run marked pending whose hold ran
+    /// out, taken by this dispatcher alone, sent and its mark cleared.
+    async fn dispatch_marked_runs(&self, scope: &Scope) -> Result<DispatchPass, StoreError> {
+        let mut pass = DispatchPass::default();
+        let Some(index) = self.store().pending_sends() else {
+            return Ok(pass);
+        };
+        loop {
+            let taken = index.take_pending(scope, self.lease(), BATCH).await?;
+            let full = taken.len() >= BATCH;
+            pass.pending += taken.len();
+            for run in taken {
+                let messages = match stored_messages(self.at_rest(), &run.id, &run.response) {
+                    Ok(messages) => messages,
+                    Err(reason) => {
+                        tracing::error!(%reason, "the messages stored with a run do not read; left pending");
+                        pass.failed += 1;
+                        continue;
+                    }
+                };
+                match self.dispatch(&messages, "dispatcher").await {
+                    Ok(sent) => {
+                        self.confirm_sent(index.as_ref(), &run.id, run.fence).await;
+                        pass.runs += 1;
+                        pass.messages += sent;
+                    }
+                    Err(_) => pass.failed += 1,
+                }
+            }
+            if !full || pass.failed > 0 {
+                return Ok(pass);
+            }
+        }
     }
 
     /// Starts the dispatcher on the current Tokio runtime: a

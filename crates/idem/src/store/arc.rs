@@ -8,8 +8,8 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{
-    ClaimMany, CompleteMany, Completion, DynStepJournal, FindAbandoned, ListPage, ListQuery,
-    ListRecords, StepJournal, Store, StoreError,
+    ClaimMany, CompleteMany, Completion, DynPendingSends, DynStepJournal, FindAbandoned, ListPage,
+    ListQuery, ListRecords, StepJournal, Store, StoreError,
 };
 use crate::clock::Timestamp;
 use crate::key::{RecordId, Scope};
@@ -62,6 +62,9 @@ impl<S: Store> Store for Arc<S> {
     }
     fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
         (**self).step_journal()
+    }
+    fn pending_sends(&self) -> Option<Arc<dyn DynPendingSends>> {
+        (**self).pending_sends()
     }
     fn local_now(&self) -> Option<Timestamp> {
         (**self).local_now()

@@ -3,7 +3,7 @@
 //! for what not every caller needs, with the types they take and answer
 //! ([`ClaimParams`], [`ClaimOutcome`], [`Lease`], [`StepBegin`],
 //! [`Completion`]) and the helpers stores share ([`poll_while`],
-//! [`journal_of`], [`held`], [`crate::group`]). The traits a user calls on
+//! [`journal_of`], [`pending_of`], [`held`], [`crate::group`]). The traits a user calls on
 //! a store (`get`, `list`, `delete`, `purge_expired`) are also at the
 //! crate's root; the rest are only here.
 //!
@@ -13,11 +13,13 @@
 //!
 //! The files follow a store crate's own floor plan: the required
 //! primitives and errors here, the admin capabilities in `admin.rs`, group
-//! commit in `many.rs`, the step journal in `steps.rs`.
+//! commit in `many.rs`, the step journal in `steps.rs`, the outbox's
+//! pending index in `pending.rs`.
 
 mod admin;
 mod arc;
 mod many;
+mod pending;
 mod steps;
 
 use std::future::Future;
@@ -31,6 +33,7 @@ pub use admin::{
     RecordTtl,
 };
 pub use many::{ClaimMany, CompleteMany, Completion};
+pub use pending::{pending_of, DynPendingSends, PendingRun, PendingSends};
 pub use steps::{journal_of, BoxFuture, DynStepJournal, StepJournal};
 
 use crate::clock::Timestamp;
@@ -212,6 +215,15 @@ pub trait Store: Send + Sync + 'static {
     /// default, `None`, makes every
     /// step fail with [`StepError::Unsupported`](crate::step::StepError::Unsupported).
     fn step_journal(&self) -> Option<Arc<dyn DynStepJournal>> {
+        None
+    }
+
+    /// This store's pending index for the outbox: stores that implement
+    /// [`PendingSends`] return `Some(pending_of(self.clone()))`, wired by
+    /// [`store_capabilities!(pending)`](crate::store_capabilities). The
+    /// default, `None`, makes a run that sends hold a marker record
+    /// instead ([`crate::outbox`]).
+    fn pending_sends(&self) -> Option<Arc<dyn DynPendingSends>> {
         None
     }
 
