@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem::group::{claim_through, complete_through, Direct, Pairs};
-use idem::store::{ClaimOutcome, ClaimParams, Lease, LeaseToken, TokenMint};
+use idem::store::{ClaimOutcome, ClaimParams, Completion, Lease, LeaseToken, TokenMint};
 use idem::{Failure, RecordId, Store, StoreError, Timestamp};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Pool, Row, Value};
@@ -221,14 +221,12 @@ impl Direct for MySqlStore {
         self.claim_single(id, params).await
     }
 
-    async fn complete_one(
-        &self,
-        lease: &Lease,
-        response: &[u8],
-        retention: Duration,
-    ) -> Result<(), StoreError> {
-        let mut params = vec![Value::Bytes(response.to_vec()), Value::Int(ms(retention))];
-        params.extend(lease_params(lease));
+    /// A plain completion: this store keeps no pending index, so no
+    /// completion it is handed marks one.
+    async fn complete_one(&self, completion: &Completion) -> Result<(), StoreError> {
+        let response = completion.response.to_vec();
+        let mut params = vec![Value::Bytes(response), Value::Int(ms(completion.retention))];
+        params.extend(lease_params(&completion.lease));
         let changed = self.write(&self.inner.sql.complete, params).await?;
         lease_written(changed)
     }
@@ -256,7 +254,8 @@ impl Store for MySqlStore {
         response: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        complete_through(self.groups.as_deref(), self, lease, response, retention).await
+        let completion = Completion::new(lease.clone(), response, retention);
+        complete_through(self.groups.as_deref(), self, completion).await
     }
 
     async fn fail(

@@ -5,11 +5,12 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::group::Pairs;
+use idem::group::{GroupCommit, Limits, Pairs};
 use idem::store::TokenMint;
 
 use crate::error::ConnectError;
 use crate::sql::Sql;
+use crate::pending::Confirms;
 use crate::store::{Inner, PgStore};
 use crate::{conn, notify, schema};
 
@@ -142,6 +143,7 @@ impl PgStoreBuilder {
         })?;
         let mut store = PgStore {
             groups: None,
+            confirms: None,
             inner: Arc::new(Inner {
                 pool,
                 sql: Sql::new(&self.schema),
@@ -161,6 +163,10 @@ impl PgStoreBuilder {
                 .map_err(|source| ConnectError::Unavailable { url, source })?,
         );
         if self.batching {
+            store.confirms = Some(GroupCommit::new(
+                Confirms(store.clone()),
+                Limits::default(),
+            ));
             store.groups = Some(Arc::new(Pairs::new(&store)));
         }
         if self.setup {

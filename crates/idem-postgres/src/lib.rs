@@ -94,6 +94,7 @@ pub mod inbox;
 mod many;
 mod notify;
 pub mod outbox;
+mod pending;
 mod schema;
 mod sql;
 mod steps;

@@ -10,6 +10,8 @@ use idem::{ClaimMany, CompleteMany, RecordId, StoreError};
 
 use idem::store::{ClaimOutcome, ClaimParams, Completion, LeaseToken};
 
+use tokio_postgres::types::ToSql;
+
 use crate::encode;
 use crate::encode::{ms, token_bytes};
 use crate::error::one_item_may_cause;
@@ -88,11 +90,26 @@ impl PgStore {
             .iter()
             .map(|&i| ms(completions[i].retention))
             .collect();
+        // A batch where some completion marks its run pending writes the
+        // pending index in the same statement; one where none does runs
+        // the plain statement.
+        let holds: Vec<Option<f64>> = order
+            .iter()
+            .map(|&i| completions[i].pending.map(ms))
+            .collect();
+        let marks = holds.iter().any(Option::is_some);
         let client = self.client().await?;
-        let statement = self.prepare(&client, &self.inner.sql.complete_many).await?;
-        let rows = self
-            .timed(client.query(&statement, &[&scopes, &keys, &tokens, &responses, &keeps]))
-            .await?;
+        let rows = if marks {
+            let sql = &self.inner.sql.complete_many_pending;
+            let statement = self.prepare(&client, sql).await?;
+            let params: [&(dyn ToSql + Sync); 6] =
+                [&scopes, &keys, &tokens, &responses, &keeps, &holds];
+            self.timed(client.query(&statement, &params)).await?
+        } else {
+            let statement = self.prepare(&client, &self.inner.sql.complete_many).await?;
+            let params: [&(dyn ToSql + Sync); 5] = [&scopes, &keys, &tokens, &responses, &keeps];
+            self.timed(client.query(&statement, &params)).await?
+        };
         let mut results: Vec<Option<Result<(), StoreError>>> =
             (0..completions.len()).map(|_| None).collect();
         for &i in &order {

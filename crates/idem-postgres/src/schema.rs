@@ -71,6 +71,11 @@ const FILES: &[(i32, &str, &str)] = &[
         "0011_horizon",
         include_str!("../migrations/0011_horizon.sql"),
     ),
+    (
+        12,
+        "0012_pending",
+        include_str!("../migrations/0012_pending.sql"),
+    ),
 ];
 
 /// Whether `name` can be used as a schema unquoted: 1 to 63 characters of
@@ -188,7 +193,7 @@ mod tests {
     fn migrations_are_in_order_and_fill_the_schema() {
         let all = migrations("billing");
         let versions: Vec<i32> = all.iter().map(|m| m.version).collect();
-        assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+        assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
         assert!(all.iter().all(|m| !m.sql.contains("{schema}")));
         assert!(all[0].sql.contains("billing.idem_records"));
     }

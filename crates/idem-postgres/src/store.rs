@@ -6,16 +6,18 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use deadpool_postgres::{Object, Pool};
-use idem::store::{ClaimOutcome, ClaimParams, Lease, TokenMint};
+use idem::store::{ClaimOutcome, ClaimParams, Completion, Lease, TokenMint};
 use idem::{Failure, RecordId, Store, StoreError, Timestamp};
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{GenericClient, Statement};
 
 use crate::encode::{self, ms, token_bytes};
+use crate::pending::Confirms;
 use crate::error::{pg_error, pool_error};
 use crate::sql::Sql;
 use crate::{conn, notify, schema};
-use idem::group::{claim_through, complete_through, Direct, Pairs};
+use idem::group::{claim_through, complete_through, Direct, GroupCommit, Pairs};
 
 /// How many times a claim runs its statement when the statement's
 /// snapshot keeps missing a row that a concurrent claim just committed.
@@ -28,6 +30,9 @@ pub struct PgStore {
     /// Claims and completions made together go together (unless turned
     /// off); `None` in the copies the groups send through.
     pub(crate) groups: Option<Arc<Pairs<PgStore>>>,
+    /// The outbox's confirmations made together go together, with the
+    /// groups.
+    pub(crate) confirms: Option<Arc<GroupCommit<Confirms>>>,
 }
 
 /// What clones of a store share.
@@ -320,30 +325,29 @@ impl Direct for PgStore {
         self.claim_on(&**client, &statement, id, params).await
     }
 
-    async fn complete_one(
-        &self,
-        lease: &Lease,
-        response: &[u8],
-        retention: Duration,
-    ) -> Result<(), StoreError> {
-        let changed = self
-            .write(
-                &self.inner.sql.complete,
-                &[
-                    &lease.id.scope().as_str(),
-                    &lease.id.key().as_str(),
-                    &&token_bytes(lease.token)[..],
-                    &response,
-                    &ms(retention),
-                ],
-            )
-            .await?;
+    async fn complete_one(&self, completion: &Completion) -> Result<(), StoreError> {
+        let lease = &completion.lease;
+        let (scope, key) = (lease.id.scope().as_str(), lease.id.key().as_str());
+        let token = token_bytes(lease.token);
+        let (response, retention) = (&completion.response[..], ms(completion.retention));
+        let changed = match completion.pending {
+            None => {
+                let params: [&(dyn ToSql + Sync); 5] =
+                    [&scope, &key, &&token[..], &response, &retention];
+                self.write(&self.inner.sql.complete, &params).await?
+            }
+            Some(hold) => {
+                let params: [&(dyn ToSql + Sync); 6] =
+                    [&scope, &key, &&token[..], &response, &retention, &ms(hold)];
+                self.write(&self.inner.sql.complete_pending, &params).await?
+            }
+        };
         lease_written(changed)
     }
 }
 
 impl Store for PgStore {
-    idem::store_capabilities!(peek, steps);
+    idem::store_capabilities!(peek, steps, pending);
 
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
         match self.remembers_expired() {
@@ -360,7 +364,8 @@ impl Store for PgStore {
         response: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        complete_through(self.groups.as_deref(), self, lease, response, retention).await
+        let completion = Completion::new(lease.clone(), response, retention);
+        complete_through(self.groups.as_deref(), self, completion).await
     }
 
     async fn fail(

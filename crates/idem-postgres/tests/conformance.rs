@@ -10,7 +10,7 @@ async fn fixture(case: &'static str) -> Fixture<PgStore> {
     Fixture::real_time(common::store("conf").await, case)
 }
 
-idem_testkit::conformance_suite!(fixture; core, concurrency, batches, admin, steps, outbox, ttl);
+idem_testkit::conformance_suite!(fixture; core, concurrency, batches, admin, steps, outbox, pending, ttl);
 
 /// A store whose schema remembers expired keys, for the horizon cases.
 async fn remembering(case: &'static str) -> Fixture<PgStore> {

@@ -8,12 +8,9 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
-
-use bytes::Bytes;
 
 use super::{lost, Batch, GroupCommit, Limits};
-use crate::store::{ClaimOutcome, ClaimParams, Completion, Lease};
+use crate::store::{ClaimOutcome, ClaimParams, Completion};
 use crate::{ClaimMany, CompleteMany, RecordId, StoreError};
 
 /// What a group sends through: a copy of the store without groups, whose
@@ -26,12 +23,11 @@ pub trait Direct: ClaimMany + CompleteMany + Clone + Send + Sync + 'static {
         params: &ClaimParams,
     ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send;
 
-    /// One completion, on its own.
+    /// One completion, on its own (marking the run pending when it says
+    /// so, on a store with a pending index).
     fn complete_one(
         &self,
-        lease: &Lease,
-        response: &[u8],
-        retention: Duration,
+        completion: &Completion,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
@@ -67,13 +63,7 @@ impl<S: Direct> Pairs<S> {
     }
 
     /// A completion, with the completions made at the same time.
-    pub async fn complete(
-        &self,
-        lease: &Lease,
-        response: Bytes,
-        retention: Duration,
-    ) -> Result<(), StoreError> {
-        let completion = Completion::new(lease.clone(), response, retention);
+    pub async fn complete(&self, completion: Completion) -> Result<(), StoreError> {
         self.completions.call(completion).await
     }
 }
@@ -96,13 +86,11 @@ pub async fn claim_through<S: Direct>(
 pub async fn complete_through<S: Direct>(
     groups: Option<&Pairs<S>>,
     store: &S,
-    lease: &Lease,
-    response: Bytes,
-    retention: Duration,
+    completion: Completion,
 ) -> Result<(), StoreError> {
     match groups {
-        Some(groups) => groups.complete(lease, response, retention).await,
-        None => store.complete_one(lease, &response, retention).await,
+        Some(groups) => groups.complete(completion).await,
+        None => store.complete_one(&completion).await,
     }
 }
 
@@ -149,7 +137,7 @@ pub async fn completions_or_each<S: Direct>(
     };
     for (i, c) in completions.iter().enumerate() {
         if results.get(i).is_some_and(Option::is_none) {
-            results[i] = Some(store.complete_one(&c.lease, &c.response, c.retention).await);
+            results[i] = Some(store.complete_one(c).await);
         }
     }
     Ok(results
@@ -193,9 +181,7 @@ impl<S: Direct> Batch for Completions<S> {
     type Reply = Result<(), StoreError>;
 
     async fn one(&self, c: Completion) -> Self::Reply {
-        self.0
-            .complete_one(&c.lease, &c.response, c.retention)
-            .await
+        self.0.complete_one(&c).await
     }
 
     async fn many(&self, calls: Vec<Completion>) -> Vec<Self::Reply> {

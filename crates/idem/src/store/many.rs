@@ -28,6 +28,12 @@ pub struct Completion {
     pub response: Bytes,
     /// How long the outcome is kept.
     pub retention: Duration,
+    /// For a store with a pending index
+    /// ([`PendingSends`](super::PendingSends)): the run is marked pending
+    /// by this completion, held for this long
+    /// ([`complete_pending`](super::PendingSends::complete_pending)).
+    /// `None`, a plain completion, is all a store without one is handed.
+    pub pending: Option<Duration>,
 }
 
 impl Completion {
@@ -37,7 +43,15 @@ impl Completion {
             lease,
             response,
             retention,
+            pending: None,
         }
+    }
+
+    /// The same completion marking the run pending, held for `hold`.
+    #[must_use]
+    pub fn marked_pending(mut self, hold: Duration) -> Self {
+        self.pending = Some(hold);
+        self
     }
 }
 

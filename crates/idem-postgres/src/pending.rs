@@ -1,0 +1,134 @@
+//! The outbox's pending index (`migrations/0012_pending.sql`): a sending
+//! run's row written by its completion's statement, its confirmation
+//! deleted with the confirmations made at the same time (one statement
+//! for a batch), and rows taken by dispatchers with `SKIP LOCKED`.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem::group::{complete_through, lost, Batch};
+use idem::store::{Completion, Lease, PendingRun, PendingSends};
+use idem::{GetRecord, RecordId, Scope, State, StoreError};
+
+use crate::encode::ms;
+use crate::store::PgStore;
+
+/// Confirmations, together as one `DELETE` (`sql/pending_confirm.sql`).
+pub(crate) struct Confirms(pub(crate) PgStore);
+
+impl Batch for Confirms {
+    type Call = (RecordId, u64);
+    type Reply = Result<(), StoreError>;
+
+    async fn one(&self, call: (RecordId, u64)) -> Self::Reply {
+        self.0.confirm_now(&[call]).await
+    }
+
+    async fn many(&self, calls: Vec<(RecordId, u64)>) -> Vec<Self::Reply> {
+        match self.0.confirm_now(&calls).await {
+            Ok(()) => calls.iter().map(|_| Ok(())).collect(),
+            Err(error) => calls.iter().map(|_| Err(error.copy())).collect(),
+        }
+    }
+
+    fn lost(&self) -> Self::Reply {
+        Err(lost())
+    }
+}
+
+impl PgStore {
+    /// Deletes the rows of `confirmed` runs that still name their fence,
+    /// in one statement.
+    pub(crate) async fn confirm_now(&self, confirmed: &[(RecordId, u64)]) -> Result<(), StoreError> {
+        let mut order: Vec<&(RecordId, u64)> = confirmed.iter().collect();
+        order.sort_by(|a, b| a.0.cmp(&b.0));
+        let scopes: Vec<&str> = order.iter().map(|(id, _)| id.scope().as_str()).collect();
+        let keys: Vec<&str> = order.iter().map(|(id, _)| id.key().as_str()).collect();
+        let fences: Vec<i64> = order.iter().map(|(_, fence)| *fence as i64).collect();
+        self.write(&self.inner.sql.pending_confirm, &[&scopes, &keys, &fences])
+            .await
+            .map(drop)
+    }
+
+    /// Takes the due rows of `scope` (of `key` alone, if given), then
+    /// reads each run's record: a completed one with the row's fence is
+    /// taken, any other row is dropped.
+    async fn take(
+        &self,
+        scope: &Scope,
+        key: Option<&str>,
+        hold: Duration,
+        limit: usize,
+    ) -> Result<Vec<PendingRun>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .query(
+                &self.inner.sql.pending_take,
+                &[&scope.as_str(), &ms(hold), &limit, &key],
+            )
+            .await?;
+        let mut taken = Vec::with_capacity(rows.len());
+        for row in rows {
+            let key: String = row.try_get("key").map_err(backend)?;
+            let fence: i64 = row.try_get("fence").map_err(backend)?;
+            let fence = fence as u64;
+            let id = RecordId::new(
+                scope.clone(),
+                idem::Key::new(&key).map_err(|e| StoreError::Backend(e.into()))?,
+            );
+            match self.get(&id).await? {
+                Some(record) if record.fence == fence => {
+                    if let State::Completed { response } = record.state {
+                        taken.push(PendingRun { id, fence, response });
+                        continue;
+                    }
+                    self.confirm_now(&[(id, fence)]).await?;
+                }
+                _ => self.confirm_now(&[(id, fence)]).await?,
+            }
+        }
+        Ok(taken)
+    }
+}
+
+fn backend(error: tokio_postgres::Error) -> StoreError {
+    StoreError::Backend(Box::new(error))
+}
+
+impl PendingSends for PgStore {
+    async fn complete_pending(
+        &self,
+        lease: &Lease,
+        response: Bytes,
+        retention: Duration,
+        hold: Duration,
+    ) -> Result<(), StoreError> {
+        let completion = Completion::new(lease.clone(), response, retention).marked_pending(hold);
+        complete_through(self.groups.as_deref(), self, completion).await
+    }
+
+    async fn confirm_sent(&self, id: &RecordId, fence: u64) -> Result<(), StoreError> {
+        match &self.confirms {
+            Some(confirms) => confirms.call((id.clone(), fence)).await,
+            None => self.confirm_now(&[(id.clone(), fence)]).await,
+        }
+    }
+
+    async fn take_pending(
+        &self,
+        scope: &Scope,
+        hold: Duration,
+        limit: usize,
+    ) -> Result<Vec<PendingRun>, StoreError> {
+        self.take(scope, None, hold, limit).await
+    }
+
+    async fn take_pending_run(
+        &self,
+        id: &RecordId,
+        hold: Duration,
+    ) -> Result<Option<PendingRun>, StoreError> {
+        let mut taken = self.take(id.scope(), Some(id.key().as_str()), hold, 1).await?;
+        Ok(taken.pop())
+    }
+}
