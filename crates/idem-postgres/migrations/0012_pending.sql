@@ -18,5 +18,30 @@ CREATE TABLE IF NOT EXISTS {schema}.idem_pending (
     PRIMARY KEY (scope, key)
 );
 
-CREATE INDEX IF NOT EXISTS idem_pending_due
-    ON {schema}.idem_pending (scope, held_until);
+-- No index beside the primary key: a taker (a dispatcher, every few
+-- seconds) reads its scope's rows through the key's prefix, and the
+-- confirmations, a few thousand a second, must find their rows by the
+-- whole key (a second index led the planner to the scope alone).
+
+-- Every row is inserted and deleted within moments: vacuumed at each of
+-- autovacuum's rounds once a thousand are dead, whatever the table's size.
+ALTER TABLE {schema}.idem_pending SET (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 1000
+);
+
+-- The confirmations of a batch, each row found by its primary key. A
+-- statement joining the batch to the table is planned for the few rows
+-- the table holds, as a scan of the whole table, which between two
+-- vacuums holds every row deleted since: the confirmations would read
+-- them all, at each batch.
+CREATE OR REPLACE FUNCTION {schema}.idem_pending_confirm(
+    scopes text[], keys text[], fences bigint[]
+) RETURNS void LANGUAGE plpgsql SET enable_seqscan = off AS $$
+BEGIN
+    FOR i IN 1 .. coalesce(cardinality(keys), 0) LOOP
+        DELETE FROM {schema}.idem_pending
+        WHERE scope = scopes[i] AND key = keys[i] AND fence = fences[i];
+    END LOOP;
+END
+$$;

@@ -9,8 +9,8 @@ use idem::group::{GroupCommit, Limits, Pairs};
 use idem::store::TokenMint;
 
 use crate::error::ConnectError;
-use crate::sql::Sql;
 use crate::pending::Confirms;
+use crate::sql::Sql;
 use crate::store::{Inner, PgStore};
 use crate::{conn, notify, schema};
 
@@ -163,10 +163,7 @@ impl PgStoreBuilder {
                 .map_err(|source| ConnectError::Unavailable { url, source })?,
         );
         if self.batching {
-            store.confirms = Some(GroupCommit::new(
-                Confirms(store.clone()),
-                Limits::default(),
-            ));
+            store.confirms = Some(GroupCommit::new(Confirms(store.clone()), Limits::default()));
             store.groups = Some(Arc::new(Pairs::new(&store)));
         }
         if self.setup {

@@ -39,7 +39,10 @@ impl Batch for Confirms {
 impl PgStore {
     /// Deletes the rows of `confirmed` runs that still name their fence,
     /// in one statement.
-    pub(crate) async fn confirm_now(&self, confirmed: &[(RecordId, u64)]) -> Result<(), StoreError> {
+    pub(crate) async fn confirm_now(
+        &self,
+        confirmed: &[(RecordId, u64)],
+    ) -> Result<(), StoreError> {
         let mut order: Vec<&(RecordId, u64)> = confirmed.iter().collect();
         order.sort_by(|a, b| a.0.cmp(&b.0));
         let scopes: Vec<&str> = order.iter().map(|(id, _)| id.scope().as_str()).collect();
@@ -79,7 +82,11 @@ impl PgStore {
             match self.get(&id).await? {
                 Some(record) if record.fence == fence => {
                     if let State::Completed { response } = record.state {
-                        taken.push(PendingRun { id, fence, response });
+                        taken.push(PendingRun {
+                            id,
+                            fence,
+                            response,
+                        });
                         continue;
                     }
                     self.confirm_now(&[(id, fence)]).await?;
@@ -128,7 +135,9 @@ impl PendingSends for PgStore {
         id: &RecordId,
         hold: Duration,
     ) -> Result<Option<PendingRun>, StoreError> {
-        let mut taken = self.take(id.scope(), Some(id.key().as_str()), hold, 1).await?;
+        let mut taken = self
+            .take(id.scope(), Some(id.key().as_str()), hold, 1)
+            .await?;
         Ok(taken.pop())
     }
 }

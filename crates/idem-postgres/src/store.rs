@@ -13,8 +13,8 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{GenericClient, Statement};
 
 use crate::encode::{self, ms, token_bytes};
-use crate::pending::Confirms;
 use crate::error::{pg_error, pool_error};
+use crate::pending::Confirms;
 use crate::sql::Sql;
 use crate::{conn, notify, schema};
 use idem::group::{claim_through, complete_through, Direct, GroupCommit, Pairs};
@@ -339,7 +339,8 @@ impl Direct for PgStore {
             Some(hold) => {
                 let params: [&(dyn ToSql + Sync); 6] =
                     [&scope, &key, &&token[..], &response, &retention, &ms(hold)];
-                self.write(&self.inner.sql.complete_pending, &params).await?
+                self.write(&self.inner.sql.complete_pending, &params)
+                    .await?
             }
         };
         lease_written(changed)

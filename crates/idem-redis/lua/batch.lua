@@ -13,6 +13,8 @@ local ops = {
   f = {fail, 6},
   x = {extend, 3},
   r = {release, 1},
+  p = {complete_pending, 6},
+  o = {confirm, 1},
 }
 local out = {}
 local at = 1

@@ -272,6 +272,16 @@ local function memory_key(key)
   return key .. ':h'
 end
 
+-- The key of the record's mark in the outbox's pending index
+-- (pending.lua), named before the first write of a script that touches
+-- it: an undeclared mark stops the script first.
+local function pending_key(key)
+  if not declared(':o') then
+    error({err = 'PENDING record ' .. key .. ' needs its pending mark declared'})
+  end
+  return key .. ':o'
+end
+
 -- Remembers record `r`, which has just ended, at `at` (its memory_key, or
 -- nil when the store does not remember) for `memory` ms past the day its
 -- retention ends: a completed or failed record only.

@@ -16,8 +16,14 @@ impl RedisStore {
     /// Every key of this namespace (and scope, if given), one scan page at
     /// a time, over every master of a Cluster.
     async fn scan(&self, scope: Option<&Scope>) -> Result<Scan, StoreError> {
+        self.scan_matching(self.scope_pattern(scope)).await
+    }
+
+    /// Every key matching `pattern`, one scan page at a time, over every
+    /// master of a Cluster.
+    pub(crate) async fn scan_matching(&self, pattern: String) -> Result<Scan, StoreError> {
         Ok(Scan {
-            pattern: self.scope_pattern(scope),
+            pattern,
             nodes: self.servers().await?,
             cursor: 0,
         })
@@ -67,7 +73,7 @@ impl RedisStore {
 }
 
 /// A scan over the masters, one page at a time.
-struct Scan {
+pub(crate) struct Scan {
     pattern: String,
     /// The nodes left to scan, the current one first (`None`: the one
     /// server of a standalone store).
@@ -77,7 +83,7 @@ struct Scan {
 
 impl Scan {
     /// The next page of keys, or `None` when every node is done.
-    async fn next(&mut self, conn: &Conn) -> Result<Option<Vec<String>>, StoreError> {
+    pub(crate) async fn next(&mut self, conn: &Conn) -> Result<Option<Vec<String>>, StoreError> {
         let Some(node) = self.nodes.first().cloned() else {
             return Ok(None);
         };

@@ -13,11 +13,23 @@ pub(crate) enum Op {
     Fail,
     Extend,
     Release,
+    /// A completion that marks its run pending (`lua/pending.lua`).
+    CompletePending,
+    /// A confirmation clearing a run's mark (`lua/pending.lua`).
+    Confirm,
 }
 
 impl Op {
     /// Every primitive, in the order the batch script defines them.
-    pub(crate) const ALL: [Op; 5] = [Op::Claim, Op::Complete, Op::Fail, Op::Extend, Op::Release];
+    pub(crate) const ALL: [Op; 7] = [
+        Op::Claim,
+        Op::Complete,
+        Op::Fail,
+        Op::Extend,
+        Op::Release,
+        Op::CompletePending,
+        Op::Confirm,
+    ];
 
     pub(crate) fn code(self) -> &'static [u8] {
         match self {
@@ -26,6 +38,8 @@ impl Op {
             Op::Fail => b"f",
             Op::Extend => b"x",
             Op::Release => b"r",
+            Op::CompletePending => b"p",
+            Op::Confirm => b"o",
         }
     }
 
@@ -36,7 +50,15 @@ impl Op {
             Op::Fail => 6,
             Op::Extend => 3,
             Op::Release => 1,
+            Op::CompletePending => 6,
+            Op::Confirm => 1,
         }
+    }
+
+    /// Whether the primitive touches the record's pending mark, which its
+    /// own script call declares beside the record.
+    pub(crate) fn marks(self) -> bool {
+        matches!(self, Op::CompletePending | Op::Confirm)
     }
 }
 

@@ -102,6 +102,7 @@ mod group;
 mod horizon;
 mod many;
 mod notify;
+mod pending;
 mod scripts;
 mod steps;
 mod store;

@@ -11,7 +11,7 @@ use redis::Value;
 use crate::call::{Call, Op};
 use crate::conn::Conn;
 use crate::error::{damaged, store_error};
-use crate::store::{written, RedisStore};
+use crate::store::{millis, written, RedisStore};
 use crate::{conn, encode, scripts};
 
 impl RedisStore {
@@ -73,8 +73,14 @@ impl CompleteMany for RedisStore {
         let calls: Vec<Call> = completions
             .iter()
             .map(|c| {
-                let args = self.completion_args(&c.lease.id, c.response.clone(), c.retention);
-                self.holder_call(Op::Complete, &c.lease, args)
+                let mut args = self.completion_args(&c.lease.id, c.response.clone(), c.retention);
+                match c.pending {
+                    None => self.holder_call(Op::Complete, &c.lease, args),
+                    Some(hold) => {
+                        args.push(millis(hold));
+                        self.holder_call(Op::CompletePending, &c.lease, args)
+                    }
+                }
             })
             .collect();
         let replies = self.primitives(calls).await;

@@ -20,6 +20,9 @@ use crate::conn::{Conn, Server};
 pub(crate) struct Script {
     body: String,
     sha: String,
+    /// Whether it touches the record's pending mark (`lua/pending.lua`),
+    /// declared beside the record in every call.
+    marks: bool,
 }
 
 macro_rules! lua {
@@ -34,29 +37,43 @@ macro_rules! script {
     };
 }
 
-/// A primitive's Lua function: its name, and the file that defines it.
-fn function(op: Op) -> (&'static str, &'static str) {
+/// A primitive's Lua function: its name, and the files that define it
+/// (and the functions it calls), in order.
+fn function(op: Op) -> (&'static str, &'static [&'static str]) {
+    const PENDING: &[&str] = &[lua!("complete.lua"), lua!("pending.lua")];
     match op {
-        Op::Claim => ("claim", lua!("claim.lua")),
-        Op::Complete => ("complete", lua!("complete.lua")),
-        Op::Fail => ("fail", lua!("fail.lua")),
-        Op::Extend => ("extend", lua!("extend.lua")),
-        Op::Release => ("release", lua!("release.lua")),
+        Op::Claim => ("claim", &[lua!("claim.lua")]),
+        Op::Complete => ("complete", &[lua!("complete.lua")]),
+        Op::Fail => ("fail", &[lua!("fail.lua")]),
+        Op::Extend => ("extend", &[lua!("extend.lua")]),
+        Op::Release => ("release", &[lua!("release.lua")]),
+        Op::CompletePending => ("complete_pending", PENDING),
+        Op::Confirm => ("confirm", PENDING),
     }
 }
 
 /// The script of one primitive: its function, called once with the
 /// script's key and arguments.
 fn primitive(op: Op) -> Script {
-    let (name, source) = function(op);
-    Script::new(&format!("{source}\nreturn {name}(KEYS[1], unpack(ARGV))\n"))
+    let (name, files) = function(op);
+    let mut script = Script::new(&format!(
+        "{}\nreturn {name}(KEYS[1], unpack(ARGV))\n",
+        files.join("\n")
+    ));
+    script.marks = op.marks();
+    script
 }
 
 /// The batch script: every primitive's function, and the loop that calls
 /// them for each record of a batch.
 pub(crate) fn batch() -> Script {
-    let functions: Vec<&str> = Op::ALL.iter().map(|&op| function(op).1).collect();
-    Script::new(&format!("{}\n{}", functions.join("\n"), lua!("batch.lua")))
+    let mut files: Vec<&str> = Vec::new();
+    for file in Op::ALL.iter().flat_map(|&op| function(op).1) {
+        if !files.contains(file) {
+            files.push(file);
+        }
+    }
+    Script::new(&format!("{}\n{}", files.join("\n"), lua!("batch.lua")))
 }
 
 /// The step journal of the record `key` (`lua/prelude.lua`), in the
@@ -75,6 +92,13 @@ fn memory_key(key: &str) -> String {
     format!("{key}:h")
 }
 
+/// The record `key`'s mark in the outbox's pending index
+/// (`lua/pending.lua`), in the record's slot by its hash tag, declared
+/// beside the record by the scripts that touch it.
+pub(crate) fn pending_key(key: &str) -> String {
+    format!("{key}:o")
+}
+
 /// Whether a script stopped, before any write, because it needs the
 /// record's journal declared (`JOURNAL`, see `lua/prelude.lua`).
 fn needs_journal(error: &redis::RedisError) -> bool {
@@ -85,14 +109,32 @@ impl Script {
     fn new(source: &str) -> Self {
         let body = format!("{}\n{source}", include_str!("../lua/prelude.lua"));
         let sha = redis::Script::new(&body).get_hash().to_owned();
-        Self { body, sha }
+        Self {
+            body,
+            sha,
+            marks: false,
+        }
+    }
+
+    /// The same script, declaring the record's pending mark in every call.
+    fn marking(mut self) -> Self {
+        self.marks = true;
+        self
     }
 
     /// The `EVALSHA` command for the record `key` (its journal and memory
     /// declared) with `args`, for a pipeline to a single server.
     pub(crate) fn evalsha(&self, key: &str, args: &[&[u8]]) -> Cmd {
-        let (journal, memory) = (journal_key(key), memory_key(key));
-        self.command("EVALSHA", &self.sha, &[key, &journal, &memory], args)
+        let (journal, memory, mark) = (journal_key(key), memory_key(key), pending_key(key));
+        let all = [key, &journal, &memory, &mark];
+        self.command("EVALSHA", &self.sha, &all[..self.declared(3)], args)
+    }
+
+    /// How many of `n` keys, the record's and its companions', a call
+    /// declares: with the pending mark after them when the script touches
+    /// it.
+    fn declared(&self, n: usize) -> usize {
+        n + usize::from(self.marks)
     }
 
     fn command(&self, name: &str, script: &str, keys: &[&str], args: &[&[u8]]) -> Cmd {
@@ -117,17 +159,20 @@ impl Script {
         args: &[&[u8]],
         remembering: bool,
     ) -> RedisResult<Value> {
-        let (journal, memory) = (journal_key(key), memory_key(key));
+        let (journal, memory, mark) = (journal_key(key), memory_key(key), pending_key(key));
         let all = [key, memory.as_str(), journal.as_str()];
-        let first = match conn {
-            Conn::Cluster(_) if remembering => &all[..2],
-            Conn::Cluster(_) => &all[..1],
-            Conn::Standalone(_) => &all[..],
+        let mut first: Vec<&str> = match conn {
+            Conn::Cluster(_) if remembering => all[..2].to_vec(),
+            Conn::Cluster(_) => all[..1].to_vec(),
+            Conn::Standalone(_) => all.to_vec(),
         };
-        match self.run_keys(conn, key, first, args).await {
+        if self.marks {
+            first.push(&mark);
+        }
+        match self.run_keys(conn, key, &first, args).await {
             Err(e) if needs_journal(&e) => {
-                let with_journal: Vec<&str> = first.iter().copied().chain([all[2]]).collect();
-                self.run_keys(conn, key, &with_journal, args).await
+                first.push(all[2]);
+                self.run_keys(conn, key, &first, args).await
             }
             other => other,
         }
@@ -158,8 +203,9 @@ impl Script {
         key: &str,
         args: &[&[u8]],
     ) -> RedisResult<Value> {
-        let (journal, memory) = (journal_key(key), memory_key(key));
-        self.run_many(server, &[key, &journal, &memory], args).await
+        let (journal, memory, mark) = (journal_key(key), memory_key(key), pending_key(key));
+        let all = [key, &journal, &memory, &mark];
+        self.run_many(server, &all[..self.declared(3)], args).await
     }
 
     /// Runs the script with many `keys` on one server.
@@ -201,6 +247,9 @@ pub(crate) struct Scripts {
     pub(crate) fail: Script,
     pub(crate) extend: Script,
     pub(crate) release: Script,
+    pub(crate) complete_pending: Script,
+    pub(crate) confirm: Script,
+    pub(crate) pending_take: Script,
     pub(crate) get: Script,
     pub(crate) delete: Script,
     pub(crate) purge: Script,
@@ -219,6 +268,9 @@ impl Scripts {
             fail: primitive(Op::Fail),
             extend: primitive(Op::Extend),
             release: primitive(Op::Release),
+            complete_pending: primitive(Op::CompletePending),
+            confirm: primitive(Op::Confirm),
+            pending_take: script!("pending_take.lua").marking(),
             get: script!("get.lua"),
             delete: script!("delete.lua"),
             purge: script!("purge.lua"),
@@ -231,13 +283,16 @@ impl Scripts {
     }
 
     /// Every script, for loading them all.
-    pub(crate) fn all(&self) -> [&Script; 13] {
+    pub(crate) fn all(&self) -> [&Script; 16] {
         [
             &self.claim,
             &self.complete,
             &self.fail,
             &self.extend,
             &self.release,
+            &self.complete_pending,
+            &self.confirm,
+            &self.pending_take,
             &self.get,
             &self.delete,
             &self.purge,
@@ -257,6 +312,8 @@ impl Scripts {
             Op::Fail => &self.fail,
             Op::Extend => &self.extend,
             Op::Release => &self.release,
+            Op::CompletePending => &self.complete_pending,
+            Op::Confirm => &self.confirm,
         }
     }
 

@@ -188,7 +188,7 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
-    idem::store_capabilities!(peek, steps);
+    idem::store_capabilities!(peek, steps, pending);
 
     async fn claim(&self, id: &RecordId, params: &ClaimParams) -> Result<ClaimOutcome, StoreError> {
         self.claim_one(id, params).await

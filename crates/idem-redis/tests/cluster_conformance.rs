@@ -24,7 +24,7 @@ async fn fixture(case: &'static str) -> Fixture<RedisStore> {
     Fixture::real_time(store, case)
 }
 
-idem_testkit::conformance_suite!(fixture);
+idem_testkit::conformance_suite!(fixture; core, concurrency, batches, admin, steps, outbox, pending);
 
 /// A Cluster store that remembers expired keys, for the horizon cases and
 /// the step journal's (a journaled record's completion declares its

@@ -10,7 +10,7 @@ async fn fixture(case: &'static str) -> Fixture<RedisStore> {
     Fixture::real_time(common::store("conf").await, case)
 }
 
-idem_testkit::conformance_suite!(fixture);
+idem_testkit::conformance_suite!(fixture; core, concurrency, batches, admin, steps, outbox, pending);
 
 /// A store whose namespace remembers expired keys, for the horizon cases
 /// (the URL's `remember=`, as `--remember-expired` gives it).

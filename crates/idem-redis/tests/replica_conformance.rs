@@ -41,7 +41,7 @@ mod one_server {
         super::fixture(servers().0.url(), case).await
     }
 
-    idem_testkit::conformance_suite!(fixture);
+    idem_testkit::conformance_suite!(fixture; core, concurrency, batches, admin, steps, outbox, pending);
 }
 
 mod cluster {
@@ -62,5 +62,5 @@ mod cluster {
         super::fixture(cluster().url(), case).await
     }
 
-    idem_testkit::conformance_suite!(fixture);
+    idem_testkit::conformance_suite!(fixture; core, concurrency, batches, admin, steps, outbox, pending);
 }

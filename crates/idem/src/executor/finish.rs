@@ -118,7 +118,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
                     self.dispatch_held(&messages, marker, retention).await;
                 }
                 if let Some(index) = &pending {
-                    self.dispatch_marked(index.as_ref(), &lease.id, lease.fence, &messages)
+                    self.dispatch_run_marked(index, &lease.id, lease.fence, &messages)
                         .await;
                 }
                 Ok(Outcome::Executed {

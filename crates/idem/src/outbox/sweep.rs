@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::dispatch::clear_mark;
 use super::{marker_scope, run_scope_of, stored_messages, REGISTRY_SCOPE};
 use crate::codec::{open, Codec};
 use crate::executor::Idempotency;
@@ -159,7 +160,7 @@ where
                 };
                 match self.dispatch(&messages, "dispatcher").await {
                     Ok(sent) => {
-                        self.confirm_sent(index.as_ref(), &run.id, run.fence).await;
+                        clear_mark(index.as_ref(), &run.id, run.fence).await;
                         pass.runs += 1;
                         pass.messages += sent;
                     }
