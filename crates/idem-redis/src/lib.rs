@@ -49,6 +49,13 @@
 //!   a small memory beside it that outlives it, and a retry that comes
 //!   after the retention is answered `Forgotten` (HTTP 410) instead of
 //!   running again ([`idem::horizon`]).
+//! - **The outbox's pending index.** A run whose completion stores
+//!   messages marks itself pending beside its record (`<record key>:o`,
+//!   the same slot), in the completion's own script, and the mark is
+//!   deleted once the messages are confirmed: one small write more than a
+//!   run that sends nothing ([`idem::store::PendingSends`]). Dispatchers
+//!   find the marks by scanning the scope, as the completer finds
+//!   abandoned records.
 //! - **Fails fast.** Connect and response timeouts are bounded, so a dead
 //!   server is a [`StoreError::Unavailable`](idem::StoreError::Unavailable) within about a second, and the
 //!   connection recovers on its own when the server returns.

@@ -28,12 +28,12 @@
 //! ## What it costs, and where it is kept
 //!
 //! On a store that keeps a pending index
-//! ([`PendingSends`](crate::store::PendingSends): the memory store), the
-//! completion's own write marks the run pending, held by its process for
-//! a lease, and one more write clears the mark once every message is
-//! confirmed: a sending run writes once more than a run that sends
-//! nothing. On any other store it writes two more records beside its
-//! own: a *marker* (claimed before the completion, completed — or
+//! ([`PendingSends`](crate::store::PendingSends): PostgreSQL, Redis, the
+//! memory store), the completion's own write marks the run pending, held
+//! by its process for a lease, and one more write clears the mark once
+//! every message is confirmed (in the background on a networked store):
+//! a sending run writes once more than a run that sends nothing. On any
+//! other store it writes two more records beside its own: a *marker* (claimed before the completion, completed — or
 //! released, by a dispatcher or a replay — once every message is
 //! confirmed) in the scope `idem.outbox/` followed by a digest of the
 //! run's scope. Either way, once per process and scope, the scope's entry

@@ -117,24 +117,35 @@ where
                     continue;
                 }
             };
-            let messages = match stored_messages(self.at_rest(), &run, response) {
-                Ok(messages) => messages,
-                Err(reason) => {
-                    tracing::error!(%reason, "the messages stored with a run do not read; left pending");
-                    pass.failed += 1;
-                    continue;
-                }
-            };
-            match self.dispatch(&messages, "dispatcher").await {
-                Ok(sent) => {
-                    self.release_marker(&lease).await;
-                    pass.runs += 1;
-                    pass.messages += sent;
-                }
-                Err(_) => pass.failed += 1,
+            if self.send_stored(&run, response, &mut pass).await {
+                self.release_marker(&lease).await;
             }
         }
         Ok(pass)
+    }
+
+    /// Sends the messages stored with `run`'s `response`, counting what it
+    /// did in `pass`: whether all were sent.
+    async fn send_stored(&self, run: &RecordId, response: &[u8], pass: &mut DispatchPass) -> bool {
+        let messages = match stored_messages(self.at_rest(), run, response) {
+            Ok(messages) => messages,
+            Err(reason) => {
+                tracing::error!(%reason, "the messages stored with a run do not read; left pending");
+                pass.failed += 1;
+                return false;
+            }
+        };
+        match self.dispatch(&messages, "dispatcher").await {
+            Ok(sent) => {
+                pass.runs += 1;
+                pass.messages += sent;
+                true
+            }
+            Err(_) => {
+                pass.failed += 1;
+                false
+            }
+        }
     }
 
     /// The part of a pass over `scope` that the store's pending index
@@ -150,21 +161,8 @@ where
             let full = taken.len() >= BATCH;
             pass.pending += taken.len();
             for run in taken {
-                let messages = match stored_messages(self.at_rest(), &run.id, &run.response) {
-                    Ok(messages) => messages,
-                    Err(reason) => {
-                        tracing::error!(%reason, "the messages stored with a run do not read; left pending");
-                        pass.failed += 1;
-                        continue;
-                    }
-                };
-                match self.dispatch(&messages, "dispatcher").await {
-                    Ok(sent) => {
-                        clear_mark(index.as_ref(), &run.id, run.fence).await;
-                        pass.runs += 1;
-                        pass.messages += sent;
-                    }
-                    Err(_) => pass.failed += 1,
+                if self.send_stored(&run.id, &run.response, &mut pass).await {
+                    clear_mark(index.as_ref(), &run.id, run.fence).await;
                 }
             }
             if !full || pass.failed > 0 {

@@ -34,9 +34,12 @@ pub struct PendingRun {
     pub response: Bytes,
 }
 
-/// The outbox's pending index (see [the module](self)), wired by
-/// [`store_capabilities!(pending)`](crate::store_capabilities). Every
-/// time is the store's clock, as for leases.
+/// The outbox's pending index, wired by
+/// [`store_capabilities!(pending)`](crate::store_capabilities): a store
+/// that keeps one marks a run pending in its completion's own write and
+/// clears the mark once the run's messages are confirmed, where a store
+/// without one makes the run hold a marker record (see [`crate::outbox`]).
+/// Every time is the store's clock, as for leases.
 ///
 /// A mark lives no longer than its run's record: a record that expires,
 /// is deleted or is claimed again takes its mark with it (or leaves one
