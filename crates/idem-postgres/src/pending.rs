@@ -1,7 +1,8 @@
 //! The outbox's pending index (`migrations/0012_pending.sql`): a sending
-//! run's row written by its completion's statement, its confirmation
-//! deleted with the confirmations made at the same time (one statement
-//! for a batch), and rows taken by dispatchers with `SKIP LOCKED`.
+//! run's row written by its completion's statement, deleted once its
+//! messages are confirmed with the confirmations made at the same time
+//! (one call for a batch, each row found by its primary key), and rows
+//! taken by dispatchers with `SKIP LOCKED`.
 
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use idem::{GetRecord, RecordId, Scope, State, StoreError};
 use crate::encode::ms;
 use crate::store::PgStore;
 
-/// Confirmations, together as one `DELETE` (`sql/pending_confirm.sql`).
+/// Confirmations, together as one call (`sql/pending_confirm.sql`).
 pub(crate) struct Confirms(pub(crate) PgStore);
 
 impl Batch for Confirms {
@@ -53,23 +54,14 @@ impl PgStore {
             .map(drop)
     }
 
-    /// Takes the due rows of `scope` (of `key` alone, if given), then
-    /// reads each run's record: a completed one with the row's fence is
+    /// The runs of `rows`, rows of `scope` just taken (`key`, `fence`):
+    /// each run's record is read, a completed one with the row's fence is
     /// taken, any other row is dropped.
-    async fn take(
+    async fn taken(
         &self,
         scope: &Scope,
-        key: Option<&str>,
-        hold: Duration,
-        limit: usize,
+        rows: Vec<tokio_postgres::Row>,
     ) -> Result<Vec<PendingRun>, StoreError> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = self
-            .query(
-                &self.inner.sql.pending_take,
-                &[&scope.as_str(), &ms(hold), &limit, &key],
-            )
-            .await?;
         let mut taken = Vec::with_capacity(rows.len());
         for row in rows {
             let key: String = row.try_get("key").map_err(backend)?;
@@ -127,7 +119,14 @@ impl PendingSends for PgStore {
         hold: Duration,
         limit: usize,
     ) -> Result<Vec<PendingRun>, StoreError> {
-        self.take(scope, None, hold, limit).await
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .query(
+                &self.inner.sql.pending_take,
+                &[&scope.as_str(), &ms(hold), &limit],
+            )
+            .await?;
+        self.taken(scope, rows).await
     }
 
     async fn take_pending_run(
@@ -135,9 +134,12 @@ impl PendingSends for PgStore {
         id: &RecordId,
         hold: Duration,
     ) -> Result<Option<PendingRun>, StoreError> {
-        let mut taken = self
-            .take(id.scope(), Some(id.key().as_str()), hold, 1)
+        let rows = self
+            .query(
+                &self.inner.sql.pending_take_run,
+                &[&id.scope().as_str(), &id.key().as_str(), &ms(hold)],
+            )
             .await?;
-        Ok(taken.pop())
+        Ok(self.taken(id.scope(), rows).await?.pop())
     }
 }

@@ -1,4 +1,4 @@
--- pending_take(KEYS[1] record, KEYS[2] its mark; ARGV[1] hold ms): the
+-- pending_take(KEYS[1] record, its mark declared beside it; ARGV[1] hold ms): the
 -- run, if its mark (pending.lua) is there and its hold ran out, held now
 -- for ARGV[1] ms more: {scope, key, fence, response}. An empty list when
 -- there is no mark, or it is held; a mark whose record is no longer the

@@ -15,22 +15,37 @@ use crate::store::{millis, written, RedisStore};
 use crate::{conn, encode, scripts};
 
 impl RedisStore {
-    /// Runs `calls` of one primitive together, replies in order: in one
-    /// batch on a single server, grouped by slot on a Cluster (see
-    /// [`run_each`](Self::run_each)).
+    /// Runs `calls` together, replies in order: in one batch on a single
+    /// server, else each primitive's calls grouped by slot (see
+    /// [`run_each`](Self::run_each)), one primitive after another.
     async fn primitives(&self, calls: Vec<Call>) -> Vec<Result<Value, StoreError>> {
         if let Some(batcher) = &self.inner.batcher {
             return batcher.call_all(calls).await;
         }
-        let Some(op) = calls.first().map(|c| c.op) else {
-            return Vec::new();
-        };
-        let calls: Vec<(String, Vec<Vec<u8>>)> = calls
+        let mut replies: Vec<Option<Result<Value, StoreError>>> =
+            calls.iter().map(|_| None).collect();
+        for op in Op::ALL {
+            let at: Vec<usize> = (0..calls.len()).filter(|&i| calls[i].op == op).collect();
+            let same: Vec<(String, Vec<Vec<u8>>)> = at
+                .iter()
+                .map(|&i| {
+                    let args = calls[i].args.iter().map(|a| a.to_vec()).collect();
+                    (calls[i].key.clone(), args)
+                })
+                .collect();
+            if same.is_empty() {
+                continue;
+            }
+            let script = self.inner.scripts.primitive(op);
+            let done = self.run_each(script, &same, self.remembers()).await;
+            for (i, reply) in at.into_iter().zip(done) {
+                replies[i] = Some(reply);
+            }
+        }
+        replies
             .into_iter()
-            .map(|c| (c.key, c.args.iter().map(|a| a.to_vec()).collect()))
-            .collect();
-        self.run_each(self.inner.scripts.primitive(op), &calls, self.remembers())
-            .await
+            .map(|r| r.unwrap_or_else(|| Err(StoreError::Backend("a call got no reply".into()))))
+            .collect()
     }
 }
 

@@ -575,3 +575,62 @@ async fn a_store_with_a_pending_index_marks_the_run_instead_of_writing_a_marker(
         assert_eq!(sender.messages().len(), 1);
     }
 }
+
+#[tokio::test]
+async fn a_replay_from_an_earlier_runs_cached_answer_sends_the_current_runs_messages() {
+    let (store, clock) = store();
+    let id = run_id("deleted-and-run-again");
+    let sender = MemorySender::new();
+    // This executor remembers the answers of the runs it completed.
+    let caching = Idempotency::builder(store.clone())
+        .lease(LEASE)
+        .replay_cache_bytes(1 << 20)
+        .outbox(sender.clone())
+        .build()
+        .expect("a valid executor");
+    let send = |what: &'static str| {
+        move |ctx: idem::Context| async move {
+            ctx.send(Message::new("events", what))?;
+            Ok::<_, HandlerError>(what.to_owned())
+        }
+    };
+    caching.run(&id, None, send("first")).await.expect("runs");
+    assert_eq!(payloads(&sender), ["first"]);
+
+    // An operator deletes the record; another process runs the key again
+    // and dies before its message is confirmed.
+    assert!(idem::DeleteRecord::delete(&store, &id)
+        .await
+        .expect("deleted"));
+    let dying = executor(store.clone(), Hangs);
+    let second = dying.run(&id, None, send("second"));
+    let stored = async {
+        while !matches!(store.get(&id).await, Ok(Some(r)) if matches!(r.state, State::Completed { .. }))
+        {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::select! {
+        _ = second => panic!("the run returned while its broker hangs"),
+        () = stored => {}
+    }
+    clock.advance(LEASE);
+
+    // A duplicate reaches the first executor, which answers from its
+    // cache with the first run's bytes: what it sends again is the
+    // second run's message, the one never confirmed.
+    let replayed = caching
+        .run(&id, None, send("never"))
+        .await
+        .expect("replayed");
+    assert_eq!(
+        replayed,
+        Outcome::Replayed {
+            value: "first".to_owned()
+        }
+    );
+    assert_eq!(payloads(&sender), ["first", "second"]);
+    clock.advance(LEASE);
+    let pass = caching.dispatch_pending().await.expect("a pass");
+    assert_eq!(pass.runs, 0, "the second run's mark was left: {pass:?}");
+}

@@ -2,7 +2,6 @@
 
 use crate::clock::Clock;
 use crate::key::RecordId;
-use crate::machine::Write;
 use crate::record::{ClaimOutcome, ClaimParams};
 use crate::store::{ClaimMany, CompleteMany, Completion, StoreError};
 use crate::MemoryStore;
@@ -23,15 +22,6 @@ impl<C: Clock> CompleteMany for MemoryStore<C> {
         completions: &[Completion],
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
         tokio::task::coop::consume_budget().await;
-        Ok(completions
-            .iter()
-            .map(|c| {
-                let write = Write::Complete {
-                    response: c.response.clone(),
-                    retention: c.retention,
-                };
-                self.write_now(&c.lease, write).map(drop)
-            })
-            .collect())
+        Ok(completions.iter().map(|c| self.complete_now(c)).collect())
     }
 }

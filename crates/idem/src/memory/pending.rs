@@ -10,7 +10,7 @@ use crate::key::{RecordId, Scope};
 use crate::machine::Write;
 use crate::memory::store::MemoryStore;
 use crate::record::{Lease, State};
-use crate::store::{PendingRun, PendingSends, StoreError};
+use crate::store::{Completion, PendingRun, PendingSends, StoreError};
 
 /// A run's mark: the fence it was completed under, and until when its
 /// holder keeps it.
@@ -21,6 +21,33 @@ pub(crate) struct Mark {
 }
 
 impl<C: Clock> MemoryStore<C> {
+    /// A completion, marking its run pending when it says so: the mark
+    /// is written under the pending lock held across the completion, so
+    /// no taker sees the completion without it.
+    pub(crate) fn complete_now(&self, completion: &Completion) -> Result<(), StoreError> {
+        let write = |lease: &Lease| {
+            let response = completion.response.clone();
+            let retention = completion.retention;
+            self.write_now(
+                lease,
+                Write::Complete {
+                    response,
+                    retention,
+                },
+            )
+        };
+        let lease = &completion.lease;
+        let Some(hold) = completion.pending else {
+            return write(lease).map(drop);
+        };
+        let mut marks = self.inner.pending.lock();
+        write(lease)?;
+        let held_until = self.now().saturating_add(hold);
+        let fence = lease.fence;
+        marks.insert(lease.id.clone(), Mark { fence, held_until });
+        Ok(())
+    }
+
     /// The run `id` if its mark's hold ran out at `now` and its record is
     /// still the completion the mark was written with, held now until
     /// `until`. A mark whose record moved on is dropped.
@@ -70,24 +97,7 @@ impl<C: Clock> PendingSends for MemoryStore<C> {
         hold: Duration,
     ) -> Result<(), StoreError> {
         tokio::task::coop::consume_budget().await;
-        // The mark is written under the pending lock held across the
-        // completion, so no taker sees the completion without it.
-        let mut marks = self.inner.pending.lock();
-        self.write_now(
-            lease,
-            Write::Complete {
-                response,
-                retention,
-            },
-        )?;
-        marks.insert(
-            lease.id.clone(),
-            Mark {
-                fence: lease.fence,
-                held_until: self.now().saturating_add(hold),
-            },
-        );
-        Ok(())
+        self.complete_now(&Completion::new(lease.clone(), response, retention).marked_pending(hold))
     }
 
     async fn confirm_sent(&self, id: &RecordId, fence: u64) -> Result<(), StoreError> {

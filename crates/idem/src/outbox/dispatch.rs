@@ -14,7 +14,7 @@ use crate::codec::{plain, Codec};
 use crate::executor::Idempotency;
 use crate::key::{RecordId, Scope};
 use crate::metrics as m;
-use crate::record::{ClaimOutcome, ClaimParams, Lease, State};
+use crate::record::{ClaimOutcome, ClaimParams, Lease, Record, State};
 use crate::store::{DynPendingSends, Store, StoreError};
 
 /// How long a process trusts that a scope's entry in the registry is
@@ -160,23 +160,7 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
 
     /// After a run marked pending by its completion (under `fence`) was
     /// stored: dispatches its messages and, once all are confirmed,
-    /// clears the mark. A dispatch that fails, or an executor without a
-    /// sender, leaves the mark to a dispatcher once its hold runs out.
-    pub(crate) async fn dispatch_marked(
-        &self,
-        index: &dyn DynPendingSends,
-        run: &RecordId,
-        fence: u64,
-        messages: &[Message],
-    ) {
-        if self.dispatch(messages, "run").await.is_ok() {
-            clear_mark(index, run, fence).await;
-        }
-    }
-
-    /// After a run marked pending by its completion was stored: as
-    /// [`dispatch_marked`](Self::dispatch_marked), except that on a
-    /// networked store the mark is cleared in the background, so the
+    /// clears the mark — in the background on a networked store, so the
     /// run's answer (and the input's ack behind it) does not wait for one
     /// more round trip: a run of a consumer with 64 in flight on
     /// PostgreSQL went from 0.50–0.64 of publishing directly to 0.68–0.87
@@ -343,41 +327,66 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
 
     /// When a duplicate is answered with `stored` (by [`run`](Self::run),
     /// or by a server answering its callers' claims): re-dispatches the
-    /// messages stored with it if no dispatch of them is confirmed and
-    /// none is under way (the marker is held by a process that died, or
-    /// was never written).
+    /// messages stored with the run if no dispatch of them is confirmed
+    /// and none is under way (its mark's hold or its marker's lease ran
+    /// out, or the marker was never written). What is sent is read from
+    /// the record as it is now, never from `stored`, which a cache may
+    /// have kept from an earlier run of the key.
     pub async fn redispatch_stored(&self, run: &RecordId, stored: &[u8]) {
         if self.sender().is_none() {
             return;
         }
-        let messages = match stored_messages(self.at_rest(), run, stored) {
-            Ok(messages) if !messages.is_empty() => messages,
+        match stored_messages(self.at_rest(), run, stored) {
+            Ok(messages) if !messages.is_empty() => {}
             Ok(_) => return,
             Err(reason) => {
                 tracing::warn!(%reason, "the messages stored with a replayed run do not read");
                 return;
             }
-        };
-        if let Some(index) = self.store().pending_sends() {
-            // Marked by its completion: pending only while the mark is
-            // there, and taken only once its holder's hold ran out.
+        }
+        let index = self.store().pending_sends();
+        if let Some(index) = &index {
             if let Ok(Some(taken)) = index.take_pending_run(run, self.lease()).await {
-                self.dispatch_marked(index.as_ref(), &taken.id, taken.fence, &messages)
-                    .await;
+                if self.send_again(&taken.id, &taken.response).await {
+                    clear_mark(index.as_ref(), &taken.id, taken.fence).await;
+                }
+                return;
             }
-            return;
         }
         let marker = marker_id(run);
         match self.store().peek(&marker).await {
             Ok(Some(record)) if !matches!(record.state, State::InProgress { .. }) => return,
+            // No marker: on a store with a pending index the run was
+            // marked instead (and its mark is held, or cleared); on one
+            // without, the marker's claim failed and the replay sends.
+            Ok(None) if index.is_some() => return,
             Ok(_) => {}
             Err(_) => return,
         }
         let Some(lease) = self.take_pending_marker(&marker).await else {
             return;
         };
-        if self.dispatch(&messages, "replay").await.is_ok() {
+        let sent = match self.store().peek(run).await {
+            Ok(Some(Record {
+                state: State::Completed { response },
+                ..
+            })) => self.send_again(run, &response).await,
+            _ => false,
+        };
+        if sent {
             self.release_marker(&lease).await;
+        }
+    }
+
+    /// A replay's dispatch of the messages stored with `run`'s
+    /// `response`: whether all were sent.
+    async fn send_again(&self, run: &RecordId, response: &[u8]) -> bool {
+        match stored_messages(self.at_rest(), run, response) {
+            Ok(messages) => self.dispatch(&messages, "replay").await.is_ok(),
+            Err(reason) => {
+                tracing::warn!(%reason, "the messages stored with a replayed run do not read");
+                false
+            }
         }
     }
 
