@@ -9,9 +9,8 @@ use idem::group::{GroupCommit, Limits, Pairs};
 use idem::store::TokenMint;
 
 use crate::error::ConnectError;
-use crate::pending::Confirms;
 use crate::sql::Sql;
-use crate::store::{Inner, PgStore};
+use crate::store::{Confirms, Inner, PgStore};
 use crate::{conn, notify, schema};
 
 /// The default schema.

@@ -7,35 +7,12 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::group::{complete_through, lost, Batch};
+use idem::group::complete_through;
 use idem::store::{Completion, Lease, PendingRun, PendingSends};
 use idem::{GetRecord, RecordId, Scope, State, StoreError};
 
 use crate::encode::ms;
 use crate::store::PgStore;
-
-/// Confirmations, together as one call (`sql/pending_confirm.sql`).
-pub(crate) struct Confirms(pub(crate) PgStore);
-
-impl Batch for Confirms {
-    type Call = (RecordId, u64);
-    type Reply = Result<(), StoreError>;
-
-    async fn one(&self, call: (RecordId, u64)) -> Self::Reply {
-        self.0.confirm_now(&[call]).await
-    }
-
-    async fn many(&self, calls: Vec<(RecordId, u64)>) -> Vec<Self::Reply> {
-        match self.0.confirm_now(&calls).await {
-            Ok(()) => calls.iter().map(|_| Ok(())).collect(),
-            Err(error) => calls.iter().map(|_| Err(error.copy())).collect(),
-        }
-    }
-
-    fn lost(&self) -> Self::Reply {
-        Err(lost())
-    }
-}
 
 impl PgStore {
     /// Deletes the rows of `confirmed` runs that still name their fence,

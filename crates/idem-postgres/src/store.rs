@@ -14,10 +14,9 @@ use tokio_postgres::{GenericClient, Statement};
 
 use crate::encode::{self, ms, token_bytes};
 use crate::error::{pg_error, pool_error};
-use crate::pending::Confirms;
 use crate::sql::Sql;
 use crate::{conn, notify, schema};
-use idem::group::{claim_through, complete_through, Direct, GroupCommit, Pairs};
+use idem::group::{claim_through, complete_through, lost, Batch, Direct, GroupCommit, Pairs};
 
 /// How many times a claim runs its statement when the statement's
 /// snapshot keeps missing a row that a concurrent claim just committed.
@@ -33,6 +32,30 @@ pub struct PgStore {
     /// The outbox's confirmations made together go together, with the
     /// groups.
     pub(crate) confirms: Option<Arc<GroupCommit<Confirms>>>,
+}
+
+/// The outbox's confirmations, together as one call
+/// (`sql/pending_confirm.sql`, `PgStore::confirm_now` in `pending.rs`).
+pub(crate) struct Confirms(pub(crate) PgStore);
+
+impl Batch for Confirms {
+    type Call = (RecordId, u64);
+    type Reply = Result<(), StoreError>;
+
+    async fn one(&self, call: (RecordId, u64)) -> Self::Reply {
+        self.0.confirm_now(&[call]).await
+    }
+
+    async fn many(&self, calls: Vec<(RecordId, u64)>) -> Vec<Self::Reply> {
+        match self.0.confirm_now(&calls).await {
+            Ok(()) => calls.iter().map(|_| Ok(())).collect(),
+            Err(error) => calls.iter().map(|_| Err(error.copy())).collect(),
+        }
+    }
+
+    fn lost(&self) -> Self::Reply {
+        Err(lost())
+    }
 }
 
 /// What clones of a store share.
