@@ -25,7 +25,8 @@ impl<C: Clock> MemoryStore<C> {
     /// is written under the pending lock held across the completion, so
     /// no taker sees the completion without it.
     pub(crate) fn complete_now(&self, completion: &Completion) -> Result<(), StoreError> {
-        let write = |lease: &Lease| {
+        let lease = &completion.lease;
+        let write = || {
             let response = completion.response.clone();
             let retention = completion.retention;
             self.write_now(
@@ -36,12 +37,11 @@ impl<C: Clock> MemoryStore<C> {
                 },
             )
         };
-        let lease = &completion.lease;
         let Some(hold) = completion.pending else {
-            return write(lease).map(drop);
+            return write().map(drop);
         };
         let mut marks = self.inner.pending.lock();
-        write(lease)?;
+        write()?;
         let held_until = self.now().saturating_add(hold);
         let fence = lease.fence;
         marks.insert(lease.id.clone(), Mark { fence, held_until });
