@@ -8,17 +8,9 @@ use bytes::Bytes;
 use crate::clock::{Clock, Timestamp};
 use crate::key::{RecordId, Scope};
 use crate::machine::Write;
-use crate::memory::store::MemoryStore;
+use crate::memory::store::{Mark, MemoryStore};
 use crate::record::{Lease, State};
 use crate::store::{Completion, PendingRun, PendingSends, StoreError};
-
-/// A run's mark: the fence it was completed under, and until when its
-/// holder keeps it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Mark {
-    fence: u64,
-    held_until: Timestamp,
-}
 
 impl<C: Clock> MemoryStore<C> {
     /// A completion, marking its run pending when it says so: the mark

@@ -78,8 +78,15 @@ pub(crate) struct Inner<C> {
     /// How long expired keys are remembered, if at all.
     pub(crate) memory: Option<Duration>,
     /// The outbox's pending index (`pending.rs`).
-    pub(crate) pending:
-        parking_lot::Mutex<std::collections::HashMap<RecordId, super::pending::Mark>>,
+    pub(crate) pending: parking_lot::Mutex<std::collections::HashMap<RecordId, Mark>>,
+}
+
+/// A run's mark in the pending index (`pending.rs`): the fence it was
+/// completed under, and until when its holder keeps it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Mark {
+    pub(crate) fence: u64,
+    pub(crate) held_until: Timestamp,
 }
 
 impl<C: Clock> MemoryStore<C> {
