@@ -336,13 +336,11 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
         if self.sender().is_none() {
             return;
         }
-        match stored_messages(self.at_rest(), run, stored) {
-            Ok(messages) if !messages.is_empty() => {}
-            Ok(_) => return,
-            Err(reason) => {
-                tracing::warn!(%reason, "the messages stored with a replayed run do not read");
-                return;
-            }
+        if self
+            .replayed_messages(run, stored)
+            .is_none_or(|m| m.is_empty())
+        {
+            return;
         }
         let index = self.store().pending_sends();
         if let Some(index) = &index {
@@ -381,13 +379,20 @@ impl<S: Store, C: Codec> Idempotency<S, C> {
     /// A replay's dispatch of the messages stored with `run`'s
     /// `response`: whether all were sent.
     async fn send_again(&self, run: &RecordId, response: &[u8]) -> bool {
-        match stored_messages(self.at_rest(), run, response) {
-            Ok(messages) => self.dispatch(&messages, "replay").await.is_ok(),
-            Err(reason) => {
-                tracing::warn!(%reason, "the messages stored with a replayed run do not read");
-                false
-            }
+        match self.replayed_messages(run, response) {
+            Some(messages) => self.dispatch(&messages, "replay").await.is_ok(),
+            None => false,
         }
+    }
+
+    /// The messages stored with a replayed run's `response`; `None`, with
+    /// a warning, when they do not read.
+    fn replayed_messages(&self, run: &RecordId, response: &[u8]) -> Option<Vec<Message>> {
+        stored_messages(self.at_rest(), run, response)
+            .inspect_err(|reason| {
+                tracing::warn!(%reason, "the messages stored with a replayed run do not read");
+            })
+            .ok()
     }
 
     /// Takes `marker` if it is pending and nobody alive holds it: held by
