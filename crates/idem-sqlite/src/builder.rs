@@ -8,6 +8,7 @@ use idem::{Clock, SystemClock};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, Notify};
 
+use crate::recent::Recent;
 use crate::schema::{self, Durability, OpenError, Role};
 use crate::store::{Inner, SqliteStore};
 use crate::traffic::Traffic;
@@ -124,6 +125,7 @@ impl<C: Clock> SqliteStoreBuilder<C> {
             conn,
             clock: Arc::clone(&clock),
             site: Site { store_id, memory },
+            recent: Recent::default(),
         }));
         let writer = Writer {
             connection: Arc::clone(&connection),

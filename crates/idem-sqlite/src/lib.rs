@@ -62,6 +62,7 @@ mod horizon;
 pub mod inbox;
 mod many;
 pub mod outbox;
+mod recent;
 mod schema;
 mod steps;
 mod store;

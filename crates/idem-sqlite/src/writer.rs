@@ -24,6 +24,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::encode::{self, Place};
 use crate::horizon;
+use crate::recent::Recent;
 
 /// What a job asks the writer to do.
 pub(crate) enum Op {
@@ -116,6 +117,8 @@ pub(crate) struct WriteConnection<C> {
     pub(crate) conn: Connection,
     pub(crate) clock: Arc<C>,
     pub(crate) site: Site,
+    /// The in-progress records this connection wrote (see [`Recent`]).
+    pub(crate) recent: Recent,
 }
 
 /// What every job of a store's file needs to know of it.
@@ -202,12 +205,20 @@ impl<C: Clock> WriteConnection<C> {
         // Statements are cached: parsing `BEGIN`/`COMMIT` and the sequence
         // queries for every batch showed up in the writer's profile.
         let conn = &self.conn;
+        let recent = &mut self.recent;
         conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
-        let result =
-            run_jobs(conn, ops, isolation, self.clock.as_ref(), self.site).and_then(|done| {
+        let result = recent
+            .check(conn)
+            .map_err(JobsError::Sql)
+            .and_then(|()| run_jobs(conn, ops, isolation, self.clock.as_ref(), self.site, recent))
+            .and_then(|done| {
                 conn.prepare_cached("COMMIT")?.execute([])?;
                 Ok(done)
             });
+        if result.is_err() {
+            // What the batch kept was not committed.
+            recent.clear();
+        }
         if result.is_err() && !conn.is_autocommit() {
             // Best effort: if even the rollback fails, SQLite rolls back
             // when the connection next begins, and the error reported is
@@ -260,6 +271,7 @@ fn run_jobs<C: Clock>(
     isolation: Isolation,
     clock: &C,
     site: Site,
+    recent: &mut Recent,
 ) -> Result<Vec<Result<Done, StoreError>>, JobsError> {
     let start: i64 = conn
         .prepare_cached("SELECT value FROM idem_meta WHERE name = 'seq'")?
@@ -270,7 +282,7 @@ fn run_jobs<C: Clock>(
     let mut done = Vec::with_capacity(ops.len());
     for op in ops {
         if isolation != Isolation::Savepoints {
-            match apply(conn, op, clock.now(), site, &mut seq) {
+            match apply(conn, op, clock.now(), site, &mut seq, recent) {
                 Ok(answer) => done.push(Ok(answer)),
                 Err(e) if isolation == Isolation::Optimistic && !conn.is_autocommit() => {
                     return Err(JobsError::Job(e))
@@ -280,14 +292,16 @@ fn run_jobs<C: Clock>(
             continue;
         }
         conn.prepare_cached("SAVEPOINT job")?.execute([])?;
-        match apply(conn, op, clock.now(), site, &mut seq) {
+        match apply(conn, op, clock.now(), site, &mut seq, recent) {
             Ok(answer) => {
                 conn.prepare_cached("RELEASE job")?.execute([])?;
                 done.push(Ok(answer));
             }
             // Unless SQLite rolled the whole transaction back (which fails
-            // the batch), the failure answers only its own job.
+            // the batch), the failure answers only its own job; what it
+            // kept of its records was rolled back with it.
             Err(e) if !conn.is_autocommit() => {
+                recent.clear();
                 conn.prepare_cached("ROLLBACK TO job")?.execute([])?;
                 conn.prepare_cached("RELEASE job")?.execute([])?;
                 done.push(Err(store_error(&e)));
@@ -310,16 +324,19 @@ fn apply(
     now: Timestamp,
     site: Site,
     seq: &mut u64,
+    recent: &mut Recent,
 ) -> rusqlite::Result<Done> {
     Ok(match op {
         Op::Claim(claims) => {
             let mut outcomes = Vec::with_capacity(claims.len());
             for (id, params) in claims {
-                outcomes.push(claim(tx, id, params, now, site, seq)?);
+                outcomes.push(claim(tx, id, params, now, site, seq, recent)?);
             }
             Done::Claims(outcomes)
         }
-        Op::Write { lease, write } => Done::Write(apply_write(tx, lease, write.clone(), now)?),
+        Op::Write { lease, write } => {
+            Done::Write(apply_write(tx, lease, write.clone(), now, recent)?)
+        }
         Op::Complete(completions) => {
             let mut written = Vec::with_capacity(completions.len());
             for c in completions {
@@ -327,7 +344,7 @@ fn apply(
                     response: c.response.clone(),
                     retention: c.retention,
                 };
-                written.push(apply_write(tx, &c.lease, write, now)?.map(drop));
+                written.push(apply_write(tx, &c.lease, write, now, recent)?.map(drop));
             }
             Done::Completes(written)
         }
@@ -335,6 +352,7 @@ fn apply(
             // With a memory, an expired record is left to the purge, which
             // remembers it; deleting it here would forget its key.
             let live_only = site.memory.is_some();
+            recent.forget(id);
             let expires: Option<i64> = tx
                 .prepare_cached(
                     "DELETE FROM idem_records WHERE scope = ?1 AND key = ?2 \
@@ -352,29 +370,36 @@ fn apply(
                 .optional()?;
             Done::Delete(expires.is_some_and(|e| e > encode::millis(now)))
         }
-        Op::Purge(limit) => Done::Purge(match site.memory {
-            None => tx
-                .prepare_cached(
-                    "DELETE FROM idem_records WHERE rowid IN \
-                     (SELECT rowid FROM idem_records WHERE expires_at <= ?1 LIMIT ?2)",
-                )?
-                .execute(params![
-                    encode::millis(now),
-                    i64::try_from(*limit).unwrap_or(i64::MAX)
-                ])?,
-            Some(memory) => horizon::purge_remembering(tx, *limit, now, memory)?,
-        }),
-        Op::BeginStep { lease, step } => Done::BeginStep(begin_step(tx, lease, step, now)?),
+        Op::Purge(limit) => {
+            // A purge deletes by expiry, whichever rows those are.
+            recent.clear();
+            Done::Purge(match site.memory {
+                None => tx
+                    .prepare_cached(
+                        "DELETE FROM idem_records WHERE rowid IN \
+                         (SELECT rowid FROM idem_records WHERE expires_at <= ?1 LIMIT ?2)",
+                    )?
+                    .execute(params![
+                        encode::millis(now),
+                        i64::try_from(*limit).unwrap_or(i64::MAX)
+                    ])?,
+                Some(memory) => horizon::purge_remembering(tx, *limit, now, memory)?,
+            })
+        }
+        Op::BeginStep { lease, step } => Done::BeginStep(begin_step(tx, lease, step, now, recent)?),
         Op::FinishStep {
             lease,
             step,
             result,
-        } => Done::FinishStep(finish_step(tx, lease, step, result, now)?),
+        } => Done::FinishStep(finish_step(tx, lease, step, result, now, recent)?),
         Op::Resolve {
             id,
             step,
             resolution,
-        } => Done::Resolve(resolve(tx, id, step, resolution.clone(), now)?),
+        } => {
+            recent.forget(id);
+            Done::Resolve(resolve(tx, id, step, resolution.clone(), now)?)
+        }
     })
 }
 
@@ -384,7 +409,13 @@ fn held_by(
     conn: &Connection,
     lease: &Lease,
     now: Timestamp,
+    recent: &Recent,
 ) -> rusqlite::Result<Result<(), StoreError>> {
+    if let Some(record) = recent.get(&lease.id) {
+        return Ok(held(Some(record), lease.token, now)
+            .map(drop)
+            .map_err(StoreError::from));
+    }
     Ok(match encode::load(conn, &lease.id)? {
         None => Err(StoreError::LeaseLost),
         Some((_, Err(reason))) => Err(corrupt(&lease.id, reason)),
@@ -399,8 +430,9 @@ fn begin_step(
     lease: &Lease,
     step: &str,
     now: Timestamp,
+    recent: &Recent,
 ) -> rusqlite::Result<Result<StepBegin, StoreError>> {
-    if let Err(e) = held_by(conn, lease, now)? {
+    if let Err(e) = held_by(conn, lease, now, recent)? {
         return Ok(Err(e));
     }
     let existing = encode::load_step(conn, &lease.id, step)?;
@@ -417,8 +449,9 @@ fn finish_step(
     step: &str,
     result: &Bytes,
     now: Timestamp,
+    recent: &Recent,
 ) -> rusqlite::Result<Result<(), StoreError>> {
-    if let Err(e) = held_by(conn, lease, now)? {
+    if let Err(e) = held_by(conn, lease, now, recent)? {
         return Ok(Err(e));
     }
     let done = StepState::Done {
@@ -466,6 +499,7 @@ fn claim(
     now: Timestamp,
     site: Site,
     seq: &mut u64,
+    recent: &mut Recent,
 ) -> rusqlite::Result<Result<ClaimOutcome, StoreError>> {
     let next = *seq + 1;
     let fresh = Fresh {
@@ -485,8 +519,11 @@ fn claim(
     let first = write.expect("an absent key is always acquired");
     if remembered.is_none() && encode::store(conn, id, Place::NewIfAbsent, &first)? {
         *seq = next;
+        recent.keep(id, conn.last_insert_rowid(), first);
         return Ok(Ok(outcome));
     }
+    // The key was taken: whatever is kept for it is older than the row.
+    recent.forget(id);
     let (rowid, existing) = match encode::load(conn, id)? {
         Some((rowid, Ok(record))) => (Some(rowid), Some(record)),
         Some((_, Err(reason))) => return Ok(Err(corrupt(id, reason))),
@@ -530,17 +567,25 @@ fn apply_write(
     lease: &Lease,
     write: Write,
     now: Timestamp,
+    recent: &mut Recent,
 ) -> rusqlite::Result<Result<Timestamp, StoreError>> {
-    let (rowid, existing) = match encode::load(conn, &lease.id)? {
-        None => return Ok(Err(StoreError::LeaseLost)),
-        Some((rowid, Ok(record))) => (rowid, record),
-        Some((_, Err(reason))) => return Ok(Err(corrupt(&lease.id, reason))),
+    let kept = recent.take(&lease.id);
+    let (rowid, existing) = match kept {
+        Some(kept) => kept,
+        None => match encode::load(conn, &lease.id)? {
+            None => return Ok(Err(StoreError::LeaseLost)),
+            Some((rowid, Ok(record))) => (rowid, record),
+            Some((_, Err(reason))) => return Ok(Err(corrupt(&lease.id, reason))),
+        },
     };
     match decide_write(Some(&existing), lease.token, write, now) {
         Ok(next) => {
             encode::store(conn, &lease.id, Place::Row(rowid), &next)?;
             Ok(Ok(match next.state {
-                State::InProgress { lease_until, .. } => lease_until,
+                State::InProgress { lease_until, .. } => {
+                    recent.keep(&lease.id, rowid, next);
+                    lease_until
+                }
                 _ => now,
             }))
         }
