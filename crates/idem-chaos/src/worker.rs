@@ -271,29 +271,39 @@ impl Worker {
         };
         Ok(match config.target {
             Target::PgLease => {
-                let store = retry_connect(|| {
-                    PgStore::builder(&config.store_url)
-                        .map(|b| {
-                            b.pool_size(config.inflight)
-                                .connect_timeout(CALL_TIMEOUT)
-                                .response_timeout(CALL_TIMEOUT)
-                                .setup(false)
-                        })
-                        .map_err(anyhow::Error::from)
+                let store = retry_open("connecting to PostgreSQL", || async {
+                    let builder = PgStore::builder(&config.store_url)?
+                        .pool_size(config.inflight)
+                        .connect_timeout(CALL_TIMEOUT)
+                        .response_timeout(CALL_TIMEOUT)
+                        .setup(false);
+                    Ok(builder.connect().await?)
                 })
                 .await?;
                 lease_store(Guard::Pg(executor(store, config.lease)?))?
             }
             Target::RedisLease | Target::RedisClusterLease => {
-                let store = retry_redis(config).await?;
+                let store = retry_open("connecting to Redis", || async {
+                    let builder = RedisStore::builder(&config.store_url)?
+                        .connect_timeout(CALL_TIMEOUT)
+                        .response_timeout(CALL_TIMEOUT);
+                    Ok(builder.connect().await?)
+                })
+                .await?;
                 lease_store(Guard::Redis(executor(store, config.lease)?))?
             }
             Target::SqliteLease => {
-                let store = SqliteStore::builder(&config.store_url)
-                    .clock(clock)
-                    .busy_timeout(CALL_TIMEOUT)
-                    .open()
-                    .with_context(|| format!("opening {}", config.store_url))?;
+                // Opening takes the file's write lock for a moment, which a
+                // worker stopped inside a transaction holds for longer
+                // than the busy timeout.
+                let what = format!("opening {}", config.store_url);
+                let store = retry_open(&what, || {
+                    let builder = SqliteStore::builder(&config.store_url)
+                        .clock(clock.clone())
+                        .busy_timeout(CALL_TIMEOUT);
+                    async { Ok(tokio::task::spawn_blocking(move || builder.open()).await??) }
+                })
+                .await?;
                 lease_store(Guard::Sqlite(executor(store, config.lease)?))?
             }
             Target::DynamoLease => {
@@ -319,7 +329,15 @@ impl Worker {
                 lease_store(Guard::Dynamo(executor(store, config.lease)?))?
             }
             Target::MySqlLease => {
-                let store = retry_mysql(config).await?;
+                let store = retry_open("connecting to MySQL", || async {
+                    let builder = MySqlStore::builder(&config.store_url)?
+                        .pool_size(config.inflight)
+                        .connect_timeout(CALL_TIMEOUT)
+                        .response_timeout(CALL_TIMEOUT)
+                        .setup(false);
+                    Ok(builder.connect().await?)
+                })
+                .await?;
                 lease_store(Guard::MySql(executor(store, config.lease)?))?
             }
             Target::PgInbox => Worker::Inbox(Arc::new(InboxWorker {
@@ -361,53 +379,23 @@ fn executor<S: Store>(store: S, lease: Duration) -> anyhow::Result<Idempotency<S
         .context("executor configuration")
 }
 
-/// Connects, trying again while the store is down (it may be restarting
-/// when a replacement worker starts).
-async fn retry_connect<F>(builder: F) -> anyhow::Result<PgStore>
+/// Opens the store, trying again every 250 ms for 15 s while it fails: a
+/// replacement worker may start while the store restarts, or (SQLite)
+/// while a stopped worker holds the file's write lock.
+async fn retry_open<S, F, Fut>(what: &str, mut open: F) -> anyhow::Result<S>
 where
-    F: Fn() -> anyhow::Result<idem_postgres::PgStoreBuilder>,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<S>>,
 {
     let mut last = None;
     for _ in 0..60 {
-        match builder()?.connect().await {
+        match open().await {
             Ok(store) => return Ok(store),
             Err(e) => last = Some(e),
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    Err(anyhow::anyhow!("connecting to PostgreSQL: {last:?}"))
-}
-
-async fn retry_redis(config: &WorkerConfig) -> anyhow::Result<RedisStore> {
-    let mut last = None;
-    for _ in 0..60 {
-        let builder = RedisStore::builder(&config.store_url)?
-            .connect_timeout(CALL_TIMEOUT)
-            .response_timeout(CALL_TIMEOUT);
-        match builder.connect().await {
-            Ok(store) => return Ok(store),
-            Err(e) => last = Some(e),
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    Err(anyhow::anyhow!("connecting to Redis: {last:?}"))
-}
-
-async fn retry_mysql(config: &WorkerConfig) -> anyhow::Result<MySqlStore> {
-    let mut last = None;
-    for _ in 0..60 {
-        let builder = MySqlStore::builder(&config.store_url)?
-            .pool_size(config.inflight)
-            .connect_timeout(CALL_TIMEOUT)
-            .response_timeout(CALL_TIMEOUT)
-            .setup(false);
-        match builder.connect().await {
-            Ok(store) => return Ok(store),
-            Err(e) => last = Some(e),
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    Err(anyhow::anyhow!("connecting to MySQL: {last:?}"))
+    Err(last.map_or_else(|| anyhow::anyhow!("{what}"), |e| e.context(what.to_owned())))
 }
 
 /// A pool of plain connections (not through idem's store).
