@@ -15,10 +15,10 @@
 //!
 //! **Run to completion.** Once a covered request's key is claimed, the rest
 //! (the inner service, reading and storing its response, the lease's
-//! heartbeat) runs in a task of its own: a client that disconnects does not
-//! cut the inner service off. Call [`IdempotencyLayer::drain`] after your
-//! server's graceful shutdown so such work finishes before the process
-//! exits.
+//! heartbeat) runs to its end: a client that disconnects does not cut the
+//! inner service off (the run goes on in a task of its own). Call
+//! [`IdempotencyLayer::drain`] after your server's graceful shutdown so
+//! such work finishes before the process exits.
 //!
 //! **The handler's context.** The inner service receives the run's
 //! [`idem::Context`] as a request extension: its fence (to fence its own
@@ -71,6 +71,7 @@
 //! ```
 
 mod body;
+mod detach;
 mod grpc;
 mod header;
 mod keep;

@@ -14,6 +14,7 @@ use tower_service::Service;
 use tracing::Instrument as _;
 
 use crate::body::IdemBody;
+use crate::detach::Detachable;
 use crate::grpc;
 use crate::rejection::Rejection;
 use crate::request::{Settings, Step, REPLAYED_HEADER};
@@ -22,9 +23,9 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// The service made by [`IdempotencyLayer`](crate::IdempotencyLayer).
 ///
-/// Covered requests with a key run in a task of their own: the future this
-/// service returns only waits for that task, so dropping it (the client
-/// went away) does not stop the run. The inner service receives the run's
+/// Covered requests with a key run to completion: the future this service
+/// returns drives the run, and hands it to a task of its own if it is
+/// dropped first (the client went away), so the run does not stop. The inner service receives the run's
 /// [`idem::Context`] in the request's extensions.
 pub struct IdempotencyService<S, I> {
     settings: Arc<Settings<S>>,
@@ -113,13 +114,17 @@ where
                 }
                 Step::Refused(answer) => return Ok(answer),
             };
-            // From the claim on, the run is its own task: a client that
-            // disconnects drops only this future, not the work.
+            // From the claim on, a client that disconnects drops only this
+            // future, not the work: the run goes on in a task of its own.
             let run = {
                 let settings = Arc::clone(&settings);
-                settings.runs.clone().spawn(
-                    async move { settings.run(prepared, inner).await }
-                        .instrument(tracing::Span::current()),
+                let counted = settings.runs.token();
+                Detachable::new(
+                    async move {
+                        let _counted = counted;
+                        settings.run(prepared, inner).await
+                    }
+                    .instrument(tracing::Span::current()),
                 )
             };
             Ok(match run.await {

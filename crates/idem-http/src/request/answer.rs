@@ -26,7 +26,7 @@ use super::{
 impl<S: Store> Settings<S> {
     /// Runs a prepared request through the executor: claim, the inner
     /// service under the lease's heartbeat, the response stored or the key
-    /// released. This is the part that runs detached from the connection.
+    /// released. This is the part that runs to its end when the client goes.
     pub(crate) async fn run<I, B, RB>(
         &self,
         prepared: Prepared<B>,

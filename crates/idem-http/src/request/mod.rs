@@ -1,7 +1,7 @@
 //! One covered request, from its head to the answer: the key, the body and
 //! its fingerprint, the scope (all in the client's connection), then the
-//! run itself (in a task of its own, see [`Settings::run`]) and the
-//! mapping of its outcome onto a response ([`answer`]).
+//! run itself (to its end even if the client goes, see [`Settings::run`])
+//! and the mapping of its outcome onto a response ([`answer`]).
 
 mod answer;
 mod referenced;
