@@ -11,9 +11,15 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-/// Headers other proxies use to say who the client is, dropped with the
-/// rest when the incoming ones are not trusted.
-const UNVOUCHED: [HeaderName; 7] = [
+/// The forwarding headers, this gateway's and those other proxies use to
+/// say who the client is (which this gateway does not set: a client's own
+/// would reach the upstream as if vouched for), all dropped when the
+/// incoming ones are not trusted.
+const UNVOUCHED: [HeaderName; 11] = [
+    FORWARDED,
+    X_FORWARDED_FOR,
+    X_FORWARDED_PROTO,
+    X_FORWARDED_HOST,
     HeaderName::from_static("x-real-ip"),
     HeaderName::from_static("x-forwarded-port"),
     HeaderName::from_static("x-forwarded-prefix"),
@@ -56,17 +62,9 @@ pub(crate) fn apply(
     policy: ForwardedPolicy,
 ) {
     let host = headers.get(HOST).cloned();
-    if !policy.trust_incoming {
-        for name in [
-            FORWARDED,
-            X_FORWARDED_FOR,
-            X_FORWARDED_PROTO,
-            X_FORWARDED_HOST,
-        ] {
-            headers.remove(name);
-        }
-        // The others of the family, which this gateway does not set: a
-        // client's own would reach the upstream as if vouched for.
+    // Most requests carry none: one look at the names present instead of a
+    // hashed lookup for each of the eleven.
+    if !policy.trust_incoming && headers.keys().any(|name| UNVOUCHED.contains(name)) {
         for name in UNVOUCHED {
             headers.remove(name);
         }
