@@ -1,19 +1,23 @@
 //! `idem proxy`: the Idempotency-Key gateway in front of any HTTP service.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{ConnectInfo, Request};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use http::{header, HeaderName, HeaderValue, Method, StatusCode, Uri};
-use idem_http::{strip_hop_by_hop, IdempotencyLayer, OutcomeUnknown, Problem};
+use hyper::body::Incoming;
+use idem_http::{strip_hop_by_hop, IdemBody, IdempotencyLayer, OutcomeUnknown, Problem};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
+use tower::{Layer as _, ServiceExt as _};
+use tower_service::Service;
 use tracing::Instrument as _;
 
 use crate::deadline::Deadline;
@@ -160,7 +164,7 @@ fn problem_502(kind: &'static str, title: &'static str, detail: String) -> Respo
         .map(Body::from)
 }
 
-async fn forward(State(upstream): State<Arc<Upstream>>, request: Request) -> Response {
+async fn forward(upstream: Arc<Upstream>, request: Request) -> Response {
     let (mut parts, body) = request.into_parts();
     // A covered request carries its run's context: it runs to completion
     // under the gateway's own limit, whatever its client's deadline.
@@ -358,10 +362,26 @@ fn wants_trailers(headers: &http::HeaderMap) -> bool {
         .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
 }
 
-/// The gateway's router: every request forwarded to the upstream, covered
+/// The gateway's service: every request forwarded to the upstream, covered
 /// ones through `layer`. Fails on upstream TLS settings that cannot work
 /// (an unreadable CA file).
-pub fn router(layer: IdempotencyLayer<AnyStore>, config: &ProxyConfig) -> anyhow::Result<Router> {
+///
+/// No router in front of it: every path goes the same way, and axum's
+/// route matching, boxed service clone, response boxing and per-poll
+/// shutdown select were a tenth of the hop's instructions (BENCHMARKS.md).
+pub fn service(
+    layer: IdempotencyLayer<AnyStore>,
+    config: &ProxyConfig,
+) -> anyhow::Result<
+    impl Service<
+            http::Request<Incoming>,
+            Response = http::Response<IdemBody>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static,
+> {
     // Connecting gets its own, shorter limit, so an upstream that is down
     // is told apart (nothing sent: the key is released) from one that took
     // the request and never answered (the key is kept).
@@ -377,10 +397,13 @@ pub fn router(layer: IdempotencyLayer<AnyStore>, config: &ProxyConfig) -> anyhow
         timeout: config.upstream_timeout,
         forwarded: config.forwarded,
     });
-    Ok(Router::new()
-        .fallback(forward)
-        .with_state(upstream)
-        .layer(layer))
+    let forwarding = tower::service_fn(move |request: Request| {
+        let upstream = Arc::clone(&upstream);
+        async move { Ok::<_, Infallible>(forward(upstream, request).await) }
+    });
+    Ok(layer
+        .layer(forwarding)
+        .map_request(|request: http::Request<Incoming>| request.map(Body::new)))
 }
 
 /// What the admin listener serves: `/healthz`, the metrics the process
@@ -462,7 +485,7 @@ pub async fn serve(
         tracing::warn!("{warning}");
     }
     let layer = layer(store.clone(), config)?;
-    let app = router(layer.clone(), config)?;
+    let app = service(layer.clone(), config)?;
     let _purger = store.spawn_purger();
     let _reconciler = match (&config.reconcile, config.reconcile_every) {
         (Some(_), Some(every)) if config.key_hasher.is_none() => Some(
@@ -502,20 +525,15 @@ pub async fn serve(
         tracing::info!("shutting down: finishing in-flight requests");
         let _ = stop_tx.send(true);
     };
-    let served = match &config.tls {
+    let acceptor = match &config.tls {
         Some(files) => {
             let certificate = tls::Certificate::load(files.clone())?;
             tls::reload_on_hangup(Arc::clone(&certificate));
-            tls::serve(listener, certificate.acceptor(), app, shutdown).await
+            Some(certificate.acceptor())
         }
-        None => axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(Into::into),
+        None => None,
     };
+    let served = crate::connections::serve(listener, acceptor, app, shutdown).await;
     // Requests whose clients disconnected are not connections any more;
     // their runs still finish before the process exits.
     if layer.running() > 0 {

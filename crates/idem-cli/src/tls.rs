@@ -6,16 +6,8 @@
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
-use std::time::Duration;
 
-use axum::extract::ConnectInfo;
 use axum::Router;
-use http::uri::Scheme;
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
@@ -23,10 +15,6 @@ use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
-use tower::ServiceExt as _;
-
-/// How long a client may take to finish its TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The certificate files of a TLS listener.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,58 +115,14 @@ pub fn reload_on_hangup(certificate: Arc<Certificate>) {
 /// stops accepting and waits for open connections to finish their
 /// requests. Each request carries its client's [`ConnectInfo`] and the
 /// scheme [`Scheme::HTTPS`] as extensions.
+///
+/// [`ConnectInfo`]: axum::extract::ConnectInfo
+/// [`Scheme::HTTPS`]: http::uri::Scheme::HTTPS
 pub async fn serve(
     listener: TcpListener,
     acceptor: TlsAcceptor,
     app: Router,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
-    let graceful = GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
-    tokio::pin!(shutdown);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Out of file descriptors, say: pause, as axum does.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let acceptor = acceptor.clone();
-        // What axum's own server adds, and the scheme for forwarding headers.
-        let service = TowerToHyperService::new(app.clone().map_request(
-            move |mut request: http::Request<Incoming>| {
-                request.extensions_mut().insert(ConnectInfo(peer));
-                request.extensions_mut().insert(Scheme::HTTPS);
-                request
-            },
-        ));
-        let builder = builder.clone();
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(error)) => {
-                    tracing::debug!(%error, %peer, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let connection = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
-            if let Err(error) = watcher.watch(connection.into_owned()).await {
-                tracing::debug!(error = %error, %peer, "connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    graceful.shutdown().await;
-    Ok(())
+    crate::connections::serve(listener, Some(acceptor), app, shutdown).await
 }
