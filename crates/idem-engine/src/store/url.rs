@@ -431,6 +431,8 @@ mod tests {
             url("redis+cluster://127.0.0.1:7000").remembering_by_default(day),
             StoreUrl::Redis("redis+cluster://127.0.0.1:7000?remember=86400s".into())
         );
+        // Without the feature a `dynamodb://` URL is refused as not built in.
+        #[cfg(feature = "dynamodb")]
         assert_eq!(
             url("dynamodb://idem_records?region=eu-west-1").remembering_by_default(day),
             StoreUrl::DynamoDb("dynamodb://idem_records?region=eu-west-1&remember=86400s".into())
