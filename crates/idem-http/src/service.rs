@@ -25,8 +25,9 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 ///
 /// Covered requests with a key run to completion: the future this service
 /// returns drives the run, and hands it to a task of its own if it is
-/// dropped first (the client went away), so the run does not stop. The inner service receives the run's
-/// [`idem::Context`] in the request's extensions.
+/// dropped first (the client went away), so the run does not stop. The
+/// inner service receives the run's [`idem::Context`] in the request's
+/// extensions.
 pub struct IdempotencyService<S, I> {
     settings: Arc<Settings<S>>,
     inner: I,
