@@ -1,18 +1,16 @@
 //! The accept loop of the binaries' own listeners: each connection, over
 //! TLS or not, served by hyper (HTTP/1.1, or HTTP/2 by its preface) with
-//! the client's address and the scheme in every request's extensions, and
-//! a graceful stop.
+//! its [`Peer`] (the client's address and the scheme) in every request's
+//! extensions, and a graceful stop.
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::ConnectInfo;
-use http::uri::Scheme;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
@@ -20,14 +18,16 @@ use tokio_util::either::Either;
 use tower::ServiceExt as _;
 use tower_service::Service;
 
+use crate::closing::Closing;
+use crate::forwarded::Peer;
+
 /// How long a client may take to finish its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves `service` on `listener`, over TLS when `tls` is given, until
 /// `shutdown` resolves; then stops accepting and waits for open
 /// connections to finish their requests. Each request carries its
-/// client's [`ConnectInfo`] and, over TLS, the scheme [`Scheme::HTTPS`]
-/// as extensions.
+/// connection's `Arc<`[`Peer`]`>` as an extension.
 pub async fn serve<S, B>(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
@@ -44,7 +44,7 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let graceful = GracefulShutdown::new();
+    let closing = Closing::default();
     let builder = auto::Builder::new(TokioExecutor::new());
     tokio::pin!(shutdown);
     loop {
@@ -60,21 +60,18 @@ where
                 }
             },
         };
-        let https = tls.is_some();
-        // What axum's own server adds, and the scheme for forwarding headers.
+        // Who the client is, rendered once for the forwarding headers.
+        let client = Arc::new(Peer::new(peer, tls.is_some()));
         let service = service
             .clone()
             .map_request(move |mut request: http::Request<Incoming>| {
-                request.extensions_mut().insert(ConnectInfo(peer));
-                if https {
-                    request.extensions_mut().insert(Scheme::HTTPS);
-                }
+                request.extensions_mut().insert(Arc::clone(&client));
                 request
             });
         let builder = builder.clone();
-        let watcher = graceful.watcher();
+        let watcher = closing.watcher();
         let tls = tls.clone();
-        tokio::spawn(async move {
+        closing.spawn(async move {
             let io = match tls {
                 None => Either::Left(tcp),
                 Some(acceptor) => {
@@ -101,6 +98,6 @@ where
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    closing.close().await;
     Ok(())
 }

@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 
-use http::header::{HeaderMap, HeaderName, HeaderValue, FORWARDED, HOST};
+use http::header::{Entry, HeaderMap, HeaderName, HeaderValue, FORWARDED, HOST};
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -29,6 +29,12 @@ const UNVOUCHED: [HeaderName; 11] = [
     HeaderName::from_static("true-client-ip"),
 ];
 
+/// Whether `name` is one of [`UNVOUCHED`]: each begins with `f`, `t` or
+/// `x`, which most names a request carries do not.
+fn unvouched(name: &HeaderName) -> bool {
+    matches!(name.as_str().as_bytes().first(), Some(b'f' | b't' | b'x')) && UNVOUCHED.contains(name)
+}
+
 /// How the gateway treats forwarding headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ForwardedPolicy {
@@ -51,46 +57,86 @@ impl Default for ForwardedPolicy {
     }
 }
 
+/// Who a connection's requests come from, as the forwarding headers write
+/// it: rendered once a connection, carried in each request's extensions
+/// (as `Arc<Peer>`) by the accept loop.
+#[derive(Debug)]
+pub struct Peer {
+    /// The client's address.
+    pub addr: SocketAddr,
+    /// The connection came over TLS.
+    pub https: bool,
+    /// The client's IP address, as `X-Forwarded-For` lists it.
+    ip: HeaderValue,
+    /// `Forwarded`'s `for=` parameter and its separator: `for=192.0.2.7;`,
+    /// `for="[2001:db8::1]";` (RFC 7239 §6).
+    for_param: String,
+}
+
+impl Peer {
+    /// The client at `addr`, connected over TLS if `https`.
+    pub fn new(addr: SocketAddr, https: bool) -> Self {
+        let ip = addr.ip().to_string();
+        let mut for_param = String::with_capacity(ip.len() + 8);
+        for_param.push_str("for=");
+        if addr.is_ipv6() {
+            push_value(&mut for_param, &format!("[{ip}]"));
+        } else {
+            push_value(&mut for_param, &ip);
+        }
+        for_param.push(';');
+        Self {
+            addr,
+            https,
+            ip: HeaderValue::from_maybe_shared(bytes::Bytes::from(ip))
+                .expect("an IP address is a valid header value"),
+            for_param,
+        }
+    }
+
+    /// The scheme the client used.
+    pub fn scheme(&self) -> &'static str {
+        if self.https {
+            "https"
+        } else {
+            "http"
+        }
+    }
+}
+
 /// Adds this hop to `headers` (a request about to be forwarded to the
-/// upstream at `upstream_authority`), received from `client` over
-/// `scheme`.
+/// upstream at `upstream_authority`), received from `peer` (over `http`
+/// when there is none).
 pub(crate) fn apply(
     headers: &mut HeaderMap,
-    client: Option<SocketAddr>,
-    scheme: &'static str,
+    peer: Option<&Peer>,
     upstream_authority: &str,
     policy: ForwardedPolicy,
 ) {
+    let scheme = peer.map_or("http", Peer::scheme);
     let host = headers.get(HOST).cloned();
     // Most requests carry none: one look at the names present instead of a
     // hashed lookup for each of the eleven.
-    if !policy.trust_incoming && headers.keys().any(|name| UNVOUCHED.contains(name)) {
+    if !policy.trust_incoming && headers.keys().any(unvouched) {
         for name in UNVOUCHED {
             headers.remove(name);
         }
     }
-    let ip = client.map(|c| c.ip().to_string());
-    if let Some(ip) = &ip {
-        append(headers, X_FORWARDED_FOR, ip);
+    if let Some(peer) = peer {
+        append(headers, X_FORWARDED_FOR, peer.ip.clone());
     }
-    if !headers.contains_key(X_FORWARDED_PROTO) {
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(scheme));
-    }
+    headers
+        .entry(X_FORWARDED_PROTO)
+        .or_insert_with(|| HeaderValue::from_static(scheme));
     if let Some(host) = &host {
-        if !headers.contains_key(X_FORWARDED_HOST) {
-            headers.insert(X_FORWARDED_HOST, host.clone());
-        }
+        headers
+            .entry(X_FORWARDED_HOST)
+            .or_insert_with(|| host.clone());
     }
     // RFC 7239: for=<node>;host=<host>;proto=<scheme>, one element a hop.
     let mut element = String::with_capacity(64);
-    if let (Some(ip), Some(client)) = (&ip, client) {
-        element.push_str("for=");
-        if client.is_ipv6() {
-            push_value(&mut element, &format!("[{ip}]"));
-        } else {
-            push_value(&mut element, ip);
-        }
-        element.push(';');
+    if let Some(peer) = peer {
+        element.push_str(&peer.for_param);
     }
     if let Some(host) = host.as_ref().and_then(|h| h.to_str().ok()) {
         element.push_str("host=");
@@ -99,7 +145,9 @@ pub(crate) fn apply(
     }
     element.push_str("proto=");
     element.push_str(scheme);
-    append(headers, FORWARDED, &element);
+    if let Ok(element) = HeaderValue::from_maybe_shared(bytes::Bytes::from(element)) {
+        append(headers, FORWARDED, element);
+    }
     if !policy.preserve_host {
         if let Ok(authority) = HeaderValue::from_str(upstream_authority) {
             headers.insert(HOST, authority);
@@ -110,22 +158,22 @@ pub(crate) fn apply(
 /// Adds `value` to the list in header `name`, written as one
 /// comma-separated value as proxies write these lists; a list that came
 /// in several header lines is joined in order (RFC 9110 §5.3).
-fn append(headers: &mut HeaderMap, name: HeaderName, value: &str) {
-    if !headers.contains_key(&name) {
-        if let Ok(value) = HeaderValue::from_str(value) {
-            headers.insert(name, value);
+fn append(headers: &mut HeaderMap, name: HeaderName, value: HeaderValue) {
+    let mut present = match headers.entry(name) {
+        Entry::Vacant(vacant) => {
+            vacant.insert(value);
+            return;
         }
-        return;
-    }
-    let mut parts: Vec<String> = headers
-        .get_all(&name)
+        Entry::Occupied(present) => present,
+    };
+    let mut parts: Vec<String> = present
         .iter()
         .map(|v| String::from_utf8_lossy(v.as_bytes()).trim().to_owned())
         .filter(|v| !v.is_empty())
         .collect();
-    parts.push(value.to_owned());
+    parts.push(String::from_utf8_lossy(value.as_bytes()).into_owned());
     if let Ok(joined) = HeaderValue::from_str(&parts.join(", ")) {
-        headers.insert(name, joined);
+        present.insert(joined);
     }
 }
 
@@ -133,22 +181,44 @@ fn append(headers: &mut HeaderMap, name: HeaderName, value: &str) {
 /// anything else quoted (RFC 7239 §4: an IPv6 address or a host with a
 /// port must be quoted).
 fn push_value(out: &mut String, value: &str) {
-    let token = !value.is_empty()
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
-    if token {
+    if !value.is_empty() && value.bytes().all(is_tchar) {
         out.push_str(value);
         return;
     }
     out.push('"');
-    for c in value.chars() {
-        if c == '\\' || c == '"' {
-            out.push('\\');
-        }
-        out.push(c);
+    let mut rest = value;
+    // Both escaped characters are ASCII: their byte offsets are char
+    // boundaries.
+    while let Some(at) = rest.bytes().position(|b| b == b'\\' || b == b'"') {
+        out.push_str(&rest[..at]);
+        out.push('\\');
+        out.push_str(&rest[at..=at]);
+        rest = &rest[at + 1..];
     }
+    out.push_str(rest);
     out.push('"');
+}
+
+/// A token character (RFC 9110 §5.6.2).
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric()
+        || matches!(
+            b,
+            b'!' | b'#'
+                | b'$'
+                | b'%'
+                | b'&'
+                | b'\''
+                | b'*'
+                | b'+'
+                | b'-'
+                | b'.'
+                | b'^'
+                | b'_'
+                | b'`'
+                | b'|'
+                | b'~'
+        )
 }
 
 #[cfg(test)]
@@ -163,13 +233,8 @@ mod tests {
                 HeaderValue::from_str(value).expect("value"),
             );
         }
-        apply(
-            &mut headers,
-            client.parse().ok(),
-            "http",
-            "10.0.0.9:3000",
-            policy,
-        );
+        let peer = client.parse().ok().map(|addr| Peer::new(addr, false));
+        apply(&mut headers, peer.as_ref(), "10.0.0.9:3000", policy);
         headers
     }
 
@@ -223,6 +288,19 @@ mod tests {
         );
         assert_eq!(get(&untrusted, "x-real-ip"), None);
         assert_eq!(get(&untrusted, "true-client-ip"), None);
+    }
+
+    #[test]
+    fn a_host_that_is_no_token_is_quoted_with_its_quotes_escaped() {
+        let h = forwarded(
+            &[("host", r#"odd"host\name"#)],
+            "192.0.2.7:1",
+            ForwardedPolicy::default(),
+        );
+        assert_eq!(
+            get(&h, "forwarded"),
+            Some(r#"for=192.0.2.7;host="odd\"host\\name";proto=http"#)
+        );
     }
 
     #[test]

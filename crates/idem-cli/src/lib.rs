@@ -10,6 +10,7 @@ use idem::{RecordId, Scope, StateKind};
 
 pub mod admin;
 pub mod bench;
+mod closing;
 pub mod connections;
 pub mod console;
 mod deadline;

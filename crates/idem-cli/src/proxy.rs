@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Request};
+use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -21,7 +21,7 @@ use tower_service::Service;
 use tracing::Instrument as _;
 
 use crate::deadline::Deadline;
-use crate::forwarded::{self, ForwardedPolicy};
+use crate::forwarded::{self, ForwardedPolicy, Peer};
 use crate::store::AnyStore;
 use crate::tls::{self, TlsFiles};
 use crate::upstream::{self, UpstreamClient, UpstreamProtocol};
@@ -194,19 +194,9 @@ async fn forward(upstream: Arc<Upstream>, request: Request) -> Response {
             .headers
             .insert(header::TE, HeaderValue::from_static("trailers"));
     }
-    let client = parts
-        .extensions
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0);
-    let proto = if parts.extensions.get::<http::uri::Scheme>() == Some(&http::uri::Scheme::HTTPS) {
-        "https"
-    } else {
-        "http"
-    };
     forwarded::apply(
         &mut parts.headers,
-        client,
-        proto,
+        parts.extensions.get::<Arc<Peer>>().map(Arc::as_ref),
         &upstream.authority,
         upstream.forwarded,
     );

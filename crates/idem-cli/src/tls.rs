@@ -113,11 +113,8 @@ pub fn reload_on_hangup(certificate: Arc<Certificate>) {
 
 /// Serves `app` over TLS on `listener` until `shutdown` resolves, then
 /// stops accepting and waits for open connections to finish their
-/// requests. Each request carries its client's [`ConnectInfo`] and the
-/// scheme [`Scheme::HTTPS`] as extensions.
-///
-/// [`ConnectInfo`]: axum::extract::ConnectInfo
-/// [`Scheme::HTTPS`]: http::uri::Scheme::HTTPS
+/// requests. Each request carries its connection's
+/// `Arc<`[`Peer`](crate::forwarded::Peer)`>` as an extension.
 pub async fn serve(
     listener: TcpListener,
     acceptor: TlsAcceptor,

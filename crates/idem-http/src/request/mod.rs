@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{header, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http::{
+    header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri,
+};
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 use idem::blob::Blobs;
@@ -180,6 +182,19 @@ impl<S: Store> Settings<S> {
         self.methods.contains(method)
     }
 
+    /// Whether [`prepare`](Self::prepare) would pass a covered request with
+    /// these headers and URI through as it is, before reading its body: no
+    /// key header, no key looked for in its body or behind a webhook's
+    /// signature, none required, not an MCP call. The service hands such a
+    /// request straight to the inner service, without a run's future.
+    pub(crate) fn passes_through(&self, headers: &HeaderMap, uri: &Uri) -> bool {
+        !self.required
+            && !self.mcp
+            && self.webhook.is_none()
+            && !headers.contains_key(&self.header)
+            && self.body_source(headers, uri).is_none()
+    }
+
     /// Reads and checks a covered request. Nothing is claimed yet, so this
     /// may be cut off with the connection.
     pub(crate) async fn prepare<B>(&self, request: Request<B>) -> Step<B>
@@ -196,7 +211,7 @@ impl<S: Store> Settings<S> {
         // A webhook's key is read where its sender signed it, once the
         // signature checks out; any other request's from the key header,
         // else from its body once that is read.
-        let in_body = self.body_source(&parts);
+        let in_body = self.body_source(&parts.headers, &parts.uri);
         let key = if self.webhook.is_some() {
             None
         } else {
@@ -274,12 +289,9 @@ impl<S: Store> Settings<S> {
     /// Where the body of a request without the key header has its key: a
     /// gRPC call's `request_id` field (AIP-155) when one is configured for
     /// its method, a JSON source for any other request.
-    fn body_source(&self, parts: &Parts) -> Option<BodySource<'_>> {
-        if grpc::is_grpc(&parts.headers) {
-            return self
-                .grpc_request_id
-                .field(parts.uri.path())
-                .map(BodySource::Grpc);
+    fn body_source(&self, headers: &HeaderMap, uri: &Uri) -> Option<BodySource<'_>> {
+        if grpc::is_grpc(headers) {
+            return self.grpc_request_id.field(uri.path()).map(BodySource::Grpc);
         }
         self.body_key.as_ref().map(BodySource::Json)
     }
