@@ -507,7 +507,10 @@ fn claim(
         fence_floor: next,
     };
     let remembered = match site.memory {
-        Some(_) if idem::horizon::remembered_scope(id.scope().as_str()) => {
+        Some(_)
+            if idem::horizon::remembered_scope(id.scope().as_str())
+                && !recent.horizon_empty(conn)? =>
+        {
             horizon::recall(conn, id)?
         }
         _ => None,

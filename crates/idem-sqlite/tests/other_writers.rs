@@ -4,12 +4,16 @@
 //! same file, or by the same store) and another key is claimed, which takes
 //! the deleted row's rowid. A completion that trusted the memory would
 //! write the first key's record over the second's row.
+//!
+//! The writer also knows when the file remembers no expired key, and then
+//! does not look there; a purge by a second store fills that memory, and
+//! the first store's next claim must look again.
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::store::{ClaimOutcome, ClaimParams, Lease};
-use idem::{DeleteRecord, GetRecord, RecordId, State, Store, StoreError};
+use idem::store::{ClaimOutcome, ClaimParams, Lease, PurgeExpired};
+use idem::{DeleteRecord, Fingerprint, GetRecord, RecordId, State, Store, StoreError};
 use idem_sqlite::SqliteStore;
 
 const RETENTION: Duration = Duration::from_secs(3600);
@@ -116,5 +120,40 @@ async fn a_heartbeat_and_a_completion_follow_the_claims_own_writes() {
         State::Completed {
             response: Bytes::from_static(b"done")
         }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_retry_is_forgotten_after_another_store_purged_its_key() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("dir");
+    let path = dir.path().join("idem.db");
+    let first = SqliteStore::builder(&path)
+        .remember_expired(Duration::from_secs(7 * 86_400))
+        .open()
+        .expect("open");
+    // The setting is the file's: the second store remembers too.
+    let second = SqliteStore::open(&path).expect("open again");
+    let id = RecordId::parse("orders", "paid").expect("valid");
+    let brief = Duration::from_millis(50);
+    let params = ClaimParams::new(Duration::from_secs(30), brief)
+        .fingerprint(Fingerprint::of_bytes(b"charge 10"));
+
+    // The first claim finds the memory empty, and the writer knows it.
+    let lease = match first.claim(&id, &params).await.expect("claim") {
+        ClaimOutcome::Acquired(lease) => lease,
+        other => panic!("not acquired: {other:?}"),
+    };
+    first
+        .complete(&lease, Bytes::from_static(b"done"), brief)
+        .await
+        .expect("complete");
+    tokio::time::sleep(brief * 3).await;
+    assert_eq!(second.purge_expired(100).await.expect("purge"), 1);
+    assert_eq!(first.remembered().await.expect("remembered"), 1);
+
+    let retry = first.claim(&id, &params).await.expect("claim again");
+    assert!(
+        matches!(retry, ClaimOutcome::Forgotten { .. }),
+        "a late retry after another store's purge: {retry:?}"
     );
 }

@@ -37,6 +37,11 @@ impl Horizon {
         self.days.entry(entry.day).or_default().push(entry.digest);
     }
 
+    /// Whether nothing is remembered.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     /// What is remembered of the id with `digest`.
     pub(crate) fn recall(&self, digest: &IdDigest) -> Option<&Forgotten> {
         self.entries.get(digest)

@@ -135,7 +135,12 @@ impl<C: Clock> MemoryStore<C> {
             return Ok(outcome);
         };
         if let (Some(memory), 1) = (self.inner.memory, record.attempt) {
-            let remembered = shard.horizon.recall(&horizon::digest(id));
+            // A memory with nothing in it needs no digest to look in.
+            let remembered = if shard.horizon.is_empty() {
+                None
+            } else {
+                shard.horizon.recall(&horizon::digest(id))
+            };
             if let Some(late) = horizon::late_retry(id, existing, remembered, params, now, memory) {
                 return Ok(late);
             }
