@@ -8,6 +8,7 @@ use idem::{Clock, SystemClock};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, Notify};
 
+use crate::peek::Peek;
 use crate::recent::Recent;
 use crate::schema::{self, Durability, OpenError, Role};
 use crate::store::{Inner, SqliteStore};
@@ -147,6 +148,7 @@ impl<C: Clock> SqliteStoreBuilder<C> {
                 writer: Some(handle),
                 connection,
                 traffic: Traffic::new(),
+                peek: Peek::default(),
                 readers: Mutex::new(Vec::new()),
                 clock,
                 changed,

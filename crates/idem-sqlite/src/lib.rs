@@ -62,6 +62,7 @@ mod horizon;
 pub mod inbox;
 mod many;
 pub mod outbox;
+mod peek;
 mod recent;
 mod schema;
 mod steps;

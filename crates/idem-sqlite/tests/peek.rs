@@ -1,0 +1,69 @@
+//! After a run of new keys a claim skips its read and goes straight to the
+//! writer; the answers for keys that are there must not change: a
+//! duplicate of a run in progress, a completed key's outcome and a
+//! mismatched fingerprint, each in turn after another run of new keys.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem::store::{ClaimOutcome, ClaimParams};
+use idem::{Fingerprint, RecordId, Store};
+use idem_sqlite::SqliteStore;
+
+fn params(body: &[u8]) -> ClaimParams {
+    ClaimParams::new(Duration::from_secs(30), Duration::from_secs(3600))
+        .fingerprint(Fingerprint::of_bytes(body))
+}
+
+async fn new_keys(store: &SqliteStore, round: usize) {
+    for n in 0..40 {
+        let id = RecordId::parse("orders", &format!("new-{round}-{n}")).expect("valid");
+        let outcome = store.claim(&id, &params(b"a")).await.expect("claim");
+        assert!(matches!(outcome, ClaimOutcome::Acquired(_)), "{outcome:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_that_are_there_are_answered_alike_after_a_run_of_new_ones() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("dir");
+    let store = SqliteStore::open(dir.path().join("idem.db")).expect("open");
+    let running = RecordId::parse("orders", "running").expect("valid");
+    let done = RecordId::parse("orders", "done").expect("valid");
+    let ClaimOutcome::Acquired(_) = store.claim(&running, &params(b"a")).await.expect("claim")
+    else {
+        panic!("not acquired")
+    };
+    let ClaimOutcome::Acquired(lease) = store.claim(&done, &params(b"a")).await.expect("claim")
+    else {
+        panic!("not acquired")
+    };
+    store
+        .complete(
+            &lease,
+            Bytes::from_static(b"paid"),
+            Duration::from_secs(3600),
+        )
+        .await
+        .expect("complete");
+
+    for round in 0..2 {
+        new_keys(&store, round * 3).await;
+        let outcome = store.claim(&running, &params(b"a")).await.expect("claim");
+        assert!(
+            matches!(outcome, ClaimOutcome::InProgress { .. }),
+            "a duplicate of a run in progress: {outcome:?}"
+        );
+        new_keys(&store, round * 3 + 1).await;
+        let outcome = store.claim(&done, &params(b"a")).await.expect("claim");
+        assert!(
+            matches!(&outcome, ClaimOutcome::Completed(response) if response == "paid"),
+            "a completed key: {outcome:?}"
+        );
+        new_keys(&store, round * 3 + 2).await;
+        let outcome = store.claim(&done, &params(b"b")).await.expect("claim");
+        assert!(
+            outcome == ClaimOutcome::Mismatch,
+            "another request under a completed key: {outcome:?}"
+        );
+    }
+}
