@@ -17,7 +17,7 @@ use crate::body::IdemBody;
 use crate::detach::Detachable;
 use crate::grpc;
 use crate::rejection::Rejection;
-use crate::request::{Settings, Step, REPLAYED_HEADER};
+use crate::request::{Settings, Step, REPLAYED};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -159,7 +159,7 @@ where
                 if let Ok(response) = &answer {
                     let span = tracing::Span::current();
                     span.record("status", response.status().as_u16());
-                    span.record("replayed", response.headers().contains_key(REPLAYED_HEADER));
+                    span.record("replayed", response.headers().contains_key(REPLAYED));
                 }
                 answer
             }

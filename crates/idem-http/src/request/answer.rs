@@ -18,10 +18,7 @@ use crate::reconcile::{settled_response, Question};
 use crate::rejection::Rejection;
 use crate::stored::{Kept, StoredResponse};
 
-use super::{
-    Prepared, Settings, Unstored, LIFETIME_HEADER, PREFERENCE_APPLIED, REPLAYED_HEADER,
-    REPLAY_KEPT_HEADER,
-};
+use super::{Prepared, Settings, Unstored, LIFETIME, PREFERENCE_APPLIED, REPLAYED, REPLAY_KEPT};
 
 impl<S: Store> Settings<S> {
     /// Runs a prepared request through the executor: claim, the inner
@@ -289,7 +286,7 @@ impl<S: Store> Settings<S> {
     pub(crate) fn finish(&self, mut response: Response<IdemBody>) -> Response<IdemBody> {
         response
             .headers_mut()
-            .insert(LIFETIME_HEADER, self.lifetime.clone());
+            .insert(LIFETIME, self.lifetime.clone());
         response
     }
 
@@ -310,7 +307,7 @@ impl<S: Store> Settings<S> {
                 headers.insert(http::header::DATE, now);
             }
         }
-        headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+        headers.insert(REPLAYED, HeaderValue::from_static("true"));
     }
 
     async fn answer(
@@ -338,7 +335,7 @@ impl<S: Store> Settings<S> {
                             self.replay_headers(response.headers_mut());
                             if matches!(stored.kept, Kept::StatusOnly | Kept::Redacted) {
                                 response.headers_mut().insert(
-                                    REPLAY_KEPT_HEADER,
+                                    REPLAY_KEPT,
                                     HeaderValue::from_static(stored.kept.as_str()),
                                 );
                             }

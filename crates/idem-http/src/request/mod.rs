@@ -46,6 +46,12 @@ pub const REPLAY_KEPT_HEADER: &str = "idempotent-replay-kept";
 /// is remembered after its request completes.
 pub const LIFETIME_HEADER: &str = "idempotency-key-lifetime";
 
+/// [`LIFETIME_HEADER`], [`REPLAYED_HEADER`] and [`REPLAY_KEPT_HEADER`] as
+/// names: a `&str` key is parsed again at every use.
+pub(crate) const LIFETIME: HeaderName = HeaderName::from_static(LIFETIME_HEADER);
+pub(crate) const REPLAYED: HeaderName = HeaderName::from_static(REPLAYED_HEADER);
+pub(crate) const REPLAY_KEPT: HeaderName = HeaderName::from_static(REPLAY_KEPT_HEADER);
+
 /// RFC 7240's answer to `Prefer`.
 const PREFERENCE_APPLIED: HeaderName = HeaderName::from_static("preference-applied");
 
@@ -467,7 +473,12 @@ impl<S: Store> Settings<S> {
             )
         });
         let build = |route: &str| {
-            let mut scope = format!("http {} {route}", parts.method);
+            let method = parts.method.as_str();
+            let mut scope = String::with_capacity(6 + method.len() + route.len() + 40);
+            scope.push_str("http ");
+            scope.push_str(method);
+            scope.push(' ');
+            scope.push_str(route);
             if let Some(tenant) = &tenant {
                 scope.push_str(" tenant:");
                 scope.push_str(tenant);
@@ -488,8 +499,9 @@ impl<S: Store> Settings<S> {
 /// `wait=N`, N in seconds), if any. Other preferences, and a `wait` whose
 /// value is not a number, are ignored.
 fn preferred_wait(headers: &http::HeaderMap) -> Option<Duration> {
+    const PREFER: HeaderName = HeaderName::from_static("prefer");
     headers
-        .get_all("prefer")
+        .get_all(PREFER)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
