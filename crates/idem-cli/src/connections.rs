@@ -101,3 +101,75 @@ where
     closing.close().await;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    /// Answers `200 ok` with the client's address and scheme as the
+    /// request's `Peer` says.
+    fn echo_peer() -> impl Service<
+        http::Request<Incoming>,
+        Response = http::Response<String>,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Clone
+           + Send
+           + 'static {
+        tower::service_fn(|request: http::Request<Incoming>| async move {
+            let peer = request.extensions().get::<std::sync::Arc<Peer>>();
+            let body = peer.map_or_else(
+                || "no peer".to_owned(),
+                |p| format!("{} {}", p.addr.ip(), p.scheme()),
+            );
+            Ok::<_, Infallible>(http::Response::new(body))
+        })
+    }
+
+    async fn exchange(stream: &mut TcpStream) -> String {
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nhost: gateway\r\n\r\n")
+            .await
+            .expect("write");
+        let mut seen = Vec::new();
+        let mut buf = [0; 1024];
+        while !seen.ends_with(b"http") {
+            let n = stream.read(&mut buf).await.expect("read");
+            assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&seen));
+            seen.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&seen).into_owned()
+    }
+
+    /// An idle kept-alive connection is closed by the stop, and the accept
+    /// loop returns once it is; its requests carried their peer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_stop_closes_idle_connections_and_waits_for_them() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(serve(listener, None, echo_peer(), async {
+            let _ = stopped.await;
+        }));
+        let mut idle = TcpStream::connect(address).await.expect("connect");
+        let answer = exchange(&mut idle).await;
+        assert!(answer.ends_with("127.0.0.1 http"), "{answer}");
+        let _ = stop.send(());
+        tokio::time::timeout(Duration::from_secs(5), served)
+            .await
+            .expect("the loop returned")
+            .expect("task")
+            .expect("served");
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), idle.read_to_end(&mut rest)).await;
+        assert!(
+            matches!(read, Ok(Ok(0))),
+            "the idle connection was closed: {read:?}"
+        );
+    }
+}
