@@ -51,6 +51,13 @@ impl Closing {
     /// Asks every connection to finish the request in hand and close, and
     /// waits until all connection tasks have ended.
     pub(crate) async fn close(self) {
+        self.stop();
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+
+    /// Sets the flag, then wakes every watched connection to read it.
+    fn stop(&self) {
         self.shared.closing.store(true, Ordering::SeqCst);
         let wakers: Vec<_> = self
             .shared
@@ -63,8 +70,15 @@ impl Closing {
         for waker in wakers {
             waker.wake();
         }
-        self.tasks.close();
-        self.tasks.wait().await;
+    }
+}
+
+/// An accept loop dropped before its stop (its task aborted, a `select!`
+/// that chose another branch) stops its connections too, as hyper-util's
+/// `GracefulShutdown` did when dropped.
+impl Drop for Closing {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 

@@ -172,4 +172,27 @@ mod tests {
             "the idle connection was closed: {read:?}"
         );
     }
+
+    /// An accept loop dropped before its stop (its task aborted) stops its
+    /// connections too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_loop_stops_its_connections() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let served = tokio::spawn(serve(
+            listener,
+            None,
+            echo_peer(),
+            std::future::pending::<()>(),
+        ));
+        let mut idle = TcpStream::connect(address).await.expect("connect");
+        exchange(&mut idle).await;
+        served.abort();
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), idle.read_to_end(&mut rest)).await;
+        assert!(
+            matches!(read, Ok(Ok(0))),
+            "the idle connection was closed: {read:?}"
+        );
+    }
 }
