@@ -8,7 +8,8 @@
 //! wasted, 6 % of such a request's instructions (BENCHMARKS.md). So the
 //! read is skipped once the last [`SKIP_AFTER`] claims all found their
 //! keys new, and made again from the first claim whose key was there (the
-//! writer's answer tells it).
+//! writer's answer tells it) or that the writer could not answer (so that
+//! while it fails, the read still answers what the file holds).
 //!
 //! Skipping never changes an answer: the writer decides every claim it
 //! gets under the write lock, whatever a read would have said.

@@ -214,14 +214,18 @@ impl<C: Clock> Store for SqliteStore<C> {
         }
         let outcome = match self
             .submit(Op::Claim(vec![(id.clone(), params.clone())]))
-            .await?
+            .await
         {
-            Done::Claims(mut outcomes) => outcomes.pop().unwrap_or_else(|| Err(writer_stopped())),
-            _ => unreachable!("a claim job is answered with Done::Claims"),
+            Ok(Done::Claims(mut outcomes)) => {
+                outcomes.pop().unwrap_or_else(|| Err(writer_stopped()))
+            }
+            Ok(_) => unreachable!("a claim job is answered with Done::Claims"),
+            Err(e) => Err(e),
         };
-        if let Ok(outcome) = &outcome {
-            peek.saw(!matches!(outcome, ClaimOutcome::Acquired(_)));
-        }
+        // Anything but a fresh lease counts as a key that was there; an
+        // error too, so that while the writer fails (a full disk, a lock
+        // held too long) the read still answers duplicates and replays.
+        peek.saw(!matches!(outcome, Ok(ClaimOutcome::Acquired(_))));
         outcome
     }
 

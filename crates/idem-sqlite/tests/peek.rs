@@ -2,6 +2,8 @@
 //! writer; the answers for keys that are there must not change: a
 //! duplicate of a run in progress, a completed key's outcome and a
 //! mismatched fingerprint, each in turn after another run of new keys.
+//! And while the writer cannot answer (another connection holds the write
+//! lock), the read is made again, so stored outcomes are still replayed.
 
 use std::time::Duration;
 
@@ -66,4 +68,44 @@ async fn keys_that_are_there_are_answered_alike_after_a_run_of_new_ones() {
             "another request under a completed key: {outcome:?}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_writer_fails_the_read_answers_again() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("dir");
+    let path = dir.path().join("idem.db");
+    let store = SqliteStore::builder(&path)
+        .busy_timeout(Duration::from_millis(100))
+        .open()
+        .expect("open");
+    let done = RecordId::parse("orders", "done").expect("valid");
+    let ClaimOutcome::Acquired(lease) = store.claim(&done, &params(b"a")).await.expect("claim")
+    else {
+        panic!("not acquired")
+    };
+    store
+        .complete(
+            &lease,
+            Bytes::from_static(b"paid"),
+            Duration::from_secs(3600),
+        )
+        .await
+        .expect("complete");
+    new_keys(&store, 0).await;
+
+    // Another connection takes the write lock and keeps it.
+    let blocker = rusqlite::Connection::open(&path).expect("open a second connection");
+    blocker
+        .execute_batch("BEGIN IMMEDIATE")
+        .expect("take the write lock");
+    // After the run of new keys this claim skipped the read and met the
+    // held lock; the next one reads first again and replays.
+    let first = store.claim(&done, &params(b"a")).await;
+    assert!(first.is_err(), "the writer could not answer: {first:?}");
+    let again = store.claim(&done, &params(b"a")).await.expect("claim");
+    assert!(
+        matches!(&again, ClaimOutcome::Completed(response) if response == "paid"),
+        "a completed key while the writer fails: {again:?}"
+    );
+    blocker.execute_batch("ROLLBACK").expect("release");
 }
