@@ -13,11 +13,11 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+use idem::store::BoxFuture;
 
 /// A run polled in place until it ends, or spawned when dropped before.
 pub(crate) struct Detachable<T: Send + 'static> {
-    run: Option<BoxFuture<T>>,
+    run: Option<BoxFuture<'static, T>>,
 }
 
 impl<T: Send + 'static> Detachable<T> {

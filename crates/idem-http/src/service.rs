@@ -1,14 +1,13 @@
 //! The service [`IdempotencyLayer`](crate::IdempotencyLayer) wraps around an
 //! inner service.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
+use idem::store::BoxFuture;
 use idem::{BoxError, Store};
 use tower_service::Service;
 use tracing::Instrument as _;
@@ -18,8 +17,6 @@ use crate::detach::Detachable;
 use crate::grpc;
 use crate::rejection::Rejection;
 use crate::request::{Settings, Step, REPLAYED};
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// The service made by [`IdempotencyLayer`](crate::IdempotencyLayer).
 ///
@@ -84,7 +81,7 @@ where
 {
     type Response = Response<IdemBody>;
     type Error = I::Error;
-    type Future = BoxFuture<Result<Response<IdemBody>, I::Error>>;
+    type Future = BoxFuture<'static, Result<Response<IdemBody>, I::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
