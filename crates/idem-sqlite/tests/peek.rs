@@ -8,13 +8,33 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem::store::{ClaimOutcome, ClaimParams};
+use idem::store::{ClaimOutcome, ClaimParams, Lease};
 use idem::{Fingerprint, RecordId, Store};
 use idem_sqlite::SqliteStore;
 
 fn params(body: &[u8]) -> ClaimParams {
     ClaimParams::new(Duration::from_secs(30), Duration::from_secs(3600))
         .fingerprint(Fingerprint::of_bytes(body))
+}
+
+async fn acquire(store: &SqliteStore, id: &RecordId) -> Lease {
+    match store.claim(id, &params(b"a")).await.expect("claim") {
+        ClaimOutcome::Acquired(lease) => lease,
+        other => panic!("{id} was not acquired: {other:?}"),
+    }
+}
+
+/// Claims `id` and completes it with `paid`.
+async fn completed(store: &SqliteStore, id: &RecordId) {
+    let lease = acquire(store, id).await;
+    store
+        .complete(
+            &lease,
+            Bytes::from_static(b"paid"),
+            Duration::from_secs(3600),
+        )
+        .await
+        .expect("complete");
 }
 
 async fn new_keys(store: &SqliteStore, round: usize) {
@@ -31,22 +51,8 @@ async fn keys_that_are_there_are_answered_alike_after_a_run_of_new_ones() {
     let store = SqliteStore::open(dir.path().join("idem.db")).expect("open");
     let running = RecordId::parse("orders", "running").expect("valid");
     let done = RecordId::parse("orders", "done").expect("valid");
-    let ClaimOutcome::Acquired(_) = store.claim(&running, &params(b"a")).await.expect("claim")
-    else {
-        panic!("not acquired")
-    };
-    let ClaimOutcome::Acquired(lease) = store.claim(&done, &params(b"a")).await.expect("claim")
-    else {
-        panic!("not acquired")
-    };
-    store
-        .complete(
-            &lease,
-            Bytes::from_static(b"paid"),
-            Duration::from_secs(3600),
-        )
-        .await
-        .expect("complete");
+    acquire(&store, &running).await;
+    completed(&store, &done).await;
 
     for round in 0..2 {
         new_keys(&store, round * 3).await;
@@ -79,18 +85,7 @@ async fn while_the_writer_fails_the_read_answers_again() {
         .open()
         .expect("open");
     let done = RecordId::parse("orders", "done").expect("valid");
-    let ClaimOutcome::Acquired(lease) = store.claim(&done, &params(b"a")).await.expect("claim")
-    else {
-        panic!("not acquired")
-    };
-    store
-        .complete(
-            &lease,
-            Bytes::from_static(b"paid"),
-            Duration::from_secs(3600),
-        )
-        .await
-        .expect("complete");
+    completed(&store, &done).await;
     new_keys(&store, 0).await;
 
     // Another connection takes the write lock and keeps it.
