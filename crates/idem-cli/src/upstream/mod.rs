@@ -4,10 +4,12 @@
 //! spoken in cleartext with prior knowledge when asked: h2c).
 //!
 //! HTTP/1.1 to an `http://` upstream, the common case, goes through
-//! `pool`, whose connections each request drives itself; TLS and HTTP/2
-//! through hyper-util's client, whose connections are tasks of their own
-//! (an HTTP/2 connection is shared by many requests at once).
+//! `pool`, whose connections each request reads and writes itself, in
+//! bytes (`h1`); TLS and HTTP/2 through hyper-util's client, whose
+//! connections are tasks of their own (an HTTP/2 connection is shared by
+//! many requests at once).
 
+mod h1;
 mod pool;
 
 use std::future::Future;
@@ -95,7 +97,7 @@ impl UpstreamClient {
                 }),
                 Err(pool::Failed::Sent(e)) => Err(UpstreamError {
                     connect: false,
-                    source: e.into(),
+                    source: e,
                 }),
             },
             Kind::Shared(client) => match client.request(request).await {

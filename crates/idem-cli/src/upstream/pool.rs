@@ -1,37 +1,43 @@
 //! HTTP/1.1 to a cleartext upstream on kept-alive connections that the
-//! request's own task drives.
+//! request's own task reads and writes.
 //!
 //! hyper-util's pooled client runs every connection as a task of its own:
 //! a request is handed to it through a channel, and its response and each
 //! body chunk come back through others, two task wake-ups a request at
-//! least. Here a request takes a connection out of the pool and polls it
-//! itself, while it waits for the head and while its body is read, and
-//! puts it back once the body has ended: the gateway's hop is one task
-//! from the client's socket to the upstream's and back.
+//! least; hyper's own connection, driven by the request, still passes the
+//! request and the response through its channels and state machine. Here
+//! a request takes a connection out of the pool, writes its head (and a
+//! body already at hand) in one write, parses the response's head once
+//! (`super::h1`) and reads the body from the socket as it is polled,
+//! then puts the connection back once the body has ended: the gateway's
+//! hop is one task from the client's socket to the upstream's and back.
 //!
 //! A connection is only reused once its response has been read to the end
-//! and hyper says it is ready for another; one whose response was cut off
-//! (the client went away, the deadline passed) is closed. One the upstream
-//! closed while it sat idle is found so when it is taken out (hyper reads
-//! the end of the stream) or, racing that, hyper hands the request back
-//! unsent; then it goes out on a new connection. Nothing is ever sent
-//! twice: a request hyper has begun writing is never retried.
+//! and nothing else arrived after it; one whose response was cut off (the
+//! client went away, the deadline passed) is closed. One the upstream
+//! closed while it sat idle is found so when it is taken out (its end of
+//! stream is already there to read) or, racing that, when the first write
+//! fails: nothing reached the upstream, and the request goes out on a new
+//! connection. Nothing is ever sent twice: once a write has succeeded, a
+//! failure is the request's.
 
 use std::collections::VecDeque;
-use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{ready, Context, Poll, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use axum::body::Body;
-use bytes::Bytes;
-use http_body::{Frame, SizeHint};
-use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, Connection, SendRequest};
-use hyper_util::rt::TokioIo;
+use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt as _;
+use http_body::{Body as _, Frame, SizeHint};
+use http_body_util::BodyExt as _;
+use idem::BoxError;
+use tokio::io::{AsyncRead, AsyncWriteExt as _, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+
+use super::h1::{self, Framing, Piece, Sending};
 
 /// How long a connection may sit idle in the pool before it is closed
 /// (hyper-util's default).
@@ -39,6 +45,13 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The most idle connections kept; more are closed when they come back.
 const MAX_IDLE: usize = 1024;
+
+/// The most of a request's body that goes out in the head's write, when
+/// it is already at hand.
+const WITH_HEAD: u64 = 64 * 1024;
+
+/// How much room a read is given.
+const READ_ROOM: usize = 16 * 1024;
 
 /// Kept-alive HTTP/1.1 connections to one `host:port`.
 #[derive(Debug, Clone)]
@@ -56,14 +69,11 @@ struct Shared {
     idle: Mutex<VecDeque<Idle>>,
 }
 
-/// One connection: the handle requests are sent through, and the
-/// connection itself, which does the reading and writing when polled.
+/// One connection, and what was read from it and not yet taken.
 #[derive(Debug)]
 struct Conn {
-    sender: SendRequest<Body>,
-    driver: Connection<TokioIo<TcpStream>, Body>,
-    /// The driver has finished: the connection is closed.
-    closed: bool,
+    io: TcpStream,
+    read: BytesMut,
 }
 
 #[derive(Debug)]
@@ -78,7 +88,7 @@ pub(crate) enum Failed {
     /// Nothing was sent: no connection could be made.
     Connect(String),
     /// The request went (or may have gone) out, and no response came back.
-    Sent(hyper::Error),
+    Sent(BoxError),
 }
 
 impl Pool {
@@ -99,47 +109,94 @@ impl Pool {
     }
 
     /// Sends `request` (origin-form URI, `Host` set) and returns its
-    /// response, whose body keeps driving the connection until it ends.
-    pub(crate) async fn send(&self, mut request: http::Request<Body>) -> Result<Response, Failed> {
-        loop {
+    /// response, whose body is read from the connection as it is polled.
+    pub(crate) async fn send(&self, request: http::Request<Body>) -> Result<Response, Failed> {
+        let (parts, mut body) = request.into_parts();
+        let mut out = Vec::with_capacity(512);
+        let sending = h1::encode_head(&parts, &body.size_hint(), &mut out);
+        let mut ended = body.is_end_stream();
+        // A small body already at hand (a covered request's, always) goes
+        // out in the head's write.
+        if !ended && body.size_hint().upper().is_some_and(|n| n <= WITH_HEAD) {
+            if let Some(frame) = body.frame().now_or_never() {
+                ended = put(frame, sending, &mut out).map_err(Failed::Sent)?;
+            }
+        }
+        if ended && sending == Sending::Chunked {
+            out.extend_from_slice(h1::LAST_CHUNK);
+        }
+        let mut conn = loop {
             let (mut conn, reused) = match self.checkout() {
                 Some(conn) => (conn, true),
                 None => (self.connect().await?, false),
             };
-            let mut sent = std::pin::pin!(conn.sender.try_send_request(request));
-            let answer = poll_fn(|cx| {
-                conn.drive(cx);
-                sent.as_mut().poll(cx)
-            })
-            .await;
-            match answer {
-                Ok(response) => {
-                    let (parts, body) = response.into_parts();
-                    let mut body = Driven {
-                        body,
-                        conn: Some(conn),
-                        pool: Arc::downgrade(&self.shared),
-                    };
-                    // A response without a body (to HEAD, a 204, a 304) is
-                    // never read: its connection goes back now.
-                    if http_body::Body::is_end_stream(&body.body) {
-                        poll_fn(|cx| {
-                            body.release(cx);
-                            Poll::Ready(())
-                        })
-                        .await;
-                    }
-                    return Ok(http::Response::from_parts(parts, body));
+            match conn.io.write(&out).await {
+                Ok(n) => {
+                    conn.io
+                        .write_all(&out[n..])
+                        .await
+                        .map_err(|e| Failed::Sent(e.into()))?;
+                    break conn;
                 }
-                Err(mut e) => match e.take_message() {
-                    // Handed back unsent: a kept-alive connection the
-                    // upstream had closed. A fresh one is tried.
-                    Some(unsent) if reused => request = unsent,
-                    Some(_) => return Err(Failed::Connect(e.into_error().to_string())),
-                    None => return Err(Failed::Sent(e.into_error())),
-                },
+                // Nothing reached the upstream: a kept-alive connection it
+                // had closed is replaced by a fresh one.
+                Err(_) if reused => {}
+                Err(e) => {
+                    return Err(Failed::Connect(format!(
+                        "write to {}: {e}",
+                        self.shared.address
+                    )))
+                }
+            }
+        };
+        // An upstream may answer before the body's end (a 413, say) and
+        // stop reading: when the body cannot be written, its answer is
+        // still read if there is one, and the connection is not kept.
+        let mut cut: Option<std::io::Error> = None;
+        while !ended {
+            out.clear();
+            ended = put(body.frame().await, sending, &mut out).map_err(Failed::Sent)?;
+            if ended && sending == Sending::Chunked {
+                out.extend_from_slice(h1::LAST_CHUNK);
+            }
+            if let Err(e) = conn.io.write_all(&out).await {
+                cut = Some(e);
+                break;
             }
         }
+        let to_head = parts.method == http::Method::HEAD;
+        let failed = |e: BoxError, cut: Option<std::io::Error>| {
+            Failed::Sent(cut.map_or(e, |cut| format!("writing the request's body: {cut}").into()))
+        };
+        let head = loop {
+            match h1::parse_head(&mut conn.read, to_head) {
+                Ok(Some(head)) => break head,
+                Ok(None) => {}
+                Err(e) => return Err(failed(e.into(), cut)),
+            }
+            match std::future::poll_fn(|cx| conn.poll_read(cx)).await {
+                Ok(0) => {
+                    return Err(failed(
+                        "the upstream closed the connection before its response".into(),
+                        cut,
+                    ))
+                }
+                Ok(_) => {}
+                Err(e) => return Err(failed(e.into(), cut)),
+            }
+        };
+        let mut body = Driven {
+            conn: Some(conn),
+            framing: head.framing,
+            keep_alive: head.keep_alive && cut.is_none(),
+            pool: Arc::downgrade(&self.shared),
+        };
+        // A response without a body (to HEAD, a 204, a 304) is never read:
+        // its connection goes back now.
+        if body.framing.ended() {
+            body.release();
+        }
+        Ok(head.response.map(|()| body))
     }
 
     /// The most recently used idle connection still open, if any.
@@ -179,32 +236,58 @@ impl Pool {
         // The head goes out in one write; waiting on Nagle for the
         // upstream's ACK would only add latency.
         let _ = stream.set_nodelay(true);
-        let (sender, driver) = http1::Builder::new()
-            .handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| Failed::Connect(format!("HTTP/1.1 to {}: {e}", shared.address)))?;
         // Boxed once: a request moves it in and out of the pool.
         Ok(Box::new(Conn {
-            sender,
-            driver,
-            closed: false,
+            io: stream,
+            read: BytesMut::new(),
         }))
     }
 }
 
-impl Conn {
-    /// Lets the connection read and write what it can.
-    fn drive(&mut self, cx: &mut Context<'_>) {
-        if !self.closed && Pin::new(&mut self.driver).poll(cx).is_ready() {
-            self.closed = true;
+/// Appends `frame` of a request's body to `out` as `sending` frames it;
+/// says whether the body has ended. Trailers of a request are not sent.
+fn put(
+    frame: Option<Result<Frame<Bytes>, axum::Error>>,
+    sending: Sending,
+    out: &mut Vec<u8>,
+) -> Result<bool, BoxError> {
+    match frame {
+        None => Ok(true),
+        Some(Err(e)) => Err(format!("the request's body could not be read: {e}").into()),
+        Some(Ok(frame)) => {
+            if let Ok(data) = frame.into_data() {
+                match sending {
+                    Sending::Plain => out.extend_from_slice(&data),
+                    Sending::Chunked if data.is_empty() => {}
+                    Sending::Chunked => h1::encode_chunk(&data, out),
+                }
+            }
+            Ok(false)
         }
     }
+}
 
-    /// Whether another request can go out on it: the end of a stream the
-    /// upstream closed is read here, without waiting.
+impl Conn {
+    /// Reads what the upstream sent into `read`.
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        if self.read.capacity() - self.read.len() < READ_ROOM / 4 {
+            self.read.reserve(READ_ROOM);
+        }
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read)
+    }
+
+    /// Whether another request can go out on it: nothing is waiting to be
+    /// read (the end of a stream the upstream closed, or bytes it had no
+    /// reason to send), found without waiting and without a system call
+    /// while the socket has not become readable.
     fn is_open(&mut self) -> bool {
-        self.drive(&mut Context::from_waker(Waker::noop()));
-        !self.closed && self.sender.is_ready()
+        let mut probe = [0u8; 1];
+        let mut probe = ReadBuf::new(&mut probe);
+        let mut cx = Context::from_waker(Waker::noop());
+        self.read.is_empty()
+            && Pin::new(&mut self.io)
+                .poll_read(&mut cx, &mut probe)
+                .is_pending()
     }
 }
 
@@ -224,27 +307,25 @@ async fn reap(pool: Weak<Shared>) {
 /// A response from the pool.
 pub(crate) type Response = http::Response<Driven>;
 
-/// A response body that drives its connection while it is read, and puts
+/// A response body read from its connection as it is polled, which puts
 /// the connection back in the pool at its end.
 #[derive(Debug)]
 pub struct Driven {
-    body: Incoming,
-    /// `None` once the body has ended and the connection gone back.
+    /// `None` once the body has ended (or failed).
     conn: Option<Box<Conn>>,
+    framing: Framing,
+    keep_alive: bool,
     pool: Weak<Shared>,
 }
 
 impl Driven {
-    /// The body has ended: the connection goes back to the pool if hyper
-    /// is ready to send another request on it.
-    fn release(&mut self, cx: &mut Context<'_>) {
-        let Some(mut conn) = self.conn.take() else {
+    /// The body has ended: the connection goes back to the pool if it may
+    /// carry another request and nothing more came after the response.
+    fn release(&mut self) {
+        let Some(conn) = self.conn.take() else {
             return;
         };
-        // One more turn lets hyper finish the message and say it wants
-        // the next one.
-        conn.drive(cx);
-        if conn.closed || !conn.sender.is_ready() {
+        if !self.keep_alive || !conn.read.is_empty() {
             return;
         }
         let Some(shared) = self.pool.upgrade() else {
@@ -262,80 +343,70 @@ impl Driven {
 
 impl http_body::Body for Driven {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        if let Some(conn) = &mut this.conn {
-            conn.drive(cx);
+        loop {
+            let Some(conn) = &mut this.conn else {
+                return Poll::Ready(None);
+            };
+            let piece = match this.framing.next(&mut conn.read) {
+                Ok(piece) => piece,
+                Err(e) => {
+                    this.conn = None;
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+            };
+            match piece {
+                Piece::Data(data) => {
+                    if this.framing.ended() {
+                        this.release();
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Piece::Trailers(trailers) => {
+                    return Poll::Ready(Some(Ok(Frame::trailers(trailers))))
+                }
+                Piece::End => {
+                    this.release();
+                    return Poll::Ready(None);
+                }
+                Piece::More => match std::task::ready!(conn.poll_read(cx)) {
+                    Ok(0) if this.framing == Framing::Close => {
+                        this.conn = None;
+                        return Poll::Ready(None);
+                    }
+                    Ok(0) => {
+                        this.conn = None;
+                        return Poll::Ready(Some(Err(
+                            "the upstream closed the connection before the body's end".into(),
+                        )));
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        this.conn = None;
+                        return Poll::Ready(Some(Err(e.into())));
+                    }
+                },
+            }
         }
-        let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
-        if frame.is_none() || this.body.is_end_stream() {
-            this.release(cx);
-        }
-        Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.conn.is_none() || self.framing.ended()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        if self.conn.is_none() {
+            return SizeHint::with_exact(0);
+        }
+        self.framing.size_hint()
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use http_body_util::BodyExt as _;
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    use tokio::net::TcpListener;
-
-    use super::*;
-
-    /// Answers one request with `ok` and reports how long after that the
-    /// connection was closed from the other side.
-    async fn one_answer(listener: TcpListener) -> Duration {
-        let (mut socket, _) = listener.accept().await.expect("accept");
-        let mut request = Vec::new();
-        let mut buf = [0u8; 1024];
-        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = socket.read(&mut buf).await.expect("read");
-            request.extend_from_slice(&buf[..n]);
-        }
-        socket
-            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-            .await
-            .expect("write");
-        let answered = Instant::now();
-        assert_eq!(socket.read(&mut buf).await.expect("read"), 0, "closed");
-        answered.elapsed()
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_connection_goes_back_at_its_body_end_and_is_closed_once_idle_too_long() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let pool = Pool::new(
-            listener.local_addr().expect("addr").to_string(),
-            Duration::from_secs(1),
-        );
-        let upstream = tokio::spawn(one_answer(listener));
-        let request = http::Request::get("/")
-            .header(http::header::HOST, "upstream")
-            .body(Body::empty())
-            .expect("request");
-        let response = pool.send(request).await.expect("response");
-        let body = response.into_body().collect().await.expect("body");
-        assert_eq!(body.to_bytes(), "ok");
-        assert_eq!(pool.shared.idle.lock().expect("lock").len(), 1);
-        let closed_after = tokio::time::timeout(IDLE_TIMEOUT * 2, upstream)
-            .await
-            .expect("the idle connection was closed")
-            .expect("upstream");
-        assert!(closed_after >= IDLE_TIMEOUT, "{closed_after:?}");
-        assert!(pool.shared.idle.lock().expect("lock").is_empty());
-    }
-}
+mod tests;

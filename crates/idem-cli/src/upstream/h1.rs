@@ -1,0 +1,630 @@
+//! HTTP/1.1 to the upstream in bytes (RFC 9112): a request's head written
+//! straight from its parts, a response's head parsed once (httparse) into
+//! its parts, and its body taken apart by its framing: a length, chunks,
+//! or the connection's end.
+//!
+//! Nothing here touches a socket: the pool (`super::pool`) reads into the
+//! buffer these functions take from, and writes what they encode.
+
+use bytes::{Buf as _, Bytes, BytesMut};
+use http::header::{
+    HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING,
+};
+use http::{Method, StatusCode, Version};
+use http_body::SizeHint;
+
+/// The most a response's head (or a chunk's size line, or a trailer
+/// section) may take before it is refused: hyper's default read buffer.
+pub(crate) const MAX_HEAD: usize = 8192 + 4096 * 100;
+
+/// The most header fields a response's head or trailer section may have
+/// (hyper's default).
+const MAX_HEADERS: usize = 100;
+
+/// A response the upstream sent that cannot be read as HTTP/1.1.
+#[derive(Debug, thiserror::Error)]
+#[error("the upstream's response is not valid HTTP/1.1: {0}")]
+pub(crate) struct Malformed(pub(crate) String);
+
+/// How a request's body goes out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sending {
+    /// As it is, its length given by `Content-Length` (or none at all).
+    Plain,
+    /// In chunks: its length is not known ahead.
+    Chunked,
+}
+
+/// Writes the head of `request` (an origin-form target, `Host` among its
+/// headers) to `out`, adding the framing its body needs (`size`: the
+/// body's size hint), and says how the body must follow.
+pub(crate) fn encode_head(
+    parts: &http::request::Parts,
+    size: &SizeHint,
+    out: &mut Vec<u8>,
+) -> Sending {
+    out.extend_from_slice(parts.method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(
+        parts
+            .uri
+            .path_and_query()
+            .map_or("/", |pq| pq.as_str())
+            .as_bytes(),
+    );
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in &parts.headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let sending = if parts.headers.contains_key(CONTENT_LENGTH) {
+        Sending::Plain
+    } else {
+        match size.exact() {
+            // As hyper does: a length only where a body is expected.
+            Some(0) if !expects_body(&parts.method) => Sending::Plain,
+            Some(length) => {
+                out.extend_from_slice(b"content-length: ");
+                out.extend_from_slice(itoa::Buffer::new().format(length).as_bytes());
+                out.extend_from_slice(b"\r\n");
+                Sending::Plain
+            }
+            None => {
+                out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+                Sending::Chunked
+            }
+        }
+    };
+    out.extend_from_slice(b"\r\n");
+    sending
+}
+
+fn expects_body(method: &Method) -> bool {
+    matches!(*method, Method::POST | Method::PUT | Method::PATCH)
+}
+
+/// Writes one piece of a chunked body: `data` as a chunk.
+pub(crate) fn encode_chunk(data: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The end of a chunked body (no trailers).
+pub(crate) const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
+/// A response's head, parsed.
+#[derive(Debug)]
+pub(crate) struct Head {
+    /// Status, version and headers, as the upstream sent them.
+    pub(crate) response: http::Response<()>,
+    /// How its body is framed.
+    pub(crate) framing: Framing,
+    /// The connection may carry another request once the body has ended.
+    pub(crate) keep_alive: bool,
+}
+
+/// Parses a response head at the start of `buf`, taking it out of `buf`
+/// when it is whole (`None`: more bytes are needed). `to_head`: the
+/// request was a `HEAD`, whose response has no body whatever it says.
+/// Interim (1xx) responses are taken out and passed over.
+pub(crate) fn parse_head(buf: &mut BytesMut, to_head: bool) -> Result<Option<Head>, Malformed> {
+    loop {
+        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut fields);
+        let length = match parsed.parse(buf) {
+            Ok(httparse::Status::Complete(length)) => length,
+            Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => {
+                return Err(Malformed(format!("a head longer than {MAX_HEAD} bytes")))
+            }
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(e) => return Err(Malformed(format!("its head: {e}"))),
+        };
+        let code = parsed.code.unwrap_or_default();
+        let version = if parsed.version == Some(0) {
+            Version::HTTP_10
+        } else {
+            Version::HTTP_11
+        };
+        if (100..200).contains(&code) && code != 101 {
+            buf.advance(length);
+            continue;
+        }
+        let status = StatusCode::from_u16(code).map_err(|_| Malformed(format!("status {code}")))?;
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            return Err(Malformed(
+                "101 Switching Protocols to a request that asked for no upgrade".to_owned(),
+            ));
+        }
+        // Names now, values as slices of the head once it is taken out.
+        let base = buf.as_ptr() as usize;
+        let mut named = Vec::with_capacity(parsed.headers.len());
+        for field in parsed.headers.iter() {
+            let name = HeaderName::from_bytes(field.name.as_bytes())
+                .map_err(|_| Malformed(format!("the header name {:?}", field.name)))?;
+            let start = field.value.as_ptr() as usize - base;
+            named.push((name, start, start + field.value.len()));
+        }
+        let head = buf.split_to(length).freeze();
+        let mut headers = HeaderMap::with_capacity(named.len());
+        for (name, start, end) in named {
+            let value = HeaderValue::from_maybe_shared(head.slice(start..end))
+                .map_err(|_| Malformed(format!("the value of {name}")))?;
+            headers.append(name, value);
+        }
+        let mut keep_alive = persistent(version, &headers);
+        let framing =
+            if to_head || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+                Framing::Length(0)
+            } else if headers.contains_key(TRANSFER_ENCODING) {
+                // A length beside it is ignored, and the connection not kept
+                // (RFC 9112 §6.3).
+                if headers.contains_key(CONTENT_LENGTH) {
+                    keep_alive = false;
+                }
+                if version == Version::HTTP_11 && chunked_last(&headers) {
+                    Framing::Chunked(Chunks::Size)
+                } else {
+                    keep_alive = false;
+                    Framing::Close
+                }
+            } else if let Some(length) = content_length(&headers)? {
+                Framing::Length(length)
+            } else {
+                keep_alive = false;
+                Framing::Close
+            };
+        let mut response = http::Response::new(());
+        *response.status_mut() = status;
+        *response.version_mut() = version;
+        *response.headers_mut() = headers;
+        return Ok(Some(Head {
+            response,
+            framing,
+            keep_alive,
+        }));
+    }
+}
+
+/// Whether the connection stays open after this message (RFC 9112 §9.3).
+fn persistent(version: Version, headers: &HeaderMap) -> bool {
+    let has = |token: &str| {
+        headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case(token))
+    };
+    if version == Version::HTTP_11 {
+        !has("close")
+    } else {
+        has("keep-alive")
+    }
+}
+
+/// Whether the last transfer coding is `chunked`.
+fn chunked_last(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(TRANSFER_ENCODING)
+        .iter()
+        .next_back()
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.rsplit(',').next())
+        .is_some_and(|coding| coding.trim().eq_ignore_ascii_case("chunked"))
+}
+
+/// The body's length from `Content-Length`: repeated values must agree
+/// (RFC 9110 §8.6).
+fn content_length(headers: &HeaderMap) -> Result<Option<u64>, Malformed> {
+    let mut length = None;
+    for value in headers.get_all(CONTENT_LENGTH) {
+        for item in value.as_bytes().split(|b| *b == b',') {
+            let item = item.trim_ascii();
+            let parsed = (!item.is_empty() && item.iter().all(u8::is_ascii_digit))
+                .then(|| std::str::from_utf8(item).ok()?.parse::<u64>().ok())
+                .flatten()
+                .ok_or_else(|| Malformed(format!("Content-Length {value:?}")))?;
+            if length.is_some_and(|l| l != parsed) {
+                return Err(Malformed("Content-Length values that disagree".to_owned()));
+            }
+            length = Some(parsed);
+        }
+    }
+    Ok(length)
+}
+
+/// How a response's body ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Framing {
+    /// After this many more bytes.
+    Length(u64),
+    /// In chunks; where the reading is.
+    Chunked(Chunks),
+    /// When the upstream closes the connection.
+    Close,
+}
+
+/// Where a chunked body's reading is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Chunks {
+    /// Before a chunk's size line.
+    Size,
+    /// Inside a chunk, this many bytes to go.
+    Data(u64),
+    /// After a chunk's data, before its CRLF.
+    DataEnd,
+    /// After the last chunk, before the trailer section.
+    Trailers,
+    /// The body has ended.
+    Done,
+}
+
+/// What the next piece of a body is.
+#[derive(Debug)]
+pub(crate) enum Piece {
+    /// Bytes of the body.
+    Data(Bytes),
+    /// The trailer fields, after the last chunk.
+    Trailers(HeaderMap),
+    /// The body has ended.
+    End,
+    /// More bytes must be read first.
+    More,
+}
+
+impl Framing {
+    /// The body has ended.
+    pub(crate) fn ended(&self) -> bool {
+        matches!(self, Self::Length(0) | Self::Chunked(Chunks::Done))
+    }
+
+    /// Takes the next piece of the body out of `buf`. The connection's end
+    /// is the caller's to tell: it ends a [`Framing::Close`] body, and cuts
+    /// any other short.
+    pub(crate) fn next(&mut self, buf: &mut BytesMut) -> Result<Piece, Malformed> {
+        loop {
+            match self {
+                Self::Length(0) | Self::Chunked(Chunks::Done) => return Ok(Piece::End),
+                Self::Length(left) | Self::Chunked(Chunks::Data(left)) => {
+                    if buf.is_empty() {
+                        return Ok(Piece::More);
+                    }
+                    let n = usize::try_from(*left).unwrap_or(usize::MAX).min(buf.len());
+                    *left -= n as u64;
+                    if let Self::Chunked(chunk @ Chunks::Data(0)) = self {
+                        *chunk = Chunks::DataEnd;
+                    }
+                    return Ok(Piece::Data(buf.split_to(n).freeze()));
+                }
+                Self::Close => {
+                    if buf.is_empty() {
+                        return Ok(Piece::More);
+                    }
+                    return Ok(Piece::Data(buf.split().freeze()));
+                }
+                Self::Chunked(chunk @ Chunks::Size) => match httparse::parse_chunk_size(buf) {
+                    Ok(httparse::Status::Complete((used, size))) => {
+                        buf.advance(used);
+                        *chunk = if size == 0 {
+                            Chunks::Trailers
+                        } else {
+                            Chunks::Data(size)
+                        };
+                    }
+                    Ok(httparse::Status::Partial) => return more(buf, "a chunk's size line"),
+                    Err(_) => return Err(Malformed("a chunk's size line".to_owned())),
+                },
+                Self::Chunked(chunk @ Chunks::DataEnd) => {
+                    if buf.len() < 2 {
+                        return Ok(Piece::More);
+                    }
+                    if &buf[..2] != b"\r\n" {
+                        return Err(Malformed("a chunk longer than its size".to_owned()));
+                    }
+                    buf.advance(2);
+                    *chunk = Chunks::Size;
+                }
+                Self::Chunked(chunk @ Chunks::Trailers) => {
+                    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+                    let (used, trailers) = match httparse::parse_headers(buf, &mut fields) {
+                        Ok(httparse::Status::Complete((used, fields))) => {
+                            let mut trailers = HeaderMap::new();
+                            for field in fields {
+                                let name = HeaderName::from_bytes(field.name.as_bytes());
+                                let value = HeaderValue::from_bytes(field.value);
+                                if let (Ok(name), Ok(value)) = (name, value) {
+                                    trailers.append(name, value);
+                                }
+                            }
+                            (used, trailers)
+                        }
+                        Ok(httparse::Status::Partial) => return more(buf, "the trailer section"),
+                        Err(e) => return Err(Malformed(format!("the trailer section: {e}"))),
+                    };
+                    buf.advance(used);
+                    *chunk = Chunks::Done;
+                    if !trailers.is_empty() {
+                        return Ok(Piece::Trailers(trailers));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The body's size, as far as it is known.
+    pub(crate) fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Length(left) => SizeHint::with_exact(*left),
+            Self::Chunked(Chunks::Done) => SizeHint::with_exact(0),
+            Self::Chunked(_) | Self::Close => SizeHint::default(),
+        }
+    }
+}
+
+/// More bytes are needed for `what`, unless it is already too long.
+fn more(buf: &BytesMut, what: &str) -> Result<Piece, Malformed> {
+    if buf.len() >= MAX_HEAD {
+        return Err(Malformed(format!("{what} longer than {MAX_HEAD} bytes")));
+    }
+    Ok(Piece::More)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(bytes: &[u8], to_head: bool) -> (Head, BytesMut) {
+        let mut buf = BytesMut::from(bytes);
+        let head = parse_head(&mut buf, to_head)
+            .expect("valid")
+            .expect("whole");
+        (head, buf)
+    }
+
+    /// The body's pieces, fed one byte at a time: data joined, trailers.
+    fn body(framing: &mut Framing, rest: &[u8]) -> Result<(Vec<u8>, Option<HeaderMap>), Malformed> {
+        let mut buf = BytesMut::new();
+        let mut input = rest.iter();
+        let mut data = Vec::new();
+        let mut trailers = None;
+        loop {
+            match framing.next(&mut buf)? {
+                Piece::Data(d) => data.extend_from_slice(&d),
+                Piece::Trailers(t) => trailers = Some(t),
+                Piece::End => return Ok((data, trailers)),
+                Piece::More => match input.next() {
+                    Some(b) => buf.extend_from_slice(&[*b]),
+                    None => return Err(Malformed("cut short".to_owned())),
+                },
+            }
+        }
+    }
+
+    #[test]
+    fn a_head_is_parsed_whole_and_only_when_whole() {
+        let bytes = b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\nx-a: 1\r\nx-a: 2\r\n\r\nokHTTP";
+        for cut in 0..bytes.len() - 6 {
+            let mut buf = BytesMut::from(&bytes[..cut]);
+            assert!(
+                parse_head(&mut buf, false).expect("valid").is_none(),
+                "{cut}"
+            );
+        }
+        let (head, rest) = head(bytes, false);
+        assert_eq!(head.response.status(), StatusCode::CREATED);
+        assert_eq!(head.framing, Framing::Length(2));
+        assert!(head.keep_alive);
+        let values: Vec<_> = head.response.headers().get_all("x-a").iter().collect();
+        assert_eq!(values, ["1", "2"]);
+        assert_eq!(&rest[..], b"okHTTP");
+    }
+
+    #[test]
+    fn interim_responses_are_passed_over() {
+        let (head, rest) = head(
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+            false,
+        );
+        assert_eq!(head.response.status(), StatusCode::OK);
+        assert!(head.response.headers().get("link").is_none());
+        assert!(rest.is_empty());
+    }
+
+    #[test]
+    fn framing_follows_rfc_9112() {
+        let framing = |bytes: &[u8], to_head| {
+            let (head, _) = head(bytes, to_head);
+            (head.framing, head.keep_alive)
+        };
+        assert_eq!(
+            framing(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n", true),
+            (Framing::Length(0), true)
+        );
+        assert_eq!(
+            framing(b"HTTP/1.1 204 No Content\r\n\r\n", false),
+            (Framing::Length(0), true)
+        );
+        assert_eq!(
+            framing(b"HTTP/1.1 304 Not Modified\r\n\r\n", false),
+            (Framing::Length(0), true)
+        );
+        assert_eq!(
+            framing(
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, Chunked\r\n\r\n",
+                false
+            ),
+            (Framing::Chunked(Chunks::Size), true)
+        );
+        assert_eq!(
+            framing(
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n",
+                false
+            ),
+            (Framing::Chunked(Chunks::Size), false)
+        );
+        assert_eq!(
+            framing(b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n", false),
+            (Framing::Close, false)
+        );
+        assert_eq!(
+            framing(b"HTTP/1.1 200 OK\r\n\r\n", false),
+            (Framing::Close, false)
+        );
+        assert_eq!(
+            framing(
+                b"HTTP/1.1 200 OK\r\nconnection: keep-alive, Close\r\ncontent-length: 1\r\n\r\n",
+                false
+            ),
+            (Framing::Length(1), false)
+        );
+        assert_eq!(
+            framing(b"HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\n", false),
+            (Framing::Length(1), false)
+        );
+        assert_eq!(
+            framing(
+                b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 1\r\n\r\n",
+                false
+            ),
+            (Framing::Length(1), true)
+        );
+        assert_eq!(
+            framing(
+                b"HTTP/1.1 200 OK\r\ncontent-length: 7, 7\r\ncontent-length: 7\r\n\r\n",
+                false
+            ),
+            (Framing::Length(7), true)
+        );
+    }
+
+    #[test]
+    fn broken_heads_are_refused_with_a_reason() {
+        for bytes in [
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 1, 2\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length: \r\n\r\n",
+            b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n\r\n",
+            b"HTTP/1.1 2000 OK\r\n\r\n",
+            b"SSH-2.0-OpenSSH\r\n\r\n",
+        ] {
+            let mut buf = BytesMut::from(bytes);
+            let error = parse_head(&mut buf, false).expect_err("refused");
+            assert!(!error.0.is_empty());
+        }
+        let mut endless = BytesMut::from(&b"HTTP/1.1 200 OK\r\nx: "[..]);
+        endless.resize(MAX_HEAD, b'a');
+        let error = parse_head(&mut endless, false).expect_err("too long");
+        assert!(error.0.contains("longer than"), "{error}");
+    }
+
+    #[test]
+    fn bodies_are_cut_at_their_framing_byte_by_byte() {
+        let mut framing = Framing::Length(3);
+        assert_eq!(body(&mut framing, b"abcdef").expect("body").0, b"abc");
+        let mut framing = Framing::Chunked(Chunks::Size);
+        let (data, trailers) = body(
+            &mut framing,
+            b"3;ext=1\r\nabc\r\n10\r\n0123456789abcdef\r\n0\r\ngrpc-status: 0\r\nx-b: 2\r\n\r\nnext",
+        )
+        .expect("body");
+        assert_eq!(data, b"abc0123456789abcdef");
+        let trailers = trailers.expect("trailers");
+        assert_eq!(trailers["grpc-status"], "0");
+        assert_eq!(trailers["x-b"], "2");
+        assert!(framing.ended());
+        let mut framing = Framing::Chunked(Chunks::Size);
+        let (data, trailers) = body(&mut framing, b"1\r\nx\r\n0\r\n\r\n").expect("body");
+        assert_eq!((data.as_slice(), trailers), (&b"x"[..], None));
+    }
+
+    #[test]
+    fn broken_chunks_are_refused() {
+        for bytes in [
+            &b"3\r\nabcd\r\n0\r\n\r\n"[..],
+            b"zz\r\n",
+            b"3\r\nabc\r\n0\r\nbad header\r\n\r\n",
+        ] {
+            let mut framing = Framing::Chunked(Chunks::Size);
+            assert!(
+                body(&mut framing, bytes).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+        let mut framing = Framing::Chunked(Chunks::Size);
+        let mut buf = BytesMut::from(&b"1"[..]);
+        buf.resize(MAX_HEAD, b'0');
+        assert!(framing.next(&mut buf).is_err());
+    }
+
+    #[test]
+    fn a_close_delimited_body_is_everything_read() {
+        let mut framing = Framing::Close;
+        let mut buf = BytesMut::from(&b"all of it"[..]);
+        match framing.next(&mut buf).expect("valid") {
+            Piece::Data(d) => assert_eq!(&d[..], b"all of it"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(framing.next(&mut buf), Ok(Piece::More)));
+    }
+
+    #[test]
+    fn a_head_is_written_with_the_framing_its_body_needs() {
+        let encode = |method: Method, headers: &[(&str, &str)], size: SizeHint| {
+            let mut request = http::Request::builder().method(method).uri("/a?b=1");
+            for (n, v) in headers {
+                request = request.header(*n, *v);
+            }
+            let (parts, ()) = request.body(()).expect("request").into_parts();
+            let mut out = Vec::new();
+            let sending = encode_head(&parts, &size, &mut out);
+            (String::from_utf8(out).expect("utf-8"), sending)
+        };
+        assert_eq!(
+            encode(Method::GET, &[("host", "up")], SizeHint::with_exact(0)),
+            (
+                "GET /a?b=1 HTTP/1.1\r\nhost: up\r\n\r\n".to_owned(),
+                Sending::Plain
+            )
+        );
+        assert_eq!(
+            encode(Method::POST, &[("host", "up")], SizeHint::with_exact(0)),
+            (
+                "POST /a?b=1 HTTP/1.1\r\nhost: up\r\ncontent-length: 0\r\n\r\n".to_owned(),
+                Sending::Plain
+            )
+        );
+        assert_eq!(
+            encode(
+                Method::POST,
+                &[("host", "up"), ("content-length", "5")],
+                SizeHint::default()
+            ),
+            (
+                "POST /a?b=1 HTTP/1.1\r\nhost: up\r\ncontent-length: 5\r\n\r\n".to_owned(),
+                Sending::Plain
+            )
+        );
+        assert_eq!(
+            encode(Method::PUT, &[("host", "up")], SizeHint::with_exact(12)),
+            (
+                "PUT /a?b=1 HTTP/1.1\r\nhost: up\r\ncontent-length: 12\r\n\r\n".to_owned(),
+                Sending::Plain
+            )
+        );
+        assert_eq!(
+            encode(Method::POST, &[("host", "up")], SizeHint::default()),
+            (
+                "POST /a?b=1 HTTP/1.1\r\nhost: up\r\ntransfer-encoding: chunked\r\n\r\n".to_owned(),
+                Sending::Chunked
+            )
+        );
+        let mut out = Vec::new();
+        encode_chunk(&[7; 26], &mut out);
+        assert_eq!(&out[..4], b"1a\r\n");
+        assert!(out.ends_with(b"\r\n"));
+    }
+}

@@ -1,0 +1,367 @@
+//! The pool against upstreams that answer from a script, byte for byte.
+
+use http_body_util::BodyExt as _;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpListener;
+
+use super::*;
+
+/// Answers one request with `ok` and reports how long after that the
+/// connection was closed from the other side.
+async fn one_answer(listener: TcpListener) -> Duration {
+    let (mut socket, _) = listener.accept().await.expect("accept");
+    let mut request = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = socket.read(&mut buf).await.expect("read");
+        request.extend_from_slice(&buf[..n]);
+    }
+    socket
+        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        .await
+        .expect("write");
+    let answered = Instant::now();
+    assert_eq!(socket.read(&mut buf).await.expect("read"), 0, "closed");
+    answered.elapsed()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_connection_goes_back_at_its_body_end_and_is_closed_once_idle_too_long() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let pool = Pool::new(
+        listener.local_addr().expect("addr").to_string(),
+        Duration::from_secs(1),
+    );
+    let upstream = tokio::spawn(one_answer(listener));
+    let request = http::Request::get("/")
+        .header(http::header::HOST, "upstream")
+        .body(Body::empty())
+        .expect("request");
+    let response = pool.send(request).await.expect("response");
+    let body = response.into_body().collect().await.expect("body");
+    assert_eq!(body.to_bytes(), "ok");
+    assert_eq!(pool.shared.idle.lock().expect("lock").len(), 1);
+    let closed_after = tokio::time::timeout(IDLE_TIMEOUT * 2, upstream)
+        .await
+        .expect("the idle connection was closed")
+        .expect("upstream");
+    assert!(closed_after >= IDLE_TIMEOUT, "{closed_after:?}");
+    assert!(pool.shared.idle.lock().expect("lock").is_empty());
+}
+
+/// What a scripted upstream does after an answer.
+#[derive(Clone, Copy)]
+enum Then {
+    Keep,
+    Close,
+}
+
+/// Answers each request with the next of `answers`, in whichever
+/// connection it came, and returns once the last is written: each
+/// request's connection (0, 1, …) and bytes. A request ends at its
+/// head's end, or at a chunked body's last chunk, or after
+/// `content-length` bytes.
+async fn scripted(
+    listener: TcpListener,
+    answers: Vec<(&'static [u8], Then)>,
+) -> Vec<(usize, Vec<u8>)> {
+    let mut seen = Vec::new();
+    let mut answers = answers.into_iter();
+    let mut connection = 0;
+    'connections: loop {
+        let (mut socket, _) = listener.accept().await.expect("accept");
+        loop {
+            let Some(request) = read_request(&mut socket).await else {
+                connection += 1;
+                continue 'connections;
+            };
+            seen.push((connection, request));
+            let Some((answer, then)) = answers.next() else {
+                return seen;
+            };
+            socket.write_all(answer).await.expect("write");
+            if answers.len() == 0 {
+                return seen;
+            }
+            if let Then::Close = then {
+                drop(socket);
+                connection += 1;
+                continue 'connections;
+            }
+        }
+    }
+}
+
+async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
+    let mut request = Vec::new();
+    let mut buf = [0u8; 1024];
+    let complete = |r: &[u8]| {
+        let Some(end) = r.windows(4).position(|w| w == b"\r\n\r\n") else {
+            return false;
+        };
+        let head = String::from_utf8_lossy(&r[..end]).to_ascii_lowercase();
+        if head.contains("transfer-encoding: chunked") {
+            return r.ends_with(b"0\r\n\r\n") && r.len() > end + 4;
+        }
+        let length = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .map_or(0, |n| n.trim().parse::<usize>().expect("length"));
+        r.len() >= end + 4 + length
+    };
+    while !complete(&request) {
+        let n = socket.read(&mut buf).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        request.extend_from_slice(&buf[..n]);
+    }
+    Some(request)
+}
+
+fn get(path: &str) -> http::Request<Body> {
+    http::Request::get(path)
+        .header(http::header::HOST, "upstream")
+        .body(Body::empty())
+        .expect("request")
+}
+
+async fn pool_and(
+    answers: Vec<(&'static [u8], Then)>,
+) -> (Pool, tokio::task::JoinHandle<Vec<(usize, Vec<u8>)>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let pool = Pool::new(
+        listener.local_addr().expect("addr").to_string(),
+        Duration::from_secs(5),
+    );
+    (pool, tokio::spawn(scripted(listener, answers)))
+}
+
+#[tokio::test]
+async fn chunks_and_trailers_come_through_and_the_connection_is_kept() {
+    let (pool, upstream) = pool_and(vec![
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n6;x=y\r\n world\r\n0\r\ngrpc-status: 0\r\n\r\n",
+            Then::Keep,
+        ),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", Then::Keep),
+    ])
+    .await;
+    let response = pool.send(get("/a")).await.expect("response");
+    let collected = response.into_body().collect().await.expect("body");
+    assert_eq!(collected.trailers().expect("trailers")["grpc-status"], "0");
+    assert_eq!(collected.to_bytes(), "hello world");
+    let response = pool.send(get("/b")).await.expect("response");
+    let body = response.into_body().collect().await.expect("body");
+    assert_eq!(body.to_bytes(), "ok");
+    let seen = upstream.await.expect("upstream");
+    let connections: Vec<usize> = seen.iter().map(|(c, _)| *c).collect();
+    assert_eq!(connections, [0, 0], "one connection for both");
+    assert!(seen[1]
+        .1
+        .starts_with(b"GET /b HTTP/1.1\r\nhost: upstream\r\n\r\n"));
+}
+
+#[tokio::test]
+async fn a_body_until_the_close_is_read_whole_and_its_connection_not_kept() {
+    let (pool, upstream) = pool_and(vec![
+        (b"HTTP/1.1 200 OK\r\n\r\nall of it", Then::Close),
+        (b"HTTP/1.1 204 No Content\r\n\r\n", Then::Keep),
+    ])
+    .await;
+    let response = pool.send(get("/a")).await.expect("response");
+    let body = response.into_body().collect().await.expect("body");
+    assert_eq!(body.to_bytes(), "all of it");
+    let response = pool.send(get("/b")).await.expect("response");
+    assert_eq!(response.status(), http::StatusCode::NO_CONTENT);
+    assert_eq!(
+        pool.shared.idle.lock().expect("lock").len(),
+        1,
+        "a 204 goes back at once"
+    );
+    let connections: Vec<usize> = upstream
+        .await
+        .expect("upstream")
+        .iter()
+        .map(|(c, _)| *c)
+        .collect();
+    assert_eq!(connections, [0, 1]);
+}
+
+#[tokio::test]
+async fn bytes_after_a_response_are_never_taken_for_the_next() {
+    let (pool, upstream) = pool_and(vec![
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokHTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nstale", Then::Keep),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfresh", Then::Keep),
+    ])
+    .await;
+    let response = pool.send(get("/a")).await.expect("response");
+    assert_eq!(
+        response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes(),
+        "ok"
+    );
+    let response = pool.send(get("/b")).await.expect("response");
+    assert_eq!(
+        response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes(),
+        "fresh"
+    );
+    let connections: Vec<usize> = upstream
+        .await
+        .expect("upstream")
+        .iter()
+        .map(|(c, _)| *c)
+        .collect();
+    assert_eq!(connections, [0, 1]);
+}
+
+#[tokio::test]
+async fn a_kept_connection_the_upstream_closed_is_replaced_before_anything_is_sent() {
+    let (pool, upstream) = pool_and(vec![
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+            Then::Close,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nagain",
+            Then::Keep,
+        ),
+    ])
+    .await;
+    let response = pool.send(get("/a")).await.expect("response");
+    assert_eq!(
+        response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes(),
+        "ok"
+    );
+    assert_eq!(
+        pool.shared.idle.lock().expect("lock").len(),
+        1,
+        "kept: nothing said close"
+    );
+    // The upstream's end of stream arrives while the connection is idle.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let response = pool
+        .send(get("/b"))
+        .await
+        .expect("a fresh connection, not an error");
+    assert_eq!(
+        response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes(),
+        "again"
+    );
+    let seen = upstream.await.expect("upstream");
+    assert_eq!(seen.iter().map(|(c, _)| *c).collect::<Vec<_>>(), [0, 1]);
+}
+
+#[tokio::test]
+async fn a_body_of_unknown_length_goes_out_in_chunks_and_a_small_one_with_its_head() {
+    let (pool, upstream) = pool_and(vec![
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", Then::Keep),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", Then::Keep),
+    ])
+    .await;
+    let pieces = futures_util::stream::iter([Ok::<_, std::io::Error>("ab"), Ok("cde")]);
+    let streamed = http::Request::post("/s")
+        .header(http::header::HOST, "upstream")
+        .body(Body::from_stream(pieces))
+        .expect("request");
+    pool.send(streamed).await.expect("response");
+    let whole = http::Request::post("/w")
+        .header(http::header::HOST, "upstream")
+        .body(Body::from("{\"a\":1}"))
+        .expect("request");
+    pool.send(whole).await.expect("response");
+    let seen = upstream.await.expect("upstream");
+    assert_eq!(
+        String::from_utf8_lossy(&seen[0].1),
+        "POST /s HTTP/1.1\r\nhost: upstream\r\ntransfer-encoding: chunked\r\n\r\n2\r\nab\r\n3\r\ncde\r\n0\r\n\r\n"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&seen[1].1),
+        "POST /w HTTP/1.1\r\nhost: upstream\r\ncontent-length: 7\r\n\r\n{\"a\":1}"
+    );
+}
+
+#[tokio::test]
+async fn a_response_cut_short_is_an_error_after_the_sending() {
+    let (pool, upstream) = pool_and(vec![
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort",
+            Then::Close,
+        ),
+        (b"HTTP/1.1 200 OK\r\ncontent-le", Then::Close),
+    ])
+    .await;
+    let response = pool.send(get("/a")).await.expect("head");
+    let error = response.into_body().collect().await.expect_err("cut short");
+    assert!(
+        error.to_string().contains("before the body's end"),
+        "{error}"
+    );
+    match pool.send(get("/b")).await {
+        Err(Failed::Sent(error)) => {
+            assert!(error.to_string().contains("before its response"), "{error}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(pool.shared.idle.lock().expect("lock").is_empty());
+    upstream.await.expect("upstream");
+}
+
+/// An upstream that refuses a body it will not read (a 413) and closes
+/// the connection: its answer comes through, not a failure to write.
+#[tokio::test]
+async fn an_answer_before_the_body_end_comes_through() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let pool = Pool::new(
+        listener.local_addr().expect("addr").to_string(),
+        Duration::from_secs(5),
+    );
+    let upstream = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.expect("accept");
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = socket.read(&mut buf).await.expect("read");
+            seen.extend_from_slice(&buf[..n]);
+        }
+        socket
+            .write_all(b"HTTP/1.1 413 Content Too Large\r\ncontent-length: 4\r\n\r\nbig!")
+            .await
+            .expect("write");
+    });
+    let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+    let pieces =
+        futures_util::stream::iter(std::iter::repeat_n(chunk, 256).map(Ok::<_, std::io::Error>));
+    let upload = http::Request::post("/upload")
+        .header(http::header::HOST, "upstream")
+        .body(Body::from_stream(pieces))
+        .expect("request");
+    let response = pool.send(upload).await.expect("the upstream's answer");
+    assert_eq!(response.status(), http::StatusCode::PAYLOAD_TOO_LARGE);
+    let body = response.into_body().collect().await.expect("body");
+    assert_eq!(body.to_bytes(), "big!");
+    assert!(
+        pool.shared.idle.lock().expect("lock").is_empty(),
+        "not kept"
+    );
+    upstream.await.expect("upstream");
+}
