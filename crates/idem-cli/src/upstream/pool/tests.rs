@@ -126,6 +126,26 @@ fn get(path: &str) -> http::Request<Body> {
         .expect("request")
 }
 
+/// A response's whole body.
+async fn text(response: Response) -> Bytes {
+    response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes()
+}
+
+/// The connection each request came in, once the script has ended.
+async fn connections(upstream: tokio::task::JoinHandle<Vec<(usize, Vec<u8>)>>) -> Vec<usize> {
+    upstream
+        .await
+        .expect("upstream")
+        .iter()
+        .map(|(c, _)| *c)
+        .collect()
+}
+
 async fn pool_and(
     answers: Vec<(&'static [u8], Then)>,
 ) -> (Pool, tokio::task::JoinHandle<Vec<(usize, Vec<u8>)>>) {
@@ -179,13 +199,7 @@ async fn a_body_until_the_close_is_read_whole_and_its_connection_not_kept() {
         1,
         "a 204 goes back at once"
     );
-    let connections: Vec<usize> = upstream
-        .await
-        .expect("upstream")
-        .iter()
-        .map(|(c, _)| *c)
-        .collect();
-    assert_eq!(connections, [0, 1]);
+    assert_eq!(connections(upstream).await, [0, 1]);
 }
 
 #[tokio::test]
@@ -196,32 +210,10 @@ async fn bytes_after_a_response_are_never_taken_for_the_next() {
     ])
     .await;
     let response = pool.send(get("/a")).await.expect("response");
-    assert_eq!(
-        response
-            .into_body()
-            .collect()
-            .await
-            .expect("body")
-            .to_bytes(),
-        "ok"
-    );
+    assert_eq!(text(response).await, "ok");
     let response = pool.send(get("/b")).await.expect("response");
-    assert_eq!(
-        response
-            .into_body()
-            .collect()
-            .await
-            .expect("body")
-            .to_bytes(),
-        "fresh"
-    );
-    let connections: Vec<usize> = upstream
-        .await
-        .expect("upstream")
-        .iter()
-        .map(|(c, _)| *c)
-        .collect();
-    assert_eq!(connections, [0, 1]);
+    assert_eq!(text(response).await, "fresh");
+    assert_eq!(connections(upstream).await, [0, 1]);
 }
 
 #[tokio::test]
@@ -238,15 +230,7 @@ async fn a_kept_connection_the_upstream_closed_is_replaced_before_anything_is_se
     ])
     .await;
     let response = pool.send(get("/a")).await.expect("response");
-    assert_eq!(
-        response
-            .into_body()
-            .collect()
-            .await
-            .expect("body")
-            .to_bytes(),
-        "ok"
-    );
+    assert_eq!(text(response).await, "ok");
     assert_eq!(
         pool.shared.idle.lock().expect("lock").len(),
         1,
@@ -258,15 +242,7 @@ async fn a_kept_connection_the_upstream_closed_is_replaced_before_anything_is_se
         .send(get("/b"))
         .await
         .expect("a fresh connection, not an error");
-    assert_eq!(
-        response
-            .into_body()
-            .collect()
-            .await
-            .expect("body")
-            .to_bytes(),
-        "again"
-    );
+    assert_eq!(text(response).await, "again");
     let seen = upstream.await.expect("upstream");
     assert_eq!(seen.iter().map(|(c, _)| *c).collect::<Vec<_>>(), [0, 1]);
 }
