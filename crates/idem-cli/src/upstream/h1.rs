@@ -21,6 +21,12 @@ pub(crate) const MAX_HEAD: usize = 8192 + 4096 * 100;
 /// (hyper's default).
 const MAX_HEADERS: usize = 100;
 
+/// The most a chunk's size line (with its extensions) or a trailer
+/// section may take: hyper's limits. Each is parsed again from its start
+/// at every read until it is whole, so a long one that trickles in costs
+/// time as the square of its length.
+const MAX_LINE: usize = 16 * 1024;
+
 /// A response the upstream sent that cannot be read as HTTP/1.1.
 #[derive(Debug, thiserror::Error)]
 #[error("the upstream's response is not valid HTTP/1.1: {0}")]
@@ -29,20 +35,21 @@ pub(crate) struct Malformed(pub(crate) String);
 /// How a request's body goes out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Sending {
-    /// As it is, its length given by `Content-Length` (or none at all).
-    Plain,
+    /// As it is, this many bytes more (its `Content-Length`, or none).
+    Length(u64),
     /// In chunks: its length is not known ahead.
     Chunked,
 }
 
 /// Writes the head of `request` (an origin-form target, `Host` among its
 /// headers) to `out`, adding the framing its body needs (`size`: the
-/// body's size hint), and says how the body must follow.
+/// body's size hint), and says how the body must follow. A
+/// `Content-Length` that is not one number is refused.
 pub(crate) fn encode_head(
     parts: &http::request::Parts,
     size: &SizeHint,
     out: &mut Vec<u8>,
-) -> Sending {
+) -> Result<Sending, Malformed> {
     out.extend_from_slice(parts.method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(
@@ -59,17 +66,19 @@ pub(crate) fn encode_head(
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    let sending = if parts.headers.contains_key(CONTENT_LENGTH) {
-        Sending::Plain
+    let sending = if let Some(length) = content_length(&parts.headers)
+        .map_err(|Malformed(e)| Malformed(format!("the request's {e}")))?
+    {
+        Sending::Length(length)
     } else {
         match size.exact() {
             // As hyper does: a length only where a body is expected.
-            Some(0) if !expects_body(&parts.method) => Sending::Plain,
+            Some(0) if !expects_body(&parts.method) => Sending::Length(0),
             Some(length) => {
                 out.extend_from_slice(b"content-length: ");
                 out.extend_from_slice(itoa::Buffer::new().format(length).as_bytes());
                 out.extend_from_slice(b"\r\n");
-                Sending::Plain
+                Sending::Length(length)
             }
             None => {
                 out.extend_from_slice(b"transfer-encoding: chunked\r\n");
@@ -78,7 +87,7 @@ pub(crate) fn encode_head(
         }
     };
     out.extend_from_slice(b"\r\n");
-    sending
+    Ok(sending)
 }
 
 fn expects_body(method: &Method) -> bool {
@@ -161,7 +170,7 @@ pub(crate) fn parse_head(buf: &mut BytesMut, to_head: bool) -> Result<Option<Hea
             } else if headers.contains_key(TRANSFER_ENCODING) {
                 // A length beside it is ignored, and the connection not kept
                 // (RFC 9112 §6.3).
-                if headers.contains_key(CONTENT_LENGTH) {
+                if headers.remove(CONTENT_LENGTH).is_some() {
                     keep_alive = false;
                 }
                 if version == Version::HTTP_11 && chunked_last(&headers) {
@@ -305,6 +314,13 @@ impl Framing {
                     }
                     return Ok(Piece::Data(buf.split().freeze()));
                 }
+                // httparse reads a line without digits (`\r\n`, `;x\r\n`)
+                // as size 0, which would end the body early.
+                Self::Chunked(Chunks::Size)
+                    if buf.first().is_some_and(|b| !b.is_ascii_hexdigit()) =>
+                {
+                    return Err(Malformed("a chunk's size line without a size".to_owned()));
+                }
                 Self::Chunked(chunk @ Chunks::Size) => match httparse::parse_chunk_size(buf) {
                     Ok(httparse::Status::Complete((used, size))) => {
                         buf.advance(used);
@@ -366,8 +382,8 @@ impl Framing {
 
 /// More bytes are needed for `what`, unless it is already too long.
 fn more(buf: &BytesMut, what: &str) -> Result<Piece, Malformed> {
-    if buf.len() >= MAX_HEAD {
-        return Err(Malformed(format!("{what} longer than {MAX_HEAD} bytes")));
+    if buf.len() >= MAX_LINE {
+        return Err(Malformed(format!("{what} longer than {MAX_LINE} bytes")));
     }
     Ok(Piece::More)
 }

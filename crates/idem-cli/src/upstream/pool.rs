@@ -19,7 +19,11 @@
 //! stream is already there to read) or, racing that, when the first write
 //! fails: nothing reached the upstream, and the request goes out on a new
 //! connection. Nothing is ever sent twice: once a write has succeeded, a
-//! failure is the request's.
+//! failure is the request's. A body is written while the answer is
+//! watched for, so an upstream that answers early (a 413, a 401) is
+//! answered even while it reads no more. The rest of the body is then not
+//! sent: a full-duplex exchange (the response streaming while the
+//! request's body still goes out), which hyper's client carried, is not.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -113,17 +117,16 @@ impl Pool {
     pub(crate) async fn send(&self, request: http::Request<Body>) -> Result<Response, Failed> {
         let (parts, mut body) = request.into_parts();
         let mut out = Vec::with_capacity(512);
-        let sending = h1::encode_head(&parts, &body.size_hint(), &mut out);
-        let mut ended = body.is_end_stream();
-        // A small body already at hand (a covered request's, always) goes
-        // out in the head's write.
+        let mut sending = h1::encode_head(&parts, &body.size_hint(), &mut out)
+            .map_err(|e| Failed::Connect(e.to_string()))?;
+        let mut ended = body.is_end_stream() && sending == Sending::Length(0);
+        // A body already at hand, up to 64 KiB (a covered request's, read
+        // whole by then), goes out in the head's write.
         if !ended && body.size_hint().upper().is_some_and(|n| n <= WITH_HEAD) {
             if let Some(frame) = body.frame().now_or_never() {
-                ended = put(frame, sending, &mut out).map_err(Failed::Sent)?;
+                // Nothing has gone out yet.
+                ended = put(frame, &body, &mut sending, &mut out).map_err(Failed::Connect)?;
             }
-        }
-        if ended && sending == Sending::Chunked {
-            out.extend_from_slice(h1::LAST_CHUNK);
         }
         let mut conn = loop {
             let (mut conn, reused) = match self.checkout() {
@@ -149,46 +152,45 @@ impl Pool {
                 }
             }
         };
-        // An upstream may answer before the body's end (a 413, say) and
-        // stop reading: when the body cannot be written, its answer is
-        // still read if there is one, and the connection is not kept.
-        let mut cut: Option<std::io::Error> = None;
-        while !ended {
-            out.clear();
-            ended = put(body.frame().await, sending, &mut out).map_err(Failed::Sent)?;
-            if ended && sending == Sending::Chunked {
-                out.extend_from_slice(h1::LAST_CHUNK);
-            }
-            if let Err(e) = conn.io.write_all(&out).await {
-                cut = Some(e);
-                break;
-            }
-        }
         let to_head = parts.method == http::Method::HEAD;
-        let failed = |e: BoxError, cut: Option<std::io::Error>| {
-            Failed::Sent(cut.map_or(e, |cut| format!("writing the request's body: {cut}").into()))
-        };
-        let head = loop {
-            match h1::parse_head(&mut conn.read, to_head) {
-                Ok(Some(head)) => break head,
-                Ok(None) => {}
-                Err(e) => return Err(failed(e.into(), cut)),
-            }
-            match std::future::poll_fn(|cx| conn.poll_read(cx)).await {
-                Ok(0) => {
-                    return Err(failed(
-                        "the upstream closed the connection before its response".into(),
-                        cut,
-                    ))
+        // The rest of the body is written while the answer is watched
+        // for: an upstream may answer before the body's end (a 413, say)
+        // and stop reading. Then the body is not sent on, and the
+        // connection is not kept; an answer read after the body could not
+        // be written is still the answer.
+        let mut finished = ended;
+        let (head, cut) = if ended {
+            (read_head(&mut conn.read, &mut conn.io, to_head).await, None)
+        } else {
+            let (mut from, mut to) = conn.io.split();
+            let reading = read_head(&mut conn.read, &mut from, to_head);
+            let writing = async {
+                while !finished {
+                    out.clear();
+                    let frame = body.frame().await;
+                    finished = put(frame, &body, &mut sending, &mut out).map_err(Cut::Body)?;
+                    to.write_all(&out).await.map_err(Cut::Socket)?;
                 }
-                Ok(_) => {}
-                Err(e) => return Err(failed(e.into(), cut)),
+                Ok(())
+            };
+            tokio::pin!(reading, writing);
+            tokio::select! {
+                biased;
+                head = &mut reading => (head, None),
+                wrote = &mut writing => match wrote {
+                    Ok(()) => (reading.await, None),
+                    Err(Cut::Body(e)) => return Err(Failed::Sent(e.into())),
+                    Err(Cut::Socket(e)) => (reading.await, Some(e)),
+                },
             }
         };
+        let head = head.map_err(|e| {
+            Failed::Sent(cut.map_or(e, |cut| format!("writing the request's body: {cut}").into()))
+        })?;
         let mut body = Driven {
             conn: Some(conn),
             framing: head.framing,
-            keep_alive: head.keep_alive && cut.is_none(),
+            keep_alive: head.keep_alive && finished,
             pool: Arc::downgrade(&self.shared),
         };
         // A response without a body (to HEAD, a 204, a 304) is never read:
@@ -244,36 +246,88 @@ impl Pool {
     }
 }
 
-/// Appends `frame` of a request's body to `out` as `sending` frames it;
-/// says whether the body has ended. Trailers of a request are not sent.
+/// Why the rest of a request's body did not go out.
+enum Cut {
+    /// The body failed (its client went away, or it belied its length).
+    Body(String),
+    /// The connection would not take it.
+    Socket(std::io::Error),
+}
+
+/// Reads the response's head from `io` into `read` and parses it.
+async fn read_head(
+    read: &mut BytesMut,
+    io: &mut (impl AsyncRead + Unpin),
+    to_head: bool,
+) -> Result<h1::Head, BoxError> {
+    loop {
+        if let Some(head) = h1::parse_head(read, to_head)? {
+            return Ok(head);
+        }
+        if std::future::poll_fn(|cx| fill(Pin::new(&mut *io), cx, read)).await? == 0 {
+            return Err("the upstream closed the connection before its response".into());
+        }
+    }
+}
+
+/// Reads what `io` has into `read`, with room for a good part.
+fn fill(
+    io: Pin<&mut impl AsyncRead>,
+    cx: &mut Context<'_>,
+    read: &mut BytesMut,
+) -> Poll<std::io::Result<usize>> {
+    if read.capacity() - read.len() < READ_ROOM / 4 {
+        read.reserve(READ_ROOM);
+    }
+    tokio_util::io::poll_read_buf(io, cx, read)
+}
+
+/// Appends `frame` of a request's body to `out` as `sending` frames it,
+/// and says whether the body has ended: the frame is the end, or `body`
+/// says so. A body longer or shorter than its `Content-Length` is an
+/// error (the upstream would read the rest as another request, or wait
+/// for it). Trailers of a request are not sent.
 fn put(
     frame: Option<Result<Frame<Bytes>, axum::Error>>,
-    sending: Sending,
+    body: &Body,
+    sending: &mut Sending,
     out: &mut Vec<u8>,
-) -> Result<bool, BoxError> {
-    match frame {
-        None => Ok(true),
-        Some(Err(e)) => Err(format!("the request's body could not be read: {e}").into()),
+) -> Result<bool, String> {
+    let ended = match frame {
+        None => true,
+        Some(Err(e)) => return Err(format!("the request's body could not be read: {e}")),
         Some(Ok(frame)) => {
             if let Ok(data) = frame.into_data() {
                 match sending {
-                    Sending::Plain => out.extend_from_slice(&data),
+                    Sending::Length(left) => {
+                        *left = left.checked_sub(data.len() as u64).ok_or_else(|| {
+                            "the request's body is longer than its Content-Length".to_owned()
+                        })?;
+                        out.extend_from_slice(&data);
+                    }
                     Sending::Chunked if data.is_empty() => {}
                     Sending::Chunked => h1::encode_chunk(&data, out),
                 }
             }
-            Ok(false)
+            body.is_end_stream()
         }
+    };
+    match sending {
+        Sending::Length(left) if ended && *left > 0 => {
+            Err("the request's body ended before its Content-Length".to_owned())
+        }
+        Sending::Chunked if ended => {
+            out.extend_from_slice(h1::LAST_CHUNK);
+            Ok(true)
+        }
+        _ => Ok(ended),
     }
 }
 
 impl Conn {
     /// Reads what the upstream sent into `read`.
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
-        if self.read.capacity() - self.read.len() < READ_ROOM / 4 {
-            self.read.reserve(READ_ROOM);
-        }
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read)
+        fill(Pin::new(&mut self.io), cx, &mut self.read)
     }
 
     /// Whether another request can go out on it: nothing is waiting to be
@@ -368,8 +422,10 @@ impl http_body::Body for Driven {
                     }
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
+                // The body's last frame: hyper's server polls no further.
                 Piece::Trailers(trailers) => {
-                    return Poll::Ready(Some(Ok(Frame::trailers(trailers))))
+                    this.release();
+                    return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
                 }
                 Piece::End => {
                     this.release();

@@ -173,6 +173,9 @@ fn broken_chunks_are_refused() {
         &b"3\r\nabcd\r\n0\r\n\r\n"[..],
         b"zz\r\n",
         b"3\r\nabc\r\n0\r\nbad header\r\n\r\n",
+        // No size: httparse would read these as the last chunk.
+        b"3\r\nabc\r\n\r\n",
+        b"3\r\nabc\r\n;x\r\n0\r\n\r\n",
     ] {
         let mut framing = Framing::Chunked(Chunks::Size);
         assert!(
@@ -181,10 +184,17 @@ fn broken_chunks_are_refused() {
             String::from_utf8_lossy(bytes)
         );
     }
-    let mut framing = Framing::Chunked(Chunks::Size);
-    let mut buf = BytesMut::from(&b"1"[..]);
-    buf.resize(MAX_HEAD, b'0');
-    assert!(framing.next(&mut buf).is_err());
+    // A size line, or a trailer section, that never ends.
+    for (start, framing) in [
+        (&b"1;"[..], Framing::Chunked(Chunks::Size)),
+        (b"x-a: ", Framing::Chunked(Chunks::Trailers)),
+    ] {
+        let mut framing = framing;
+        let mut buf = BytesMut::from(start);
+        buf.resize(MAX_LINE, b'a');
+        let error = framing.next(&mut buf).expect_err("too long");
+        assert!(error.0.contains("longer than"), "{error}");
+    }
 }
 
 #[test]
@@ -207,21 +217,21 @@ fn a_head_is_written_with_the_framing_its_body_needs() {
         }
         let (parts, ()) = request.body(()).expect("request").into_parts();
         let mut out = Vec::new();
-        let sending = encode_head(&parts, &size, &mut out);
+        let sending = encode_head(&parts, &size, &mut out).expect("valid");
         (String::from_utf8(out).expect("utf-8"), sending)
     };
     assert_eq!(
         encode(Method::GET, &[("host", "up")], SizeHint::with_exact(0)),
         (
             "GET /a?b=1 HTTP/1.1\r\nhost: up\r\n\r\n".to_owned(),
-            Sending::Plain
+            Sending::Length(0)
         )
     );
     assert_eq!(
         encode(Method::POST, &[("host", "up")], SizeHint::with_exact(0)),
         (
             "POST /a?b=1 HTTP/1.1\r\nhost: up\r\ncontent-length: 0\r\n\r\n".to_owned(),
-            Sending::Plain
+            Sending::Length(0)
         )
     );
     assert_eq!(
@@ -232,14 +242,14 @@ fn a_head_is_written_with_the_framing_its_body_needs() {
         ),
         (
             "POST /a?b=1 HTTP/1.1\r\nhost: up\r\ncontent-length: 5\r\n\r\n".to_owned(),
-            Sending::Plain
+            Sending::Length(5)
         )
     );
     assert_eq!(
         encode(Method::PUT, &[("host", "up")], SizeHint::with_exact(12)),
         (
             "PUT /a?b=1 HTTP/1.1\r\nhost: up\r\ncontent-length: 12\r\n\r\n".to_owned(),
-            Sending::Plain
+            Sending::Length(12)
         )
     );
     assert_eq!(
@@ -249,8 +259,25 @@ fn a_head_is_written_with_the_framing_its_body_needs() {
             Sending::Chunked
         )
     );
+    let (parts, ()) = http::Request::post("/")
+        .header("content-length", "5, 6")
+        .body(())
+        .expect("request")
+        .into_parts();
+    let error = encode_head(&parts, &SizeHint::default(), &mut Vec::new()).expect_err("refused");
+    assert!(error.0.contains("the request's"), "{error}");
     let mut out = Vec::new();
     encode_chunk(&[7; 26], &mut out);
     assert_eq!(&out[..4], b"1a\r\n");
     assert!(out.ends_with(b"\r\n"));
+}
+
+#[test]
+fn a_length_beside_chunks_is_dropped() {
+    let (head, _) = head(
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n",
+        false,
+    );
+    assert!(head.response.headers().get("content-length").is_none());
+    assert!(!head.keep_alive);
 }

@@ -167,10 +167,23 @@ async fn chunks_and_trailers_come_through_and_the_connection_is_kept() {
         (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", Then::Keep),
     ])
     .await;
-    let response = pool.send(get("/a")).await.expect("response");
-    let collected = response.into_body().collect().await.expect("body");
-    assert_eq!(collected.trailers().expect("trailers")["grpc-status"], "0");
-    assert_eq!(collected.to_bytes(), "hello world");
+    // Read as hyper's server reads it: no poll after the trailers.
+    let mut body = pool.send(get("/a")).await.expect("response").into_body();
+    let mut data = Vec::new();
+    let trailers = loop {
+        let frame = body.frame().await.expect("a frame").expect("valid");
+        match frame.into_data() {
+            Ok(d) => data.extend_from_slice(&d),
+            Err(frame) => break frame.into_trailers().expect("trailers"),
+        }
+    };
+    assert_eq!(trailers["grpc-status"], "0");
+    assert_eq!(data, b"hello world");
+    assert_eq!(
+        pool.shared.idle.lock().expect("lock").len(),
+        1,
+        "back with its trailers"
+    );
     let response = pool.send(get("/b")).await.expect("response");
     let body = response.into_body().collect().await.expect("body");
     assert_eq!(body.to_bytes(), "ok");
@@ -339,5 +352,91 @@ async fn an_answer_before_the_body_end_comes_through() {
         pool.shared.idle.lock().expect("lock").is_empty(),
         "not kept"
     );
+    upstream.await.expect("upstream");
+}
+
+/// A body that does not match its `Content-Length` is never sent as if it
+/// did: the upstream would take the rest for another request, or wait.
+#[tokio::test]
+async fn a_body_that_belies_its_length_is_refused_and_its_connection_dropped() {
+    let (pool, upstream) = pool_and(vec![(
+        b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+        Then::Keep,
+    )])
+    .await;
+    for (declared, pieces) in [("3", vec!["ab", "cd"]), ("9", vec!["ab", "cd"])] {
+        let streamed = http::Request::post("/s")
+            .header(http::header::HOST, "upstream")
+            .header(http::header::CONTENT_LENGTH, declared)
+            .body(Body::from_stream(futures_util::stream::iter(
+                pieces.into_iter().map(Ok::<_, std::io::Error>),
+            )))
+            .expect("request");
+        match pool.send(streamed).await {
+            Err(Failed::Sent(e)) => assert!(e.to_string().contains("Content-Length"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(pool.shared.idle.lock().expect("lock").is_empty());
+    pool.send(get("/after")).await.expect("response");
+    let seen = upstream.await.expect("upstream");
+    let last = seen.last().expect("a request");
+    assert!(
+        last.1.starts_with(b"GET /after"),
+        "{:?}",
+        String::from_utf8_lossy(&last.1)
+    );
+    assert_eq!(
+        seen.iter()
+            .filter(|(_, r)| r.starts_with(b"GET /after"))
+            .count(),
+        1
+    );
+}
+
+/// An upstream that answers before the body's end and neither reads the
+/// rest nor closes: the answer comes through while the body's writes are
+/// blocked, and the connection is not kept.
+#[tokio::test]
+async fn an_answer_while_the_body_is_blocked_comes_through() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let pool = Pool::new(
+        listener.local_addr().expect("addr").to_string(),
+        Duration::from_secs(5),
+    );
+    let (done, finished) = tokio::sync::oneshot::channel::<()>();
+    let upstream = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.expect("accept");
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = socket.read(&mut buf).await.expect("read");
+            seen.extend_from_slice(&buf[..n]);
+        }
+        socket
+            .write_all(b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 2\r\n\r\nno")
+            .await
+            .expect("write");
+        // Open, and unread, until the test is over.
+        let _ = finished.await;
+    });
+    let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+    let pieces =
+        futures_util::stream::iter(std::iter::repeat_n(chunk, 1024).map(Ok::<_, std::io::Error>));
+    let upload = http::Request::post("/upload")
+        .header(http::header::HOST, "upstream")
+        .body(Body::from_stream(pieces))
+        .expect("request");
+    let response = tokio::time::timeout(Duration::from_secs(5), pool.send(upload))
+        .await
+        .expect("answered while the body was blocked")
+        .expect("the upstream's answer");
+    assert_eq!(response.status(), http::StatusCode::UNAUTHORIZED);
+    assert_eq!(text(response).await, "no");
+    assert!(
+        pool.shared.idle.lock().expect("lock").is_empty(),
+        "not kept"
+    );
+    let _ = done.send(());
     upstream.await.expect("upstream");
 }
