@@ -13,8 +13,8 @@ use http::header::{
 use http::{Method, StatusCode, Version};
 use http_body::SizeHint;
 
-/// The most a response's head (or a chunk's size line, or a trailer
-/// section) may take before it is refused: hyper's default read buffer.
+/// The most a response's head may take before it is refused: hyper's
+/// default read buffer.
 pub(crate) const MAX_HEAD: usize = 8192 + 4096 * 100;
 
 /// The most header fields a response's head or trailer section may have

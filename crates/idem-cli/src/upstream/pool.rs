@@ -168,8 +168,12 @@ impl Pool {
                 while !finished {
                     out.clear();
                     let frame = body.frame().await;
-                    finished = put(frame, &body, &mut sending, &mut out).map_err(Cut::Body)?;
+                    let last = put(frame, &body, &mut sending, &mut out).map_err(Cut::Body)?;
                     to.write_all(&out).await.map_err(Cut::Socket)?;
+                    // Finished once its last bytes are out: a write cut off
+                    // by an early answer leaves the upstream waiting for
+                    // them, and the connection must not be kept.
+                    finished = last;
                 }
                 Ok(())
             };

@@ -440,3 +440,46 @@ async fn an_answer_while_the_body_is_blocked_comes_through() {
     let _ = done.send(());
     upstream.await.expect("upstream");
 }
+
+/// A whole body (its end known with its last bytes) whose last write is
+/// blocked when the upstream answers early with a kept-alive response:
+/// the connection is not kept, since the upstream still waits for the
+/// rest of the body and would take the next request's bytes for it.
+#[tokio::test]
+async fn a_connection_whose_body_was_cut_by_an_early_answer_is_not_kept() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let pool = Pool::new(
+        listener.local_addr().expect("addr").to_string(),
+        Duration::from_secs(5),
+    );
+    let (done, finished) = tokio::sync::oneshot::channel::<()>();
+    let upstream = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.expect("accept");
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = socket.read(&mut buf).await.expect("read");
+            seen.extend_from_slice(&buf[..n]);
+        }
+        socket
+            .write_all(b"HTTP/1.1 413 Content Too Large\r\ncontent-length: 0\r\n\r\n")
+            .await
+            .expect("write");
+        let _ = finished.await;
+    });
+    let upload = http::Request::post("/upload")
+        .header(http::header::HOST, "upstream")
+        .body(Body::from(vec![b'x'; 8 << 20]))
+        .expect("request");
+    let response = tokio::time::timeout(Duration::from_secs(5), pool.send(upload))
+        .await
+        .expect("answered while the body was blocked")
+        .expect("the upstream's answer");
+    assert_eq!(response.status(), http::StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(
+        pool.shared.idle.lock().expect("lock").is_empty(),
+        "not kept"
+    );
+    let _ = done.send(());
+    upstream.await.expect("upstream");
+}
