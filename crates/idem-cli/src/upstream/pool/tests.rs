@@ -10,19 +10,69 @@ use super::*;
 /// connection was closed from the other side.
 async fn one_answer(listener: TcpListener) -> Duration {
     let (mut socket, _) = listener.accept().await.expect("accept");
-    let mut request = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = socket.read(&mut buf).await.expect("read");
-        request.extend_from_slice(&buf[..n]);
-    }
+    read_head_off(&mut socket).await;
     socket
         .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
         .await
         .expect("write");
     let answered = Instant::now();
-    assert_eq!(socket.read(&mut buf).await.expect("read"), 0, "closed");
+    assert_eq!(socket.read(&mut [0u8; 1]).await.expect("read"), 0, "closed");
     answered.elapsed()
+}
+
+/// Reads a request's head off `socket`, leaving its body unread.
+async fn read_head_off(socket: &mut tokio::net::TcpStream) {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = socket.read(&mut buf).await.expect("read");
+        assert!(n > 0, "the head came whole");
+        seen.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// An upstream that writes `answer` as soon as a request's head is in,
+/// reading none of its body, then closes the connection, or (`hold`)
+/// keeps it open until the sender it returns is used or dropped.
+async fn answering_early(
+    answer: &'static [u8],
+    hold: bool,
+) -> (
+    Pool,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let pool = Pool::new(
+        listener.local_addr().expect("addr").to_string(),
+        Duration::from_secs(5),
+    );
+    let (done, finished) = tokio::sync::oneshot::channel::<()>();
+    let upstream = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.expect("accept");
+        read_head_off(&mut socket).await;
+        socket.write_all(answer).await.expect("write");
+        if hold {
+            let _ = finished.await;
+        }
+    });
+    (pool, done, upstream)
+}
+
+/// A POST of `body` to `/upload`.
+fn upload(body: Body) -> http::Request<Body> {
+    http::Request::post("/upload")
+        .header(http::header::HOST, "upstream")
+        .body(body)
+        .expect("request")
+}
+
+/// A body of `chunks` pieces of 64 KiB, its length not known ahead.
+fn streamed(chunks: usize) -> Body {
+    let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+    Body::from_stream(futures_util::stream::iter(
+        std::iter::repeat_n(chunk, chunks).map(Ok::<_, std::io::Error>),
+    ))
 }
 
 #[tokio::test(start_paused = true)]
@@ -319,32 +369,15 @@ async fn a_response_cut_short_is_an_error_after_the_sending() {
 /// the connection: its answer comes through, not a failure to write.
 #[tokio::test]
 async fn an_answer_before_the_body_end_comes_through() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let pool = Pool::new(
-        listener.local_addr().expect("addr").to_string(),
-        Duration::from_secs(5),
-    );
-    let upstream = tokio::spawn(async move {
-        let (mut socket, _) = listener.accept().await.expect("accept");
-        let mut seen = Vec::new();
-        let mut buf = [0u8; 1024];
-        while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = socket.read(&mut buf).await.expect("read");
-            seen.extend_from_slice(&buf[..n]);
-        }
-        socket
-            .write_all(b"HTTP/1.1 413 Content Too Large\r\ncontent-length: 4\r\n\r\nbig!")
-            .await
-            .expect("write");
-    });
-    let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
-    let pieces =
-        futures_util::stream::iter(std::iter::repeat_n(chunk, 256).map(Ok::<_, std::io::Error>));
-    let upload = http::Request::post("/upload")
-        .header(http::header::HOST, "upstream")
-        .body(Body::from_stream(pieces))
-        .expect("request");
-    let response = pool.send(upload).await.expect("the upstream's answer");
+    let (pool, _done, upstream) = answering_early(
+        b"HTTP/1.1 413 Content Too Large\r\ncontent-length: 4\r\n\r\nbig!",
+        false,
+    )
+    .await;
+    let response = pool
+        .send(upload(streamed(256)))
+        .await
+        .expect("the upstream's answer");
     assert_eq!(response.status(), http::StatusCode::PAYLOAD_TOO_LARGE);
     let body = response.into_body().collect().await.expect("body");
     assert_eq!(body.to_bytes(), "big!");
@@ -399,35 +432,12 @@ async fn a_body_that_belies_its_length_is_refused_and_its_connection_dropped() {
 /// blocked, and the connection is not kept.
 #[tokio::test]
 async fn an_answer_while_the_body_is_blocked_comes_through() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let pool = Pool::new(
-        listener.local_addr().expect("addr").to_string(),
-        Duration::from_secs(5),
-    );
-    let (done, finished) = tokio::sync::oneshot::channel::<()>();
-    let upstream = tokio::spawn(async move {
-        let (mut socket, _) = listener.accept().await.expect("accept");
-        let mut seen = Vec::new();
-        let mut buf = [0u8; 1024];
-        while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = socket.read(&mut buf).await.expect("read");
-            seen.extend_from_slice(&buf[..n]);
-        }
-        socket
-            .write_all(b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 2\r\n\r\nno")
-            .await
-            .expect("write");
-        // Open, and unread, until the test is over.
-        let _ = finished.await;
-    });
-    let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
-    let pieces =
-        futures_util::stream::iter(std::iter::repeat_n(chunk, 1024).map(Ok::<_, std::io::Error>));
-    let upload = http::Request::post("/upload")
-        .header(http::header::HOST, "upstream")
-        .body(Body::from_stream(pieces))
-        .expect("request");
-    let response = tokio::time::timeout(Duration::from_secs(5), pool.send(upload))
+    let (pool, done, upstream) = answering_early(
+        b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 2\r\n\r\nno",
+        true,
+    )
+    .await;
+    let response = tokio::time::timeout(Duration::from_secs(5), pool.send(upload(streamed(1024))))
         .await
         .expect("answered while the body was blocked")
         .expect("the upstream's answer");
@@ -447,31 +457,13 @@ async fn an_answer_while_the_body_is_blocked_comes_through() {
 /// rest of the body and would take the next request's bytes for it.
 #[tokio::test]
 async fn a_connection_whose_body_was_cut_by_an_early_answer_is_not_kept() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let pool = Pool::new(
-        listener.local_addr().expect("addr").to_string(),
-        Duration::from_secs(5),
-    );
-    let (done, finished) = tokio::sync::oneshot::channel::<()>();
-    let upstream = tokio::spawn(async move {
-        let (mut socket, _) = listener.accept().await.expect("accept");
-        let mut seen = Vec::new();
-        let mut buf = [0u8; 1024];
-        while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = socket.read(&mut buf).await.expect("read");
-            seen.extend_from_slice(&buf[..n]);
-        }
-        socket
-            .write_all(b"HTTP/1.1 413 Content Too Large\r\ncontent-length: 0\r\n\r\n")
-            .await
-            .expect("write");
-        let _ = finished.await;
-    });
-    let upload = http::Request::post("/upload")
-        .header(http::header::HOST, "upstream")
-        .body(Body::from(vec![b'x'; 8 << 20]))
-        .expect("request");
-    let response = tokio::time::timeout(Duration::from_secs(5), pool.send(upload))
+    let (pool, done, upstream) = answering_early(
+        b"HTTP/1.1 413 Content Too Large\r\ncontent-length: 0\r\n\r\n",
+        true,
+    )
+    .await;
+    let whole = Body::from(vec![b'x'; 8 << 20]);
+    let response = tokio::time::timeout(Duration::from_secs(5), pool.send(upload(whole)))
         .await
         .expect("answered while the body was blocked")
         .expect("the upstream's answer");
