@@ -60,12 +60,7 @@ pub(crate) fn encode_head(
             .as_bytes(),
     );
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in &parts.headers {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
+    encode_fields(&parts.headers, out);
     let sending = if let Some(length) = content_length(&parts.headers)
         .map_err(|Malformed(e)| Malformed(format!("the request's {e}")))?
     {
@@ -94,15 +89,33 @@ fn expects_body(method: &Method) -> bool {
     matches!(*method, Method::POST | Method::PUT | Method::PATCH)
 }
 
+/// Writes `fields` a line each, as a head or a trailer section has them.
+fn encode_fields(fields: &HeaderMap, out: &mut Vec<u8>) {
+    for (name, value) in fields {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
 /// Writes one piece of a chunked body: `data` as a chunk.
 pub(crate) fn encode_chunk(data: &[u8], out: &mut Vec<u8>) {
-    out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+    use std::io::Write as _;
+    write!(out, "{:x}\r\n", data.len()).expect("a Vec takes every write");
     out.extend_from_slice(data);
     out.extend_from_slice(b"\r\n");
 }
 
 /// The end of a chunked body (no trailers).
 pub(crate) const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
+/// Writes the end of a chunked body with its trailer section.
+pub(crate) fn encode_last_chunk(trailers: &HeaderMap, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"0\r\n");
+    encode_fields(trailers, out);
+    out.extend_from_slice(b"\r\n");
+}
 
 /// A response's head, parsed.
 #[derive(Debug)]

@@ -290,7 +290,9 @@ fn fill(
 /// and says whether the body has ended: the frame is the end, or `body`
 /// says so. A body longer or shorter than its `Content-Length` is an
 /// error (the upstream would read the rest as another request, or wait
-/// for it). Trailers of a request are not sent.
+/// for it). A request's trailers end a chunked body as its trailer
+/// section; a body sent with a length has no place for them (RFC 9112
+/// §6.1: only chunked bodies carry trailers), and they are left out.
 fn put(
     frame: Option<Result<Frame<Bytes>, axum::Error>>,
     body: &Body,
@@ -300,8 +302,8 @@ fn put(
     let ended = match frame {
         None => true,
         Some(Err(e)) => return Err(format!("the request's body could not be read: {e}")),
-        Some(Ok(frame)) => {
-            if let Ok(data) = frame.into_data() {
+        Some(Ok(frame)) => match frame.into_data() {
+            Ok(data) => {
                 match sending {
                     Sending::Length(left) => {
                         *left = left.checked_sub(data.len() as u64).ok_or_else(|| {
@@ -312,9 +314,17 @@ fn put(
                     Sending::Chunked if data.is_empty() => {}
                     Sending::Chunked => h1::encode_chunk(&data, out),
                 }
+                body.is_end_stream()
             }
-            body.is_end_stream()
-        }
+            // Trailers are a body's last frame.
+            Err(frame) => match (frame.into_trailers(), &sending) {
+                (Ok(trailers), Sending::Chunked) => {
+                    h1::encode_last_chunk(&trailers, out);
+                    return Ok(true);
+                }
+                _ => true,
+            },
+        },
     };
     match sending {
         Sending::Length(left) if ended && *left > 0 => {

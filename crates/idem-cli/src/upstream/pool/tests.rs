@@ -151,7 +151,10 @@ async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
         };
         let head = String::from_utf8_lossy(&r[..end]).to_ascii_lowercase();
         if head.contains("transfer-encoding: chunked") {
-            return r.ends_with(b"0\r\n\r\n") && r.len() > end + 4;
+            // The last chunk, and the trailer section's end.
+            let body = &r[end + 4..];
+            return body.ends_with(b"\r\n\r\n")
+                && (body.starts_with(b"0\r\n") || body.windows(5).any(|w| w == b"\r\n0\r\n"));
         }
         let length = head
             .lines()
@@ -337,6 +340,45 @@ async fn a_body_of_unknown_length_goes_out_in_chunks_and_a_small_one_with_its_he
         String::from_utf8_lossy(&seen[1].1),
         "POST /w HTTP/1.1\r\nhost: upstream\r\ncontent-length: 7\r\n\r\n{\"a\":1}"
     );
+}
+
+#[tokio::test]
+async fn a_request_s_trailers_end_its_chunked_body_and_have_no_place_after_a_length() {
+    let (pool, upstream) = pool_and(vec![
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", Then::Keep),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", Then::Keep),
+    ])
+    .await;
+    let with_trailers = |length: Option<&str>| {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("x-digest", http::HeaderValue::from_static("sha-256=abc"));
+        let frames = futures_util::stream::iter([
+            Ok::<_, std::io::Error>(Frame::data(Bytes::from_static(b"ab"))),
+            Ok(Frame::trailers(trailers)),
+        ]);
+        let mut request = http::Request::post("/t")
+            .header(http::header::HOST, "upstream")
+            .header(http::header::TRAILER, "x-digest");
+        if let Some(length) = length {
+            request = request.header(http::header::CONTENT_LENGTH, length);
+        }
+        request
+            .body(Body::new(http_body_util::StreamBody::new(frames)))
+            .expect("request")
+    };
+    pool.send(with_trailers(None)).await.expect("response");
+    pool.send(with_trailers(Some("2"))).await.expect("response");
+    let seen = upstream.await.expect("upstream");
+    assert_eq!(
+        String::from_utf8_lossy(&seen[0].1),
+        "POST /t HTTP/1.1\r\nhost: upstream\r\ntrailer: x-digest\r\ntransfer-encoding: chunked\r\n\r\n\
+         2\r\nab\r\n0\r\nx-digest: sha-256=abc\r\n\r\n"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&seen[1].1),
+        "POST /t HTTP/1.1\r\nhost: upstream\r\ntrailer: x-digest\r\ncontent-length: 2\r\n\r\nab"
+    );
+    assert_eq!(seen.iter().map(|(c, _)| *c).collect::<Vec<_>>(), [0, 0]);
 }
 
 #[tokio::test]
