@@ -16,7 +16,7 @@ use crate::grpc::{self, Verdict};
 use crate::marker::{is_not_executed, OutcomeUnknown};
 use crate::reconcile::{settled_response, Question};
 use crate::rejection::Rejection;
-use crate::stored::{Kept, StoredResponse};
+use crate::stored::{strip_hop_by_hop, Kept, StoredResponse};
 
 use super::{Prepared, Settings, Unstored, LIFETIME, PREFERENCE_APPLIED, REPLAYED, REPLAY_KEPT};
 
@@ -45,8 +45,9 @@ impl<S: Store> Settings<S> {
             rpc_id,
         } = prepared;
         // A response that is not stored goes back to its own client as it
-        // came; it waits here while the executor records the failure. So
-        // does one stored reduced by the route's policy.
+        // came; it waits here while the executor records the failure. One
+        // stored waits here too, whole (a route's policy may store it
+        // reduced), for its client once the record is written.
         let unstored: Mutex<Option<Response<IdemBody>>> = Mutex::new(None);
         let keep = |response: Response<IdemBody>| {
             *unstored.lock().unwrap_or_else(PoisonError::into_inner) = Some(response);
@@ -156,18 +157,22 @@ impl<S: Store> Settings<S> {
                                     keep(Response::from_parts(head, full(bytes, trailers)));
                                     return Err(unstored);
                                 }
-                                let stored = StoredResponse::new(head.status, head.headers, bytes);
+                                let mut headers = head.headers;
+                                strip_hop_by_hop(&mut headers);
+                                let stored =
+                                    StoredResponse::end_to_end(head.status, &headers, &bytes);
                                 let stored = match &trailers {
                                     Some(trailers) => stored.with_trailers(trailers),
                                     None => stored,
                                 };
-                                Ok(match policy.reduce(&stored) {
-                                    Some(reduced) => {
-                                        keep(stored_response(&stored));
-                                        reduced
-                                    }
-                                    None => stored,
-                                })
+                                // Its own client gets the whole response as
+                                // stored, from the parts it was stored from
+                                // rather than parsed back from the record.
+                                let mut whole = Response::new(full(bytes, trailers));
+                                *whole.status_mut() = head.status;
+                                *whole.headers_mut() = headers;
+                                keep(whole);
+                                Ok(policy.reduce(&stored).unwrap_or(stored))
                             }
                             // Too large to store whole, but its body is not kept:
                             // stored reduced, and passed on to its client whole.
@@ -320,7 +325,7 @@ impl<S: Store> Settings<S> {
     ) -> Response<IdemBody> {
         let replayed = settled || matches!(result, Ok(Outcome::Replayed { .. }));
         let rejection = match result {
-            // Stored reduced: its own client gets the whole response.
+            // Stored: its own client gets the whole response.
             Ok(Outcome::Executed { .. } | Outcome::Unguarded { .. }) if kept.is_some() => {
                 return kept.expect("checked");
             }
@@ -426,20 +431,6 @@ pub(super) fn grpc_unstored(head: &HeaderMap, fields: &HeaderMap) -> Option<Unst
         Verdict::Stored => None,
         Verdict::Released => Some(Unstored::GrpcStatus(name())),
         Verdict::Unknown => Some(Unstored::GrpcCutOff(name())),
-    }
-}
-
-/// A stored response as its client gets it (it was built from one, so
-/// it converts back).
-fn stored_response(stored: &StoredResponse) -> Response<IdemBody> {
-    match stored
-        .to_response()
-        .and_then(|response| stored.trailer_map().map(|trailers| (response, trailers)))
-    {
-        Ok((response, trailers)) => response.map(|bytes| full(bytes, trailers)),
-        Err(reason) => Rejection::StoredUnreadable { reason }
-            .into_response()
-            .map(IdemBody::full),
     }
 }
 

@@ -82,9 +82,15 @@ impl StoredResponse {
     /// [`strip_hop_by_hop`]), and `body`.
     pub fn new(status: StatusCode, mut headers: HeaderMap, body: Bytes) -> Self {
         strip_hop_by_hop(&mut headers);
+        Self::end_to_end(status, &headers, &body)
+    }
+
+    /// Keeps `status`, `headers` (already without the hop-by-hop ones)
+    /// and a copy of `body`, leaving the caller the response it came from.
+    pub(crate) fn end_to_end(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Self {
         Self {
             status: status.as_u16(),
-            headers: fields(&headers),
+            headers: fields(headers),
             body: serde_bytes::ByteBuf::from(body.to_vec()),
             trailers: Vec::new(),
             kept: Kept::Full,
