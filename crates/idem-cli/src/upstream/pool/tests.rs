@@ -88,15 +88,14 @@ async fn a_connection_goes_back_at_its_body_end_and_is_closed_once_idle_too_long
         .body(Body::empty())
         .expect("request");
     let response = pool.send(request).await.expect("response");
-    let body = response.into_body().collect().await.expect("body");
-    assert_eq!(body.to_bytes(), "ok");
-    assert_eq!(pool.shared.idle.lock().expect("lock").len(), 1);
+    assert_eq!(text(response).await, "ok");
+    assert_eq!(idle(&pool), 1);
     let closed_after = tokio::time::timeout(IDLE_TIMEOUT * 2, upstream)
         .await
         .expect("the idle connection was closed")
         .expect("upstream");
     assert!(closed_after >= IDLE_TIMEOUT, "{closed_after:?}");
-    assert!(pool.shared.idle.lock().expect("lock").is_empty());
+    assert!(idle(&pool) == 0);
 }
 
 /// What a scripted upstream does after an answer.
@@ -189,6 +188,11 @@ async fn text(response: Response) -> Bytes {
         .to_bytes()
 }
 
+/// How many connections the pool keeps idle.
+fn idle(pool: &Pool) -> usize {
+    pool.shared.idle.lock().expect("lock").len()
+}
+
 /// The connection each request came in, once the script has ended.
 async fn connections(upstream: tokio::task::JoinHandle<Vec<(usize, Vec<u8>)>>) -> Vec<usize> {
     upstream
@@ -232,14 +236,9 @@ async fn chunks_and_trailers_come_through_and_the_connection_is_kept() {
     };
     assert_eq!(trailers["grpc-status"], "0");
     assert_eq!(data, b"hello world");
-    assert_eq!(
-        pool.shared.idle.lock().expect("lock").len(),
-        1,
-        "back with its trailers"
-    );
+    assert_eq!(idle(&pool), 1, "back with its trailers");
     let response = pool.send(get("/b")).await.expect("response");
-    let body = response.into_body().collect().await.expect("body");
-    assert_eq!(body.to_bytes(), "ok");
+    assert_eq!(text(response).await, "ok");
     let seen = upstream.await.expect("upstream");
     let connections: Vec<usize> = seen.iter().map(|(c, _)| *c).collect();
     assert_eq!(connections, [0, 0], "one connection for both");
@@ -260,11 +259,7 @@ async fn a_body_until_the_close_is_read_whole_and_its_connection_not_kept() {
     assert_eq!(body.to_bytes(), "all of it");
     let response = pool.send(get("/b")).await.expect("response");
     assert_eq!(response.status(), http::StatusCode::NO_CONTENT);
-    assert_eq!(
-        pool.shared.idle.lock().expect("lock").len(),
-        1,
-        "a 204 goes back at once"
-    );
+    assert_eq!(idle(&pool), 1, "a 204 goes back at once");
     assert_eq!(connections(upstream).await, [0, 1]);
 }
 
@@ -297,11 +292,7 @@ async fn a_kept_connection_the_upstream_closed_is_replaced_before_anything_is_se
     .await;
     let response = pool.send(get("/a")).await.expect("response");
     assert_eq!(text(response).await, "ok");
-    assert_eq!(
-        pool.shared.idle.lock().expect("lock").len(),
-        1,
-        "kept: nothing said close"
-    );
+    assert_eq!(idle(&pool), 1, "kept: nothing said close");
     // The upstream's end of stream arrives while the connection is idle.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let response = pool
@@ -403,7 +394,7 @@ async fn a_response_cut_short_is_an_error_after_the_sending() {
         }
         other => panic!("{other:?}"),
     }
-    assert!(pool.shared.idle.lock().expect("lock").is_empty());
+    assert!(idle(&pool) == 0);
     upstream.await.expect("upstream");
 }
 
@@ -421,12 +412,8 @@ async fn an_answer_before_the_body_end_comes_through() {
         .await
         .expect("the upstream's answer");
     assert_eq!(response.status(), http::StatusCode::PAYLOAD_TOO_LARGE);
-    let body = response.into_body().collect().await.expect("body");
-    assert_eq!(body.to_bytes(), "big!");
-    assert!(
-        pool.shared.idle.lock().expect("lock").is_empty(),
-        "not kept"
-    );
+    assert_eq!(text(response).await, "big!");
+    assert!(idle(&pool) == 0, "not kept");
     upstream.await.expect("upstream");
 }
 
@@ -452,7 +439,7 @@ async fn a_body_that_belies_its_length_is_refused_and_its_connection_dropped() {
             other => panic!("{other:?}"),
         }
     }
-    assert!(pool.shared.idle.lock().expect("lock").is_empty());
+    assert!(idle(&pool) == 0);
     pool.send(get("/after")).await.expect("response");
     let seen = upstream.await.expect("upstream");
     let last = seen.last().expect("a request");
@@ -485,10 +472,7 @@ async fn an_answer_while_the_body_is_blocked_comes_through() {
         .expect("the upstream's answer");
     assert_eq!(response.status(), http::StatusCode::UNAUTHORIZED);
     assert_eq!(text(response).await, "no");
-    assert!(
-        pool.shared.idle.lock().expect("lock").is_empty(),
-        "not kept"
-    );
+    assert!(idle(&pool) == 0, "not kept");
     let _ = done.send(());
     upstream.await.expect("upstream");
 }
@@ -510,10 +494,7 @@ async fn a_connection_whose_body_was_cut_by_an_early_answer_is_not_kept() {
         .expect("answered while the body was blocked")
         .expect("the upstream's answer");
     assert_eq!(response.status(), http::StatusCode::PAYLOAD_TOO_LARGE);
-    assert!(
-        pool.shared.idle.lock().expect("lock").is_empty(),
-        "not kept"
-    );
+    assert!(idle(&pool) == 0, "not kept");
     let _ = done.send(());
     upstream.await.expect("upstream");
 }
