@@ -98,8 +98,26 @@ impl Browser {
     }
 
     /// Clicks `css`, then waits for the page it leads to to show `then`.
+    /// The page the click leaves is first seen gone (its element stale),
+    /// so `then` is never found on it: a confirmation page may show the
+    /// same element as the page it leads to.
     pub async fn click(&self, css: &str, then: &str) {
-        self.find(css).await.click().await.expect("click");
+        let clicked = self.find(css).await;
+        clicked.clone().click().await.expect("click");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match clicked.is_displayed().await {
+                Err(fantoccini::error::CmdError::Standard(e))
+                    if e.error == fantoccini::error::ErrorStatus::StaleElementReference =>
+                {
+                    break
+                }
+                _ if std::time::Instant::now() > deadline => {
+                    panic!("clicking {css} did not leave its page")
+                }
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
         self.find(then).await;
     }
 
