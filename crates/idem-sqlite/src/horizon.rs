@@ -10,6 +10,7 @@ use idem::{RecordId, Timestamp};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::encode;
+use crate::expiry;
 
 /// What the file remembers of `id`, if anything (whatever its day: the
 /// caller weighs it against the memory).
@@ -44,10 +45,10 @@ pub(crate) fn purge_remembering(
     now: Timestamp,
     memory: Duration,
 ) -> rusqlite::Result<usize> {
-    let mut expired = tx.prepare_cached(
-        "SELECT rowid, scope, key, state, fingerprint, expires_at FROM idem_records \
-         WHERE expires_at <= ?1 LIMIT ?2",
-    )?;
+    let mut expired = tx.prepare_cached(concat!(
+        "SELECT rowid, scope, key, state, fingerprint, expires_at FROM idem_records ",
+        expiry::ended!()
+    ))?;
     let mut remember = tx.prepare_cached(
         "INSERT OR REPLACE INTO idem_horizon (digest, fingerprint, day) VALUES (?1, ?2, ?3)",
     )?;
@@ -77,6 +78,10 @@ pub(crate) fn purge_remembering(
         }
         delete.execute([rowid])?;
     }
+    // Claims abandoned past their retention never ended: nothing of them
+    // is remembered.
+    let deleted =
+        found.len() + expiry::delete_abandoned(tx, now, limit.saturating_sub(found.len()))?;
     // Days past the memory go a batch at a time too, so no purge holds
     // the writer for a whole day's keys.
     tx.prepare_cached(
@@ -87,7 +92,7 @@ pub(crate) fn purge_remembering(
         i64::from(horizon::first_kept_day(now, memory)),
         i64::try_from(limit).unwrap_or(i64::MAX)
     ])?;
-    Ok(found.len())
+    Ok(deleted)
 }
 
 /// What to remember of an expired row (`rowid, scope, key, state,

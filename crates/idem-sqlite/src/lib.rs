@@ -58,6 +58,7 @@
 mod admin;
 mod builder;
 mod encode;
+mod expiry;
 mod horizon;
 pub mod inbox;
 mod many;

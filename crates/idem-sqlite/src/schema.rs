@@ -38,10 +38,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "0004_horizon.sql",
         sql: include_str!("../migrations/0004_horizon.sql"),
     },
+    Migration {
+        version: 5,
+        name: "0005_expiry_of_ended.sql",
+        sql: include_str!("../migrations/0005_expiry_of_ended.sql"),
+    },
 ];
 
 /// The schema version this build writes (SQLite's `user_version`).
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// The store's migrations, oldest first.
 pub fn migrations() -> &'static [Migration] {

@@ -23,6 +23,7 @@ use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::encode::{self, Place};
+use crate::expiry;
 use crate::horizon;
 use crate::recent::Recent;
 
@@ -374,15 +375,7 @@ fn apply(
             // A purge deletes by expiry, whichever rows those are.
             recent.clear();
             Done::Purge(match site.memory {
-                None => tx
-                    .prepare_cached(
-                        "DELETE FROM idem_records WHERE rowid IN \
-                         (SELECT rowid FROM idem_records WHERE expires_at <= ?1 LIMIT ?2)",
-                    )?
-                    .execute(params![
-                        encode::millis(now),
-                        i64::try_from(*limit).unwrap_or(i64::MAX)
-                    ])?,
+                None => expiry::delete(tx, now, *limit)?,
                 Some(memory) => horizon::purge_remembering(tx, *limit, now, memory)?,
             })
         }
