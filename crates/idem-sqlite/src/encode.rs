@@ -6,6 +6,7 @@ use idem::{
     Failure, FailureClass, Fingerprint, KeyRules, Record, RecordId, State, StateKind, StepEntry,
     StepState, Timestamp,
 };
+use rusqlite::types::ToSql;
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
@@ -148,6 +149,10 @@ pub(crate) enum Place {
     /// Update the row with this rowid in place (the key columns never
     /// change, so the key index is left alone).
     Row(i64),
+    /// A lease holder's write ([`idem::machine::decide_write`]) to the row
+    /// with this rowid: it changes only the state with its lease or
+    /// outcome, and the update and expiry times, so only those are written.
+    Held(i64),
     /// Insert a new row; if the key already has one, write nothing and
     /// return `false`.
     NewIfAbsent,
@@ -172,42 +177,59 @@ pub(crate) fn store(
         State::Failed { failure } => (None, None, None, Some(failure)),
         State::Released { last_failure } => (None, None, None, last_failure.as_ref()),
     };
-    let values = params![
-        state_code(r.state.kind()),
-        token.as_ref().map(|t| &t[..]),
-        lease_until,
-        response,
-        failure.map(|f| f.class.as_str()),
-        failure.map(|f| f.message.as_str()),
-        r.fingerprint.as_ref().map(|f| &f.as_bytes()[..]),
-        i64::from(r.attempt),
-        i64::try_from(r.fence).unwrap_or(i64::MAX),
-        millis(r.created_at),
-        millis(r.updated_at),
-        millis(r.expires_at),
+    let token = token.as_ref().map(|t| &t[..]);
+    // In the order the statements below bind them: what a holder's write
+    // changes first, then what only a claim sets, then the key.
+    let values: [&dyn ToSql; 14] = [
+        &state_code(r.state.kind()),
+        &token,
+        &lease_until,
+        &response,
+        &failure.map(|f| f.class.as_str()),
+        &failure.map(|f| f.message.as_str()),
+        &millis(r.updated_at),
+        &millis(r.expires_at),
+        &r.fingerprint.as_ref().map(|f| &f.as_bytes()[..]),
+        &i64::from(r.attempt),
+        &i64::try_from(r.fence).unwrap_or(i64::MAX),
+        &millis(r.created_at),
+        &id.scope().as_str(),
+        &id.key().as_str(),
     ];
-    let changed = match place {
-        Place::Row(rowid) => conn
-            .prepare_cached(
-                "UPDATE idem_records SET state = ?1, token = ?2, lease_until = ?3, response = ?4, \
-                 failure_class = ?5, failure_msg = ?6, fingerprint = ?7, attempt = ?8, fence = ?9, \
-                 created_at = ?10, updated_at = ?11, expires_at = ?12 WHERE rowid = ?13",
-            )?
-            .execute(rusqlite::params_from_iter(values.iter().copied().chain([&rowid as &dyn rusqlite::ToSql])))?,
-        Place::NewIfAbsent => conn
-            .prepare_cached(
-                "INSERT INTO idem_records (state, token, lease_until, response, failure_class, \
-                 failure_msg, fingerprint, attempt, fence, created_at, updated_at, expires_at, scope, key) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
-                 ON CONFLICT (scope, key) DO NOTHING",
-            )?
-            .execute(rusqlite::params_from_iter(
-                values.iter().copied().chain([
-                    &id.scope().as_str() as &dyn rusqlite::ToSql,
-                    &id.key().as_str() as &dyn rusqlite::ToSql,
-                ]),
-            ))?,
+    let (sql, bound): (&str, &[&[&dyn ToSql]]) = match &place {
+        Place::Held(rowid) => (
+            "UPDATE idem_records SET state = ?1, token = ?2, lease_until = ?3, response = ?4, \
+             failure_class = ?5, failure_msg = ?6, updated_at = ?7, expires_at = ?8 \
+             WHERE rowid = ?9",
+            &[&values[..8], &[rowid]],
+        ),
+        Place::Row(rowid) => (
+            "UPDATE idem_records SET state = ?1, token = ?2, lease_until = ?3, response = ?4, \
+             failure_class = ?5, failure_msg = ?6, updated_at = ?7, expires_at = ?8, \
+             fingerprint = ?9, attempt = ?10, fence = ?11, created_at = ?12 WHERE rowid = ?13",
+            &[&values[..12], &[rowid]],
+        ),
+        // A claim: no outcome to write.
+        Place::NewIfAbsent if response.is_none() && failure.is_none() => (
+            "INSERT INTO idem_records (state, token, lease_until, updated_at, expires_at, \
+             fingerprint, attempt, fence, created_at, scope, key) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
+             ON CONFLICT (scope, key) DO NOTHING",
+            &[&values[..3], &values[6..]],
+        ),
+        Place::NewIfAbsent => (
+            "INSERT INTO idem_records (state, token, lease_until, response, failure_class, \
+             failure_msg, updated_at, expires_at, fingerprint, attempt, fence, created_at, \
+             scope, key) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
+             ON CONFLICT (scope, key) DO NOTHING",
+            &[&values[..]],
+        ),
     };
+    let changed = conn
+        .prepare_cached(sql)?
+        .execute(rusqlite::params_from_iter(
+            bound.iter().flat_map(|part| part.iter().copied()),
+        ))?;
     Ok(changed == 1)
 }
 

@@ -576,7 +576,7 @@ fn apply_write(
     };
     match decide_write(Some(&existing), lease.token, write, now) {
         Ok(next) => {
-            encode::store(conn, &lease.id, Place::Row(rowid), &next)?;
+            encode::store(conn, &lease.id, Place::Held(rowid), &next)?;
             Ok(Ok(match next.state {
                 State::InProgress { lease_until, .. } => {
                     recent.keep(&lease.id, rowid, next);
