@@ -8,7 +8,7 @@ use idem::{
 };
 use rusqlite::types::ToSql;
 use rusqlite::types::Value;
-use rusqlite::{params, Connection, OptionalExtension, Row};
+use rusqlite::{params, CachedStatement, Connection, OptionalExtension, Row};
 
 /// The columns [`decode`] reads, in order (a macro so SQL text can be
 /// built at compile time).
@@ -158,79 +158,109 @@ pub(crate) enum Place {
     NewIfAbsent,
 }
 
-/// Writes `r` for `id`; `false` only when [`Place::NewIfAbsent`] found
-/// the key taken.
-pub(crate) fn store(
-    conn: &Connection,
-    id: &RecordId,
-    place: Place,
-    r: &Record,
-) -> rusqlite::Result<bool> {
-    let (token, lease_until, response, failure) = match &r.state {
-        State::InProgress { token, lease_until } => (
-            Some(token.as_u128().to_be_bytes()),
-            Some(millis(*lease_until)),
-            None,
-            None,
-        ),
-        State::Completed { response } => (None, None, Some(&response[..]), None),
-        State::Failed { failure } => (None, None, None, Some(failure)),
-        State::Released { last_failure } => (None, None, None, last_failure.as_ref()),
-    };
-    let token = token.as_ref().map(|t| &t[..]);
-    // In the order the statements below bind them: what a holder's write
-    // changes first, then what only a claim sets, then the key.
-    let values: [&dyn ToSql; 14] = [
-        &state_code(r.state.kind()),
-        &token,
-        &lease_until,
-        &response,
-        &failure.map(|f| f.class.as_str()),
-        &failure.map(|f| f.message.as_str()),
-        &millis(r.updated_at),
-        &millis(r.expires_at),
-        &r.fingerprint.as_ref().map(|f| &f.as_bytes()[..]),
-        &i64::from(r.attempt),
-        &i64::try_from(r.fence).unwrap_or(i64::MAX),
-        &millis(r.created_at),
-        &id.scope().as_str(),
-        &id.key().as_str(),
-    ];
-    let (sql, bound): (&str, &[&[&dyn ToSql]]) = match &place {
-        Place::Held(rowid) => (
-            "UPDATE idem_records SET state = ?1, token = ?2, lease_until = ?3, response = ?4, \
-             failure_class = ?5, failure_msg = ?6, updated_at = ?7, expires_at = ?8 \
-             WHERE rowid = ?9",
-            &[&values[..8], &[rowid]],
-        ),
-        Place::Row(rowid) => (
-            "UPDATE idem_records SET state = ?1, token = ?2, lease_until = ?3, response = ?4, \
-             failure_class = ?5, failure_msg = ?6, updated_at = ?7, expires_at = ?8, \
-             fingerprint = ?9, attempt = ?10, fence = ?11, created_at = ?12 WHERE rowid = ?13",
-            &[&values[..12], &[rowid]],
-        ),
-        // A claim: no outcome to write.
-        Place::NewIfAbsent if response.is_none() && failure.is_none() => (
-            "INSERT INTO idem_records (state, token, lease_until, updated_at, expires_at, \
-             fingerprint, attempt, fence, created_at, scope, key) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
-             ON CONFLICT (scope, key) DO NOTHING",
-            &[&values[..3], &values[6..]],
-        ),
-        Place::NewIfAbsent => (
-            "INSERT INTO idem_records (state, token, lease_until, response, failure_class, \
-             failure_msg, updated_at, expires_at, fingerprint, attempt, fence, created_at, \
-             scope, key) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
-             ON CONFLICT (scope, key) DO NOTHING",
-            &[&values[..]],
-        ),
-    };
-    let changed = conn
-        .prepare_cached(sql)?
-        .execute(rusqlite::params_from_iter(
+/// The statements that write records, each taken from the connection's
+/// statement cache once for a batch of jobs rather than once a write
+/// (looking one up and handing it back cost about as much as binding its
+/// values).
+pub(crate) struct Writes<'c> {
+    conn: &'c Connection,
+    /// By [`Place`] and claim, in the order of the `match` in [`Self::store`].
+    prepared: [Option<CachedStatement<'c>>; 4],
+}
+
+impl<'c> Writes<'c> {
+    pub(crate) fn new(conn: &'c Connection) -> Self {
+        Self {
+            conn,
+            prepared: [None, None, None, None],
+        }
+    }
+
+    /// The connection the statements run on.
+    pub(crate) fn conn(&self) -> &'c Connection {
+        self.conn
+    }
+
+    /// Writes `r` for `id`; `false` only when [`Place::NewIfAbsent`]
+    /// found the key taken.
+    pub(crate) fn store(
+        &mut self,
+        id: &RecordId,
+        place: Place,
+        r: &Record,
+    ) -> rusqlite::Result<bool> {
+        let (token, lease_until, response, failure) = match &r.state {
+            State::InProgress { token, lease_until } => (
+                Some(token.as_u128().to_be_bytes()),
+                Some(millis(*lease_until)),
+                None,
+                None,
+            ),
+            State::Completed { response } => (None, None, Some(&response[..]), None),
+            State::Failed { failure } => (None, None, None, Some(failure)),
+            State::Released { last_failure } => (None, None, None, last_failure.as_ref()),
+        };
+        let token = token.as_ref().map(|t| &t[..]);
+        // In the order the statements below bind them: what a holder's write
+        // changes first, then what only a claim sets, then the key.
+        let values: [&dyn ToSql; 14] = [
+            &state_code(r.state.kind()),
+            &token,
+            &lease_until,
+            &response,
+            &failure.map(|f| f.class.as_str()),
+            &failure.map(|f| f.message.as_str()),
+            &millis(r.updated_at),
+            &millis(r.expires_at),
+            &r.fingerprint.as_ref().map(|f| &f.as_bytes()[..]),
+            &i64::from(r.attempt),
+            &i64::try_from(r.fence).unwrap_or(i64::MAX),
+            &millis(r.created_at),
+            &id.scope().as_str(),
+            &id.key().as_str(),
+        ];
+        let (slot, sql, bound): (usize, &str, &[&[&dyn ToSql]]) = match &place {
+            Place::Held(rowid) => (
+                0,
+                "UPDATE idem_records SET state = ?1, token = ?2, lease_until = ?3, response = ?4, \
+                 failure_class = ?5, failure_msg = ?6, updated_at = ?7, expires_at = ?8 \
+                 WHERE rowid = ?9",
+                &[&values[..8], &[rowid]],
+            ),
+            Place::Row(rowid) => (
+                1,
+                "UPDATE idem_records SET state = ?1, token = ?2, lease_until = ?3, response = ?4, \
+                 failure_class = ?5, failure_msg = ?6, updated_at = ?7, expires_at = ?8, \
+                 fingerprint = ?9, attempt = ?10, fence = ?11, created_at = ?12 WHERE rowid = ?13",
+                &[&values[..12], &[rowid]],
+            ),
+            // A claim: no outcome to write.
+            Place::NewIfAbsent if response.is_none() && failure.is_none() => (
+                2,
+                "INSERT INTO idem_records (state, token, lease_until, updated_at, expires_at, \
+                 fingerprint, attempt, fence, created_at, scope, key) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
+                 ON CONFLICT (scope, key) DO NOTHING",
+                &[&values[..3], &values[6..]],
+            ),
+            Place::NewIfAbsent => (
+                3,
+                "INSERT INTO idem_records (state, token, lease_until, response, failure_class, \
+                 failure_msg, updated_at, expires_at, fingerprint, attempt, fence, created_at, \
+                 scope, key) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
+                 ON CONFLICT (scope, key) DO NOTHING",
+                &[&values[..]],
+            ),
+        };
+        let statement = match &mut self.prepared[slot] {
+            Some(statement) => statement,
+            empty => empty.insert(self.conn.prepare_cached(sql)?),
+        };
+        let changed = statement.execute(rusqlite::params_from_iter(
             bound.iter().flat_map(|part| part.iter().copied()),
         ))?;
-    Ok(changed == 1)
+        Ok(changed == 1)
+    }
 }
 
 /// The journaled state of step `step` of `id`, if any.

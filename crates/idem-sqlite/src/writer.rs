@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use crate::encode::{self, Place};
+use crate::encode::{self, Place, Writes};
 use crate::expiry;
 use crate::horizon;
 use crate::recent::Recent;
@@ -281,9 +281,10 @@ fn run_jobs<C: Clock>(
     let mut seq =
         u64::try_from(start).map_err(|_| rusqlite::Error::IntegralValueOutOfRange(0, start))?;
     let mut done = Vec::with_capacity(ops.len());
+    let mut writes = Writes::new(conn);
     for op in ops {
         if isolation != Isolation::Savepoints {
-            match apply(conn, op, clock.now(), site, &mut seq, recent) {
+            match apply(&mut writes, op, clock.now(), site, &mut seq, recent) {
                 Ok(answer) => done.push(Ok(answer)),
                 Err(e) if isolation == Isolation::Optimistic && !conn.is_autocommit() => {
                     return Err(JobsError::Job(e))
@@ -293,7 +294,7 @@ fn run_jobs<C: Clock>(
             continue;
         }
         conn.prepare_cached("SAVEPOINT job")?.execute([])?;
-        match apply(conn, op, clock.now(), site, &mut seq, recent) {
+        match apply(&mut writes, op, clock.now(), site, &mut seq, recent) {
             Ok(answer) => {
                 conn.prepare_cached("RELEASE job")?.execute([])?;
                 done.push(Ok(answer));
@@ -320,23 +321,24 @@ fn run_jobs<C: Clock>(
 /// Runs one job inside the batch's transaction. `Err` is a SQL failure of
 /// this job; answers such as a lost lease are inside `Ok`.
 fn apply(
-    tx: &Connection,
+    writes: &mut Writes<'_>,
     op: &Op,
     now: Timestamp,
     site: Site,
     seq: &mut u64,
     recent: &mut Recent,
 ) -> rusqlite::Result<Done> {
+    let tx = writes.conn();
     Ok(match op {
         Op::Claim(claims) => {
             let mut outcomes = Vec::with_capacity(claims.len());
             for (id, params) in claims {
-                outcomes.push(claim(tx, id, params, now, site, seq, recent)?);
+                outcomes.push(claim(writes, id, params, now, site, seq, recent)?);
             }
             Done::Claims(outcomes)
         }
         Op::Write { lease, write } => {
-            Done::Write(apply_write(tx, lease, write.clone(), now, recent)?)
+            Done::Write(apply_write(writes, lease, write.clone(), now, recent)?)
         }
         Op::Complete(completions) => {
             let mut written = Vec::with_capacity(completions.len());
@@ -345,7 +347,7 @@ fn apply(
                     response: c.response.clone(),
                     retention: c.retention,
                 };
-                written.push(apply_write(tx, &c.lease, write, now, recent)?.map(drop));
+                written.push(apply_write(writes, &c.lease, write, now, recent)?.map(drop));
             }
             Done::Completes(written)
         }
@@ -391,7 +393,7 @@ fn apply(
             resolution,
         } => {
             recent.forget(id);
-            Done::Resolve(resolve(tx, id, step, resolution.clone(), now)?)
+            Done::Resolve(resolve(writes, id, step, resolution.clone(), now)?)
         }
     })
 }
@@ -455,12 +457,13 @@ fn finish_step(
 }
 
 fn resolve(
-    conn: &Connection,
+    writes: &mut Writes<'_>,
     id: &RecordId,
     step: &str,
     resolution: Resolution,
     now: Timestamp,
 ) -> rusqlite::Result<Result<Resolved, StoreError>> {
+    let conn = writes.conn();
     let (rowid, record) = match encode::load(conn, id)? {
         None => return Ok(Ok(Resolved::NotParked)),
         Some((_, Err(reason))) => return Ok(Err(corrupt(id, reason))),
@@ -481,12 +484,12 @@ fn resolve(
             .execute(params![id.scope().as_str(), id.key().as_str(), step])?;
         }
     }
-    encode::store(conn, id, Place::Row(rowid), &next)?;
+    writes.store(id, Place::Row(rowid), &next)?;
     Ok(Ok(Resolved::Released))
 }
 
 fn claim(
-    conn: &Connection,
+    writes: &mut Writes<'_>,
     id: &RecordId,
     params: &ClaimParams,
     now: Timestamp,
@@ -494,6 +497,7 @@ fn claim(
     seq: &mut u64,
     recent: &mut Recent,
 ) -> rusqlite::Result<Result<ClaimOutcome, StoreError>> {
+    let conn = writes.conn();
     let next = *seq + 1;
     let fresh = Fresh {
         token: LeaseToken::from_parts(site.store_id, next),
@@ -513,7 +517,7 @@ fn claim(
     // remembered: then whether it is still held decides).
     let (write, outcome) = decide_claim(None, params, now, fresh).into_parts(id);
     let first = write.expect("an absent key is always acquired");
-    if remembered.is_none() && encode::store(conn, id, Place::NewIfAbsent, &first)? {
+    if remembered.is_none() && writes.store(id, Place::NewIfAbsent, &first)? {
         *seq = next;
         recent.keep(id, conn.last_insert_rowid(), first);
         return Ok(Ok(outcome));
@@ -548,10 +552,10 @@ fn claim(
                 // A new record where an expired one was: its journal goes too.
                 encode::delete_steps(conn, id)?;
             }
-            encode::store(conn, id, Place::Row(rowid), &record)?;
+            writes.store(id, Place::Row(rowid), &record)?;
         }
         None => {
-            encode::store(conn, id, Place::NewIfAbsent, &record)?;
+            writes.store(id, Place::NewIfAbsent, &record)?;
         }
     }
     *seq = next;
@@ -559,12 +563,13 @@ fn claim(
 }
 
 fn apply_write(
-    conn: &Connection,
+    writes: &mut Writes<'_>,
     lease: &Lease,
     write: Write,
     now: Timestamp,
     recent: &mut Recent,
 ) -> rusqlite::Result<Result<Timestamp, StoreError>> {
+    let conn = writes.conn();
     let kept = recent.take(&lease.id);
     let (rowid, existing) = match kept {
         Some(kept) => kept,
@@ -576,7 +581,7 @@ fn apply_write(
     };
     match decide_write(Some(&existing), lease.token, write, now) {
         Ok(next) => {
-            encode::store(conn, &lease.id, Place::Held(rowid), &next)?;
+            writes.store(&lease.id, Place::Held(rowid), &next)?;
             Ok(Ok(match next.state {
                 State::InProgress { lease_until, .. } => {
                     recent.keep(&lease.id, rowid, next);
