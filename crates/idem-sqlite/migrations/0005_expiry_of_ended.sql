@@ -4,5 +4,5 @@
 -- the record has ended or been abandoned). In-progress records are exactly
 -- the rows of the abandoned-claims index (0003), where the purge finds the
 -- ones that expired.
-DROP INDEX idem_records_expires_at;
+DROP INDEX IF EXISTS idem_records_expires_at;
 CREATE INDEX idem_records_expires_at ON idem_records (expires_at) WHERE state <> 0;

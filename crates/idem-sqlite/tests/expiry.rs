@@ -1,15 +1,15 @@
-//! The purge finds expired records of every state. Records that ended are
-//! in the expiry index; claims are not (migration 0005), and one abandoned
-//! past its retention is found through the abandoned-claims index. Both
-//! with the memory of expired keys and without, and in a file written
-//! before the migration.
+//! The purge finds expired records of every state. Records that ended
+//! (completed, failed, released) are in the expiry index; claims are not
+//! (migration 0005), and one abandoned past its retention is found
+//! through the abandoned-claims index. Both with the memory of expired
+//! keys and without, and in a file written before the migration.
 
 use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
 use idem::store::{ClaimOutcome, ClaimParams, Lease, PurgeExpired};
-use idem::{ManualClock, RecordId, Store, Timestamp};
+use idem::{Failure, FailureClass, ManualClock, RecordId, Store, Timestamp};
 use idem_sqlite::{migrations, SqliteStore, SCHEMA_VERSION};
 use rusqlite::Connection;
 
@@ -59,6 +59,21 @@ async fn a_claim_abandoned_past_its_retention_is_purged_beside_the_records_that_
             .complete(&done, Bytes::from_static(b"ok"), SHORT)
             .await
             .expect("complete");
+        let failed = acquire(&store, "failed", SHORT).await;
+        store
+            .fail(&failed, Failure::new(FailureClass::Terminal, "no"), SHORT)
+            .await
+            .expect("fail");
+        // A retryable failure releases the record: it ended no run.
+        let released = acquire(&store, "released", SHORT).await;
+        store
+            .fail(
+                &released,
+                Failure::new(FailureClass::Retryable, "later"),
+                SHORT,
+            )
+            .await
+            .expect("release");
         acquire(&store, "abandoned", SHORT).await;
         // Its lease runs out, its retention does not.
         acquire(&store, "stale", LONG).await;
@@ -69,15 +84,15 @@ async fn a_claim_abandoned_past_its_retention_is_purged_beside_the_records_that_
             .expect("complete");
         clock.advance(SHORT + Duration::from_secs(1));
 
-        // Bounded: one record a call, the ended one first.
+        // Bounded, the records that ended or were released first.
         assert_eq!(
-            store.purge_expired(1).await.expect("purge"),
-            1,
+            store.purge_expired(3).await.expect("purge"),
+            3,
             "{memory:?}"
         );
         assert_eq!(rows(&path), ["abandoned", "kept", "stale"], "{memory:?}");
         assert_eq!(
-            store.purge_expired(1).await.expect("purge"),
+            store.purge_expired(3).await.expect("purge"),
             1,
             "{memory:?}"
         );
@@ -88,8 +103,9 @@ async fn a_claim_abandoned_past_its_retention_is_purged_beside_the_records_that_
         );
         assert_eq!(rows(&path), ["kept", "stale"], "{memory:?}");
         if memory.is_some() {
-            // The completed key is remembered; the claim never ended.
-            assert_eq!(store.remembered().await.expect("remembered"), 1);
+            // The completed and the failed keys; the released one and the
+            // claim never ended.
+            assert_eq!(store.remembered().await.expect("remembered"), 2);
         }
     }
 }
