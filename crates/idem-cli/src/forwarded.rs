@@ -115,6 +115,8 @@ pub(crate) fn apply(
 ) {
     let scheme = peer.map_or("http", Peer::scheme);
     let host = headers.get(HOST).cloned();
+    // Room for the four fields below at once, not a growth for each.
+    headers.reserve(4);
     // Most requests carry none: one look at the names present instead of a
     // hashed lookup for each of the eleven.
     if !policy.trust_incoming && headers.keys().any(unvouched) {

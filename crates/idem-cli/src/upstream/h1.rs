@@ -6,6 +6,8 @@
 //! Nothing here touches a socket: the pool (`super::pool`) reads into the
 //! buffer these functions take from, and writes what they encode.
 
+use std::mem::MaybeUninit;
+
 use bytes::{Buf as _, Bytes, BytesMut};
 use http::header::{
     HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING,
@@ -134,9 +136,18 @@ pub(crate) struct Head {
 /// Interim (1xx) responses are taken out and passed over.
 pub(crate) fn parse_head(buf: &mut BytesMut, to_head: bool) -> Result<Option<Head>, Malformed> {
     loop {
-        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut parsed = httparse::Response::new(&mut fields);
-        let length = match parsed.parse(buf) {
+        if buf.is_empty() {
+            return Ok(None);
+        }
+        // Filled by the parser as far as the head has fields: nothing to
+        // clear first.
+        let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut []);
+        let length = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut parsed,
+            buf,
+            &mut fields,
+        ) {
             Ok(httparse::Status::Complete(length)) => length,
             Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => {
                 return Err(Malformed(format!("a head longer than {MAX_HEAD} bytes")))
@@ -160,27 +171,35 @@ pub(crate) fn parse_head(buf: &mut BytesMut, to_head: bool) -> Result<Option<Hea
                 "101 Switching Protocols to a request that asked for no upgrade".to_owned(),
             ));
         }
-        // Names now, values as slices of the head once it is taken out.
+        // Names now, values as slices of the head once it is taken out;
+        // the fields that frame the message noted on the way, so that
+        // those it lacks are not looked for again.
         let base = buf.as_ptr() as usize;
         let mut named = Vec::with_capacity(parsed.headers.len());
+        let mut framed = Framed::default();
         for field in parsed.headers.iter() {
             let name = HeaderName::from_bytes(field.name.as_bytes())
                 .map_err(|_| Malformed(format!("the header name {:?}", field.name)))?;
+            framed.note(&name);
             let start = field.value.as_ptr() as usize - base;
             named.push((name, start, start + field.value.len()));
         }
         let head = buf.split_to(length).freeze();
-        let mut headers = HeaderMap::with_capacity(named.len());
+        let mut headers = HeaderMap::with_capacity(named.len() + HEADROOM);
         for (name, start, end) in named {
             let value = HeaderValue::from_maybe_shared(head.slice(start..end))
                 .map_err(|_| Malformed(format!("the value of {name}")))?;
             headers.append(name, value);
         }
-        let mut keep_alive = persistent(version, &headers);
+        let mut keep_alive = if framed.connection {
+            persistent(version, &headers)
+        } else {
+            version == Version::HTTP_11
+        };
         let framing =
             if to_head || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
                 Framing::Length(0)
-            } else if headers.contains_key(TRANSFER_ENCODING) {
+            } else if framed.transfer_encoding {
                 // A length beside it is ignored, and the connection not kept
                 // (RFC 9112 §6.3).
                 if headers.remove(CONTENT_LENGTH).is_some() {
@@ -192,7 +211,12 @@ pub(crate) fn parse_head(buf: &mut BytesMut, to_head: bool) -> Result<Option<Hea
                     keep_alive = false;
                     Framing::Close
                 }
-            } else if let Some(length) = content_length(&headers)? {
+            } else if let Some(length) = framed
+                .content_length
+                .then(|| content_length(&headers))
+                .transpose()?
+                .flatten()
+            {
                 Framing::Length(length)
             } else {
                 keep_alive = false;
@@ -207,6 +231,33 @@ pub(crate) fn parse_head(buf: &mut BytesMut, to_head: bool) -> Result<Option<Hea
             framing,
             keep_alive,
         }));
+    }
+}
+
+/// Room a response's header map leaves beyond its own fields. hyper
+/// parses the next request on the same connection into the map of the
+/// response it last sent (emptied), and the gateway adds its forwarding
+/// fields to that request: without the room, the map grows twice a
+/// request (BENCHMARKS.md, 2026-12-05).
+const HEADROOM: usize = 8;
+
+/// Which of the fields that frame a message a head has.
+#[derive(Debug, Default)]
+struct Framed {
+    connection: bool,
+    transfer_encoding: bool,
+    content_length: bool,
+}
+
+impl Framed {
+    fn note(&mut self, name: &HeaderName) {
+        if *name == CONTENT_LENGTH {
+            self.content_length = true;
+        } else if *name == TRANSFER_ENCODING {
+            self.transfer_encoding = true;
+        } else if *name == CONNECTION {
+            self.connection = true;
+        }
     }
 }
 
