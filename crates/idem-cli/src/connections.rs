@@ -1,7 +1,8 @@
 //! The accept loop of the binaries' own listeners: each connection, over
 //! TLS or not, served by hyper (HTTP/1.1, or HTTP/2 by its preface) with
 //! its [`Peer`] (the client's address and the scheme) in every request's
-//! extensions, and a graceful stop.
+//! extensions, and a graceful stop. A request runs to its end whether or
+//! not its client is still there.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -45,7 +46,15 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let closing = Closing::default();
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // hyper otherwise reads a busy HTTP/1.1 connection while its request
+    // runs, to close it at the client's end: a client that half-closes
+    // after its request never got the answer, a request passed through
+    // was cut off mid-flight at the upstream (covered ones run detached
+    // anyway: DESIGN §4), and each request paid a read buffer and three
+    // polls for it. A client that is gone is found when its answer is
+    // written.
+    builder.http1().half_close(true);
     tokio::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {

@@ -1,6 +1,8 @@
 //! The gateway when its clients and its own process go away mid-request:
 //! a client that disconnects does not cut its request off (the retry gets
-//! the one execution's response), shutdown waits for such requests, an
+//! the one execution's response; one passed through without a key is not
+//! cut off at the upstream either), a client that half-closes after its
+//! request gets the answer, shutdown waits for such requests, an
 //! upstream body that stalls is cut off, and a request whose gateway was
 //! SIGKILLed is not forwarded again by the next one.
 
@@ -11,26 +13,35 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::*;
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
 
-/// Sends a covered POST of `{"amount":100}` on a raw socket, as the
-/// `post` helper would, asking the upstream to take `delay_ms`; then
-/// closes the socket after `after` without reading the answer.
-async fn send_and_disconnect(gateway: &str, key: &str, delay_ms: u64, after: Duration) {
+/// Connects to `gateway` and sends a POST of `{"amount":100}` on the raw
+/// socket, as the `post` helper would (covered when `key` is given),
+/// asking the upstream to take `delay_ms`.
+async fn send(gateway: &str, key: Option<&str>, delay_ms: u64) -> TcpStream {
     let addr = gateway.trim_start_matches("http://");
     let mut socket = TcpStream::connect(addr).await.expect("connect");
     let body = r#"{"amount":100}"#;
+    let key = key.map_or_else(String::new, |key| format!("idempotency-key: {key}\r\n"));
     let request = format!(
-        "POST /charge HTTP/1.1\r\nhost: {addr}\r\nidempotency-key: {key}\r\n\
+        "POST /charge HTTP/1.1\r\nhost: {addr}\r\n{key}\
          content-type: application/json\r\nx-delay-ms: {delay_ms}\r\n\
-         content-length: {}\r\n\r\n{body}",
+         connection: close\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
     socket
         .write_all(request.as_bytes())
         .await
         .expect("request written");
+    socket
+}
+
+/// [`send`]s, then closes the socket after `after` without reading the
+/// answer.
+async fn send_and_disconnect(gateway: &str, key: Option<&str>, delay_ms: u64, after: Duration) {
+    let socket = send(gateway, key, delay_ms).await;
     tokio::time::sleep(after).await;
     drop(socket);
 }
@@ -59,7 +70,7 @@ async fn a_client_that_disconnects_does_not_cut_its_request_off() {
     let gw = Gateway::start(sqlite(&dir), cfg).await;
     let url = format!("{}/charge", gw.url);
 
-    send_and_disconnect(&gw.url, "gone", 600, Duration::from_millis(100)).await;
+    send_and_disconnect(&gw.url, Some("gone"), 600, Duration::from_millis(100)).await;
     let retry = retry_until_done(&url, "gone").await;
     assert_eq!(retry.status(), 201);
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
@@ -78,11 +89,76 @@ async fn a_client_that_disconnects_does_not_cut_its_request_off() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_passed_through_is_not_cut_off_when_its_client_goes() {
+    // An upstream on a raw socket that answers 400 ms after a request,
+    // and says whether the gateway closed the connection before that.
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (told, mut heard) = mpsc::unbounded_channel::<&'static str>();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let told = told.clone();
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !request.ends_with(br#"{"amount":100}"#) {
+                    match socket.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(400)) => {
+                        let _ = told.send("answered");
+                        let _ = socket
+                            .write_all(b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok")
+                            .await;
+                    }
+                    _ = socket.read(&mut buf) => {
+                        let _ = told.send("cut off");
+                    }
+                }
+            });
+        }
+    });
+    let dir = tempfile::tempdir().expect("dir");
+    let gw = Gateway::start(sqlite(&dir), config(addr)).await;
+
+    send_and_disconnect(&gw.url, None, 0, Duration::from_millis(100)).await;
+    let heard = tokio::time::timeout(Duration::from_secs(5), heard.recv())
+        .await
+        .expect("the upstream saw the request");
+    assert_eq!(heard, Some("answered"));
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_half_closes_after_its_request_gets_the_answer() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (up, addr) = start_upstream().await;
+    let gw = Gateway::start(sqlite(&dir), config(addr)).await;
+    // Passed through and covered; the half-close reaches the gateway
+    // while the upstream takes its 300 ms.
+    for key in [None, Some("half-closed")] {
+        let mut socket = send(&gw.url, key, 300).await;
+        socket.shutdown().await.expect("half-closed");
+        let mut answer = Vec::new();
+        // A connection closed without an answer reads as empty or reset.
+        let _ = tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut answer)).await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 201"), "{key:?}: {answer:?}");
+        assert!(answer.contains(r#""body_len":14"#), "{key:?}: {answer:?}");
+    }
+    assert_eq!(up.runs("/charge"), 2);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_waits_for_requests_whose_clients_went_away() {
     let dir = tempfile::tempdir().expect("dir");
     let (up, addr) = start_upstream().await;
     let gw = Gateway::start(sqlite(&dir), config(addr)).await;
-    send_and_disconnect(&gw.url, "orphan", 500, Duration::from_millis(100)).await;
+    send_and_disconnect(&gw.url, Some("orphan"), 500, Duration::from_millis(100)).await;
     gw.shutdown().await;
 
     // The next gateway on the same store finds the request completed.
