@@ -51,9 +51,9 @@ where
     // runs, to close it at the client's end: a client that half-closes
     // after its request never got the answer, a request passed through
     // was cut off mid-flight at the upstream (covered ones run detached
-    // anyway: DESIGN §4), and each request paid a read buffer and three
-    // polls for it. A client that is gone is found when its answer is
-    // written.
+    // anyway: DESIGN §5 item 4, §8), and each request paid a read buffer
+    // and three polls for it. A client that is gone is found when its
+    // answer is written.
     builder.http1().half_close(true);
     tokio::pin!(shutdown);
     loop {
