@@ -1,8 +1,10 @@
 //! The accept loop of the binaries' own listeners: each connection, over
 //! TLS or not, served by hyper (HTTP/1.1, or HTTP/2 by its preface) with
 //! its [`Peer`] (the client's address and the scheme) in every request's
-//! extensions, and a graceful stop. A request runs to its end whether or
-//! not its client is still there.
+//! extensions, and a graceful stop. Once its body is in, an HTTP/1.1
+//! request runs to its end whether or not its client is still there
+//! (HTTP/2 cancels a request whose stream is reset or whose connection
+//! is lost; covered requests run detached all the same).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -52,8 +54,8 @@ where
     // after its request never got the answer, a request passed through
     // was cut off mid-flight at the upstream (covered ones run detached
     // anyway: DESIGN §5 item 4, §8), and each request paid a read buffer
-    // and three polls for it. A client that is gone is found when its
-    // answer is written.
+    // and three polls for it. A client that is gone is found when it is
+    // next written to.
     builder.http1().half_close(true);
     tokio::pin!(shutdown);
     loop {
