@@ -1,10 +1,11 @@
 //! The gateway when its clients and its own process go away mid-request:
 //! a client that disconnects does not cut its request off (the retry gets
-//! the one execution's response; one passed through without a key is not
-//! cut off at the upstream either), a client that half-closes after its
-//! request gets the answer, shutdown waits for such requests, an
-//! upstream body that stalls is cut off, and a request whose gateway was
-//! SIGKILLed is not forwarded again by the next one.
+//! the one execution's response, over HTTP/1.1 and over HTTP/2; one
+//! passed through without a key is not cut off at the upstream either,
+//! over HTTP/1.1), a client that half-closes after its request gets the
+//! answer, shutdown waits for such requests, an upstream body that stalls
+//! is cut off, and a request whose gateway was SIGKILLed is not forwarded
+//! again by the next one.
 
 mod common;
 
@@ -84,6 +85,46 @@ async fn a_client_that_disconnects_does_not_cut_its_request_off() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let late = post(&url, Some("gone")).await;
     assert_eq!(late.headers()["idempotent-replayed"], "true");
+    assert_eq!(up.runs("/charge"), 1);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_that_gives_up_does_not_cut_its_request_off() {
+    // HTTP/2 cancels a request whose stream is reset (HTTP/1.1 lets it
+    // run): the covered run must go on detached from it.
+    let dir = tempfile::tempdir().expect("dir");
+    let (up, addr) = start_upstream().await;
+    let mut cfg = config(addr);
+    // As above: were the run cut off, its claim would be taken over.
+    cfg.lease = Duration::from_secs(2);
+    let gw = Gateway::start(sqlite(&dir), cfg).await;
+    let url = format!("{}/charge", gw.url);
+    let h2 = reqwest::Client::builder()
+        .no_proxy()
+        .http2_prior_knowledge()
+        .timeout(Duration::from_millis(100))
+        .build()
+        .expect("client");
+
+    let gave_up = h2
+        .post(&url)
+        .header("content-type", "application/json")
+        .header("idempotency-key", "h2-gone")
+        .header("x-delay-ms", "600")
+        .body(r#"{"amount":100}"#)
+        .send()
+        .await;
+    assert!(gave_up.is_err_and(|e| e.is_timeout()), "the client gave up");
+    let retry = retry_until_done(&url, "h2-gone").await;
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let body: serde_json::Value = retry.json().await.expect("json");
+    assert_eq!(
+        body["charge"], 1,
+        "the retry gets the one execution's answer"
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(up.runs("/charge"), 1);
     gw.shutdown().await;
 }
