@@ -60,6 +60,19 @@ async fn retry_until_done(url: &str, key: &str) -> reqwest::Response {
     }
 }
 
+/// Retries `key` until it is answered, and checks that the answer is the
+/// stored one of its first (and only) execution.
+async fn retry_gets_the_one_execution(url: &str, key: &str) {
+    let retry = retry_until_done(url, key).await;
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let body: serde_json::Value = retry.json().await.expect("json");
+    assert_eq!(
+        body["charge"], 1,
+        "the retry gets the one execution's answer"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_does_not_cut_its_request_off() {
     let dir = tempfile::tempdir().expect("dir");
@@ -72,14 +85,7 @@ async fn a_client_that_disconnects_does_not_cut_its_request_off() {
     let url = format!("{}/charge", gw.url);
 
     send_and_disconnect(&gw.url, Some("gone"), 600, Duration::from_millis(100)).await;
-    let retry = retry_until_done(&url, "gone").await;
-    assert_eq!(retry.status(), 201);
-    assert_eq!(retry.headers()["idempotent-replayed"], "true");
-    let body: serde_json::Value = retry.json().await.expect("json");
-    assert_eq!(
-        body["charge"], 1,
-        "the retry gets the one execution's answer"
-    );
+    retry_gets_the_one_execution(&url, "gone").await;
 
     // Long after the lease: still the stored answer, never a second run.
     tokio::time::sleep(Duration::from_millis(2500)).await;
@@ -116,14 +122,7 @@ async fn an_http2_client_that_gives_up_does_not_cut_its_request_off() {
         .send()
         .await;
     assert!(gave_up.is_err_and(|e| e.is_timeout()), "the client gave up");
-    let retry = retry_until_done(&url, "h2-gone").await;
-    assert_eq!(retry.status(), 201);
-    assert_eq!(retry.headers()["idempotent-replayed"], "true");
-    let body: serde_json::Value = retry.json().await.expect("json");
-    assert_eq!(
-        body["charge"], 1,
-        "the retry gets the one execution's answer"
-    );
+    retry_gets_the_one_execution(&url, "h2-gone").await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(up.runs("/charge"), 1);
     gw.shutdown().await;
@@ -140,14 +139,10 @@ async fn a_request_passed_through_is_not_cut_off_when_its_client_goes() {
         while let Ok((mut socket, _)) = listener.accept().await {
             let told = told.clone();
             tokio::spawn(async move {
-                let mut request = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !request.ends_with(br#"{"amount":100}"#) {
-                    match socket.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => request.extend_from_slice(&buf[..n]),
-                    }
+                if !read_request(&mut socket).await {
+                    return;
                 }
+                let mut buf = [0u8; 1];
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_millis(400)) => {
                         let _ = told.send("answered");

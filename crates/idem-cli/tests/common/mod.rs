@@ -328,6 +328,21 @@ pub async fn problem(response: reqwest::Response, status: u16, kind: &str) -> St
     body["detail"].as_str().expect("detail").to_owned()
 }
 
+/// Reads one of the test client's requests (its body is
+/// `{"amount":100}`) from a raw upstream's `socket`; `false` if the
+/// connection ended or failed first.
+pub async fn read_request(socket: &mut tokio::net::TcpStream) -> bool {
+    let mut request = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !request.ends_with(br#"{"amount":100}"#) {
+        match socket.read(&mut buf).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => request.extend_from_slice(&buf[..n]),
+        }
+    }
+    true
+}
+
 /// An upstream on a raw socket: it counts each request it reads in full,
 /// then misbehaves as `answer` says (closes at once, or sends a head and
 /// part of the body and closes, or never answers).
@@ -352,14 +367,8 @@ pub async fn misbehaving_upstream(
             };
             let counter = Arc::clone(&counter);
             tokio::spawn(async move {
-                let mut request = Vec::new();
-                let mut buf = [0u8; 4096];
-                // The test client's body is `{"amount":100}`.
-                while !request.ends_with(br#"{"amount":100}"#) {
-                    match socket.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => request.extend_from_slice(&buf[..n]),
-                    }
+                if !read_request(&mut socket).await {
+                    return;
                 }
                 counter.fetch_add(1, Ordering::SeqCst);
                 if answer.is_empty() {
