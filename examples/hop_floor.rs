@@ -7,6 +7,16 @@
 //! runtime, as `idem proxy` does: what the gateway's hop would cost with
 //! its own HTTP/1.1 path and nothing else.
 //!
+//! Given a store (`sqlite:PATH` or `memory:`), a request with an
+//! `Idempotency-Key` runs through idem's executor on it, as the gateway
+//! runs one: fingerprinted (its JSON body's digest, framed with its
+//! method and target), claimed, forwarded from a task of its own (so that
+//! a client that leaves does not cut it off), and its response's bytes
+//! stored as they came and answered to every retry. What a unique key
+//! would cost with that path: the executor and the store as they are,
+//! without hyper, axum or the middleware's `http` types. Requests
+//! without a key pass through as above.
+//!
 //! Not a proxy to use: a request's body must be framed by
 //! `Content-Length` or absent (a request that is not gets `400` and its
 //! connection closed), a response must have a `Content-Length` (or gets
@@ -14,12 +24,19 @@
 //! not special.
 //!
 //! Run: `cargo run --release -p idem-examples --example hop_floor --
-//! 127.0.0.1:3905 127.0.0.1:3900` (listen, then the upstream).
+//! 127.0.0.1:3905 127.0.0.1:3900 [sqlite:/tmp/floor.db]` (listen, the
+//! upstream, and the store, if any).
 
 use std::io;
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::ops::Range;
 
+use idem::{Fingerprint, Idempotency, MemoryStore, RecordId, RunError, Store};
+use idem_http::Binary;
+use idem_sqlite::SqliteStore;
+use serde_bytes::ByteBuf;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -41,8 +58,14 @@ enum Side {
 struct Message {
     /// Its length, head and body.
     len: usize,
+    /// Its head's length.
+    head: usize,
     /// Whether it says `Connection: close`.
     close: bool,
+    /// A request's `Idempotency-Key`, where it is in the buffer.
+    key: Option<Range<usize>>,
+    /// A request's method and target, where they end in the buffer.
+    target_end: usize,
 }
 
 /// The whole message at the front of `buf`, `Ok(None)` while it is
@@ -50,24 +73,28 @@ struct Message {
 fn message_at(buf: &[u8], side: Side) -> io::Result<Option<Message>> {
     let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
     let config = httparse::ParserConfig::default();
-    let (parsed, headers) = match side {
+    let (parsed, headers, target_end) = match side {
         Side::Client => {
             let mut head = httparse::Request::new(&mut []);
             let parsed = config.parse_request_with_uninit_headers(&mut head, buf, &mut slots);
-            (parsed, head.headers)
+            let target_end = head.path.map_or(0, |path| offset(buf, path.as_bytes()).end);
+            (parsed, head.headers, target_end)
         }
         Side::Upstream => {
             let mut head = httparse::Response::new(&mut []);
             let parsed = config.parse_response_with_uninit_headers(&mut head, buf, &mut slots);
-            (parsed, head.headers)
+            (parsed, head.headers, 0)
         }
     };
     let head = match parsed.map_err(|e| invalid(e.to_string()))? {
         httparse::Status::Complete(head) => head,
         httparse::Status::Partial => return Ok(None),
     };
-    let (mut body, mut close) = (None, false);
+    let (mut body, mut close, mut key) = (None, false, None);
     for field in headers.iter() {
+        if field.name.eq_ignore_ascii_case("idempotency-key") {
+            key = Some(offset(buf, field.value));
+        }
         if field.name.eq_ignore_ascii_case("transfer-encoding") {
             return Err(invalid("only Content-Length framing is supported".into()));
         }
@@ -96,7 +123,19 @@ fn message_at(buf: &[u8], side: Side) -> io::Result<Option<Message>> {
     if len > MAX_MESSAGE {
         return Err(invalid(format!("a message of {len} bytes")));
     }
-    Ok((buf.len() >= len).then_some(Message { len, close }))
+    Ok((buf.len() >= len).then_some(Message {
+        len,
+        head,
+        close,
+        key,
+        target_end,
+    }))
+}
+
+/// Where `part`, a slice of `buf`, is in it.
+fn offset(buf: &[u8], part: &[u8]) -> Range<usize> {
+    let start = part.as_ptr() as usize - buf.as_ptr() as usize;
+    start..start + part.len()
 }
 
 fn invalid(why: String) -> io::Error {
@@ -130,22 +169,71 @@ async fn read_message(
     }
 }
 
+/// The executor a covered request runs through, on the store given.
+#[derive(Clone)]
+enum Runs {
+    Sqlite(Idempotency<SqliteStore, Binary>),
+    Memory(Idempotency<MemoryStore, Binary>),
+}
+
+impl Runs {
+    /// The executor on `store` (`sqlite:PATH` or `memory:`), configured as
+    /// the gateway configures its own: responses in postcard, and every
+    /// failure left for the client to retry.
+    fn open(store: &str) -> io::Result<Self> {
+        fn executor<S: Store>(store: S) -> io::Result<Idempotency<S, Binary>> {
+            Idempotency::builder(store)
+                .codec(Binary)
+                .max_attempts(NonZeroU32::MAX)
+                .build()
+                .map_err(|e| invalid(e.to_string()))
+        }
+        match store.split_once(':') {
+            Some(("sqlite", path)) => Ok(Self::Sqlite(executor(
+                SqliteStore::open(path).map_err(|e| invalid(e.to_string()))?,
+            )?)),
+            Some(("memory", "")) => Ok(Self::Memory(executor(MemoryStore::new())?)),
+            _ => Err(invalid(format!(
+                "a store is sqlite:PATH or memory:, not {store:?}"
+            ))),
+        }
+    }
+}
+
 /// Forwards `client`'s requests to `upstream` one at a time, each answer
 /// back as it came, on one upstream connection while the upstream keeps
-/// it open.
-async fn serve(mut client: TcpStream, upstream: SocketAddr) -> io::Result<()> {
+/// it open; with `runs`, a request with a key runs through it.
+async fn serve(mut client: TcpStream, upstream: SocketAddr, runs: Option<Runs>) -> io::Result<()> {
     client.set_nodelay(true)?;
     let mut to_upstream: Option<TcpStream> = None;
     let (mut request, mut response) = (Vec::with_capacity(BUF), Vec::with_capacity(BUF));
     loop {
-        let len = match read_message(&mut client, &mut request, Side::Client).await {
-            Ok(Some(message)) => message.len,
+        let message = match read_message(&mut client, &mut request, Side::Client).await {
+            Ok(Some(message)) => message,
             Ok(None) => return Ok(()),
             Err(error) if error.kind() == io::ErrorKind::InvalidData => {
                 return answer(&mut client, "400 Bad Request", &error).await;
             }
             Err(error) => return Err(error),
         };
+        let len = message.len;
+        if let (Some(runs), Some(key)) = (&runs, message.key.clone()) {
+            let run = Run {
+                request: request[..len].to_vec(),
+                message,
+                key,
+                upstream,
+                to_upstream: to_upstream.take(),
+            };
+            request.drain(..len);
+            let (kept, answered) = run.detached(runs.clone()).await?;
+            to_upstream = kept;
+            match answered {
+                Ok(response) => client.write_all(&response).await?,
+                Err((status, why)) => return answer(&mut client, status, &why).await,
+            }
+            continue;
+        }
         let exchanged = exchange(&mut to_upstream, upstream, &request[..len], &mut response).await;
         request.drain(..len);
         let message = match exchanged {
@@ -157,6 +245,88 @@ async fn serve(mut client: TcpStream, upstream: SocketAddr) -> io::Result<()> {
         if message.close {
             to_upstream = None;
         }
+    }
+}
+
+/// A request with a key, to run through the executor.
+struct Run {
+    /// The whole request, head and body.
+    request: Vec<u8>,
+    /// Where its parts are.
+    message: Message,
+    /// Where its key is.
+    key: Range<usize>,
+    upstream: SocketAddr,
+    /// The connection's upstream connection, if it has one open.
+    to_upstream: Option<TcpStream>,
+}
+
+/// A covered request's answer: the response's bytes, or a status and why.
+type Answered = Result<Vec<u8>, (&'static str, io::Error)>;
+
+impl Run {
+    /// Runs the request through `idem` on a task of its own, so that it
+    /// goes on if its client leaves; the upstream connection (to keep, if
+    /// it is still good) and the answer.
+    async fn detached(self, runs: Runs) -> io::Result<(Option<TcpStream>, Answered)> {
+        tokio::spawn(async move {
+            match runs {
+                Runs::Sqlite(idem) => self.run(idem).await,
+                Runs::Memory(idem) => self.run(idem).await,
+            }
+        })
+        .await
+        .map_err(|e| io::Error::other(e.to_string()))
+    }
+
+    async fn run<S: Store>(
+        mut self,
+        idem: Idempotency<S, Binary>,
+    ) -> (Option<TcpStream>, Answered) {
+        let key = std::str::from_utf8(&self.request[self.key.clone()]).unwrap_or("");
+        let id = match RecordId::parse("http POST /charges", key) {
+            Ok(id) => id,
+            Err(e) => {
+                return (
+                    self.to_upstream,
+                    Err(("400 Bad Request", invalid(e.to_string()))),
+                )
+            }
+        };
+        let body = &self.request[self.message.head..self.message.len];
+        let digest = Fingerprint::of_json(body).unwrap_or_else(|_| Fingerprint::of_bytes(body));
+        let mut framed = self.request[..self.message.target_end].to_vec();
+        framed.push(0);
+        framed.extend_from_slice(digest.as_bytes());
+        let (request, upstream) = (&self.request, self.upstream);
+        let to_upstream = &mut self.to_upstream;
+        let ran = idem
+            .run(&id, Some(Fingerprint::of_bytes(&framed)), |_| async move {
+                let mut response = Vec::with_capacity(BUF);
+                let message = exchange(to_upstream, upstream, request, &mut response).await?;
+                if message.close {
+                    *to_upstream = None;
+                }
+                response.truncate(message.len);
+                Ok::<_, io::Error>(ByteBuf::from(response))
+            })
+            .await;
+        let answered = match ran {
+            Ok(outcome) => Ok(outcome.into_value().into_vec()),
+            Err(RunError::InProgress { .. }) => {
+                Err(("409 Conflict", invalid("in progress".into())))
+            }
+            Err(RunError::Mismatch) => Err((
+                "422 Unprocessable Content",
+                invalid("the key was used with another request".into()),
+            )),
+            Err(RunError::Handler { error, .. }) => Err(("502 Bad Gateway", error)),
+            Err(error) => Err((
+                "500 Internal Server Error",
+                io::Error::other(error.to_string()),
+            )),
+        };
+        (self.to_upstream, answered)
     }
 }
 
@@ -212,6 +382,7 @@ async fn main() -> io::Result<()> {
         .unwrap_or_else(|| "127.0.0.1:3900".to_owned())
         .parse()
         .map_err(|e| invalid(format!("the upstream's address: {e}")))?;
+    let runs = args.next().map(|store| Runs::open(&store)).transpose()?;
     let listener = TcpListener::bind(&listen).await?;
     eprintln!("hop floor listening on {listen}, forwarding to {upstream}");
     loop {
@@ -224,8 +395,9 @@ async fn main() -> io::Result<()> {
                 continue;
             }
         };
+        let runs = runs.clone();
         tokio::spawn(async move {
-            match serve(client, upstream).await {
+            match serve(client, upstream, runs).await {
                 // A client that hangs up (wrk at the end of a run) is no news.
                 Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {}
                 Err(error) => eprintln!("connection ended: {error}"),
