@@ -283,8 +283,11 @@ impl Run {
         mut self,
         idem: Idempotency<S, Binary>,
     ) -> (Option<TcpStream>, Answered) {
+        // The scope names the method and target, as the gateway's names
+        // the method and route.
+        let target = String::from_utf8_lossy(&self.request[..self.message.target_end]);
         let key = std::str::from_utf8(&self.request[self.key.clone()]).unwrap_or("");
-        let id = match RecordId::parse("http POST /charges", key) {
+        let id = match RecordId::parse(&format!("http {target}"), key) {
             Ok(id) => id,
             Err(e) => {
                 return (
