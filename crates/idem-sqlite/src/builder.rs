@@ -8,6 +8,7 @@ use idem::{Clock, SystemClock};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, Notify};
 
+use crate::durable::Durable;
 use crate::peek::Peek;
 use crate::recent::Recent;
 use crate::schema::{self, Durability, OpenError, Role};
@@ -119,6 +120,7 @@ impl<C: Clock> SqliteStoreBuilder<C> {
             let memory = schema::memory(&conn, &self.path, self.busy, self.memory)?;
             Ok((conn, store_id, memory))
         })?;
+        let durable = Arc::new(Durable::take_over(&conn, &self.path, self.durability));
         let (tx, rx) = mpsc::channel(self.queue);
         let clock = Arc::new(self.clock);
         let changed = Arc::new(Notify::new());
@@ -132,6 +134,7 @@ impl<C: Clock> SqliteStoreBuilder<C> {
             connection: Arc::clone(&connection),
             max_batch: self.max_batch,
             changed: Arc::clone(&changed),
+            durable: Arc::clone(&durable),
         };
         let handle = std::thread::Builder::new()
             .name("idem-sqlite-writer".to_owned())
@@ -149,6 +152,7 @@ impl<C: Clock> SqliteStoreBuilder<C> {
                 connection,
                 traffic: Traffic::new(),
                 peek: Peek::default(),
+                durable,
                 readers: Mutex::new(Vec::new()),
                 clock,
                 changed,

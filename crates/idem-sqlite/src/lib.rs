@@ -57,6 +57,7 @@
 
 mod admin;
 mod builder;
+mod durable;
 mod encode;
 mod expiry;
 mod horizon;

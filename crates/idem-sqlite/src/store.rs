@@ -17,6 +17,7 @@ use parking_lot::Mutex;
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot, Notify};
 
+use crate::durable::Durable;
 use crate::encode;
 use crate::peek::Peek;
 use crate::schema::{self, Durability, Role};
@@ -58,6 +59,8 @@ pub(crate) struct Inner<C> {
     pub(crate) traffic: Traffic,
     /// Whether claims read their keys before going to the writer.
     pub(crate) peek: Peek,
+    /// Commits numbered, and how far the log is synced.
+    pub(crate) durable: Arc<Durable>,
     pub(crate) readers: Mutex<Vec<Connection>>,
     pub(crate) clock: Arc<C>,
     pub(crate) changed: Arc<Notify>,
@@ -104,9 +107,13 @@ impl<C: Clock> SqliteStore<C> {
         // that concurrent writes share a commit (`traffic.rs` says why).
         if in_flight.inline() {
             if let Some(mut connection) = self.inner.connection.try_lock() {
+                let number = self.inner.durable.begin()?;
                 let result = connection.execute(&[&op]);
                 drop(connection);
                 self.inner.changed.notify_waiters();
+                // This fsync covers the writer's batches committed before
+                // this one too: it may answer before the syncer's.
+                self.inner.durable.sync(number)?;
                 return match result {
                     Ok(mut done) => done.pop().unwrap_or_else(|| Err(writer_stopped())),
                     Err(e) => Err(writer::store_error(&e)),
@@ -135,7 +142,8 @@ impl<C: Clock> SqliteStore<C> {
     }
 
     /// Runs `f` on a read connection (WAL: it sees the last commit and never
-    /// waits for the writer). A yield point under tokio's cooperative budget,
+    /// waits for the writer), and answers once what it read is synced
+    /// (`durable.rs`). A yield point under tokio's cooperative budget,
     /// as [`Self::submit`] is.
     pub(crate) async fn read<T>(
         &self,
@@ -145,7 +153,10 @@ impl<C: Clock> SqliteStore<C> {
         let conn = self.reader()?;
         let result = f(&conn);
         self.inner.readers.lock().push(conn);
-        result.map_err(|e| writer::store_error(&e))
+        let read = result.map_err(|e| writer::store_error(&e))?;
+        // What was read may be a commit whose fsync has not ended.
+        self.inner.durable.settled().await?;
+        Ok(read)
     }
 
     /// A reader from the pool, or a new one; give it back with

@@ -5,9 +5,11 @@
 //! queued up to the batch limit, and runs the whole batch in one
 //! `BEGIN IMMEDIATE` transaction: one commit, one fsync. Each job decides
 //! with the pure state machine against the rows as the transaction sees
-//! them. Answers are sent only after the commit, so an acknowledged write
-//! is as durable as the commit. If the commit fails, every job in the batch
-//! gets the error and nothing of the batch is kept.
+//! them. Answers are sent only after the commit and its fsync, so an
+//! acknowledged write is as durable as the commit; at full durability the
+//! fsync is the syncer thread's, and the writer begins its next batch while
+//! it runs (`durable.rs`). If the commit fails, every job in the batch gets
+//! the error and nothing of the batch is kept.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +24,7 @@ use parking_lot::Mutex;
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
 use tokio::sync::{mpsc, oneshot, Notify};
 
+use crate::durable::Durable;
 use crate::encode::{self, Place, Writes};
 use crate::expiry;
 use crate::horizon;
@@ -135,37 +138,127 @@ pub(crate) struct Writer<C> {
     pub(crate) connection: Arc<Mutex<WriteConnection<C>>>,
     pub(crate) max_batch: usize,
     pub(crate) changed: Arc<Notify>,
+    pub(crate) durable: Arc<Durable>,
 }
 
 impl<C: Clock> Writer<C> {
     /// Runs until every sender is gone, then returns (closing the
-    /// connection, which checkpoints the log).
+    /// connection, which checkpoints the log) once every batch is answered.
     pub(crate) fn run(self, mut jobs: mpsc::Receiver<Job>) {
-        let mut batch = Vec::with_capacity(self.max_batch);
-        while let Some(first) = jobs.blocking_recv() {
-            batch.push(first);
-            while batch.len() < self.max_batch {
-                match jobs.try_recv() {
-                    Ok(job) => batch.push(job),
-                    Err(_) => break,
+        std::thread::scope(|scope| {
+            let (to_syncer, committed) = std::sync::mpsc::channel();
+            let syncer = self.durable.deferred().then(|| {
+                std::thread::Builder::new()
+                    .name("idem-sqlite-syncer".to_owned())
+                    .spawn_scoped(scope, || sync_batches(&self.durable, committed))
+            });
+            // Without a syncer thread the batches are answered here.
+            let to_syncer = match syncer {
+                Some(Ok(_)) => Some(to_syncer),
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "idem-sqlite: no syncer thread; the writer syncs each batch itself");
+                    None
                 }
-            }
-            let ops: Vec<&Op> = batch.iter().map(|job| &job.op).collect();
-            let result = self.connection.lock().execute(&ops);
-            match result {
-                Ok(done) => {
-                    for (job, done) in batch.drain(..).zip(done) {
-                        let _ = job.reply.send(done);
+                None => None,
+            };
+            let mut batch = Vec::with_capacity(self.max_batch);
+            while let Some(first) = jobs.blocking_recv() {
+                batch.push(first);
+                while batch.len() < self.max_batch {
+                    match jobs.try_recv() {
+                        Ok(job) => batch.push(job),
+                        Err(_) => break,
                     }
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, jobs = batch.len(), "idem-sqlite batch failed; nothing of it was kept");
-                    for job in batch.drain(..) {
-                        let _ = job.reply.send(Err(store_error(&e)));
+                let committed = self.commit(&mut batch);
+                self.changed.notify_waiters();
+                match (&to_syncer, committed) {
+                    (Some(to_syncer), Ok(committed)) => {
+                        if let Err(unsent) = to_syncer.send(committed) {
+                            unsent.0.answer(&Err(crate::durable::broken()));
+                        }
+                    }
+                    (None, Ok(committed)) => {
+                        let synced = self.durable.sync(committed.number);
+                        committed.answer(&synced);
+                    }
+                    (_, Err(answers)) => {
+                        for (reply, done) in answers {
+                            let _ = reply.send(done);
+                        }
                     }
                 }
             }
-            self.changed.notify_waiters();
+        });
+    }
+
+    /// Runs `batch` in one transaction. `Ok` holds the answers that wait
+    /// for the log's fsync, `Err` those that are sent at once (the store
+    /// refused the batch before it began).
+    fn commit(&self, batch: &mut Vec<Job>) -> Result<Committed, Answers> {
+        let mut connection = self.connection.lock();
+        let number = match self.durable.begin() {
+            Ok(number) => number,
+            Err(_) => {
+                return Err(batch
+                    .drain(..)
+                    .map(|job| (job.reply, Err(crate::durable::broken())))
+                    .collect())
+            }
+        };
+        let ops: Vec<&Op> = batch.iter().map(|job| &job.op).collect();
+        let result = connection.execute(&ops);
+        drop(connection);
+        let answers = match result {
+            Ok(done) => batch.drain(..).map(|job| job.reply).zip(done).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, jobs = batch.len(), "idem-sqlite batch failed; nothing of it was kept");
+                batch
+                    .drain(..)
+                    .map(|job| (job.reply, Err(store_error(&e))))
+                    .collect()
+            }
+        };
+        Ok(Committed { number, answers })
+    }
+}
+
+/// Replies and the answers they carry.
+type Answers = Vec<(
+    oneshot::Sender<Result<Done, StoreError>>,
+    Result<Done, StoreError>,
+)>;
+
+/// A batch that ended (committed or rolled back), its answers waiting for
+/// the log's fsync.
+struct Committed {
+    /// Its number ([`Durable::begin`]).
+    number: u64,
+    answers: Answers,
+}
+
+impl Committed {
+    /// Sends the answers, or the sync's failure in their place.
+    fn answer(self, synced: &Result<(), StoreError>) {
+        for (reply, done) in self.answers {
+            let _ = reply.send(match synced {
+                Ok(()) => done,
+                Err(_) => Err(crate::durable::broken()),
+            });
+        }
+    }
+}
+
+/// The syncer thread: fsyncs the log once for every batch committed
+/// before the fsync began, then answers them; ends when the writer does.
+fn sync_batches(durable: &Durable, committed: std::sync::mpsc::Receiver<Committed>) {
+    while let Ok(first) = committed.recv() {
+        let mut ready = vec![first];
+        ready.extend(committed.try_iter());
+        let upto = ready.iter().map(|batch| batch.number).max().unwrap_or(0);
+        let synced = durable.sync(upto);
+        for batch in ready {
+            batch.answer(&synced);
         }
     }
 }
