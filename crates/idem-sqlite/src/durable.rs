@@ -26,7 +26,7 @@
 //! opened again; the batches that fsync covered are answered unavailable
 //! (their writes are in the file, but not known to be on disk).
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -55,14 +55,16 @@ impl Durable {
     /// Takes the log's fsync over from the write connection `conn` of the
     /// file at `db`, at [`Durability::Full`]. If the log cannot be opened
     /// (SQLite has not made it, or it is not a file this process may
-    /// open), SQLite goes on syncing it in each commit, as before.
+    /// open), SQLite syncs it in each commit instead.
     pub(crate) fn take_over(conn: &Connection, db: &Path, durability: Durability) -> Self {
         let mut wal = db.as_os_str().to_owned();
         wal.push("-wal");
         let wal = PathBuf::from(wal);
         let log = match durability {
             Durability::Normal => None,
-            Durability::Full => match File::open(&wal) {
+            // Opened for writing too: some systems (Windows) sync only a
+            // handle that may write.
+            Durability::Full => match OpenOptions::new().read(true).write(true).open(&wal) {
                 Ok(file) => match conn.pragma_update(None, "synchronous", "NORMAL") {
                     Ok(()) => Some((wal, file)),
                     Err(e) => {
@@ -161,7 +163,14 @@ mod tests {
 
     fn durable(log: &Path) -> Durable {
         Durable {
-            log: Some((log.to_path_buf(), File::open(log).expect("the log"))),
+            log: Some((
+                log.to_path_buf(),
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(log)
+                    .expect("the log"),
+            )),
             begun: AtomicU64::new(0),
             synced: AtomicU64::new(0),
             failed: AtomicBool::new(false),

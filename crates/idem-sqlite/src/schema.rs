@@ -56,9 +56,13 @@ pub fn migrations() -> &'static [Migration] {
 /// How much a returned write is worth after a crash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Durability {
-    /// `synchronous=FULL` (the default): the write-ahead log is fsynced
-    /// before any answer is returned, so an acknowledged completion survives
-    /// a process crash, an OS crash and a power loss.
+    /// The default: the write-ahead log is fsynced before any answer is
+    /// returned, so an acknowledged completion survives a process crash,
+    /// an OS crash and a power loss. The fsync is a syncer thread's, not
+    /// the commit's: the writer runs at `synchronous=NORMAL` and commits
+    /// its next batch while the last one is synced, and reads wait until
+    /// what they saw is synced. (If the log cannot be opened to be synced,
+    /// the writer stays at `synchronous=FULL`.)
     #[default]
     Full,
     /// `synchronous=NORMAL`: the log reaches the operating system before the

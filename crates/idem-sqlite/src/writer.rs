@@ -172,7 +172,10 @@ impl<C: Clock> Writer<C> {
                 }
                 let committed = self.commit(&mut batch);
                 self.changed.notify_waiters();
-                match (&to_syncer, committed) {
+                // The syncer is worth its hand-off only with a next batch
+                // to commit while it syncs; otherwise the writer syncs.
+                let syncer = to_syncer.as_ref().filter(|_| !jobs.is_empty());
+                match (syncer, committed) {
                     (Some(to_syncer), Ok(committed)) => {
                         if let Err(unsent) = to_syncer.send(committed) {
                             unsent.0.answer(&Err(crate::durable::broken()));
