@@ -6,11 +6,13 @@
 //! connection runs at `synchronous=NORMAL` instead, under which SQLite
 //! still syncs the log's header when the log restarts, the log before each
 //! checkpoint and the database after it (so the file is never corrupted),
-//! and the store syncs the log itself: the writer hands each committed
-//! batch to a syncer thread and begins the next, and the syncer fsyncs the
-//! log once for every batch committed before that fsync began, then
-//! answers them. As at `FULL`, no answer is sent before an fsync that began
-//! after its commit; unlike it, the next batch commits meanwhile.
+//! and the store syncs the log itself. When another batch is queued, the
+//! writer hands the last one to a syncer thread and commits the next; the
+//! syncer fsyncs the log once for every batch committed before that fsync
+//! began, then answers them. With nothing queued the writer fsyncs and
+//! answers itself (a hand-off with nothing to overlap is only a wake-up
+//! more). As at `FULL`, no answer is sent before an fsync that began after
+//! its commit; unlike it, the next batch commits meanwhile.
 //!
 //! A commit is visible to readers before its fsync ends. So that nothing
 //! this store reads can be taken back by a power loss, a read waits until

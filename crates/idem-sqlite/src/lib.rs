@@ -24,9 +24,9 @@
 //!
 //! - **Durability:** [`Durability::Full`] by default (the log fsynced
 //!   before every answer, by a thread of its own while the writer commits
-//!   the next batch); [`Durability::Normal`] trades the last acknowledged
-//!   writes on an OS crash or power loss for speed (never on a process
-//!   crash), as its docs say exactly.
+//!   the next batch, if one waits); [`Durability::Normal`] trades the last
+//!   acknowledged writes on an OS crash or power loss for speed (never on a
+//!   process crash), as its docs say exactly.
 //! - **Atomicity:** every primitive runs inside the writer's `BEGIN
 //!   IMMEDIATE` transaction, deciding with `idem::machine` against the rows
 //!   as that transaction sees them; other processes are excluded by

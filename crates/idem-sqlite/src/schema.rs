@@ -58,11 +58,11 @@ pub fn migrations() -> &'static [Migration] {
 pub enum Durability {
     /// The default: the write-ahead log is fsynced before any answer is
     /// returned, so an acknowledged completion survives a process crash,
-    /// an OS crash and a power loss. The fsync is a syncer thread's, not
-    /// the commit's: the writer runs at `synchronous=NORMAL` and commits
-    /// its next batch while the last one is synced, and reads wait until
-    /// what they saw is synced. (If the log cannot be opened to be synced,
-    /// the writer stays at `synchronous=FULL`.)
+    /// an OS crash and a power loss. The fsync is the store's, not the
+    /// commit's: the writer runs at `synchronous=NORMAL`, and when another
+    /// batch waits it commits that batch while a syncer thread syncs the
+    /// last; reads wait until what they saw is synced. (If the log cannot
+    /// be opened to be synced, the writer stays at `synchronous=FULL`.)
     #[default]
     Full,
     /// `synchronous=NORMAL`: the log reaches the operating system before the

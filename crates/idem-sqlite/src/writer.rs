@@ -6,10 +6,11 @@
 //! `BEGIN IMMEDIATE` transaction: one commit, one fsync. Each job decides
 //! with the pure state machine against the rows as the transaction sees
 //! them. Answers are sent only after the commit and its fsync, so an
-//! acknowledged write is as durable as the commit; at full durability the
-//! fsync is the syncer thread's, and the writer begins its next batch while
-//! it runs (`durable.rs`). If the commit fails, every job in the batch gets
-//! the error and nothing of the batch is kept.
+//! acknowledged write is as durable as the commit; at full durability,
+//! with another batch queued, the fsync is the syncer thread's and the
+//! writer commits that batch while it runs (`durable.rs`). If the commit
+//! fails, every job in the batch gets the error and nothing of the batch is
+//! kept.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -174,8 +175,8 @@ impl<C: Clock> Writer<C> {
                 self.changed.notify_waiters();
                 // The syncer is worth its hand-off only with a next batch
                 // to commit while it syncs; otherwise the writer syncs.
-                let syncer = to_syncer.as_ref().filter(|_| !jobs.is_empty());
-                match (syncer, committed) {
+                let hand_off = to_syncer.as_ref().filter(|_| !jobs.is_empty());
+                match (hand_off, committed) {
                     (Some(to_syncer), Ok(committed)) => {
                         if let Err(unsent) = to_syncer.send(committed) {
                             unsent.0.answer(&Err(crate::durable::broken()));
