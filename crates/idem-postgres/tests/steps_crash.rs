@@ -317,13 +317,7 @@ async fn a_worker_killed_anywhere_charges_once_and_loses_no_order() {
         for point in KILL_POINTS {
             let order = order_id(policy, point);
             let mut child = tokio::process::Command::new(std::env::current_exe().expect("exe"))
-                .args([
-                    "--exact",
-                    "child",
-                    "--ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
+                .args(idem_testkit::rerun::only_ignored("child"))
                 .env(CHILD, "1")
                 .env("IDEM_STEPS_DB", &services.db_url)
                 .env("IDEM_STEPS_SCHEMA", &schema)

@@ -71,6 +71,7 @@ mod recent;
 mod schema;
 mod steps;
 mod store;
+mod syncer;
 mod traffic;
 mod writer;
 

@@ -30,6 +30,7 @@ use crate::encode::{self, Place, Writes};
 use crate::expiry;
 use crate::horizon;
 use crate::recent::Recent;
+use crate::syncer::{self, Answers, Committed};
 
 /// What a job asks the writer to do.
 pub(crate) enum Op {
@@ -151,7 +152,7 @@ impl<C: Clock> Writer<C> {
             let syncer = self.durable.deferred().then(|| {
                 std::thread::Builder::new()
                     .name("idem-sqlite-syncer".to_owned())
-                    .spawn_scoped(scope, || sync_batches(&self.durable, committed))
+                    .spawn_scoped(scope, || syncer::run(&self.durable, committed))
             });
             // Without a syncer thread the batches are answered here.
             let to_syncer = match syncer {
@@ -199,7 +200,7 @@ impl<C: Clock> Writer<C> {
     /// Runs `batch` in one transaction. `Ok` holds the answers that wait
     /// for the log's fsync, `Err` those that are sent at once (the store
     /// refused the batch before it began).
-    fn commit(&self, batch: &mut Vec<Job>) -> Result<Committed, Answers> {
+    fn commit(&self, batch: &mut Vec<Job>) -> Result<Committed<Done>, Answers<Done>> {
         let mut connection = self.connection.lock();
         let number = match self.durable.begin() {
             Ok(number) => number,
@@ -224,46 +225,6 @@ impl<C: Clock> Writer<C> {
             }
         };
         Ok(Committed { number, answers })
-    }
-}
-
-/// Replies and the answers they carry.
-type Answers = Vec<(
-    oneshot::Sender<Result<Done, StoreError>>,
-    Result<Done, StoreError>,
-)>;
-
-/// A batch that ended (committed or rolled back), its answers waiting for
-/// the log's fsync.
-struct Committed {
-    /// Its number ([`Durable::begin`]).
-    number: u64,
-    answers: Answers,
-}
-
-impl Committed {
-    /// Sends the answers, or the sync's failure in their place.
-    fn answer(self, synced: &Result<(), StoreError>) {
-        for (reply, done) in self.answers {
-            let _ = reply.send(match synced {
-                Ok(()) => done,
-                Err(_) => Err(crate::durable::broken()),
-            });
-        }
-    }
-}
-
-/// The syncer thread: fsyncs the log once for every batch committed
-/// before the fsync began, then answers them; ends when the writer does.
-fn sync_batches(durable: &Durable, committed: std::sync::mpsc::Receiver<Committed>) {
-    while let Ok(first) = committed.recv() {
-        let mut ready = vec![first];
-        ready.extend(committed.try_iter());
-        let upto = ready.iter().map(|batch| batch.number).max().unwrap_or(0);
-        let synced = durable.sync(upto);
-        for batch in ready {
-            batch.answer(&synced);
-        }
     }
 }
 

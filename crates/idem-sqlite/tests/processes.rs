@@ -53,13 +53,7 @@ fn expected(key: &str) -> State {
 
 fn spawn_child(mode: &str, path: &Path) -> Child {
     Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            "--exact",
-            "child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(idem_testkit::rerun::only_ignored("child"))
         .env(CHILD_MODE, mode)
         .env(CHILD_PATH, path)
         .stdout(Stdio::piped())

@@ -40,13 +40,7 @@ fn trace(flavor: &str) -> String {
         .args(["-e", "trace=pwrite64,write,fdatasync,fsync", "-o"])
         .arg(&out)
         .arg(std::env::current_exe().expect("test binary"))
-        .args([
-            "--exact",
-            "child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(idem_testkit::rerun::only_ignored("child"))
         .env(CHILD_PATH, dir.path().join("idem.db"))
         .env(CHILD_FLAVOR, flavor)
         .stdout(Stdio::null())

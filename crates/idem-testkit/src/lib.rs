@@ -54,6 +54,7 @@ pub mod consumers;
 pub mod doubles;
 pub mod fixtures;
 pub mod logs;
+pub mod rerun;
 pub mod servers;
 
 pub use conformance::{ConformanceStore, Fixture, TimeControl};

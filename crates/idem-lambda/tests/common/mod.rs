@@ -78,13 +78,7 @@ impl Function {
         lambda.run_function(move || {
             let mut command = Command::new(std::env::current_exe().expect("test binary"));
             command
-                .args([
-                    "--exact",
-                    "function",
-                    "--ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
+                .args(idem_testkit::rerun::only_ignored("function"))
                 .env(SOURCE_ENV, &source)
                 .env(EFFECTS_ENV, &ledger)
                 .env(LEASE_ENV, lease.as_millis().to_string())

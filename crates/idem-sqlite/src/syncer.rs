@@ -1,0 +1,49 @@
+//! The syncer thread: answers the writer's batches once the log's fsync
+//! covers them (`durable.rs` says when the writer hands one over).
+
+use std::sync::mpsc::Receiver;
+
+use idem::StoreError;
+use tokio::sync::oneshot;
+
+use crate::durable::{broken, Durable};
+
+/// Replies and the answers they carry.
+pub(crate) type Answers<T> = Vec<(
+    oneshot::Sender<Result<T, StoreError>>,
+    Result<T, StoreError>,
+)>;
+
+/// A batch that ended (committed or rolled back), its answers waiting for
+/// the log's fsync.
+pub(crate) struct Committed<T> {
+    /// Its number ([`Durable::begin`]).
+    pub(crate) number: u64,
+    pub(crate) answers: Answers<T>,
+}
+
+impl<T> Committed<T> {
+    /// Sends the answers, or the sync's failure in their place.
+    pub(crate) fn answer(self, synced: &Result<(), StoreError>) {
+        for (reply, done) in self.answers {
+            let _ = reply.send(match synced {
+                Ok(()) => done,
+                Err(_) => Err(broken()),
+            });
+        }
+    }
+}
+
+/// Fsyncs the log once for every batch committed before the fsync began,
+/// then answers them; ends when the writer does.
+pub(crate) fn run<T>(durable: &Durable, committed: Receiver<Committed<T>>) {
+    while let Ok(first) = committed.recv() {
+        let mut ready = vec![first];
+        ready.extend(committed.try_iter());
+        let upto = ready.iter().map(|batch| batch.number).max().unwrap_or(0);
+        let synced = durable.sync(upto);
+        for batch in ready {
+            batch.answer(&synced);
+        }
+    }
+}
