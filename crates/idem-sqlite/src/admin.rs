@@ -8,8 +8,9 @@ use idem::{
 use rusqlite::types::Value;
 
 use crate::encode;
+use crate::errors::corrupt;
+use crate::jobs::{Done, Op};
 use crate::store::SqliteStore;
-use crate::writer::{self, Done, Op};
 
 impl<C: Clock> GetRecord for SqliteStore<C> {
     async fn get(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
@@ -17,7 +18,7 @@ impl<C: Clock> GetRecord for SqliteStore<C> {
         match self.read(|conn| encode::load(conn, id)).await? {
             None => Ok(None),
             Some((_, Ok(record))) => Ok((!record.is_expired(now)).then_some(record)),
-            Some((_, Err(reason))) => Err(writer::corrupt(id, reason)),
+            Some((_, Err(reason))) => Err(corrupt(id, reason)),
         }
     }
 }
@@ -98,7 +99,7 @@ impl<C: Clock> SqliteStore<C> {
                     id: format!("{scope}/{key}"),
                     reason: e.to_string(),
                 })?;
-            let record = record.map_err(|reason| writer::corrupt(&id, reason))?;
+            let record = record.map_err(|reason| corrupt(&id, reason))?;
             records.push((id, record));
         }
         Ok(records)

@@ -5,8 +5,8 @@ use idem::{ClaimMany, Clock, CompleteMany, RecordId, StoreError};
 
 use idem::store::{ClaimOutcome, ClaimParams, Completion};
 
+use crate::jobs::{Done, Op};
 use crate::store::SqliteStore;
-use crate::writer::{Done, Op};
 
 impl<C: Clock> ClaimMany for SqliteStore<C> {
     async fn claim_many(

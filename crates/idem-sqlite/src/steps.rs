@@ -5,8 +5,9 @@ use idem::store::{Lease, StepBegin};
 use idem::{Clock, RecordId, Resolution, Resolved, StepEntry, StepJournal, StoreError};
 
 use crate::encode;
+use crate::errors::corrupt;
+use crate::jobs::{Done, Op};
 use crate::store::SqliteStore;
-use crate::writer::{self, Done, Op};
 
 impl<C: Clock> StepJournal for SqliteStore<C> {
     async fn begin_step(&self, lease: &Lease, step: &str) -> Result<StepBegin, StoreError> {
@@ -44,7 +45,7 @@ impl<C: Clock> StepJournal for SqliteStore<C> {
             .await?;
         match record {
             Some((_, Ok(record))) if !record.is_expired(now) => Ok(steps),
-            Some((_, Err(reason))) => Err(writer::corrupt(id, reason)),
+            Some((_, Err(reason))) => Err(corrupt(id, reason)),
             _ => Ok(Vec::new()),
         }
     }

@@ -19,10 +19,12 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::durable::Durable;
 use crate::encode;
+use crate::errors::store_error;
+use crate::jobs::{Done, Job, Op};
 use crate::peek::Peek;
 use crate::schema::{self, Durability, Role};
 use crate::traffic::Traffic;
-use crate::writer::{self, Done, Job, Op, WriteConnection};
+use crate::writer::WriteConnection;
 
 /// The embedded durable store. Cloning is cheap; clones share the file,
 /// the writer and the read connections. The writer stops (and the file is
@@ -116,7 +118,7 @@ impl<C: Clock> SqliteStore<C> {
                 self.inner.durable.sync(number)?;
                 return match result {
                     Ok(mut done) => done.pop().unwrap_or_else(|| Err(writer_stopped())),
-                    Err(e) => Err(writer::store_error(&e)),
+                    Err(e) => Err(store_error(&e)),
                 };
             }
         }
@@ -153,7 +155,7 @@ impl<C: Clock> SqliteStore<C> {
         let conn = self.reader()?;
         let result = f(&conn);
         self.inner.readers.lock().push(conn);
-        let read = result.map_err(|e| writer::store_error(&e))?;
+        let read = result.map_err(|e| store_error(&e))?;
         // What was read may be a commit whose fsync has not ended.
         self.inner.durable.settled().await?;
         Ok(read)

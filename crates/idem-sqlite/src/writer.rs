@@ -19,102 +19,20 @@ use bytes::Bytes;
 use idem::machine::{
     decide_claim, decide_resolve, decide_step_begin, decide_write, held, Fresh, Write,
 };
-use idem::store::{ClaimOutcome, ClaimParams, Completion, Lease, LeaseToken, StepBegin};
+use idem::store::{ClaimOutcome, ClaimParams, Lease, LeaseToken, StepBegin};
 use idem::{Clock, RecordId, Resolution, Resolved, State, StepState, StoreError, Timestamp};
 use parking_lot::Mutex;
-use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
-use tokio::sync::{mpsc, oneshot, Notify};
+use rusqlite::{params, Connection, OptionalExtension};
+use tokio::sync::{mpsc, Notify};
 
 use crate::durable::Durable;
 use crate::encode::{self, Place, Writes};
+use crate::errors::{corrupt, store_error};
 use crate::expiry;
 use crate::horizon;
+use crate::jobs::{Done, Job, Op};
 use crate::recent::Recent;
 use crate::syncer::{self, Answers, Committed};
-
-/// What a job asks the writer to do.
-pub(crate) enum Op {
-    /// One or more claims, answered in order.
-    Claim(Vec<(RecordId, ClaimParams)>),
-    /// A write by a lease holder.
-    Write { lease: Lease, write: Write },
-    /// Completions, each under its own lease's token check, answered in
-    /// order.
-    Complete(Vec<Completion>),
-    /// Delete a record whatever its state.
-    Delete(RecordId),
-    /// Delete at most this many expired records.
-    Purge(usize),
-    /// Mark a step started, under the lease's token check.
-    BeginStep { lease: Lease, step: String },
-    /// Journal a step's result, under the lease's token check.
-    FinishStep {
-        lease: Lease,
-        step: String,
-        result: Bytes,
-    },
-    /// Resolve a parked record's step in doubt.
-    Resolve {
-        id: RecordId,
-        step: String,
-        resolution: Resolution,
-    },
-}
-
-/// The writer's answer to a job.
-pub(crate) enum Done {
-    Claims(Vec<Result<ClaimOutcome, StoreError>>),
-    Write(Result<Timestamp, StoreError>),
-    Completes(Vec<Result<(), StoreError>>),
-    Delete(bool),
-    Purge(usize),
-    BeginStep(Result<StepBegin, StoreError>),
-    FinishStep(Result<(), StoreError>),
-    Resolve(Result<Resolved, StoreError>),
-}
-
-pub(crate) struct Job {
-    pub(crate) op: Op,
-    pub(crate) reply: oneshot::Sender<Result<Done, StoreError>>,
-}
-
-/// Maps a SQLite error to the store contract: lock waits and I/O trouble
-/// are "unavailable" (the write may or may not have happened elsewhere;
-/// the caller may retry), anything else is a backend error. A lock held
-/// by another connection past the busy timeout is contention
-/// ([`StoreError::contended`]): the file is there and another writer,
-/// perhaps a duplicate of this very request in another process, holds it,
-/// so fail-open must not run the work beside it.
-pub(crate) fn store_error(e: &rusqlite::Error) -> StoreError {
-    let message: idem::BoxError = format!("sqlite: {e}").into();
-    match e.sqlite_error_code() {
-        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StoreError::contended(message),
-        Some(code) if transient(code) => StoreError::Unavailable(message),
-        _ => StoreError::Backend(message),
-    }
-}
-
-/// Whether a SQLite error code is transient (docs/design.md §5.5): the file
-/// locked by another connection past the busy timeout (`SQLITE_BUSY`,
-/// `SQLITE_LOCKED`), the disk full, an I/O error, or the file not opened;
-/// the write was not applied, and a later try can succeed.
-fn transient(code: ErrorCode) -> bool {
-    matches!(
-        code,
-        ErrorCode::DatabaseBusy
-            | ErrorCode::DatabaseLocked
-            | ErrorCode::SystemIoFailure
-            | ErrorCode::DiskFull
-            | ErrorCode::CannotOpen
-    )
-}
-
-pub(crate) fn corrupt(id: &RecordId, reason: String) -> StoreError {
-    StoreError::Corrupt {
-        id: id.to_string(),
-        reason,
-    }
-}
 
 /// The write connection and what a transaction needs. Held under a lock
 /// by the writer thread for each batch, or by an idle caller for its own
@@ -649,34 +567,5 @@ fn apply_write(
             }))
         }
         Err(lost) => Ok(Err(lost.into())),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use rusqlite::ErrorCode;
-
-    use super::transient;
-
-    #[test]
-    fn locks_a_full_disk_and_io_errors_are_transient_and_corruption_is_not() {
-        for code in [
-            ErrorCode::DatabaseBusy,
-            ErrorCode::DatabaseLocked,
-            ErrorCode::SystemIoFailure,
-            ErrorCode::DiskFull,
-            ErrorCode::CannotOpen,
-        ] {
-            assert!(transient(code), "{code:?}");
-        }
-        for code in [
-            ErrorCode::DatabaseCorrupt,
-            ErrorCode::NotADatabase,
-            ErrorCode::ConstraintViolation,
-            ErrorCode::TooBig,
-            ErrorCode::ReadOnly,
-        ] {
-            assert!(!transient(code), "{code:?}");
-        }
     }
 }
