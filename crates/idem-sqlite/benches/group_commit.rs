@@ -17,6 +17,14 @@
 //!   indexes with the statements the store makes (a full record inserted,
 //!   then updated to completed), so the ratio to it is what the store's
 //!   machinery costs beyond its SQL.
+//! - "its tables at the callers' width": the same again, but each
+//!   transaction carries only what the row's callers can offer at once.
+//!   A caller has one job in flight (its claim must be answered before it
+//!   completes), so a commit can serve at most one job a caller: here half
+//!   the callers' claims and the other half's completions. The batched
+//!   rows above carry twice that at 64 callers, which no store serving 64
+//!   callers one job at a time can. (A lone caller's jobs take a commit
+//!   each: "plain, 2 txns" is its row.)
 //!
 //! Each row runs twice, once per key pattern, in the batched baselines
 //! and the store alike: the callers' own keys (`order-<caller>-<n>`, so
@@ -27,7 +35,10 @@
 //!
 //! Run: `cargo bench -p idem-sqlite --bench group_commit`
 //! (`IDEM_BENCH_SECS`: seconds per row, default 3; `IDEM_BENCH_WORKERS`:
-//! tokio worker threads, default 2).
+//! tokio worker threads, default 2; `IDEM_BENCH_CALLERS`: the store's rows,
+//! default `1,16,64`; `IDEM_BENCH_DURABILITY`: `full`, `normal` or both,
+//! the default; to profile one row, say `IDEM_BENCH_CALLERS=64
+//! IDEM_BENCH_DURABILITY=full`).
 
 #![allow(clippy::print_stdout, missing_docs)]
 
@@ -161,19 +172,23 @@ fn now_ms() -> i64 {
 }
 
 /// Plain SQLite with perfect batching: each transaction claims `width`
-/// fresh keys and completes the previous transaction's `width` keys.
+/// fresh keys and completes the previous transaction's `width` keys; with
+/// [`Keys::Callers`], the keys of `places` callers in turn.
 fn batched(
     dir: &Path,
     durability: Durability,
-    width: u64,
+    (width, places): (u64, u64),
     (keys, tables): (Keys, Tables),
     run: Duration,
 ) -> f64 {
-    let name = format!("batched-{durability:?}-{keys:?}-{tables:?}");
+    let name = format!("batched-{durability:?}-{keys:?}-{tables:?}-{width}-{places}");
     let conn = baseline_file(dir, &name, tables, durability);
-    let key = |batch: u64, slot: u64| match keys {
-        Keys::Sequential => plain_key(batch * width + slot),
-        Keys::Callers => format!("order-{slot}-{batch}:charge:v1"),
+    let key = |batch: u64, slot: u64| {
+        let n = batch * width + slot;
+        match keys {
+            Keys::Sequential => plain_key(n),
+            Keys::Callers => format!("order-{}-{}:charge:v1", n % places, n / places),
+        }
     };
     let claim = |key: String, fence: u64| {
         let now = now_ms();
@@ -283,19 +298,40 @@ fn main() {
     );
     println!(
         "| callers | durability | keys | plain, 1 txn | plain, 2 txns | plain, batched \
-         | store's tables, batched | SqliteStore | store / 1 txn | store / 2 txns \
-         | store / batched | store / its tables batched |"
+         | store's tables, batched | its tables at the callers' width | SqliteStore \
+         | store / 1 txn | store / 2 txns | store / batched | store / its tables batched \
+         | store / its tables at the callers' width |"
     );
-    println!("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for durability in [Durability::Full, Durability::Normal] {
+    println!("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let callers_rows: Vec<usize> = std::env::var("IDEM_BENCH_CALLERS")
+        .unwrap_or_else(|_| "1,16,64".to_owned())
+        .split(',')
+        .map(|n| {
+            n.trim()
+                .parse()
+                .expect("IDEM_BENCH_CALLERS: numbers, comma-separated")
+        })
+        .collect();
+    let durabilities = match std::env::var("IDEM_BENCH_DURABILITY").as_deref() {
+        Ok("full") => vec![Durability::Full],
+        Ok("normal") => vec![Durability::Normal],
+        Err(_) | Ok("") => vec![Durability::Full, Durability::Normal],
+        Ok(other) => panic!("IDEM_BENCH_DURABILITY: full or normal, not {other:?}"),
+    };
+    for durability in durabilities {
         let one = plain(dir.path(), durability, false, run);
         let two = plain(dir.path(), durability, true, run);
         let ceilings = [Keys::Callers, Keys::Sequential].map(|keys| {
-            let ceiling = |tables| batched(dir.path(), durability, 64, (keys, tables), run);
+            let ceiling = |tables| batched(dir.path(), durability, (64, 64), (keys, tables), run);
             (keys, (ceiling(Tables::Plain), ceiling(Tables::Store)))
         });
-        for callers in [1, 16, 64] {
+        for &callers in &callers_rows {
             let rates = ceilings.map(|(keys, ceiling)| {
+                let at_width = (callers >= 2).then(|| {
+                    let width = callers as u64 / 2;
+                    let shape = (width, callers as u64);
+                    batched(dir.path(), durability, shape, (keys, Tables::Store), run)
+                });
                 let path = dir
                     .path()
                     .join(format!("idem-{callers}-{durability:?}-{keys:?}.db"));
@@ -306,17 +342,20 @@ fn main() {
                 (
                     keys,
                     ceiling,
+                    at_width,
                     rt.block_on(idem_store(store, callers, keys, run)),
                 )
             });
-            for (keys, (plain, tables), rate) in rates {
+            for (keys, (plain, tables), at_width, rate) in rates {
                 println!(
                     "| {callers} | {durability:?} | {keys:?} | {one:.0} | {two:.0} | {plain:.0} \
-                     | {tables:.0} | {rate:.0} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                     | {tables:.0} | {} | {rate:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
+                    at_width.map_or("–".to_owned(), |r| format!("{r:.0}")),
                     rate / one,
                     rate / two,
                     rate / plain,
-                    rate / tables
+                    rate / tables,
+                    at_width.map_or("–".to_owned(), |r| format!("{:.2}", rate / r)),
                 );
             }
         }
