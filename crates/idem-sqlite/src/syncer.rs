@@ -7,22 +7,23 @@ use idem::StoreError;
 use tokio::sync::oneshot;
 
 use crate::durable::{broken, Durable};
+use crate::jobs::Done;
 
 /// Replies and the answers they carry.
-pub(crate) type Answers<T> = Vec<(
-    oneshot::Sender<Result<T, StoreError>>,
-    Result<T, StoreError>,
+pub(crate) type Answers = Vec<(
+    oneshot::Sender<Result<Done, StoreError>>,
+    Result<Done, StoreError>,
 )>;
 
 /// A batch that ended (committed or rolled back), its answers waiting for
 /// the log's fsync.
-pub(crate) struct Committed<T> {
+pub(crate) struct Committed {
     /// Its number ([`Durable::begin`]).
     pub(crate) number: u64,
-    pub(crate) answers: Answers<T>,
+    pub(crate) answers: Answers,
 }
 
-impl<T> Committed<T> {
+impl Committed {
     /// Sends the answers, or the sync's failure in their place.
     pub(crate) fn answer(self, synced: &Result<(), StoreError>) {
         for (reply, done) in self.answers {
@@ -36,7 +37,7 @@ impl<T> Committed<T> {
 
 /// Fsyncs the log once for every batch committed before the fsync began,
 /// then answers them; ends when the writer does.
-pub(crate) fn run<T>(durable: &Durable, committed: Receiver<Committed<T>>) {
+pub(crate) fn run(durable: &Durable, committed: Receiver<Committed>) {
     while let Ok(first) = committed.recv() {
         let mut ready = vec![first];
         ready.extend(committed.try_iter());

@@ -118,7 +118,7 @@ impl<C: Clock> Writer<C> {
     /// Runs `batch` in one transaction. `Ok` holds the answers that wait
     /// for the log's fsync, `Err` those that are sent at once (the store
     /// refused the batch before it began).
-    fn commit(&self, batch: &mut Vec<Job>) -> Result<Committed<Done>, Answers<Done>> {
+    fn commit(&self, batch: &mut Vec<Job>) -> Result<Committed, Answers> {
         let mut connection = self.connection.lock();
         let number = match self.durable.begin() {
             Ok(number) => number,
