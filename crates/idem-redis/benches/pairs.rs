@@ -10,6 +10,9 @@
 //! spent per pair.
 //! Batched claims (`claim_many`, 100 per call) are compared with single
 //! claims, and with `redis-benchmark -P 100` (the same script, pipelined).
+//! On one server, what a pair costs inside Redis without the network: one
+//! `EVAL` running the store's claim and completion functions over fresh
+//! keys in a loop, beside the same loop making only the pair's two writes.
 //! Last, a store that remembers expired keys for 30 days against one that
 //! does not, over `--rounds` rounds (order alternated, the first round
 //! not reported): pairs per second, Redis CPU per pair, and the Redis
@@ -196,6 +199,89 @@ fn write_floor(servers: &Servers) -> (f64, f64) {
     (per_set(1_000_000_000), per_set(10_000))
 }
 
+/// Fresh keys per round of [`in_one_call`].
+const IN_ONE_CALL: usize = 20_000;
+
+/// The loop [`in_one_call`] appends to the store's claim and completion
+/// functions: `ARGV[1]` pairs on fresh keys (`ARGV[2]` tells rounds apart),
+/// each claimed and completed as the batch script would, with a record's
+/// usual sizes (a 32-digit token, a 64-digit fingerprint, 120 bytes of
+/// response).
+const PAIRS_LOOP: &str = r#"
+all_declared = true
+local response = string.rep('r', 120)
+local fp = string.rep('ab', 32)
+for i = 1, tonumber(ARGV[1]) do
+  local key = 'loop:' .. ARGV[2] .. ':' .. i
+  local token = string.format('%032x', i)
+  local a = claim(key, token, fp, '30000', '3600000', 'bench', 'order-' .. i, '1000', '0')
+  if a[1] ~= 'A' or complete(key, token, response, '3600000', '1000', '0') ~= 1 then
+    return redis.error_reply('pair ' .. i .. ' did not run')
+  end
+end
+return 0
+"#;
+
+/// The same loop with the pair's two writes alone, each a `SET … PXAT` of
+/// the record's size then (185 bytes claimed, 305 completed), and the
+/// loop's own work (the key, the token, the name).
+const SETS_LOOP: &str = r#"
+local tm = redis.call('TIME')
+local until_ms = string.format('%d', tonumber(tm[1]) * 1000 + 3601000)
+local claimed, completed = string.rep('m', 185), string.rep('m', 305)
+for i = 1, tonumber(ARGV[1]) do
+  local key = 'loop:' .. ARGV[2] .. ':' .. i
+  local token = string.format('%032x', i)
+  local name = 'order-' .. i
+  redis.call('SET', key, claimed, 'PXAT', until_ms)
+  redis.call('SET', key, completed, 'PXAT', until_ms)
+end
+return 0
+"#;
+
+/// What a pair costs inside Redis with no network and no batch around it:
+/// microseconds per pair of one `EVAL` running the store's own claim and
+/// completion functions over fresh keys, against the same loop making
+/// only the pair's two writes. `rounds` rounds, the two loops in
+/// alternating order; the first round is not reported.
+async fn in_one_call(servers: &Servers, rounds: usize) {
+    let client = redis::Client::open(servers.url()).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let pairs = format!("{}{PAIRS_LOOP}", idem_redis::pair_functions());
+    let mut run = async |script: &str, tag: String| {
+        servers.flush();
+        let (_, before) = servers.scripts();
+        let _: i64 = redis::cmd("EVAL")
+            .arg(script)
+            .arg(0)
+            .arg(IN_ONE_CALL)
+            .arg(tag)
+            .query_async(&mut conn)
+            .await
+            .expect("the loop runs");
+        (servers.scripts().1 - before) / IN_ONE_CALL as f64
+    };
+    println!(
+        "\n| round | us a pair inside one EVAL, the store's functions | two plain SETs from Lua | ratio |"
+    );
+    println!("|---:|---:|---:|---:|");
+    for round in 0..=rounds {
+        let (pair, sets) = if round % 2 == 0 {
+            let pair = run(&pairs, format!("p{round}")).await;
+            (pair, run(SETS_LOOP, format!("s{round}")).await)
+        } else {
+            let sets = run(SETS_LOOP, format!("s{round}")).await;
+            (run(&pairs, format!("p{round}")).await, sets)
+        };
+        if round > 0 {
+            println!("| {round} | {pair:.2} | {sets:.2} | {:.2} |", pair / sets);
+        }
+    }
+}
+
 /// What a run of pairs measured: pairs per second; CPU per pair in
 /// microseconds of this process (the client) and of the servers; and per
 /// pair, the script calls and the microseconds spent inside scripts.
@@ -310,6 +396,9 @@ async fn main() {
     println!("|---:|---:|---:|---:|");
     for (callers, calls, usec, usec_off) in inside {
         println!("| {callers} | {calls:.2} | {usec:.1} | {usec_off:.1} |");
+    }
+    if !cluster {
+        in_one_call(&servers, count_arg("--rounds", 3)).await;
     }
     let (fresh, again) = write_floor(&servers);
     println!(

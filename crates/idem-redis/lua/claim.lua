@@ -6,12 +6,22 @@
 --   {'P', ms until the lease runs out}                      in progress
 --   {'C', response} | {'F', class, message} | {'M'}         stored outcome / mismatch
 --   {'G', expiry ms}                                        a late retry, forgotten
+
+-- A new record in progress, packed: attempt 1 under `fence`, its lease
+-- until `lease_until`, kept until `ex`.
+local function new_record(fence, lease_until, ex, token, fp, scope, name)
+  return struct.pack(RECORD, 'p', 1, fence, now, now, ex, lease_until,
+    #token, token, #fp, fp, 0, '', 0, '', #scope, scope, #name, name,
+    fence, 0, 0, 0, '')
+end
+
 local function claim(key, token, fp, lease, retention, scope, name, grace, memory)
   lease = tonumber(lease)
   retention = math.max(tonumber(retention), lease)
   grace = tonumber(grace)
-  local r = load(key)
   local lease_until = now + lease
+  local ex = now + retention
+  local r = load(key)
 
   -- Fences rise per key: past the stored one while the record (or its
   -- tombstone) exists, and past the server clock in microseconds otherwise.
@@ -30,10 +40,8 @@ local function claim(key, token, fp, lease, retention, scope, name, grace, memor
     if r and r.j == 1 then
       redis.call('DEL', journal(key, r))
     end
-    local ex = now + retention
-    save(key, {st = 'p', at = 1, fe = fence, ca = now, ua = now, ex = ex,
-      lu = lease_until, tk = token, fp = fp, fc = '', fm = '', s = scope,
-      k = name, g = fence, w = 0, j = 0, rs = ''}, ex + grace)
+    redis.call('SET', key, new_record(fence, lease_until, ex, token, fp, scope,
+      name), 'PXAT', int(ex + grace))
     return {'A', fence, 1, 0, lease_until}
   end
 

@@ -3,19 +3,15 @@
 -- kept and replayed (and remembered, when memory is above 0). 1 if
 -- written, 0 if the lease was lost.
 local function fail(key, token, class, message, retention, grace, memory)
-  local r = held(key, token)
-  if not r then
+  local at = memory ~= '0' and memory_key(key)
+  local st = 'f'
+  if class == 'retryable' then
+    st = 'r'
+  end
+  local fe, ex, fp = finish(key, token, st, class, message, '', retention, grace)
+  if not fe then
     return 0
   end
-  local at = memory ~= '0' and memory_key(key)
-  r.st = 'f'
-  if class == 'retryable' then
-    r.st = 'r'
-  end
-  r.fc, r.fm, r.ua, r.ex = class, message, now, now + tonumber(retention)
-  r.lu, r.tk = 0, ''
-  save(key, r, r.ex + tonumber(grace))
-  remember(at, r, memory)
-  ended(key, r)
+  remember(at, st, ex, fp, memory)
   return 1
 end

@@ -12,12 +12,12 @@
 -- for `hold` ms. 1 if stored, 0 if the lease was lost (nothing written).
 local function complete_pending(key, token, response, retention, grace, memory, hold)
   local mark = pending_key(key)
-  local r = complete_record(key, token, response, retention, grace, memory)
-  if not r then
+  local fe, ex = complete_record(key, token, response, retention, grace, memory)
+  if not fe then
     return 0
   end
-  redis.call('SET', mark, int(r.fe) .. ':' .. int(now + tonumber(hold)),
-    'PXAT', int(r.ex + tonumber(grace)))
+  redis.call('SET', mark, int(fe) .. ':' .. int(now + tonumber(hold)),
+    'PXAT', int(ex + tonumber(grace)))
   return 1
 end
 

@@ -121,3 +121,6 @@ pub use builder::{
 pub use cache::RedisReplayCache;
 pub use error::ConnectError;
 pub use store::RedisStore;
+
+#[doc(hidden)]
+pub use scripts::pair_functions;

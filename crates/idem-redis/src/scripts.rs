@@ -76,6 +76,23 @@ pub(crate) fn batch() -> Script {
     Script::new(&format!("{}\n{}", files.join("\n"), lua!("batch.lua")))
 }
 
+/// The claim and completion functions as the scripts define them (the
+/// prelude, `lua/claim.lua`, `lua/complete.lua`), with nothing calling
+/// them: the pairs bench appends a loop of its own and runs it as one
+/// `EVAL`, to measure what a pair costs inside Redis without the network
+/// or a batch around it.
+pub fn pair_functions() -> String {
+    let files: Vec<&str> = [Op::Claim, Op::Complete]
+        .iter()
+        .flat_map(|&op| function(op).1.iter().copied())
+        .collect();
+    format!(
+        "{}\n{}\n",
+        include_str!("../lua/prelude.lua"),
+        files.join("\n")
+    )
+}
+
 /// The step journal of the record `key` (`lua/prelude.lua`), in the
 /// record's slot by its hash tag. A script that touches it declares it
 /// beside the record, so a Cluster moving the slot answers `TRYAGAIN`

@@ -6,8 +6,11 @@ use std::time::Duration;
 mod common;
 
 use common::{query, server};
-use idem::store::ClaimParams;
-use idem::{ClaimMany, GetRecord, ListQuery, ListRecords, RecordId, Store, StoreError};
+use idem::store::{ClaimOutcome, ClaimParams};
+use idem::{
+    ClaimMany, Failure, FailureClass, GetRecord, ListQuery, ListRecords, RecordId, Store,
+    StoreError,
+};
 use idem_redis::{ConnectError, RedisStore};
 
 async fn store() -> RedisStore {
@@ -198,6 +201,50 @@ async fn a_damaged_record_reads_as_corrupt_naming_it_and_is_left_alone() {
         assert!(matches!(listed, StoreError::Corrupt { .. }), "{listed:?}");
         let after: Vec<u8> = query(redis::cmd("DUMP").arg(&key)).await;
         assert_eq!(before, after, "the damaged record was rewritten");
+    }
+}
+
+/// A holder's end (a completion, a failure) reads the record it ends in
+/// place of its own layout's fast path: one that does not read back is
+/// `Corrupt`, naming it, on the batched path and on the script of its
+/// own, and nothing is written.
+#[tokio::test]
+async fn a_holder_ending_a_damaged_record_gets_corrupt_and_writes_nothing() {
+    for batching in [true, false] {
+        for damaged in [packed_value(b'q'), b"p-not-packed".to_vec()] {
+            let store = RedisStore::builder(&server().url())
+                .expect("valid URL")
+                .namespace(format!("err-{:016x}", rand::random::<u64>()))
+                .batching(batching)
+                .connect()
+                .await
+                .expect("connect");
+            let id = RecordId::parse("errors", "ended").expect("valid");
+            let Ok(ClaimOutcome::Acquired(lease)) = store.claim(&id, &params()).await else {
+                panic!("a fresh key is acquired");
+            };
+            let key = store.record_key(&id);
+            write(&key, &Damaged::Value(damaged.clone())).await;
+            let before: Vec<u8> = query(redis::cmd("DUMP").arg(&key)).await;
+            let completed = store
+                .complete(&lease, "done".into(), Duration::from_secs(60))
+                .await;
+            let failed = store
+                .fail(
+                    &lease,
+                    Failure::new(FailureClass::Terminal, "no"),
+                    Duration::from_secs(60),
+                )
+                .await;
+            for ended in [completed, failed] {
+                assert!(
+                    matches!(&ended, Err(StoreError::Corrupt { id: named, .. }) if *named == id.to_string()),
+                    "batching {batching}: {ended:?}"
+                );
+            }
+            let after: Vec<u8> = query(redis::cmd("DUMP").arg(&key)).await;
+            assert_eq!(before, after, "the damaged record was rewritten");
+        }
     }
 }
 
