@@ -17,6 +17,18 @@ async fn store() -> RedisStore {
     common::store("err").await
 }
 
+/// A store on `namespace` of the shared server, its calls batched or
+/// each a script call of its own.
+async fn store_on(namespace: &str, batching: bool) -> RedisStore {
+    RedisStore::builder(&server().url())
+        .expect("valid URL")
+        .namespace(namespace)
+        .batching(batching)
+        .connect()
+        .await
+        .expect("connect")
+}
+
 fn params() -> ClaimParams {
     ClaimParams::new(Duration::from_secs(30), Duration::from_secs(3600))
 }
@@ -156,15 +168,8 @@ async fn a_damaged_record_reads_as_corrupt_naming_it_and_is_left_alone() {
         (Damaged::Field("st", b"c".to_vec()), "no packed record"),
     ] {
         let namespace = format!("err-{:016x}", rand::random::<u64>());
-        let connect = |batching: bool| {
-            RedisStore::builder(&server().url())
-                .expect("valid URL")
-                .namespace(namespace.clone())
-                .batching(batching)
-                .connect()
-        };
-        let store = connect(true).await.expect("connect");
-        let unbatched = connect(false).await.expect("connect");
+        let store = store_on(&namespace, true).await;
+        let unbatched = store_on(&namespace, false).await;
         let id = RecordId::parse("errors", "damaged").expect("valid");
         let key = store.record_key(&id);
         write(&key, &damaged).await;
@@ -204,21 +209,17 @@ async fn a_damaged_record_reads_as_corrupt_naming_it_and_is_left_alone() {
     }
 }
 
-/// A holder's end (a completion, a failure) reads the record it ends in
-/// place of its own layout's fast path: one that does not read back is
-/// `Corrupt`, naming it, on the batched path and on the script of its
-/// own, and nothing is written.
+/// A holder's end (a completion, a failure) that meets a record which
+/// does not read back says `Corrupt`, naming it, and writes nothing, on
+/// the batched path and on the script of its own: the scripts' fast path
+/// for ending a record leaves such a record to the full read, which
+/// calls it damaged.
 #[tokio::test]
 async fn a_holder_ending_a_damaged_record_gets_corrupt_and_writes_nothing() {
     for batching in [true, false] {
         for damaged in [packed_value(b'q'), b"p-not-packed".to_vec()] {
-            let store = RedisStore::builder(&server().url())
-                .expect("valid URL")
-                .namespace(format!("err-{:016x}", rand::random::<u64>()))
-                .batching(batching)
-                .connect()
-                .await
-                .expect("connect");
+            let namespace = format!("err-{:016x}", rand::random::<u64>());
+            let store = store_on(&namespace, batching).await;
             let id = RecordId::parse("errors", "ended").expect("valid");
             let Ok(ClaimOutcome::Acquired(lease)) = store.claim(&id, &params()).await else {
                 panic!("a fresh key is acquired");
