@@ -2,6 +2,13 @@
 //! directory and `mariadbd` on a free loopback port, a child process of
 //! the test.
 //!
+//! Each server keeps its temporary tables in its own directory
+//! (`--tmpdir`), not in `/tmp`: a starting `mariadbd` deletes every
+//! `#sql*` file in its temporary directory as a previous run's leftovers,
+//! and with `/tmp` shared that pulled the tables from under another
+//! test's server or `mariadb-install-db` running at the same time (seen
+//! as `Unknown table 'mysql.tmp_user_sys'`).
+//!
 //! Like the PostgreSQL server, `mariadbd` runs under a small `sh`
 //! watchdog holding the read end of a pipe from the test process. When the
 //! pipe closes (the test process exited, even without destructors) the
@@ -23,7 +30,9 @@ use crate::servers::{failed, free_port, which, ServerError, Watched};
 /// after the kill; end of input removes it.
 const WATCHDOG: &str = r#"dir=$1; shift; "$@" & pid=$!; read -r what; case "$pid" in ''|0|*[!0-9]*) exit 1 ;; esac; kill -s KILL -- "$pid"; wait "$pid"; [ "$what" = keep ] || rm -rf -- "$dir""#;
 
-/// One `mariadbd` child process with its own data directory.
+/// One `mariadbd` child process with its own directory: the data in
+/// `data/`, temporary tables in `tmp/`, and its socket, PID file and
+/// error log.
 #[derive(Debug)]
 pub struct MySqlServer {
     port: u16,
@@ -58,11 +67,17 @@ impl MySqlServer {
             .tempdir()
             .map_err(|e| failed(format!("temporary directory: {e}")))?
             .keep();
+        if let Err(e) = std::fs::create_dir(temporary(&dir)) {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(failed(format!("temporary tables' directory: {e}")));
+        }
+        // Arguments it does not know itself go to the bootstrap server.
         let out = Command::new("mariadb-install-db")
             .arg("--no-defaults")
-            .arg(format!("--datadir={}", dir.display()))
+            .arg(format!("--datadir={}", data(&dir).display()))
             .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
             .arg(format!("--user={}", user()))
+            .arg(format!("--tmpdir={}", temporary(&dir).display()))
             .stdin(Stdio::null())
             .output()
             .map_err(|e| failed(format!("running mariadb-install-db: {e}")))?;
@@ -175,7 +190,8 @@ impl MySqlServer {
                 "/usr/sbin/mariadbd"
             })
             .arg("--no-defaults")
-            .arg(format!("--datadir={}", self.dir.display()))
+            .arg(format!("--datadir={}", data(&self.dir).display()))
+            .arg(format!("--tmpdir={}", temporary(&self.dir).display()))
             .arg(format!("--port={}", self.port))
             .arg("--bind-address=127.0.0.1")
             .arg(format!("--socket={}", self.socket().display()))
@@ -214,6 +230,16 @@ impl MySqlServer {
     }
 }
 
+/// Where a server in `dir` keeps its data.
+fn data(dir: &Path) -> PathBuf {
+    dir.join("data")
+}
+
+/// Where a server in `dir` keeps its temporary tables.
+fn temporary(dir: &Path) -> PathBuf {
+    dir.join("tmp")
+}
+
 /// The user the server runs as: this process's (MariaDB runs as root
 /// when told to).
 fn user() -> String {
@@ -222,5 +248,30 @@ fn user() -> String {
     match std::env::var("USER") {
         Ok(user) if !root && !user.is_empty() => user,
         _ => "root".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MySqlServer;
+
+    /// A starting server must not take another server's temporary tables
+    /// from the shared temporary directory: it deletes each `#sql*` file
+    /// in its own `--tmpdir`.
+    #[test]
+    fn a_starting_server_leaves_other_servers_temporary_tables_alone() {
+        let other = std::env::temp_dir().join(format!(
+            "#sql-temptable-idem{:x}-1-4.MAI",
+            rand::random::<u64>()
+        ));
+        std::fs::write(&other, b"another server's table").expect("write the file");
+        let server = MySqlServer::start().expect("start mariadb");
+        assert_eq!(server.admin("", "SELECT 1").expect("query"), "1");
+        let kept = std::fs::read(&other);
+        let _ = std::fs::remove_file(&other);
+        assert_eq!(
+            kept.expect("the other server's temporary table is still there"),
+            b"another server's table"
+        );
     }
 }
