@@ -1,5 +1,6 @@
--- batch(KEYS: the record of each operation, in order; ARGV: for each
--- operation its code, then its arguments): claims and holder writes that
+-- batch(KEYS: the record of each operation, in order; ARGV: the batch's
+-- shared lease, retention, grace and memory, then for each operation its
+-- code and its arguments): claims and holder writes that
 -- callers made at the same time, run one after another as their own
 -- scripts would run them. The reply has one entry per operation: what its
 -- own script replies, or {'!', message} if it raised an error, in which
@@ -7,6 +8,7 @@
 -- A batch runs on a single server only (never a Cluster), where touching
 -- a journal or a memory no KEYS entry names is allowed.
 all_declared = true
+local lease, retention, grace, memory = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local ops = {
   c = {claim, 8},
   d = {complete, 5},
@@ -15,9 +17,17 @@ local ops = {
   r = {release, 1},
   p = {complete_pending, 6},
   o = {confirm, 1},
+  -- A claim and a completion that take the batch's shared values
+  -- (src/shared.rs).
+  C = {function(key, token, fp, scope, name)
+    return claim(key, token, fp, lease, retention, scope, name, grace, memory)
+  end, 4},
+  D = {function(key, token, response)
+    return complete(key, token, response, retention, grace, memory)
+  end, 2},
 }
 local out = {}
-local at = 1
+local at = 5
 for i = 1, #KEYS do
   local op = ops[ARGV[at]]
   if not op then

@@ -20,6 +20,7 @@ use crate::call::Call;
 use crate::conn::Server;
 use crate::error::{store_error, transient_code};
 use crate::scripts::{Script, Scripts};
+use crate::shared::Shared;
 
 /// The batch form of the primitives on one server: one call of the batch
 /// script for many calls, each call's own script for a lone call.
@@ -98,10 +99,11 @@ impl Batch for Scripted {
             return out.into_iter().flatten().collect();
         }
         let keys: Vec<&str> = sent.iter().map(|c| c.key.as_str()).collect();
-        let mut args: Vec<&[u8]> = Vec::with_capacity(sent.len() * 8);
+        let shared = Shared::of(&sent);
+        let mut args: Vec<&[u8]> = Vec::with_capacity(4 + sent.len() * 8);
+        args.extend(shared.head());
         for call in &sent {
-            args.push(call.op.code());
-            args.extend(call.arg_slices());
+            shared.push(call, &mut args);
         }
         let mut replies: Vec<Result<Value, StoreError>> = match self
             .batch

@@ -111,6 +111,7 @@ mod many;
 mod notify;
 mod pending;
 mod scripts;
+mod shared;
 mod steps;
 mod store;
 

@@ -4,10 +4,11 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures_util::future::join_all;
 use futures_util::FutureExt;
-use idem::store::{ClaimOutcome, ClaimParams};
-use idem::{ClaimMany, RecordId, Store, StoreError};
+use idem::store::{ClaimOutcome, ClaimParams, Completion, Lease};
+use idem::{ClaimMany, CompleteMany, RecordId, Store, StoreError};
 use idem_redis::RedisStore;
 use idem_testkit::servers::redis::RedisServer;
 
@@ -191,5 +192,85 @@ async fn callers_that_give_up_leave_the_batch_whole() {
         // the server. The others were queued, so their batch ran them.
         let ran = matches!(again, Ok(ClaimOutcome::InProgress { .. }));
         assert!(ran || (i == 0 && acquired(&again)), "claim {i}: {again:?}");
+    }
+}
+
+/// Claims and completions go short when they have the batch's lease,
+/// retention, grace and memory and whole when they do not: in one batch
+/// with two of each, every record still gets its own lease and kept time.
+#[tokio::test(flavor = "current_thread")]
+async fn calls_of_one_batch_keep_their_own_lease_and_retention() {
+    let server = RedisServer::start().expect("redis-server");
+    let store = store(&server, true).await;
+    store.load_scripts().await.expect("load");
+    let hour = Duration::from_secs(3600);
+    let own = |i: usize| {
+        if i.is_multiple_of(2) {
+            (Duration::from_secs(30), hour)
+        } else {
+            (Duration::from_secs(5), 2 * hour)
+        }
+    };
+    let claims: Vec<(RecordId, ClaimParams)> = (0..10)
+        .map(|i| {
+            let (lease, retention) = own(i);
+            (id(&format!("mixed{i}")), ClaimParams::new(lease, retention))
+        })
+        .collect();
+    let before = script_calls(&server);
+    let outcomes = store.claim_many(&claims).await.expect("claims");
+    let leases: Vec<Lease> = outcomes
+        .into_iter()
+        .map(|o| match o {
+            Ok(ClaimOutcome::Acquired(lease)) => lease,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let now = idem::Timestamp::now();
+    let ttl = |id: &RecordId| -> u64 {
+        let key = store.record_key(id);
+        let ms = server.cli(&format!("PTTL {key}")).expect("pttl");
+        ms.trim().parse().expect("a number of ms")
+    };
+    for (i, lease) in leases.iter().enumerate() {
+        let (held, retention) = own(i);
+        let left = lease.lease_until.since(now);
+        assert!(
+            left <= held && left + Duration::from_secs(2) >= held,
+            "claim {i}: its lease runs {left:?}, not {held:?}"
+        );
+        let kept = Duration::from_millis(ttl(&lease.id));
+        assert!(
+            kept >= retention && kept <= retention + Duration::from_secs(600),
+            "claim {i}: kept {kept:?} for a retention of {retention:?}"
+        );
+    }
+    // Completions keeping the outcome for three hours and for one.
+    let completions: Vec<Completion> = leases
+        .iter()
+        .enumerate()
+        .map(|(i, lease)| {
+            let retention = if i.is_multiple_of(2) { 3 * hour } else { hour };
+            Completion::new(lease.clone(), Bytes::from(format!("done {i}")), retention)
+        })
+        .collect();
+    for written in store.complete_many(&completions).await.expect("completes") {
+        written.expect("completed");
+    }
+    assert_eq!(script_calls(&server) - before, 2, "one batch each");
+    for (i, lease) in leases.iter().enumerate() {
+        let at_least = completions[i].retention;
+        let kept = Duration::from_millis(ttl(&lease.id));
+        assert!(
+            kept >= at_least - Duration::from_secs(2)
+                && kept <= at_least + Duration::from_secs(600),
+            "record {i}: kept {kept:?}, not about {at_least:?}"
+        );
+        let found = store.claim(&lease.id, &params()).await.expect("replay");
+        assert_eq!(
+            found,
+            ClaimOutcome::Completed(Bytes::from(format!("done {i}"))),
+            "record {i}"
+        );
     }
 }
