@@ -8,7 +8,9 @@
 -- A batch runs on a single server only (never a Cluster), where touching
 -- a journal or a memory no KEYS entry names is allowed.
 all_declared = true
-local lease, retention, grace, memory = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+-- Made numbers once here rather than by each claim and completion.
+local lease, retention, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local memory = ARGV[4]
 local ops = {
   c = {claim, 8},
   d = {complete, 5},
