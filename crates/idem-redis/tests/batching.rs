@@ -38,6 +38,17 @@ fn script_calls(server: &RedisServer) -> u64 {
         .sum()
 }
 
+/// The leases of claims that must all have been acquired.
+fn held(claims: Vec<Result<ClaimOutcome, StoreError>>) -> Vec<Lease> {
+    claims
+        .into_iter()
+        .map(|c| match c {
+            Ok(ClaimOutcome::Acquired(lease)) => lease,
+            other => panic!("{other:?}"),
+        })
+        .collect()
+}
+
 fn acquired(outcome: &Result<ClaimOutcome, StoreError>) -> bool {
     matches!(outcome, Ok(ClaimOutcome::Acquired(_)))
 }
@@ -65,13 +76,7 @@ async fn calls_made_together_share_script_calls() {
             claimed <= most && (batching || claimed == 200),
             "batching {batching}: 200 claims took {claimed} script calls"
         );
-        let leases: Vec<_> = claims
-            .into_iter()
-            .map(|c| match c {
-                Ok(ClaimOutcome::Acquired(lease)) => lease,
-                other => panic!("{other:?}"),
-            })
-            .collect();
+        let leases = held(claims);
         let before = script_calls(&server);
         let done = join_all(
             leases
@@ -219,13 +224,7 @@ async fn calls_of_one_batch_keep_their_own_lease_and_retention() {
         .collect();
     let before = script_calls(&server);
     let outcomes = store.claim_many(&claims).await.expect("claims");
-    let leases: Vec<Lease> = outcomes
-        .into_iter()
-        .map(|o| match o {
-            Ok(ClaimOutcome::Acquired(lease)) => lease,
-            other => panic!("{other:?}"),
-        })
-        .collect();
+    let leases = held(outcomes);
     let now = idem::Timestamp::now();
     let ttl = |id: &RecordId| -> u64 {
         let key = store.record_key(id);
