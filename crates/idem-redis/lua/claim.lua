@@ -21,7 +21,29 @@ local function claim(key, token, fp, lease, retention, scope, name, grace, memor
   grace = tonumber(grace)
   local lease_until = now + lease
   local ex = now + retention
-  local r = load(key)
+  local m = redis.pcall('GET', key)
+  -- A live record of the current layout answers from locals, with no
+  -- table: a replay, a mismatch, a duplicate in progress. Every other
+  -- record (one to take over or start afresh, one of an earlier layout,
+  -- one that does not unpack) goes on through loaded(), which also says
+  -- DAMAGED for what cannot be read. A new key, the common case, is told
+  -- apart first (GET answered false), without a call of type().
+  if m and type(m) == 'string' then
+    local ok, st, _, _, _, _, was_ex, lu, _, was_fp, fc, fm, _, _, _, _, _, rs =
+      pcall(struct.unpack, RECORD, m)
+    if ok and STATES[st] and was_ex > now then
+      if was_fp ~= fp then
+        return {'M'}
+      elseif st == 'c' then
+        return {'C', rs}
+      elseif st == 'f' then
+        return {'F', fc, fm}
+      elseif st == 'p' and lu > now then
+        return {'P', lu - now}
+      end
+    end
+  end
+  local r = loaded(key, m)
 
   -- Fences rise per key: past the stored one while the record (or its
   -- tombstone) exists, and past the server clock in microseconds otherwise.

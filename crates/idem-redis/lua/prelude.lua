@@ -58,8 +58,11 @@
 -- read as it is, and the first write turns it into a string, moving its
 -- journal out, so a store can be upgraded without draining it.
 --
--- Time is the server's. Numbers given to Redis are formatted with '%d'
--- because Lua's default formatting would round integers above 10^14.
+-- Time is the server's. Numbers put into strings are formatted with '%d'
+-- (int below) because Lua's default formatting would round integers above
+-- 10^14. Numbers given to redis.call are formatted so too: Redis would
+-- format a number itself with '%.17g', exactly but at a higher cost
+-- (BENCHMARKS.md, "The two next steps, measured and not kept").
 
 -- Set by a script that runs on a single server only, where every key
 -- counts as declared (the batch, which names many records).
@@ -137,9 +140,9 @@ local function load_hash(key)
   return r
 end
 
--- The record at `key` as a table, or nil when there is none.
-local function load(key)
-  local m = redis.pcall('GET', key)
+-- The record at `key` as a table, or nil when there is none, from `m`,
+-- what GET (as redis.pcall) answered for it.
+local function loaded(key, m)
   if type(m) == 'table' then
     -- Not a string: a record of an earlier build, or a key of another type
     -- (whose HGET fails as a wrong type).
@@ -149,6 +152,11 @@ local function load(key)
     return nil
   end
   return unpacked(key, m, RECORD)
+end
+
+-- The record at `key` as a table, or nil when there is none.
+local function load(key)
+  return loaded(key, redis.pcall('GET', key))
 end
 
 -- The key of the record's step journal (KEYS[2] of its scripts). A
