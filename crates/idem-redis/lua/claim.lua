@@ -15,6 +15,25 @@ local function new_record(fence, lease_until, ex, token, fp, scope, name)
     fence, 0, 0, 0, '')
 end
 
+-- The answer to a claim with fingerprint `fp` of a live record (its
+-- retention not run out) in state `st` with fingerprint `was_fp`, lease
+-- deadline `lu`, failure `fc`/`fm` and response `rs`: a mismatch, the
+-- stored outcome or a duplicate in progress; nil, with the fingerprints
+-- equal, when the claim may take the record (released, or its lease run
+-- out) or the record is a tombstone.
+local function answered(fp, st, was_fp, lu, fc, fm, rs)
+  if was_fp ~= fp then
+    return {'M'}
+  elseif st == 'c' then
+    return {'C', rs}
+  elseif st == 'f' then
+    return {'F', fc, fm}
+  elseif st == 'p' and lu > now then
+    return {'P', lu - now}
+  end
+  return nil
+end
+
 local function claim(key, token, fp, lease, retention, scope, name, grace, memory)
   lease = tonumber(lease)
   retention = math.max(tonumber(retention), lease)
@@ -32,14 +51,9 @@ local function claim(key, token, fp, lease, retention, scope, name, grace, memor
     local ok, st, _, _, _, _, was_ex, lu, _, was_fp, fc, fm, _, _, _, _, _, rs =
       pcall(struct.unpack, RECORD, m)
     if ok and STATES[st] and was_ex > now then
-      if was_fp ~= fp then
-        return {'M'}
-      elseif st == 'c' then
-        return {'C', rs}
-      elseif st == 'f' then
-        return {'F', fc, fm}
-      elseif st == 'p' and lu > now then
-        return {'P', lu - now}
+      local answer = answered(fp, st, was_fp, lu, fc, fm, rs)
+      if answer then
+        return answer
       end
     end
   end
@@ -67,17 +81,12 @@ local function claim(key, token, fp, lease, retention, scope, name, grace, memor
     return {'A', fence, 1, 0, lease_until}
   end
 
-  if r.fp ~= fp then
-    return {'M'}
+  local answer = answered(fp, r.st, r.fp, r.lu, r.fc, r.fm, r.rs)
+  if answer then
+    return answer
   end
   local st = r.st
-  if st == 'c' then
-    return {'C', r.rs}
-  elseif st == 'f' then
-    return {'F', r.fc, r.fm}
-  elseif st == 'p' and r.lu > now then
-    return {'P', r.lu - now}
-  elseif st == 'x' then
+  if st == 'x' then
     damaged(key, 'a tombstone that has not expired')
   end
 
